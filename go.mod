@@ -1,0 +1,3 @@
+module github.com/flashattn/flashattn
+
+go 1.26.8
