@@ -1,0 +1,54 @@
+package cuda_test
+
+import (
+	"fmt"
+	"log"
+
+	"github.com/flashattn/flashattn/cuda"
+)
+
+// This example compiles a kernel with NVRTC, launches it on a buffer and
+// reads the result back. It prints nothing on a machine without a GPU.
+func Example() {
+	dev, err := cuda.Open(0)
+	if cuda.Unavailable(err) {
+		return
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer dev.Close()
+
+	mod, err := dev.Compile(cuda.CompileRequest{Name: "scale.cu", Source: `
+struct Params { float* x; int n; float s; };
+extern "C" __global__ void scale(Params p) {
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < p.n) p.x[i] *= p.s;
+}`})
+	if err != nil {
+		log.Fatal(err) // a *cuda.CompileError carries NVRTC's log
+	}
+	f, err := mod.Function("scale")
+	if err != nil {
+		log.Fatal(err)
+	}
+	x := []float32{1, 2, 3}
+	buf, err := dev.Alloc(int64(4 * len(x)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer buf.Free()
+	if err := dev.CopyToDevice(buf, 0, cuda.AsBytes(x)); err != nil {
+		log.Fatal(err)
+	}
+	var p cuda.ParamBuffer
+	p.Ptr(buf.Ptr())
+	p.I32(int32(len(x)))
+	p.F32(2)
+	if err := dev.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{256, 1, 1}, 0, nil, p.Bytes()); err != nil {
+		log.Fatal(err)
+	}
+	if err := dev.CopyFromDevice(cuda.AsBytes(x), buf, 0); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(x, mod.Stats.CacheHit)
+}

@@ -1,0 +1,415 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+)
+
+// Buffer is an allocation of device memory. Free it explicitly; a buffer
+// that becomes unreachable unfreed is freed by a cleanup that hands the
+// cuMemFree to the device's executor, as a backstop only.
+type Buffer struct {
+	dev     *Device
+	ptr     uint64
+	size    int64
+	freed   atomic.Bool
+	cleanup runtime.Cleanup
+}
+
+// Alloc allocates bytes of device memory (cuMemAlloc). The contents are
+// undefined. bytes must be positive.
+func (d *Device) Alloc(bytes int64) (*Buffer, error) {
+	if bytes <= 0 {
+		return nil, argErrorf("alloc of %d bytes", bytes)
+	}
+	var p uint64
+	err := d.do(func() error {
+		if err := d.api.check(fmt.Sprintf("cuMemAlloc_v2(%d bytes)", bytes),
+			ccall(d.api.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(bytes))); err != nil {
+			return err
+		}
+		ptr := p
+		d.track(resBuffer, uintptr(ptr), func() { ccall(d.api.cuMemFree, uintptr(ptr)) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	b := &Buffer{dev: d, ptr: p, size: bytes}
+	b.cleanup = runtime.AddCleanup(b, func(h freeHandle) { go h.free() }, freeHandle{d, resBuffer, uintptr(p)})
+	return b, nil
+}
+
+// freeHandle is what a cleanup needs to free a resource; it must not refer
+// to the object whose cleanup it belongs to.
+type freeHandle struct {
+	dev    *Device
+	kind   resourceKind
+	handle uintptr
+}
+
+// free destroys the resource on the executor thread; errors are dropped
+// (the resource may already be gone with its closed device).
+func (h freeHandle) free() {
+	_ = h.dev.do(func() error {
+		if destroy, ok := h.dev.live[resourceKey{h.kind, h.handle}]; ok {
+			destroy()
+			h.dev.untrack(h.kind, h.handle)
+		}
+		return nil
+	})
+}
+
+// Free releases the device memory (cuMemFree). Freeing twice, or after the
+// device was closed (which freed it), returns nil.
+func (b *Buffer) Free() error {
+	if b == nil || !b.freed.CompareAndSwap(false, true) {
+		return nil
+	}
+	b.cleanup.Stop()
+	d := b.dev
+	err := d.do(func() error {
+		d.untrack(resBuffer, uintptr(b.ptr))
+		return d.api.check("cuMemFree_v2", ccall(d.api.cuMemFree, uintptr(b.ptr)))
+	})
+	if errors.Is(err, ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Ptr returns the buffer's device address (a CUdeviceptr), for kernel
+// parameters. It returns 0 after Free.
+func (b *Buffer) Ptr() uint64 {
+	if b.freed.Load() {
+		return 0
+	}
+	return b.ptr
+}
+
+// Size returns the buffer's size in bytes.
+func (b *Buffer) Size() int64 { return b.size }
+
+// Device returns the device the buffer lives on.
+func (b *Buffer) Device() *Device { return b.dev }
+
+// span checks that [off, off+n) lies inside b and that b belongs to d and is
+// not freed, and returns the device address of off.
+func (b *Buffer) span(d *Device, off, n int64) (uint64, error) {
+	if b == nil {
+		return 0, argErrorf("nil buffer")
+	}
+	if b.dev != d {
+		return 0, argErrorf("buffer of device %d used on device %d", b.dev.ordinal, d.ordinal)
+	}
+	if b.freed.Load() {
+		return 0, closedErrorf("buffer freed")
+	}
+	if off < 0 || n < 0 || off > b.size || n > b.size-off {
+		return 0, argErrorf("range [%d, %d) outside buffer of %d bytes", off, off+n, b.size)
+	}
+	return b.ptr + uint64(off), nil
+}
+
+// streamHandle returns s's CUstream (0, the legacy default stream, for nil)
+// after checking that s belongs to d and is open.
+func (d *Device) streamHandle(s *Stream) (uintptr, error) {
+	if s == nil {
+		return 0, nil
+	}
+	if s.dev != d {
+		return 0, argErrorf("stream of device %d used on device %d", s.dev.ordinal, d.ordinal)
+	}
+	if s.closed.Load() {
+		return 0, closedErrorf("stream closed")
+	}
+	return s.h, nil
+}
+
+// addr returns the address of p's first byte, or 0 for an empty slice.
+func addr(p []byte) uintptr {
+	if len(p) == 0 {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(&p[0]))
+}
+
+// CopyToDevice copies src into dst starting at byte offset off and returns
+// when the copy has finished (cuMemcpyHtoD on the legacy default stream,
+// which waits for earlier work on blocking streams).
+func (d *Device) CopyToDevice(dst *Buffer, off int64, src []byte) error {
+	p, err := dst.span(d, off, int64(len(src)))
+	if err != nil || len(src) == 0 {
+		return err
+	}
+	return d.do(func() error {
+		err := d.api.check(fmt.Sprintf("cuMemcpyHtoD_v2(%d bytes)", len(src)),
+			ccall(d.api.cuMemcpyHtoD, uintptr(p), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src))))
+		runtime.KeepAlive(src)
+		return err
+	})
+}
+
+// CopyFromDevice copies len(dst) bytes from src starting at byte offset off
+// into dst and returns when the copy has finished.
+func (d *Device) CopyFromDevice(dst []byte, src *Buffer, off int64) error {
+	p, err := src.span(d, off, int64(len(dst)))
+	if err != nil || len(dst) == 0 {
+		return err
+	}
+	return d.do(func() error {
+		err := d.api.check(fmt.Sprintf("cuMemcpyDtoH_v2(%d bytes)", len(dst)),
+			ccall(d.api.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), uintptr(p), uintptr(len(dst))))
+		runtime.KeepAlive(dst)
+		return err
+	})
+}
+
+// CopyDeviceToDevice copies n bytes from src at srcOff to dst at dstOff and
+// returns when the copy has finished.
+func (d *Device) CopyDeviceToDevice(dst *Buffer, dstOff int64, src *Buffer, srcOff int64, n int64) error {
+	pd, err := dst.span(d, dstOff, n)
+	if err != nil {
+		return err
+	}
+	ps, err := src.span(d, srcOff, n)
+	if err != nil || n == 0 {
+		return err
+	}
+	return d.do(func() error {
+		if err := d.api.check(fmt.Sprintf("cuMemcpyDtoD_v2(%d bytes)", n),
+			ccall(d.api.cuMemcpyDtoD, uintptr(pd), uintptr(ps), uintptr(n))); err != nil {
+			return err
+		}
+		// cuMemcpyDtoD may return before the copy finished.
+		return d.syncLegacy()
+	})
+}
+
+// CopyToDeviceAsync enqueues a copy of src into dst at off on stream s (nil:
+// the legacy default stream). With pinned memory (HostBuffer.Bytes) the copy
+// runs asynchronously and src must stay unchanged until the stream reaches
+// it; with ordinary Go memory the driver stages src before returning.
+func (d *Device) CopyToDeviceAsync(dst *Buffer, off int64, src []byte, s *Stream) error {
+	p, err := dst.span(d, off, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	sh, err := d.streamHandle(s)
+	if err != nil || len(src) == 0 {
+		return err
+	}
+	return d.do(func() error {
+		err := d.api.check(fmt.Sprintf("cuMemcpyHtoDAsync_v2(%d bytes)", len(src)),
+			ccall(d.api.cuMemcpyHtoDAsync, uintptr(p), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), sh))
+		runtime.KeepAlive(src)
+		return err
+	})
+}
+
+// CopyFromDeviceAsync enqueues a copy from src at off into dst on stream s
+// (nil: the legacy default stream). dst must be pinned memory
+// (HostBuffer.Bytes) for the copy to be asynchronous; with ordinary Go
+// memory the call returns after the copy finished. With pinned memory, read
+// dst only after synchronizing the stream.
+func (d *Device) CopyFromDeviceAsync(dst []byte, src *Buffer, off int64, s *Stream) error {
+	p, err := src.span(d, off, int64(len(dst)))
+	if err != nil {
+		return err
+	}
+	sh, err := d.streamHandle(s)
+	if err != nil || len(dst) == 0 {
+		return err
+	}
+	return d.do(func() error {
+		err := d.api.check(fmt.Sprintf("cuMemcpyDtoHAsync_v2(%d bytes)", len(dst)),
+			ccall(d.api.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), uintptr(p), uintptr(len(dst)), sh))
+		runtime.KeepAlive(dst)
+		return err
+	})
+}
+
+// CopyDeviceToDeviceAsync enqueues a copy of n bytes from src at srcOff to
+// dst at dstOff on stream s (nil: the legacy default stream).
+func (d *Device) CopyDeviceToDeviceAsync(dst *Buffer, dstOff int64, src *Buffer, srcOff int64, n int64, s *Stream) error {
+	pd, err := dst.span(d, dstOff, n)
+	if err != nil {
+		return err
+	}
+	ps, err := src.span(d, srcOff, n)
+	if err != nil {
+		return err
+	}
+	sh, err := d.streamHandle(s)
+	if err != nil || n == 0 {
+		return err
+	}
+	return d.do(func() error {
+		return d.api.check(fmt.Sprintf("cuMemcpyDtoDAsync_v2(%d bytes)", n),
+			ccall(d.api.cuMemcpyDtoDAsync, uintptr(pd), uintptr(ps), uintptr(n), sh))
+	})
+}
+
+// Memset8 sets every byte of b to value and returns when done.
+func (d *Device) Memset8(b *Buffer, value byte) error {
+	p, err := b.span(d, 0, sizeOf(b))
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		if err := d.api.check("cuMemsetD8_v2", ccall(d.api.cuMemsetD8, uintptr(p), uintptr(value), uintptr(b.size))); err != nil {
+			return err
+		}
+		return d.syncLegacy()
+	})
+}
+
+// Memset32 sets every 32-bit word of b to value (for example 0x7fc00000, a
+// float32 NaN) and returns when done. b's size must be a multiple of 4.
+func (d *Device) Memset32(b *Buffer, value uint32) error {
+	p, n, err := d.words(b)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		if err := d.api.check("cuMemsetD32_v2", ccall(d.api.cuMemsetD32, uintptr(p), uintptr(value), uintptr(n))); err != nil {
+			return err
+		}
+		return d.syncLegacy()
+	})
+}
+
+// Memset8Async enqueues setting every byte of b to value on stream s (nil:
+// the legacy default stream).
+func (d *Device) Memset8Async(b *Buffer, value byte, s *Stream) error {
+	p, err := b.span(d, 0, sizeOf(b))
+	if err != nil {
+		return err
+	}
+	sh, err := d.streamHandle(s)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		return d.api.check("cuMemsetD8Async", ccall(d.api.cuMemsetD8Async, uintptr(p), uintptr(value), uintptr(b.size), sh))
+	})
+}
+
+// Memset32Async enqueues setting every 32-bit word of b to value on stream s
+// (nil: the legacy default stream). b's size must be a multiple of 4.
+func (d *Device) Memset32Async(b *Buffer, value uint32, s *Stream) error {
+	p, n, err := d.words(b)
+	if err != nil {
+		return err
+	}
+	sh, err := d.streamHandle(s)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		return d.api.check("cuMemsetD32Async", ccall(d.api.cuMemsetD32Async, uintptr(p), uintptr(value), uintptr(n), sh))
+	})
+}
+
+// words checks b for a 32-bit memset and returns its address and word count.
+func (d *Device) words(b *Buffer) (uint64, int64, error) {
+	p, err := b.span(d, 0, sizeOf(b))
+	if err != nil {
+		return 0, 0, err
+	}
+	if b.size%4 != 0 {
+		return 0, 0, argErrorf("32-bit memset of a %d-byte buffer", b.size)
+	}
+	return p, b.size / 4, nil
+}
+
+// HostBuffer is page-locked (pinned) host memory, which asynchronous copies
+// can read and write while the host goes on. Free it explicitly; a cleanup
+// frees it as a backstop only.
+type HostBuffer struct {
+	dev     *Device
+	p       unsafe.Pointer
+	size    int
+	freed   atomic.Bool
+	cleanup runtime.Cleanup
+}
+
+// AllocHost allocates bytes of pinned host memory (cuMemAllocHost).
+func (d *Device) AllocHost(bytes int) (*HostBuffer, error) {
+	if bytes <= 0 {
+		return nil, argErrorf("host alloc of %d bytes", bytes)
+	}
+	var p unsafe.Pointer
+	err := d.do(func() error {
+		if err := d.api.check(fmt.Sprintf("cuMemAllocHost_v2(%d bytes)", bytes),
+			ccall(d.api.cuMemAllocHost, uintptr(unsafe.Pointer(&p)), uintptr(bytes))); err != nil {
+			return err
+		}
+		h := uintptr(p)
+		d.track(resHost, h, func() { ccall(d.api.cuMemFreeHost, h) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	hb := &HostBuffer{dev: d, p: p, size: bytes}
+	hb.cleanup = runtime.AddCleanup(hb, func(h freeHandle) { go h.free() }, freeHandle{d, resHost, uintptr(p)})
+	return hb, nil
+}
+
+// Bytes returns the pinned memory as a byte slice, or nil after Free. The
+// slice must not be used after Free or after the device is closed.
+func (h *HostBuffer) Bytes() []byte {
+	if h.freed.Load() {
+		return nil
+	}
+	return unsafe.Slice((*byte)(h.p), h.size)
+}
+
+// Size returns the buffer's size in bytes.
+func (h *HostBuffer) Size() int { return h.size }
+
+// Free releases the pinned memory (cuMemFreeHost). Freeing twice, or after
+// the device was closed, returns nil.
+func (h *HostBuffer) Free() error {
+	if h == nil || !h.freed.CompareAndSwap(false, true) {
+		return nil
+	}
+	h.cleanup.Stop()
+	d := h.dev
+	err := d.do(func() error {
+		d.untrack(resHost, uintptr(h.p))
+		return d.api.check("cuMemFreeHost", ccall(d.api.cuMemFreeHost, uintptr(h.p)))
+	})
+	if errors.Is(err, ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// AsBytes views a slice of plain values (numbers, or structs of numbers) as
+// its bytes, without copying, for the copy functions.
+func AsBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var zero T
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(zero)))
+}
+
+// syncLegacy waits for the legacy default stream, on which the synchronous
+// copies and memsets run (executor thread).
+func (d *Device) syncLegacy() error {
+	return d.api.check("cuStreamSynchronize(default stream)", ccall(d.api.cuStreamSynchronize, 0))
+}
+
+// sizeOf returns b's size, or 0 for a nil buffer.
+func sizeOf(b *Buffer) int64 {
+	if b == nil {
+		return 0
+	}
+	return b.size
+}

@@ -1,0 +1,306 @@
+package cuda
+
+import (
+	"bytes"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Module is a loaded CUDA module (a cubin, fatbin or PTX image) whose
+// kernels are looked up with Function.
+type Module struct {
+	dev    *Device
+	h      uintptr // CUmodule
+	closed atomic.Bool
+
+	// Stats describes how the module's image was produced and loaded. For
+	// modules from LoadModule only LoadTime is set.
+	Stats CompileStats
+}
+
+// JIT option codes (CUjit_option) used to capture the driver's error log.
+const (
+	jitErrorLogBuffer          = 5 // CU_JIT_ERROR_LOG_BUFFER
+	jitErrorLogBufferSizeBytes = 6 // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+)
+
+// jitOptions is the option block for cuModuleLoadDataEx, on the Go heap.
+type jitOptions struct {
+	opts [2]int32
+	vals [2]uintptr
+	log  []byte
+}
+
+// newJITOptions allocates an option block that asks for the JIT error log.
+//
+//go:noinline
+func newJITOptions() *jitOptions {
+	j := &jitOptions{log: heapBytes(16 << 10)}
+	j.opts = [2]int32{jitErrorLogBuffer, jitErrorLogBufferSizeBytes}
+	j.vals = [2]uintptr{uintptr(unsafe.Pointer(&j.log[0])), uintptr(len(j.log))}
+	return j
+}
+
+// isBinaryImage reports whether image is an ELF cubin or a fatbin rather
+// than PTX text.
+func isBinaryImage(image []byte) bool {
+	return bytes.HasPrefix(image, []byte("\x7fELF")) || bytes.HasPrefix(image, []byte{0x50, 0xed, 0x55, 0xba})
+}
+
+// LoadModule loads a module from an image: a cubin or fatbin, or PTX text
+// (which the driver compiles for the device; a terminating NUL is added
+// when missing). A load error carries the driver's JIT log in its Message.
+func (d *Device) LoadModule(image []byte) (*Module, error) {
+	if len(image) == 0 {
+		return nil, argErrorf("empty module image")
+	}
+	start := time.Now()
+	var h uintptr
+	err := d.do(func() error {
+		var err error
+		h, err = d.loadModule(image)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Module{dev: d, h: h, Stats: CompileStats{LoadTime: time.Since(start)}}, nil
+}
+
+// loadModule runs cuModuleLoadDataEx (executor thread).
+func (d *Device) loadModule(image []byte) (uintptr, error) {
+	data := image
+	if !isBinaryImage(image) && image[len(image)-1] != 0 {
+		data = heapBytes(len(image) + 1)
+		copy(data, image)
+	}
+	j := newJITOptions()
+	var h uintptr
+	r := ccall(d.api.cuModuleLoadDataEx, uintptr(unsafe.Pointer(&h)), uintptr(unsafe.Pointer(&data[0])),
+		uintptr(len(j.opts)), uintptr(unsafe.Pointer(&j.opts[0])), uintptr(unsafe.Pointer(&j.vals[0])))
+	runtime.KeepAlive(data)
+	runtime.KeepAlive(j)
+	if res := Result(int32(r)); res != Success {
+		e := d.api.err(fmt.Sprintf("cuModuleLoadDataEx(%d bytes)", len(image)), res)
+		n := min(int(j.vals[1]), len(j.log))
+		if log := strings.TrimSpace(string(bytes.TrimRight(j.log[:n], "\x00"))); log != "" {
+			e.Message += "\n" + log
+		}
+		return 0, e
+	}
+	d.track(resModule, h, func() { ccall(d.api.cuModuleUnload, h) })
+	return h, nil
+}
+
+// Close unloads the module (cuModuleUnload). Its functions must not be
+// launched afterwards. Closing twice returns nil.
+func (m *Module) Close() error {
+	if m == nil || !m.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	d := m.dev
+	return ignoreClosed(d.do(func() error {
+		d.untrack(resModule, m.h)
+		return d.api.check("cuModuleUnload", ccall(d.api.cuModuleUnload, m.h))
+	}))
+}
+
+// Function is a kernel of a loaded module.
+type Function struct {
+	mod  *Module
+	h    uintptr // CUfunction
+	name string
+}
+
+// Function looks up the kernel called name (its extern "C" name, or its
+// mangled C++ name).
+func (m *Module) Function(name string) (*Function, error) {
+	if m.closed.Load() {
+		return nil, closedErrorf("module closed")
+	}
+	d := m.dev
+	f := &Function{mod: m, name: name}
+	cname := cstring(name)
+	err := d.do(func() error {
+		err := d.api.check(fmt.Sprintf("cuModuleGetFunction(%q)", name), ccall(d.api.cuModuleGetFunction,
+			uintptr(unsafe.Pointer(&f.h)), m.h, uintptr(unsafe.Pointer(&cname[0]))))
+		runtime.KeepAlive(cname)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Name returns the kernel's name as looked up.
+func (f *Function) Name() string { return f.name }
+
+// FuncAttribute is a CUfunction_attribute.
+type FuncAttribute int32
+
+// Function attributes (CUfunction_attribute).
+const (
+	FuncMaxThreadsPerBlock         FuncAttribute = 0
+	FuncSharedSizeBytes            FuncAttribute = 1
+	FuncConstSizeBytes             FuncAttribute = 2
+	FuncLocalSizeBytes             FuncAttribute = 3
+	FuncNumRegs                    FuncAttribute = 4
+	FuncPTXVersion                 FuncAttribute = 5
+	FuncBinaryVersion              FuncAttribute = 6
+	FuncMaxDynamicSharedSizeBytes  FuncAttribute = 8
+	FuncPreferredSharedMemCarveout FuncAttribute = 9
+)
+
+// handle checks that f is usable on d.
+func (f *Function) handle(d *Device) (uintptr, error) {
+	if f == nil {
+		return 0, argErrorf("nil function")
+	}
+	if f.mod.dev != d {
+		return 0, argErrorf("function of device %d used on device %d", f.mod.dev.ordinal, d.ordinal)
+	}
+	if f.mod.closed.Load() {
+		return 0, closedErrorf("module of function %s closed", f.name)
+	}
+	return f.h, nil
+}
+
+// Attribute reads a function attribute (cuFuncGetAttribute).
+func (f *Function) Attribute(attr FuncAttribute) (int, error) {
+	d := f.mod.dev
+	h, err := f.handle(d)
+	if err != nil {
+		return 0, err
+	}
+	var v int32
+	err = d.do(func() error {
+		return d.api.check(fmt.Sprintf("cuFuncGetAttribute(%s, %d)", f.name, attr),
+			ccall(d.api.cuFuncGetAttribute, uintptr(unsafe.Pointer(&v)), uintptr(attr), h))
+	})
+	return int(v), err
+}
+
+// SetAttribute sets a function attribute (cuFuncSetAttribute).
+func (f *Function) SetAttribute(attr FuncAttribute, value int) error {
+	d := f.mod.dev
+	h, err := f.handle(d)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		return d.api.check(fmt.Sprintf("cuFuncSetAttribute(%s, %d, %d)", f.name, attr, value),
+			ccall(d.api.cuFuncSetAttribute, h, uintptr(attr), uintptr(int32(value))))
+	})
+}
+
+// SetMaxDynamicSharedMemory allows launches of f with up to bytes of
+// dynamic shared memory (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+// Launches asking for more than 48 KiB need it; the most a block can have
+// is Device.SharedMemoryPerBlockOptin minus f's static shared memory.
+func (f *Function) SetMaxDynamicSharedMemory(bytes int) error {
+	return f.SetAttribute(FuncMaxDynamicSharedSizeBytes, bytes)
+}
+
+// FuncAttributes are the resource figures of a compiled kernel, for reports.
+type FuncAttributes struct {
+	NumRegs               int // registers per thread
+	LocalBytes            int // local memory per thread (stack frame and spills)
+	SharedBytes           int // static shared memory per block
+	ConstBytes            int // user constant memory
+	MaxThreadsPerBlock    int // the most threads a block of this kernel can have
+	MaxDynamicSharedBytes int // the current dynamic shared memory limit
+	PTXVersion            int // PTX virtual architecture, such as 90
+	BinaryVersion         int // binary architecture, such as 90
+}
+
+// Attributes reads f's resource figures.
+func (f *Function) Attributes() (FuncAttributes, error) {
+	var a FuncAttributes
+	for _, q := range []struct {
+		attr FuncAttribute
+		dst  *int
+	}{
+		{FuncNumRegs, &a.NumRegs},
+		{FuncLocalSizeBytes, &a.LocalBytes},
+		{FuncSharedSizeBytes, &a.SharedBytes},
+		{FuncConstSizeBytes, &a.ConstBytes},
+		{FuncMaxThreadsPerBlock, &a.MaxThreadsPerBlock},
+		{FuncMaxDynamicSharedSizeBytes, &a.MaxDynamicSharedBytes},
+		{FuncPTXVersion, &a.PTXVersion},
+		{FuncBinaryVersion, &a.BinaryVersion},
+	} {
+		v, err := f.Attribute(q.attr)
+		if err != nil {
+			return FuncAttributes{}, err
+		}
+		*q.dst = v
+	}
+	return a, nil
+}
+
+// launchScratch holds the argument block of cuLaunchKernel's extra array.
+// It lives on the heap (reached from the Device) and is used only on the
+// executor thread, one launch at a time.
+type launchScratch struct {
+	extra [5]uintptr
+	size  uintptr
+	buf   []byte
+}
+
+// Launch parameter markers of cuLaunchKernel's extra array.
+const (
+	launchParamEnd           = 0x00 // CU_LAUNCH_PARAM_END
+	launchParamBufferPointer = 0x01 // CU_LAUNCH_PARAM_BUFFER_POINTER
+	launchParamBufferSize    = 0x02 // CU_LAUNCH_PARAM_BUFFER_SIZE
+)
+
+// Launch enqueues kernel f on stream s (nil: the legacy default stream)
+// with grid blocks of block threads and sharedBytes of dynamic shared
+// memory. params holds the bytes of the kernel's single parameter (a
+// struct, laid out as the C++ compiler lays it out; see ParamBuffer); it is
+// copied during the call, so the caller may reuse it on return. A kernel
+// without parameters takes nil. Errors from the kernel's execution show up
+// at the next synchronizing call.
+func (d *Device) Launch(f *Function, grid, block [3]uint32, sharedBytes uint32, s *Stream, params []byte) error {
+	h, err := f.handle(d)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < 3; i++ {
+		if grid[i] == 0 || block[i] == 0 {
+			return argErrorf("launch of %s with grid %v, block %v", f.name, grid, block)
+		}
+	}
+	sh, err := d.streamHandle(s)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		ls := d.launch
+		var extra uintptr
+		if len(params) > 0 {
+			if cap(ls.buf) < len(params) {
+				ls.buf = heapBytes(max(len(params), 256))
+			}
+			ls.size = uintptr(copy(ls.buf[:cap(ls.buf)], params))
+			ls.extra = [5]uintptr{
+				launchParamBufferPointer, uintptr(unsafe.Pointer(&ls.buf[0])),
+				launchParamBufferSize, uintptr(unsafe.Pointer(&ls.size)),
+				launchParamEnd,
+			}
+			extra = uintptr(unsafe.Pointer(&ls.extra[0]))
+		}
+		r := ccall(d.api.cuLaunchKernel, h,
+			uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
+			uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
+			uintptr(sharedBytes), sh, 0, extra)
+		runtime.KeepAlive(ls)
+		runtime.KeepAlive(params)
+		return d.api.check(fmt.Sprintf("cuLaunchKernel(%s, grid %v, block %v, smem %d)", f.name, grid, block, sharedBytes), r)
+	})
+}
