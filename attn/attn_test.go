@@ -8,10 +8,10 @@ import (
 
 func TestKeyRange(t *testing.T) {
 	tests := []struct {
-		name   string
-		opt    Options
+		name    string
+		opt     Options
 		i, n, m int
-		lo, hi int
+		lo, hi  int
 	}{
 		{"unmasked", Options{}, 3, 5, 7, 0, 7},
 		{"causal-bottom-right-square", Options{Causal: true}, 2, 4, 4, 0, 3},

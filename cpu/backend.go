@@ -19,6 +19,53 @@ const (
 	blockK = 64
 )
 
+// minUnits is the number of work units a call aims for: when the natural
+// units (query blocks in the forward, key heads in the backward) are fewer,
+// the keys are split into a fixed number of chunks, so that a few cores
+// stay busy on small batches too. It depends on nothing but the problem.
+const minUnits = 16
+
+// maxChunks bounds the number of key chunks; each costs a float32 partial
+// result the size of O (forward) or dQ (backward).
+const maxChunks = 8
+
+// chunksFor returns the number of key chunks for base natural work units
+// over nkb key blocks.
+func chunksFor(base, nkb int) int {
+	if base >= minUnits || base == 0 {
+		return 1
+	}
+	return max(1, min(maxChunks, (minUnits+base-1)/base, nkb))
+}
+
+// arena hands out the working buffers of one call (packed inputs, partial
+// results) from one slice, reused from call to call through a pool: fresh
+// memory costs page faults and zeroing on every call. Its contents are not
+// zeroed; every buffer is written before it is read.
+type arena[T float32 | uint16] struct {
+	buf []T
+	off int
+}
+
+var arenas32, arenas16 sync.Pool // *arena[float32], *arena[uint16]
+
+// getArena returns an arena of at least n elements from pool.
+func getArena[T float32 | uint16](pool *sync.Pool, n int) *arena[T] {
+	a, _ := pool.Get().(*arena[T])
+	if a == nil || cap(a.buf) < n {
+		a = &arena[T]{buf: make([]T, n)}
+	}
+	a.buf, a.off = a.buf[:cap(a.buf)], 0
+	return a
+}
+
+// take returns the next n elements.
+func (a *arena[T]) take(n int) []T {
+	s := a.buf[a.off : a.off+n : a.off+n]
+	a.off += n
+	return s
+}
+
 // Backend is the fast CPU implementation of attn.Backend. The zero value is
 // not usable; call New. A Backend is safe for concurrent use.
 type Backend struct{}
@@ -37,12 +84,30 @@ var _ attn.Backend = (*Backend)(nil)
 type call struct {
 	p       *attn.Problem
 	segs    []seg
-	q, k, v view
+	q, k, v src
 	bias    view
 	hasBias bool
 	scale   float32
 	softcap float32
 	inv     float32 // 1/(1-p) for dropout
+	// kblk[b] is the index of the first key block of segment b in the
+	// packed key buffers; kblk[B] is their number per key head.
+	kblk []int
+	// Packed keys and values, in blocks of blockK keys of one (segment, key
+	// head), block (kblk[b]+jb)·Hkv + kh: kt holds Kᵀ (DK×blockK), vr the
+	// rows of V (blockK×DV); the backward also uses vt (Vᵀ, DV×blockK) and
+	// kr (the rows of K, blockK×DK). Rows past the end of a segment are
+	// never read.
+	kt, vr, vt, kr []float32
+	// With bf16 set (bfloat16 inputs and native bfloat16 dot products),
+	// the forward multiplies bfloat16 directly: ktb holds Kᵀ in pairs of
+	// rows (dkp/2 rows of 2·blockK: the two values of a key that multiply
+	// one pair of q are adjacent), vrb the rows of V in pairs
+	// (blockK/2 rows of 2·DV); dkp is DK rounded up to even, the padding
+	// zero.
+	bf16     bool
+	dkp      int
+	ktb, vrb []uint16
 }
 
 func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
@@ -58,33 +123,53 @@ func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
 	if math.IsInf(float64(c.scale), 0) || c.scale == 0 {
 		return nil, attn.Errorf(attn.ErrUnsupported, "scale %v is outside the float32 range", p.Scale)
 	}
-	c.q, c.k, c.v = newView(q, false), newView(k, false), newView(v, false)
+	c.q, c.k, c.v = newSrc(q), newSrc(k), newSrc(v)
+	c.dkp = p.DK + p.DK%2
 	if opt.Bias != nil {
 		c.hasBias = true
-		c.bias = newView(opt.Bias.Tensor, true)
+		c.bias = newBiasView(opt.Bias.Tensor)
+	}
+	c.kblk = make([]int, p.B+1)
+	for b, sg := range c.segs {
+		c.kblk[b+1] = c.kblk[b] + (sg.m+blockK-1)/blockK
 	}
 	return c, nil
 }
 
+// block returns the index of key block jb of (sg, kh) in the packed buffers.
+func (c *call) block(sg seg, kh, jb int) int { return (c.kblk[sg.b]+jb)*c.p.Hkv + kh }
+
 // scratch is the per-goroutine working memory: a few tiles, independent of
 // the sequence lengths.
 type scratch struct {
+	q             []float32 // blockQ×DK query tile
 	s, pd, dp, th []float32 // blockQ×blockK tiles: scores/probabilities, dropped P, dP/dS, tanh
 	acc           []float32 // blockQ×DV output accumulator
 	dk, dv        []float32 // blockK×DK and blockK×DV gradient accumulators
-	m, l          []float32 // blockQ running max and sum
+	m, l, alpha   []float32 // blockQ running max, sum and rescale factor
+	rows          []float32 // blockK×max(DK, DV) rows being packed
 	keep          []bool    // blockK dropout decisions
+	qb, pb, kb    []uint16  // bfloat16 tiles: blockQ×dkp queries, blockQ×blockK P, blockK×dkp keys
+	bits          []uint16  // two bfloat16 rows of max(DK, DV)
 }
 
 func (c *call) newScratch() *scratch {
 	t := blockQ * blockK
-	return &scratch{
+	d := max(c.p.DK, c.p.DV)
+	sc := &scratch{
+		q: make([]float32, blockQ*c.p.DK),
 		s: make([]float32, t), pd: make([]float32, t), dp: make([]float32, t), th: make([]float32, t),
 		acc: make([]float32, blockQ*c.p.DV),
 		dk:  make([]float32, blockK*c.p.DK), dv: make([]float32, blockK*c.p.DV),
-		m: make([]float32, blockQ), l: make([]float32, blockQ),
+		m: make([]float32, blockQ), l: make([]float32, blockQ), alpha: make([]float32, blockQ),
+		rows: make([]float32, blockK*d),
 		keep: make([]bool, blockK),
 	}
+	if c.bf16 {
+		sc.qb, sc.pb, sc.kb = make([]uint16, blockQ*c.dkp), make([]uint16, blockQ*blockK), make([]uint16, blockK*c.dkp)
+		sc.bits = make([]uint16, 2*d)
+	}
+	return sc
 }
 
 // runUnits runs work(sc, u) for u in [0, n) on up to GOMAXPROCS goroutines,
@@ -128,15 +213,93 @@ func (c *call) runUnits(n int, work func(sc *scratch, u int)) error {
 	return firstErr
 }
 
-// scores computes the score tile of query head h, queries i0 … i0+rows-1
-// and keys j0 … j0+cols-1 of sequence sg into sc.s (leading dimension
-// blockK): scale·q·k, softcapped (tanh values saved in sc.th when wantTanh),
-// biased and masked to -Inf.
-func (c *call) scores(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh bool) {
+// packKeys packs key block jb of (sg, kh) into the buffers of c that are
+// not nil: kt and kr from K, vr and vt from V.
+func (c *call) packKeys(sc *scratch, sg seg, kh, jb int) {
 	p := c.p
-	kh := h / p.Group()
-	vec.MatMulNT(rows, cols, p.DK, c.q.data[c.q.row(sg.vb, sg.q0+i0, h):], c.q.si,
-		c.k.data[c.k.row(sg.vb, sg.k0+j0, kh):], c.k.si, sc.s, blockK, false)
+	j0 := jb * blockK
+	cols := min(blockK, sg.m-j0)
+	blk := c.block(sg, kh, jb)
+	if c.bf16 {
+		c.packKeysBF16(sc, sg, kh, j0, cols, blk)
+		return
+	}
+	pack := func(s src, d int, rowsOut, transOut []float32) {
+		rows := sc.rows[:blockK*d]
+		if rowsOut != nil {
+			rows = rowsOut[blk*blockK*d : (blk+1)*blockK*d]
+		}
+		for j := 0; j < cols; j++ {
+			s.load(rows[j*d:(j+1)*d], sg.vb, sg.k0+j0+j, kh)
+		}
+		if transOut != nil {
+			vec.Transpose(cols, d, rows, d, transOut[blk*d*blockK:(blk+1)*d*blockK], blockK)
+		}
+	}
+	pack(c.k, p.DK, c.kr, c.kt)
+	pack(c.v, p.DV, c.vr, c.vt)
+}
+
+// packKeysBF16 packs keys j0 … j0+cols-1 of (sg, kh) as block blk of ktb
+// and vrb.
+func (c *call) packKeysBF16(sc *scratch, sg seg, kh, j0, cols, blk int) {
+	dk, dv, dkp := c.p.DK, c.p.DV, c.dkp
+	rows := sc.kb[:blockK*dkp]
+	for j := 0; j < cols; j++ {
+		c.k.loadBits(rows[j*dkp:j*dkp+dk], sg.vb, sg.k0+j0+j, kh)
+		if dk < dkp {
+			rows[j*dkp+dk] = 0
+		}
+	}
+	vec.TransposePairs(cols, dkp/2, rows, dkp, c.ktb[blk*dkp*blockK:(blk+1)*dkp*blockK], 2*blockK)
+	vr := c.vrb[blk*blockK*dv : (blk+1)*blockK*dv]
+	even, odd := sc.bits[:dv], sc.bits[dv:2*dv]
+	for j := 0; j < cols; j += 2 {
+		c.v.loadBits(even, sg.vb, sg.k0+j0+j, kh)
+		if j+1 < cols {
+			c.v.loadBits(odd, sg.vb, sg.k0+j0+j+1, kh)
+			vec.Interleave(vr[j*dv:(j+2)*dv], even, odd)
+		} else {
+			vec.Interleave(vr[j*dv:(j+2)*dv], even, nil)
+		}
+	}
+}
+
+// keyUnits returns the number of key blocks of every (segment, key head),
+// the units of packKeys, and a function that runs unit u.
+func (c *call) keyUnits() (int, func(sc *scratch, u int)) {
+	n := c.kblk[c.p.B] * c.p.Hkv
+	return n, func(sc *scratch, u int) {
+		blk, kh := u/c.p.Hkv, u%c.p.Hkv
+		b := 0
+		for c.kblk[b+1] <= blk {
+			b++
+		}
+		c.packKeys(sc, c.segs[b], kh, blk-c.kblk[b])
+	}
+}
+
+// plainTile reports whether the tile of queries i0 … i0+rows-1 and keys
+// j0 … j0+cols-1 of sg needs nothing beyond scale·q·k: no softcap, no bias,
+// and every key visible to every query.
+func (c *call) plainTile(sg seg, i0, rows, j0, cols int) bool {
+	if c.softcap > 0 || c.hasBias {
+		return false
+	}
+	if !c.p.Masked {
+		return true
+	}
+	lo, _ := c.p.KeyRange(i0+rows-1, sg.n, sg.m)
+	_, hi := c.p.KeyRange(i0, sg.n, sg.m)
+	return lo <= j0 && hi >= j0+cols
+}
+
+// adjust turns the products q·k in the tile sc.s (leading dimension blockK)
+// of query head h, queries i0 … i0+rows-1 and keys j0 … j0+cols-1 of sg
+// into scores: scale·q·k, softcapped (tanh values saved in sc.th when
+// wantTanh), biased and masked to -Inf.
+func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh bool) {
+	p := c.p
 	bb, bh := sg.b, h
 	if c.hasBias {
 		s := p.Opt.Bias.Tensor.Shape
@@ -187,24 +350,6 @@ func (c *call) dropMask(sc *scratch, sg seg, h, i, j0, cols int) []bool {
 	return sc.keep[:cols]
 }
 
-// Forward computes O (in q's dtype, contiguous) and the float32 LSE.
-func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
-	c, err := newCall(q, k, v, opt)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	p := c.p
-	res := attn.Result{O: attn.New(q.DType, p.OutputShape()...), LSE: attn.New(attn.Float32, p.LSEShape()...)}
-	units := c.queryUnits()
-	err = c.runUnits(len(units), func(sc *scratch, u int) {
-		c.forwardUnit(sc, units[u], res)
-	})
-	if err != nil {
-		return attn.Result{}, err
-	}
-	return res, nil
-}
-
 // qunit is a block of queries of one head of one sequence.
 type qunit struct {
 	sg    seg
@@ -224,61 +369,216 @@ func (c *call) queryUnits() []qunit {
 	return units
 }
 
-func (c *call) forwardUnit(sc *scratch, u qunit, res attn.Result) {
+// fwd is the state of one Forward call on top of call.
+type fwd struct {
+	*call
+	res attn.Result
+	// With chunks > 1, the keys of every query block are split into chunks
+	// and each chunk leaves its partial maxima, sums and (unnormalized)
+	// outputs in pm, pl and po, laid out like the LSE (and O rows) in
+	// head-major order; combine merges them in chunk order.
+	chunks     int
+	rowsTotal  int
+	pm, pl, po []float32
+}
+
+// Forward computes O (in q's dtype, contiguous) and the float32 LSE.
+//
+// Each unit is a block of up to blockQ queries of one head (and, for small
+// problems, one of a fixed number of chunks of its keys): the query tile is
+// converted to float32 once, and for every block of blockK keys the scores
+// S = Q·Kᵀ, the online-softmax update and O += P·V are computed in tiles,
+// with K and V packed once per call.
+func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	c, err := newCall(q, k, v, opt)
+	if err != nil {
+		return attn.Result{}, err
+	}
 	p := c.p
+	f := &fwd{call: c, res: attn.Result{O: attn.New(q.DType, p.OutputShape()...), LSE: attn.New(attn.Float32, p.LSEShape()...)}}
+	units := c.queryUnits()
+	f.chunks = chunksFor(len(units), (p.M+blockK-1)/blockK)
+	f.rowsTotal = attn.NumElements(p.LSEShape())
+	nblk := c.kblk[p.B] * p.Hkv
+	nkt, nvr := nblk*p.DK*blockK, nblk*blockK*p.DV
+	var npart int
+	if f.chunks > 1 {
+		npart = f.chunks * f.rowsTotal * (2 + p.DV)
+	}
+	c.bf16 = q.DType == attn.BFloat16 && vec.NativeBF16()
+	n32 := npart
+	if !c.bf16 {
+		n32 += nkt + nvr
+	}
+	a := getArena[float32](&arenas32, n32)
+	defer arenas32.Put(a)
+	if c.bf16 {
+		a16 := getArena[uint16](&arenas16, nblk*blockK*(c.dkp+p.DV))
+		defer arenas16.Put(a16)
+		c.ktb, c.vrb = a16.take(nblk*c.dkp*blockK), a16.take(nblk*blockK*p.DV)
+	} else {
+		c.kt, c.vr = a.take(nkt), a.take(nvr)
+	}
+	if f.chunks > 1 {
+		f.pm = a.take(f.chunks * f.rowsTotal)
+		f.pl = a.take(f.chunks * f.rowsTotal)
+		f.po = a.take(f.chunks * f.rowsTotal * p.DV)
+	}
+	nk, pack := c.keyUnits()
+	if err := c.runUnits(nk, pack); err != nil {
+		return attn.Result{}, err
+	}
+
+	if err := c.runUnits(len(units)*f.chunks, func(sc *scratch, u int) {
+		f.unit(sc, units[u/f.chunks], u%f.chunks)
+	}); err != nil {
+		return attn.Result{}, err
+	}
+	if f.chunks > 1 {
+		if err := c.runUnits(len(units), func(sc *scratch, u int) { f.combine(sc, units[u]) }); err != nil {
+			return attn.Result{}, err
+		}
+	}
+	return f.res, nil
+}
+
+// unit computes chunk ch of the keys for the queries of u.
+func (f *fwd) unit(sc *scratch, u qunit, ch int) {
+	p := f.p
 	sg, h, i0, rows := u.sg, u.h, u.i0, u.rows
 	kh := h / p.Group()
-	dv := p.DV
+	dk, dv := p.DK, p.DV
+	dkp := f.dkp
+	q, qb := sc.q[:rows*dk], sc.qb
+	for r := 0; r < rows; r++ {
+		if f.bf16 {
+			f.q.loadBits(qb[r*dkp:r*dkp+dk], sg.vb, sg.q0+i0+r, h)
+			if dk < dkp {
+				qb[r*dkp+dk] = 0
+			}
+			continue
+		}
+		f.q.load(q[r*dk:(r+1)*dk], sg.vb, sg.q0+i0+r, h)
+	}
 	acc := sc.acc[:rows*dv]
 	clear(acc)
-	for r := 0; r < rows; r++ {
-		sc.m[r], sc.l[r] = negInf, 0
+	m, l, alpha := sc.m[:rows], sc.l[:rows], sc.alpha[:rows]
+	for r := range m {
+		m[r], l[r] = negInf, 0
 	}
 	lo, hi := 0, sg.m
 	if p.Masked {
 		lo, hi = keySpan(p, sg.n, sg.m, i0, i0+rows)
 	}
-	for j0 := lo; j0 < hi; j0 += blockK {
-		cols := min(blockK, hi-j0)
-		c.scores(sc, sg, h, i0, rows, j0, cols, false)
-		for r := 0; r < rows; r++ {
-			x := sc.s[r*blockK : r*blockK+cols]
-			mNew := max(sc.m[r], vec.Max(x))
-			if mNew == negInf {
-				clear(x) // nothing visible yet: contributes nothing
-				continue
+	if lo < hi {
+		b0, b1 := lo/blockK, (hi+blockK-1)/blockK
+		nb := b1 - b0
+		for jb := b0 + ch*nb/f.chunks; jb < b0+(ch+1)*nb/f.chunks; jb++ {
+			j0 := jb * blockK
+			cols := min(blockK, sg.m-j0)
+			blk := f.block(sg, kh, jb)
+			if f.bf16 {
+				vec.MatMulBF16(rows, cols, dkp, qb, dkp, f.ktb[blk*dkp*blockK:], 2*blockK, sc.s, blockK, false)
+			} else {
+				vec.MatMulNN(rows, cols, dk, q, dk, f.kt[blk*dk*blockK:], blockK, sc.s, blockK, false)
 			}
-			switch {
-			case sc.m[r] == mNew:
-				sc.l[r] += vec.ExpSub(x, mNew)
-			case sc.m[r] == negInf:
-				sc.l[r] = vec.ExpSub(x, mNew) // acc is still 0
-			default:
-				alpha := float32(math.Exp(float64(sc.m[r] - mNew)))
-				sc.l[r] = sc.l[r]*alpha + vec.ExpSub(x, mNew)
-				vec.Scale(acc[r*dv:(r+1)*dv], alpha)
+			scale := f.scale
+			if !f.plainTile(sg, i0, rows, j0, cols) {
+				f.adjust(sc, sg, h, i0, rows, j0, cols, false)
+				scale = 1
 			}
-			sc.m[r] = mNew
+			vec.SoftmaxOnline(sc.s, blockK, rows, cols, scale, m, l, alpha)
+			for r, a := range alpha {
+				if a != 1 {
+					vec.Scale(acc[r*dv:(r+1)*dv], a)
+				}
+			}
 			if p.Opt.Dropout > 0 {
-				for j, kept := range c.dropMask(sc, sg, h, i0+r, j0, cols) {
-					if !kept {
-						x[j] = 0
+				for r := 0; r < rows; r++ {
+					x := sc.s[r*blockK : r*blockK+cols]
+					for j, kept := range f.dropMask(sc, sg, h, i0+r, j0, cols) {
+						if !kept {
+							x[j] = 0
+						}
 					}
 				}
 			}
+			if f.bf16 {
+				// P is rounded to bfloat16 for the product with V;
+				// l keeps the float32 sum.
+				colsp := cols + cols%2
+				vec.ScaleToBF16(sc.pb[:rows*blockK], sc.s[:rows*blockK], 1)
+				if cols < colsp {
+					for r := 0; r < rows; r++ {
+						sc.pb[r*blockK+cols] = 0
+					}
+				}
+				vec.MatMulBF16(rows, dv, colsp, sc.pb, blockK, f.vrb[blk*blockK*dv:], 2*dv, acc, dv, true)
+				continue
+			}
+			vec.MatMulNN(rows, dv, cols, sc.s, blockK, f.vr[blk*blockK*dv:], dv, acc, dv, true)
 		}
-		vec.MatMulNN(rows, dv, cols, sc.s, blockK, c.v.data[c.v.row(sg.vb, sg.k0+j0, kh):], c.v.si, acc, dv, true)
 	}
+	if f.chunks > 1 {
+		li := lseIndex(p, sg, i0, h)
+		o := ch*f.rowsTotal + li
+		copy(f.pm[o:o+rows], m)
+		copy(f.pl[o:o+rows], l)
+		copy(f.po[o*dv:(o+rows)*dv], acc)
+		return
+	}
+	f.finish(sg, h, i0, rows, m, l, acc)
+}
+
+// finish writes the LSE and O rows of queries i0 … i0+rows-1 of (sg, h)
+// from their maxima, sums and unnormalized outputs.
+func (f *fwd) finish(sg seg, h, i0, rows int, m, l, acc []float32) {
+	p := f.p
+	dv := p.DV
 	for r := 0; r < rows; r++ {
 		li := lseIndex(p, sg, i0+r, h)
 		o := outRow(p, sg, i0+r, h, dv)
-		if sc.l[r] == 0 || sc.m[r] == negInf {
-			res.LSE.F32[li] = negInf
-			clear(acc[r*dv : (r+1)*dv])
-			storeRow(res.O, o, acc[r*dv:(r+1)*dv], 1)
+		row := acc[r*dv : (r+1)*dv]
+		if l[r] == 0 || m[r] == negInf {
+			f.res.LSE.F32[li] = negInf
+			storeRow(f.res.O, o, row, 0)
 			continue
 		}
-		res.LSE.F32[li] = float32(float64(sc.m[r]) + math.Log(float64(sc.l[r])))
-		storeRow(res.O, o, acc[r*dv:(r+1)*dv], c.inv/sc.l[r])
+		f.res.LSE.F32[li] = float32(float64(m[r]) + math.Log(float64(l[r])))
+		storeRow(f.res.O, o, row, f.inv/l[r])
 	}
+}
+
+// combine merges the chunk partials of the queries of u, in chunk order:
+// with M the largest chunk maximum, l = Σ l_c·exp(m_c − M) and
+// O = Σ O_c·exp(m_c − M) / l.
+func (f *fwd) combine(sc *scratch, u qunit) {
+	dv := f.p.DV
+	li := lseIndex(f.p, u.sg, u.i0, u.h)
+	m, l := sc.m[:u.rows], sc.l[:u.rows]
+	acc := sc.acc[:u.rows*dv]
+	for r := 0; r < u.rows; r++ {
+		mx := negInf
+		for ch := 0; ch < f.chunks; ch++ {
+			mx = max(mx, f.pm[ch*f.rowsTotal+li+r])
+		}
+		m[r], l[r] = mx, 0
+		row := acc[r*dv : (r+1)*dv]
+		clear(row)
+		if mx == negInf {
+			continue
+		}
+		for ch := 0; ch < f.chunks; ch++ {
+			o := ch*f.rowsTotal + li + r
+			if f.pm[o] == negInf {
+				continue
+			}
+			w := float32(math.Exp(float64(f.pm[o] - mx)))
+			l[r] += f.pl[o] * w
+			for d, x := range f.po[o*dv : (o+1)*dv] {
+				row[d] += x * w
+			}
+		}
+	}
+	f.finish(u.sg, u.h, u.i0, u.rows, m, l, acc)
 }

@@ -5,19 +5,21 @@ import (
 	"github.com/flashattn/flashattn/internal/vec"
 )
 
-// maxChunks bounds how many key chunks one (sequence, key head) is split
-// into in the backward; each chunk costs one float32 dQ accumulator the size
-// of dQ.
-const maxChunks = 4
-
 // bwd is the state of one Backward call on top of call.
 type bwd struct {
 	*call
-	do     view
-	lse    []float32 // contiguous LSE (LSEShape), -Inf for rows that see no key
-	delta  []float32 // Delta = rowsum(dO∘O), laid out like lse
+	do, o src
+	// Per query row, in the order of lseIndex: the LSE (-Inf for rows that
+	// see no key), Delta = rowsum(dO∘O), and the rows of Q and dO packed
+	// as float32 (rows×DK and rows×DV).
+	lse, delta []float32
+	qh, doh    []float32
+	rowsTotal  int
+	// The keys of every (sequence, key head) are split into chunks, each
+	// with its own float32 dQ accumulator dqp[ch] (rowsTotal×DK, rows in
+	// the order of lseIndex).
 	chunks int
-	dqp    []float32 // chunks partial dQ accumulators, each shaped like q (contiguous)
+	dqp    []float32
 	g      attn.Gradients
 }
 
@@ -25,13 +27,15 @@ type bwd struct {
 // contiguous in its input's dtype and shape, from the forward's inputs, its
 // outputs o and lse, and dO.
 //
-// The work is cut into fixed units, independent of GOMAXPROCS: dK and dV of
-// one key block are accumulated by one goroutine looping over the query
-// heads of the group and the query blocks in order; the keys of a (sequence,
-// key head) are split into a fixed number of chunks, each with its own dQ
-// accumulator, and the accumulators are summed in chunk order. dBias is
-// reduced by a separate pass over its own tiles. The results are therefore
-// bit-identical from run to run and whatever GOMAXPROCS is.
+// Q, dO, K and V are first packed as float32 (K and V also transposed, in
+// blocks of blockK keys). The work is then cut into fixed units,
+// independent of GOMAXPROCS: dK and dV of one key block are accumulated by
+// one goroutine looping over the query heads of the group and the query
+// blocks in order; the keys of a (sequence, key head) are split into a
+// fixed number of chunks, each with its own dQ accumulator, and the
+// accumulators are summed in chunk order. dBias is reduced by a separate
+// pass over its own tiles. The results are therefore bit-identical from run
+// to run and whatever GOMAXPROCS is.
 func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
 	c, err := newCall(q, k, v, opt)
 	if err != nil {
@@ -41,25 +45,34 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	if err := p.CheckBackward(q, o, lse, dO); err != nil {
 		return attn.Gradients{}, err
 	}
-	w := &bwd{call: c, do: newView(dO, false)}
+	w := &bwd{call: c, do: newSrc(dO), o: newSrc(o)}
 	w.g = attn.Gradients{DQ: attn.New(q.DType, q.Shape...), DK: attn.New(k.DType, k.Shape...), DV: attn.New(v.DType, v.Shape...)}
 	units := c.queryUnits()
 
-	// Pass 1: LSE in a contiguous buffer and Delta.
-	nl := attn.NumElements(p.LSEShape())
-	w.lse, w.delta = make([]float32, nl), make([]float32, nl)
-	ov := newView(o, false)
-	if err := c.runUnits(len(units), func(_ *scratch, u int) { w.prepare(units[u], ov, lse) }); err != nil {
+	// Pass 1: pack Q, dO (with LSE and Delta) and the key blocks, and
+	// clear the dQ accumulators.
+	w.rowsTotal = attn.NumElements(p.LSEShape())
+	nl := w.rowsTotal
+	w.chunks = chunksFor(p.B*p.Hkv, (p.M+blockK-1)/blockK)
+	nblk := c.kblk[p.B] * p.Hkv
+	a := getArena[float32](&arenas32, nl*(2+p.DK+p.DV+w.chunks*p.DK)+nblk*blockK*(2*p.DK+p.DV))
+	defer arenas32.Put(a)
+	w.lse, w.delta = a.take(nl), a.take(nl)
+	w.qh, w.doh = a.take(nl*p.DK), a.take(nl*p.DV)
+	w.dqp = a.take(w.chunks * nl * p.DK)
+	c.kt, c.kr, c.vt = a.take(nblk*p.DK*blockK), a.take(nblk*blockK*p.DK), a.take(nblk*p.DV*blockK)
+	nk, pack := c.keyUnits()
+	if err := c.runUnits(len(units)+nk, func(sc *scratch, u int) {
+		if u < len(units) {
+			w.prepare(sc, units[u], lse)
+			return
+		}
+		pack(sc, u-len(units))
+	}); err != nil {
 		return attn.Gradients{}, err
 	}
 
 	// Pass 2: dK, dV and the dQ partials.
-	nkb := (p.M + blockK - 1) / blockK
-	w.chunks = 1
-	if base := p.B * p.Hkv; base < 16 {
-		w.chunks = max(1, min(maxChunks, (16+base-1)/base, nkb))
-	}
-	w.dqp = make([]float32, w.chunks*q.NumElements())
 	nu := p.B * p.Hkv * w.chunks
 	if err := c.runUnits(nu, func(sc *scratch, u int) {
 		w.keyUnit(sc, c.segs[u/(p.Hkv*w.chunks)], u/w.chunks%p.Hkv, u%w.chunks)
@@ -87,13 +100,14 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	return w.g, nil
 }
 
-// prepare fills lse and delta for the rows of u.
-func (w *bwd) prepare(u qunit, ov view, lse attn.Tensor) {
+// prepare packs the Q and dO rows of u and fills their LSE and Delta.
+func (w *bwd) prepare(sc *scratch, u qunit, lse attn.Tensor) {
 	p := w.p
 	st := lse.Strides
 	if st == nil {
 		st = attn.ContiguousStrides(lse.Shape)
 	}
+	orow := sc.rows[:p.DV]
 	for r := 0; r < u.rows; r++ {
 		i := u.i0 + r
 		var off int
@@ -104,48 +118,47 @@ func (w *bwd) prepare(u qunit, ov view, lse attn.Tensor) {
 		}
 		li := lseIndex(p, u.sg, i, u.h)
 		w.lse[li] = lse.F32[off]
-		oo := ov.row(u.sg.vb, u.sg.q0+i, u.h)
-		do := w.do.row(u.sg.vb, u.sg.q0+i, u.h)
-		var d float64
-		for j, x := range w.do.data[do : do+p.DV] {
-			d += float64(x) * float64(ov.data[oo+j])
+		for ch := 0; ch < w.chunks; ch++ {
+			o := (ch*w.rowsTotal + li) * p.DK
+			clear(w.dqp[o : o+p.DK])
 		}
-		w.delta[li] = float32(d)
+		w.q.load(w.qh[li*p.DK:(li+1)*p.DK], u.sg.vb, u.sg.q0+i, u.h)
+		do := w.doh[li*p.DV : (li+1)*p.DV]
+		w.do.load(do, u.sg.vb, u.sg.q0+i, u.h)
+		w.o.load(orow, u.sg.vb, u.sg.q0+i, u.h)
+		w.delta[li] = vec.Dot(do, orow)
 	}
 }
 
-// tileGrads computes, for query head h, queries i0 … i0+rows-1 and keys
-// j0 … j0+cols-1 of sg: P in sc.s, dS in sc.dp (times the softcap
-// derivative when deriv is set) and returns the dropped-and-rescaled P
-// (sc.pd, or sc.s itself without dropout). All tiles have leading
-// dimension blockK.
-func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, j0, cols int, deriv bool) []float32 {
+// tileGrads computes, for query head h, queries i0 … i0+rows-1 (whose first
+// row has index li in the packed query-side buffers) and key block jb of
+// sg: P in sc.s, dS in sc.dp (times the softcap derivative when deriv is
+// set), and returns the dropped-and-rescaled P (sc.pd, or sc.s itself
+// without dropout). All tiles have leading dimension blockK.
+func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, jb, li int, deriv bool) []float32 {
 	p := w.p
 	kh := h / p.Group()
-	deriv = deriv && w.softcap > 0
-	w.scores(sc, sg, h, i0, rows, j0, cols, deriv)
-	vec.MatMulNT(rows, cols, p.DV, w.do.data[w.do.row(sg.vb, sg.q0+i0, h):], w.do.si,
-		w.v.data[w.v.row(sg.vb, sg.k0+j0, kh):], w.v.si, sc.dp, blockK, false)
+	j0 := jb * blockK
+	cols := min(blockK, sg.m-j0)
+	blk := w.block(sg, kh, jb)
+	vec.MatMulNN(rows, cols, p.DK, w.qh[li*p.DK:], p.DK, w.kt[blk*p.DK*blockK:], blockK, sc.s, blockK, false)
+	vec.MatMulNN(rows, cols, p.DV, w.doh[li*p.DV:], p.DV, w.vt[blk*p.DV*blockK:], blockK, sc.dp, blockK, false)
+	lse, delta := w.lse[li:li+rows], w.delta[li:li+rows]
 	dropout := p.Opt.Dropout > 0
+	if !dropout && w.plainTile(sg, i0, rows, j0, cols) {
+		vec.ExpRows(sc.s, blockK, rows, cols, w.scale, lse)
+		vec.SoftmaxGrad(sc.s, blockK, sc.dp, blockK, rows, cols, delta)
+		return sc.s
+	}
+	deriv = deriv && w.softcap > 0
+	w.adjust(sc, sg, h, i0, rows, j0, cols, deriv)
+	vec.ExpRows(sc.s, blockK, rows, cols, 1, lse)
 	pd := sc.s
 	if dropout {
 		pd = sc.pd
-	}
-	for r := 0; r < rows; r++ {
-		li := lseIndex(p, sg, i0+r, h)
-		x := sc.s[r*blockK : r*blockK+cols]
-		dp := sc.dp[r*blockK : r*blockK+cols]
-		if w.lse[li] == negInf {
-			clear(x)
-			clear(dp)
-			if dropout {
-				clear(pd[r*blockK : r*blockK+cols])
-			}
-			continue
-		}
-		vec.ExpSub(x, w.lse[li])
-		delta := w.delta[li]
-		if dropout {
+		for r := 0; r < rows; r++ {
+			x := sc.s[r*blockK : r*blockK+cols]
+			dp := sc.dp[r*blockK : r*blockK+cols]
 			pr := pd[r*blockK : r*blockK+cols]
 			for j, kept := range w.dropMask(sc, sg, h, i0+r, j0, cols) {
 				if kept {
@@ -157,8 +170,13 @@ func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, j0, cols int, deriv bo
 				}
 			}
 		}
-		for j, pj := range x {
-			dp[j] = pj * (dp[j] - delta)
+	}
+	vec.SoftmaxGrad(sc.s, blockK, sc.dp, blockK, rows, cols, delta)
+	for r := 0; r < rows; r++ {
+		dp := sc.dp[r*blockK : r*blockK+cols]
+		if lse[r] == negInf {
+			clear(dp)
+			continue
 		}
 		if deriv {
 			for j, t := range sc.th[r*blockK : r*blockK+cols] {
@@ -175,10 +193,11 @@ func (w *bwd) keyUnit(sc *scratch, sg seg, kh, ch int) {
 	p := w.p
 	nkb := (sg.m + blockK - 1) / blockK
 	dk, dv := p.DK, p.DV
-	dqp := w.dqp[ch*w.g.DQ.NumElements():]
+	dqp := w.dqp[ch*w.rowsTotal*dk : (ch+1)*w.rowsTotal*dk]
 	for kb := ch * nkb / w.chunks; kb < (ch+1)*nkb/w.chunks; kb++ {
 		j0 := kb * blockK
 		cols := min(blockK, sg.m-j0)
+		blk := w.block(sg, kh, kb)
 		accK, accV := sc.dk[:cols*dk], sc.dv[:cols*dv]
 		clear(accK)
 		clear(accV)
@@ -189,11 +208,11 @@ func (w *bwd) keyUnit(sc *scratch, sg seg, kh, ch int) {
 		for h := kh * p.Group(); h < (kh+1)*p.Group(); h++ {
 			for i0 := qi0; i0 < qi1; i0 += blockQ {
 				rows := min(blockQ, qi1-i0)
-				pd := w.tileGrads(sc, sg, h, i0, rows, j0, cols, true)
-				vec.MatMulTN(cols, dv, rows, pd, blockK, w.do.data[w.do.row(sg.vb, sg.q0+i0, h):], w.do.si, accV, dv, true)
-				vec.MatMulTN(cols, dk, rows, sc.dp, blockK, w.q.data[w.q.row(sg.vb, sg.q0+i0, h):], w.q.si, accK, dk, true)
-				vec.MatMulNN(rows, dk, cols, sc.dp, blockK, w.k.data[w.k.row(sg.vb, sg.k0+j0, kh):], w.k.si,
-					dqp[outRow(p, sg, i0, h, dk):], p.H*dk, true)
+				li := lseIndex(p, sg, i0, h)
+				pd := w.tileGrads(sc, sg, h, i0, rows, kb, li, true)
+				vec.MatMulTN(cols, dv, rows, pd, blockK, w.doh[li*dv:], dv, accV, dv, true)
+				vec.MatMulTN(cols, dk, rows, sc.dp, blockK, w.qh[li*dk:], dk, accK, dk, true)
+				vec.MatMulNN(rows, dk, cols, sc.dp, blockK, w.kr[blk*blockK*dk:], dk, dqp[li*dk:], dk, true)
 			}
 		}
 		for j := 0; j < cols; j++ {
@@ -208,17 +227,16 @@ func (w *bwd) keyUnit(sc *scratch, sg seg, kh, ch int) {
 func (w *bwd) sumDQ(u qunit) {
 	p := w.p
 	dk := p.DK
-	size := w.g.DQ.NumElements()
+	size := w.rowsTotal * dk
 	for r := 0; r < u.rows; r++ {
-		o := outRow(p, u.sg, u.i0+r, u.h, dk)
+		o := lseIndex(p, u.sg, u.i0+r, u.h) * dk
 		row := w.dqp[o : o+dk]
 		for ch := 1; ch < w.chunks; ch++ {
-			part := w.dqp[ch*size+o : ch*size+o+dk]
-			for d, x := range part {
+			for d, x := range w.dqp[ch*size+o : ch*size+o+dk] {
 				row[d] += x
 			}
 		}
-		storeRow(w.g.DQ, o, row, w.scale)
+		storeRow(w.g.DQ, outRow(p, u.sg, u.i0+r, u.h, dk), row, w.scale)
 	}
 }
 
@@ -244,12 +262,14 @@ func (w *bwd) biasUnit(sc *scratch, db attn.Tensor, bb, bh, i0 int) {
 		sc.acc = make([]float32, blockQ*blockK)
 	}
 	acc := sc.acc[:blockQ*blockK]
-	for j0 := lo; j0 < hi; j0 += blockK {
-		cols := min(blockK, hi-j0)
+	for jb := lo / blockK; jb*blockK < hi; jb++ {
+		j0 := jb * blockK
+		cols := min(blockK, p.M-j0)
 		clear(acc)
 		for b := b0; b < b1; b++ {
 			for h := h0; h < h1; h++ {
-				w.tileGrads(sc, w.segs[b], h, i0, rows, j0, cols, false)
+				sg := w.segs[b]
+				w.tileGrads(sc, sg, h, i0, rows, jb, lseIndex(p, sg, i0, h), false)
 				for r := 0; r < rows; r++ {
 					a := acc[r*blockK : r*blockK+cols]
 					for j, x := range sc.dp[r*blockK : r*blockK+cols] {

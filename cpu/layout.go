@@ -4,67 +4,98 @@ import (
 	"math"
 
 	"github.com/flashattn/flashattn/attn"
-	"github.com/flashattn/flashattn/half"
 	"github.com/flashattn/flashattn/internal/vec"
 )
 
-// view is a float32 image of a [B, S, H, D] (or packed [T, H, D], or bias
-// [B, H, N, M]) tensor whose last dimension is contiguous: element
-// (b, i, h, d) is at data[off + b·sb + i·si + h·sh + d]. Consecutive
-// positions i of one (b, h) are therefore rows of a matrix with leading
-// dimension si, which is what the tile kernels take.
-type view struct {
-	data            []float32
-	off, sb, si, sh int
+// src reads the rows of an input tensor in place, whatever its dtype and
+// strides: element (b, i, h, d) of a [B, S, H, D] tensor (a packed [T, H, D]
+// tensor has b = 0) is at off + b·sb + i·si + h·sh + d·sd of its storage.
+type src struct {
+	t                   attn.Tensor
+	off, sb, si, sh, sd int
+	n                   int // row length D
 }
 
-// row returns the index of element (b, i, h, 0).
-func (v view) row(b, i, h int) int { return v.off + v.sb*b + v.si*i + v.sh*h }
-
-// newView returns t itself when it is float32 with a contiguous last
-// dimension, and otherwise a contiguous float32 copy. The dims of t are read
-// as (b, i, h, d) for rank 4 and (i, h, d) for rank 3 (b = 0). When headsDim1
-// is set, a rank-4 tensor is read as (b, h, i, d) instead (the bias layout).
-func newView(t attn.Tensor, headsDim1 bool) view {
+func newSrc(t attn.Tensor) src {
 	st := t.Strides
 	if st == nil {
 		st = attn.ContiguousStrides(t.Shape)
 	}
 	r := len(t.Shape)
-	last := t.Shape[r-1]
-	// Dims (b, i, h) of t's storage, with the strides to match.
-	var nb, ni, nh, sb, si, sh int
-	switch {
-	case r == 3:
-		nb, ni, nh, sb, si, sh = 1, t.Shape[0], t.Shape[1], 0, st[0], st[1]
-	case headsDim1:
-		nb, nh, ni, sb, sh, si = t.Shape[0], t.Shape[1], t.Shape[2], st[0], st[1], st[2]
-	default:
-		nb, ni, nh, sb, si, sh = t.Shape[0], t.Shape[1], t.Shape[2], st[0], st[1], st[2]
-	}
-	if t.DType == attn.Float32 && (st[r-1] == 1 || last <= 1) {
-		return view{data: t.F32, off: t.Offset, sb: sb, si: si, sh: sh}
-	}
-	// Contiguous copy in (b, i, h, d) order.
-	v := view{data: make([]float32, nb*ni*nh*last), sh: last, si: nh * last, sb: ni * nh * last}
+	s := src{t: t, off: t.Offset, sd: st[r-1], n: t.Shape[r-1]}
 	if r == 3 {
-		v.sb = 0
+		s.si, s.sh = st[0], st[1]
+	} else {
+		s.sb, s.si, s.sh = st[0], st[1], st[2]
 	}
-	sd := st[r-1]
+	return s
+}
+
+// load writes row (b, i, h) to dst[:n] as float32 (exactly).
+func (s src) load(dst []float32, b, i, h int) {
+	o := s.off + b*s.sb + i*s.si + h*s.sh
+	dst = dst[:s.n]
+	if s.sd == 1 {
+		switch s.t.DType {
+		case attn.Float32:
+			copy(dst, s.t.F32[o:o+s.n])
+			return
+		case attn.BFloat16:
+			vec.BF16ToFloat32(dst, s.t.Bits[o:o+s.n])
+			return
+		case attn.Float16:
+			vec.Float16ToFloat32(dst, s.t.Bits[o:o+s.n])
+			return
+		}
+	}
+	for d := range dst {
+		dst[d] = s.t.Load(o + d*s.sd)
+	}
+}
+
+// loadBits writes the raw 16-bit patterns of row (b, i, h) of a float16 or
+// bfloat16 tensor to dst[:n].
+func (s src) loadBits(dst []uint16, b, i, h int) {
+	o := s.off + b*s.sb + i*s.si + h*s.sh
+	dst = dst[:s.n]
+	if s.sd == 1 {
+		copy(dst, s.t.Bits[o:o+s.n])
+		return
+	}
+	for d := range dst {
+		dst[d] = s.t.Bits[o+d*s.sd]
+	}
+}
+
+// view is a float32 image of a bias [B, H, N, M] whose last dimension is
+// contiguous: element (b, h, i, j) is at data[off + b·sb + h·sh + i·si + j].
+type view struct {
+	data            []float32
+	off, sb, si, sh int
+}
+
+// row returns the index of element (b, h, i, 0).
+func (v view) row(b, i, h int) int { return v.off + v.sb*b + v.si*i + v.sh*h }
+
+// newBiasView returns the bias itself when it is float32 with a contiguous
+// last dimension, and otherwise a contiguous float32 copy.
+func newBiasView(t attn.Tensor) view {
+	st := t.Strides
+	if st == nil {
+		st = attn.ContiguousStrides(t.Shape)
+	}
+	nb, nh, ni, nj := t.Shape[0], t.Shape[1], t.Shape[2], t.Shape[3]
+	if t.DType == attn.Float32 && (st[3] == 1 || nj <= 1) {
+		return view{data: t.F32, off: t.Offset, sb: st[0], sh: st[1], si: st[2]}
+	}
+	v := view{data: make([]float32, nb*nh*ni*nj), sb: nh * ni * nj, sh: ni * nj, si: nj}
 	for b := 0; b < nb; b++ {
-		for i := 0; i < ni; i++ {
-			for h := 0; h < nh; h++ {
-				src := t.Offset + b*sb + i*si + h*sh
-				dst := v.data[v.row(b, i, h) : v.row(b, i, h)+last]
-				switch {
-				case sd == 1 && t.DType == attn.BFloat16:
-					vec.BF16ToFloat32(dst, t.Bits[src:src+last])
-				case sd == 1 && t.DType == attn.Float16:
-					vec.Float16ToFloat32(dst, t.Bits[src:src+last])
-				default:
-					for d := range dst {
-						dst[d] = t.Load(src + d*sd)
-					}
+		for h := 0; h < nh; h++ {
+			for i := 0; i < ni; i++ {
+				o := t.Offset + b*st[0] + h*st[1] + i*st[2]
+				dst := v.data[v.row(b, i, h) : v.row(b, i, h)+nj]
+				for j := range dst {
+					dst[j] = t.Load(o + j*st[3])
 				}
 			}
 		}
@@ -77,25 +108,16 @@ func newView(t attn.Tensor, headsDim1 bool) view {
 func storeRow(t attn.Tensor, off int, src []float32, s float32) {
 	switch t.DType {
 	case attn.Float32:
-		dst := t.F32[off : off+len(src)]
-		for d, x := range src {
-			dst[d] = x * s
-		}
+		vec.ScaleTo(t.F32[off:off+len(src)], src, s)
 	case attn.Float16:
-		dst := t.Bits[off : off+len(src)]
-		for d, x := range src {
-			dst[d] = uint16(half.Float16FromFloat32(x * s))
-		}
+		vec.ScaleToFloat16(t.Bits[off:off+len(src)], src, s)
 	default:
-		dst := t.Bits[off : off+len(src)]
-		for d, x := range src {
-			dst[d] = uint16(half.BFloat16FromFloat32(x * s))
-		}
+		vec.ScaleToBF16(t.Bits[off:off+len(src)], src, s)
 	}
 }
 
 // seg describes one sequence of the batch: its index b, its n queries and m
-// keys, and where they sit in the views: batch index vb and first positions
+// keys, and where they sit in the inputs: batch index vb and first positions
 // q0, k0 (vb = b, q0 = k0 = 0 for a padded batch; vb = 0 and the cu_seqlens
 // offsets for a packed one).
 type seg struct {
@@ -126,7 +148,9 @@ func keyRow(p *attn.Problem, sg seg, j, kh, d int) int {
 	return ((sg.vb*p.M+sg.k0+j)*p.Hkv + kh) * d
 }
 
-// lseIndex returns the index of row (i, h) of sg in a contiguous LSE.
+// lseIndex returns the index of row (i, h) of sg in a contiguous LSE. The
+// rows of one (sequence, head) are consecutive in this order, which is also
+// the row order of the packed query-side buffers of the backward.
 func lseIndex(p *attn.Problem, sg seg, i, h int) int {
 	if p.Varlen {
 		return h*p.TotalQ + sg.q0 + i

@@ -48,13 +48,13 @@ func TestRoundingTiesToEven(t *testing.T) {
 		bf16 float32
 	}{
 		{"one", 1, 1, 1},
-		{"halfway-f16-down", 1 + 1.0/2048, 1, 1},                           // tie between 1 and 1+2^-10: even is 1
-		{"halfway-f16-up", 1 + 3.0/2048, 1 + 2.0/1024, 1},                  // tie between 1+2^-10 and 1+2^-9: even is up
-		{"above-halfway", 1 + 1.0/2048 + 1.0/65536, 1 + 1.0/1024, 1},       // just above the tie
-		{"bf16-tie-down", 1 + 1.0/256, 1 + 1.0/256, 1},                     // tie between 1 and 1+2^-7
-		{"bf16-tie-up", 1 + 3.0/256, 1 + 3.0/256, 1 + 4.0/256},             // tie: even is up
-		{"f16-overflow", 70000, float32(math.Inf(1)), 70144},               // beyond 65504
-		{"f16-max", 65504, 65504, 65536},                                   // largest finite binary16
+		{"halfway-f16-down", 1 + 1.0/2048, 1, 1},                     // tie between 1 and 1+2^-10: even is 1
+		{"halfway-f16-up", 1 + 3.0/2048, 1 + 2.0/1024, 1},            // tie between 1+2^-10 and 1+2^-9: even is up
+		{"above-halfway", 1 + 1.0/2048 + 1.0/65536, 1 + 1.0/1024, 1}, // just above the tie
+		{"bf16-tie-down", 1 + 1.0/256, 1 + 1.0/256, 1},               // tie between 1 and 1+2^-7
+		{"bf16-tie-up", 1 + 3.0/256, 1 + 3.0/256, 1 + 4.0/256},       // tie: even is up
+		{"f16-overflow", 70000, float32(math.Inf(1)), 70144},         // beyond 65504
+		{"f16-max", 65504, 65504, 65536},                             // largest finite binary16
 		{"f16-smallest-subnormal", 1.0 / (1 << 24), 1.0 / (1 << 24), 1.0 / (1 << 24)},
 		{"f16-below-half-subnormal", 1.0 / (1 << 26), 0, 1.0 / (1 << 26)},
 		{"negative", -2.5, -2.5, -2.5},

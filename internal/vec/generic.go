@@ -163,3 +163,150 @@ func float16ToFloat32Go(dst []float32, src []uint16) {
 		dst[i] = half.Float16(h).Float32()
 	}
 }
+
+// softmaxOnlineWith builds SoftmaxOnline from row kernels: scale (skipped
+// when the scale is 1), max and expSub, one row at a time.
+func softmaxOnlineWith(maxf func([]float32) float32, expSub func([]float32, float32) float32, scale func([]float32, float32)) func(s []float32, lds, rows, cols int, sc float32, m, l, alpha []float32) {
+	return func(s []float32, lds, rows, cols int, sc float32, m, l, alpha []float32) {
+		for r := 0; r < rows; r++ {
+			x := s[r*lds : r*lds+cols]
+			if sc != 1 {
+				scale(x, sc)
+			}
+			mNew := m[r]
+			if mx := maxf(x); mx > mNew {
+				mNew = mx
+			}
+			if math.IsInf(float64(mNew), -1) {
+				clear(x)
+				alpha[r] = 1
+				continue
+			}
+			a := float32(1)
+			if m[r] != mNew {
+				a = exp32(m[r] - mNew)
+			}
+			sum := expSub(x, mNew)
+			l[r] = l[r]*a + sum
+			m[r], alpha[r] = mNew, a
+		}
+	}
+}
+
+// expRowsWith builds ExpRows from row kernels: scale (skipped when the
+// scale is 1) and expSub, one row at a time.
+func expRowsWith(expSub func([]float32, float32) float32, scale func([]float32, float32)) func(s []float32, lds, rows, cols int, sc float32, lse []float32) {
+	return func(s []float32, lds, rows, cols int, sc float32, lse []float32) {
+		for r := 0; r < rows; r++ {
+			x := s[r*lds : r*lds+cols]
+			if math.IsInf(float64(lse[r]), -1) {
+				clear(x)
+				continue
+			}
+			if sc != 1 {
+				scale(x, sc)
+			}
+			expSub(x, lse[r])
+		}
+	}
+}
+
+// softmaxGradGo is the portable SoftmaxGrad.
+func softmaxGradGo(p []float32, ldp int, dp []float32, lddp, rows, cols int, delta []float32) {
+	for r := 0; r < rows; r++ {
+		pr := p[r*ldp : r*ldp+cols]
+		dr := dp[r*lddp : r*lddp+cols]
+		d := delta[r]
+		for j, x := range pr {
+			dr[j] = x * (dr[j] - d)
+		}
+	}
+}
+
+// scaleToGo is the portable ScaleTo (len(dst) == len(src)).
+func scaleToGo(dst, src []float32, s float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = x * s
+	}
+}
+
+// toBF16Go is the portable ScaleToBF16 (len(dst) == len(src)).
+func toBF16Go(dst []uint16, src []float32, s float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = uint16(half.BFloat16FromFloat32(x * s))
+	}
+}
+
+// toFP16Go is the portable ScaleToFloat16 (len(dst) == len(src)).
+func toFP16Go(dst []uint16, src []float32, s float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = uint16(half.Float16FromFloat32(x * s))
+	}
+}
+
+// dotGo is the portable Dot (len(y) == len(x)): the products are summed in
+// float64, in index order, and the sum rounded once.
+func dotGo(x, y []float32) float32 {
+	y = y[:len(x)]
+	var s float64
+	for i, a := range x {
+		s += float64(a) * float64(y[i])
+	}
+	return float32(s)
+}
+
+// transposeGo is the portable Transpose.
+func transposeGo(rows, cols int, src []float32, lds int, dst []float32, ldd int) {
+	for j := 0; j < rows; j++ {
+		for p, x := range src[j*lds : j*lds+cols] {
+			dst[p*ldd+j] = x
+		}
+	}
+}
+
+// matMulBF16Go is the portable MatMulBF16: per element, the products of each
+// pair added odd then even, C last, as the native instruction does (without
+// its flushing of subnormals).
+func matMulBF16Go(m, n, k int, a []uint16, lda int, b []uint16, ldb int, c []float32, ldc int, acc bool) {
+	bf := func(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+	for i := 0; i < m; i++ {
+		ar := a[i*lda : i*lda+k]
+		cr := c[i*ldc : i*ldc+n]
+		for j := range cr {
+			var s float32
+			for p := 0; p < k; p += 2 {
+				bp := b[(p/2)*ldb+2*j : (p/2)*ldb+2*j+2]
+				s += bf(ar[p+1]) * bf(bp[1])
+				s += bf(ar[p]) * bf(bp[0])
+			}
+			if acc {
+				s += cr[j]
+			}
+			cr[j] = s
+		}
+	}
+}
+
+// transposePairsGo is the portable TransposePairs.
+func transposePairsGo(rows, pairs int, src []uint16, lds int, dst []uint16, ldd int) {
+	for j := 0; j < rows; j++ {
+		sr := src[j*lds : j*lds+2*pairs]
+		for p := 0; p < pairs; p++ {
+			dst[p*ldd+2*j] = sr[2*p]
+			dst[p*ldd+2*j+1] = sr[2*p+1]
+		}
+	}
+}
+
+// interleaveGo is the portable Interleave (len(b) == len(a), len(dst) ==
+// 2·len(a)).
+func interleaveGo(dst, a, b []uint16) {
+	dst = dst[:2*len(a)]
+	b = b[:len(a)]
+	for i, x := range a {
+		dst[2*i], dst[2*i+1] = x, b[i]
+	}
+}

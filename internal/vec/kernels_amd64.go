@@ -103,3 +103,62 @@ func bf16ToFloat32AVX2(dst []float32, src []uint16)
 //
 //go:noescape
 func float16ToFloat32AVX2(dst []float32, src []uint16)
+
+// softmaxOnline512 is the online-softmax step of SoftmaxOnline (rows, cols > 0), with AVX-512F.
+// Row r: t = scale·x, mNew = max(m[r], max t); a row with mNew = -Inf becomes 0 with alpha[r] = 1;
+// otherwise x = exp(scale·x − mNew) (one rounding before exp), alpha[r] = exp(m[r] − mNew),
+// l[r] = l[r]·alpha[r] + Σx (fused) and m[r] = mNew. The sum is added as in expSub512.
+//
+//go:noescape
+func softmaxOnline512(s *float32, lds int, rows int, cols int, scale float32, m *float32, l *float32, alpha *float32)
+
+// expRows512 sets x = exp(scale·x − lse[r]) (one rounding before exp) in every row r
+// of the tile, and x = 0 in the rows whose lse[r] is -Inf (rows, cols > 0), with AVX-512F.
+//
+//go:noescape
+func expRows512(s *float32, lds int, rows int, cols int, scale float32, lse *float32)
+
+// softmaxGrad512 sets dp = p·(dp − delta[r]) in every row r of the tile (rows, cols > 0),
+// with AVX-512F.
+//
+//go:noescape
+func softmaxGrad512(p *float32, ldp int, dp *float32, lddp int, rows int, cols int, delta *float32)
+
+// scaleTo512 sets dst[i] = s·src[i] for i < len(src) (len(dst) ≥ len(src)), with AVX-512F.
+//
+//go:noescape
+func scaleTo512(dst []float32, src []float32, s float32)
+
+// toFloat16512 sets dst[i] to s·src[i] (rounded to float32) rounded to binary16, to nearest even,
+// for i < len(src) (len(dst) ≥ len(src)), with AVX-512F.
+//
+//go:noescape
+func toFloat16512(dst []uint16, src []float32, s float32)
+
+// toBF16512 sets dst[i] to s·src[i] (rounded to float32) rounded to bfloat16, to nearest even
+// (NaN: the high half with the quiet bit set), for i < len(src) (len(dst) ≥ len(src)), with AVX-512F.
+//
+//go:noescape
+func toBF16512(dst []uint16, src []float32, s float32)
+
+// dot512 returns Σ x[i]·y[i] over i < len(x) (len(y) ≥ len(x)), with AVX-512F.
+// Lane l of accumulator a sums the products 64q+16a+l with fused multiply-adds (the
+// single and masked vectors after the blocks of four go to accumulator 0); the accumulators
+// and then their lanes are added in a fixed order.
+//
+//go:noescape
+func dot512(x []float32, y []float32) float32
+
+// interleave512 sets dst[2i] = a[i] and dst[2i+1] = b[i] for i < len(a) (len(a) a multiple of 16,
+// len(b) ≥ len(a), len(dst) ≥ 2·len(a)), with AVX-512F.
+//
+//go:noescape
+func interleave512(dst []uint16, a []uint16, b []uint16)
+
+// gemmBF16512 computes C (+)= A·B for mr ≤ 6 rows of C and n > 0 columns from kp > 0 pairs of
+// bfloat16 products, with AVX512_BF16: A(i,p) = a[i*lda+p], B(p,j) = b[(p/2)*ldb+2j+p%2],
+// C(i,j) = c[i*ldc+j]. Each element adds, for p = 0, 2, 4, …, the products of p+1 and then p
+// (each rounded to float32, subnormals flushed to 0), then C when acc.
+//
+//go:noescape
+func gemmBF16512(mr int, kp int, n int, a *uint16, lda int, b *uint16, ldb int, c *float32, ldc int, acc bool)

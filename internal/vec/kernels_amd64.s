@@ -6638,3 +6638,3439 @@ loop:
 done:
 	VZEROUPPER
 	RET
+
+// func softmaxOnline512(s *float32, lds int, rows int, cols int, scale float32, m *float32, l *float32, alpha *float32)
+// Requires: AVX, AVX512F, BMI2, CMOV, FMA3
+TEXT ·softmaxOnline512(SB), NOSPLIT, $0-64
+	MOVQ         s+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	SHLQ         $0x02, CX
+	MOVQ         rows+16(FP), DX
+	MOVQ         m+40(FP), BX
+	MOVQ         l+48(FP), SI
+	MOVQ         alpha+56(FP), DI
+	VBROADCASTSS scale+32(FP), Z0
+	VBROADCASTSS expTable<>+0(SB), Z1
+	VBROADCASTSS expTable<>+32(SB), Z2
+	VBROADCASTSS expTable<>+64(SB), Z3
+	VBROADCASTSS expTable<>+96(SB), Z4
+	VBROADCASTSS expTable<>+128(SB), Z5
+	VBROADCASTSS expTable<>+160(SB), Z6
+	VBROADCASTSS expTable<>+192(SB), Z7
+	VBROADCASTSS expTable<>+224(SB), Z8
+	VBROADCASTSS expTable<>+256(SB), Z9
+	VBROADCASTSS expTable<>+288(SB), Z10
+	VBROADCASTSS expTable<>+320(SB), Z11
+	VBROADCASTSS expTable<>+352(SB), Z12
+
+row:
+	// Pass 1: the largest scaled element of the row.
+	MOVQ         AX, R8
+	MOVQ         cols+24(FP), R9
+	MOVL         $0xff800000, R10
+	VPBROADCASTD R10, Z13
+
+maxloop:
+	CMPQ   R9, $0x10
+	JLT    maxtail
+	VMULPS (R8), Z0, Z14
+	VMAXPS Z13, Z14, Z13
+	ADDQ   $0x40, R8
+	SUBQ   $0x10, R9
+	JMP    maxloop
+
+maxtail:
+	TESTQ    R9, R9
+	JLE      maxdone
+	MOVQ     $0x00000010, R10
+	CMPQ     R9, R10
+	CMOVQLT  R9, R10
+	MOVQ     $-1, R9
+	BZHIQ    R10, R9, R9
+	KMOVW    R9, K1
+	VMULPS.Z (R8), Z0, K1, Z14
+	VMAXPS   Z13, Z14, K1, Z13
+
+maxdone:
+	VEXTRACTF64X4 $0x01, Z13, Y14
+	VMAXPS        Y14, Y13, Y13
+	VEXTRACTF128  $0x01, Y13, X14
+	VMAXPS        X14, X13, X13
+	VMOVHLPS      X13, X13, X14
+	VMAXPS        X14, X13, X13
+	VMOVSHDUP     X13, X14
+	VMAXSS        X14, X13, X13
+	VMOVSS        (BX), X14
+	VMAXSS        X14, X13, X13
+	VMOVD         X13, R8
+	CMPL          R8, $0xff800000
+	JEQ           masked
+
+	// alpha = exp(m − mNew): 1 when the maximum did not change.
+	VBROADCASTSS expTable<>+352(SB), Z20
+	VUCOMISS     X14, X13
+	JEQ          alphadone
+	VSUBSS       X13, X14, X14
+	VBROADCASTSS X14, Z20
+	VMAXPS       Z20, Z1, Z20
+	VMINPS       Z20, Z2, Z20
+	VMULPS       Z3, Z20, Z14
+	VRNDSCALEPS  $0x00, Z14, Z14
+	VFNMADD231PS Z4, Z14, Z20
+	VFNMADD231PS Z5, Z14, Z20
+	VMOVAPS      Z6, Z21
+	VFMADD213PS  Z7, Z20, Z21
+	VFMADD213PS  Z8, Z20, Z21
+	VFMADD213PS  Z9, Z20, Z21
+	VFMADD213PS  Z10, Z20, Z21
+	VFMADD213PS  Z11, Z20, Z21
+	VFMADD213PS  Z12, Z20, Z21
+	VFMADD213PS  Z12, Z20, Z21
+	VSCALEFPS    Z14, Z21, Z20
+
+alphadone:
+	VMOVSS X20, (DI)
+	VMOVSS X13, (BX)
+
+	// Pass 2: x = exp(scale·x − mNew), summed.
+	VBROADCASTSS X13, Z13
+	VPXORD       Z15, Z15, Z15
+	VPXORD       Z16, Z16, Z16
+	VPXORD       Z17, Z17, Z17
+	VPXORD       Z18, Z18, Z18
+	MOVQ         AX, R8
+	MOVQ         cols+24(FP), R9
+
+expblk:
+	CMPQ         R9, $0x40
+	JLT          expone
+	VMOVUPS      (R8), Z14
+	VFMSUB213PS  Z13, Z0, Z14
+	VMOVUPS      64(R8), Z20
+	VFMSUB213PS  Z13, Z0, Z20
+	VMOVUPS      128(R8), Z21
+	VFMSUB213PS  Z13, Z0, Z21
+	VMOVUPS      192(R8), Z22
+	VFMSUB213PS  Z13, Z0, Z22
+	VMAXPS       Z14, Z1, Z14
+	VMINPS       Z14, Z2, Z14
+	VMULPS       Z3, Z14, Z23
+	VRNDSCALEPS  $0x00, Z23, Z23
+	VFNMADD231PS Z4, Z23, Z14
+	VFNMADD231PS Z5, Z23, Z14
+	VMOVAPS      Z6, Z24
+	VMAXPS       Z20, Z1, Z20
+	VMINPS       Z20, Z2, Z20
+	VMULPS       Z3, Z20, Z25
+	VRNDSCALEPS  $0x00, Z25, Z25
+	VFNMADD231PS Z4, Z25, Z20
+	VFNMADD231PS Z5, Z25, Z20
+	VMOVAPS      Z6, Z26
+	VMAXPS       Z21, Z1, Z21
+	VMINPS       Z21, Z2, Z21
+	VMULPS       Z3, Z21, Z27
+	VRNDSCALEPS  $0x00, Z27, Z27
+	VFNMADD231PS Z4, Z27, Z21
+	VFNMADD231PS Z5, Z27, Z21
+	VMOVAPS      Z6, Z28
+	VMAXPS       Z22, Z1, Z22
+	VMINPS       Z22, Z2, Z22
+	VMULPS       Z3, Z22, Z29
+	VRNDSCALEPS  $0x00, Z29, Z29
+	VFNMADD231PS Z4, Z29, Z22
+	VFNMADD231PS Z5, Z29, Z22
+	VMOVAPS      Z6, Z30
+	VFMADD213PS  Z7, Z14, Z24
+	VFMADD213PS  Z7, Z20, Z26
+	VFMADD213PS  Z7, Z21, Z28
+	VFMADD213PS  Z7, Z22, Z30
+	VFMADD213PS  Z8, Z14, Z24
+	VFMADD213PS  Z8, Z20, Z26
+	VFMADD213PS  Z8, Z21, Z28
+	VFMADD213PS  Z8, Z22, Z30
+	VFMADD213PS  Z9, Z14, Z24
+	VFMADD213PS  Z9, Z20, Z26
+	VFMADD213PS  Z9, Z21, Z28
+	VFMADD213PS  Z9, Z22, Z30
+	VFMADD213PS  Z10, Z14, Z24
+	VFMADD213PS  Z10, Z20, Z26
+	VFMADD213PS  Z10, Z21, Z28
+	VFMADD213PS  Z10, Z22, Z30
+	VFMADD213PS  Z11, Z14, Z24
+	VFMADD213PS  Z11, Z20, Z26
+	VFMADD213PS  Z11, Z21, Z28
+	VFMADD213PS  Z11, Z22, Z30
+	VFMADD213PS  Z12, Z14, Z24
+	VFMADD213PS  Z12, Z20, Z26
+	VFMADD213PS  Z12, Z21, Z28
+	VFMADD213PS  Z12, Z22, Z30
+	VFMADD213PS  Z12, Z14, Z24
+	VFMADD213PS  Z12, Z20, Z26
+	VFMADD213PS  Z12, Z21, Z28
+	VFMADD213PS  Z12, Z22, Z30
+	VSCALEFPS    Z23, Z24, Z14
+	VSCALEFPS    Z25, Z26, Z20
+	VSCALEFPS    Z27, Z28, Z21
+	VSCALEFPS    Z29, Z30, Z22
+	VMOVUPS      Z14, (R8)
+	VADDPS       Z14, Z15, Z15
+	VMOVUPS      Z20, 64(R8)
+	VADDPS       Z20, Z16, Z16
+	VMOVUPS      Z21, 128(R8)
+	VADDPS       Z21, Z17, Z17
+	VMOVUPS      Z22, 192(R8)
+	VADDPS       Z22, Z18, Z18
+	ADDQ         $0x00000100, R8
+	SUBQ         $0x40, R9
+	JMP          expblk
+
+expone:
+	TESTQ        R9, R9
+	JLE          expend
+	MOVQ         $0x00000010, R10
+	CMPQ         R9, R10
+	CMOVQLT      R9, R10
+	MOVQ         $-1, R11
+	BZHIQ        R10, R11, R11
+	KMOVW        R11, K1
+	VMOVUPS.Z    (R8), K1, Z14
+	VFMSUB213PS  Z13, Z0, Z14
+	VMAXPS       Z14, Z1, Z14
+	VMINPS       Z14, Z2, Z14
+	VMULPS       Z3, Z14, Z20
+	VRNDSCALEPS  $0x00, Z20, Z20
+	VFNMADD231PS Z4, Z20, Z14
+	VFNMADD231PS Z5, Z20, Z14
+	VMOVAPS      Z6, Z21
+	VFMADD213PS  Z7, Z14, Z21
+	VFMADD213PS  Z8, Z14, Z21
+	VFMADD213PS  Z9, Z14, Z21
+	VFMADD213PS  Z10, Z14, Z21
+	VFMADD213PS  Z11, Z14, Z21
+	VFMADD213PS  Z12, Z14, Z21
+	VFMADD213PS  Z12, Z14, Z21
+	VSCALEFPS    Z20, Z21, Z14
+	VMOVUPS      Z14, K1, (R8)
+	VADDPS       Z14, Z15, K1, Z15
+	ADDQ         $0x40, R8
+	SUBQ         $0x10, R9
+	JMP          expone
+
+expend:
+	VADDPS        Z17, Z15, Z15
+	VADDPS        Z18, Z16, Z16
+	VADDPS        Z16, Z15, Z15
+	VEXTRACTF64X4 $0x01, Z15, Y13
+	VADDPS        Y13, Y15, Y15
+	VEXTRACTF128  $0x01, Y15, X13
+	VADDPS        X13, X15, X14
+	VMOVHLPS      X14, X14, X13
+	VADDPS        X13, X14, X14
+	VMOVSHDUP     X14, X13
+	VADDSS        X13, X14, X14
+	VMOVSS        (DI), X13
+	VFMADD231SS   (SI), X13, X14
+	VMOVSS        X14, (SI)
+	JMP           next
+
+masked:
+	// No visible element yet: the row contributes nothing.
+	MOVQ   AX, R8
+	MOVQ   cols+24(FP), R9
+	VPXORD Z19, Z19, Z19
+
+zeroloop:
+	TESTQ   R9, R9
+	JLE     zeroend
+	MOVQ    $0x00000010, R10
+	CMPQ    R9, R10
+	CMOVQLT R9, R10
+	MOVQ    $-1, R11
+	BZHIQ   R10, R11, R11
+	KMOVW   R11, K1
+	VMOVUPS Z19, K1, (R8)
+	ADDQ    $0x40, R8
+	SUBQ    $0x10, R9
+	JMP     zeroloop
+
+zeroend:
+	MOVL $0x3f800000, (DI)
+
+next:
+	ADDQ CX, AX
+	ADDQ $0x04, BX
+	ADDQ $0x04, SI
+	ADDQ $0x04, DI
+	DECQ DX
+	JNZ  row
+	VZEROUPPER
+	RET
+
+// func expRows512(s *float32, lds int, rows int, cols int, scale float32, lse *float32)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·expRows512(SB), NOSPLIT, $0-48
+	MOVQ         s+0(FP), AX
+	MOVQ         lds+8(FP), CX
+	SHLQ         $0x02, CX
+	MOVQ         rows+16(FP), DX
+	MOVQ         lse+40(FP), BX
+	VBROADCASTSS scale+32(FP), Z0
+	VBROADCASTSS expTable<>+0(SB), Z1
+	VBROADCASTSS expTable<>+32(SB), Z2
+	VBROADCASTSS expTable<>+64(SB), Z3
+	VBROADCASTSS expTable<>+96(SB), Z4
+	VBROADCASTSS expTable<>+128(SB), Z5
+	VBROADCASTSS expTable<>+160(SB), Z6
+	VBROADCASTSS expTable<>+192(SB), Z7
+	VBROADCASTSS expTable<>+224(SB), Z8
+	VBROADCASTSS expTable<>+256(SB), Z9
+	VBROADCASTSS expTable<>+288(SB), Z10
+	VBROADCASTSS expTable<>+320(SB), Z11
+	VBROADCASTSS expTable<>+352(SB), Z12
+	VPXORD       Z13, Z13, Z13
+
+row:
+	VMOVSS       (BX), X14
+	VMOVD        X14, SI
+	CMPL         SI, $0xff800000
+	JEQ          masked
+	VBROADCASTSS X14, Z14
+	MOVQ         AX, SI
+	MOVQ         cols+24(FP), DI
+
+expblk:
+	CMPQ         DI, $0x40
+	JLT          expone
+	VMOVUPS      (SI), Z15
+	VFMSUB213PS  Z14, Z0, Z15
+	VMOVUPS      64(SI), Z16
+	VFMSUB213PS  Z14, Z0, Z16
+	VMOVUPS      128(SI), Z17
+	VFMSUB213PS  Z14, Z0, Z17
+	VMOVUPS      192(SI), Z18
+	VFMSUB213PS  Z14, Z0, Z18
+	VMAXPS       Z15, Z1, Z15
+	VMINPS       Z15, Z2, Z15
+	VMULPS       Z3, Z15, Z19
+	VRNDSCALEPS  $0x00, Z19, Z19
+	VFNMADD231PS Z4, Z19, Z15
+	VFNMADD231PS Z5, Z19, Z15
+	VMOVAPS      Z6, Z20
+	VMAXPS       Z16, Z1, Z16
+	VMINPS       Z16, Z2, Z16
+	VMULPS       Z3, Z16, Z21
+	VRNDSCALEPS  $0x00, Z21, Z21
+	VFNMADD231PS Z4, Z21, Z16
+	VFNMADD231PS Z5, Z21, Z16
+	VMOVAPS      Z6, Z22
+	VMAXPS       Z17, Z1, Z17
+	VMINPS       Z17, Z2, Z17
+	VMULPS       Z3, Z17, Z23
+	VRNDSCALEPS  $0x00, Z23, Z23
+	VFNMADD231PS Z4, Z23, Z17
+	VFNMADD231PS Z5, Z23, Z17
+	VMOVAPS      Z6, Z24
+	VMAXPS       Z18, Z1, Z18
+	VMINPS       Z18, Z2, Z18
+	VMULPS       Z3, Z18, Z25
+	VRNDSCALEPS  $0x00, Z25, Z25
+	VFNMADD231PS Z4, Z25, Z18
+	VFNMADD231PS Z5, Z25, Z18
+	VMOVAPS      Z6, Z26
+	VFMADD213PS  Z7, Z15, Z20
+	VFMADD213PS  Z7, Z16, Z22
+	VFMADD213PS  Z7, Z17, Z24
+	VFMADD213PS  Z7, Z18, Z26
+	VFMADD213PS  Z8, Z15, Z20
+	VFMADD213PS  Z8, Z16, Z22
+	VFMADD213PS  Z8, Z17, Z24
+	VFMADD213PS  Z8, Z18, Z26
+	VFMADD213PS  Z9, Z15, Z20
+	VFMADD213PS  Z9, Z16, Z22
+	VFMADD213PS  Z9, Z17, Z24
+	VFMADD213PS  Z9, Z18, Z26
+	VFMADD213PS  Z10, Z15, Z20
+	VFMADD213PS  Z10, Z16, Z22
+	VFMADD213PS  Z10, Z17, Z24
+	VFMADD213PS  Z10, Z18, Z26
+	VFMADD213PS  Z11, Z15, Z20
+	VFMADD213PS  Z11, Z16, Z22
+	VFMADD213PS  Z11, Z17, Z24
+	VFMADD213PS  Z11, Z18, Z26
+	VFMADD213PS  Z12, Z15, Z20
+	VFMADD213PS  Z12, Z16, Z22
+	VFMADD213PS  Z12, Z17, Z24
+	VFMADD213PS  Z12, Z18, Z26
+	VFMADD213PS  Z12, Z15, Z20
+	VFMADD213PS  Z12, Z16, Z22
+	VFMADD213PS  Z12, Z17, Z24
+	VFMADD213PS  Z12, Z18, Z26
+	VSCALEFPS    Z19, Z20, Z15
+	VSCALEFPS    Z21, Z22, Z16
+	VSCALEFPS    Z23, Z24, Z17
+	VSCALEFPS    Z25, Z26, Z18
+	VMOVUPS      Z15, (SI)
+	VMOVUPS      Z16, 64(SI)
+	VMOVUPS      Z17, 128(SI)
+	VMOVUPS      Z18, 192(SI)
+	ADDQ         $0x00000100, SI
+	SUBQ         $0x40, DI
+	JMP          expblk
+
+expone:
+	TESTQ        DI, DI
+	JLE          expend
+	MOVQ         $0x00000010, R8
+	CMPQ         DI, R8
+	CMOVQLT      DI, R8
+	MOVQ         $-1, R9
+	BZHIQ        R8, R9, R9
+	KMOVW        R9, K1
+	VMOVUPS.Z    (SI), K1, Z15
+	VFMSUB213PS  Z14, Z0, Z15
+	VMAXPS       Z15, Z1, Z15
+	VMINPS       Z15, Z2, Z15
+	VMULPS       Z3, Z15, Z16
+	VRNDSCALEPS  $0x00, Z16, Z16
+	VFNMADD231PS Z4, Z16, Z15
+	VFNMADD231PS Z5, Z16, Z15
+	VMOVAPS      Z6, Z17
+	VFMADD213PS  Z7, Z15, Z17
+	VFMADD213PS  Z8, Z15, Z17
+	VFMADD213PS  Z9, Z15, Z17
+	VFMADD213PS  Z10, Z15, Z17
+	VFMADD213PS  Z11, Z15, Z17
+	VFMADD213PS  Z12, Z15, Z17
+	VFMADD213PS  Z12, Z15, Z17
+	VSCALEFPS    Z16, Z17, Z15
+	VMOVUPS      Z15, K1, (SI)
+	ADDQ         $0x40, SI
+	SUBQ         $0x10, DI
+	JMP          expone
+
+expend:
+	JMP next
+
+masked:
+	MOVQ AX, SI
+	MOVQ cols+24(FP), DI
+
+zeroloop:
+	TESTQ   DI, DI
+	JLE     zeroend
+	MOVQ    $0x00000010, R8
+	CMPQ    DI, R8
+	CMOVQLT DI, R8
+	MOVQ    $-1, R9
+	BZHIQ   R8, R9, R9
+	KMOVW   R9, K1
+	VMOVUPS Z13, K1, (SI)
+	ADDQ    $0x40, SI
+	SUBQ    $0x10, DI
+	JMP     zeroloop
+
+zeroend:
+next:
+	ADDQ CX, AX
+	ADDQ $0x04, BX
+	DECQ DX
+	JNZ  row
+	VZEROUPPER
+	RET
+
+// func softmaxGrad512(p *float32, ldp int, dp *float32, lddp int, rows int, cols int, delta *float32)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·softmaxGrad512(SB), NOSPLIT, $0-56
+	MOVQ p+0(FP), AX
+	MOVQ ldp+8(FP), CX
+	SHLQ $0x02, CX
+	MOVQ dp+16(FP), DX
+	MOVQ lddp+24(FP), BX
+	SHLQ $0x02, BX
+	MOVQ rows+32(FP), SI
+	MOVQ delta+48(FP), DI
+
+row:
+	VBROADCASTSS (DI), Z0
+	MOVQ         AX, R8
+	MOVQ         cols+40(FP), R9
+	MOVQ         DX, R10
+
+blk:
+	CMPQ    R9, $0x40
+	JLT     one
+	VMOVUPS (R10), Z1
+	VSUBPS  Z0, Z1, Z1
+	VMULPS  (R8), Z1, Z1
+	VMOVUPS Z1, (R10)
+	VMOVUPS 64(R10), Z1
+	VSUBPS  Z0, Z1, Z1
+	VMULPS  64(R8), Z1, Z1
+	VMOVUPS Z1, 64(R10)
+	VMOVUPS 128(R10), Z1
+	VSUBPS  Z0, Z1, Z1
+	VMULPS  128(R8), Z1, Z1
+	VMOVUPS Z1, 128(R10)
+	VMOVUPS 192(R10), Z1
+	VSUBPS  Z0, Z1, Z1
+	VMULPS  192(R8), Z1, Z1
+	VMOVUPS Z1, 192(R10)
+	ADDQ    $0x00000100, R8
+	ADDQ    $0x00000100, R10
+	SUBQ    $0x40, R9
+	JMP     blk
+
+one:
+	TESTQ     R9, R9
+	JLE       next
+	MOVQ      $0x00000010, R11
+	CMPQ      R9, R11
+	CMOVQLT   R9, R11
+	MOVQ      $-1, R12
+	BZHIQ     R11, R12, R12
+	KMOVW     R12, K1
+	VMOVUPS.Z (R10), K1, Z1
+	VSUBPS    Z0, Z1, Z1
+	VMOVUPS.Z (R8), K1, Z2
+	VMULPS    Z2, Z1, Z1
+	VMOVUPS   Z1, K1, (R10)
+	ADDQ      $0x40, R8
+	ADDQ      $0x40, R10
+	SUBQ      $0x10, R9
+	JMP       one
+
+next:
+	ADDQ CX, AX
+	ADDQ BX, DX
+	ADDQ $0x04, DI
+	DECQ SI
+	JNZ  row
+	VZEROUPPER
+	RET
+
+// func scaleTo512(dst []float32, src []float32, s float32)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·scaleTo512(SB), NOSPLIT, $0-52
+	MOVQ         dst_base+0(FP), AX
+	MOVQ         src_base+24(FP), CX
+	MOVQ         src_len+32(FP), DX
+	VBROADCASTSS s+48(FP), Z0
+
+loop:
+	CMPQ    DX, $0x10
+	JLT     tail
+	VMULPS  (CX), Z0, Z1
+	VMOVUPS Z1, (AX)
+	ADDQ    $0x40, CX
+	ADDQ    $0x40, AX
+	SUBQ    $0x10, DX
+	JMP     loop
+
+tail:
+	TESTQ    DX, DX
+	JLE      done
+	MOVQ     $0x00000010, BX
+	CMPQ     DX, BX
+	CMOVQLT  DX, BX
+	MOVQ     $-1, DX
+	BZHIQ    BX, DX, DX
+	KMOVW    DX, K1
+	VMULPS.Z (CX), Z0, K1, Z0
+	VMOVUPS  Z0, K1, (AX)
+
+done:
+	VZEROUPPER
+	RET
+
+// func toFloat16512(dst []uint16, src []float32, s float32)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·toFloat16512(SB), NOSPLIT, $0-52
+	MOVQ         dst_base+0(FP), AX
+	MOVQ         src_base+24(FP), CX
+	MOVQ         src_len+32(FP), DX
+	VBROADCASTSS s+48(FP), Z0
+
+loop:
+	CMPQ      DX, $0x10
+	JLT       tail
+	VMULPS    (CX), Z0, Z1
+	VCVTPS2PH $0x00, Z1, (AX)
+	ADDQ      $0x40, CX
+	ADDQ      $0x20, AX
+	SUBQ      $0x10, DX
+	JMP       loop
+
+tail:
+	TESTQ     DX, DX
+	JLE       done
+	MOVQ      $0x00000010, BX
+	CMPQ      DX, BX
+	CMOVQLT   DX, BX
+	MOVQ      $-1, DX
+	BZHIQ     BX, DX, DX
+	KMOVW     DX, K1
+	VMULPS.Z  (CX), Z0, K1, Z0
+	VCVTPS2PH $0x00, Z0, K1, (AX)
+
+done:
+	VZEROUPPER
+	RET
+
+// func toBF16512(dst []uint16, src []float32, s float32)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·toBF16512(SB), NOSPLIT, $0-52
+	MOVL         $0x00007fff, AX
+	VPBROADCASTD AX, Z0
+	MOVL         $0x00000001, AX
+	VPBROADCASTD AX, Z1
+	MOVL         $0x7fffffff, AX
+	VPBROADCASTD AX, Z2
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z3
+	MOVL         $0x00000040, AX
+	VPBROADCASTD AX, Z4
+	MOVQ         dst_base+0(FP), AX
+	MOVQ         src_base+24(FP), CX
+	MOVQ         src_len+32(FP), DX
+	VBROADCASTSS s+48(FP), Z5
+
+loop:
+	CMPQ      DX, $0x10
+	JLT       tail
+	VMULPS    (CX), Z5, Z6
+	VPSRLD    $0x10, Z6, Z7
+	VPANDD    Z1, Z7, Z7
+	VPADDD    Z0, Z6, Z8
+	VPADDD    Z7, Z8, Z8
+	VPSRLD    $0x10, Z8, Z8
+	VPANDD    Z2, Z6, Z7
+	VPCMPGTD  Z3, Z7, K1
+	VPSRLD    $0x10, Z6, Z6
+	VPORD     Z4, Z6, Z6
+	VMOVDQA32 Z6, K1, Z8
+	VPMOVDW   Z8, (AX)
+	ADDQ      $0x40, CX
+	ADDQ      $0x20, AX
+	SUBQ      $0x10, DX
+	JMP       loop
+
+tail:
+	TESTQ     DX, DX
+	JLE       done
+	MOVQ      $0x00000010, BX
+	CMPQ      DX, BX
+	CMOVQLT   DX, BX
+	MOVQ      $-1, DX
+	BZHIQ     BX, DX, DX
+	KMOVW     DX, K1
+	VMULPS.Z  (CX), Z5, K1, Z5
+	VPSRLD    $0x10, Z5, Z6
+	VPANDD    Z1, Z6, Z6
+	VPADDD    Z0, Z5, Z0
+	VPADDD    Z6, Z0, Z0
+	VPSRLD    $0x10, Z0, Z0
+	VPANDD    Z2, Z5, Z1
+	VPCMPGTD  Z3, Z1, K2
+	VPSRLD    $0x10, Z5, Z1
+	VPORD     Z4, Z1, Z1
+	VMOVDQA32 Z1, K2, Z0
+	VPMOVDW   Z0, K1, (AX)
+
+done:
+	VZEROUPPER
+	RET
+
+// func dot512(x []float32, y []float32) float32
+// Requires: AVX, AVX512F, BMI2, CMOV, SSE
+TEXT ·dot512(SB), NOSPLIT, $0-52
+	MOVQ   x_base+0(FP), AX
+	MOVQ   y_base+24(FP), CX
+	MOVQ   x_len+8(FP), DX
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+
+blk:
+	CMPQ        DX, $0x40
+	JLT         one
+	VMOVUPS     (AX), Z4
+	VFMADD231PS (CX), Z4, Z0
+	VMOVUPS     64(AX), Z4
+	VFMADD231PS 64(CX), Z4, Z1
+	VMOVUPS     128(AX), Z4
+	VFMADD231PS 128(CX), Z4, Z2
+	VMOVUPS     192(AX), Z4
+	VFMADD231PS 192(CX), Z4, Z3
+	ADDQ        $0x00000100, AX
+	ADDQ        $0x00000100, CX
+	SUBQ        $0x40, DX
+	JMP         blk
+
+one:
+	TESTQ       DX, DX
+	JLE         done
+	MOVQ        $0x00000010, BX
+	CMPQ        DX, BX
+	CMOVQLT     DX, BX
+	MOVQ        $-1, SI
+	BZHIQ       BX, SI, SI
+	KMOVW       SI, K1
+	VMOVUPS.Z   (AX), K1, Z4
+	VMOVUPS.Z   (CX), K1, Z5
+	VFMADD231PS Z5, Z4, Z0
+	ADDQ        $0x40, AX
+	ADDQ        $0x40, CX
+	SUBQ        $0x10, DX
+	JMP         one
+
+done:
+	VADDPS        Z1, Z0, Z0
+	VADDPS        Z3, Z2, Z2
+	VADDPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VADDPS        Y1, Y0, Y0
+	VEXTRACTF128  $0x01, Y0, X1
+	VADDPS        X1, X0, X0
+	VMOVHLPS      X0, X0, X1
+	VADDPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VADDSS        X1, X0, X0
+	VZEROUPPER
+	MOVSS         X0, ret+48(FP)
+	RET
+
+// func interleave512(dst []uint16, a []uint16, b []uint16)
+// Requires: AVX, AVX512F
+TEXT ·interleave512(SB), NOSPLIT, $0-72
+	MOVQ dst_base+0(FP), AX
+	MOVQ a_base+24(FP), CX
+	MOVQ b_base+48(FP), DX
+	MOVQ a_len+32(FP), BX
+
+loop:
+	TESTQ     BX, BX
+	JZ        done
+	VPMOVZXWD (CX), Z0
+	VPMOVZXWD (DX), Z1
+	VPSLLD    $0x10, Z1, Z1
+	VPORD     Z1, Z0, Z0
+	VMOVDQU32 Z0, (AX)
+	ADDQ      $0x20, CX
+	ADDQ      $0x20, DX
+	ADDQ      $0x40, AX
+	SUBQ      $0x10, BX
+	JMP       loop
+
+done:
+	VZEROUPPER
+	RET
+
+// func gemmBF16512(mr int, kp int, n int, a *uint16, lda int, b *uint16, ldb int, c *float32, ldc int, acc bool)
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·gemmBF16512(SB), NOSPLIT, $0-73
+	MOVQ mr+0(FP), AX
+	CMPQ AX, $0x06
+	JEQ  mr6
+	CMPQ AX, $0x05
+	JEQ  mr5
+	CMPQ AX, $0x04
+	JEQ  mr4
+	CMPQ AX, $0x03
+	JEQ  mr3
+	CMPQ AX, $0x02
+	JEQ  mr2
+	CMPQ AX, $0x01
+	JEQ  mr1
+	RET
+
+mr6:
+	MOVQ n+16(FP), AX
+	MOVQ b+40(FP), CX
+	MOVQ c+56(FP), DX
+	MOVQ ldb+48(FP), BX
+	SHLQ $0x01, BX
+
+mr6w4:
+	CMPQ AX, $0x30
+	JLE  mr6w2
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000040, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	SHRQ    $0x10, DI
+	KMOVW   DI, K3
+	SHRQ    $0x10, DI
+	KMOVW   DI, K4
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z6, Z6, Z6
+	VPXORD  Z7, Z7, Z7
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z10, Z10, Z10
+	VPXORD  Z11, Z11, Z11
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z13, Z13, Z13
+	VPXORD  Z14, Z14, Z14
+	VPXORD  Z15, Z15, Z15
+	VPXORD  Z16, Z16, Z16
+	VPXORD  Z17, Z17, Z17
+	VPXORD  Z18, Z18, Z18
+	VPXORD  Z19, Z19, Z19
+	VPXORD  Z20, Z20, Z20
+	VPXORD  Z21, Z21, Z21
+	VPXORD  Z22, Z22, Z22
+	VPXORD  Z23, Z23, Z23
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	LEAQ    (SI)(DI*4), R9
+	MOVQ    CX, R10
+	MOVQ    kp+8(FP), R11
+
+mr6w4loop:
+	VMOVUPS.Z    (R10), K1, Z24
+	VMOVUPS.Z    64(R10), K2, Z25
+	VMOVUPS.Z    128(R10), K3, Z26
+	VMOVUPS.Z    192(R10), K4, Z27
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z3
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z7
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z10
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z11
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z13
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z14
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z15
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (R9), Z28
+
+	// VDPBF16PS Z28, Z24, Z16
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z17
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z18
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z19
+	BYTE         $0x62
+	BYTE         $0x82
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (R9)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z20
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z21
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z22
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z23
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x26
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfd
+	ADDQ $0x04, SI
+	ADDQ $0x04, R9
+	ADDQ BX, R10
+	DECQ R11
+	JNZ  mr6w4loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, R8
+	LEAQ      (R8)(SI*4), R9
+	MOVB      acc+72(FP), R10
+	TESTB     R10, R10
+	JZ        mr6w4store
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(R8), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z 128(R8), K3, Z30
+	VADDPS    Z30, Z2, Z2
+	VMOVUPS.Z 192(R8), K4, Z30
+	VADDPS    Z30, Z3, Z3
+	VMOVUPS.Z (R8)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(R8)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z 128(R8)(SI*1), K3, Z30
+	VADDPS    Z30, Z6, Z6
+	VMOVUPS.Z 192(R8)(SI*1), K4, Z30
+	VADDPS    Z30, Z7, Z7
+	VMOVUPS.Z (R8)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(R8)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z 128(R8)(SI*2), K3, Z30
+	VADDPS    Z30, Z10, Z10
+	VMOVUPS.Z 192(R8)(SI*2), K4, Z30
+	VADDPS    Z30, Z11, Z11
+	VMOVUPS.Z (R8)(DI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z 64(R8)(DI*1), K2, Z30
+	VADDPS    Z30, Z13, Z13
+	VMOVUPS.Z 128(R8)(DI*1), K3, Z30
+	VADDPS    Z30, Z14, Z14
+	VMOVUPS.Z 192(R8)(DI*1), K4, Z30
+	VADDPS    Z30, Z15, Z15
+	VMOVUPS.Z (R9), K1, Z30
+	VADDPS    Z30, Z16, Z16
+	VMOVUPS.Z 64(R9), K2, Z30
+	VADDPS    Z30, Z17, Z17
+	VMOVUPS.Z 128(R9), K3, Z30
+	VADDPS    Z30, Z18, Z18
+	VMOVUPS.Z 192(R9), K4, Z30
+	VADDPS    Z30, Z19, Z19
+	VMOVUPS.Z (R9)(SI*1), K1, Z30
+	VADDPS    Z30, Z20, Z20
+	VMOVUPS.Z 64(R9)(SI*1), K2, Z30
+	VADDPS    Z30, Z21, Z21
+	VMOVUPS.Z 128(R9)(SI*1), K3, Z30
+	VADDPS    Z30, Z22, Z22
+	VMOVUPS.Z 192(R9)(SI*1), K4, Z30
+	VADDPS    Z30, Z23, Z23
+
+mr6w4store:
+	VMOVUPS Z0, K1, (R8)
+	VMOVUPS Z1, K2, 64(R8)
+	VMOVUPS Z2, K3, 128(R8)
+	VMOVUPS Z3, K4, 192(R8)
+	VMOVUPS Z4, K1, (R8)(SI*1)
+	VMOVUPS Z5, K2, 64(R8)(SI*1)
+	VMOVUPS Z6, K3, 128(R8)(SI*1)
+	VMOVUPS Z7, K4, 192(R8)(SI*1)
+	VMOVUPS Z8, K1, (R8)(SI*2)
+	VMOVUPS Z9, K2, 64(R8)(SI*2)
+	VMOVUPS Z10, K3, 128(R8)(SI*2)
+	VMOVUPS Z11, K4, 192(R8)(SI*2)
+	VMOVUPS Z12, K1, (R8)(DI*1)
+	VMOVUPS Z13, K2, 64(R8)(DI*1)
+	VMOVUPS Z14, K3, 128(R8)(DI*1)
+	VMOVUPS Z15, K4, 192(R8)(DI*1)
+	VMOVUPS Z16, K1, (R9)
+	VMOVUPS Z17, K2, 64(R9)
+	VMOVUPS Z18, K3, 128(R9)
+	VMOVUPS Z19, K4, 192(R9)
+	VMOVUPS Z20, K1, (R9)(SI*1)
+	VMOVUPS Z21, K2, 64(R9)(SI*1)
+	VMOVUPS Z22, K3, 128(R9)(SI*1)
+	VMOVUPS Z23, K4, 192(R9)(SI*1)
+	ADDQ    $0x00000100, CX
+	ADDQ    $0x00000100, DX
+	SUBQ    $0x00000040, AX
+	JMP     mr6w4
+
+mr6w2:
+	CMPQ AX, $0x10
+	JLE  mr6w1
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000020, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z13, Z13, Z13
+	VPXORD  Z16, Z16, Z16
+	VPXORD  Z17, Z17, Z17
+	VPXORD  Z20, Z20, Z20
+	VPXORD  Z21, Z21, Z21
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	LEAQ    (SI)(DI*4), R9
+	MOVQ    CX, R10
+	MOVQ    kp+8(FP), R11
+
+mr6w2loop:
+	VMOVUPS.Z    (R10), K1, Z24
+	VMOVUPS.Z    64(R10), K2, Z25
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z13
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (R9), Z28
+
+	// VDPBF16PS Z28, Z24, Z16
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z17
+	BYTE         $0x62
+	BYTE         $0x82
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (R9)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z20
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z21
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+	ADDQ $0x04, SI
+	ADDQ $0x04, R9
+	ADDQ BX, R10
+	DECQ R11
+	JNZ  mr6w2loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, R8
+	LEAQ      (R8)(SI*4), R9
+	MOVB      acc+72(FP), R10
+	TESTB     R10, R10
+	JZ        mr6w2store
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(R8), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z (R8)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(R8)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z (R8)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(R8)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z (R8)(DI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z 64(R8)(DI*1), K2, Z30
+	VADDPS    Z30, Z13, Z13
+	VMOVUPS.Z (R9), K1, Z30
+	VADDPS    Z30, Z16, Z16
+	VMOVUPS.Z 64(R9), K2, Z30
+	VADDPS    Z30, Z17, Z17
+	VMOVUPS.Z (R9)(SI*1), K1, Z30
+	VADDPS    Z30, Z20, Z20
+	VMOVUPS.Z 64(R9)(SI*1), K2, Z30
+	VADDPS    Z30, Z21, Z21
+
+mr6w2store:
+	VMOVUPS Z0, K1, (R8)
+	VMOVUPS Z1, K2, 64(R8)
+	VMOVUPS Z4, K1, (R8)(SI*1)
+	VMOVUPS Z5, K2, 64(R8)(SI*1)
+	VMOVUPS Z8, K1, (R8)(SI*2)
+	VMOVUPS Z9, K2, 64(R8)(SI*2)
+	VMOVUPS Z12, K1, (R8)(DI*1)
+	VMOVUPS Z13, K2, 64(R8)(DI*1)
+	VMOVUPS Z16, K1, (R9)
+	VMOVUPS Z17, K2, 64(R9)
+	VMOVUPS Z20, K1, (R9)(SI*1)
+	VMOVUPS Z21, K2, 64(R9)(SI*1)
+	ADDQ    $0x00000080, CX
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, AX
+	JMP     mr6w2
+
+mr6w1:
+	TESTQ AX, AX
+	JLE   mr6done
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000010, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z16, Z16, Z16
+	VPXORD  Z20, Z20, Z20
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	LEAQ    (SI)(DI*4), R9
+	MOVQ    CX, R10
+	MOVQ    kp+8(FP), R11
+
+mr6w1loop:
+	VMOVUPS.Z    (R10), K1, Z24
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe5
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe5
+	VPBROADCASTD (R9), Z28
+
+	// VDPBF16PS Z28, Z24, Z16
+	BYTE         $0x62
+	BYTE         $0x82
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (R9)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z20
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+	ADDQ $0x04, SI
+	ADDQ $0x04, R9
+	ADDQ BX, R10
+	DECQ R11
+	JNZ  mr6w1loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), BX
+	SHLQ      $0x02, BX
+	LEAQ      (BX)(BX*2), SI
+	MOVQ      DX, DI
+	LEAQ      (DI)(BX*4), R8
+	MOVB      acc+72(FP), R9
+	TESTB     R9, R9
+	JZ        mr6w1store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z (DI)(BX*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z (DI)(BX*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z16, Z16
+	VMOVUPS.Z (R8)(BX*1), K1, Z30
+	VADDPS    Z30, Z20, Z20
+
+mr6w1store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z4, K1, (DI)(BX*1)
+	VMOVUPS Z8, K1, (DI)(BX*2)
+	VMOVUPS Z12, K1, (DI)(SI*1)
+	VMOVUPS Z16, K1, (R8)
+	VMOVUPS Z20, K1, (R8)(BX*1)
+	ADDQ    $0x00000040, CX
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, AX
+
+mr6done:
+	VZEROUPPER
+	RET
+
+mr5:
+	MOVQ n+16(FP), AX
+	MOVQ b+40(FP), CX
+	MOVQ c+56(FP), DX
+	MOVQ ldb+48(FP), BX
+	SHLQ $0x01, BX
+
+mr5w4:
+	CMPQ AX, $0x30
+	JLE  mr5w2
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000040, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	SHRQ    $0x10, DI
+	KMOVW   DI, K3
+	SHRQ    $0x10, DI
+	KMOVW   DI, K4
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z6, Z6, Z6
+	VPXORD  Z7, Z7, Z7
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z10, Z10, Z10
+	VPXORD  Z11, Z11, Z11
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z13, Z13, Z13
+	VPXORD  Z14, Z14, Z14
+	VPXORD  Z15, Z15, Z15
+	VPXORD  Z16, Z16, Z16
+	VPXORD  Z17, Z17, Z17
+	VPXORD  Z18, Z18, Z18
+	VPXORD  Z19, Z19, Z19
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	LEAQ    (SI)(DI*4), R9
+	MOVQ    CX, R10
+	MOVQ    kp+8(FP), R11
+
+mr5w4loop:
+	VMOVUPS.Z    (R10), K1, Z24
+	VMOVUPS.Z    64(R10), K2, Z25
+	VMOVUPS.Z    128(R10), K3, Z26
+	VMOVUPS.Z    192(R10), K4, Z27
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z3
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z7
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z10
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z11
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z13
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z14
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z15
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (R9), Z28
+
+	// VDPBF16PS Z28, Z24, Z16
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z17
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z18
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z19
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x26
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdc
+	ADDQ $0x04, SI
+	ADDQ $0x04, R9
+	ADDQ BX, R10
+	DECQ R11
+	JNZ  mr5w4loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, R8
+	LEAQ      (R8)(SI*4), R9
+	MOVB      acc+72(FP), R10
+	TESTB     R10, R10
+	JZ        mr5w4store
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(R8), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z 128(R8), K3, Z30
+	VADDPS    Z30, Z2, Z2
+	VMOVUPS.Z 192(R8), K4, Z30
+	VADDPS    Z30, Z3, Z3
+	VMOVUPS.Z (R8)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(R8)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z 128(R8)(SI*1), K3, Z30
+	VADDPS    Z30, Z6, Z6
+	VMOVUPS.Z 192(R8)(SI*1), K4, Z30
+	VADDPS    Z30, Z7, Z7
+	VMOVUPS.Z (R8)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(R8)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z 128(R8)(SI*2), K3, Z30
+	VADDPS    Z30, Z10, Z10
+	VMOVUPS.Z 192(R8)(SI*2), K4, Z30
+	VADDPS    Z30, Z11, Z11
+	VMOVUPS.Z (R8)(DI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z 64(R8)(DI*1), K2, Z30
+	VADDPS    Z30, Z13, Z13
+	VMOVUPS.Z 128(R8)(DI*1), K3, Z30
+	VADDPS    Z30, Z14, Z14
+	VMOVUPS.Z 192(R8)(DI*1), K4, Z30
+	VADDPS    Z30, Z15, Z15
+	VMOVUPS.Z (R9), K1, Z30
+	VADDPS    Z30, Z16, Z16
+	VMOVUPS.Z 64(R9), K2, Z30
+	VADDPS    Z30, Z17, Z17
+	VMOVUPS.Z 128(R9), K3, Z30
+	VADDPS    Z30, Z18, Z18
+	VMOVUPS.Z 192(R9), K4, Z30
+	VADDPS    Z30, Z19, Z19
+
+mr5w4store:
+	VMOVUPS Z0, K1, (R8)
+	VMOVUPS Z1, K2, 64(R8)
+	VMOVUPS Z2, K3, 128(R8)
+	VMOVUPS Z3, K4, 192(R8)
+	VMOVUPS Z4, K1, (R8)(SI*1)
+	VMOVUPS Z5, K2, 64(R8)(SI*1)
+	VMOVUPS Z6, K3, 128(R8)(SI*1)
+	VMOVUPS Z7, K4, 192(R8)(SI*1)
+	VMOVUPS Z8, K1, (R8)(SI*2)
+	VMOVUPS Z9, K2, 64(R8)(SI*2)
+	VMOVUPS Z10, K3, 128(R8)(SI*2)
+	VMOVUPS Z11, K4, 192(R8)(SI*2)
+	VMOVUPS Z12, K1, (R8)(DI*1)
+	VMOVUPS Z13, K2, 64(R8)(DI*1)
+	VMOVUPS Z14, K3, 128(R8)(DI*1)
+	VMOVUPS Z15, K4, 192(R8)(DI*1)
+	VMOVUPS Z16, K1, (R9)
+	VMOVUPS Z17, K2, 64(R9)
+	VMOVUPS Z18, K3, 128(R9)
+	VMOVUPS Z19, K4, 192(R9)
+	ADDQ    $0x00000100, CX
+	ADDQ    $0x00000100, DX
+	SUBQ    $0x00000040, AX
+	JMP     mr5w4
+
+mr5w2:
+	CMPQ AX, $0x10
+	JLE  mr5w1
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000020, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z13, Z13, Z13
+	VPXORD  Z16, Z16, Z16
+	VPXORD  Z17, Z17, Z17
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	LEAQ    (SI)(DI*4), R9
+	MOVQ    CX, R10
+	MOVQ    kp+8(FP), R11
+
+mr5w2loop:
+	VMOVUPS.Z    (R10), K1, Z24
+	VMOVUPS.Z    64(R10), K2, Z25
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z13
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (R9), Z28
+
+	// VDPBF16PS Z28, Z24, Z16
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z17
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+	ADDQ $0x04, SI
+	ADDQ $0x04, R9
+	ADDQ BX, R10
+	DECQ R11
+	JNZ  mr5w2loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, R8
+	LEAQ      (R8)(SI*4), R9
+	MOVB      acc+72(FP), R10
+	TESTB     R10, R10
+	JZ        mr5w2store
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(R8), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z (R8)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(R8)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z (R8)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(R8)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z (R8)(DI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z 64(R8)(DI*1), K2, Z30
+	VADDPS    Z30, Z13, Z13
+	VMOVUPS.Z (R9), K1, Z30
+	VADDPS    Z30, Z16, Z16
+	VMOVUPS.Z 64(R9), K2, Z30
+	VADDPS    Z30, Z17, Z17
+
+mr5w2store:
+	VMOVUPS Z0, K1, (R8)
+	VMOVUPS Z1, K2, 64(R8)
+	VMOVUPS Z4, K1, (R8)(SI*1)
+	VMOVUPS Z5, K2, 64(R8)(SI*1)
+	VMOVUPS Z8, K1, (R8)(SI*2)
+	VMOVUPS Z9, K2, 64(R8)(SI*2)
+	VMOVUPS Z12, K1, (R8)(DI*1)
+	VMOVUPS Z13, K2, 64(R8)(DI*1)
+	VMOVUPS Z16, K1, (R9)
+	VMOVUPS Z17, K2, 64(R9)
+	ADDQ    $0x00000080, CX
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, AX
+	JMP     mr5w2
+
+mr5w1:
+	TESTQ AX, AX
+	JLE   mr5done
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000010, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z16, Z16, Z16
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	LEAQ    (SI)(DI*4), R9
+	MOVQ    CX, R10
+	MOVQ    kp+8(FP), R11
+
+mr5w1loop:
+	VMOVUPS.Z    (R10), K1, Z24
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe5
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe5
+	VPBROADCASTD (R9), Z28
+
+	// VDPBF16PS Z28, Z24, Z16
+	BYTE $0x62
+	BYTE $0x82
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x04, SI
+	ADDQ $0x04, R9
+	ADDQ BX, R10
+	DECQ R11
+	JNZ  mr5w1loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), BX
+	SHLQ      $0x02, BX
+	LEAQ      (BX)(BX*2), SI
+	MOVQ      DX, DI
+	LEAQ      (DI)(BX*4), R8
+	MOVB      acc+72(FP), R9
+	TESTB     R9, R9
+	JZ        mr5w1store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z (DI)(BX*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z (DI)(BX*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z16, Z16
+
+mr5w1store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z4, K1, (DI)(BX*1)
+	VMOVUPS Z8, K1, (DI)(BX*2)
+	VMOVUPS Z12, K1, (DI)(SI*1)
+	VMOVUPS Z16, K1, (R8)
+	ADDQ    $0x00000040, CX
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, AX
+
+mr5done:
+	VZEROUPPER
+	RET
+
+mr4:
+	MOVQ n+16(FP), AX
+	MOVQ b+40(FP), CX
+	MOVQ c+56(FP), DX
+	MOVQ ldb+48(FP), BX
+	SHLQ $0x01, BX
+
+mr4w4:
+	CMPQ AX, $0x30
+	JLE  mr4w2
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000040, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	SHRQ    $0x10, DI
+	KMOVW   DI, K3
+	SHRQ    $0x10, DI
+	KMOVW   DI, K4
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z6, Z6, Z6
+	VPXORD  Z7, Z7, Z7
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z10, Z10, Z10
+	VPXORD  Z11, Z11, Z11
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z13, Z13, Z13
+	VPXORD  Z14, Z14, Z14
+	VPXORD  Z15, Z15, Z15
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R9
+	MOVQ    kp+8(FP), R10
+
+mr4w4loop:
+	VMOVUPS.Z    (R9), K1, Z24
+	VMOVUPS.Z    64(R9), K2, Z25
+	VMOVUPS.Z    128(R9), K3, Z26
+	VMOVUPS.Z    192(R9), K4, Z27
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z3
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z7
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z10
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z11
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z13
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z14
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z15
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x26
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfd
+	ADDQ $0x04, SI
+	ADDQ BX, R9
+	DECQ R10
+	JNZ  mr4w4loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, R8
+	MOVB      acc+72(FP), R9
+	TESTB     R9, R9
+	JZ        mr4w4store
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(R8), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z 128(R8), K3, Z30
+	VADDPS    Z30, Z2, Z2
+	VMOVUPS.Z 192(R8), K4, Z30
+	VADDPS    Z30, Z3, Z3
+	VMOVUPS.Z (R8)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(R8)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z 128(R8)(SI*1), K3, Z30
+	VADDPS    Z30, Z6, Z6
+	VMOVUPS.Z 192(R8)(SI*1), K4, Z30
+	VADDPS    Z30, Z7, Z7
+	VMOVUPS.Z (R8)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(R8)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z 128(R8)(SI*2), K3, Z30
+	VADDPS    Z30, Z10, Z10
+	VMOVUPS.Z 192(R8)(SI*2), K4, Z30
+	VADDPS    Z30, Z11, Z11
+	VMOVUPS.Z (R8)(DI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z 64(R8)(DI*1), K2, Z30
+	VADDPS    Z30, Z13, Z13
+	VMOVUPS.Z 128(R8)(DI*1), K3, Z30
+	VADDPS    Z30, Z14, Z14
+	VMOVUPS.Z 192(R8)(DI*1), K4, Z30
+	VADDPS    Z30, Z15, Z15
+
+mr4w4store:
+	VMOVUPS Z0, K1, (R8)
+	VMOVUPS Z1, K2, 64(R8)
+	VMOVUPS Z2, K3, 128(R8)
+	VMOVUPS Z3, K4, 192(R8)
+	VMOVUPS Z4, K1, (R8)(SI*1)
+	VMOVUPS Z5, K2, 64(R8)(SI*1)
+	VMOVUPS Z6, K3, 128(R8)(SI*1)
+	VMOVUPS Z7, K4, 192(R8)(SI*1)
+	VMOVUPS Z8, K1, (R8)(SI*2)
+	VMOVUPS Z9, K2, 64(R8)(SI*2)
+	VMOVUPS Z10, K3, 128(R8)(SI*2)
+	VMOVUPS Z11, K4, 192(R8)(SI*2)
+	VMOVUPS Z12, K1, (R8)(DI*1)
+	VMOVUPS Z13, K2, 64(R8)(DI*1)
+	VMOVUPS Z14, K3, 128(R8)(DI*1)
+	VMOVUPS Z15, K4, 192(R8)(DI*1)
+	ADDQ    $0x00000100, CX
+	ADDQ    $0x00000100, DX
+	SUBQ    $0x00000040, AX
+	JMP     mr4w4
+
+mr4w2:
+	CMPQ AX, $0x10
+	JLE  mr4w1
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000020, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z12, Z12, Z12
+	VPXORD  Z13, Z13, Z13
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R9
+	MOVQ    kp+8(FP), R10
+
+mr4w2loop:
+	VMOVUPS.Z    (R9), K1, Z24
+	VMOVUPS.Z    64(R9), K2, Z25
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z13
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+	ADDQ $0x04, SI
+	ADDQ BX, R9
+	DECQ R10
+	JNZ  mr4w2loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, R8
+	MOVB      acc+72(FP), R9
+	TESTB     R9, R9
+	JZ        mr4w2store
+	VMOVUPS.Z (R8), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(R8), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z (R8)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(R8)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z (R8)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(R8)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z (R8)(DI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+	VMOVUPS.Z 64(R8)(DI*1), K2, Z30
+	VADDPS    Z30, Z13, Z13
+
+mr4w2store:
+	VMOVUPS Z0, K1, (R8)
+	VMOVUPS Z1, K2, 64(R8)
+	VMOVUPS Z4, K1, (R8)(SI*1)
+	VMOVUPS Z5, K2, 64(R8)(SI*1)
+	VMOVUPS Z8, K1, (R8)(SI*2)
+	VMOVUPS Z9, K2, 64(R8)(SI*2)
+	VMOVUPS Z12, K1, (R8)(DI*1)
+	VMOVUPS Z13, K2, 64(R8)(DI*1)
+	ADDQ    $0x00000080, CX
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, AX
+	JMP     mr4w2
+
+mr4w1:
+	TESTQ AX, AX
+	JLE   mr4done
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000010, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z12, Z12, Z12
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R9
+	MOVQ    kp+8(FP), R10
+
+mr4w1loop:
+	VMOVUPS.Z    (R9), K1, Z24
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe5
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE         $0x62
+	BYTE         $0x12
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(R8*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z12
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+	ADDQ $0x04, SI
+	ADDQ BX, R9
+	DECQ R10
+	JNZ  mr4w1loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), BX
+	SHLQ      $0x02, BX
+	LEAQ      (BX)(BX*2), SI
+	MOVQ      DX, DI
+	MOVB      acc+72(FP), R8
+	TESTB     R8, R8
+	JZ        mr4w1store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z (DI)(BX*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z (DI)(BX*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z12, Z12
+
+mr4w1store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z4, K1, (DI)(BX*1)
+	VMOVUPS Z8, K1, (DI)(BX*2)
+	VMOVUPS Z12, K1, (DI)(SI*1)
+	ADDQ    $0x00000040, CX
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, AX
+
+mr4done:
+	VZEROUPPER
+	RET
+
+mr3:
+	MOVQ n+16(FP), AX
+	MOVQ b+40(FP), CX
+	MOVQ c+56(FP), DX
+	MOVQ ldb+48(FP), BX
+	SHLQ $0x01, BX
+
+mr3w4:
+	CMPQ AX, $0x30
+	JLE  mr3w2
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000040, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	SHRQ    $0x10, DI
+	KMOVW   DI, K3
+	SHRQ    $0x10, DI
+	KMOVW   DI, K4
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z6, Z6, Z6
+	VPXORD  Z7, Z7, Z7
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPXORD  Z10, Z10, Z10
+	VPXORD  Z11, Z11, Z11
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R8
+	MOVQ    kp+8(FP), R9
+
+mr3w4loop:
+	VMOVUPS.Z    (R8), K1, Z24
+	VMOVUPS.Z    64(R8), K2, Z25
+	VMOVUPS.Z    128(R8), K3, Z26
+	VMOVUPS.Z    192(R8), K4, Z27
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z3
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z7
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xfd
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z10
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z11
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x26
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdc
+	ADDQ $0x04, SI
+	ADDQ BX, R8
+	DECQ R9
+	JNZ  mr3w4loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, DI
+	MOVB      acc+72(FP), R8
+	TESTB     R8, R8
+	JZ        mr3w4store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(DI), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z 128(DI), K3, Z30
+	VADDPS    Z30, Z2, Z2
+	VMOVUPS.Z 192(DI), K4, Z30
+	VADDPS    Z30, Z3, Z3
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(DI)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z 128(DI)(SI*1), K3, Z30
+	VADDPS    Z30, Z6, Z6
+	VMOVUPS.Z 192(DI)(SI*1), K4, Z30
+	VADDPS    Z30, Z7, Z7
+	VMOVUPS.Z (DI)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(DI)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+	VMOVUPS.Z 128(DI)(SI*2), K3, Z30
+	VADDPS    Z30, Z10, Z10
+	VMOVUPS.Z 192(DI)(SI*2), K4, Z30
+	VADDPS    Z30, Z11, Z11
+
+mr3w4store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z1, K2, 64(DI)
+	VMOVUPS Z2, K3, 128(DI)
+	VMOVUPS Z3, K4, 192(DI)
+	VMOVUPS Z4, K1, (DI)(SI*1)
+	VMOVUPS Z5, K2, 64(DI)(SI*1)
+	VMOVUPS Z6, K3, 128(DI)(SI*1)
+	VMOVUPS Z7, K4, 192(DI)(SI*1)
+	VMOVUPS Z8, K1, (DI)(SI*2)
+	VMOVUPS Z9, K2, 64(DI)(SI*2)
+	VMOVUPS Z10, K3, 128(DI)(SI*2)
+	VMOVUPS Z11, K4, 192(DI)(SI*2)
+	ADDQ    $0x00000100, CX
+	ADDQ    $0x00000100, DX
+	SUBQ    $0x00000040, AX
+	JMP     mr3w4
+
+mr3w2:
+	CMPQ AX, $0x10
+	JLE  mr3w1
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000020, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R8
+	MOVQ    kp+8(FP), R9
+
+mr3w2loop:
+	VMOVUPS.Z    (R8), K1, Z24
+	VMOVUPS.Z    64(R8), K2, Z25
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xed
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z9
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+	ADDQ $0x04, SI
+	ADDQ BX, R8
+	DECQ R9
+	JNZ  mr3w2loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, DI
+	MOVB      acc+72(FP), R8
+	TESTB     R8, R8
+	JZ        mr3w2store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(DI), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(DI)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z (DI)(SI*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+	VMOVUPS.Z 64(DI)(SI*2), K2, Z30
+	VADDPS    Z30, Z9, Z9
+
+mr3w2store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z1, K2, 64(DI)
+	VMOVUPS Z4, K1, (DI)(SI*1)
+	VMOVUPS Z5, K2, 64(DI)(SI*1)
+	VMOVUPS Z8, K1, (DI)(SI*2)
+	VMOVUPS Z9, K2, 64(DI)(SI*2)
+	ADDQ    $0x00000080, CX
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, AX
+	JMP     mr3w2
+
+mr3w1:
+	TESTQ AX, AX
+	JLE   mr3done
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000010, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z8, Z8, Z8
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R8
+	MOVQ    kp+8(FP), R9
+
+mr3w1loop:
+	VMOVUPS.Z    (R8), K1, Z24
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xe5
+	VPBROADCASTD (SI)(DI*2), Z28
+
+	// VDPBF16PS Z28, Z24, Z8
+	BYTE $0x62
+	BYTE $0x12
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x04, SI
+	ADDQ BX, R8
+	DECQ R9
+	JNZ  mr3w1loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), BX
+	SHLQ      $0x02, BX
+	LEAQ      (BX)(BX*2), SI
+	MOVQ      DX, SI
+	MOVB      acc+72(FP), DI
+	TESTB     DI, DI
+	JZ        mr3w1store
+	VMOVUPS.Z (SI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z (SI)(BX*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z (SI)(BX*2), K1, Z30
+	VADDPS    Z30, Z8, Z8
+
+mr3w1store:
+	VMOVUPS Z0, K1, (SI)
+	VMOVUPS Z4, K1, (SI)(BX*1)
+	VMOVUPS Z8, K1, (SI)(BX*2)
+	ADDQ    $0x00000040, CX
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, AX
+
+mr3done:
+	VZEROUPPER
+	RET
+
+mr2:
+	MOVQ n+16(FP), AX
+	MOVQ b+40(FP), CX
+	MOVQ c+56(FP), DX
+	MOVQ ldb+48(FP), BX
+	SHLQ $0x01, BX
+
+mr2w4:
+	CMPQ AX, $0x30
+	JLE  mr2w2
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000040, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	SHRQ    $0x10, DI
+	KMOVW   DI, K3
+	SHRQ    $0x10, DI
+	KMOVW   DI, K4
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	VPXORD  Z6, Z6, Z6
+	VPXORD  Z7, Z7, Z7
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R8
+	MOVQ    kp+8(FP), R9
+
+mr2w4loop:
+	VMOVUPS.Z    (R8), K1, Z24
+	VMOVUPS.Z    64(R8), K2, Z25
+	VMOVUPS.Z    128(R8), K3, Z26
+	VMOVUPS.Z    192(R8), K4, Z27
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z3
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x26
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xdc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+
+	// VDPBF16PS Z29, Z26, Z6
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xf5
+
+	// VDPBF16PS Z29, Z27, Z7
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x26
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xfd
+	ADDQ $0x04, SI
+	ADDQ BX, R8
+	DECQ R9
+	JNZ  mr2w4loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, DI
+	MOVB      acc+72(FP), R8
+	TESTB     R8, R8
+	JZ        mr2w4store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(DI), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z 128(DI), K3, Z30
+	VADDPS    Z30, Z2, Z2
+	VMOVUPS.Z 192(DI), K4, Z30
+	VADDPS    Z30, Z3, Z3
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(DI)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+	VMOVUPS.Z 128(DI)(SI*1), K3, Z30
+	VADDPS    Z30, Z6, Z6
+	VMOVUPS.Z 192(DI)(SI*1), K4, Z30
+	VADDPS    Z30, Z7, Z7
+
+mr2w4store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z1, K2, 64(DI)
+	VMOVUPS Z2, K3, 128(DI)
+	VMOVUPS Z3, K4, 192(DI)
+	VMOVUPS Z4, K1, (DI)(SI*1)
+	VMOVUPS Z5, K2, 64(DI)(SI*1)
+	VMOVUPS Z6, K3, 128(DI)(SI*1)
+	VMOVUPS Z7, K4, 192(DI)(SI*1)
+	ADDQ    $0x00000100, CX
+	ADDQ    $0x00000100, DX
+	SUBQ    $0x00000040, AX
+	JMP     mr2w4
+
+mr2w2:
+	CMPQ AX, $0x10
+	JLE  mr2w1
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000020, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z4, Z4, Z4
+	VPXORD  Z5, Z5, Z5
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R8
+	MOVQ    kp+8(FP), R9
+
+mr2w2loop:
+	VMOVUPS.Z    (R8), K1, Z24
+	VMOVUPS.Z    64(R8), K2, Z25
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x36
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xcc
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+
+	// VDPBF16PS Z29, Z25, Z5
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xed
+	ADDQ $0x04, SI
+	ADDQ BX, R8
+	DECQ R9
+	JNZ  mr2w2loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	LEAQ      (SI)(SI*2), DI
+	MOVQ      DX, DI
+	MOVB      acc+72(FP), R8
+	TESTB     R8, R8
+	JZ        mr2w2store
+	VMOVUPS.Z (DI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(DI), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z (DI)(SI*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+	VMOVUPS.Z 64(DI)(SI*1), K2, Z30
+	VADDPS    Z30, Z5, Z5
+
+mr2w2store:
+	VMOVUPS Z0, K1, (DI)
+	VMOVUPS Z1, K2, 64(DI)
+	VMOVUPS Z4, K1, (DI)(SI*1)
+	VMOVUPS Z5, K2, 64(DI)(SI*1)
+	ADDQ    $0x00000080, CX
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, AX
+	JMP     mr2w2
+
+mr2w1:
+	TESTQ AX, AX
+	JLE   mr2done
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000010, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z4, Z4, Z4
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	LEAQ    (DI)(DI*2), R8
+	MOVQ    CX, R8
+	MOVQ    kp+8(FP), R9
+
+mr2w1loop:
+	VMOVUPS.Z    (R8), K1, Z24
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE         $0x62
+	BYTE         $0x92
+	BYTE         $0x3e
+	BYTE         $0x40
+	BYTE         $0x52
+	BYTE         $0xc4
+	VPBROADCASTD (SI)(DI*1), Z29
+
+	// VDPBF16PS Z29, Z24, Z4
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xe5
+	ADDQ $0x04, SI
+	ADDQ BX, R8
+	DECQ R9
+	JNZ  mr2w1loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), BX
+	SHLQ      $0x02, BX
+	LEAQ      (BX)(BX*2), SI
+	MOVQ      DX, SI
+	MOVB      acc+72(FP), DI
+	TESTB     DI, DI
+	JZ        mr2w1store
+	VMOVUPS.Z (SI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z (SI)(BX*1), K1, Z30
+	VADDPS    Z30, Z4, Z4
+
+mr2w1store:
+	VMOVUPS Z0, K1, (SI)
+	VMOVUPS Z4, K1, (SI)(BX*1)
+	ADDQ    $0x00000040, CX
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, AX
+
+mr2done:
+	VZEROUPPER
+	RET
+
+mr1:
+	MOVQ n+16(FP), AX
+	MOVQ b+40(FP), CX
+	MOVQ c+56(FP), DX
+	MOVQ ldb+48(FP), BX
+	SHLQ $0x01, BX
+
+mr1w4:
+	CMPQ AX, $0x30
+	JLE  mr1w2
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000040, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	SHRQ    $0x10, DI
+	KMOVW   DI, K3
+	SHRQ    $0x10, DI
+	KMOVW   DI, K4
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	MOVQ    CX, DI
+	MOVQ    kp+8(FP), R8
+
+mr1w4loop:
+	VMOVUPS.Z    (DI), K1, Z24
+	VMOVUPS.Z    64(DI), K2, Z25
+	VMOVUPS.Z    128(DI), K3, Z26
+	VMOVUPS.Z    192(DI), K4, Z27
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+
+	// VDPBF16PS Z28, Z26, Z2
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x2e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xd4
+
+	// VDPBF16PS Z28, Z27, Z3
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x26
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xdc
+	ADDQ $0x04, SI
+	ADDQ BX, DI
+	DECQ R8
+	JNZ  mr1w4loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	MOVQ      DX, SI
+	MOVB      acc+72(FP), DI
+	TESTB     DI, DI
+	JZ        mr1w4store
+	VMOVUPS.Z (SI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(SI), K2, Z30
+	VADDPS    Z30, Z1, Z1
+	VMOVUPS.Z 128(SI), K3, Z30
+	VADDPS    Z30, Z2, Z2
+	VMOVUPS.Z 192(SI), K4, Z30
+	VADDPS    Z30, Z3, Z3
+
+mr1w4store:
+	VMOVUPS Z0, K1, (SI)
+	VMOVUPS Z1, K2, 64(SI)
+	VMOVUPS Z2, K3, 128(SI)
+	VMOVUPS Z3, K4, 192(SI)
+	ADDQ    $0x00000100, CX
+	ADDQ    $0x00000100, DX
+	SUBQ    $0x00000040, AX
+	JMP     mr1w4
+
+mr1w2:
+	CMPQ AX, $0x10
+	JLE  mr1w1
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000020, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	SHRQ    $0x10, DI
+	KMOVW   DI, K2
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	MOVQ    CX, DI
+	MOVQ    kp+8(FP), R8
+
+mr1w2loop:
+	VMOVUPS.Z    (DI), K1, Z24
+	VMOVUPS.Z    64(DI), K2, Z25
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+
+	// VDPBF16PS Z28, Z25, Z1
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x36
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xcc
+	ADDQ $0x04, SI
+	ADDQ BX, DI
+	DECQ R8
+	JNZ  mr1w2loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), SI
+	SHLQ      $0x02, SI
+	MOVQ      DX, SI
+	MOVB      acc+72(FP), DI
+	TESTB     DI, DI
+	JZ        mr1w2store
+	VMOVUPS.Z (SI), K1, Z30
+	VADDPS    Z30, Z0, Z0
+	VMOVUPS.Z 64(SI), K2, Z30
+	VADDPS    Z30, Z1, Z1
+
+mr1w2store:
+	VMOVUPS Z0, K1, (SI)
+	VMOVUPS Z1, K2, 64(SI)
+	ADDQ    $0x00000080, CX
+	ADDQ    $0x00000080, DX
+	SUBQ    $0x00000020, AX
+	JMP     mr1w2
+
+mr1w1:
+	TESTQ AX, AX
+	JLE   mr1done
+
+	// Column masks: the first min(n, 16·nv) columns.
+	MOVQ    $0x00000010, SI
+	CMPQ    AX, SI
+	CMOVQLT AX, SI
+	MOVQ    $-1, DI
+	BZHIQ   SI, DI, DI
+	KMOVW   DI, K1
+	VPXORD  Z0, Z0, Z0
+	MOVQ    a+24(FP), SI
+	MOVQ    lda+32(FP), DI
+	SHLQ    $0x01, DI
+	MOVQ    CX, DI
+	MOVQ    kp+8(FP), R8
+
+mr1w1loop:
+	VMOVUPS.Z    (DI), K1, Z24
+	VPBROADCASTD (SI), Z28
+
+	// VDPBF16PS Z28, Z24, Z0
+	BYTE $0x62
+	BYTE $0x92
+	BYTE $0x3e
+	BYTE $0x40
+	BYTE $0x52
+	BYTE $0xc4
+	ADDQ $0x04, SI
+	ADDQ BX, DI
+	DECQ R8
+	JNZ  mr1w1loop
+
+	// Add C when accumulating, then store the block under its masks.
+	MOVQ      ldc+64(FP), BX
+	SHLQ      $0x02, BX
+	MOVQ      DX, BX
+	MOVB      acc+72(FP), SI
+	TESTB     SI, SI
+	JZ        mr1w1store
+	VMOVUPS.Z (BX), K1, Z30
+	VADDPS    Z30, Z0, Z0
+
+mr1w1store:
+	VMOVUPS Z0, K1, (BX)
+	ADDQ    $0x00000040, CX
+	ADDQ    $0x00000040, DX
+	SUBQ    $0x00000010, AX
+
+mr1done:
+	VZEROUPPER
+	RET

@@ -5,6 +5,7 @@ package vec
 import (
 	"math"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/cpu"
 )
@@ -15,6 +16,7 @@ import (
 var (
 	hasAVX2   = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 	hasAVX512 = hasAVX2 && cpu.X86.HasAVX512F && cpu.X86.HasBMI2
+	hasBF16   = hasAVX512 && cpu.X86.HasAVX512BF16
 )
 
 // avx512 is the AVX-512F implementation.
@@ -28,7 +30,40 @@ var avx512 = kernels{
 	scale:    scale512,
 	bf16:     func(dst []float32, src []uint16) { convertTail(dst, src, 16, bf16ToFloat32512, bf16ToFloat32Go) },
 	fp16:     func(dst []float32, src []uint16) { convertTail(dst, src, 16, float16ToFloat32512, float16ToFloat32Go) },
+	softmaxOnline: func(s []float32, lds, rows, cols int, scale float32, m, l, alpha []float32) {
+		softmaxOnline512(&s[0], lds, rows, cols, scale, &m[0], &l[0], &alpha[0])
+	},
+	expRows: func(s []float32, lds, rows, cols int, scale float32, lse []float32) {
+		expRows512(&s[0], lds, rows, cols, scale, &lse[0])
+	},
+	softmaxGrad: func(p []float32, ldp int, dp []float32, lddp, rows, cols int, delta []float32) {
+		softmaxGrad512(&p[0], ldp, &dp[0], lddp, rows, cols, &delta[0])
+	},
+	scaleTo:    scaleTo512,
+	toBF16:     toBF16512,
+	toFP16:     toFloat16512,
+	dot:        dot512,
+	transpose:  transposeWith(transpose512, 16),
+	matMulBF16: matMulBF16Go,
+
+	transposePairs: transposePairsWith(transpose512, 16),
+	interleave: func(dst, a, b []uint16) {
+		n := len(a) - len(a)%16
+		if n > 0 {
+			interleave512(dst, a[:n], b)
+		}
+		interleaveGo(dst[2*n:], a[n:], b[n:])
+	},
 }
+
+// avx512BF16 is avx512 with the bfloat16 products of AVX512_BF16.
+var avx512BF16 = func() kernels {
+	k := avx512
+	k.name = "avx512bf16"
+	k.matMulBF16 = matMulBF16512
+	k.nativeBF16 = true
+	return k
+}()
 
 // avx2 is the AVX2+FMA implementation.
 var avx2 = kernels{
@@ -41,11 +76,27 @@ var avx2 = kernels{
 	scale:    scaleAVX2Tail,
 	bf16:     func(dst []float32, src []uint16) { convertTail(dst, src, 8, bf16ToFloat32AVX2, bf16ToFloat32Go) },
 	fp16:     func(dst []float32, src []uint16) { convertTail(dst, src, 8, float16ToFloat32AVX2, float16ToFloat32Go) },
+	// The tile kernels of the softmax run the AVX2 row kernels; the rest
+	// is the portable code.
+	softmaxOnline: softmaxOnlineWith(maxAVX2Tail, expSubAVX2Tail, scaleAVX2Tail),
+	expRows:       expRowsWith(expSubAVX2Tail, scaleAVX2Tail),
+	softmaxGrad:   softmaxGradGo,
+	scaleTo:       scaleToGo,
+	toBF16:        toBF16Go,
+	toFP16:        toFP16Go,
+	dot:           dotGo,
+	transpose:     transposeWith(transposeAVX2, 8),
+	matMulBF16:    matMulBF16Go,
+
+	transposePairs: transposePairsWith(transposeAVX2, 8),
+	interleave:     interleaveGo,
 }
 
 // selectKernels returns the fastest implementation the CPU supports.
 func selectKernels() kernels {
 	switch {
+	case hasBF16:
+		return avx512BF16
 	case hasAVX512:
 		return avx512
 	case hasAVX2:
@@ -62,6 +113,9 @@ func available() []kernels {
 	}
 	if hasAVX512 {
 		ks = append(ks, avx512)
+	}
+	if hasBF16 {
+		ks = append(ks, avx512BF16)
 	}
 	return ks
 }
@@ -104,6 +158,13 @@ func matMulNT512(m, n, k int, a []float32, lda int, b []float32, ldb int, c []fl
 				gemmRowA512(min(panel512, m-i), kc, nc, &a[i*lda+p], lda, &bt[0], ntNC, &c[i*ldc+j], ldc, acc || p > 0)
 			}
 		}
+	}
+}
+
+// matMulBF16512 runs gemmBF16512 panel by panel.
+func matMulBF16512(m, n, k int, a []uint16, lda int, b []uint16, ldb int, c []float32, ldc int, acc bool) {
+	for i := 0; i < m; i += panel512 {
+		gemmBF16512(min(panel512, m-i), k/2, n, &a[i*lda], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
 	}
 }
 
@@ -179,6 +240,36 @@ func scaleAVX2Tail(x []float32, s float32) {
 		scaleAVX2(x[:n8], s)
 	}
 	scaleGo(x[n8:], s)
+}
+
+// transposeWith builds Transpose from an assembly kernel that handles
+// whole groups of lanes rows (it would zero-fill a partial group) and the
+// portable code for the remaining rows.
+func transposeWith(kernel func(rows, cols int, src *float32, lds int, dst *float32, ldd int), lanes int) func(rows, cols int, src []float32, lds int, dst []float32, ldd int) {
+	return func(rows, cols int, src []float32, lds int, dst []float32, ldd int) {
+		full := rows - rows%lanes
+		if full > 0 {
+			kernel(full, cols, &src[0], lds, &dst[0], ldd)
+		}
+		if full < rows {
+			transposeGo(rows-full, cols, src[full*lds:], lds, dst[full:], ldd)
+		}
+	}
+}
+
+// transposePairsWith builds TransposePairs from a float32 transpose kernel:
+// a pair of 16-bit values moves as one 32-bit lane, which the kernel's
+// loads, shuffles and stores carry bit for bit.
+func transposePairsWith(kernel func(rows, cols int, src *float32, lds int, dst *float32, ldd int), lanes int) func(rows, pairs int, src []uint16, lds int, dst []uint16, ldd int) {
+	return func(rows, pairs int, src []uint16, lds int, dst []uint16, ldd int) {
+		full := rows - rows%lanes
+		if full > 0 {
+			kernel(full, pairs, (*float32)(unsafe.Pointer(&src[0])), lds/2, (*float32)(unsafe.Pointer(&dst[0])), ldd/2)
+		}
+		if full < rows {
+			transposePairsGo(rows-full, pairs, src[full*lds:], lds, dst[2*full:], ldd)
+		}
+	}
 }
 
 // convertTail runs the vector converter vec on whole vectors of lanes

@@ -361,10 +361,10 @@ func TestExpSubSpecial(t *testing.T) {
 						x = append(x, tt.x...)
 						want = append(want, tt.want...)
 					}
-					saved := impl
-					impl = im
+					saved := impl.Load()
+					impl.Store(&im)
 					sum := ExpSub(x, tt.m)
-					impl = saved
+					impl.Store(saved)
 					for i := range x {
 						if !(x[i] == want[i] || x[i] != x[i] && want[i] != want[i]) {
 							t.Fatalf("reps %d: x[%d] = %v, want %v", reps, i, x[i], want[i])

@@ -36,6 +36,17 @@ func main() {
 	convert512()
 	convertAVX2()
 
+	// Tile kernels of the softmax, output conversions, dot product.
+	softmaxOnline512()
+	expRows512()
+	softmaxGrad512()
+	store512()
+	dot512()
+	interleave512()
+
+	// Matrix product of bfloat16 pairs with AVX512_BF16.
+	gemmBF16512()
+
 	Generate()
 
 	if *panels != "" {

@@ -1,0 +1,170 @@
+package bench
+
+import (
+	"fmt"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/gpu"
+)
+
+// openCUDA opens the first GPU through package gpu and returns a device
+// runner on a stream of its own. It fails (wrapping cuda.ErrNoDriver or
+// cuda.ErrNoDevice) where no GPU works.
+func openCUDA() (Runner, error) {
+	b, err := gpu.Open()
+	if err != nil {
+		return nil, err
+	}
+	// Compiling other element types' variants on spare cores would compete
+	// with the timed launches.
+	b.Speculate = false
+	s, err := b.Device().NewStream()
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	return NewDeviceRunner(&cudaDevice{b: b, dev: b.Device(), s: s}), nil
+}
+
+// cudaDevice adapts package gpu's device-level API to Device: the forward
+// through Backend.ForwardDevice, the backward through gpu.BackwardDevice
+// (dQ algorithm chosen by the backend's table, or the deterministic one),
+// both on one stream, timed by CUDA events on it.
+type cudaDevice struct {
+	b   *gpu.Backend
+	dev *cuda.Device
+	s   *cuda.Stream
+	ws  *cuda.Buffer // the backward's workspace, grown as needed
+
+	lastFwd *fwdArgs // the last forward's arguments, for Describe
+	lastDQ  string
+}
+
+type fwdArgs struct {
+	q, k, v, o, lse gpu.DeviceTensor
+	opt             gpu.DeviceOptions
+}
+
+func (d *cudaDevice) Backend() string { return "cuda" }
+func (d *cudaDevice) Name() string    { return d.dev.Name() }
+
+// CacheBytes returns the larger of the device's L2 size and DeviceCacheBytes.
+func (d *cudaDevice) CacheBytes() int64 {
+	return max(int64(d.dev.L2CacheSize()), DeviceCacheBytes)
+}
+
+func (d *cudaDevice) Upload(t attn.Tensor) (DeviceTensor, error) {
+	x, err := gpu.NewDeviceTensor(d.dev, t.DType, t.Shape...)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	src := cuda.AsBytes(t.Bits)
+	if t.DType == attn.Float32 {
+		src = cuda.AsBytes(t.F32)
+	}
+	if x.Buf != nil {
+		if err := d.dev.CopyToDevice(x.Buf, 0, src); err != nil {
+			x.Free()
+			return nil, fmt.Errorf("bench: upload: %w", err)
+		}
+	}
+	return x, nil
+}
+
+func (d *cudaDevice) Alloc(dt attn.DType, shape ...int) (DeviceTensor, error) {
+	x, err := gpu.NewDeviceTensor(d.dev, dt, shape...)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	return x, nil
+}
+
+func dt(t DeviceTensor) gpu.DeviceTensor { return t.(gpu.DeviceTensor) }
+
+func (d *cudaDevice) Forward(q, k, v, o, lse DeviceTensor, opt attn.Options) error {
+	a := fwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), gpu.DeviceOptions{Options: opt}}
+	d.lastFwd = &a
+	return d.b.ForwardDevice(d.s, a.q, a.k, a.v, a.o, a.lse, a.opt)
+}
+
+func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt attn.Options) error {
+	bo := gpu.BackwardOptions{DeviceOptions: gpu.DeviceOptions{Options: opt}}
+	algo, need, err := d.b.PrepareBackward(dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo)
+	if err != nil {
+		return err
+	}
+	if d.ws == nil || d.ws.Size() < need {
+		if d.ws != nil {
+			d.ws.Free()
+			d.ws = nil
+		}
+		ws, err := d.dev.Alloc(max(need, 1))
+		if err != nil {
+			return fmt.Errorf("bench: backward workspace: %w", err)
+		}
+		d.ws = ws
+	}
+	bo.Workspace = d.ws
+	bo.DQ = algo
+	algo, err = d.b.BackwardDevice(d.s, dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo)
+	d.lastDQ = algo.String()
+	return err
+}
+
+type cudaEvent struct{ e *cuda.Event }
+
+func (e cudaEvent) Close() error { return e.e.Close() }
+
+func (d *cudaDevice) NewEvent() (Event, error) {
+	e, err := d.dev.NewEvent()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	return cudaEvent{e}, nil
+}
+
+func (d *cudaDevice) Record(e Event) error {
+	if err := e.(cudaEvent).e.Record(d.s); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+func (d *cudaDevice) ElapsedMs(start, end Event) (float64, error) {
+	ms, err := cuda.ElapsedMs(start.(cudaEvent).e, end.(cudaEvent).e)
+	if err != nil {
+		return 0, fmt.Errorf("bench: %w", err)
+	}
+	return float64(ms), nil
+}
+
+func (d *cudaDevice) Sync() error { return d.s.Synchronize() }
+
+// Describe returns the name of the last forward's kernel variant and the
+// last backward's dQ algorithm.
+func (d *cudaDevice) Describe() (kernel, dq string) {
+	if a := d.lastFwd; a != nil {
+		if v, err := d.b.Variant(a.q, a.k, a.v, a.o, a.lse, a.opt); err == nil {
+			kernel = v.Name()
+		}
+	}
+	return kernel, d.lastDQ
+}
+
+// Reset forgets the last launches (a new case begins).
+func (d *cudaDevice) Reset() { d.lastFwd, d.lastDQ = nil, "" }
+
+func (d *cudaDevice) Close() error {
+	var first error
+	if d.ws != nil {
+		first = d.ws.Free()
+	}
+	if err := d.s.Close(); err != nil && first == nil {
+		first = err
+	}
+	if err := d.b.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
+}

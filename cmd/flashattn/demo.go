@@ -1,0 +1,280 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/flashattn/flashattn"
+)
+
+const demoUsage = `Usage: flashattn demo [flags]
+
+Runs one training-shaped attention step, forward and backward, on the best
+backend present, times it, and checks it against the float64 reference on a
+slice of the problem: batch 0, the query heads of the first one or two
+key/value heads, the last --check-rows query rows (O, LSE, dQ) and the keys
+that only those rows see (dK, dV). Prints PASS or FAIL; FAIL exits non-zero.
+
+Defaults: on the CPU B=1 H=8 N=M=2048 D=64 fp32; on a GPU B=4 H=16
+N=M=4096 D=128 bf16; causal in both.
+
+Flags:
+  --backend cpu|cuda|auto   backend (default auto: the GPU when one works, otherwise the CPU)
+  --batch B, --heads H, --kv-heads HKV, --seq N, --dim D
+                            problem size (0: the backend's default; HKV 0: H)
+  --dtype fp32|fp16|bf16    storage precision (default: the backend's)
+  --causal                  causal mask (default true; --causal=false for none)
+  --iters N                 timed repetitions, the median is reported (default 1 on the CPU, 5 on a GPU)
+  --check-rows R            query rows checked against the reference (default 256)
+  --seed N                  seed of the random inputs (default 1)
+`
+
+func init() {
+	register(&command{
+		name:    "demo",
+		summary: "time a training-shaped forward+backward and check it against the reference",
+		usage:   demoUsage,
+		run:     runDemo,
+	})
+}
+
+// demoConfig is the demo's problem; zero fields take the backend's default.
+type demoConfig struct {
+	backend                       string
+	batch, heads, kvHeads, seq, d int
+	dtype                         string
+	causal                        bool
+	iters, checkRows              int
+	seed                          uint64
+}
+
+func runDemo(args []string, stdout io.Writer) error {
+	var c demoConfig
+	fs := newFlagSet(commands["demo"])
+	fs.StringVar(&c.backend, "backend", "auto", "")
+	fs.IntVar(&c.batch, "batch", 0, "")
+	fs.IntVar(&c.heads, "heads", 0, "")
+	fs.IntVar(&c.kvHeads, "kv-heads", 0, "")
+	fs.IntVar(&c.seq, "seq", 0, "")
+	fs.IntVar(&c.d, "dim", 0, "")
+	fs.StringVar(&c.dtype, "dtype", "", "")
+	fs.BoolVar(&c.causal, "causal", true, "")
+	fs.IntVar(&c.iters, "iters", 0, "")
+	fs.IntVar(&c.checkRows, "check-rows", 256, "")
+	fs.Uint64Var(&c.seed, "seed", 1, "")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name string
+		v    int
+	}{{"batch", c.batch}, {"heads", c.heads}, {"kv-heads", c.kvHeads}, {"seq", c.seq}, {"dim", c.d}, {"iters", c.iters}} {
+		if x.v < 0 {
+			return fmt.Errorf("--%s %d is negative", x.name, x.v)
+		}
+	}
+	if c.checkRows < 1 {
+		return fmt.Errorf("--check-rows %d: want at least 1", c.checkRows)
+	}
+	if c.dtype != "" {
+		if _, err := flashattn.ParseDType(c.dtype); err != nil {
+			return fmt.Errorf("--dtype %q is not fp32, fp16 or bf16", c.dtype)
+		}
+	}
+	switch c.backend {
+	case "cpu", "cuda":
+		return demoWith(c.backend, c, stdout)
+	case "auto":
+		b, err := flashattn.Open("cuda")
+		if err != nil {
+			fmt.Fprintf(stdout, "note      no GPU backend (%s); using the CPU\n", oneLine(err))
+			return demoWith("cpu", c, stdout)
+		}
+		err = demo(b, c, stdout)
+		closeBackend(b)
+		if !errors.Is(err, flashattn.ErrUnsupported) {
+			return err
+		}
+		fmt.Fprintf(stdout, "note      the GPU backend cannot run this step (%s); using the CPU\n", oneLine(err))
+		return demoWith("cpu", c, stdout)
+	}
+	return fmt.Errorf("--backend %q is not cpu, cuda or auto", c.backend)
+}
+
+// demoWith opens the backend called name and runs the demo on it.
+func demoWith(name string, c demoConfig, stdout io.Writer) error {
+	b, err := flashattn.Open(name)
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b)
+	return demo(b, c, stdout)
+}
+
+// closeBackend releases b's resources when it holds any.
+func closeBackend(b flashattn.Backend) {
+	if c, ok := b.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// resolve fills c's zero fields with the defaults for backend b.
+func (c demoConfig) resolve(b flashattn.Backend) (demoConfig, flashattn.DType) {
+	def := demoConfig{batch: 1, heads: 8, seq: 2048, d: 64, dtype: "fp32", iters: 1}
+	if b.Name() != "cpu" {
+		def = demoConfig{batch: 4, heads: 16, seq: 4096, d: 128, dtype: "bf16", iters: 5}
+	}
+	pick := func(v, d int) int {
+		if v == 0 {
+			return d
+		}
+		return v
+	}
+	c.batch, c.heads, c.seq, c.d, c.iters = pick(c.batch, def.batch), pick(c.heads, def.heads),
+		pick(c.seq, def.seq), pick(c.d, def.d), pick(c.iters, def.iters)
+	c.kvHeads = pick(c.kvHeads, c.heads)
+	if c.dtype == "" {
+		c.dtype = def.dtype
+	}
+	dt, _ := flashattn.ParseDType(c.dtype) // checked by runDemo
+	return c, dt
+}
+
+// randomTensor returns a contiguous tensor of standard normal values rounded to dt.
+func randomTensor(rng *rand.Rand, dt flashattn.DType, shape ...int) flashattn.Tensor {
+	data := make([]float32, numElements(shape))
+	for i := range data {
+		data[i] = float32(rng.NormFloat64())
+	}
+	return flashattn.FromFloat32(dt, data, shape...)
+}
+
+func numElements(shape []int) int {
+	n := 1
+	for _, s := range shape {
+		n *= s
+	}
+	return n
+}
+
+// median returns the median of ds (the upper one for an even count).
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// rate formats flops per duration as GFLOP/s or TFLOP/s.
+func rate(flops float64, d time.Duration) string {
+	r := flops / d.Seconds()
+	if r >= 1e12 {
+		return fmt.Sprintf("%.1f TFLOP/s", r/1e12)
+	}
+	return fmt.Sprintf("%.2f GFLOP/s", r/1e9)
+}
+
+// demo runs the timed and checked step on b.
+func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
+	c, dt := c.resolve(b)
+	gpu := b.Name() != "cpu"
+	rng := rand.New(rand.NewPCG(c.seed, 0x5eed))
+	q := randomTensor(rng, dt, c.batch, c.seq, c.heads, c.d)
+	k := randomTensor(rng, dt, c.batch, c.seq, c.kvHeads, c.d)
+	v := randomTensor(rng, dt, c.batch, c.seq, c.kvHeads, c.d)
+	dO := randomTensor(rng, dt, c.batch, c.seq, c.heads, c.d)
+	opt := flashattn.Options{Causal: c.causal}
+	p, err := flashattn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return err
+	}
+	mask := "no mask"
+	if c.causal {
+		mask = "causal (bottom-right)"
+	}
+	name := b.Name()
+	if !gpu {
+		name += fmt.Sprintf(" (GOMAXPROCS %d)", runtime.GOMAXPROCS(0))
+	}
+	fmt.Fprintf(stdout, "backend   %s\n", name)
+	fmt.Fprintf(stdout, "problem   B=%d H=%d Hkv=%d N=M=%d D=%d %v, %s\n", p.B, p.H, p.Hkv, p.N, p.DK, dt, mask)
+
+	if gpu {
+		// One untimed step first: it compiles and loads the kernels.
+		res, err := b.Forward(q, k, v, opt)
+		if err != nil {
+			return fmt.Errorf("forward: %w", err)
+		}
+		if _, err := b.Backward(q, k, v, res.O, res.LSE, dO, opt); err != nil {
+			return fmt.Errorf("backward: %w", err)
+		}
+	}
+	var res flashattn.Result
+	var grads flashattn.Gradients
+	var tf, tb []time.Duration
+	for range c.iters {
+		t0 := time.Now()
+		if res, err = b.Forward(q, k, v, opt); err != nil {
+			return fmt.Errorf("forward: %w", err)
+		}
+		tf = append(tf, time.Since(t0))
+	}
+	for range c.iters {
+		t0 := time.Now()
+		if grads, err = b.Backward(q, k, v, res.O, res.LSE, dO, opt); err != nil {
+			return fmt.Errorf("backward: %w", err)
+		}
+		tb = append(tb, time.Since(t0))
+	}
+	fwd, bwd := median(tf), median(tb)
+	flops := p.FLOPs()
+	copies := ""
+	if gpu {
+		copies = "  (host tensors: copies to and from the device included)"
+	}
+	fmt.Fprintf(stdout, "forward   %8.4f s  %s%s\n", fwd.Seconds(), rate(flops, fwd), copies)
+	fmt.Fprintf(stdout, "backward  %8.4f s  %s%s\n", bwd.Seconds(), rate(2.5*flops, bwd), copies)
+
+	for _, x := range []namedTensor{{"O", res.O}, {"LSE", res.LSE}, {"dQ", grads.DQ}, {"dK", grads.DK}, {"dV", grads.DV}} {
+		if !x.t.IsFinite() {
+			fmt.Fprintf(stdout, "FAIL      %s has non-finite values\n", x.name)
+			return fmt.Errorf("check failed: %s has non-finite values", x.name)
+		}
+	}
+	sl, err := newSlice(p, q, k, v, dO, opt, c.checkRows)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "check     %s\n", sl.describe())
+	results, err := sl.check(dt, res, grads)
+	if err != nil {
+		return err
+	}
+	worst, failed := 0.0, ""
+	line := "error    "
+	for _, r := range results {
+		line += fmt.Sprintf(" %s %.1e (limit %.1e)", r.name, r.err, r.limit)
+		if !(r.err <= r.limit) && failed == "" {
+			failed = r.name
+		}
+		if r.err > worst || math.IsNaN(r.err) {
+			worst = r.err
+		}
+	}
+	fmt.Fprintln(stdout, line)
+	verdict := "PASS"
+	if failed != "" {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(stdout, "%s      %s %v B=%d H=%d N=M=%d D=%d %s: forward %s, backward %s, max error %.1e\n",
+		verdict, b.Name(), dt, p.B, p.H, p.N, p.DK, mask, rate(flops, fwd), rate(2.5*flops, bwd), worst)
+	if failed != "" {
+		return fmt.Errorf("check failed: %s error above its limit", failed)
+	}
+	return nil
+}

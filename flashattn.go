@@ -1,0 +1,156 @@
+package flashattn
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// Version is the version of the library and the command line.
+const Version = "0.1.0"
+
+// Tensor is a strided view of host memory holding float32, float16 or
+// bfloat16 elements; see attn.Tensor.
+type Tensor = attn.Tensor
+
+// DType is the element type of a tensor.
+type DType = attn.DType
+
+// The element types.
+const (
+	Float32  = attn.Float32  // IEEE 754 binary32
+	Float16  = attn.Float16  // IEEE 754 binary16 ("fp16")
+	BFloat16 = attn.BFloat16 // bfloat16 ("bf16")
+)
+
+// MaxHeadDim is the largest head dimension (DK or DV) accepted.
+const MaxHeadDim = attn.MaxHeadDim
+
+// Options are the knobs of one attention call; the zero value is plain,
+// unmasked attention with scale 1/sqrt(DK). See attn.Options.
+type Options = attn.Options
+
+// Window keeps, for each query, the keys from its diagonal − Left to its
+// diagonal + Right; a negative side is unbounded.
+type Window = attn.Window
+
+// Bias is an additive score bias [B or 1, H or 1, N, M]; RequiresGrad asks
+// the backward for its gradient.
+type Bias = attn.Bias
+
+// Align places the diagonal of causal masks and windows when N ≠ M.
+type Align = attn.Align
+
+// The alignments of the diagonal.
+const (
+	AlignBottomRight = attn.AlignBottomRight // query i's diagonal at key i + M − N (the default)
+	AlignTopLeft     = attn.AlignTopLeft     // query i's diagonal at key i
+)
+
+// Result is the output of a forward pass: O and the float32 log-sum-exp LSE.
+type Result = attn.Result
+
+// Gradients is the output of a backward pass: dQ, dK, dV and, when asked
+// for, dBias.
+type Gradients = attn.Gradients
+
+// Backend computes attention forward and backward. Backends that hold
+// resources (the CUDA backend) also implement io.Closer.
+type Backend = attn.Backend
+
+// Problem is a validated attention problem with its resolved sizes.
+type Problem = attn.Problem
+
+// Sentinel errors: every error for bad input wraps one of them.
+var (
+	ErrShape       = attn.ErrShape       // shapes that do not fit together or are out of range
+	ErrDType       = attn.ErrDType       // an element type not allowed where it was given
+	ErrLayout      = attn.ErrLayout      // strides that overlap or run past the data
+	ErrOption      = attn.ErrOption      // an option outside its domain
+	ErrUnsupported = attn.ErrUnsupported // a valid problem the backend cannot run
+)
+
+// New returns a contiguous zero-filled tensor of type dt.
+func New(dt DType, shape ...int) Tensor { return attn.New(dt, shape...) }
+
+// FromFloat32 returns a contiguous tensor of type dt holding data, row-major
+// in shape, each value rounded to dt (nearest, ties to even). It panics if
+// len(data) is not the number of elements of shape.
+func FromFloat32(dt DType, data []float32, shape ...int) Tensor {
+	return attn.FromFloat32(dt, data, shape...)
+}
+
+// ParseDType parses fp32, fp16 or bf16 (also float32, float16, bfloat16).
+func ParseDType(s string) (DType, error) { return attn.ParseDType(s) }
+
+// NewProblem validates q, k, v and opt and returns the problem they
+// describe, without computing anything.
+func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
+	return attn.NewProblem(q, k, v, opt)
+}
+
+// Open returns the backend called name:
+//
+//   - "cpu": the pure-Go backend, always available;
+//   - "cuda": the GPU backend; it fails when no GPU works, with an error
+//     that says why (no driver, no device, a failed initialisation);
+//   - "auto": the GPU backend when one works, otherwise the CPU backend.
+//
+// Any other name fails with an error wrapping ErrOption. Close a backend
+// that implements io.Closer when done with it.
+func Open(name string) (Backend, error) {
+	switch name {
+	case "cpu":
+		return openCPU(), nil
+	case "cuda":
+		return openCUDA()
+	case "auto":
+		if b, err := openCUDA(); err == nil {
+			return b, nil
+		}
+		return openCPU(), nil
+	}
+	return nil, attn.Errorf(attn.ErrOption, "backend %q is not cpu, cuda or auto", name)
+}
+
+// auto is the backend Forward and Backward use, opened on first use.
+var auto = sync.OnceValue(func() Backend {
+	b, _ := Open("auto") // "auto" always yields a backend
+	return b
+})
+
+// Forward computes attention on the automatically chosen backend (see Open):
+// O [B, N, H, DV] in q's dtype and LSE [B, H, N] in float32 (packed batches:
+// [totalQ, H, DV] and [H, totalQ]). When the GPU backend reports a valid
+// problem as ErrUnsupported, the CPU backend computes it instead.
+func Forward(q, k, v Tensor, opt Options) (Result, error) {
+	return forwardWithFallback(auto(), q, k, v, opt)
+}
+
+// Backward computes dQ, dK, dV (and dBias when opt.Bias.RequiresGrad) from
+// the forward's inputs q, k, v, its outputs o and lse, and the output
+// gradient dO, on the automatically chosen backend, with the same CPU
+// fallback as Forward.
+func Backward(q, k, v, o, lse, dO Tensor, opt Options) (Gradients, error) {
+	return backwardWithFallback(auto(), q, k, v, o, lse, dO, opt)
+}
+
+// forwardWithFallback runs b.Forward and, when a backend other than the CPU
+// one rejects the problem as unsupported, the CPU backend's.
+func forwardWithFallback(b Backend, q, k, v Tensor, opt Options) (Result, error) {
+	r, err := b.Forward(q, k, v, opt)
+	if err != nil && errors.Is(err, ErrUnsupported) && b.Name() != "cpu" {
+		return openCPU().Forward(q, k, v, opt)
+	}
+	return r, err
+}
+
+// backwardWithFallback is the backward counterpart of forwardWithFallback.
+func backwardWithFallback(b Backend, q, k, v, o, lse, dO Tensor, opt Options) (Gradients, error) {
+	g, err := b.Backward(q, k, v, o, lse, dO, opt)
+	if err != nil && errors.Is(err, ErrUnsupported) && b.Name() != "cpu" {
+		return openCPU().Backward(q, k, v, o, lse, dO, opt)
+	}
+	return g, err
+}

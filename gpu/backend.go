@@ -1,0 +1,292 @@
+package gpu
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// Backend is the CUDA attention backend. Its methods are safe for
+// concurrent use.
+type Backend struct {
+	dev    *cuda.Device
+	owns   bool         // Close closes dev
+	stream *cuda.Stream // the host path's stream
+
+	// Speculate lets the backend compile, on idle cores, the variants of
+	// the same problem in the other element types when it compiles one.
+	Speculate bool
+	// Tiles chooses the tile of each kernel; nil means kernels.TileFor (the
+	// tuning table). Benchmarks replace it to try other tiles.
+	Tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)
+
+	fill filler // the random-fill kernel
+
+	mu      sync.Mutex // guards kernels and pbuf
+	kernels map[kernels.Variant]*kernel
+	pbuf    []byte // packed kernel argument, reused by every launch
+	sem     chan struct{}
+}
+
+// Open opens the first CUDA device and returns a backend on it. Errors wrap
+// cuda.ErrNoDriver or cuda.ErrNoDevice when there is no usable GPU.
+func Open() (*Backend, error) {
+	dev, err := cuda.Open(0)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	b, err := New(dev)
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	b.owns = true
+	return b, nil
+}
+
+// New returns a backend on an open device; Close leaves the device open.
+func New(dev *cuda.Device) (*Backend, error) {
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	return &Backend{
+		dev:       dev,
+		stream:    s,
+		Speculate: true,
+		kernels:   make(map[kernels.Variant]*kernel),
+		pbuf:      make([]byte, kernels.ParamsSize),
+		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
+	}, nil
+}
+
+// Close releases the backend's stream and, when Open created the device,
+// the device with every kernel and buffer on it.
+func (b *Backend) Close() error {
+	err := b.stream.Close()
+	if b.owns {
+		if e := b.dev.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// Device returns the backend's device.
+func (b *Backend) Device() *cuda.Device { return b.dev }
+
+// Name returns "cuda".
+func (b *Backend) Name() string { return "cuda" }
+
+// Backward computes dQ, dK, dV (and dBias) of host tensors on the GPU
+// (see backward.go).
+func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	return b.backward(q, k, v, o, lse, dO, opt)
+}
+
+// Forward computes O and LSE of host tensors on the GPU: it copies the
+// storage span of each input (caller strides kept; the feature dim must
+// have stride 1, else attn.ErrUnsupported), runs the kernel and copies O
+// ([B, N, H, DV] or packed [totalQ, H, DV], contiguous) and LSE back.
+func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	for _, x := range []struct {
+		name string
+		t    attn.Tensor
+	}{{"q", q}, {"k", k}, {"v", v}} {
+		st := x.t.Strides
+		if last := len(x.t.Shape) - 1; st != nil && x.t.Shape[last] > 1 && st[last] != 1 {
+			return attn.Result{}, attn.Errorf(attn.ErrUnsupported, "cuda backend: %s has feature-dim stride %d (want 1)", x.name, st[last])
+		}
+	}
+	res := attn.Result{O: attn.New(q.DType, p.OutputShape()...), LSE: attn.New(attn.Float32, p.LSEShape()...)}
+	if res.O.NumElements() == 0 && res.LSE.NumElements() == 0 {
+		return res, nil
+	}
+	var bufs []DeviceTensor
+	defer func() {
+		for _, t := range bufs {
+			t.Free()
+		}
+	}()
+	up := func(t attn.Tensor) (DeviceTensor, error) {
+		d, err := b.upload(t)
+		if err == nil {
+			bufs = append(bufs, d)
+		}
+		return d, err
+	}
+	dq, err := up(q)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	dk, err := up(k)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	dv, err := up(v)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	dopt := DeviceOptions{Options: opt}
+	dopt.Options.Bias = nil
+	if opt.Bias != nil {
+		db, err := up(opt.Bias.Tensor)
+		if err != nil {
+			return attn.Result{}, err
+		}
+		dopt.Bias = &db
+	}
+	if p.Varlen {
+		for _, x := range []struct {
+			cu  []int32
+			dst **cuda.Buffer
+		}{{opt.CuSeqlensQ, &dopt.CuSeqlensQ}, {opt.CuSeqlensK, &dopt.CuSeqlensK}} {
+			buf, err := b.dev.Alloc(int64(4 * len(x.cu)))
+			if err != nil {
+				return attn.Result{}, fmt.Errorf("gpu: %w", err)
+			}
+			bufs = append(bufs, DeviceTensor{Buf: buf})
+			if err := b.dev.CopyToDevice(buf, 0, cuda.AsBytes(x.cu)); err != nil {
+				return attn.Result{}, fmt.Errorf("gpu: %w", err)
+			}
+			*x.dst = buf
+		}
+	}
+	do, err := NewDeviceTensor(b.dev, q.DType, p.OutputShape()...)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	bufs = append(bufs, do)
+	dl, err := NewDeviceTensor(b.dev, attn.Float32, p.LSEShape()...)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	bufs = append(bufs, dl)
+	if err := b.ForwardDevice(b.stream, dq, dk, dv, do, dl, dopt); err != nil {
+		return attn.Result{}, err
+	}
+	if err := b.stream.Synchronize(); err != nil {
+		return attn.Result{}, fmt.Errorf("gpu: forward: %w", err)
+	}
+	if err := download(b.dev, res.O, do); err != nil {
+		return attn.Result{}, err
+	}
+	if err := download(b.dev, res.LSE, dl); err != nil {
+		return attn.Result{}, err
+	}
+	return res, nil
+}
+
+// upload copies the storage span of t (from its first to its last element)
+// to a new device buffer; the device tensor keeps t's strides.
+func (b *Backend) upload(t attn.Tensor) (DeviceTensor, error) {
+	st := t.Strides
+	if st == nil {
+		st = attn.ContiguousStrides(t.Shape)
+	}
+	d := DeviceTensor{DType: t.DType, Shape: append([]int(nil), t.Shape...), Strides: append([]int(nil), st...)}
+	if t.NumElements() == 0 {
+		return d, nil
+	}
+	last := t.Offset
+	for i, s := range t.Shape {
+		last += (s - 1) * st[i]
+	}
+	var src []byte
+	if t.DType == attn.Float32 {
+		src = cuda.AsBytes(t.F32[t.Offset : last+1])
+	} else {
+		src = cuda.AsBytes(t.Bits[t.Offset : last+1])
+	}
+	buf, err := b.dev.Alloc(int64(len(src)))
+	if err != nil {
+		return d, fmt.Errorf("gpu: %w", err)
+	}
+	if err := b.dev.CopyToDevice(buf, 0, src); err != nil {
+		buf.Free()
+		return d, fmt.Errorf("gpu: %w", err)
+	}
+	d.Buf = buf
+	return d, nil
+}
+
+// download copies a contiguous device tensor into a contiguous host tensor
+// of the same shape.
+func download(dev *cuda.Device, h attn.Tensor, d DeviceTensor) error {
+	if h.NumElements() == 0 {
+		return nil
+	}
+	var dst []byte
+	if h.DType == attn.Float32 {
+		dst = cuda.AsBytes(h.F32)
+	} else {
+		dst = cuda.AsBytes(h.Bits)
+	}
+	if err := dev.CopyFromDevice(dst, d.Buf, d.Offset*int64(d.DType.Size())); err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
+	return nil
+}
+
+// ForwardDevice enqueues the forward pass on stream s (nil: the legacy
+// default stream): q [B, N, H, DK], k [B, M, Hkv, DK], v [B, M, Hkv, DV]
+// (packed: drop B, give cu_seqlens), o [B, N, H, DV] in q's dtype and lse
+// [B, H, N] (packed: [H, totalQ]) float32, all on the device with any
+// strides (feature dims of q, k, v, o with stride 1). It neither
+// synchronizes nor allocates device memory, so it can be captured in a CUDA
+// graph once its kernel is compiled (the first call with a new variant
+// compiles it). Errors from the kernel's execution appear at the stream's
+// next synchronization.
+func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, opt DeviceOptions) error {
+	l, p, err := b.planDevice(q, k, v, o, lse, opt)
+	if err != nil || p.N == 0 || p.B == 0 {
+		return err
+	}
+	kn, err := b.lookup(l.v)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l.params.PackInto(b.pbuf)
+	if err := b.dev.Launch(kn.fn, l.grid, [3]uint32{uint32(l.v.Threads()), 1, 1}, uint32(l.v.SharedBytes()), s, b.pbuf); err != nil {
+		return fmt.Errorf("gpu: launch %s: %w", l.v.Name(), err)
+	}
+	return nil
+}
+
+// Variant returns the kernel variant ForwardDevice would launch for these
+// arguments (for Prefetch, benchmarks and reports).
+func (b *Backend) Variant(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (kernels.Variant, error) {
+	l, _, err := b.planDevice(q, k, v, o, lse, opt)
+	return l.v, err
+}
+
+// planDevice validates the device arguments and plans the launch.
+func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (launch, *attn.Problem, error) {
+	p, err := deviceProblem(q, k, v, opt)
+	if err != nil {
+		return launch{}, nil, err
+	}
+	if err := checkOutputs(p, q.DType, o, lse); err != nil {
+		return launch{}, nil, err
+	}
+	var cuq, cuk uint64
+	if p.Varlen {
+		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
+	}
+	tiles := b.Tiles
+	if tiles == nil {
+		tiles = kernels.TileFor
+	}
+	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, tiles)
+	return l, p, err
+}

@@ -1,0 +1,445 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
+	"github.com/flashattn/flashattn/philox"
+)
+
+// DQAlgorithm selects how the backward pass computes dQ.
+type DQAlgorithm int
+
+const (
+	// DQAuto picks by the measured table (SelectDQAlgorithm); with
+	// Options.Deterministic it is always DQSeparate.
+	DQAuto DQAlgorithm = iota
+	// DQAtomic accumulates dQ in fp32 with atomic adds from the dK/dV
+	// kernel (five matrix products), then converts it. Not bit-for-bit
+	// deterministic.
+	DQAtomic
+	// DQSeparate computes dQ in its own kernel that recomputes S, P and dP
+	// per query block (seven matrix products in all). Deterministic.
+	DQSeparate
+)
+
+// String returns "auto", "atomic" or "separate".
+func (a DQAlgorithm) String() string {
+	switch a {
+	case DQAtomic:
+		return "atomic"
+	case DQSeparate:
+		return "separate"
+	}
+	return "auto"
+}
+
+// dqRule is one row of the dQ algorithm table: problems whose padded head
+// dimension is at most MaxDim and whose query length per head is at least
+// MinN (and below MaxN, 0 meaning unbounded) use Algo.
+type dqRule struct {
+	MaxDim     int
+	Causal     int // -1 any, 0 not causal/windowed, 1 masked
+	MinN, MaxN int
+	Algo       DQAlgorithm
+}
+
+// dqTable is the measured choice of dQ algorithm per shape class, first
+// matching row wins. See kernels/NOTES-bwd.md for the measurements.
+var dqTable = []dqRule{
+	// bf16 on the H200, N = 1K…16K, causal or not: the atomic algorithm is
+	// 2–12 % faster up to D=128; beyond, its dQ atomics (several column
+	// slices per key block) cost more than the separate kernel's recompute.
+	{MaxDim: 128, Causal: -1, Algo: DQAtomic},
+	{MaxDim: 512, Causal: -1, Algo: DQSeparate},
+}
+
+// SelectDQAlgorithm returns the dQ algorithm the backward uses for p when
+// asked for DQAuto: DQSeparate when p.Opt.Deterministic is set, otherwise
+// the first matching row of the measured table.
+func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm {
+	if p.Opt.Deterministic {
+		return DQSeparate
+	}
+	d := max(p.DK, p.DV)
+	for _, r := range dqTable {
+		if d > r.MaxDim || p.N < r.MinN || (r.MaxN > 0 && p.N >= r.MaxN) {
+			continue
+		}
+		if r.Causal >= 0 && (r.Causal == 1) != p.Masked {
+			continue
+		}
+		return r.Algo
+	}
+	return DQSeparate
+}
+
+// resolveDQ turns DQAuto into a concrete algorithm; Deterministic always
+// wins over an explicit DQAtomic.
+func resolveDQ(p *attn.Problem, a DQAlgorithm) DQAlgorithm {
+	if a == DQAuto || p.Opt.Deterministic {
+		return SelectDQAlgorithm(p)
+	}
+	return a
+}
+
+// bwdView is a tensor in device memory as the backward kernels read it:
+// the address of element 0, the dtype, and the element strides of the batch
+// (0 for packed variable-length tensors), row (sequence position or packed
+// token) and head dimensions; the feature dimension is contiguous. For the
+// LSE ([B, H, N], packed [H, totalQ]) Batch and Head are its strides and
+// rows are contiguous.
+type bwdView struct {
+	Ptr              uint64
+	DType            attn.DType
+	Batch, Row, Head int64
+}
+
+// bwdBiasView is a bias or dBias in device memory: [Batches, Heads, N, M]
+// with Batches ∈ {1, B} and Heads ∈ {1, H}, element strides per dimension
+// (a broadcast dimension's stride is ignored). dBias must be contiguous.
+type bwdBiasView struct {
+	Ptr                     uint64
+	DType                   attn.DType
+	Batches, Heads          int
+	Batch, Head, Query, Key int64
+}
+
+// bwdArgs are the device buffers of one backward call. Q, K, V, O, DO
+// and the outputs DQ, DK, DV are [B, seq, heads, dim] (packed: [total,
+// heads, dim]); LSE is float32 [B, H, N] (packed [H, totalQ]). Bias and
+// DBias are set when the problem has a bias (DBias when it asks for its
+// gradient). CuSeqlensQ/K are device int32 arrays of B+1 offsets for packed
+// batches. Workspace must hold BackwardWorkspaceBytes bytes.
+type bwdArgs struct {
+	Q, K, V, O, DO, LSE    bwdView
+	DQ, DK, DV             bwdView
+	Bias, DBias            *bwdBiasView
+	CuSeqlensQ, CuSeqlensK uint64
+	Workspace              uint64
+	// Tiles overrides the tile table (zero: the table); benchmarks use it.
+	Tiles kernels.BwdTiles
+}
+
+// bwdWorkspace is the layout of the backward's device scratch.
+type bwdWorkspace struct {
+	delta, lse2, dqacc, dbias int64 // byte offsets
+	statBatch, statHead       int64 // strides of Delta and LSE2
+	total                     int64
+}
+
+func align256(x int64) int64 { return (x + 255) &^ 255 }
+
+// backwardWorkspace lays out the scratch of a backward call.
+func backwardWorkspace(p *attn.Problem, algo DQAlgorithm, biasGrad bool) bwdWorkspace {
+	var w bwdWorkspace
+	rows := int64(p.B) * int64(p.N)
+	if p.Varlen {
+		rows = int64(p.TotalQ)
+		w.statBatch, w.statHead = 0, int64(p.TotalQ)
+	} else {
+		w.statBatch, w.statHead = int64(p.H)*int64(p.N), int64(p.N)
+	}
+	stat := align256(rows * int64(p.H) * 4)
+	w.delta = 0
+	w.lse2 = stat
+	w.total = 2 * stat
+	if algo == DQAtomic {
+		w.dqacc = w.total
+		w.total += align256(rows * int64(p.H) * int64(p.DK) * 4)
+	}
+	if biasGrad {
+		w.dbias = w.total
+		w.total += align256(int64(p.B) * int64(p.H) * int64(p.N) * int64(p.M) * 4)
+	}
+	if w.total == 0 {
+		w.total = 256
+	}
+	return w
+}
+
+// BackwardWorkspaceBytes returns the device scratch a backward call of p
+// with dQ algorithm algo (DQAuto resolved as the call would) needs; dbias
+// says whether the call computes dBias.
+func BackwardWorkspaceBytes(p *attn.Problem, algo DQAlgorithm, dbias bool) int64 {
+	return backwardWorkspace(p, resolveDQ(p, algo), dbias).total
+}
+
+// bwdModule is one compiled backward variant.
+type bwdModule struct {
+	v                          kernels.BwdVariant
+	mod                        *cuda.Module
+	pre, dkdv, dq, conv, dbias *cuda.Function
+	dkdvSmem, dqSmem           int
+}
+
+// bwdCache holds the compiled backward variants of one device.
+type bwdCache struct {
+	mu  sync.Mutex
+	dev *cuda.Device
+	m   map[string]*bwdEntry
+}
+
+// bwdEntry is one variant's compilation, done once.
+type bwdEntry struct {
+	once sync.Once
+	m    *bwdModule
+	err  error
+}
+
+var bwdCaches sync.Map // *cuda.Device -> *bwdCache
+
+// bwdModuleFor returns the compiled kernels of v on dev, compiling (NVRTC,
+// with the package cuda disk cache) on first use. Different variants
+// compile concurrently.
+func bwdModuleFor(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
+	ci, _ := bwdCaches.LoadOrStore(dev, &bwdCache{dev: dev, m: map[string]*bwdEntry{}})
+	c := ci.(*bwdCache)
+	key := v.Key()
+	c.mu.Lock()
+	e, ok := c.m[key]
+	if !ok {
+		e = &bwdEntry{}
+		c.m[key] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() { e.m, e.err = compileBwd(dev, v) })
+	return e.m, e.err
+}
+
+// compileBwd compiles and loads v's module and looks up its kernels.
+func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
+	key := v.Key()
+	src, err := kernels.BwdSource(v)
+	if err != nil {
+		return nil, err
+	}
+	mod, err := dev.Compile(cuda.CompileRequest{Name: key + ".cu", Source: src})
+	if err != nil {
+		return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
+	}
+	m := &bwdModule{v: v, mod: mod, dkdvSmem: v.DKDVSharedBytes(), dqSmem: v.DQSharedBytes()}
+	for _, f := range []struct {
+		name string
+		dst  **cuda.Function
+	}{{kernels.BwdPreKernel, &m.pre}, {kernels.BwdDKDVKernel, &m.dkdv}, {kernels.BwdDQKernel, &m.dq},
+		{kernels.BwdDQConvertKernel, &m.conv}, {kernels.BwdDBiasKernel, &m.dbias}} {
+		fn, err := mod.Function(f.name)
+		if err != nil {
+			mod.Close()
+			return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
+		}
+		*f.dst = fn
+	}
+	if err := m.dkdv.SetMaxDynamicSharedMemory(m.dkdvSmem); err != nil {
+		mod.Close()
+		return nil, fmt.Errorf("flashattn: backward dK/dV kernel %s, %d bytes of shared memory: %w", key, m.dkdvSmem, err)
+	}
+	if err := m.dq.SetMaxDynamicSharedMemory(m.dqSmem); err != nil {
+		mod.Close()
+		return nil, fmt.Errorf("flashattn: backward dQ kernel %s, %d bytes of shared memory: %w", key, m.dqSmem, err)
+	}
+	return m, nil
+}
+
+// prepareBackward compiles (or loads from the cache) the kernels a
+// backward call of p with these arguments would use, so that a later
+// enqueueBackward only enqueues (as a CUDA graph capture requires).
+func prepareBackward(dev *cuda.Device, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) error {
+	pl, err := planBackward(p, dt, &a, algo, dev.SMCount())
+	if err != nil {
+		return err
+	}
+	_, err = bwdModuleFor(dev, pl.v)
+	return err
+}
+
+// bwdVariantFor returns the kernel variant of a backward call.
+func bwdVariantFor(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm) kernels.BwdVariant {
+	v := kernels.BwdVariant{
+		DType:    dt,
+		DK:       p.DK,
+		DV:       p.DV,
+		Masked:   p.Masked,
+		Softcap:  p.Opt.Softcap > 0,
+		Dropout:  p.Opt.Dropout > 0,
+		Varlen:   p.Varlen,
+		AtomicDQ: algo == DQAtomic,
+		Tiles:    a.Tiles,
+	}
+	if a.Bias != nil {
+		v.Bias, v.BiasDType = true, a.Bias.DType
+		v.BiasGrad = a.DBias != nil
+	}
+	v.Vector = vectorOK(dt, p, a)
+	return v
+}
+
+// vectorOK reports whether every row of the 16-byte-copied tensors starts
+// on a 16-byte boundary.
+func vectorOK(dt attn.DType, p *attn.Problem, a *bwdArgs) bool {
+	g := int64(16 / dt.Size())
+	if int64(p.DK)%g != 0 || int64(p.DV)%g != 0 {
+		return false
+	}
+	for _, t := range []bwdView{a.Q, a.K, a.V, a.O, a.DO, a.DQ, a.DK, a.DV} {
+		if t.Ptr%16 != 0 || t.Batch%g != 0 || t.Row%g != 0 || t.Head%g != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// bwdParams fills the kernel parameters of a backward call.
+func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
+	st := func(t bwdView) kernels.BwdStrides {
+		return kernels.BwdStrides{Batch: t.Batch, Row: t.Row, Head: t.Head}
+	}
+	kp := kernels.BwdParams{
+		Q: a.Q.Ptr, K: a.K.Ptr, V: a.V.Ptr, O: a.O.Ptr, DO: a.DO.Ptr, LSE: a.LSE.Ptr,
+		DQ: a.DQ.Ptr, DK: a.DK.Ptr, DV: a.DV.Ptr,
+		Delta: a.Workspace + uint64(w.delta), LSE2: a.Workspace + uint64(w.lse2),
+		CuSeqlensQ: a.CuSeqlensQ, CuSeqlensK: a.CuSeqlensK,
+		QS: st(a.Q), KS: st(a.K), VS: st(a.V), OS: st(a.O), DOS: st(a.DO),
+		DQS: st(a.DQ), DKS: st(a.DK), DVS: st(a.DV),
+		LSEBatch: a.LSE.Batch, LSEHead: a.LSE.Head,
+		StatBatch: w.statBatch, StatHead: w.statHead,
+		B: int32(p.B), N: int32(p.N), M: int32(p.M), H: int32(p.H), Hkv: int32(p.Hkv),
+		Left: clampWindow(p.Left, p.N, p.M), Right: clampWindow(p.Right, p.N, p.M),
+		Scale:     float32(p.Scale),
+		ScaleLog2: float32(p.Scale * math.Log2E),
+	}
+	if p.Opt.Align == attn.AlignBottomRight {
+		kp.BottomRight = 1
+	}
+	if w.dqacc != 0 {
+		kp.DQAcc = a.Workspace + uint64(w.dqacc)
+		rows := int64(p.H) * int64(p.DK)
+		kp.DQAccS = kernels.BwdStrides{Batch: int64(p.N) * rows, Row: rows, Head: int64(p.DK)}
+		if p.Varlen {
+			kp.DQAccS.Batch = 0
+		}
+	}
+	if c := p.Opt.Softcap; c > 0 {
+		kp.Softcap, kp.InvSoftcap = float32(c), float32(1/c)
+	}
+	if d := p.Opt.Dropout; d > 0 {
+		kp.DropScale = float32(1 / (1 - d))
+		kp.DropThreshold = philox.Threshold(d)
+		kp.SeedLo, kp.SeedHi = uint32(p.Opt.Seed), uint32(p.Opt.Seed>>32)
+		kp.DropOffs = p.Opt.Offset
+	}
+	if a.Bias != nil {
+		kp.Bias = a.Bias.Ptr
+		kp.BiasB, kp.BiasH, kp.BiasI, kp.BiasJ = a.Bias.Batch, a.Bias.Head, a.Bias.Query, a.Bias.Key
+		if a.Bias.Batches == 1 {
+			kp.BiasB = 0
+		}
+		if a.Bias.Heads == 1 {
+			kp.BiasH = 0
+		}
+		kp.BiasBatches, kp.BiasHeads = int32(a.Bias.Batches), int32(a.Bias.Heads)
+		if a.DBias != nil {
+			kp.DBias = a.DBias.Ptr
+			kp.DBiasScratch = a.Workspace + uint64(w.dbias)
+			kp.DBiasElems = int64(a.Bias.Batches) * int64(a.Bias.Heads) * int64(p.N) * int64(p.M)
+		}
+	}
+	return kp
+}
+
+// bwdLaunch is one kernel launch of a backward call.
+type bwdLaunch struct {
+	kernel  string // one of the kernels.Bwd*Kernel names
+	grid    [3]int
+	threads int
+	smem    int
+}
+
+// bwdPlan is the launch sequence of a backward call: a pure function of
+// the problem, the variant and the device's multiprocessor count.
+type bwdPlan struct {
+	v        kernels.BwdVariant
+	algo     DQAlgorithm
+	w        bwdWorkspace
+	params   kernels.BwdParams
+	launches []bwdLaunch
+}
+
+// planBackward validates a backward call and returns its launch sequence.
+func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int) (*bwdPlan, error) {
+	algo = resolveDQ(p, algo)
+	if a.DBias != nil && a.Bias == nil {
+		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")
+	}
+	if a.DBias != nil && a.DBias.DType != a.Bias.DType {
+		return nil, attn.Errorf(attn.ErrDType, "backward: dBias dtype %v differs from the bias's %v", a.DBias.DType, a.Bias.DType)
+	}
+	for _, x := range []bwdView{a.Q, a.K, a.V, a.O, a.DO, a.DQ, a.DK, a.DV} {
+		if x.DType != dt {
+			return nil, attn.Errorf(attn.ErrDType, "backward: device tensor of dtype %v in a %v call", x.DType, dt)
+		}
+	}
+	v := bwdVariantFor(p, dt, a, algo)
+	if err := v.Validate(); err != nil {
+		return nil, err
+	}
+	pl := &bwdPlan{v: v, algo: algo, w: backwardWorkspace(p, algo, a.DBias != nil)}
+	pl.params = bwdParams(p, a, pl.w)
+	t := v.ResolvedTiles()
+	cdiv := func(a, b int) int { return (a + b - 1) / b }
+	add := func(k string, grid [3]int, threads, smem int) {
+		for _, g := range grid {
+			if g <= 0 {
+				return // an empty dimension: nothing to do
+			}
+		}
+		pl.launches = append(pl.launches, bwdLaunch{k, grid, threads, smem})
+	}
+	rowGrid := [3]int{cdiv(p.N, kernels.BwdPreRows), p.B, p.H}
+	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
+	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
+	if algo == DQAtomic {
+		add(kernels.BwdDQConvertKernel, rowGrid, kernels.BwdPreThreads, 0)
+	} else {
+		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, v.DQSharedBytes())
+	}
+	if a.DBias != nil && pl.params.DBiasElems > 0 {
+		blocks := min(int(cdiv64(pl.params.DBiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
+		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
+	}
+	return pl, nil
+}
+
+// enqueueBackward enqueues the backward pass of p on stream s: dQ, dK, dV
+// (and dBias when a.DBias is set) from the device buffers of a, with dQ
+// algorithm algo (DQAuto: SelectDQAlgorithm). It only enqueues: no host
+// synchronisation, no host arithmetic on the data, so a caller may capture
+// it in a CUDA graph. The kernels compile on first use of a variant (call
+// prepareBackward before capturing). It returns the algorithm it used.
+func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) (DQAlgorithm, error) {
+	pl, err := planBackward(p, dt, &a, algo, dev.SMCount())
+	if err != nil {
+		return resolveDQ(p, algo), err
+	}
+	m, err := bwdModuleFor(dev, pl.v)
+	if err != nil {
+		return pl.algo, err
+	}
+	params := pl.params.Bytes()
+	fns := map[string]*cuda.Function{kernels.BwdPreKernel: m.pre, kernels.BwdDKDVKernel: m.dkdv, kernels.BwdDQKernel: m.dq,
+		kernels.BwdDQConvertKernel: m.conv, kernels.BwdDBiasKernel: m.dbias}
+	for _, l := range pl.launches {
+		g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
+		if err := dev.Launch(fns[l.kernel], g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
+			return pl.algo, fmt.Errorf("flashattn: backward %s %v: %w", l.kernel, l.grid, err)
+		}
+	}
+	return pl.algo, nil
+}
+
+func cdiv64(a, b int64) int64 { return (a + b - 1) / b }

@@ -1,0 +1,766 @@
+package gpu
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cpu"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// bwdDev is the device the backward tests share.
+var (
+	bwdDevOnce sync.Once
+	bwdDev     *cuda.Device
+	bwdDevErr  error
+)
+
+// bwdTestDevice returns the shared device and a fresh stream, or skips.
+func bwdTestDevice(t testing.TB) (*cuda.Device, *cuda.Stream) {
+	t.Helper()
+	bwdDevOnce.Do(func() { bwdDev, bwdDevErr = cuda.Open(0) })
+	if bwdDevErr != nil {
+		t.Skipf("no CUDA device: %v", bwdDevErr)
+	}
+	s, err := bwdDev.NewStreamNonBlocking()
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return bwdDev, s
+}
+
+// bwdCase is one backward test problem.
+type bwdCase struct {
+	name          string
+	b, n, m       int
+	h, hkv        int
+	dk, dv        int
+	causal        bool
+	align         attn.Align
+	window        *attn.Window
+	softcap       float64
+	bias          []int // bias shape [bB, bH] (N, M implied); nil: none
+	biasGrad      bool
+	biasF32       bool
+	dropout       float64
+	cuQ, cuK      []int32
+	dtypes        []attn.DType
+	deterministic bool
+}
+
+func bwdCases() []bwdCase {
+	all := []attn.DType{attn.BFloat16, attn.Float16, attn.Float32}
+	bf := []attn.DType{attn.BFloat16}
+	return []bwdCase{
+		{name: "plain", b: 2, n: 128, m: 128, h: 4, hkv: 4, dk: 64, dv: 64, dtypes: all},
+		{name: "seq1", b: 1, n: 1, m: 1, h: 2, hkv: 1, dk: 64, dv: 64, dtypes: all},
+		{name: "seq3-causal", b: 2, n: 3, m: 3, h: 2, hkv: 2, dk: 32, dv: 32, causal: true, dtypes: bf},
+		{name: "113x203-causal-br", b: 1, n: 113, m: 203, h: 4, hkv: 2, dk: 128, dv: 128, causal: true, dtypes: all},
+		{name: "203x113-causal-br-masked-rows", b: 1, n: 203, m: 113, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, dtypes: bf},
+		{name: "203x113-causal-tl", b: 1, n: 203, m: 113, h: 2, hkv: 1, dk: 64, dv: 64, causal: true, align: attn.AlignTopLeft, dtypes: bf},
+		{name: "113x203-causal-tl", b: 1, n: 113, m: 203, h: 2, hkv: 1, dk: 64, dv: 64, causal: true, align: attn.AlignTopLeft, dtypes: bf},
+		{name: "1023x1024-window", b: 1, n: 1023, m: 1024, h: 2, hkv: 1, dk: 64, dv: 64, window: &attn.Window{Left: 100, Right: 50}, dtypes: bf},
+		{name: "d59", b: 1, n: 77, m: 90, h: 2, hkv: 2, dk: 59, dv: 59, dtypes: all},
+		{name: "d111-127", b: 1, n: 70, m: 65, h: 2, hkv: 1, dk: 111, dv: 127, causal: true, dtypes: bf},
+		{name: "d199-257", b: 1, n: 65, m: 97, h: 2, hkv: 2, dk: 199, dv: 257, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
+		{name: "d256", b: 1, n: 130, m: 130, h: 2, hkv: 1, dk: 256, dv: 256, causal: true, dtypes: bf},
+		{name: "d512", b: 1, n: 70, m: 70, h: 2, hkv: 2, dk: 512, dv: 512, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
+		{name: "d1", b: 1, n: 40, m: 33, h: 2, hkv: 2, dk: 1, dv: 1, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
+		{name: "d16-512", b: 1, n: 50, m: 50, h: 2, hkv: 1, dk: 16, dv: 512, dtypes: bf},
+		{name: "d96-32", b: 1, n: 80, m: 100, h: 2, hkv: 2, dk: 96, dv: 32, dtypes: bf},
+		{name: "gqa6:1", b: 1, n: 100, m: 100, h: 6, hkv: 1, dk: 64, dv: 64, causal: true, dtypes: bf},
+		{name: "gqa6:2", b: 2, n: 64, m: 64, h: 6, hkv: 2, dk: 64, dv: 64, dtypes: bf},
+		{name: "gqa8:1", b: 1, n: 96, m: 160, h: 8, hkv: 1, dk: 128, dv: 128, dtypes: bf},
+		{name: "softcap", b: 1, n: 100, m: 120, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 5, dtypes: all},
+		{name: "bias-full-grad", b: 2, n: 70, m: 90, h: 2, hkv: 1, dk: 64, dv: 64, bias: []int{2, 2}, biasGrad: true, dtypes: all},
+		{name: "bias-bcast-b-grad-softcap", b: 2, n: 70, m: 90, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, softcap: 4, causal: true, dtypes: bf},
+		{name: "bias-bcast-h-grad", b: 2, n: 64, m: 64, h: 4, hkv: 2, dk: 32, dv: 32, bias: []int{2, 1}, biasGrad: true, biasF32: true, dtypes: bf},
+		{name: "bias-bcast-all-grad-window", b: 2, n: 64, m: 80, h: 2, hkv: 1, dk: 64, dv: 64, bias: []int{1, 1}, biasGrad: true, window: &attn.Window{Left: 10, Right: 3}, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
+		{name: "bias-nograd", b: 1, n: 50, m: 50, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, dtypes: bf},
+		{name: "dropout", b: 2, n: 100, m: 110, h: 2, hkv: 1, dk: 64, dv: 64, dropout: 0.2, dtypes: all},
+		{name: "dropout-causal-softcap", b: 1, n: 130, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1, causal: true, softcap: 7, dtypes: bf},
+		{name: "varlen", h: 4, hkv: 2, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 100, 300}, cuK: []int32{0, 7, 20, 20, 150}, causal: true, dtypes: all},
+		{name: "varlen-dropout", h: 2, hkv: 2, dk: 128, dv: 128, cuQ: []int32{0, 0, 130, 131}, cuK: []int32{0, 33, 33, 200}, dropout: 0.15, dtypes: bf},
+		{name: "deterministic-flag", b: 1, n: 90, m: 90, h: 2, hkv: 1, dk: 64, dv: 64, deterministic: true, dtypes: bf},
+	}
+}
+
+// bwdInputs holds one case's inputs for one dtype.
+type bwdInputs struct {
+	q, k, v, o, lse, dO attn.Tensor
+	opt                 attn.Options
+	p                   *attn.Problem
+}
+
+func randTensor(r *rand.Rand, dt attn.DType, sd float64, shape ...int) attn.Tensor {
+	x := make([]float32, attn.NumElements(shape))
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * sd)
+	}
+	return attn.FromFloat32(dt, x, shape...)
+}
+
+func fromF64(dt attn.DType, x []float64, shape []int) attn.Tensor {
+	f := make([]float32, len(x))
+	for i, v := range x {
+		f[i] = float32(v)
+	}
+	return attn.FromFloat32(dt, f, shape...)
+}
+
+// inputs draws the case's tensors in dt and computes O and LSE with the
+// float64 reference (rounded to dt and float32).
+func (c bwdCase) inputs(t testing.TB, dt attn.DType, seed uint64) bwdInputs {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 7))
+	var in bwdInputs
+	in.opt = attn.Options{Softcap: c.softcap, Causal: c.causal, Align: c.align, Window: c.window, Dropout: c.dropout,
+		Seed: 0x1234_5678_9abc_def0 ^ seed, Offset: 3, CuSeqlensQ: c.cuQ, CuSeqlensK: c.cuK, Deterministic: c.deterministic}
+	if c.cuQ != nil {
+		tq, tk := int(c.cuQ[len(c.cuQ)-1]), int(c.cuK[len(c.cuK)-1])
+		in.q = randTensor(r, dt, 1, tq, c.h, c.dk)
+		in.k = randTensor(r, dt, 1, tk, c.hkv, c.dk)
+		in.v = randTensor(r, dt, 1, tk, c.hkv, c.dv)
+	} else {
+		in.q = randTensor(r, dt, 1, c.b, c.n, c.h, c.dk)
+		in.k = randTensor(r, dt, 1, c.b, c.m, c.hkv, c.dk)
+		in.v = randTensor(r, dt, 1, c.b, c.m, c.hkv, c.dv)
+	}
+	if c.bias != nil {
+		bdt := dt
+		if c.biasF32 {
+			bdt = attn.Float32
+		}
+		in.opt.Bias = &attn.Bias{Tensor: randTensor(r, bdt, 1, c.bias[0], c.bias[1], c.n, c.m), RequiresGrad: c.biasGrad}
+	}
+	ref, err := cpu.Reference(in.q, in.k, in.v, in.opt)
+	if err != nil {
+		t.Fatalf("reference: %v", err)
+	}
+	in.p = ref.Problem
+	in.o = fromF64(dt, ref.O, in.p.OutputShape())
+	in.lse = fromF64(attn.Float32, ref.LSE, in.p.LSEShape())
+	in.dO = randTensor(r, dt, 1, in.p.OutputShape()...)
+	return in
+}
+
+// bwdPoison is the byte every output and guard is filled with: NaN in
+// every dtype.
+const bwdPoison = 0xFF
+
+// bwdGuard is the number of guard bytes on each side of an output.
+const bwdGuard = 512
+
+// bwdRun runs the backward through enqueueBackward with NaN-poisoned
+// outputs surrounded by guard bands, checks the guards, and returns the
+// gradients.
+func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo DQAlgorithm) attn.Gradients {
+	t.Helper()
+	dt := in.q.DType
+	bb := &bwdBuffers{dev: dev}
+	defer bb.free()
+	var a bwdArgs
+	for _, x := range []struct {
+		t   attn.Tensor
+		dst *bwdView
+	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
+		buf, err := bb.upload(hostBytes(x.t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
+	}
+	lb, err := bb.upload(hostBytes(in.lse))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.LSE = lseView(lb.Ptr(), in.lse.Shape)
+	type out struct {
+		shape []int
+		dt    attn.DType
+		buf   *cuda.Buffer
+		n     int
+	}
+	guarded := func(shape []int, odt attn.DType) out {
+		n := attn.NumElements(shape) * odt.Size()
+		buf, err := bb.alloc(int64(n + 2*bwdGuard))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.Memset8(buf, bwdPoison); err != nil {
+			t.Fatal(err)
+		}
+		return out{shape, odt, buf, n}
+	}
+	outs := []out{guarded(in.q.Shape, dt), guarded(in.k.Shape, dt), guarded(in.v.Shape, dt)}
+	a.DQ = seqView(outs[0].buf.Ptr()+bwdGuard, dt, in.q.Shape)
+	a.DK = seqView(outs[1].buf.Ptr()+bwdGuard, dt, in.k.Shape)
+	a.DV = seqView(outs[2].buf.Ptr()+bwdGuard, dt, in.v.Shape)
+	if in.opt.Bias != nil {
+		bt := in.opt.Bias.Tensor
+		buf, err := bb.upload(hostBytes(bt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Bias = biasView(buf.Ptr(), bt.DType, bt.Shape)
+		if in.opt.Bias.RequiresGrad {
+			o := guarded(bt.Shape, bt.DType)
+			outs = append(outs, o)
+			a.DBias = biasView(o.buf.Ptr()+bwdGuard, bt.DType, bt.Shape)
+		}
+	}
+	if in.p.Varlen {
+		for _, x := range []struct {
+			cu  []int32
+			dst *uint64
+		}{{in.opt.CuSeqlensQ, &a.CuSeqlensQ}, {in.opt.CuSeqlensK, &a.CuSeqlensK}} {
+			buf, err := bb.upload(int32Bytes(x.cu))
+			if err != nil {
+				t.Fatal(err)
+			}
+			*x.dst = buf.Ptr()
+		}
+	}
+	ws, err := bb.alloc(BackwardWorkspaceBytes(in.p, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.Memset8(ws, bwdPoison); err != nil {
+		t.Fatal(err)
+	}
+	a.Workspace = ws.Ptr()
+	if _, err := enqueueBackward(dev, s, in.p, dt, a, algo); err != nil {
+		t.Fatalf("enqueueBackward: %v", err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatalf("backward: %v", err)
+	}
+	var g attn.Gradients
+	for i, o := range outs {
+		host := make([]byte, o.n+2*bwdGuard)
+		if err := dev.CopyFromDevice(host, o.buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, gb := range [][]byte{host[:bwdGuard], host[bwdGuard+o.n:]} {
+			if !bytes.Equal(gb, bytes.Repeat([]byte{bwdPoison}, bwdGuard)) {
+				t.Fatalf("output %d: guard band overwritten", i)
+			}
+		}
+		tt := tensorFromBytes(o.dt, host[bwdGuard:bwdGuard+o.n], o.shape)
+		switch i {
+		case 0:
+			g.DQ = tt
+		case 1:
+			g.DK = tt
+		case 2:
+			g.DV = tt
+		case 3:
+			g.DBias = &tt
+		}
+	}
+	return g
+}
+
+func int32Bytes(x []int32) []byte {
+	b := make([]byte, 4*len(x))
+	for i, c := range x {
+		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(c), byte(c>>8), byte(c>>16), byte(c>>24)
+	}
+	return b
+}
+
+// unitRoundoff is the unit roundoff of a 16-bit dtype.
+func unitRoundoff(dt attn.DType) float64 {
+	if dt == attn.Float16 {
+		return math.Ldexp(1, -11)
+	}
+	return math.Ldexp(1, -8)
+}
+
+// checkGrad applies FlashAttention's criterion: err ≤ 3·naive + u·s for
+// 16-bit dtypes, err ≤ 1e-5·s for fp32, with s = max(1, max|ref|); every
+// element finite.
+func checkGrad(t testing.TB, name string, dt attn.DType, got attn.Tensor, ref, naive []float64) {
+	t.Helper()
+	g := got.Float64s()
+	if len(g) != len(ref) {
+		t.Errorf("%s: %d elements, want %d", name, len(g), len(ref))
+		return
+	}
+	var e, en, s float64 = 0, 0, 1
+	at := -1
+	for i := range g {
+		if math.IsNaN(g[i]) || math.IsInf(g[i], 0) {
+			t.Errorf("%s: element %d is %v (unwritten or overflow)", name, i, g[i])
+			return
+		}
+		if d := math.Abs(g[i] - ref[i]); d > e {
+			e, at = d, i
+		}
+		en = max(en, math.Abs(naive[i]-ref[i]))
+		s = max(s, math.Abs(ref[i]))
+	}
+	var bound float64
+	if dt == attn.Float32 {
+		bound = 1e-5 * s
+	} else {
+		bound = 3*en + unitRoundoff(dt)*s
+	}
+	if e > bound {
+		t.Errorf("%s: max error %.3g at %d (got %.6g want %.6g) > bound %.3g (naive %.3g, scale %.3g)", name, e, at, g[at], ref[at], bound, en, s)
+	}
+}
+
+func TestBackwardGradients(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	type item struct {
+		c  bwdCase
+		dt attn.DType
+		in bwdInputs
+	}
+	var items []item
+	var vs []kernels.BwdVariant
+	for ci, c := range bwdCases() {
+		for _, dt := range c.dtypes {
+			in := c.inputs(t, dt, uint64(ci+1))
+			items = append(items, item{c, dt, in})
+			vs = append(vs, in.variant(t, DQAtomic), in.variant(t, DQSeparate))
+		}
+	}
+	bwdPrewarm(t, dev, vs)
+	for _, it := range items {
+		c, dt, in := it.c, it.dt, it.in
+		{
+			ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+			if err != nil {
+				t.Fatalf("%s: reference: %v", c.name, err)
+			}
+			naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
+			if err != nil {
+				t.Fatalf("%s: naive: %v", c.name, err)
+			}
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
+					g := bwdRun(t, dev, s, in, algo)
+					checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
+					checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
+					checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
+					if c.biasGrad {
+						if g.DBias == nil {
+							t.Fatalf("no dBias")
+						}
+						// dBias is stored in the bias's dtype but computed in the
+						// problem's precision: the problem's criterion applies.
+						checkGrad(t, "dBias", dt, *g.DBias, ref.DBias, naive.DBias)
+					}
+					checkMaskedRowsZero(t, in, g.DQ)
+				})
+			}
+		}
+	}
+}
+
+// checkMaskedRowsZero checks that dQ is exactly 0 on rows that see no key.
+func checkMaskedRowsZero(t testing.TB, in bwdInputs, dq attn.Tensor) {
+	t.Helper()
+	l := in.lse.Float64s()
+	x := dq.Float64s()
+	p := in.p
+	for r, v := range l {
+		if !math.IsInf(v, -1) {
+			continue
+		}
+		// lse index r → (b, h, i) or (h, token); dq rows are (b, i, h) or (token, h)
+		var row int
+		if p.Varlen {
+			h, tok := r/p.TotalQ, r%p.TotalQ
+			row = tok*p.H + h
+		} else {
+			b, h, i := r/(p.H*p.N), (r/p.N)%p.H, r%p.N
+			row = (b*p.N+i)*p.H + h
+		}
+		for d := 0; d < p.DK; d++ {
+			if x[row*p.DK+d] != 0 {
+				t.Errorf("dQ of a row with no visible key: element %d = %v", d, x[row*p.DK+d])
+				return
+			}
+		}
+	}
+}
+
+// TestBackwardDeterministic repeats the separate algorithm 50 times and
+// demands bit-identical gradients (dBias included).
+func TestBackwardDeterministic(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	c := bwdCase{name: "det", b: 2, n: 300, m: 300, h: 4, hkv: 2, dk: 64, dv: 64, causal: true, dropout: 0.1,
+		bias: []int{1, 4}, biasGrad: true, softcap: 8}
+	in := c.inputs(t, attn.BFloat16, 99)
+	first := bwdRun(t, dev, s, in, DQSeparate)
+	for rep := 1; rep < 50; rep++ {
+		g := bwdRun(t, dev, s, in, DQSeparate)
+		for _, x := range [][2]attn.Tensor{{first.DQ, g.DQ}, {first.DK, g.DK}, {first.DV, g.DV}, {*first.DBias, *g.DBias}} {
+			if !bytes.Equal(hostBytes(x[0]), hostBytes(x[1])) {
+				t.Fatalf("repeat %d differs from the first run", rep)
+			}
+		}
+	}
+}
+
+// TestBackwardAtomicUnderLoad repeats the atomic algorithm 100 times while
+// another stream keeps the GPU busy; every result must match the first
+// within rounding (one unit in the last place of the dtype, relative to
+// the gradient's scale).
+func TestBackwardAtomicUnderLoad(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	busy, err := dev.NewStreamNonBlocking()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	c := bwdCase{name: "atomic", b: 2, n: 512, m: 512, h: 8, hkv: 2, dk: 64, dv: 64, causal: true}
+	in := c.inputs(t, attn.BFloat16, 5)
+	ref := bwdRun(t, dev, s, in, DQAtomic)
+	// Load: a larger backward enqueued repeatedly on the other stream.
+	load := bwdCase{name: "load", b: 4, n: 2048, m: 2048, h: 8, hkv: 8, dk: 128, dv: 128}
+	lin := load.inputs(t, attn.BFloat16, 6)
+	lb := &bwdBuffers{dev: dev}
+	defer lb.free()
+	la := bwdTestArgs(t, lb, lin, DQAtomic)
+	u := unitRoundoff(attn.BFloat16)
+	for rep := 0; rep < 100; rep++ {
+		if rep%10 == 0 {
+			for i := 0; i < 3; i++ {
+				if _, err := enqueueBackward(dev, busy, lin.p, attn.BFloat16, la, DQAtomic); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		g := bwdRun(t, dev, s, in, DQAtomic)
+		for _, x := range []struct {
+			name string
+			a, b attn.Tensor
+		}{{"dQ", ref.DQ, g.DQ}, {"dK", ref.DK, g.DK}, {"dV", ref.DV, g.DV}} {
+			a, b := x.a.Float64s(), x.b.Float64s()
+			var sc, e float64 = 1, 0
+			for i := range a {
+				sc = max(sc, math.Abs(a[i]))
+				e = max(e, math.Abs(a[i]-b[i]))
+			}
+			if e > 2*u*sc || math.IsNaN(e) {
+				t.Fatalf("repeat %d: %s differs by %.3g (scale %.3g)", rep, x.name, e, sc)
+			}
+		}
+	}
+	if err := busy.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// bwdTestArgs uploads a case and allocates its outputs and workspace.
+func bwdTestArgs(t testing.TB, bb *bwdBuffers, in bwdInputs, algo DQAlgorithm) bwdArgs {
+	t.Helper()
+	dt := in.q.DType
+	var a bwdArgs
+	for _, x := range []struct {
+		t   attn.Tensor
+		dst *bwdView
+	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
+		buf, err := bb.upload(hostBytes(x.t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
+	}
+	lb, err := bb.upload(hostBytes(in.lse))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.LSE = lseView(lb.Ptr(), in.lse.Shape)
+	for _, x := range []struct {
+		shape []int
+		dst   *bwdView
+	}{{in.q.Shape, &a.DQ}, {in.k.Shape, &a.DK}, {in.v.Shape, &a.DV}} {
+		buf, err := bb.alloc(int64(attn.NumElements(x.shape) * dt.Size()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		*x.dst = seqView(buf.Ptr(), dt, x.shape)
+	}
+	ws, err := bb.alloc(BackwardWorkspaceBytes(in.p, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Workspace = ws.Ptr()
+	return a
+}
+
+// TestBackwardGraph captures the backward in a CUDA graph, replays it and
+// compares with a direct run.
+func TestBackwardGraph(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	c := bwdCase{name: "graph", b: 2, n: 200, m: 260, h: 4, hkv: 2, dk: 128, dv: 128, causal: true}
+	in := c.inputs(t, attn.BFloat16, 11)
+	for _, algo := range []DQAlgorithm{DQSeparate, DQAtomic} {
+		bb := &bwdBuffers{dev: dev}
+		a := bwdTestArgs(t, bb, in, algo)
+		if err := prepareBackward(dev, in.p, attn.BFloat16, a, algo); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.BeginCapture(cuda.CaptureThreadLocal); err != nil {
+			t.Fatal(err)
+		}
+		_, err := enqueueBackward(dev, s, in.p, attn.BFloat16, a, algo)
+		graph, cerr := s.EndCapture()
+		if err != nil || cerr != nil {
+			t.Fatalf("capture: %v, %v", err, cerr)
+		}
+		read := func() [][]byte {
+			var out [][]byte
+			for _, x := range []struct {
+				v     bwdView
+				shape []int
+			}{{a.DQ, in.q.Shape}, {a.DK, in.k.Shape}, {a.DV, in.v.Shape}} {
+				host := make([]byte, attn.NumElements(x.shape)*2)
+				buf := findBuf(bb, x.v.Ptr)
+				if err := dev.CopyFromDevice(host, buf, 0); err != nil {
+					t.Fatal(err)
+				}
+				out = append(out, host)
+			}
+			return out
+		}
+		for _, v := range []bwdView{a.DQ, a.DK, a.DV} {
+			if err := dev.Memset8(findBuf(bb, v.Ptr), bwdPoison); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := graph.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		replay := read()
+		direct := bwdRun(t, dev, s, in, algo)
+		for i, d := range []attn.Tensor{direct.DQ, direct.DK, direct.DV} {
+			want := hostBytes(d)
+			if algo == DQSeparate && !bytes.Equal(replay[i], want) {
+				t.Errorf("%v: replayed output %d differs from a direct run", algo, i)
+			}
+			if algo == DQAtomic {
+				gt := tensorFromBytes(attn.BFloat16, replay[i], d.Shape)
+				a, b := gt.Float64s(), d.Float64s()
+				var e, sc float64 = 0, 1
+				for j := range a {
+					e, sc = max(e, math.Abs(a[j]-b[j])), max(sc, math.Abs(b[j]))
+				}
+				if !(e <= 2*unitRoundoff(attn.BFloat16)*sc) {
+					t.Errorf("%v: replayed output %d differs by %.3g", algo, i, e)
+				}
+			}
+		}
+		_ = graph.Close()
+		bb.free()
+	}
+}
+
+// findBuf returns the buffer of bb starting at ptr.
+func findBuf(bb *bwdBuffers, ptr uint64) *cuda.Buffer {
+	for _, b := range bb.bufs {
+		if b.Ptr() == ptr {
+			return b
+		}
+	}
+	return nil
+}
+
+// TestBackwardWholeStep enqueues the forward and the backward on one stream
+// with no host synchronisation between them, captures both in a CUDA graph,
+// replays the graph twice and checks that the replays reproduce the eager
+// run bit for bit (deterministic dQ) and that the gradients pass the
+// accuracy criterion.
+func TestBackwardWholeStep(t *testing.T) {
+	b := fwdBackend(t)
+	dev := b.Device()
+	s, err := dev.NewStreamNonBlocking()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := bwdCase{name: "step", b: 2, n: 256, m: 256, h: 4, hkv: 2, dk: 64, dv: 64, causal: true, dropout: 0.1, deterministic: true}
+	in := c.inputs(t, attn.BFloat16, 21)
+	var bufs []DeviceTensor
+	defer func() {
+		for _, x := range bufs {
+			_ = x.Free()
+		}
+	}()
+	up := func(x attn.Tensor) DeviceTensor {
+		d, err := b.upload(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, d)
+		return d
+	}
+	alloc := func(dt attn.DType, shape ...int) DeviceTensor {
+		d, err := NewDeviceTensor(dev, dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bufs = append(bufs, d)
+		return d
+	}
+	q, k, v, dO := up(in.q), up(in.k), up(in.v), up(in.dO)
+	o := alloc(attn.BFloat16, in.p.OutputShape()...)
+	lse := alloc(attn.Float32, in.p.LSEShape()...)
+	dq, dk, dv := alloc(attn.BFloat16, in.q.Shape...), alloc(attn.BFloat16, in.k.Shape...), alloc(attn.BFloat16, in.v.Shape...)
+	fopt := DeviceOptions{Options: in.opt}
+	bopt := BackwardOptions{DeviceOptions: fopt}
+	algo, wsBytes, err := b.PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv, bopt)
+	if err != nil {
+		t.Fatalf("PrepareBackward: %v", err)
+	}
+	if algo != DQSeparate {
+		t.Fatalf("deterministic problem got dQ algorithm %v", algo)
+	}
+	ws, err := dev.Alloc(wsBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Free()
+	bopt.Workspace = ws
+	step := func() {
+		if err := b.ForwardDevice(s, q, k, v, o, lse, fopt); err != nil {
+			t.Fatalf("ForwardDevice: %v", err)
+		}
+		if _, err := b.BackwardDevice(s, q, k, v, o, lse, dO, dq, dk, dv, bopt); err != nil {
+			t.Fatalf("BackwardDevice: %v", err)
+		}
+	}
+	read := func() [3][]byte {
+		var out [3][]byte
+		for i, x := range []DeviceTensor{dq, dk, dv} {
+			out[i] = make([]byte, x.NumElements()*2)
+			if err := dev.CopyFromDevice(out[i], x.Buf, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	poison := func() {
+		for _, x := range []DeviceTensor{o, lse, dq, dk, dv} {
+			if err := dev.Memset8(x.Buf, bwdPoison); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	step() // eager (compiles the forward)
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	eager := read()
+	ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	naive, err := cpu.NaiveBackward(attn.BFloat16, in.q, in.k, in.v, in.dO, in.opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGrad(t, "dQ", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[0], in.q.Shape), ref.DQ, naive.DQ)
+	checkGrad(t, "dK", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[1], in.k.Shape), ref.DK, naive.DK)
+	checkGrad(t, "dV", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[2], in.v.Shape), ref.DV, naive.DV)
+	if err := s.BeginCapture(cuda.CaptureThreadLocal); err != nil {
+		t.Fatal(err)
+	}
+	step()
+	graph, err := s.EndCapture()
+	if err != nil {
+		t.Fatalf("capture: %v", err)
+	}
+	defer graph.Close()
+	for rep := 0; rep < 2; rep++ {
+		poison()
+		if err := graph.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		got := read()
+		for i := range got {
+			if !bytes.Equal(got[i], eager[i]) {
+				t.Fatalf("graph replay %d: gradient %d differs from the eager run", rep, i)
+			}
+		}
+	}
+}
+
+// bwdPrewarm compiles variants concurrently (NVRTC is thread-safe), so
+// that a test's first calls do not compile one variant after another.
+func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
+	t.Helper()
+	start := time.Now()
+	seen := map[string]bool{}
+	var uniq []kernels.BwdVariant
+	for _, v := range vs {
+		if !seen[v.Key()] {
+			seen[v.Key()] = true
+			uniq = append(uniq, v)
+		}
+	}
+	errs := make([]error, len(uniq))
+	sem := make(chan struct{}, max(1, runtime.NumCPU()))
+	var wg sync.WaitGroup
+	for i, v := range uniq {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			_, errs[i] = bwdModuleFor(dev, v)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("compile %s: %v", uniq[i].Key(), err)
+		}
+	}
+	t.Logf("compiled %d backward variants in %.1fs", len(uniq), time.Since(start).Seconds())
+}
+
+// variant returns the kernel variant a backward of in with algo uses
+// (device buffers from cuMemAlloc are 256-byte aligned).
+func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm) kernels.BwdVariant {
+	t.Helper()
+	dt := in.q.DType
+	const fake = 1 << 30
+	var a bwdArgs
+	a.Q, a.K, a.V = seqView(fake, dt, in.q.Shape), seqView(fake, dt, in.k.Shape), seqView(fake, dt, in.v.Shape)
+	a.O, a.DO = seqView(fake, dt, in.p.OutputShape()), seqView(fake, dt, in.p.OutputShape())
+	a.DQ, a.DK, a.DV = a.Q, a.K, a.V
+	a.LSE = lseView(fake, in.lse.Shape)
+	if in.opt.Bias != nil {
+		bt := in.opt.Bias.Tensor
+		a.Bias = biasView(fake, bt.DType, bt.Shape)
+		if in.opt.Bias.RequiresGrad {
+			a.DBias = biasView(fake, bt.DType, bt.Shape)
+		}
+	}
+	pl, err := planBackward(in.p, dt, &a, algo, 132)
+	if err != nil {
+		t.Fatalf("plan: %v", err)
+	}
+	return pl.v
+}

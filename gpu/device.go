@@ -1,0 +1,256 @@
+package gpu
+
+import (
+	"math"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+)
+
+// DeviceTensor is a strided view of device memory: element (i0, i1, …)
+// lives at element Offset + Σ i_d·Strides[d] of Buf. Nil Strides mean
+// contiguous row-major. Buf may be nil only for a tensor with no elements.
+type DeviceTensor struct {
+	Buf     *cuda.Buffer
+	Offset  int64
+	DType   attn.DType
+	Shape   []int
+	Strides []int
+
+	base uint64 // address of element 0 when Buf is nil (host emulation in tests)
+}
+
+// NewDeviceTensor allocates a contiguous tensor on dev. Its contents are
+// undefined. A tensor with no elements gets no buffer.
+func NewDeviceTensor(dev *cuda.Device, dt attn.DType, shape ...int) (DeviceTensor, error) {
+	t := DeviceTensor{DType: dt, Shape: append([]int(nil), shape...), Strides: attn.ContiguousStrides(shape)}
+	n := int64(attn.NumElements(shape))
+	if n == 0 {
+		return t, nil
+	}
+	buf, err := dev.Alloc(n * int64(dt.Size()))
+	if err != nil {
+		return DeviceTensor{}, err
+	}
+	t.Buf = buf
+	return t, nil
+}
+
+// Free frees the tensor's buffer (if any).
+func (t DeviceTensor) Free() error {
+	if t.Buf == nil {
+		return nil
+	}
+	return t.Buf.Free()
+}
+
+// strides returns the effective strides.
+func (t DeviceTensor) strides() []int {
+	if t.Strides == nil {
+		return attn.ContiguousStrides(t.Shape)
+	}
+	return t.Strides
+}
+
+// NumElements returns the number of logical elements.
+func (t DeviceTensor) NumElements() int { return attn.NumElements(t.Shape) }
+
+// ptr returns the device address of element 0 (0 for an empty tensor).
+func (t DeviceTensor) ptr() uint64 {
+	if t.Buf == nil {
+		return t.base
+	}
+	return t.Buf.Ptr() + uint64(t.Offset)*uint64(t.DType.Size())
+}
+
+// check reports whether t is a well-formed tensor of rank rank and dtype dt
+// that lies inside its buffer, and whether its feature (last) dim has
+// stride 1 when feat is set.
+func (t DeviceTensor) check(name string, dt attn.DType, rank int, feat bool) error {
+	if t.DType != dt {
+		return attn.Errorf(attn.ErrDType, "%s: dtype %v, want %v", name, t.DType, dt)
+	}
+	if len(t.Shape) != rank {
+		return attn.Errorf(attn.ErrShape, "%s: shape %v, want rank %d", name, t.Shape, rank)
+	}
+	st := t.strides()
+	if len(st) != rank {
+		return attn.Errorf(attn.ErrLayout, "%s: %d strides for %d dims", name, len(st), rank)
+	}
+	last := t.Offset
+	for d, s := range t.Shape {
+		if s < 0 || st[d] < 0 {
+			return attn.Errorf(attn.ErrLayout, "%s: shape %v strides %v: negative entry", name, t.Shape, st)
+		}
+		if s > 0 {
+			last += int64(s-1) * int64(st[d])
+		}
+	}
+	if t.Offset < 0 {
+		return attn.Errorf(attn.ErrLayout, "%s: negative offset %d", name, t.Offset)
+	}
+	if t.NumElements() == 0 {
+		return nil
+	}
+	if t.Buf == nil {
+		return attn.Errorf(attn.ErrLayout, "%s: no buffer for %v", name, t.Shape)
+	}
+	if have := t.Buf.Size() / int64(dt.Size()); last >= have {
+		return attn.Errorf(attn.ErrLayout, "%s: shape %v strides %v offset %d reach element %d of a buffer of %d",
+			name, t.Shape, st, t.Offset, last, have)
+	}
+	if feat && t.Shape[rank-1] > 1 && st[rank-1] != 1 {
+		return attn.Errorf(attn.ErrUnsupported, "%s: feature-dim stride %d (the CUDA kernels need 1)", name, st[rank-1])
+	}
+	return nil
+}
+
+// DeviceOptions are the options of ForwardDevice: the host options (whose
+// Bias must be nil and whose CuSeqlensQ/K, when set, give the segment
+// sizes), plus the device copies the kernel reads.
+type DeviceOptions struct {
+	attn.Options
+	// Bias is the additive bias on the device, [B|1, H|1, N, M] in any dtype.
+	Bias *DeviceTensor
+	// CuSeqlensQ and CuSeqlensK hold the int32 offsets of Options.CuSeqlensQ
+	// and CuSeqlensK on the device (packed batches only).
+	CuSeqlensQ, CuSeqlensK *cuda.Buffer
+}
+
+// deviceProblem validates device tensors and options as attn.NewProblem
+// does for host tensors, and returns the problem.
+func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, error) {
+	if opt.Options.Bias != nil {
+		return nil, attn.Errorf(attn.ErrOption, "device options: the bias goes in DeviceOptions.Bias, not Options.Bias")
+	}
+	if !q.DType.Valid() {
+		return nil, attn.Errorf(attn.ErrDType, "q: dtype %d", int(q.DType))
+	}
+	p := &attn.Problem{Opt: opt.Options}
+	p.Varlen = opt.CuSeqlensQ != nil || opt.CuSeqlensK != nil || opt.Options.CuSeqlensQ != nil || opt.Options.CuSeqlensK != nil
+	rank := 4
+	if p.Varlen {
+		rank = 3
+	}
+	for _, x := range []struct {
+		name string
+		t    DeviceTensor
+	}{{"q", q}, {"k", k}, {"v", v}} {
+		if err := x.t.check(x.name, q.DType, rank, true); err != nil {
+			return nil, err
+		}
+	}
+	if p.Varlen {
+		p.TotalQ, p.H, p.DK = q.Shape[0], q.Shape[1], q.Shape[2]
+		p.TotalK, p.Hkv = k.Shape[0], k.Shape[1]
+		if v.Shape[0] != p.TotalK || v.Shape[1] != p.Hkv || k.Shape[2] != p.DK {
+			return nil, attn.Errorf(attn.ErrShape, "q %v, k %v, v %v do not fit [totalQ, H, DK], [totalK, Hkv, DK], [totalK, Hkv, DV]", q.Shape, k.Shape, v.Shape)
+		}
+		p.DV = v.Shape[2]
+		if err := checkCuSeqlens(p, opt); err != nil {
+			return nil, err
+		}
+	} else {
+		p.B, p.N, p.H, p.DK = q.Shape[0], q.Shape[1], q.Shape[2], q.Shape[3]
+		p.M, p.Hkv = k.Shape[1], k.Shape[2]
+		if k.Shape[0] != p.B || v.Shape[0] != p.B || k.Shape[3] != p.DK || v.Shape[1] != p.M || v.Shape[2] != p.Hkv {
+			return nil, attn.Errorf(attn.ErrShape, "q %v, k %v, v %v do not fit [B, N, H, DK], [B, M, Hkv, DK], [B, M, Hkv, DV]", q.Shape, k.Shape, v.Shape)
+		}
+		p.DV = v.Shape[3]
+	}
+	if p.H <= 0 || p.Hkv <= 0 || p.H%p.Hkv != 0 {
+		return nil, attn.Errorf(attn.ErrShape, "heads H=%d, Hkv=%d: want positive, H a multiple of Hkv", p.H, p.Hkv)
+	}
+	if p.DK < 1 || p.DK > attn.MaxHeadDim || p.DV < 1 || p.DV > attn.MaxHeadDim {
+		return nil, attn.Errorf(attn.ErrShape, "head dims DK=%d DV=%d outside 1..%d", p.DK, p.DV, attn.MaxHeadDim)
+	}
+	o := opt.Options
+	if math.IsNaN(o.Scale) || math.IsInf(o.Scale, 0) {
+		return nil, attn.Errorf(attn.ErrOption, "scale %v is not finite", o.Scale)
+	}
+	p.Scale = o.Scale
+	if p.Scale == 0 {
+		p.Scale = 1 / math.Sqrt(float64(p.DK))
+	}
+	if math.IsNaN(o.Softcap) || math.IsInf(o.Softcap, 0) || o.Softcap < 0 {
+		return nil, attn.Errorf(attn.ErrOption, "softcap %v is not finite and ≥ 0", o.Softcap)
+	}
+	if !(o.Dropout >= 0 && o.Dropout < 1) {
+		return nil, attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", o.Dropout)
+	}
+	if o.Align != attn.AlignBottomRight && o.Align != attn.AlignTopLeft {
+		return nil, attn.Errorf(attn.ErrOption, "align %d is neither bottom-right nor top-left", int(o.Align))
+	}
+	p.Left, p.Right, p.Masked = o.MaskBounds()
+	if opt.Bias != nil {
+		if p.Varlen {
+			return nil, attn.Errorf(attn.ErrUnsupported, "bias with a packed variable-length batch")
+		}
+		if err := opt.Bias.check("bias", opt.Bias.DType, 4, false); err != nil {
+			return nil, err
+		}
+		s := opt.Bias.Shape
+		if (s[0] != 1 && s[0] != p.B) || (s[1] != 1 && s[1] != p.H) || s[2] != p.N || s[3] != p.M {
+			return nil, attn.Errorf(attn.ErrShape, "bias shape %v does not broadcast to [B=%d, H=%d, N=%d, M=%d]", s, p.B, p.H, p.N, p.M)
+		}
+	}
+	return p, nil
+}
+
+// checkCuSeqlens validates the host offsets of a packed batch and that the
+// device copies exist and hold them.
+func checkCuSeqlens(p *attn.Problem, opt DeviceOptions) error {
+	cq, ck := opt.Options.CuSeqlensQ, opt.Options.CuSeqlensK
+	if cq == nil || ck == nil || opt.CuSeqlensQ == nil || opt.CuSeqlensK == nil {
+		return attn.Errorf(attn.ErrOption, "packed batch: host and device cu_seqlens for both q and k are needed")
+	}
+	if len(cq) != len(ck) || len(cq) < 2 {
+		return attn.Errorf(attn.ErrOption, "cu_seqlens have %d and %d entries: want the same number, at least 2", len(cq), len(ck))
+	}
+	for _, x := range []struct {
+		name  string
+		cu    []int32
+		dev   *cuda.Buffer
+		total int
+		max   *int
+	}{{"cu_seqlens_q", cq, opt.CuSeqlensQ, p.TotalQ, &p.N}, {"cu_seqlens_k", ck, opt.CuSeqlensK, p.TotalK, &p.M}} {
+		if x.cu[0] != 0 {
+			return attn.Errorf(attn.ErrOption, "%s[0] = %d, want 0", x.name, x.cu[0])
+		}
+		for i := 1; i < len(x.cu); i++ {
+			if x.cu[i] < x.cu[i-1] {
+				return attn.Errorf(attn.ErrOption, "%s not non-decreasing at %d", x.name, i)
+			}
+			*x.max = max(*x.max, int(x.cu[i]-x.cu[i-1]))
+		}
+		if int(x.cu[len(x.cu)-1]) != x.total {
+			return attn.Errorf(attn.ErrOption, "%s ends at %d but the packed tensor has %d tokens", x.name, x.cu[len(x.cu)-1], x.total)
+		}
+		if x.dev.Size() < int64(4*len(x.cu)) {
+			return attn.Errorf(attn.ErrLayout, "%s: device buffer of %d bytes holds fewer than %d offsets", x.name, x.dev.Size(), len(x.cu))
+		}
+	}
+	p.B = len(cq) - 1
+	return nil
+}
+
+// checkOutputs validates o and lse against the problem.
+func checkOutputs(p *attn.Problem, dt attn.DType, o, lse DeviceTensor) error {
+	if err := o.check("o", dt, len(p.OutputShape()), true); err != nil {
+		return err
+	}
+	if err := lse.check("lse", attn.Float32, len(p.LSEShape()), false); err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name      string
+		got, want []int
+	}{{"o", o.Shape, p.OutputShape()}, {"lse", lse.Shape, p.LSEShape()}} {
+		for i := range x.want {
+			if x.got[i] != x.want[i] {
+				return attn.Errorf(attn.ErrShape, "%s shape %v, want %v", x.name, x.got, x.want)
+			}
+		}
+	}
+	return nil
+}

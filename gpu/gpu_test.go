@@ -1,0 +1,578 @@
+package gpu
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/conformance"
+	"github.com/flashattn/flashattn/cpu"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/philox"
+)
+
+var (
+	testOnce sync.Once
+	testB    *Backend
+	testErr  error
+)
+
+// fwdBackend returns the shared test backend, or skips when there is no GPU.
+func fwdBackend(t *testing.T) *Backend {
+	t.Helper()
+	testOnce.Do(func() { testB, testErr = Open() })
+	if testErr != nil {
+		if cuda.Unavailable(testErr) {
+			t.Skipf("no GPU: %v", testErr)
+		}
+		t.Fatalf("Open: %v", testErr)
+	}
+	return testB
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if testB != nil {
+		fmt.Println("compiled kernels (NVRTC time, load time, cache hit, registers, stack, spills):")
+		for _, s := range testB.KernelStats() {
+			fmt.Printf("  %-110s %7.2fs %6.3fs %-5v %3d %4d %4d %v\n", s.Name, s.CompileTime.Seconds(), s.LoadTime.Seconds(),
+				s.CacheHit, s.Registers, s.StackBytes, s.SpillBytes, errString(s.Err))
+		}
+		testB.Close()
+	}
+	os.Exit(code)
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// TestOpen checks that Open either works or says there is no GPU.
+func TestOpen(t *testing.T) {
+	b, err := Open()
+	if err != nil {
+		if !errors.Is(err, cuda.ErrNoDriver) && !errors.Is(err, cuda.ErrNoDevice) {
+			t.Fatalf("Open without a usable GPU: %v, want an error wrapping cuda.ErrNoDriver or ErrNoDevice", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	defer b.Close()
+	if b.Name() != "cuda" {
+		t.Errorf("Name = %q", b.Name())
+	}
+	var _ attn.Backend = b
+}
+
+func TestConformance(t *testing.T) {
+	b := fwdBackend(t)
+	conformance.Run(t, b, conformance.Config{AllowUnsupported: true, Short: testing.Short()})
+}
+
+// fwdRand returns a contiguous tensor of normal values times sd.
+func fwdRand(r *rand.Rand, dt attn.DType, sd float64, shape ...int) attn.Tensor {
+	x := make([]float32, attn.NumElements(shape))
+	for i := range x {
+		x[i] = float32(r.NormFloat64() * sd)
+	}
+	return attn.FromFloat32(dt, x, shape...)
+}
+
+// fwdProblem is one attention problem of the GPU-specific tests.
+type fwdProblem struct {
+	name        string
+	dt          attn.DType
+	b, n, m     int
+	h, hkv      int
+	dk, dv      int
+	segQ, segK  []int // packed batch segment lengths
+	opt         attn.Options
+	biasB, bias int // bias [biasB, biasH, N, M] when bias > 0 (biasH)
+}
+
+// inputs returns the tensors and options of pr.
+func (pr fwdProblem) inputs(seed uint64) (q, k, v attn.Tensor, opt attn.Options) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	opt = pr.opt
+	if pr.segQ != nil {
+		tq, tk := 0, 0
+		cq, ck := []int32{0}, []int32{0}
+		for i := range pr.segQ {
+			tq += pr.segQ[i]
+			tk += pr.segK[i]
+			cq, ck = append(cq, int32(tq)), append(ck, int32(tk))
+		}
+		opt.CuSeqlensQ, opt.CuSeqlensK = cq, ck
+		return fwdRand(r, pr.dt, 1, tq, pr.h, pr.dk), fwdRand(r, pr.dt, 1, tk, pr.hkv, pr.dk),
+			fwdRand(r, pr.dt, 1, tk, pr.hkv, pr.dv), opt
+	}
+	q = fwdRand(r, pr.dt, 1, pr.b, pr.n, pr.h, pr.dk)
+	k = fwdRand(r, pr.dt, 1, pr.b, pr.m, pr.hkv, pr.dk)
+	v = fwdRand(r, pr.dt, 1, pr.b, pr.m, pr.hkv, pr.dv)
+	if pr.bias > 0 {
+		opt.Bias = &attn.Bias{Tensor: fwdRand(r, pr.dt, 1, pr.biasB, pr.bias, pr.n, pr.m)}
+	}
+	return q, k, v, opt
+}
+
+// fwdRoundoff returns the unit roundoff of dt.
+func fwdRoundoff(dt attn.DType) float64 {
+	switch dt {
+	case attn.Float16:
+		return 1.0 / (1 << 11)
+	case attn.BFloat16:
+		return 1.0 / (1 << 8)
+	}
+	return 1.0 / (1 << 24)
+}
+
+func fwdMaxErr(a, b []float64) (e float64, at int, mag float64) {
+	for i := range a {
+		if d := math.Abs(a[i] - b[i]); d > e || math.IsNaN(d) {
+			e, at = d, i
+		}
+		mag = max(mag, math.Abs(b[i]))
+	}
+	return e, at, mag
+}
+
+// fwdCheck applies the accuracy criterion (error at most twice that of
+// the naive computation in storage precision, plus one unit roundoff; fp32:
+// 1e-5 relative) to a forward result against the float64 oracle.
+func fwdCheck(t *testing.T, dt attn.DType, q, k, v attn.Tensor, opt attn.Options, res attn.Result) {
+	t.Helper()
+	ref, err := cpu.Reference(q, k, v, opt)
+	if err != nil {
+		t.Fatalf("Reference: %v", err)
+	}
+	o, lse := res.O.Float64s(), res.LSE.Float64s()
+	e, at, mag := fwdMaxErr(o, ref.O)
+	var bound float64
+	var naive *cpu.RefOutput
+	if dt == attn.Float32 {
+		bound = 1e-5 * max(mag, 1)
+	} else {
+		if naive, err = cpu.NaiveForward(dt, q, k, v, opt); err != nil {
+			t.Fatalf("NaiveForward: %v", err)
+		}
+		ne, _, _ := fwdMaxErr(naive.O, ref.O)
+		bound = 2*ne + fwdRoundoff(dt)*max(mag, 1)
+	}
+	if !(e <= bound) {
+		t.Errorf("O: max error %.3g at %d (got %v, oracle %v) exceeds %.3g", e, at, o[at], ref.O[at], bound)
+	}
+	for i := range ref.LSE {
+		if math.IsInf(ref.LSE[i], -1) != math.IsInf(lse[i], -1) {
+			t.Fatalf("LSE[%d] = %v, oracle %v", i, lse[i], ref.LSE[i])
+		}
+		if math.IsInf(ref.LSE[i], -1) {
+			continue
+		}
+		b := 1e-5 * max(1, math.Abs(ref.LSE[i]))
+		if naive != nil {
+			b = max(b, 2*math.Abs(naive.LSE[i]-ref.LSE[i])+fwdRoundoff(dt))
+		}
+		if d := math.Abs(lse[i] - ref.LSE[i]); !(d <= b) {
+			t.Fatalf("LSE[%d] = %v, oracle %v: error %.3g exceeds %.3g", i, lse[i], ref.LSE[i], d, b)
+		}
+	}
+}
+
+// TestShapes runs shapes that have broken kernels before (GUIDE.md) against
+// the float64 oracle, beyond what the conformance suite covers.
+func TestShapes(t *testing.T) {
+	b := fwdBackend(t)
+	tl := attn.AlignTopLeft
+	cases := []fwdProblem{
+		{name: "seq4224-causal-bf16", dt: attn.BFloat16, b: 1, n: 4224, m: 4224, h: 1, hkv: 1, dk: 32, dv: 32, opt: attn.Options{Causal: true}},
+		{name: "d199-1023x1024-fp16", dt: attn.Float16, b: 1, n: 1023, m: 1024, h: 2, hkv: 2, dk: 199, dv: 199},
+		{name: "dk257-dv64-causal-top-left", dt: attn.BFloat16, b: 1, n: 200, m: 300, h: 2, hkv: 1, dk: 257, dv: 64, opt: attn.Options{Causal: true, Align: tl}},
+		{name: "d111-gqa8-window", dt: attn.Float16, b: 1, n: 333, m: 333, h: 8, hkv: 1, dk: 111, dv: 111, opt: attn.Options{Window: &attn.Window{Left: 50, Right: 20}}},
+		{name: "d127-gqa6:2-n>m", dt: attn.BFloat16, b: 2, n: 203, m: 113, h: 6, hkv: 2, dk: 127, dv: 127, opt: attn.Options{Causal: true}},
+		{name: "d320-fp32", dt: attn.Float32, b: 1, n: 130, m: 170, h: 2, hkv: 1, dk: 320, dv: 320},
+		{name: "d384-varlen-bf16", dt: attn.BFloat16, h: 2, hkv: 2, dk: 384, dv: 384, segQ: []int{129, 0, 300, 1}, segK: []int{64, 5, 300, 0}, opt: attn.Options{Causal: true}},
+		{name: "d512-causal-fp16", dt: attn.Float16, b: 1, n: 257, m: 257, h: 2, hkv: 2, dk: 512, dv: 512, opt: attn.Options{Causal: true}},
+		{name: "d512-fp32-window", dt: attn.Float32, b: 1, n: 100, m: 90, h: 1, hkv: 1, dk: 512, dv: 512, opt: attn.Options{Window: &attn.Window{Left: 30, Right: 3}}},
+		{name: "d59-fp32-bias-softcap", dt: attn.Float32, b: 2, n: 77, m: 91, h: 2, hkv: 1, dk: 59, dv: 59, opt: attn.Options{Softcap: 4}, biasB: 1, bias: 2},
+		{name: "negative-scale", dt: attn.BFloat16, b: 1, n: 100, m: 100, h: 2, hkv: 1, dk: 64, dv: 64, opt: attn.Options{Scale: -0.2}},
+		{name: "d1-seq1", dt: attn.Float16, b: 3, n: 1, m: 1, h: 1, hkv: 1, dk: 1, dv: 1},
+		{name: "d1-dv512", dt: attn.BFloat16, b: 1, n: 70, m: 40, h: 1, hkv: 1, dk: 1, dv: 512},
+		{name: "dropout-d256", dt: attn.BFloat16, b: 1, n: 150, m: 140, h: 2, hkv: 2, dk: 256, dv: 256, opt: attn.Options{Dropout: 0.2, Seed: 77, Offset: 1}},
+		{name: "window-all-masked-rows", dt: attn.Float16, b: 1, n: 300, m: 100, h: 1, hkv: 1, dk: 64, dv: 64, opt: attn.Options{Window: &attn.Window{Left: 3, Right: 0}, Align: tl}},
+	}
+	for i, pr := range cases {
+		t.Run(pr.name, func(t *testing.T) {
+			q, k, v, opt := pr.inputs(uint64(i) + 1)
+			res, err := b.Forward(q, k, v, opt)
+			if err != nil {
+				t.Fatalf("Forward: %v", err)
+			}
+			fwdCheck(t, pr.dt, q, k, v, opt, res)
+		})
+	}
+}
+
+// fwdDeviceRun uploads the inputs, runs ForwardDevice into NaN-poisoned
+// outputs surrounded by guard margins, and returns the outputs; it fails
+// the test if a guard byte changed or an output element stayed NaN.
+func fwdDeviceRun(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options) attn.Result {
+	t.Helper()
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		t.Fatalf("NewProblem: %v", err)
+	}
+	var free []DeviceTensor
+	defer func() {
+		for _, x := range free {
+			x.Free()
+		}
+	}()
+	up := func(x attn.Tensor) DeviceTensor {
+		d, err := b.upload(x)
+		if err != nil {
+			t.Fatalf("upload: %v", err)
+		}
+		free = append(free, d)
+		return d
+	}
+	dq, dk, dv := up(q), up(k), up(v)
+	dopt := DeviceOptions{Options: opt}
+	dopt.Options.Bias = nil
+	if opt.Bias != nil {
+		db := up(opt.Bias.Tensor)
+		dopt.Bias = &db
+	}
+	if p.Varlen {
+		for _, x := range []struct {
+			cu  []int32
+			dst **cuda.Buffer
+		}{{opt.CuSeqlensQ, &dopt.CuSeqlensQ}, {opt.CuSeqlensK, &dopt.CuSeqlensK}} {
+			buf, err := b.dev.Alloc(int64(4 * len(x.cu)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			free = append(free, DeviceTensor{Buf: buf})
+			if err := b.dev.CopyToDevice(buf, 0, cuda.AsBytes(x.cu)); err != nil {
+				t.Fatal(err)
+			}
+			*x.dst = buf
+		}
+	}
+	const guard = 4096 // elements on each side
+	guarded := func(dt attn.DType, shape []int) (DeviceTensor, int64) {
+		n := int64(attn.NumElements(shape))
+		buf, err := b.dev.Alloc((n + 2*guard) * int64(dt.Size()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.dev.Memset8(buf, 0xff); err != nil { // NaN in every dtype
+			t.Fatal(err)
+		}
+		d := DeviceTensor{Buf: buf, Offset: guard, DType: dt, Shape: shape, Strides: attn.ContiguousStrides(shape)}
+		free = append(free, d)
+		return d, n
+	}
+	do, no := guarded(q.DType, p.OutputShape())
+	dl, nl := guarded(attn.Float32, p.LSEShape())
+	if err := b.ForwardDevice(b.stream, dq, dk, dv, do, dl, dopt); err != nil {
+		t.Fatalf("ForwardDevice: %v", err)
+	}
+	if err := b.stream.Synchronize(); err != nil {
+		t.Fatalf("synchronize: %v", err)
+	}
+	res := attn.Result{O: attn.New(q.DType, p.OutputShape()...), LSE: attn.New(attn.Float32, p.LSEShape()...)}
+	for _, x := range []struct {
+		name string
+		d    DeviceTensor
+		n    int64
+		h    attn.Tensor
+	}{{"O", do, no, res.O}, {"LSE", dl, nl, res.LSE}} {
+		esz := int64(x.d.DType.Size())
+		all := make([]byte, (x.n+2*guard)*esz)
+		if err := b.dev.CopyFromDevice(all, x.d.Buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range all[:guard*esz] {
+			if c != 0xff {
+				t.Fatalf("%s: guard byte %d before the tensor changed to %#x", x.name, i, c)
+			}
+		}
+		for i, c := range all[(guard+x.n)*esz:] {
+			if c != 0xff {
+				t.Fatalf("%s: guard byte %d after the tensor changed to %#x", x.name, i, c)
+			}
+		}
+		body := all[guard*esz : (guard+x.n)*esz]
+		if x.h.DType == attn.Float32 {
+			copy(cuda.AsBytes(x.h.F32), body)
+		} else {
+			copy(cuda.AsBytes(x.h.Bits), body)
+		}
+		for i := int64(0); i < x.n; i++ {
+			if f := x.h.Load(int(i)); f != f {
+				t.Fatalf("%s element %d was not written (still NaN)", x.name, i)
+			}
+		}
+	}
+	return res
+}
+
+// TestPoisonGuards runs the device API into NaN-poisoned, guarded outputs:
+// every element must be written, no byte outside.
+func TestPoisonGuards(t *testing.T) {
+	b := fwdBackend(t)
+	cases := []fwdProblem{
+		{name: "bf16-d64-causal", dt: attn.BFloat16, b: 2, n: 300, m: 200, h: 3, hkv: 1, dk: 64, dv: 64, opt: attn.Options{Causal: true}},
+		{name: "fp16-d128-window-rows-masked", dt: attn.Float16, b: 1, n: 257, m: 100, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Window: &attn.Window{Left: 2, Right: 1}, Align: attn.AlignTopLeft}},
+		{name: "fp32-d59", dt: attn.Float32, b: 1, n: 130, m: 67, h: 2, hkv: 1, dk: 59, dv: 59},
+		{name: "bf16-d257-varlen", dt: attn.BFloat16, h: 2, hkv: 1, dk: 257, dv: 257, segQ: []int{0, 130, 5}, segK: []int{9, 0, 70}},
+		{name: "fp16-d512-dropout", dt: attn.Float16, b: 1, n: 70, m: 70, h: 2, hkv: 2, dk: 512, dv: 512, opt: attn.Options{Dropout: 0.5, Seed: 3}},
+		{name: "bf16-d199-dv111", dt: attn.BFloat16, b: 1, n: 129, m: 129, h: 1, hkv: 1, dk: 199, dv: 111},
+	}
+	for i, pr := range cases {
+		t.Run(pr.name, func(t *testing.T) {
+			q, k, v, opt := pr.inputs(uint64(100 + i))
+			res := fwdDeviceRun(t, b, q, k, v, opt)
+			fwdCheck(t, pr.dt, q, k, v, opt, res)
+		})
+	}
+}
+
+// TestDropoutKeepMask reads the kernel's keep mask back through V = I (so
+// O[i, j] = keep(i, j)·P(i, j)/(1-p)) and compares it with package philox
+// bit for bit, padded and packed.
+func TestDropoutKeepMask(t *testing.T) {
+	b := fwdBackend(t)
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float32} {
+		for _, packed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v-packed=%v", dt, packed), func(t *testing.T) {
+				const h, m, dk, p = 3, 200, 32, 0.3
+				segQ, segK := []int{100, 57}, []int{m, 150}
+				if !packed {
+					segQ, segK = []int{100, 100}, []int{m, m}
+				}
+				r := rand.New(rand.NewPCG(1, 2))
+				tq, tk := segQ[0]+segQ[1], segK[0]+segK[1]
+				q := fwdRand(r, dt, 0.5, tq, h, dk)
+				k := fwdRand(r, dt, 0.5, tk, 1, dk)
+				v := attn.New(dt, tk, 1, m)
+				for s, k0 := 0, 0; s < 2; k0, s = k0+segK[s], s+1 {
+					for j := 0; j < segK[s]; j++ {
+						v.Set(1, k0+j, 0, j)
+					}
+				}
+				opt := attn.Options{Dropout: p, Seed: 0x1234_5678_9abc, Offset: 11}
+				if packed {
+					opt.CuSeqlensQ, opt.CuSeqlensK = []int32{0, int32(segQ[0]), int32(tq)}, []int32{0, int32(segK[0]), int32(tk)}
+				} else {
+					q.Shape, k.Shape, v.Shape = []int{2, 100, h, dk}, []int{2, m, 1, dk}, []int{2, m, 1, m}
+					q.Strides, k.Strides, v.Strides = nil, nil, nil
+				}
+				res, err := b.Forward(q, k, v, opt)
+				if err != nil {
+					t.Fatalf("Forward: %v", err)
+				}
+				bad, kept, total := 0, 0, 0
+				for s, q0 := 0, 0; s < 2; q0, s = q0+segQ[s], s+1 {
+					for hh := 0; hh < h; hh++ {
+						mask := philox.NewMask(opt.Seed, opt.Offset, p, s, hh, h)
+						for i := 0; i < segQ[s]; i++ {
+							for j := 0; j < segK[s]; j++ {
+								var o float32
+								if packed {
+									o = res.O.At(q0+i, hh, j)
+								} else {
+									o = res.O.At(s, i, hh, j)
+								}
+								want := mask.Keep(i, j)
+								if (o != 0) != want {
+									if bad < 5 {
+										t.Errorf("segment %d head %d (i %d, j %d): O = %v, keep = %v", s, hh, i, j, o, want)
+									}
+									bad++
+								}
+								if want {
+									kept++
+								}
+								total++
+							}
+						}
+					}
+				}
+				if bad > 0 {
+					t.Fatalf("%d of %d keep decisions differ from philox", bad, total)
+				}
+				t.Logf("%d of %d kept (%.3f, want %.3f)", kept, total, float64(kept)/float64(total), 1-p)
+				fwdCheck(t, dt, q, k, v, opt, res)
+			})
+		}
+	}
+}
+
+// TestRepeatBitIdentical runs one fwdProblem 50 times through the device API
+// and demands identical bytes.
+func TestRepeatBitIdentical(t *testing.T) {
+	b := fwdBackend(t)
+	pr := fwdProblem{dt: attn.BFloat16, b: 2, n: 500, m: 700, h: 4, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true, Dropout: 0.1, Seed: 5}}
+	q, k, v, opt := pr.inputs(9)
+	first := fwdDeviceRun(t, b, q, k, v, opt)
+	want := append(cuda.AsBytes(first.O.Bits), cuda.AsBytes(first.LSE.F32)...)
+	for rep := 1; rep < 50; rep++ {
+		res, err := b.Forward(q, k, v, opt)
+		if err != nil {
+			t.Fatalf("Forward: %v", err)
+		}
+		got := append(cuda.AsBytes(res.O.Bits), cuda.AsBytes(res.LSE.F32)...)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("repeat %d differs", rep)
+		}
+	}
+}
+
+// TestDeviceErrors checks ForwardDevice's validation.
+func TestDeviceErrors(t *testing.T) {
+	b := fwdBackend(t)
+	dev := b.Device()
+	mk := func(dt attn.DType, shape ...int) DeviceTensor {
+		d, err := NewDeviceTensor(dev, dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Free() })
+		return d
+	}
+	q, k, v := mk(attn.BFloat16, 1, 64, 2, 32), mk(attn.BFloat16, 1, 64, 2, 32), mk(attn.BFloat16, 1, 64, 2, 32)
+	o, lse := mk(attn.BFloat16, 1, 64, 2, 32), mk(attn.Float32, 1, 2, 64)
+	if err := b.ForwardDevice(nil, q, k, v, o, lse, DeviceOptions{}); err != nil {
+		t.Fatalf("valid call: %v", err)
+	}
+	strided := q
+	strided.Shape, strided.Strides = []int{1, 32, 2, 32}, []int{4096, 64, 2048, 2}
+	over := q
+	over.Offset = 10
+	cases := []struct {
+		name      string
+		q, o, lse DeviceTensor
+		opt       DeviceOptions
+		want      error
+	}{
+		{"feature stride", strided, o, lse, DeviceOptions{}, attn.ErrUnsupported},
+		{"past the buffer", over, o, lse, DeviceOptions{}, attn.ErrLayout},
+		{"o dtype", q, mk(attn.Float16, 1, 64, 2, 32), lse, DeviceOptions{}, attn.ErrDType},
+		{"lse shape", q, o, mk(attn.Float32, 1, 2, 63), DeviceOptions{}, attn.ErrShape},
+		{"dropout", q, o, lse, DeviceOptions{Options: attn.Options{Dropout: 1}}, attn.ErrOption},
+		{"host bias", q, o, lse, DeviceOptions{Options: attn.Options{Bias: &attn.Bias{}}}, attn.ErrOption},
+	}
+	for _, c := range cases {
+		if err := b.ForwardDevice(nil, c.q, k, v, c.o, c.lse, c.opt); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	if err := dev.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHugeTensor runs tensors of more than 2^31 elements (64-bit offsets)
+// with a cheap sliding window, filled on the device, and checks sampled rows
+// (including the last ones) against a float64 computation on the host.
+func TestHugeTensor(t *testing.T) {
+	b := fwdBackend(t)
+	if testing.Short() {
+		t.Skip("short: allocates 17 GB")
+	}
+	free, _, err := b.Device().MemInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const h, d, left = 4, 128, 63
+	n := 1<<31/(h*d) + 200 // q has n·h·d > 2^31 elements
+	if need := int64(4*n*h*d*2) + 1<<30; free < need {
+		t.Skipf("needs %d GB of device memory, %d GB free", need>>30, free>>30)
+	}
+	dt := attn.BFloat16
+	shape := []int{1, n, h, d}
+	var ts []DeviceTensor
+	defer func() {
+		for _, x := range ts {
+			x.Free()
+		}
+	}()
+	for i := 0; i < 4; i++ {
+		x, err := NewDeviceTensor(b.dev, dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, x)
+	}
+	lse, err := NewDeviceTensor(b.dev, attn.Float32, 1, h, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts = append(ts, lse)
+	seeds := []uint64{11, 22, 33}
+	for i := 0; i < 3; i++ {
+		if err := b.FillRandom(b.stream, ts[i], seeds[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt := DeviceOptions{Options: attn.Options{Causal: true, Window: &attn.Window{Left: left, Right: 0}}}
+	if err := b.ForwardDevice(b.stream, ts[0], ts[1], ts[2], ts[3], lse, opt); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.stream.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	scale := 1 / math.Sqrt(d)
+	val := func(s uint64, i, hh, f int) float64 { return float64(FillValue(dt, s, int64((i*h+hh)*d+f))) }
+	for _, i := range []int{0, 1, 777, n / 2, n - 129, n - 2, n - 1} {
+		for _, hh := range []int{0, h - 1} {
+			got := make([]uint16, d)
+			off := int64((i*h + hh) * d)
+			if err := b.dev.CopyFromDevice(cuda.AsBytes(got), ts[3].Buf, off*2); err != nil {
+				t.Fatal(err)
+			}
+			var lg [1]float32
+			if err := b.dev.CopyFromDevice(cuda.AsBytes(lg[:]), lse.Buf, int64(hh*n+i)*4); err != nil {
+				t.Fatal(err)
+			}
+			lo := max(0, i-left)
+			sc := make([]float64, i-lo+1)
+			mx := math.Inf(-1)
+			for j := lo; j <= i; j++ {
+				s := 0.0
+				for f := 0; f < d; f++ {
+					s += val(seeds[0], i, hh, f) * val(seeds[1], j, hh, f)
+				}
+				sc[j-lo] = s * scale
+				mx = max(mx, sc[j-lo])
+			}
+			sum := 0.0
+			for j := range sc {
+				sc[j] = math.Exp(sc[j] - mx)
+				sum += sc[j]
+			}
+			if want := mx + math.Log(sum); math.Abs(float64(lg[0])-want) > 1e-2 {
+				t.Errorf("row %d head %d: LSE %v, want %v", i, hh, lg[0], want)
+			}
+			for f := 0; f < d; f++ {
+				want := 0.0
+				for j := lo; j <= i; j++ {
+					want += sc[j-lo] / sum * val(seeds[2], j, hh, f)
+				}
+				g := float64(attn.Tensor{DType: dt, Shape: []int{d}, Bits: got}.At(f))
+				if math.Abs(g-want) > 1e-2 {
+					t.Fatalf("row %d head %d feature %d: O %v, want %v", i, hh, f, g, want)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,311 @@
+// Command benchfwd times the CUDA forward kernels on the FlashAttention-3
+// sweep shapes (B·N = 16384 tokens, H·D = 2048) and prints a table of
+// TFLOP/s, with forward FLOPs = 4·B·H·N·M·D (halved when causal).
+//
+// Timing: CUDA events around each launch, after a warm-up, median of many
+// repeats, rotating over several input sets (each larger than the 60 MB L2)
+// filled with random nonzero values.
+//
+//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,odd,big,sweep]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/gpu"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// shape is one benchmark shape.
+type shape struct {
+	d, n, h, b int
+	causal     bool
+	tile       *kernels.Tile // nil: the tuning table
+	label      string
+}
+
+func (s shape) flops() float64 {
+	f := 4 * float64(s.b) * float64(s.h) * float64(s.n) * float64(s.n) * float64(s.d)
+	if s.causal {
+		f /= 2
+	}
+	return f
+}
+
+// flashPeer is PyTorch's flash backend forward (TFLOP/s) from
+// peers-h200.md, for the main shapes.
+var flashPeer = map[[3]int]float64{
+	{64, 0, 1024}: 287, {64, 0, 4096}: 305, {64, 0, 16384}: 310,
+	{128, 0, 1024}: 327, {128, 0, 4096}: 340, {128, 0, 16384}: 351,
+	{256, 0, 1024}: 310, {256, 0, 4096}: 319, {256, 0, 16384}: 330,
+	{64, 1, 4096}: 283, {64, 1, 16384}: 301, {128, 1, 4096}: 306, {128, 1, 16384}: 326,
+	{256, 1, 4096}: 284, {256, 1, 16384}: 294,
+}
+
+func main() {
+	dtName := flag.String("dtype", "bf16", "element type")
+	reps := flag.Int("reps", 30, "timed repeats per shape")
+	sets := flag.Int("sets", 3, "rotated input sets")
+	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
+	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, sweep); empty: all")
+	flag.Parse()
+	dt, err := attn.ParseDType(*dtName)
+	if err != nil {
+		fail(err)
+	}
+	b, err := gpu.Open()
+	if err != nil {
+		fail(err)
+	}
+	defer b.Close()
+	dev := b.Device()
+	fmt.Printf("device: %v; %s; %s\n", dev, time.Now().UTC().Format("2006-01-02 15:04 UTC"), dt)
+
+	var shapes []shape
+	add := func(group string, s shape) {
+		if *only == "" || strings.Contains(","+*only+",", ","+group+",") {
+			shapes = append(shapes, s)
+		}
+	}
+	for _, d := range []int{64, 128, 256} {
+		for _, causal := range []bool{false, true} {
+			for _, n := range []int{1024, 4096, 16384} {
+				add("main", shape{d: d, n: n, h: 2048 / d, b: 16384 / n, causal: causal})
+			}
+		}
+	}
+	for _, d := range []int{59, 64, 111, 127, 128, 199, 208, 256, 257, 320} {
+		add("odd", shape{d: d, n: 4096, h: max(1, (2048+d/2)/d), b: 4, label: "odd"})
+	}
+	for _, d := range []int{320, 384, 512} {
+		for _, causal := range []bool{false, true} {
+			add("big", shape{d: d, n: 4096, h: max(1, 2048/d), b: 4, causal: causal})
+		}
+	}
+	if *sweep {
+		cands := map[int][]kernels.Tile{
+			64:  {tl(128, 128, 4, 1, 1, false), tl(128, 128, 4, 1, 2, false)},
+			128: {tl(128, 64, 4, 1, 1, false), tl(128, 128, 4, 1, 1, false)},
+			256: {tl(128, 64, 8, 1, 2, false), tl(64, 64, 4, 1, 1, false), tl(64, 32, 4, 1, 1, false), tl(128, 32, 4, 1, 2, false)},
+		}
+		for _, d := range []int{64, 128, 256} {
+			for _, causal := range []bool{false, true} {
+				for i := range cands[d] {
+					t := cands[d][i]
+					add("sweep", shape{d: d, n: 4096, h: max(1, 2048/d), b: 4, causal: causal, tile: &t, label: "sweep"})
+				}
+			}
+		}
+		// rows only 2-byte aligned (odd head dims): register-staged loads
+		odd := map[int][]kernels.Tile{
+			59:  {tl(128, 64, 8, 1, 1, false), tl(128, 32, 8, 1, 1, false)},
+			127: {tl(128, 32, 8, 1, 1, false), tl(128, 16, 8, 1, 1, false)},
+			199: {tl(128, 32, 8, 1, 1, false), tl(128, 16, 8, 1, 1, false)},
+		}
+		for _, d := range []int{59, 127, 199} {
+			for i := range odd[d] {
+				t := odd[d][i]
+				add("sweep", shape{d: d, n: 4096, h: max(1, (2048+d/2)/d), b: 4, tile: &t, label: "sweep"})
+			}
+		}
+	}
+
+	// Plan every shape first so that all kernels compile in parallel.
+	type planned struct {
+		s   shape
+		v   kernels.Variant
+		err error
+	}
+	plans := make([]planned, len(shapes))
+	for i, s := range shapes {
+		v, err := variantOf(b, dt, s)
+		plans[i] = planned{s, v, err}
+		if err == nil {
+			b.Prefetch(v)
+		}
+	}
+	t0 := time.Now()
+	stats := b.KernelStats()
+	fmt.Printf("compiled %d kernels in %.1fs wall:\n", len(stats), time.Since(t0).Seconds())
+	for _, st := range stats {
+		fmt.Printf("  %-100s nvrtc %5.2fs regs %3d spill %3d %s\n", st.Name, st.CompileTime.Seconds(), st.Registers, st.SpillBytes, errText(st.Err))
+	}
+
+	s, err := dev.NewStream()
+	if err != nil {
+		fail(err)
+	}
+	fmt.Printf("\n%-6s %-4s %-6s %-6s %-3s %-4s %-44s %9s %8s %8s\n", "group", "D", "causal", "N", "B", "H", "tile", "ms", "TFLOP/s", "vs flash")
+	for _, pl := range plans {
+		if pl.err != nil {
+			fmt.Printf("%v: %v\n", pl.s, pl.err)
+			continue
+		}
+		ms, err := timeShape(b, s, dt, pl.s, *sets, *reps)
+		if err != nil {
+			fmt.Printf("D=%d N=%d causal=%v: %v\n", pl.s.d, pl.s.n, pl.s.causal, err)
+			continue
+		}
+		tf := pl.s.flops() / (ms * 1e-3) / 1e12
+		peer := ""
+		if f, ok := flashPeer[[3]int{pl.s.d, b2i(pl.s.causal), pl.s.n}]; ok && pl.s.tile == nil && dt == attn.BFloat16 {
+			peer = fmt.Sprintf("%.2fx", tf/f)
+		}
+		group := pl.s.label
+		if group == "" {
+			group = "main"
+		}
+		v := pl.v
+		tile := fmt.Sprintf("%dx%d w%dx%d s%d q%d l%d", v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, b2i(v.QInRegs), v.LoadBytes)
+		fmt.Printf("%-6s %-4d %-6v %-6d %-3d %-4d %-44s %9.3f %8.1f %8s\n", group, pl.s.d, pl.s.causal, pl.s.n, pl.s.b, pl.s.h, tile, ms, tf, peer)
+	}
+}
+
+// tl returns a tile (one CTA per SM assumed by the launch bounds).
+func tl(bm, bn, wm, wn, stages int, qregs bool) kernels.Tile {
+	return kernels.Tile{BlockM: bm, BlockN: bn, WarpsM: wm, WarpsN: wn, Stages: stages, QInRegs: qregs, MinBlocks: 1}
+}
+
+func b2i(x bool) int {
+	if x {
+		return 1
+	}
+	return 0
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.SplitN(err.Error(), "\n", 2)[0]
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "benchfwd:", err)
+	os.Exit(1)
+}
+
+// tensors allocates one input set of a shape.
+func tensors(dev *cuda.Device, dt attn.DType, s shape) ([]gpu.DeviceTensor, error) {
+	var out []gpu.DeviceTensor
+	for _, sh := range [][]int{{s.b, s.n, s.h, s.d}, {s.b, s.n, s.h, s.d}, {s.b, s.n, s.h, s.d}, {s.b, s.n, s.h, s.d}} {
+		t, err := gpu.NewDeviceTensor(dev, dt, sh...)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, t)
+	}
+	l, err := gpu.NewDeviceTensor(dev, attn.Float32, s.b, s.h, s.n)
+	return append(out, l), err
+}
+
+// variantOf returns the kernel a shape runs.
+func variantOf(b *gpu.Backend, dt attn.DType, s shape) (kernels.Variant, error) {
+	set, err := tensors(b.Device(), dt, shape{d: s.d, n: 1, h: s.h, b: 1})
+	defer freeAll(set)
+	if err != nil {
+		return kernels.Variant{}, err
+	}
+	// same alignment as the full shape: contiguous tensors from fresh buffers
+	for i := range set {
+		set[i].Shape = append([]int(nil), set[i].Shape...)
+	}
+	withTile(b, s.tile)
+	defer withTile(b, nil)
+	return b.Variant(set[0], set[1], set[2], set[3], set[4], options(s))
+}
+
+func options(s shape) gpu.DeviceOptions {
+	return gpu.DeviceOptions{Options: attn.Options{Causal: s.causal}}
+}
+
+// withTile makes the backend use tile t for every kernel (nil: the table).
+func withTile(b *gpu.Backend, t *kernels.Tile) {
+	if t == nil {
+		b.Tiles = nil
+		return
+	}
+	tile := *t
+	b.Tiles = func(attn.DType, int, int, bool) (kernels.Tile, error) { return tile, nil }
+}
+
+func freeAll(ts []gpu.DeviceTensor) {
+	for _, t := range ts {
+		t.Free()
+	}
+}
+
+// timeShape returns the median time in ms of one forward launch.
+func timeShape(b *gpu.Backend, s *cuda.Stream, dt attn.DType, sh shape, nsets, reps int) (float64, error) {
+	dev := b.Device()
+	sets := make([][]gpu.DeviceTensor, nsets)
+	defer func() {
+		for _, set := range sets {
+			freeAll(set)
+		}
+	}()
+	for i := range sets {
+		set, err := tensors(dev, dt, sh)
+		sets[i] = set
+		if err != nil {
+			return 0, err
+		}
+		for j := 0; j < 4; j++ {
+			if err := b.FillRandom(s, set[j], uint64(100*i+j+1)); err != nil {
+				return 0, err
+			}
+		}
+	}
+	withTile(b, sh.tile)
+	defer withTile(b, nil)
+	opt := options(sh)
+	run := func(i int) error {
+		set := sets[i%nsets]
+		return b.ForwardDevice(s, set[0], set[1], set[2], set[3], set[4], opt)
+	}
+	for i := 0; i < 3; i++ {
+		if err := run(i); err != nil {
+			return 0, err
+		}
+	}
+	evs := make([]*cuda.Event, reps+1)
+	for i := range evs {
+		e, err := dev.NewEvent()
+		if err != nil {
+			return 0, err
+		}
+		defer e.Close()
+		evs[i] = e
+	}
+	if err := evs[0].Record(s); err != nil {
+		return 0, err
+	}
+	for i := 0; i < reps; i++ {
+		if err := run(i); err != nil {
+			return 0, err
+		}
+		if err := evs[i+1].Record(s); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		return 0, err
+	}
+	ms := make([]float64, reps)
+	for i := range ms {
+		t, err := cuda.ElapsedMs(evs[i], evs[i+1])
+		if err != nil {
+			return 0, err
+		}
+		ms[i] = float64(t)
+	}
+	sort.Float64s(ms)
+	return ms[reps/2], nil
+}

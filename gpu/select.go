@@ -1,0 +1,166 @@
+package gpu
+
+import (
+	"math"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/kernels"
+	"github.com/flashattn/flashattn/philox"
+)
+
+// launch is one planned forward kernel launch.
+type launch struct {
+	v      kernels.Variant
+	params kernels.Params
+	grid   [3]uint32
+}
+
+// seqStrides returns the (batch, position, head) strides of a q/k/v/o
+// tensor; a packed tensor has no batch dim (stride 0). Size-1 dims get
+// stride 0: they are never stepped over.
+func seqStrides(t DeviceTensor, varlen bool) (sb, sn, sh int64) {
+	st := t.strides()
+	z := func(d int) int64 {
+		if t.Shape[d] <= 1 {
+			return 0
+		}
+		return int64(st[d])
+	}
+	if varlen {
+		return 0, z(0), z(1)
+	}
+	return z(0), z(1), z(2)
+}
+
+// lseStrides returns the (batch, head, position) strides of the LSE.
+func lseStrides(t DeviceTensor, varlen bool) (sb, sh, sn int64) {
+	st := t.strides()
+	if varlen {
+		return 0, int64(st[0]), int64(st[1])
+	}
+	return int64(st[0]), int64(st[1]), int64(st[2])
+}
+
+// loadWidth returns the widest global load (bytes) that every row start of
+// q, k and v allows: 16, 8 or 4 (cp.async), or 2 (16-bit types whose rows
+// are only 2-byte aligned).
+func loadWidth(dt attn.DType, varlen bool, dk, dv int, ts ...DeviceTensor) int {
+	esz := int64(dt.Size())
+	for _, w := range []int64{16, 8, 4, 2} {
+		if w < esz {
+			break
+		}
+		ok := true
+		for i, t := range ts {
+			d := int64(dk)
+			if i == 2 {
+				d = int64(dv)
+			}
+			sb, sn, sh := seqStrides(t, varlen)
+			if int64(t.ptr())%w != 0 || (d*esz)%w != 0 || (sb*esz)%w != 0 || (sn*esz)%w != 0 || (sh*esz)%w != 0 {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return int(w)
+		}
+	}
+	return 2
+}
+
+// clampWindow maps a window extent larger than any distance in the problem
+// to unbounded (-1), keeping the kernel's int32 arithmetic in range.
+func clampWindow(x, n, m int) int32 {
+	if x < 0 || x > n+m+1 {
+		return -1
+	}
+	return int32(x)
+}
+
+// plan chooses the kernel variant and fills its parameters for a validated
+// problem on device tensors.
+func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
+	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)) (launch, error) {
+	var l launch
+	opt := p.Opt
+	lb := loadWidth(dt, p.Varlen, p.DK, p.DV, q, k, v)
+	tile, err := tiles(dt, roundUp(p.DK, 16), roundUp(p.DV, 16), lb == 2)
+	if err != nil {
+		return l, err
+	}
+	vr := kernels.Variant{
+		DType:     dt,
+		DK:        roundUp(p.DK, 16),
+		DV:        roundUp(p.DV, 16),
+		LoadBytes: lb,
+		Softcap:   opt.Softcap > 0,
+		PreScale:  p.Scale < 0,
+		Dropout:   opt.Dropout > 0,
+		Varlen:    p.Varlen,
+		LSE:       true,
+	}
+	if p.Masked {
+		vr.Mask = kernels.MaskWindow
+	}
+	if bias != nil {
+		vr.Bias = kernels.BiasFor(bias.DType)
+	}
+	vr = tile.Apply(vr)
+	if err := vr.Validate(); err != nil {
+		return l, err
+	}
+	if p.H > 65535 || p.B > 65535 {
+		return l, attn.Errorf(attn.ErrUnsupported, "cuda backend: grid of %d heads x %d batch elements (at most 65535 each)", p.H, p.B)
+	}
+
+	pr := kernels.Params{
+		Q: q.ptr(), K: k.ptr(), V: v.ptr(), O: o.ptr(), LSE: lse.ptr(),
+		CuSeqlensQ: cuq, CuSeqlensK: cuk,
+		B: int32(p.B), H: int32(p.H), Group: int32(p.H / p.Hkv),
+		N: int32(p.N), M: int32(p.M), DK: int32(p.DK), DV: int32(p.DV),
+		ScaleLog2: float32(p.Scale * math.Log2E),
+		WinLeft:   clampWindow(p.Left, p.N, p.M),
+		WinRight:  clampWindow(p.Right, p.N, p.M),
+	}
+	pr.QStrideB, pr.QStrideN, pr.QStrideH = seqStrides(q, p.Varlen)
+	pr.KStrideB, pr.KStrideN, pr.KStrideH = seqStrides(k, p.Varlen)
+	pr.VStrideB, pr.VStrideN, pr.VStrideH = seqStrides(v, p.Varlen)
+	pr.OStrideB, pr.OStrideN, pr.OStrideH = seqStrides(o, p.Varlen)
+	pr.LSEStrideB, pr.LSEStrideH, pr.LSEStrideN = lseStrides(lse, p.Varlen)
+	if opt.Align == attn.AlignBottomRight {
+		pr.AlignBR = 1
+	}
+	if opt.Softcap > 0 {
+		pr.SoftcapIn = float32(p.Scale / opt.Softcap)
+		pr.SoftcapOut = float32(opt.Softcap * math.Log2E)
+	}
+	osb, osn, osh := seqStrides(o, p.Varlen)
+	esz := int64(dt.Size())
+	if int64(o.ptr())%(2*esz) == 0 && p.DV%2 == 0 && osb%2 == 0 && osn%2 == 0 && osh%2 == 0 {
+		pr.OVec2 = 1
+	}
+	if bias != nil {
+		pr.Bias = bias.ptr()
+		st := bias.strides()
+		z := func(d int) int64 {
+			if bias.Shape[d] <= 1 {
+				return 0
+			}
+			return int64(st[d])
+		}
+		pr.BiasStrideB, pr.BiasStrideH, pr.BiasStrideN, pr.BiasStrideM = z(0), z(1), z(2), z(3)
+	}
+	if opt.Dropout > 0 {
+		pr.DropThreshold = philox.Threshold(opt.Dropout)
+		pr.DropScale = float32(1 / (1 - opt.Dropout))
+		pr.SeedLo, pr.SeedHi = uint32(opt.Seed), uint32(opt.Seed>>32)
+		pr.DropOffset = opt.Offset
+	}
+	l.v = vr
+	l.params = pr
+	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
+	return l, nil
+}
+
+func roundUp(x, m int) int { return (x + m - 1) / m * m }

@@ -1,0 +1,145 @@
+// Host emulation of the CUDA features the backward kernels use, for
+// checking their indexing and synchronisation on a machine without a GPU
+// (see backward_emu_test.go). Every CUDA thread of a block is a fiber;
+// barriers and warp-synchronous instructions switch between fibers. Blocks
+// run one after another, so shared memory is one array.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ucontext.h>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__
+#define __restrict__
+
+struct emu_dim3 { unsigned x, y, z; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return float2{a, b}; }
+
+// 16-bit types (storage only).
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+inline uint16_t emu_f2h(float f) { _Float16 h = (_Float16)f; uint16_t u; memcpy(&u, &h, 2); return u; }
+inline float emu_h2f(uint16_t u) { _Float16 h; memcpy(&h, &u, 2); return (float)h; }
+inline uint16_t emu_f2bf(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+inline float emu_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+inline float __half2float(__half h) { return emu_h2f(h.x); }
+inline __half __float2half_rn(float f) { return __half{emu_f2h(f)}; }
+inline float __bfloat162float(__nv_bfloat16 h) { return emu_bf2f(h.x); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{emu_f2bf(f)}; }
+
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+[[noreturn]] inline void emu_fail(const char* what) {
+  fprintf(stderr, "emulation: %s\n", what);
+  exit(3);
+}
+
+// ---- fibers and barriers
+struct EmuFiber {
+  ucontext_t ctx;
+  emu_dim3 tid;
+  bool done;
+  char* stack;
+};
+constexpr size_t EMU_STACK = 1 << 20;
+static std::vector<EmuFiber> emu_fibers;
+static int emu_cur_i;
+static EmuFiber* emu_cur;
+static ucontext_t emu_main;
+static emu_dim3 blockIdx, gridDim, blockDim;
+#define threadIdx (emu_cur->tid)
+
+// emu_switch runs the next unfinished fiber after the current one; it
+// returns false when the current fiber is the only one left.
+static bool emu_switch() {
+  const int n = (int)emu_fibers.size(), prev = emu_cur_i;
+  for (int i = 1; i < n; ++i) {
+    const int j = (prev + i) % n;
+    if (!emu_fibers[j].done) {
+      emu_cur_i = j;
+      emu_cur = &emu_fibers[j];
+      swapcontext(&emu_fibers[prev].ctx, &emu_fibers[j].ctx);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Threads of the block and of each warp that have not returned yet.
+static int emu_live_cta;
+static int emu_live_warp[32];
+struct EmuBarrier {
+  int count = 0, expected = 0;
+  unsigned gen = 0;
+  int* live = nullptr;
+};
+static void emu_wait(EmuBarrier& b) {
+  const unsigned g = b.gen;
+  if (++b.count == b.expected) {
+    b.count = 0;
+    b.gen++;
+    return;
+  }
+  while (b.gen == g) {
+    if (*b.live < b.expected) emu_fail("barrier can never complete: some threads returned");
+    if (!emu_switch()) emu_fail("barrier can never complete: no other thread runs");
+  }
+}
+static EmuBarrier emu_cta_bar;
+static EmuBarrier emu_warp_bar[32];
+inline void __syncthreads() { emu_wait(emu_cta_bar); }
+inline int emu_lane() { return (int)(threadIdx.x & 31); }
+inline int emu_warp() { return (int)(threadIdx.x >> 5); }
+inline void emu_warp_sync() { emu_wait(emu_warp_bar[emu_warp()]); }
+
+// ---- shared memory: one block at a time
+constexpr unsigned EMU_SMEM = 232448;
+extern "C" {
+alignas(16) unsigned char smem[EMU_SMEM];
+}
+
+// ---- warp exchange scratch
+struct EmuWarpX {
+  unsigned addr[32];
+  unsigned u[32][6];
+  float c[32][4];
+  float f[32];
+};
+static EmuWarpX emu_wx[32];
+
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.f[emu_lane()] = v;
+  emu_warp_sync();
+  const float r = x.f[emu_lane() ^ m];
+  emu_warp_sync();
+  return r;
+}
+
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;  // fibers are cooperative: no interleaving inside
+  *p = old + v;
+  return old;
+}

@@ -1,0 +1,295 @@
+package kernels
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// Names of the backward kernels; every backward module defines all five.
+const (
+	// BwdPreKernel computes Delta = rowsum(dO∘O), the base-2 LSE and, for the
+	// atomic dQ algorithm, zeroes the fp32 dQ accumulator.
+	BwdPreKernel = "fa_bwd_pre"
+	// BwdDKDVKernel computes dK and dV (and, with AtomicDQ, adds dQ into the
+	// fp32 accumulator and, with BiasGrad, writes dS to the dBias scratch).
+	BwdDKDVKernel = "fa_bwd_dkdv"
+	// BwdDQKernel computes dQ without atomics (the separate algorithm).
+	BwdDQKernel = "fa_bwd_dq"
+	// BwdDQConvertKernel scales the fp32 dQ accumulator and stores dQ.
+	BwdDQConvertKernel = "fa_bwd_dq_convert"
+	// BwdDBiasKernel reduces the dBias scratch over the bias's broadcast
+	// dimensions in a fixed order and stores dBias.
+	BwdDBiasKernel = "fa_bwd_dbias"
+)
+
+// BwdPreRows is the number of query rows one block of the preprocess and
+// convert kernels handles (grid x = ceil(N / BwdPreRows)).
+const BwdPreRows = 16
+
+// BwdPreThreads is the block size of the preprocess and convert kernels.
+const BwdPreThreads = 128
+
+// BwdDBiasThreads is the block size of the dBias reduction kernel.
+const BwdDBiasThreads = 256
+
+// BwdVariant selects one specialisation of the backward kernels. The
+// generated source is a pure function of it.
+type BwdVariant struct {
+	// DType is the storage type of q, k, v, o, dO and the gradients.
+	DType attn.DType
+	// DK and DV are the head dimensions (1..512).
+	DK, DV int
+	// Masked is set when a causal mask or window applies; its bounds and
+	// alignment are launch parameters.
+	Masked bool
+	// Softcap is set when the scores are soft-capped.
+	Softcap bool
+	// Bias is set when a bias is added; BiasDType is its storage type.
+	Bias      bool
+	BiasDType attn.DType
+	// BiasGrad asks for dBias (requires Bias).
+	BiasGrad bool
+	// Dropout is set when dropout is on.
+	Dropout bool
+	// Varlen is set for packed variable-length batches.
+	Varlen bool
+	// AtomicDQ makes the dK/dV kernel accumulate dQ with fp32 atomic adds
+	// (then BwdDQConvertKernel finishes dQ); otherwise BwdDQKernel computes it.
+	AtomicDQ bool
+	// Vector is set when every row of q, k, v, o and dO starts on a 16-byte
+	// boundary and DK and DV are multiples of 8 elements (16 bytes for fp32:
+	// multiples of 4), so tiles move with 16-byte asynchronous copies.
+	Vector bool
+	// Tiles overrides the default tile shapes when its fields are non-zero.
+	Tiles BwdTiles
+}
+
+// BwdTile is the shape of one backward kernel's thread block.
+type BwdTile struct {
+	// BlockM query rows and BlockN keys per tile.
+	BlockM, BlockN int
+	// Warps per block.
+	Warps int
+	// Stages of the streamed operand (1: no prefetch, 2: double buffer).
+	Stages int
+	// MinBlocks is the occupancy asked of the compiler (__launch_bounds__).
+	MinBlocks int
+}
+
+// BwdTiles are the tiles of the dK/dV and dQ kernels.
+type BwdTiles struct {
+	DKDV, DQ BwdTile
+}
+
+// BwdMaxSharedMemory is the largest dynamic shared memory a block may use
+// (227 KiB on sm_90).
+const BwdMaxSharedMemory = 227 * 1024
+
+// bwdPadDim rounds a head dimension up to the 16-element granule of the
+// matrix instructions, or to 32 elements above 64 so that eight warps can
+// split the wider products evenly.
+func bwdPadDim(d int) int {
+	if d <= 64 {
+		return (d + 15) / 16 * 16
+	}
+	return (d + 31) / 32 * 32
+}
+
+// elem returns the storage size in bytes of the variant's dtype.
+func (v BwdVariant) elem() int { return v.DType.Size() }
+
+// DKPad returns DK as padded inside the kernels (see bwdPadDim).
+func (v BwdVariant) DKPad() int { return bwdPadDim(v.DK) }
+
+// DVPad returns DV as padded inside the kernels (see bwdPadDim).
+func (v BwdVariant) DVPad() int { return bwdPadDim(v.DV) }
+
+// defaultBwdTiles returns the tile table row for the variant's dtype and
+// padded head dimensions. The table is data: one row per head-dim class.
+func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
+	d := max(dkp, dvp)
+	if dt == attn.Float32 {
+		switch {
+		case d <= 64:
+			return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{64, 64, 8, 2, 1}}
+		case d <= 128:
+			return BwdTiles{DKDV: BwdTile{32, 64, 8, 2, 1}, DQ: BwdTile{64, 32, 8, 2, 1}}
+		case d <= 256:
+			return BwdTiles{DKDV: BwdTile{32, 32, 8, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
+		default:
+			return BwdTiles{DKDV: BwdTile{32, 16, 4, 1, 1}, DQ: BwdTile{16, 32, 4, 1, 1}}
+		}
+	}
+	// Measured on the H200 (bf16, N=4096, see NOTES-bwd.md): each row is
+	// the fastest dK/dV and dQ tile of the candidates swept.
+	switch {
+	case d <= 64:
+		return BwdTiles{DKDV: BwdTile{128, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 2}}
+	case d <= 128:
+		return BwdTiles{DKDV: BwdTile{64, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 1}}
+	case d <= 256:
+		return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{128, 32, 8, 2, 1}}
+	default:
+		return BwdTiles{DKDV: BwdTile{32, 32, 8, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
+	}
+}
+
+// ResolvedTiles returns the tiles the variant's kernels use: Tiles where
+// set, the default table otherwise.
+func (v BwdVariant) ResolvedTiles() BwdTiles {
+	t := defaultBwdTiles(v.DType, v.DKPad(), v.DVPad())
+	if v.Tiles.DKDV.BlockM != 0 {
+		t.DKDV = v.Tiles.DKDV
+	}
+	if v.Tiles.DQ.BlockM != 0 {
+		t.DQ = v.Tiles.DQ
+	}
+	return t
+}
+
+// padRow returns the padded row length in elements of a shared-memory
+// tile of cols columns: one 16-byte chunk more, which keeps 16-byte
+// alignment and spreads the rows of ldmatrix / scalar reads over all banks.
+func (v BwdVariant) padRow(cols int) int { return cols + 16/v.elem() }
+
+// DKDVSharedBytes returns the dynamic shared memory of the dK/dV kernel.
+func (v BwdVariant) DKDVSharedBytes() int {
+	t := v.ResolvedTiles().DKDV
+	l := v.dkdvLayout(t)
+	return l.total
+}
+
+// DQSharedBytes returns the dynamic shared memory of the dQ kernel.
+func (v BwdVariant) DQSharedBytes() int {
+	t := v.ResolvedTiles().DQ
+	l := v.dqLayout(t)
+	return l.total
+}
+
+// bwdSmemLayout is the byte offsets of the shared-memory tiles of a kernel.
+type bwdSmemLayout struct {
+	off   map[string]int
+	total int
+	order []string
+}
+
+func (l *bwdSmemLayout) add(name string, bytes int) {
+	if l.off == nil {
+		l.off = map[string]int{}
+	}
+	l.off[name] = l.total
+	l.order = append(l.order, name)
+	l.total += (bytes + 15) / 16 * 16
+}
+
+func (v BwdVariant) dkdvLayout(t BwdTile) bwdSmemLayout {
+	e := v.elem()
+	dkp, dvp := v.DKPad(), v.DVPad()
+	var l bwdSmemLayout
+	l.add("sK", t.BlockN*v.padRow(dkp)*e)
+	l.add("sV", t.BlockN*v.padRow(dvp)*e)
+	l.add("sQ", t.Stages*t.BlockM*v.padRow(dkp)*e)
+	l.add("sdO", t.Stages*t.BlockM*v.padRow(dvp)*e)
+	l.add("sP", t.BlockM*v.padRow(t.BlockN)*e)
+	l.add("sdS", t.BlockM*v.padRow(t.BlockN)*e)
+	l.add("sL", t.Stages*t.BlockM*4)
+	l.add("sD", t.Stages*t.BlockM*4)
+	return l
+}
+
+func (v BwdVariant) dqLayout(t BwdTile) bwdSmemLayout {
+	e := v.elem()
+	dkp, dvp := v.DKPad(), v.DVPad()
+	var l bwdSmemLayout
+	l.add("sQ", t.BlockM*v.padRow(dkp)*e)
+	l.add("sdO", t.BlockM*v.padRow(dvp)*e)
+	l.add("sK", t.Stages*t.BlockN*v.padRow(dkp)*e)
+	l.add("sV", t.Stages*t.BlockN*v.padRow(dvp)*e)
+	l.add("sdS", t.BlockM*v.padRow(t.BlockN)*e)
+	l.add("sL", t.BlockM*4)
+	l.add("sD", t.BlockM*4)
+	return l
+}
+
+// Validate reports whether the variant can be generated: dtypes, head
+// dimensions, feature combinations, tile shapes and shared memory.
+func (v BwdVariant) Validate() error {
+	if !v.DType.Valid() {
+		return attn.Errorf(attn.ErrDType, "backward variant: dtype %d", int(v.DType))
+	}
+	if v.DK < 1 || v.DK > attn.MaxHeadDim || v.DV < 1 || v.DV > attn.MaxHeadDim {
+		return attn.Errorf(attn.ErrShape, "backward variant: head dims DK=%d DV=%d outside 1..%d", v.DK, v.DV, attn.MaxHeadDim)
+	}
+	if v.Bias && !v.BiasDType.Valid() {
+		return attn.Errorf(attn.ErrDType, "backward variant: bias dtype %d", int(v.BiasDType))
+	}
+	if v.BiasGrad && !v.Bias {
+		return attn.Errorf(attn.ErrOption, "backward variant: BiasGrad without Bias")
+	}
+	if v.Bias && v.Varlen {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
+	}
+	if v.Vector {
+		g := 16 / v.elem()
+		if v.DK%g != 0 || v.DV%g != 0 {
+			return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, g)
+		}
+	}
+	t := v.ResolvedTiles()
+	for _, x := range []struct {
+		name string
+		t    BwdTile
+		l    bwdSmemLayout
+	}{{"dkdv", t.DKDV, v.dkdvLayout(t.DKDV)}, {"dq", t.DQ, v.dqLayout(t.DQ)}} {
+		tt := x.t
+		if tt.BlockM <= 0 || tt.BlockN <= 0 || tt.BlockM%16 != 0 || tt.BlockN%16 != 0 {
+			return attn.Errorf(attn.ErrUnsupported, "backward %s tile %dx%d: sides must be positive multiples of 16", x.name, tt.BlockM, tt.BlockN)
+		}
+		if tt.Warps <= 0 || tt.Warps > 16 || tt.Stages < 1 || tt.Stages > 2 || tt.MinBlocks < 1 {
+			return attn.Errorf(attn.ErrUnsupported, "backward %s tile: %d warps, %d stages, %d min blocks", x.name, tt.Warps, tt.Stages, tt.MinBlocks)
+		}
+		if x.l.total > BwdMaxSharedMemory {
+			return attn.Errorf(attn.ErrUnsupported, "backward %s kernel needs %d bytes of shared memory (DK=%d DV=%d %v), limit %d",
+				x.name, x.l.total, v.DK, v.DV, v.DType, BwdMaxSharedMemory)
+		}
+	}
+	for _, pr := range v.products() {
+		if _, _, err := bwdWarpGrid(pr.M, pr.N, pr.warps); err != nil {
+			return attn.Errorf(attn.ErrUnsupported, "backward product %s: %v", pr.name, err)
+		}
+	}
+	return nil
+}
+
+// Key returns a short name of the variant, usable as a cache key or label.
+func (v BwdVariant) Key() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "bwd_%v_dk%d_dv%d", v.DType, v.DK, v.DV)
+	flags := []struct {
+		on   bool
+		name string
+	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}}
+	for _, f := range flags {
+		if f.on {
+			b.WriteString("_" + f.name)
+		}
+	}
+	t := v.ResolvedTiles()
+	fmt.Fprintf(&b, "_t%dx%dw%ds%d_q%dx%dw%ds%d", t.DKDV.BlockM, t.DKDV.BlockN, t.DKDV.Warps, t.DKDV.Stages,
+		t.DQ.BlockM, t.DQ.BlockN, t.DQ.Warps, t.DQ.Stages)
+	return b.String()
+}
+
+// BwdSource returns the CUDA C++ source of the five backward kernels of v,
+// each taking one BwdParams argument by value. It fails with
+// attn.ErrUnsupported (or another sentinel) when v cannot be generated.
+func BwdSource(v BwdVariant) (string, error) {
+	if err := v.Validate(); err != nil {
+		return "", err
+	}
+	g := newBwdGen(v)
+	return g.source(), nil
+}

@@ -1,0 +1,774 @@
+package kernels
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// bwdPrimsBegin and bwdPrimsEnd bracket the inline-PTX primitives in the
+// generated source (shared addresses, cp.async, ex2, ldmatrix, mma and the
+// 16-bit packing), so that tools can locate them.
+const (
+	bwdPrimsBegin = "// ---- device primitives (inline PTX)"
+	bwdPrimsEnd   = "// ---- end of device primitives"
+)
+
+// bwdGen writes the source of one backward variant.
+type bwdGen struct {
+	v     BwdVariant
+	tiles BwdTiles
+	mma   bool // tensor-core products (fp16/bf16); fp32 uses FMA products
+}
+
+func newBwdGen(v BwdVariant) *bwdGen {
+	return &bwdGen{v: v, tiles: v.ResolvedTiles(), mma: v.DType != attn.Float32}
+}
+
+// products returns every block-wide product of the variant's kernels, for
+// validation of the warp tilings.
+func (v BwdVariant) products() []bwdProduct {
+	g := newBwdGen(v)
+	return append(g.dkdvProducts(0), g.dqProducts(0)...)
+}
+
+// bwdCType returns the C storage type of dt.
+func bwdCType(dt attn.DType) string {
+	switch dt {
+	case attn.Float16:
+		return "__half"
+	case attn.BFloat16:
+		return "__nv_bfloat16"
+	}
+	return "float"
+}
+
+// bwdConvFuncs returns the C conversions to and from float for dt, named
+// prefix_to_f and prefix_from_f.
+func bwdConvFuncs(prefix string, dt attn.DType) string {
+	ct := bwdCType(dt)
+	var to, from string
+	switch dt {
+	case attn.Float16:
+		to, from = "__half2float(x)", "__float2half_rn(x)"
+	case attn.BFloat16:
+		to, from = "__bfloat162float(x)", "__float2bfloat16_rn(x)"
+	default:
+		to, from = "x", "x"
+	}
+	return fmt.Sprintf("__device__ __forceinline__ float %s_to_f(%s x) { return %s; }\n"+
+		"__device__ __forceinline__ %s %s_from_f(float x) { return %s; }\n", prefix, ct, to, ct, prefix, from)
+}
+
+func (g *bwdGen) prelude(b *strings.Builder) {
+	v := g.v
+	fmt.Fprintf(b, "// flashattn backward kernels, variant %s\n", v.Key())
+	b.WriteString("// Layouts: q [B,N,H,DK], k [B,M,Hkv,DK], v [B,M,Hkv,DV], o/dO [B,N,H,DV] (packed: the batch\n" +
+		"// dimension dropped, rows offset by cu_seqlens); LSE, Delta, LSE2 [B,H,N] (packed [H,totalQ]).\n")
+	if v.DType == attn.Float16 || (v.Bias && v.BiasDType == attn.Float16) {
+		b.WriteString("#include <cuda_fp16.h>\n")
+	}
+	if v.DType == attn.BFloat16 || (v.Bias && v.BiasDType == attn.BFloat16) {
+		b.WriteString("#include <cuda_bf16.h>\n")
+	}
+	fmt.Fprintf(b, "typedef %s T;\n", bwdCType(v.DType))
+	bt := v.DType
+	if v.Bias {
+		bt = v.BiasDType
+	}
+	fmt.Fprintf(b, "typedef %s BT;\n", bwdCType(bt))
+	b.WriteString(bwdConvFuncs("t", v.DType))
+	b.WriteString(bwdConvFuncs("bt", bt))
+	b.WriteString(`#define FA_INF __int_as_float(0x7f800000)
+#define FA_LOG2E 1.4426950408889634f
+`)
+	b.WriteString(bwdParamsStruct())
+	b.WriteString(bwdPrimsBegin + "\n")
+	b.WriteString(`__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ float ex2f(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+`)
+	if g.mma {
+		mmaType := "f16"
+		if v.DType == attn.BFloat16 {
+			mmaType = "bf16"
+		}
+		pack := "__floats2half2_rn(a, b_)"
+		unpack := "const __half2 h = *reinterpret_cast<const __half2*>(&x); const float2 f = __half22float2(h); a = f.x; b_ = f.y;"
+		if v.DType == attn.BFloat16 {
+			pack = "__floats2bfloat162_rn(a, b_)"
+			unpack = "a = __uint_as_float(x << 16); b_ = __uint_as_float(x & 0xffff0000u);"
+		}
+		fmt.Fprintf(b, `__device__ __forceinline__ unsigned pack2(float a, float b_) { auto h = %s; return *reinterpret_cast<unsigned*>(&h); }
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x2(unsigned& r0, unsigned& r1, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%%0,%%1}, [%%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x2_t(unsigned& r0, unsigned& r1, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%%0,%%1}, [%%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// st_pair writes two adjacent elements of a shared-memory tile (column even).
+__device__ __forceinline__ void st_pair(T* s, float a, float b_) { *reinterpret_cast<unsigned*>(s) = pack2(a, b_); }
+// unpack2 is the inverse of pack2 (low half first).
+__device__ __forceinline__ void unpack2(unsigned x, float& a, float& b_) { %s }
+`, pack, mmaType, mmaType, unpack)
+	} else {
+		b.WriteString(`__device__ __forceinline__ void st_pair(T* s, float a, float b_) { *reinterpret_cast<float2*>(s) = make_float2(a, b_); }
+__device__ __forceinline__ void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// x = hi + lo, hi = tf32(x), lo = tf32(x - hi)
+__device__ __forceinline__ void tf32_split(float x, unsigned& hi, unsigned& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+// d += a·b in split-tf32, small terms first
+__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const unsigned (&ah)[4], const unsigned (&al)[4], unsigned bh0, unsigned bh1, unsigned bl0, unsigned bl1) {
+  mma1688(d, al, bh0, bh1);
+  mma1688(d, ah, bl0, bl1);
+  mma1688(d, ah, bh0, bh1);
+}
+`)
+	}
+	b.WriteString(bwdPrimsEnd + "\n")
+	b.WriteString(`// Philox4x32-10 (package philox): counter (c0..c3), key (k0, k1).
+__device__ __forceinline__ uint4 philox4(unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+`)
+	if v.Masked {
+		b.WriteString(`// visible reports whether key j (of m) is in the window of query i; off places the diagonal.
+__device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) {
+  const int d = i + off;
+  return j < m && (left < 0 || j >= d - left) && (right < 0 || j <= d + right);
+}
+`)
+	} else {
+		b.WriteString("__device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) { return j < m; }\n")
+	}
+	// Global tile loads.
+	epc := 16 / v.elem()
+	if v.Vector {
+		fmt.Fprintf(b, `// load_tile copies rows [0, R) of a head slice (row r at g + r*rs) into s[R][LD]; rows >= rlim and
+// columns >= D read as zero. 16-byte asynchronous copies.
+template <int R, int DP, int LD, int D, int NTH>
+__device__ __forceinline__ void load_tile(T* s, const T* g, long long rs, int rlim) {
+  constexpr int CH = DP / %d, TOT = R * CH;
+#pragma unroll
+  for (int it = 0; it < (TOT + NTH - 1) / NTH; ++it) {
+    const int c = it * NTH + threadIdx.x;
+    if (TOT %% NTH == 0 || c < TOT) {
+      const int r = c / CH, col = (c %% CH) * %d;
+      const bool ok = r < rlim && col < D;
+      cp_async16(s + r * LD + col, ok ? (const void*)(g + r * rs + col) : (const void*)g, ok ? 16 : 0);
+    }
+  }
+}
+// store_pair writes elements col and col+1 (< D; col even) of a global row.
+template <int D>
+__device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
+  if (col < D) { %s }
+}
+`, epc, epc, g.vectorPairStore())
+	} else {
+		b.WriteString(`// load_tile copies rows [0, R) of a head slice (row r at g + r*rs) into s[R][LD]; rows >= rlim and
+// columns >= D read as zero. Element-wise loads (rows not 16-byte aligned).
+template <int R, int DP, int LD, int D, int NTH>
+__device__ __forceinline__ void load_tile(T* s, const T* g, long long rs, int rlim) {
+  constexpr int TOT = R * DP;
+#pragma unroll 4
+  for (int it = 0; it < (TOT + NTH - 1) / NTH; ++it) {
+    const int c = it * NTH + threadIdx.x;
+    if (TOT % NTH == 0 || c < TOT) {
+      const int r = c / DP, col = c % DP;
+      T x = t_from_f(0.f);
+      if (r < rlim && col < D) x = g[r * rs + col];
+      s[r * LD + col] = x;
+    }
+  }
+}
+// store_pair writes elements col and col+1 (those < D) of a global row.
+template <int D>
+__device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
+  if (col < D) g[col] = t_from_f(a);
+  if (col + 1 < D) g[col + 1] = t_from_f(b_);
+}
+`)
+	}
+	b.WriteString(`// load_stats copies rows [0, R) of LSE2 and Delta; rows >= rlim get +inf and 0 (no probability).
+template <int R, int NTH>
+__device__ __forceinline__ void load_stats(float* sl, float* sd, const float* gl, const float* gd, int rlim) {
+  for (int r = threadIdx.x; r < R; r += NTH) {
+    if (r < rlim) { cp_async4(sl + r, gl + r); cp_async4(sd + r, gd + r); }
+    else { sl[r] = FA_INF; sd[r] = 0.f; }
+  }
+}
+`)
+}
+
+// vectorPairStore is the body storing (a, b_) at g[col], g[col+1].
+func (g *bwdGen) vectorPairStore() string {
+	if g.mma {
+		return "*reinterpret_cast<unsigned*>(g + col) = pack2(a, b_);"
+	}
+	return "*reinterpret_cast<float2*>(g + col) = make_float2(a, b_);"
+}
+
+// source assembles the whole module.
+func (g *bwdGen) source() string {
+	var b strings.Builder
+	g.prelude(&b)
+	g.preKernel(&b)
+	g.convertKernel(&b)
+	g.dbiasKernel(&b)
+	g.dkdvKernel(&b)
+	g.dqKernel(&b)
+	return b.String()
+}
+
+// segment declares n, m, qr0, kr0 for batch element (segment) b.
+func (g *bwdGen) segment(b *strings.Builder) {
+	b.WriteString("int n = p.N, m = p.M; long long qr0 = 0, kr0 = 0;\n")
+	if g.v.Varlen {
+		b.WriteString("qr0 = p.cuq[b]; n = p.cuq[b + 1] - p.cuq[b]; kr0 = p.cuk[b]; m = p.cuk[b + 1] - p.cuk[b];\n")
+	}
+}
+
+func (g *bwdGen) preKernel(b *strings.Builder) {
+	v := g.v
+	fmt.Fprintf(b, `// Preprocess: Delta = rowsum(dO∘O), LSE2 = LSE·log2(e) (+inf for rows with no key)%s.
+// grid (ceil(N/%d), B, H), %d threads; one warp per row.
+extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
+  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+`, map[bool]string{true: ", zeroes the dQ accumulator", false: ""}[v.AtomicDQ], BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
+	g.segment(b)
+	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
+    const int i = blockIdx.x * %d + r;
+    if (i >= n) break;
+    const T* go = p.o + b * p.o_sb + (qr0 + i) * p.o_sr + h * p.o_sh;
+    const T* gd = p.dout + b * p.do_sb + (qr0 + i) * p.do_sr + h * p.do_sh;
+    float acc = 0.f;
+    for (int d = lane; d < %d; d += 32) acc = fmaf(t_to_f(go[d]), t_to_f(gd[d]), acc);
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (lane == 0) {
+      const long long si = b * p.stat_sb + h * p.stat_sh + qr0 + i;
+      const float l = p.lse[b * p.lse_sb + h * p.lse_sh + qr0 + i];
+      p.delta[si] = acc;
+      p.lse2[si] = l == -FA_INF ? FA_INF : l * FA_LOG2E;
+    }
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DV)
+	if v.AtomicDQ {
+		fmt.Fprintf(b, `    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
+    for (int d = lane; d < %d; d += 32) gq[d] = 0.f;
+`, v.DK)
+	}
+	b.WriteString("  }\n}\n\n")
+}
+
+func (g *bwdGen) convertKernel(b *strings.Builder) {
+	v := g.v
+	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
+extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
+  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+`, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdDQConvertKernel)
+	g.segment(b)
+	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
+    const int i = blockIdx.x * %d + r;
+    if (i >= n) break;
+    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
+    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
+    for (int d = lane; d < %d; d += 32) gq[d] = t_from_f(gs[d] * p.scale);
+  }
+}
+
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK)
+}
+
+func (g *bwdGen) dbiasKernel(b *strings.Builder) {
+	fmt.Fprintf(b, `// dBias[bb, bh, i, j] = sum over the broadcast batches and heads, in a fixed order, of the
+// per-head dS scratch [B, H, N, M] where key j is visible to query i. Grid-stride, %d threads.
+extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
+  const int off = p.bottom_right ? p.M - p.N : 0;
+  for (long long e = (long long)blockIdx.x * %d + threadIdx.x; e < p.dbias_elems; e += (long long)gridDim.x * %d) {
+    long long r = e;
+    const int j = (int)(r %% p.M); r /= p.M;
+    const int i = (int)(r %% p.N); r /= p.N;
+    const int bh = (int)(r %% p.bias_nh), bb = (int)(r / p.bias_nh);
+    float acc = 0.f;
+    if (visible(i, j, p.M, off, p.left, p.right)) {
+      const int b0 = p.bias_nb == 1 ? 0 : bb, b1 = p.bias_nb == 1 ? p.B : bb + 1;
+      const int h0 = p.bias_nh == 1 ? 0 : bh, h1 = p.bias_nh == 1 ? p.H : bh + 1;
+      for (int x = b0; x < b1; ++x)
+        for (int y = h0; y < h1; ++y) acc += p.dbias_scratch[(((long long)x * p.H + y) * p.N + i) * p.M + j];
+    }
+    p.dbias[e] = bt_from_f(acc);
+  }
+}
+
+`, BwdDBiasThreads, BwdDBiasThreads, BwdDBiasKernel, BwdDBiasThreads, BwdDBiasThreads)
+}
+
+// kernelConsts declares the tile constants of a main kernel.
+func (g *bwdGen) kernelConsts(b *strings.Builder, t BwdTile) {
+	v := g.v
+	fmt.Fprintf(b, "  constexpr int BM = %d, BN = %d, NTH = %d;\n", t.BlockM, t.BlockN, t.Warps*32)
+	fmt.Fprintf(b, "  constexpr int DK = %d, DV = %d, DKP = %d, DVP = %d;\n", v.DK, v.DV, v.DKPad(), v.DVPad())
+	fmt.Fprintf(b, "  constexpr int LDK = %d, LDV = %d, LDS = %d; // padded row lengths of the q/k, dO/v and P/dS tiles\n",
+		v.padRow(v.DKPad()), v.padRow(v.DVPad()), v.padRow(t.BlockN))
+	b.WriteString("  (void)DK; (void)DV; (void)DKP; (void)DVP; (void)LDS;\n")
+	b.WriteString("  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;\n")
+	b.WriteString("  (void)tid; (void)g; (void)t4;\n")
+}
+
+// bwdSmemDecls declares the shared-memory tile pointers of a layout.
+func bwdSmemDecls(b *strings.Builder, l bwdSmemLayout) {
+	b.WriteString("  extern __shared__ __align__(16) unsigned char smem[];\n")
+	for _, name := range l.order {
+		ct := "T"
+		if name == "sL" || name == "sD" {
+			ct = "float"
+		}
+		fmt.Fprintf(b, "  %s* %s = reinterpret_cast<%s*>(smem + %d);\n", ct, name, ct, l.off[name])
+	}
+}
+
+// sTile is the warp tiling of the S and dP products of a tile.
+func (g *bwdGen) sTile(t BwdTile) bwdWarpTile { return bwdTileOf(t.BlockM, t.BlockN, t.Warps) }
+
+// fullMask writes the computation of `full`: the tile (rows i0.., keys j0..) needs no mask.
+func (g *bwdGen) fullMask(b *strings.Builder) {
+	b.WriteString("    bool full = j0 + BN <= m;\n")
+	if g.v.Masked {
+		b.WriteString(`    {
+      const int il = min(i0 + BM, n) - 1;
+      if (p.left >= 0 && j0 < il + off - p.left) full = false;
+      if (p.right >= 0 && j0 + BN - 1 > i0 + off + p.right) full = false;
+    }
+`)
+	}
+}
+
+// probs writes the recomputation of P from the S accumulator accS (rows
+// i0 + il of head h, keys j0 + jl), reading LSE2 and Delta rows from sl
+// and sd. accS then holds P (negated where dropout drops it); with
+// storeP, the dropped and rescaled P is written to sP in T.
+func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP bool) {
+	v := g.v
+	fmt.Fprintf(b, `    const int wms = warp %% %d, wns = warp / %d;
+    float lr[%d][2], dr[%d][2];
+#pragma unroll
+    for (int mt = 0; mt < %d; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) { const int il = wms * %d + mt * 16 + g + hh * 8; lr[mt][hh] = %s[il]; dr[mt][hh] = %s[il]; }
+`, st.Wm, st.Wm, st.MT, st.MT, st.MT, st.TM, sl, sd)
+	if v.Softcap {
+		fmt.Fprintf(b, "    float fc[%d][%d][4];\n", st.MT, st.NT)
+	}
+	if g.mma {
+		fmt.Fprintf(b, "    unsigned pk[%d][%d][2];\n", st.MT, st.NT)
+	}
+	fmt.Fprintf(b, `#pragma unroll
+    for (int mt = 0; mt < %d; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < %d; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int il = wms * %d + mt * 16 + g + hh * 8, jl = wns * %d + nt * 8 + 2 * t4;
+      const int qi = i0 + il, kj = j0 + jl;
+      (void)qi;
+      float x[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float s = accS[mt][nt][hh * 2 + c];
+`, st.MT, st.NT, st.TM, st.TN)
+	switch {
+	case !v.Softcap && !v.Bias:
+		b.WriteString("        x[c] = fmaf(s, p.scale_log2, -lr[mt][hh]);\n")
+	default:
+		if v.Softcap {
+			b.WriteString("        const float th = tanhf(s * p.scale * p.inv_softcap);\n")
+			b.WriteString("        fc[mt][nt][hh * 2 + c] = 1.f - th * th;\n")
+			b.WriteString("        float sv = p.softcap * th;\n")
+		} else {
+			b.WriteString("        float sv = s * p.scale;\n")
+		}
+		if v.Bias {
+			b.WriteString("        if (qi < n && kj + c < m) sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + qi * p.bias_si + (kj + c) * p.bias_sj]);\n")
+		}
+		b.WriteString("        x[c] = fmaf(sv, FA_LOG2E, -lr[mt][hh]);\n")
+	}
+	b.WriteString(`        if (!full && !visible(qi, kj + c, m, off, p.left, p.right)) x[c] = -FA_INF;
+      }
+      float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
+`)
+	if v.Dropout {
+		b.WriteString(`      const uint4 w = philox4((unsigned)(kj >> 2), (unsigned)qi, (unsigned)(b * p.H + h), p.drop_offset, p.seed_lo, p.seed_hi);
+      const bool k0 = ((kj & 2) ? w.z : w.x) < p.drop_threshold, k1 = ((kj & 2) ? w.w : w.y) < p.drop_threshold;
+`)
+		if storeP {
+			b.WriteString("      st_pair(sP + il * LDS + jl, k0 ? p0 * p.drop_scale : 0.f, k1 ? p1 * p.drop_scale : 0.f);\n")
+		}
+		b.WriteString("      if (!k0) p0 = -p0;\n      if (!k1) p1 = -p1;\n")
+	}
+	if g.mma {
+		// P stays in registers as two packed 16-bit values (the rounding the
+		// dV product sees anyway), which frees the fp32 S accumulator.
+		b.WriteString("      pk[mt][nt][hh] = pack2(p0, p1);\n")
+		if storeP && !v.Dropout {
+			b.WriteString("      *reinterpret_cast<unsigned*>(sP + il * LDS + jl) = pk[mt][nt][hh];\n")
+		}
+	} else {
+		if storeP && !v.Dropout {
+			b.WriteString("      st_pair(sP + il * LDS + jl, p0, p1);\n")
+		}
+		b.WriteString("      accS[mt][nt][hh * 2] = p0; accS[mt][nt][hh * 2 + 1] = p1;\n")
+	}
+	b.WriteString("    }\n")
+}
+
+// dsFromDP writes dS = P∘(dP − Delta) (with the dropout and softcap chain
+// rules) into sdS, and into the dBias scratch when asked; it follows probs
+// in the same scope.
+func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
+	v := g.v
+	fmt.Fprintf(b, `#pragma unroll
+    for (int mt = 0; mt < %d; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < %d; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int il = wms * %d + mt * 16 + g + hh * 8, jl = wns * %d + nt * 8 + 2 * t4;
+      const int qi = i0 + il, kj = j0 + jl;
+      (void)qi; (void)kj;
+      float ds[2];
+`, st.MT, st.NT, st.TM, st.TN)
+	if g.mma {
+		b.WriteString("      float pp[2];\n      unpack2(pk[mt][nt][hh], pp[0], pp[1]);\n")
+	}
+	b.WriteString(`#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+`)
+	if g.mma {
+		b.WriteString("        float pr = pp[c], dp = accP[mt][nt][hh * 2 + c];\n")
+	} else {
+		b.WriteString("        float pr = accS[mt][nt][hh * 2 + c], dp = accP[mt][nt][hh * 2 + c];\n")
+	}
+	if v.Dropout {
+		b.WriteString("        const bool kept = !(__float_as_uint(pr) >> 31);\n        pr = fabsf(pr);\n        dp = kept ? dp * p.drop_scale : 0.f;\n")
+	}
+	b.WriteString("        float d = pr * (dp - dr[mt][hh]);\n")
+	if v.BiasGrad && writeDBias {
+		b.WriteString("        if (qi < n && kj + c < m) p.dbias_scratch[(((long long)b * p.H + h) * p.N + qi) * p.M + kj + c] = d;\n")
+	}
+	if v.Softcap {
+		b.WriteString("        d *= fc[mt][nt][hh * 2 + c];\n")
+	}
+	b.WriteString("        ds[c] = d;\n      }\n      st_pair(sdS + il * LDS + jl, ds[0], ds[1]);\n    }\n")
+}
+
+// dkdvProducts returns the products of the dK/dV kernel for stage st
+// (0 for validation).
+func (g *bwdGen) dkdvProducts(stage int) []bwdProduct {
+	v := g.v
+	t := g.tiles.DKDV
+	dkp, dvp := v.DKPad(), v.DVPad()
+	ldk, ldv, lds := v.padRow(dkp), v.padRow(dvp), v.padRow(t.BlockN)
+	sq := fmt.Sprintf("sQ + st * %d", t.BlockM*ldk)
+	sdo := fmt.Sprintf("sdO + st * %d", t.BlockM*ldv)
+	ps := []bwdProduct{
+		{"S = Q·Kᵀ", t.BlockM, t.BlockN, dkp, t.Warps, "accS", bwdOperand{sq, ldk, false}, bwdOperand{"sK", ldk, false}},
+		{"dP = dO·Vᵀ", t.BlockM, t.BlockN, dvp, t.Warps, "accP", bwdOperand{sdo, ldv, false}, bwdOperand{"sV", ldv, false}},
+		{"dV += Pᵀ·dO", t.BlockN, dvp, t.BlockM, t.Warps, "accdV", bwdOperand{"sP", lds, true}, bwdOperand{sdo, ldv, true}},
+		{"dK += dSᵀ·Q", t.BlockN, dkp, t.BlockM, t.Warps, "accdK", bwdOperand{"sdS", lds, true}, bwdOperand{sq, ldk, true}},
+	}
+	if v.AtomicDQ || stage == 0 {
+		ch := g.dqChunks()
+		nc := dkp / ch
+		for c := 0; c < ch; c++ {
+			ps = append(ps, bwdProduct{fmt.Sprintf("dQ[:, %d:%d] = dS·K[:, %d:%d]", c*nc, (c+1)*nc, c*nc, (c+1)*nc),
+				t.BlockM, nc, t.BlockN, t.Warps, "accQ", bwdOperand{"sdS", lds, false}, bwdOperand{fmt.Sprintf("sK + %d", c*nc), ldk, true}})
+		}
+	}
+	return ps
+}
+
+// dqChunks returns in how many column slices the dK/dV kernel computes its
+// dQ contribution, so that the live dQ accumulator stays small next to the
+// dK and dV accumulators: 32 registers a thread, or 16 beyond DK=128 or
+// beyond 64×128 score tiles (the limits under which ptxas kept the main
+// variants free of spills).
+func (g *bwdGen) dqChunks() int {
+	t := g.tiles.DKDV
+	dkp := g.v.DKPad()
+	regs := 32
+	if dkp > 128 || t.BlockM*t.BlockN > 64*128 {
+		regs = 16
+	}
+	for ch := 1; ch < dkp/16; ch++ {
+		if dkp%(16*ch) != 0 {
+			continue
+		}
+		if t.BlockM*dkp/ch <= regs*32*t.Warps {
+			if _, _, err := bwdWarpGrid(t.BlockM, dkp/ch, t.Warps); err == nil {
+				return ch
+			}
+		}
+	}
+	return 1
+}
+
+// dqProducts returns the products of the dQ kernel.
+func (g *bwdGen) dqProducts(stage int) []bwdProduct {
+	v := g.v
+	t := g.tiles.DQ
+	dkp, dvp := v.DKPad(), v.DVPad()
+	ldk, ldv, lds := v.padRow(dkp), v.padRow(dvp), v.padRow(t.BlockN)
+	sk := fmt.Sprintf("sK + st * %d", t.BlockN*ldk)
+	sv := fmt.Sprintf("sV + st * %d", t.BlockN*ldv)
+	return []bwdProduct{
+		{"S = Q·Kᵀ", t.BlockM, t.BlockN, dkp, t.Warps, "accS", bwdOperand{"sQ", ldk, false}, bwdOperand{sk, ldk, false}},
+		{"dP = dO·Vᵀ", t.BlockM, t.BlockN, dvp, t.Warps, "accP", bwdOperand{"sdO", ldv, false}, bwdOperand{sv, ldv, false}},
+		{"dQ += dS·K", t.BlockM, dkp, t.BlockN, t.Warps, "accQ", bwdOperand{"sdS", lds, false}, bwdOperand{sk, ldk, true}},
+	}
+}
+
+// bwdStoreAcc writes an accumulator (rows r0 + row, columns col) to a global
+// head slice: dst row pointer expression, row limit, column limit D, factor.
+func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimit, d, factor string) {
+	if c := t.guard(); c != "" {
+		fmt.Fprintf(b, "  if (%s)", c)
+	}
+	fmt.Fprintf(b, `  {
+    const int wm_ = warp %% %d, wn_ = warp / %d;
+#pragma unroll
+    for (int mt = 0; mt < %d; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < %d; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = wm_ * %d + mt * 16 + g + hh * 8, c = wn_ * %d + nt * 8 + 2 * t4;
+      if (r < %s) store_pair<%s>(%s + r * %s, c, %s[mt][nt][hh * 2] * %s, %s[mt][nt][hh * 2 + 1] * %s);
+    }
+  }
+`, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, rowLimit, d, dst, rowStride, acc, factor, acc, factor)
+}
+
+func (g *bwdGen) dkdvKernel(b *strings.Builder) {
+	v := g.v
+	t := g.tiles.DKDV
+	l := v.dkdvLayout(t)
+	ps := g.dkdvProducts(1)
+	st := g.sTile(t)
+	tdv := bwdTileOf(t.BlockN, v.DVPad(), t.Warps)
+	tdk := bwdTileOf(t.BlockN, v.DKPad(), t.Warps)
+	fmt.Fprintf(b, `// dK/dV: one block per (key block, batch, key head); loops over the query heads of the group and
+// the query blocks that see the key block; dK and dV stay on chip and are written once.
+// grid (ceil(M/%d), B, Hkv), %d threads, %d bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
+`, t.BlockN, t.Warps*32, l.total, t.Warps*32, t.MinBlocks, BwdDKDVKernel)
+	g.kernelConsts(b, t)
+	bwdSmemDecls(b, l)
+	b.WriteString("  const int b = blockIdx.y, kvh = blockIdx.z, j0 = blockIdx.x * BN;\n")
+	g.segment(b)
+	b.WriteString(`  if (j0 >= m) return;
+  const int off = p.bottom_right ? m - n : 0;
+  const int jend = min(j0 + BN, m);
+  int ilo = 0, ihi = n;
+`)
+	if v.Masked {
+		b.WriteString(`  if (p.right >= 0) ilo = max(ilo, j0 - p.right - off);
+  if (p.left >= 0) ihi = min(ihi, jend - 1 + p.left - off + 1);
+`)
+	}
+	fmt.Fprintf(b, `  (void)jend;
+  const int ib0 = ilo / BM;
+  const int nib = ihi > ilo ? (ihi + BM - 1) / BM - ib0 : 0;
+  const int G = p.H / p.Hkv, iters = nib * G;
+  const T* gk = p.k + b * p.k_sb + (kr0 + j0) * p.k_sr + kvh * p.k_sh;
+  const T* gv = p.v + b * p.v_sb + (kr0 + j0) * p.v_sr + kvh * p.v_sh;
+  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
+  auto load_q = [&](int it, int s) {
+    const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
+    load_tile<BM, DKP, LDK, DK, NTH>(sQ + s * %d, p.q + b * p.q_sb + (qr0 + iq) * p.q_sr + hq * p.q_sh, p.q_sr, n - iq);
+    load_tile<BM, DVP, LDV, DV, NTH>(sdO + s * %d, p.dout + b * p.do_sb + (qr0 + iq) * p.do_sr + hq * p.do_sh, p.do_sr, n - iq);
+    const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
+    load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
+  };
+`, t.BlockM*v.padRow(v.DKPad()), t.BlockM*v.padRow(v.DVPad()))
+	b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
+	b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
+	b.WriteString(`if (iters > 0) {
+    load_tile<BN, DKP, LDK, DK, NTH>(sK, gk, p.k_sr, m - j0);
+    load_tile<BN, DVP, LDV, DV, NTH>(sV, gv, p.v_sr, m - j0);
+    load_q(0, 0);
+    cp_async_commit();
+  }
+  for (int it = 0; it < iters; ++it) {
+`)
+	if t.Stages == 2 {
+		b.WriteString("    const int st = it & 1;\n")
+	} else {
+		b.WriteString("    const int st = 0;\n    if (it > 0) { load_q(it, 0); cp_async_commit(); }\n")
+	}
+	b.WriteString(`    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
+    cp_async_wait0();
+    __syncthreads();
+`)
+	if t.Stages == 2 {
+		b.WriteString("    if (it + 1 < iters) { load_q(it + 1, st ^ 1); cp_async_commit(); }\n")
+	}
+	g.fullMask(b)
+	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accS"), "\n", "\n    "))
+	bwdEmitProduct(b, ps[0], g.mma)
+	g.probs(b, st, "(sL + st * BM)", "(sD + st * BM)", true)
+	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accP"), "\n", "\n    "))
+	bwdEmitProduct(b, ps[1], g.mma)
+	g.dsFromDP(b, st, true)
+	b.WriteString("    __syncthreads();\n")
+	bwdEmitProduct(b, ps[2], g.mma)
+	bwdEmitProduct(b, ps[3], g.mma)
+	if v.AtomicDQ {
+		nc := v.DKPad() / g.dqChunks()
+		tq := bwdTileOf(t.BlockM, nc, t.Warps)
+		for c, pr := range ps[4:] {
+			b.WriteString("    {\n    " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n    "))
+			bwdEmitProduct(b, pr, g.mma)
+			if cond := tq.guard(); cond != "" {
+				fmt.Fprintf(b, "    if (!(%s)) {} else\n", cond)
+			}
+			fmt.Fprintf(b, `    {
+    const int wm_ = warp %% %d, wn_ = warp / %d;
+    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + %d;
+#pragma unroll
+    for (int mt = 0; mt < %d; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < %d; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int il = wm_ * %d + mt * 16 + g + (r >> 1) * 8, d = wn_ * %d + nt * 8 + 2 * t4 + (r & 1);
+      if (i0 + il < n && d < %d) atomicAdd(gq + il * p.dqa_sr + d, accQ[mt][nt][r]);
+    }
+    }
+    }
+`, tq.Wm, tq.Wm, c*nc, tq.MT, tq.NT, tq.TM, tq.TN, v.DK-c*nc)
+		}
+	}
+	if t.Stages == 1 {
+		b.WriteString("    __syncthreads();\n")
+	}
+	b.WriteString("  }\n")
+	b.WriteString("  T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;\n")
+	b.WriteString("  T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;\n")
+	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
+	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
+	b.WriteString("}\n\n")
+}
+
+func (g *bwdGen) dqKernel(b *strings.Builder) {
+	v := g.v
+	t := g.tiles.DQ
+	l := v.dqLayout(t)
+	ps := g.dqProducts(1)
+	st := g.sTile(t)
+	tq := bwdTileOf(t.BlockM, v.DKPad(), t.Warps)
+	fmt.Fprintf(b, `// dQ (separate algorithm): one block per (query block, batch, query head); loops over the visible
+// key blocks recomputing S, P and dP; no atomics. grid (ceil(N/%d), B, H), %d threads, %d bytes of
+// dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
+`, t.BlockM, t.Warps*32, l.total, t.Warps*32, t.MinBlocks, BwdDQKernel)
+	g.kernelConsts(b, t)
+	bwdSmemDecls(b, l)
+	b.WriteString("  const int b = blockIdx.y, h = blockIdx.z, i0 = blockIdx.x * BM;\n")
+	g.segment(b)
+	b.WriteString(`  if (i0 >= n) return;
+  const int kvh = h / (p.H / p.Hkv);
+  const int off = p.bottom_right ? m - n : 0;
+  const int iend = min(i0 + BM, n);
+  int jlo = 0, jhi = m;
+`)
+	if v.Masked {
+		b.WriteString(`  if (p.left >= 0) jlo = max(jlo, i0 + off - p.left);
+  if (p.right >= 0) jhi = min(jhi, iend - 1 + off + p.right + 1);
+`)
+	}
+	fmt.Fprintf(b, `  (void)iend;
+  const int jb0 = jlo / BN;
+  const int njb = jhi > jlo ? (jhi + BN - 1) / BN - jb0 : 0;
+  auto load_kv = [&](int it, int s) {
+    const int jk = (jb0 + it) * BN;
+    load_tile<BN, DKP, LDK, DK, NTH>(sK + s * %d, p.k + b * p.k_sb + (kr0 + jk) * p.k_sr + kvh * p.k_sh, p.k_sr, m - jk);
+    load_tile<BN, DVP, LDV, DV, NTH>(sV + s * %d, p.v + b * p.v_sb + (kr0 + jk) * p.v_sr + kvh * p.v_sh, p.v_sr, m - jk);
+  };
+`, t.BlockN*v.padRow(v.DKPad()), t.BlockN*v.padRow(v.DVPad()))
+	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
+	b.WriteString(`if (njb > 0) {
+    load_tile<BM, DKP, LDK, DK, NTH>(sQ, p.q + b * p.q_sb + (qr0 + i0) * p.q_sr + h * p.q_sh, p.q_sr, n - i0);
+    load_tile<BM, DVP, LDV, DV, NTH>(sdO, p.dout + b * p.do_sb + (qr0 + i0) * p.do_sr + h * p.do_sh, p.do_sr, n - i0);
+    const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
+    load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);
+    load_kv(0, 0);
+    cp_async_commit();
+  }
+  for (int it = 0; it < njb; ++it) {
+`)
+	if t.Stages == 2 {
+		b.WriteString("    const int st = it & 1;\n")
+	} else {
+		b.WriteString("    const int st = 0;\n    if (it > 0) { load_kv(it, 0); cp_async_commit(); }\n")
+	}
+	b.WriteString(`    const int j0 = (jb0 + it) * BN;
+    cp_async_wait0();
+    __syncthreads();
+`)
+	if t.Stages == 2 {
+		b.WriteString("    if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }\n")
+	}
+	g.fullMask(b)
+	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accS"), "\n", "\n    "))
+	bwdEmitProduct(b, ps[0], g.mma)
+	g.probs(b, st, "sL", "sD", false)
+	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accP"), "\n", "\n    "))
+	bwdEmitProduct(b, ps[1], g.mma)
+	g.dsFromDP(b, st, false)
+	b.WriteString("    __syncthreads();\n")
+	bwdEmitProduct(b, ps[2], g.mma)
+	if t.Stages == 1 {
+		b.WriteString("    __syncthreads();\n")
+	}
+	b.WriteString("  }\n")
+	b.WriteString("  T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;\n")
+	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
+	b.WriteString("}\n")
+}

@@ -1,0 +1,236 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+)
+
+// bwdMatrix is the variant matrix the generator must handle.
+func bwdMatrix() []BwdVariant {
+	var out []BwdVariant
+	for _, dt := range []attn.DType{attn.Float16, attn.BFloat16, attn.Float32} {
+		for _, d := range [][2]int{{64, 64}, {128, 128}, {256, 256}, {512, 512}, {59, 59}, {1, 1}, {111, 127}, {199, 257}, {32, 96}, {16, 512}} {
+			for _, feat := range []int{0, 1, 2, 3} {
+				v := BwdVariant{DType: dt, DK: d[0], DV: d[1]}
+				g := 16 / dt.Size()
+				v.Vector = d[0]%g == 0 && d[1]%g == 0
+				switch feat {
+				case 1:
+					v.Masked, v.AtomicDQ = true, true
+				case 2:
+					v.Masked, v.Softcap, v.Dropout, v.Varlen = true, true, true, true
+				case 3:
+					v.Bias, v.BiasDType, v.BiasGrad, v.Softcap, v.AtomicDQ = true, dt, true, true, true
+				}
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+// mainBwdVariants are the variants whose kernels must not spill.
+func mainBwdVariants() []BwdVariant {
+	var out []BwdVariant
+	for _, dt := range []attn.DType{attn.Float16, attn.BFloat16} {
+		for _, d := range []int{64, 128, 256} {
+			for _, atomic := range []bool{false, true} {
+				for _, masked := range []bool{false, true} {
+					out = append(out, BwdVariant{DType: dt, DK: d, DV: d, Vector: true, AtomicDQ: atomic, Masked: masked})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func TestBwdSourceMatrix(t *testing.T) {
+	seen := map[string]bool{}
+	for _, v := range bwdMatrix() {
+		src, err := BwdSource(v)
+		if err != nil {
+			t.Errorf("%s: %v", v.Key(), err)
+			continue
+		}
+		for _, name := range []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel} {
+			if !strings.Contains(src, "extern \"C\" __global__ void __launch_bounds__") || !strings.Contains(src, " "+name+"(const BwdParams p)") {
+				t.Errorf("%s: kernel %s missing", v.Key(), name)
+			}
+		}
+		if strings.Count(src, "{") != strings.Count(src, "}") {
+			t.Errorf("%s: unbalanced braces", v.Key())
+		}
+		if v.Dropout != strings.Contains(src, "philox4((unsigned)") {
+			t.Errorf("%s: dropout code present = %v", v.Key(), !v.Dropout)
+		}
+		if v.AtomicDQ != strings.Contains(src, "atomicAdd(") {
+			t.Errorf("%s: atomic code present = %v", v.Key(), !v.AtomicDQ)
+		}
+		if seen[v.Key()] {
+			t.Errorf("duplicate key %s", v.Key())
+		}
+		seen[v.Key()] = true
+		src2, _ := BwdSource(v)
+		if src2 != src {
+			t.Errorf("%s: source is not a pure function of the variant", v.Key())
+		}
+	}
+}
+
+func TestBwdValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		v    BwdVariant
+		want error
+	}{
+		{"dtype", BwdVariant{DType: attn.DType(9), DK: 64, DV: 64}, attn.ErrDType},
+		{"dk0", BwdVariant{DType: attn.Float16, DK: 0, DV: 64}, attn.ErrShape},
+		{"dv513", BwdVariant{DType: attn.Float16, DK: 64, DV: 513}, attn.ErrShape},
+		{"dbias without bias", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, BiasGrad: true}, attn.ErrOption},
+		{"bias varlen", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Bias: true, BiasDType: attn.Float16, Varlen: true}, attn.ErrUnsupported},
+		{"vector odd", BwdVariant{DType: attn.Float16, DK: 59, DV: 64, Vector: true}, attn.ErrLayout},
+		{"tile", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Tiles: BwdTiles{DKDV: BwdTile{24, 64, 8, 2, 1}}}, attn.ErrUnsupported},
+		{"smem", BwdVariant{DType: attn.Float16, DK: 512, DV: 512, Tiles: BwdTiles{DKDV: BwdTile{128, 128, 8, 2, 1}}}, attn.ErrUnsupported},
+		{"ok", BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.v.Validate()
+			if c.want == nil {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Validate = %v, want %v", err, c.want)
+			}
+			if _, err := BwdSource(c.v); !errors.Is(err, c.want) {
+				t.Fatalf("BwdSource error = %v, want %v", err, c.want)
+			}
+		})
+	}
+}
+
+func TestBwdParamsLayout(t *testing.T) {
+	p := BwdParams{Q: 0x1122334455667788, B: 3, DropOffs: 0xdeadbeef}
+	b := p.Bytes()
+	if len(b)%8 != 0 {
+		t.Fatalf("params size %d not a multiple of 8", len(b))
+	}
+	if b[0] != 0x88 || b[7] != 0x11 {
+		t.Fatalf("q pointer bytes % x", b[:8])
+	}
+	if got := b[len(b)-8:]; got[4] != 0xef && got[0] != 0xef {
+		t.Fatalf("last field not at the end: % x", got)
+	}
+	decl := bwdParamsStruct()
+	n8, n4 := strings.Count(decl, "long long")+strings.Count(decl, "*"), 0
+	for _, f := range p.fields() {
+		if f.size == 4 {
+			n4++
+		}
+	}
+	if want := n8*8 + n4*4; (want+7)/8*8 != len(b) {
+		t.Fatalf("declared members make %d bytes, Bytes gives %d", want, len(b))
+	}
+}
+
+func TestBwdWarpGrid(t *testing.T) {
+	cases := []struct{ m, n, w, wm, wn int }{
+		{64, 128, 8, 2, 4}, {128, 128, 8, 4, 2}, {32, 32, 8, 2, 4}, {128, 16, 8, 8, 1}, {64, 64, 4, 2, 2},
+		{16, 8, 4, 1, 1}, {32, 16, 8, 2, 2},
+	}
+	for _, c := range cases {
+		wm, wn, err := bwdWarpGrid(c.m, c.n, c.w)
+		if err != nil || wm != c.wm || wn != c.wn {
+			t.Errorf("bwdWarpGrid(%d,%d,%d) = %d,%d,%v want %d,%d", c.m, c.n, c.w, wm, wn, err, c.wm, c.wn)
+		}
+	}
+	if _, _, err := bwdWarpGrid(8, 8, 4); err == nil {
+		t.Errorf("bwdWarpGrid(8,8,4) accepted")
+	}
+}
+
+var (
+	bwdNVRTCOnce sync.Once
+	bwdNVRTC     *cuda.Compiler
+	bwdNVRTCErr  error
+)
+
+func bwdCompilerOrSkip(t *testing.T) *cuda.Compiler {
+	t.Helper()
+	bwdNVRTCOnce.Do(func() { bwdNVRTC, bwdNVRTCErr = cuda.NewCompiler() })
+	if bwdNVRTCErr != nil {
+		t.Skipf("no NVRTC: %v", bwdNVRTCErr)
+	}
+	return bwdNVRTC
+}
+
+func bwdCompile(t *testing.T, c *cuda.Compiler, v BwdVariant) []cuda.KernelResources {
+	t.Helper()
+	src, err := BwdSource(v)
+	if err != nil {
+		t.Fatalf("%s: %v", v.Key(), err)
+	}
+	if dir := os.Getenv("FLASHATTN_DUMP_BWD"); dir != "" {
+		_ = os.WriteFile(filepath.Join(dir, v.Key()+".cu"), []byte(src), 0o644)
+	}
+	out, err := c.Compile(cuda.CompileRequest{Name: v.Key() + ".cu", Source: src, Arch: "sm_90", Verbose: true, NoCache: true})
+	if err != nil {
+		t.Fatalf("%s: %v", v.Key(), err)
+	}
+	return out.Stats.Resources
+}
+
+// TestBwdCompileMain compiles the main variants with NVRTC for sm_90 and
+// checks that ptxas reports no spills in the dK/dV and dQ kernels.
+func TestBwdCompileMain(t *testing.T) {
+	c := bwdCompilerOrSkip(t)
+	vs := mainBwdVariants()
+	if testing.Short() {
+		vs = vs[:2]
+	}
+	for _, v := range vs {
+		res := bwdCompile(t, c, v)
+		if len(res) < 5 {
+			t.Fatalf("%s: ptxas reported %d kernels", v.Key(), len(res))
+		}
+		for _, r := range res {
+			t.Logf("%s %s: %d regs, %d stack, spills %d/%d", v.Key(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
+			if r.SpillStores > 0 || r.SpillLoads > 0 {
+				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Key(), r.Name, r.SpillStores, r.SpillLoads)
+			}
+		}
+	}
+}
+
+// TestBwdCompileMatrix compiles every variant of the matrix (long).
+func TestBwdCompileMatrix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: matrix compile skipped")
+	}
+	c := bwdCompilerOrSkip(t)
+	vs := bwdMatrix()
+	if s := os.Getenv("FLASHATTN_BWD_MATRIX"); s != "all" {
+		// A spread subset keeps the default run under a minute or two.
+		var sub []BwdVariant
+		for i, v := range vs {
+			if i%7 == 0 {
+				sub = append(sub, v)
+			}
+		}
+		vs = sub
+	}
+	for _, v := range vs {
+		t.Run(fmt.Sprint(v.Key()), func(t *testing.T) { bwdCompile(t, c, v) })
+	}
+}

@@ -1,0 +1,29 @@
+// Package kernels writes the CUDA C++ source of flashattn's GPU kernels.
+//
+// A kernel is described by a Variant, a plain comparable struct: element
+// type, head-dimension capacities, tile sizes, warps, pipeline depth, global
+// load width, mask kind and features (softcap, bias, dropout, packed
+// variable-length batches, LSE output). Its source is a pure function of the
+// Variant (Variant.Source), so the Variant is also the key of every cache of
+// compiled kernels.
+//
+// The forward kernel follows FlashAttention-2: one CTA owns BlockM query rows
+// of one (batch, head); it walks the key blocks from the last to the first,
+// computing S = Q·Kᵀ with tensor-core mma.sync instructions, an online
+// softmax in base 2 with scale·log2(e) folded in, and O += P·V with P taken
+// from registers as the A operand (or from shared memory when the value
+// dimension is split across warps). K and V tiles stream through shared
+// memory with cp.async (or register-staged narrow loads when rows are not
+// 4-byte aligned), laid out with an XOR swizzle so that ldmatrix reads are
+// free of bank conflicts.
+//
+// The kernel takes one struct parameter whose C declaration and Go packing
+// (Params.Pack) come from a single field table, so they cannot drift; the
+// generated source also asserts every field offset at compile time.
+//
+// Element types: bf16 and fp16 use mma.sync m16n8k16 with fp32
+// accumulation; fp32 uses split-tf32 (three m16n8k8 tf32 products per step:
+// hi·hi + hi·lo + lo·hi, where x = hi + lo exactly up to the tf32 rounding of
+// lo), which keeps each product to about 2^-21 relative error, so the fp32
+// path meets a 1e-5 relative error bound against a float64 reference.
+package kernels

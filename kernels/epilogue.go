@@ -1,0 +1,102 @@
+package kernels
+
+// epilogueEmpty writes the early exit of a CTA whose rows see no key at
+// all: O = 0 and LSE = −inf for its valid rows.
+func (x *gen) epilogueEmpty() {
+	x.raw(`  if (nb_hi <= nb_lo) {  // ---- no row of this CTA sees a key: O = 0, LSE = -inf
+`)
+	x.outputBases("    ")
+	x.raw(`    for (int idx = tid; idx < rows * p.d_v; idx += NTHREADS) {
+      const int r = idx / p.d_v, d = idx - r * p.d_v;
+      store_elem(gO + r * o_rs + (i64)d * ESZ, 0.f);
+    }
+`)
+	if x.v.LSE {
+		x.raw("    for (int r = tid; r < rows; r += NTHREADS) gL[r * p.lse_sn] = NEG_INF;\n")
+	}
+	x.raw("    return;\n  }\n")
+}
+
+// outputBases writes the global addresses of the CTA's first O row and LSE
+// entry (computed where needed, so that they take no registers in the main loop).
+func (x *gen) outputBases(indent string) {
+	x.raw(indent + "char* gO = (char*)p.o + ((i64)b * p.o_sb + (qs + m0) * p.o_sn + (i64)h * p.o_sh) * ESZ;\n")
+	if x.v.LSE {
+		x.raw(indent + "float* gL = (float*)p.lse + (i64)b * p.lse_sb + (i64)h * p.lse_sh + (qs + m0) * p.lse_sn;\n")
+	}
+}
+
+// epilogue writes the final normalization and the stores of O and LSE:
+// O = acc / l (times 1/(1−p) under dropout), LSE = (max·SC + log2 l)·ln 2;
+// a row with l = 0 (no visible key) gets O = 0 and LSE = −inf.
+func (x *gen) epilogue() {
+	v := x.v
+	x.raw("\n  // ---- epilogue: row sums over the quad (and the key halves), O = acc / l, LSE = ln(sum exp)\n")
+	x.outputBases("  ")
+	if v.WarpsN > 1 {
+		x.raw(`  __syncthreads();  // every warp is done with the row-maximum exchange
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += __shfl_xor_sync(FULL_MASK, l, 1);
+      l += __shfl_xor_sync(FULL_MASK, l, 2);
+      if (c == 0) red[wn * BM + wrow0 + mt * 16 + g + 8 * hf] = l;
+    }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) l += red[w * BM + wrow0 + mt * 16 + g + 8 * hf];
+      row_sum[mt][hf] = l;
+    }
+`)
+	} else {
+		x.raw(`#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += __shfl_xor_sync(FULL_MASK, l, 1);
+      l += __shfl_xor_sync(FULL_MASK, l, 2);
+      row_sum[mt][hf] = l;
+    }
+`)
+	}
+	dscale := "1.f"
+	if v.Dropout {
+		dscale = "p.drop_scale"
+	}
+	x.p(`#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wrow0 + mt * 16 + g + 8 * hf;  // row within the block
+      const float l = row_sum[mt][hf];
+      const float inv = l > 0.f ? %s / l : 0.f;
+      if (r < rows) {
+        char* orow = gO + r * o_rs;
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt) {
+          const int d = dv0 + nt * 8 + 2 * c;
+          const float a0 = o[mt][nt][2 * hf] * inv, a1 = o[mt][nt][2 * hf + 1] * inv;
+          if (p.o_vec2 && d + 1 < p.d_v) {
+            store_pair(orow + d * ESZ, a0, a1);
+          } else {
+            if (d < p.d_v) store_elem(orow + d * ESZ, a0);
+            if (d + 1 < p.d_v) store_elem(orow + (d + 1) * ESZ, a1);
+          }
+        }`, dscale)
+	if v.LSE {
+		cond := "c == 0"
+		if v.WarpsN > 1 {
+			cond = "c == 0 && wn == 0"
+		}
+		x.p("        if (%s) gL[r * p.lse_sn] = l > 0.f ? (row_max[mt][hf] * SC + log2f(l)) * LN2 : NEG_INF;", cond)
+	}
+	x.raw("      }\n    }\n")
+}

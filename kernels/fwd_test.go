@@ -1,0 +1,371 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+)
+
+// fwdVariant builds a tuned variant as the GPU backend does.
+func fwdVariant(t testing.TB, dt attn.DType, dk, dv, loadBytes int, f func(*Variant)) Variant {
+	t.Helper()
+	tile, err := TileFor(dt, dk, dv, loadBytes == 2)
+	if err != nil {
+		t.Fatalf("TileFor(%v, %d, %d): %v", dt, dk, dv, err)
+	}
+	v := tile.Apply(Variant{DType: dt, DK: dk, DV: dv, LoadBytes: loadBytes, LSE: true})
+	if f != nil {
+		f(&v)
+	}
+	return v
+}
+
+// fwdFeatures are the feature sets of the source matrix.
+var fwdFeatures = []struct {
+	name string
+	set  func(*Variant)
+}{
+	{"plain", nil},
+	{"causal", func(v *Variant) { v.Mask = MaskWindow }},
+	{"softcap+bias", func(v *Variant) { v.Softcap, v.Bias = true, BiasBF16 }},
+	{"dropout+varlen+window", func(v *Variant) { v.Dropout, v.Varlen, v.Mask = true, true, MaskWindow }},
+	{"prescale+bias32+nolse", func(v *Variant) { v.PreScale, v.Bias, v.LSE = true, BiasF32, false }},
+}
+
+// fwdDims are the head-dim pairs of the source matrix.
+var fwdDims = [][2]int{{64, 64}, {128, 128}, {256, 256}, {512, 512}, {1, 1}, {59, 59}, {111, 111}, {127, 127}, {199, 199}, {257, 257}, {32, 96}, {16, 512}, {512, 64}}
+
+func TestSourceMatrix(t *testing.T) {
+	seen := map[Variant]bool{}
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16, attn.Float32} {
+		for _, d := range fwdDims {
+			for _, lb := range []int{16, 4, 2} {
+				if lb == 2 && dt == attn.Float32 {
+					continue
+				}
+				for _, f := range fwdFeatures {
+					v := fwdVariant(t, dt, d[0], d[1], lb, f.set)
+					src, err := v.Source()
+					if err != nil {
+						t.Errorf("%s: %v", v, err)
+						continue
+					}
+					if !strings.Contains(src, `extern "C" __global__ void __launch_bounds__(NTHREADS, `) ||
+						!strings.Contains(src, " "+KernelName+"(const Params p)") {
+						t.Errorf("%s: entry point missing", v)
+					}
+					if strings.Count(src, "{") != strings.Count(src, "}") {
+						t.Errorf("%s: unbalanced braces", v)
+					}
+					if got := strings.Contains(src, "apply_dropout(s,"); got != v.Dropout {
+						t.Errorf("%s: dropout code present = %v", v, got)
+					}
+					if got := strings.Contains(src, "tanhf("); got != v.Softcap {
+						t.Errorf("%s: softcap code present = %v", v, got)
+					}
+					if got := strings.Contains(src, "const int* cq = (const int*)p.cu_q;"); got != v.Varlen {
+						t.Errorf("%s: varlen code present = %v", v, got)
+					}
+					if got := strings.Contains(src, "ldg_tile<"); got != (lb == 2) {
+						t.Errorf("%s: register-staged loads present = %v", v, got)
+					}
+					i, j := strings.Index(src, PrimitivesBegin), strings.Index(src, PrimitivesEnd)
+					if i < 0 || j < i || strings.Contains(src[:i], "asm(") || strings.Contains(src[:i], "asm volatile") ||
+						strings.Contains(src[j:], "asm(") || strings.Contains(src[j:], "asm volatile") {
+						t.Errorf("%s: inline PTX outside the primitives block", v)
+					}
+					if src2, _ := v.Source(); src2 != src {
+						t.Errorf("%s: source is not a pure function of the variant", v)
+					}
+					seen[v] = true
+				}
+			}
+		}
+	}
+	names := map[string]bool{}
+	for v := range seen {
+		if names[v.Name()] {
+			t.Errorf("two variants share the name %s", v.Name())
+		}
+		names[v.Name()] = true
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := Variant{DType: attn.BFloat16, DK: 128, DV: 128, BlockM: 128, BlockN: 64, WarpsM: 4, WarpsN: 1, Stages: 2, LoadBytes: 16, MinBlocks: 1}
+	cases := []struct {
+		name string
+		edit func(*Variant)
+		want error
+	}{
+		{"ok", func(*Variant) {}, nil},
+		{"dtype", func(v *Variant) { v.DType = 7 }, attn.ErrOption},
+		{"dk 0", func(v *Variant) { v.DK = 0 }, attn.ErrShape},
+		{"dv 513", func(v *Variant) { v.DV = 513 }, attn.ErrShape},
+		{"warpsN 3", func(v *Variant) { v.WarpsN = 3 }, attn.ErrShape},
+		{"blockM 96 with 4 warps", func(v *Variant) { v.BlockM = 96 }, attn.ErrShape},
+		{"blockM 320", func(v *Variant) { v.BlockM = 320 }, attn.ErrShape},
+		{"blockN 24", func(v *Variant) { v.BlockN = 24 }, attn.ErrShape},
+		{"stages 3", func(v *Variant) { v.Stages = 3 }, attn.ErrShape},
+		{"load 32", func(v *Variant) { v.LoadBytes = 32 }, attn.ErrShape},
+		{"fp32 2-byte loads", func(v *Variant) { v.DType, v.LoadBytes, v.Stages = attn.Float32, 2, 1 }, attn.ErrShape},
+		{"2-byte loads 2 stages", func(v *Variant) { v.LoadBytes = 2 }, attn.ErrUnsupported},
+		{"mask kind", func(v *Variant) { v.Mask = 9 }, attn.ErrOption},
+		{"bias kind", func(v *Variant) { v.Bias = 9 }, attn.ErrOption},
+		{"bias varlen", func(v *Variant) { v.Bias, v.Varlen = BiasBF16, true }, attn.ErrUnsupported},
+		{"min blocks", func(v *Variant) { v.MinBlocks = 0 }, attn.ErrShape},
+		{"shared memory", func(v *Variant) { v.DK, v.DV, v.BlockN, v.Stages = 512, 512, 128, 2 }, attn.ErrUnsupported},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := ok
+			c.edit(&v)
+			err := v.Validate()
+			if c.want == nil {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Validate = %v, want %v", err, c.want)
+			}
+			if _, err := v.Source(); !errors.Is(err, c.want) {
+				t.Fatalf("Source error = %v, want %v", err, c.want)
+			}
+		})
+	}
+}
+
+func TestTuneTable(t *testing.T) {
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16, attn.Float32} {
+		for d := 1; d <= attn.MaxHeadDim; d++ {
+			for _, narrow := range []bool{false, true} {
+				if narrow && dt == attn.Float32 {
+					continue
+				}
+				tile, err := TileFor(dt, d, d, narrow)
+				if err != nil {
+					t.Fatalf("TileFor(%v, %d, narrow %v): %v", dt, d, narrow, err)
+				}
+				lb := 16
+				if narrow {
+					lb = 2
+				}
+				v := tile.Apply(Variant{DType: dt, DK: d, DV: d, LoadBytes: lb, MinBlocks: 1})
+				if err := v.Validate(); err != nil {
+					t.Fatalf("tile of %v d=%d narrow=%v: %v", dt, d, narrow, err)
+				}
+			}
+		}
+	}
+	if _, err := TileFor(attn.Float32, 64, 64, true); !errors.Is(err, attn.ErrUnsupported) {
+		t.Fatalf("fp32 narrow: %v, want ErrUnsupported", err)
+	}
+}
+
+func TestParamsLayout(t *testing.T) {
+	offs, size := layout()
+	if size != ParamsSize || size%8 != 0 {
+		t.Fatalf("size %d (ParamsSize %d) not a multiple of 8", size, ParamsSize)
+	}
+	end := 0
+	names := map[string]bool{}
+	for i, f := range paramTable {
+		if offs[i]%f.typ.size() != 0 {
+			t.Errorf("%s at %d not aligned to %d", f.name, offs[i], f.typ.size())
+		}
+		if offs[i] < end {
+			t.Errorf("%s at %d overlaps the previous field ending at %d", f.name, offs[i], end)
+		}
+		end = offs[i] + f.typ.size()
+		if names[f.name] {
+			t.Errorf("duplicate field %s", f.name)
+		}
+		names[f.name] = true
+	}
+	// Every field lands at its offset with its value.
+	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
+		ScaleLog2: 1.5, WinLeft: -1, DropThreshold: 0xfedcba98, DropOffset: 0x01020304}
+	b := p.Pack()
+	get := func(name string) uint64 {
+		for i, f := range paramTable {
+			if f.name == name {
+				if f.typ.size() == 8 {
+					return binary.LittleEndian.Uint64(b[offs[i]:])
+				}
+				return uint64(binary.LittleEndian.Uint32(b[offs[i]:]))
+			}
+		}
+		t.Fatalf("no field %s", name)
+		return 0
+	}
+	checks := []struct {
+		name string
+		want uint64
+	}{
+		{"q", 0x1122334455667788}, {"cu_k", 0xabcdef}, {"q_sb", uint64(1<<64 - 3)}, {"bias_sm", 1 << 40},
+		{"b", 7}, {"d_v", 257}, {"scale_log2", uint64(math.Float32bits(1.5))}, {"win_left", 0xffffffff},
+		{"drop_threshold", 0xfedcba98}, {"drop_offset", 0x01020304}, {"k", 0},
+	}
+	for _, c := range checks {
+		if got := get(c.name); got != c.want {
+			t.Errorf("field %s = %#x, want %#x", c.name, got, c.want)
+		}
+	}
+	decl := cParams()
+	for i, f := range paramTable {
+		if !strings.Contains(decl, " "+f.name+";") {
+			t.Errorf("C struct lacks %s", f.name)
+		}
+		if !strings.Contains(decl, fmt.Sprintf("offsetof(Params, %s) == %d,", f.name, offs[i])) {
+			t.Errorf("C struct lacks the offset assertion of %s", f.name)
+		}
+	}
+	var into [512]byte
+	p.PackInto(into[:ParamsSize])
+	if string(into[:ParamsSize]) != string(b) {
+		t.Errorf("PackInto differs from Pack")
+	}
+}
+
+var (
+	nvrtcOnce sync.Once
+	nvrtcC    *cuda.Compiler
+	nvrtcErr  error
+)
+
+// compilerOrSkip returns the process's NVRTC, or skips the test.
+func compilerOrSkip(t *testing.T) *cuda.Compiler {
+	t.Helper()
+	nvrtcOnce.Do(func() { nvrtcC, nvrtcErr = cuda.NewCompiler() })
+	if nvrtcErr != nil {
+		t.Skipf("no NVRTC here: %v", nvrtcErr)
+	}
+	return nvrtcC
+}
+
+// compileAll compiles variants for arch in parallel and returns ptxas's
+// report of each (same order).
+func compileAll(t *testing.T, c *cuda.Compiler, arch string, vs []Variant) []cuda.KernelResources {
+	t.Helper()
+	out := make([]cuda.KernelResources, len(vs))
+	errs := make([]error, len(vs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, runtime.NumCPU()))
+	for i, v := range vs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			src, err := v.Source()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			res, err := c.Compile(cuda.CompileRequest{Name: v.Name() + ".cu", Source: src, Arch: arch, Verbose: true, NoCache: true})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			for _, r := range res.Stats.Resources {
+				if r.Name == KernelName {
+					out[i] = r
+				}
+			}
+			if out[i].Name == "" {
+				errs[i] = fmt.Errorf("no ptxas report for %s in:\n%s", KernelName, res.Stats.Log)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("%s: %v", vs[i], err)
+		}
+	}
+	return out
+}
+
+// mainVariants are the tuned bf16/fp16 kernels of the common head dims.
+func mainVariants(t *testing.T) []Variant {
+	var vs []Variant
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16} {
+		for _, d := range []int{64, 128, 256} {
+			for _, mask := range []MaskKind{MaskNone, MaskWindow} {
+				vs = append(vs, fwdVariant(t, dt, d, d, 16, func(v *Variant) { v.Mask = mask }))
+			}
+		}
+	}
+	return vs
+}
+
+// TestCompileMain compiles the main variants for sm_90 with NVRTC and
+// checks ptxas's report. The fastest tiles measured (FlashAttention-2's
+// 4-warp, 32-rows-per-warp tiles) sit at the 255-register limit, where ptxas
+// keeps at most a couple of values in local memory (reloaded once per key
+// block); anything beyond 16 bytes means a register array went to memory.
+func TestCompileMain(t *testing.T) {
+	c := compilerOrSkip(t)
+	vs := mainVariants(t)
+	if testing.Short() {
+		vs = vs[:2]
+	}
+	res := compileAll(t, c, "sm_90", vs)
+	for i, r := range res {
+		t.Logf("%s: %d registers, %d B stack, spills %d/%d", vs[i], r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
+		if r.Name != "" && (r.SpillStores > 16 || r.StackBytes > 16) {
+			t.Errorf("%s spills: %d B stack, %d B stores, %d B loads", vs[i], r.StackBytes, r.SpillStores, r.SpillLoads)
+		}
+	}
+}
+
+// TestCompileMatrix compiles every feature, load width and head-dim class
+// for sm_80 and sm_90 (where this NVRTC supports them).
+func TestCompileMatrix(t *testing.T) {
+	c := compilerOrSkip(t)
+	if testing.Short() {
+		t.Skip("long: compiles dozens of kernels")
+	}
+	var vs []Variant
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16, attn.Float32} {
+		for _, d := range [][2]int{{64, 64}, {59, 59}, {127, 127}, {257, 257}, {512, 512}, {32, 96}} {
+			for _, lb := range []int{16, 2} {
+				if lb == 2 && dt == attn.Float32 {
+					lb = 4
+				}
+				for _, f := range fwdFeatures {
+					vs = append(vs, fwdVariant(t, dt, d[0], d[1], lb, f.set))
+				}
+			}
+		}
+	}
+	archs := map[int]bool{}
+	for _, a := range c.SupportedArchs() {
+		archs[a] = true
+	}
+	for _, arch := range []int{80, 90} {
+		if len(archs) > 0 && !archs[arch] {
+			t.Logf("NVRTC %s does not support sm_%d", c.VersionString(), arch)
+			continue
+		}
+		res := compileAll(t, c, fmt.Sprintf("sm_%d", arch), vs)
+		spills := 0
+		for i, r := range res {
+			if r.SpillStores != 0 {
+				spills++
+				t.Logf("sm_%d %s: %d registers, %d B spill stores", arch, vs[i], r.Registers, r.SpillStores)
+			}
+		}
+		t.Logf("sm_%d: %d variants compiled, %d with spills", arch, len(vs), spills)
+	}
+}

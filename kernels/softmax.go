@@ -1,0 +1,171 @@
+package kernels
+
+import "github.com/flashattn/flashattn/attn"
+
+// Softmax. The kernel keeps, per query row, the running maximum row_max and
+// the running sum row_sum of exp2(s·SC − row_max·SC) over the keys seen so
+// far, where SC = scale·log2(e) (exp(x) = exp2(x·log2 e), and ex2.approx is
+// one instruction). Prescaled variants (softcap, bias, negative scale) turn
+// the scores into base-2 units first and use SC = 1. A new key block raises
+// the maximum to m', rescales row_sum and the O accumulators by
+// exp2((m − m')·SC), and adds its own probabilities. A row with no visible
+// key so far has maximum −inf; its subtrahend is taken as 0 so that every
+// exp2 gives 0 rather than NaN.
+
+// biasFuncs writes the bias element loader.
+func (x *gen) biasFuncs() string {
+	switch x.v.Bias {
+	case BiasF32:
+		return "DEV float bias_load(const char* p) { return *(const float*)p; }\n"
+	case BiasBF16:
+		return "DEV float bias_load(const char* p) { return bf16_to_f32(*(const u16*)p); }\n"
+	case BiasF16:
+		return "DEV float bias_load(const char* p) { return f16_to_f32(*(const u16*)p); }\n"
+	}
+	return ""
+}
+
+func (v Variant) biasSize() int {
+	if v.Bias == BiasF32 {
+		return 4
+	}
+	return 2
+}
+
+// biasSetup writes the per-lane bias row pointers.
+func (x *gen) biasSetup() {
+	if x.v.Bias == BiasNone {
+		return
+	}
+	x.p(`  // ---- bias rows of this lane (sequence positions m0 + wrow0 + 16·mt + g + 8·hf); 0 strides broadcast
+  const i64 bias_km = p.bias_sm * %d;  // key stride in bytes
+  const char* brow[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wrow0 + mt * 16 + g + 8 * hf;
+      brow[mt][hf] = r < rows ? (const char*)p.bias + ((i64)b * p.bias_sb + (i64)h * p.bias_sh + (i64)(m0 + r) * p.bias_sn) * %d : nullptr;
+    }`, x.v.biasSize(), x.v.biasSize())
+}
+
+// transform writes the score transform of prescaled variants: softcap or
+// scale, then bias, into base-2 units.
+func (x *gen) transform() {
+	v := x.v
+	if !v.prescaled() {
+		return
+	}
+	x.raw(`    // ---- scores into base-2 units: `)
+	switch {
+	case v.Softcap:
+		x.raw("softcap·tanh(scale·s/softcap)·log2e")
+	default:
+		x.raw("scale·s·log2e")
+	}
+	if v.Bias != BiasNone {
+		x.raw(" + bias·log2e")
+	}
+	x.raw(`
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float t = s[mt][nt][e];
+`)
+	if v.Softcap {
+		x.raw("          t = tanhf(t * p.softcap_in) * p.softcap_out;\n")
+	} else {
+		x.raw("          t *= p.scale_log2;\n")
+	}
+	if v.Bias != BiasNone {
+		x.raw(`          const int j = n0 + key0 + nt * 8 + 2 * c + (e & 1);
+          const char* br = brow[mt][e >> 1];
+          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;
+`)
+	}
+	x.raw("          s[mt][nt][e] = t;\n        }\n")
+}
+
+// softmaxPartialMax writes, for WarpsN > 1, the first phase: each warp's row
+// maxima over its keys go to shared memory.
+func (x *gen) softmaxPartialMax() {
+	x.raw(`    // ---- softmax, phase 1: row maxima over this warp's keys -> shared
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < NT_S; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+        if (c == 0) red[wn * BM + wrow0 + mt * 16 + g + 8 * hf] = mx;
+      }
+`)
+}
+
+// softmax writes the online-softmax update of a key block; S becomes P.
+func (x *gen) softmax() {
+	split := x.v.WarpsN > 1
+	x.raw(`    // ---- online softmax (base 2): S -> P, rescale O and the row sums
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max[mt][hf];
+`)
+	if split {
+		x.raw(`#pragma unroll
+        for (int w = 0; w < WN; ++w) mx = fmaxf(mx, red[w * BM + wrow0 + mt * 16 + g + 8 * hf]);
+`)
+	} else {
+		x.raw(`#pragma unroll
+        for (int nt = 0; nt < NT_S; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+`)
+	}
+	x.raw(`        const float ms = mx == NEG_INF ? 0.f : mx * SC;      // subtrahend, base-2 units
+        const float alpha = ex2(row_max[mt][hf] * SC - ms);  // rescale of the old sums (0 on the first block)
+        row_max[mt][hf] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+          for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+            const float pr = ex2(fmaf(s[mt][nt][e], SC, -ms));
+            s[mt][nt][e] = pr;
+            sum += pr;
+          }
+        row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt) {
+          o[mt][nt][2 * hf] *= alpha;
+          o[mt][nt][2 * hf + 1] *= alpha;
+        }
+      }
+`)
+}
+
+// storeP writes, for WarpsN > 1, this warp's P block into the shared P tile.
+func (x *gen) storeP() {
+	x.raw(`    // ---- P -> shared [BM][BN] (this warp's rows and keys), read back whole by the PV product
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = wrow0 + mt * 16 + g + 8 * hf, col = key0 + nt * 8 + 2 * c;
+          const u32 addr = sP + toff<PCH>(r, (col * ESZ) >> 4) + ((col * ESZ) & 15);
+`)
+	if x.v.DType == attn.Float32 {
+		x.raw("          sts64(addr, s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);\n")
+	} else {
+		x.raw("          sts32(addr, pack2(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));\n")
+	}
+	x.raw("        }\n")
+}

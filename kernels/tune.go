@@ -1,0 +1,65 @@
+package kernels
+
+import "github.com/flashattn/flashattn/attn"
+
+// Tile is the tile configuration of a forward kernel: the Variant fields
+// that only affect speed.
+type Tile struct {
+	BlockM, BlockN int
+	WarpsM, WarpsN int
+	Stages         int
+	QInRegs        bool
+	MinBlocks      int
+}
+
+// TuneRow is one row of the tuning table: the tile for one element type,
+// one load kind and head dims up to MaxD (the larger of DK and DV).
+type TuneRow struct {
+	DType attn.DType
+	// Narrow rows serve register-staged (2-byte) loads.
+	Narrow bool
+	MaxD   int
+	Tile
+}
+
+// TuneTable holds the forward tiles, measured on an NVIDIA H200 (see
+// NOTES.md). Rows are searched in order; the first row of the dtype and
+// load kind whose MaxD covers the head dims wins. fp16 uses the bf16 rows.
+var TuneTable = []TuneRow{
+	// bf16 / fp16, cp.async loads
+	{attn.BFloat16, false, 64, Tile{128, 128, 4, 1, 1, false, 1}},
+	{attn.BFloat16, false, 128, Tile{128, 64, 4, 1, 1, false, 1}},
+	{attn.BFloat16, false, 256, Tile{128, 64, 8, 1, 2, false, 1}},
+	{attn.BFloat16, false, 512, Tile{64, 64, 4, 2, 1, false, 1}},
+	// bf16 / fp16, register-staged loads (rows only 2-byte aligned)
+	{attn.BFloat16, true, 64, Tile{128, 64, 8, 1, 1, false, 1}},
+	{attn.BFloat16, true, 256, Tile{128, 32, 8, 1, 1, false, 1}},
+	{attn.BFloat16, true, 512, Tile{64, 32, 4, 2, 1, false, 1}},
+	// fp32 (split-tf32), cp.async loads
+	{attn.Float32, false, 128, Tile{64, 32, 4, 1, 1, false, 1}},
+	{attn.Float32, false, 256, Tile{64, 32, 4, 2, 1, false, 1}},
+	{attn.Float32, false, 512, Tile{32, 32, 2, 2, 1, false, 1}},
+}
+
+// TileFor returns the tuned tile for head dims dk, dv of element type dt,
+// with register-staged loads when narrow is set.
+func TileFor(dt attn.DType, dk, dv int, narrow bool) (Tile, error) {
+	if dt == attn.Float16 {
+		dt = attn.BFloat16
+	}
+	d := max(dk, dv)
+	for _, r := range TuneTable {
+		if r.DType == dt && r.Narrow == narrow && d <= r.MaxD {
+			return r.Tile, nil
+		}
+	}
+	return Tile{}, attn.Errorf(attn.ErrUnsupported, "kernels: no forward tile for %v head dims %d/%d (narrow loads %v)", dt, dk, dv, narrow)
+}
+
+// Apply returns v with the tile's fields set.
+func (t Tile) Apply(v Variant) Variant {
+	v.BlockM, v.BlockN = t.BlockM, t.BlockN
+	v.WarpsM, v.WarpsN = t.WarpsM, t.WarpsN
+	v.Stages, v.QInRegs, v.MinBlocks = t.Stages, t.QInRegs, t.MinBlocks
+	return v
+}

@@ -1,0 +1,262 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// KernelName is the name of the forward kernel's entry point in every
+// generated module.
+const KernelName = "flash_fwd"
+
+// MaxSharedBytes is the most dynamic shared memory one CTA may use on the
+// devices the kernels target (sm_80 and sm_90: 227 KiB).
+const MaxSharedBytes = 227 << 10
+
+// MaskKind says whether a kernel applies a causal mask or window.
+type MaskKind uint8
+
+const (
+	// MaskNone: every key of the sequence is visible (only the sequence
+	// end is masked).
+	MaskNone MaskKind = iota
+	// MaskWindow: causal masks and sliding windows, given at run time as
+	// the window's left and right extents and the diagonal's alignment.
+	MaskWindow
+)
+
+// String returns "none" or "window".
+func (k MaskKind) String() string {
+	if k == MaskWindow {
+		return "window"
+	}
+	return "none"
+}
+
+// BiasKind says whether a kernel adds a bias to the scores and in which
+// element type the bias is stored.
+type BiasKind uint8
+
+const (
+	// BiasNone: no bias.
+	BiasNone BiasKind = iota
+	// BiasF32: a float32 bias.
+	BiasF32
+	// BiasF16: a float16 bias.
+	BiasF16
+	// BiasBF16: a bfloat16 bias.
+	BiasBF16
+)
+
+// BiasFor returns the BiasKind of a bias stored in dt.
+func BiasFor(dt attn.DType) BiasKind {
+	switch dt {
+	case attn.Float16:
+		return BiasF16
+	case attn.BFloat16:
+		return BiasBF16
+	}
+	return BiasF32
+}
+
+// String returns "none", "fp32", "fp16" or "bf16".
+func (k BiasKind) String() string {
+	switch k {
+	case BiasF32:
+		return "fp32"
+	case BiasF16:
+		return "fp16"
+	case BiasBF16:
+		return "bf16"
+	}
+	return "none"
+}
+
+// Variant describes one forward kernel. Its zero value is not valid; fill
+// every tile field (Tile does it from the tuning table). The source of the
+// kernel is a pure function of the Variant.
+type Variant struct {
+	// DType is the element type of q, k, v and o.
+	DType attn.DType
+	// DK and DV are the head-dimension capacities (1..512). The kernel
+	// handles any actual dims up to them, given at run time; inside, they are
+	// padded with zero-filled columns to a multiple of 16 (DV to a multiple
+	// of 16·WarpsN).
+	DK, DV int
+	// BlockM is the number of query rows per CTA, a multiple of 16·WarpsM;
+	// each warp owns BlockM/WarpsM rows (16 or 32).
+	BlockM int
+	// BlockN is the number of keys per tile, a multiple of 16·WarpsN.
+	BlockN int
+	// WarpsM is the number of warps along the query rows.
+	WarpsM int
+	// WarpsN is the number of warps that split one tile's keys in S and the
+	// value dimension in O (1 or 2). With 2, P goes through shared memory.
+	WarpsN int
+	// Stages is the number of shared-memory buffers for K and V (1 or 2).
+	Stages int
+	// LoadBytes is the width of one global load: 16, 8 or 4 bytes through
+	// cp.async, or 2 bytes (16-bit types only) through registers. The host
+	// picks the widest that every row start, stride and head dim allows.
+	LoadBytes int
+	// QInRegs keeps the Q fragments in registers for the whole kernel
+	// instead of reading them from shared memory at every key block.
+	QInRegs bool
+	// Mask selects causal/window masking.
+	Mask MaskKind
+	// Softcap applies s = c·tanh(s/c).
+	Softcap bool
+	// PreScale multiplies the scores by scale·log2(e) before the row
+	// maximum (needed when the scale is negative; implied by Softcap and
+	// Bias, which transform the scores anyway).
+	PreScale bool
+	// Bias adds a bias of the given element type to the scores.
+	Bias BiasKind
+	// Dropout drops probabilities with the philox keep mask.
+	Dropout bool
+	// Varlen reads segment offsets from cu_seqlens (packed batches).
+	Varlen bool
+	// LSE writes the log-sum-exp.
+	LSE bool
+	// MinBlocks is the number of CTAs per SM the register allocation must
+	// allow (__launch_bounds__).
+	MinBlocks int
+}
+
+// geom holds the quantities derived from a Variant that the generator uses.
+type geom struct {
+	esz      int // bytes per element of q, k, v
+	dkp, dvp int // padded head dims
+	mt       int // m16 tiles per warp
+	warps    int
+	threads  int
+	ntS      int // n8 tiles of S per warp (keys per warp / 8)
+	ntO      int // n8 tiles of O per warp (value columns per warp / 8)
+	kch, vch int // 16-byte chunks per row of the Q/K and V tiles
+	pch      int // 16-byte chunks per row of the P tile (WarpsN > 1)
+	ksteps   int // k-steps of the QK product (32 bytes of DK each)
+	psteps   int // k-steps of the PV product over the tile's keys
+	sq, sk   int // shared bytes of the Q tile and of all K buffers
+	sv, sp   int // shared bytes of all V buffers and of the P tile
+	red      int // shared bytes of the row-statistics exchange (WarpsN > 1)
+	smem     int // total dynamic shared memory
+}
+
+func roundUp(x, m int) int { return (x + m - 1) / m * m }
+
+func (v Variant) geom() geom {
+	var g geom
+	g.esz = v.DType.Size()
+	wn := max(v.WarpsN, 1)
+	g.dkp = roundUp(v.DK, 16)
+	g.dvp = roundUp(v.DV, 16*wn)
+	g.warps = v.WarpsM * wn
+	g.threads = 32 * g.warps
+	if v.WarpsM > 0 {
+		g.mt = v.BlockM / (16 * v.WarpsM)
+	}
+	g.ntS = v.BlockN / wn / 8
+	g.ntO = g.dvp / wn / 8
+	g.kch = g.dkp * g.esz / 16
+	g.vch = g.dvp * g.esz / 16
+	g.pch = v.BlockN * g.esz / 16
+	g.ksteps = g.dkp * g.esz / 32
+	if g.esz == 4 {
+		g.psteps = v.BlockN / 8
+	} else {
+		g.psteps = v.BlockN / 16
+	}
+	// tiles have a pitch of one extra 16-byte chunk per row (see load.go)
+	g.sq = v.BlockM * (g.kch + 1) * 16
+	g.sk = v.Stages * v.BlockN * (g.kch + 1) * 16
+	g.sv = v.Stages * v.BlockN * (g.vch + 1) * 16
+	if wn > 1 {
+		g.sp = v.BlockM * (g.pch + 1) * 16
+		g.red = wn * v.BlockM * 4
+	}
+	g.smem = g.sq + g.sk + g.sv + g.sp + g.red
+	return g
+}
+
+// Threads returns the number of threads per CTA.
+func (v Variant) Threads() int { return v.geom().threads }
+
+// SharedBytes returns the dynamic shared memory one CTA needs.
+func (v Variant) SharedBytes() int { return v.geom().smem }
+
+// prescaled reports whether scores are scaled into base-2 units before the
+// row maximum.
+func (v Variant) prescaled() bool { return v.PreScale || v.Softcap || v.Bias != BiasNone }
+
+// Name returns a short unique name of the variant, usable in file names.
+func (v Variant) Name() string {
+	b := func(x bool) int {
+		if x {
+			return 1
+		}
+		return 0
+	}
+	return fmt.Sprintf("fwd_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
+		v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks)
+}
+
+// String returns Name.
+func (v Variant) String() string { return v.Name() }
+
+// Validate reports whether the generator can write this variant. Fields out
+// of their domain give errors wrapping attn.ErrShape (tile geometry) or
+// attn.ErrOption (kinds, flags); valid but unhandled combinations give errors
+// wrapping attn.ErrUnsupported.
+func (v Variant) Validate() error {
+	if !v.DType.Valid() {
+		return attn.Errorf(attn.ErrOption, "kernels: dtype %d", int(v.DType))
+	}
+	if v.DK < 1 || v.DK > attn.MaxHeadDim || v.DV < 1 || v.DV > attn.MaxHeadDim {
+		return attn.Errorf(attn.ErrShape, "kernels: head dims DK=%d DV=%d outside 1..%d", v.DK, v.DV, attn.MaxHeadDim)
+	}
+	if v.WarpsM < 1 || v.WarpsN < 1 || v.WarpsN > 2 {
+		return attn.Errorf(attn.ErrShape, "kernels: warps %dx%d: want WarpsM ≥ 1, WarpsN 1 or 2", v.WarpsM, v.WarpsN)
+	}
+	if w := v.WarpsM * v.WarpsN; w > 16 {
+		return attn.Errorf(attn.ErrShape, "kernels: %d warps, at most 16", w)
+	}
+	if v.BlockM <= 0 || v.BlockM%(16*v.WarpsM) != 0 || v.BlockM/(16*v.WarpsM) > 4 {
+		return attn.Errorf(attn.ErrShape, "kernels: BlockM=%d must be 16·WarpsM·t with t in 1..4 (WarpsM=%d)", v.BlockM, v.WarpsM)
+	}
+	if v.BlockN <= 0 || v.BlockN%(16*v.WarpsN) != 0 || v.BlockN > 256 {
+		return attn.Errorf(attn.ErrShape, "kernels: BlockN=%d must be a multiple of 16·WarpsN=%d, at most 256", v.BlockN, 16*v.WarpsN)
+	}
+	if v.Stages != 1 && v.Stages != 2 {
+		return attn.Errorf(attn.ErrShape, "kernels: Stages=%d, want 1 or 2", v.Stages)
+	}
+	switch v.LoadBytes {
+	case 16, 8, 4:
+	case 2:
+		if v.DType == attn.Float32 {
+			return attn.Errorf(attn.ErrShape, "kernels: 2-byte loads of fp32")
+		}
+		if v.Stages != 1 {
+			return attn.Errorf(attn.ErrUnsupported, "kernels: register-staged (2-byte) loads with %d stages", v.Stages)
+		}
+	default:
+		return attn.Errorf(attn.ErrShape, "kernels: LoadBytes=%d, want 16, 8, 4 or 2", v.LoadBytes)
+	}
+	if v.Mask > MaskWindow {
+		return attn.Errorf(attn.ErrOption, "kernels: mask kind %d", v.Mask)
+	}
+	if v.Bias > BiasBF16 {
+		return attn.Errorf(attn.ErrOption, "kernels: bias kind %d", v.Bias)
+	}
+	if v.Bias != BiasNone && v.Varlen {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: bias with packed variable-length batches")
+	}
+	if v.MinBlocks < 1 || v.MinBlocks > 8 {
+		return attn.Errorf(attn.ErrShape, "kernels: MinBlocks=%d outside 1..8", v.MinBlocks)
+	}
+	if s := v.SharedBytes(); s > MaxSharedBytes {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: %s needs %d bytes of shared memory, more than %d", v.Name(), s, MaxSharedBytes)
+	}
+	return nil
+}
