@@ -1,7 +1,6 @@
 package flashattn
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/flashattn/flashattn/attn"
@@ -122,35 +121,16 @@ var auto = sync.OnceValue(func() Backend {
 
 // Forward computes attention on the automatically chosen backend (see Open):
 // O [B, N, H, DV] in q's dtype and LSE [B, H, N] in float32 (packed batches:
-// [totalQ, H, DV] and [H, totalQ]). When the GPU backend reports a valid
-// problem as ErrUnsupported, the CPU backend computes it instead.
+// [totalQ, H, DV] and [H, totalQ]). A problem the chosen backend cannot run
+// fails with an error wrapping ErrUnsupported; nothing is handed to another
+// backend behind the caller's back.
 func Forward(q, k, v Tensor, opt Options) (Result, error) {
-	return forwardWithFallback(auto(), q, k, v, opt)
+	return auto().Forward(q, k, v, opt)
 }
 
 // Backward computes dQ, dK, dV (and dBias when opt.Bias.RequiresGrad) from
 // the forward's inputs q, k, v, its outputs o and lse, and the output
-// gradient dO, on the automatically chosen backend, with the same CPU
-// fallback as Forward.
+// gradient dO, on the automatically chosen backend (see Forward).
 func Backward(q, k, v, o, lse, dO Tensor, opt Options) (Gradients, error) {
-	return backwardWithFallback(auto(), q, k, v, o, lse, dO, opt)
-}
-
-// forwardWithFallback runs b.Forward and, when a backend other than the CPU
-// one rejects the problem as unsupported, the CPU backend's.
-func forwardWithFallback(b Backend, q, k, v Tensor, opt Options) (Result, error) {
-	r, err := b.Forward(q, k, v, opt)
-	if err != nil && errors.Is(err, ErrUnsupported) && b.Name() != "cpu" {
-		return openCPU().Forward(q, k, v, opt)
-	}
-	return r, err
-}
-
-// backwardWithFallback is the backward counterpart of forwardWithFallback.
-func backwardWithFallback(b Backend, q, k, v, o, lse, dO Tensor, opt Options) (Gradients, error) {
-	g, err := b.Backward(q, k, v, o, lse, dO, opt)
-	if err != nil && errors.Is(err, ErrUnsupported) && b.Name() != "cpu" {
-		return openCPU().Backward(q, k, v, o, lse, dO, opt)
-	}
-	return g, err
+	return auto().Backward(q, k, v, o, lse, dO, opt)
 }

@@ -169,59 +169,6 @@ func TestConcurrentFirstUse(t *testing.T) {
 	}
 }
 
-// unsupported is a backend that rejects every problem as unsupported, or
-// fails with err when set.
-type unsupported struct{ err error }
-
-func (u unsupported) Name() string { return "cuda" }
-
-func (u unsupported) fail() error {
-	if u.err != nil {
-		return u.err
-	}
-	return attn.Errorf(ErrUnsupported, "test backend")
-}
-
-func (u unsupported) Forward(q, k, v Tensor, opt Options) (Result, error) { return Result{}, u.fail() }
-
-func (u unsupported) Backward(q, k, v, o, lse, dO Tensor, opt Options) (Gradients, error) {
-	return Gradients{}, u.fail()
-}
-
-func TestFallback(t *testing.T) {
-	q := FromFloat32(Float32, []float32{1, 2, 3, 4}, 1, 2, 1, 2)
-	other := errors.New("device lost")
-	tests := []struct {
-		name    string
-		b       Backend
-		wantErr error
-	}{
-		{"unsupported falls back to the cpu", unsupported{}, nil},
-		{"other errors are returned", unsupported{other}, other},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			res, err := forwardWithFallback(tc.b, q, q, q, Options{})
-			if !errors.Is(err, tc.wantErr) {
-				t.Fatalf("forward error %v, want %v", err, tc.wantErr)
-			}
-			if err != nil {
-				return
-			}
-			if len(res.O.Float32s()) != 4 {
-				t.Fatalf("O %v", res.O.Shape)
-			}
-			g, err := backwardWithFallback(tc.b, q, q, q, res.O, res.LSE, q, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(g.DQ.Float32s()) != 4 {
-				t.Fatalf("dQ %v", g.DQ.Shape)
-			}
-		})
-	}
-}
-
 func TestBadInputErrors(t *testing.T) {
 	q := New(Float32, 1, 4, 2, 8)
 	tests := []struct {

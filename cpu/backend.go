@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/internal/vec"
@@ -39,24 +40,13 @@ func chunksFor(base, nkb int) int {
 }
 
 // arena hands out the working buffers of one call (packed inputs, partial
-// results) from one slice, reused from call to call through a pool: fresh
-// memory costs page faults and zeroing on every call. Its contents are not
-// zeroed; every buffer is written before it is read.
+// results) from one slice, reused from call to call: fresh memory costs
+// page faults and zeroing on every call, which on small problems take
+// longer than the attention itself. Its contents are not zeroed; every
+// buffer is written before it is read.
 type arena[T float32 | uint16] struct {
 	buf []T
 	off int
-}
-
-var arenas32, arenas16 sync.Pool // *arena[float32], *arena[uint16]
-
-// getArena returns an arena of at least n elements from pool.
-func getArena[T float32 | uint16](pool *sync.Pool, n int) *arena[T] {
-	a, _ := pool.Get().(*arena[T])
-	if a == nil || cap(a.buf) < n {
-		a = &arena[T]{buf: make([]T, n)}
-	}
-	a.buf, a.off = a.buf[:cap(a.buf)], 0
-	return a
 }
 
 // take returns the next n elements.
@@ -64,6 +54,56 @@ func (a *arena[T]) take(n int) []T {
 	s := a.buf[a.off : a.off+n : a.off+n]
 	a.off += n
 	return s
+}
+
+// maxKeptBytes bounds the one arena of each element type that is kept
+// between calls whatever the garbage collector does; other arenas go to a
+// sync.Pool, which it empties.
+const maxKeptBytes = 64 << 20
+
+// arenaCache recycles the arenas of one element type.
+type arenaCache[T float32 | uint16] struct {
+	mu   sync.Mutex
+	kept *arena[T]
+	pool sync.Pool // *arena[T]
+}
+
+var arenas32 arenaCache[float32]
+var arenas16 arenaCache[uint16]
+
+// get returns an arena of at least n elements.
+func (c *arenaCache[T]) get(n int) *arena[T] {
+	c.mu.Lock()
+	a := c.kept
+	if a != nil && cap(a.buf) >= n {
+		c.kept = nil
+	} else {
+		a = nil
+	}
+	c.mu.Unlock()
+	if a == nil {
+		a, _ = c.pool.Get().(*arena[T])
+	}
+	if a == nil || cap(a.buf) < n {
+		a = &arena[T]{buf: make([]T, n)}
+	}
+	a.buf, a.off = a.buf[:cap(a.buf)], 0
+	return a
+}
+
+// put recycles a; none of its buffers may be used afterwards.
+func (c *arenaCache[T]) put(a *arena[T]) {
+	var zero T
+	if cap(a.buf)*int(unsafe.Sizeof(zero)) <= maxKeptBytes {
+		c.mu.Lock()
+		if c.kept == nil || cap(c.kept.buf) < cap(a.buf) {
+			a, c.kept = c.kept, a
+		}
+		c.mu.Unlock()
+	}
+	if a != nil {
+		c.pool.Put(a)
+	}
 }
 
 // Backend is the fast CPU implementation of attn.Backend. The zero value is
@@ -100,14 +140,15 @@ type call struct {
 	// never read.
 	kt, vr, vt, kr []float32
 	// With bf16 set (bfloat16 inputs and native bfloat16 dot products),
-	// the forward multiplies bfloat16 directly: ktb holds Kᵀ in pairs of
-	// rows (dkp/2 rows of 2·blockK: the two values of a key that multiply
-	// one pair of q are adjacent), vrb the rows of V in pairs
-	// (blockK/2 rows of 2·DV); dkp is DK rounded up to even, the padding
-	// zero.
-	bf16     bool
-	dkp      int
-	ktb, vrb []uint16
+	// the products with Kᵀ and Vᵀ (and the forward's P·V) multiply
+	// bfloat16 values directly: ktb and vtb hold Kᵀ and Vᵀ in pairs of
+	// rows (dkp/2 rows of 2·blockK, dvp/2 rows: the two values of a key
+	// that multiply one pair of q or dO are adjacent), vrb the rows of V in
+	// pairs (blockK/2 rows of 2·DV); dkp and dvp are DK and DV rounded up
+	// to even, the padding zero. Buffers a call does not use are nil.
+	bf16          bool
+	dkp, dvp      int
+	ktb, vtb, vrb []uint16
 }
 
 func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
@@ -124,7 +165,7 @@ func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
 		return nil, attn.Errorf(attn.ErrUnsupported, "scale %v is outside the float32 range", p.Scale)
 	}
 	c.q, c.k, c.v = newSrc(q), newSrc(k), newSrc(v)
-	c.dkp = p.DK + p.DK%2
+	c.dkp, c.dvp = p.DK+p.DK%2, p.DV+p.DV%2
 	if opt.Bias != nil {
 		c.hasBias = true
 		c.bias = newBiasView(opt.Bias.Tensor)
@@ -149,7 +190,7 @@ type scratch struct {
 	m, l, alpha   []float32 // blockQ running max, sum and rescale factor
 	rows          []float32 // blockK×max(DK, DV) rows being packed
 	keep          []bool    // blockK dropout decisions
-	qb, pb, kb    []uint16  // bfloat16 tiles: blockQ×dkp queries, blockQ×blockK P, blockK×dkp keys
+	qb, pb, kb    []uint16  // bfloat16 tiles: blockQ×dkp queries, blockQ×blockK P, blockK rows of keys or values
 	bits          []uint16  // two bfloat16 rows of max(DK, DV)
 }
 
@@ -166,7 +207,7 @@ func (c *call) newScratch() *scratch {
 		keep: make([]bool, blockK),
 	}
 	if c.bf16 {
-		sc.qb, sc.pb, sc.kb = make([]uint16, blockQ*c.dkp), make([]uint16, blockQ*blockK), make([]uint16, blockK*c.dkp)
+		sc.qb, sc.pb, sc.kb = make([]uint16, blockQ*c.dkp), make([]uint16, blockQ*blockK), make([]uint16, blockK*max(c.dkp, c.dvp))
 		sc.bits = make([]uint16, 2*d)
 	}
 	return sc
@@ -214,17 +255,17 @@ func (c *call) runUnits(n int, work func(sc *scratch, u int)) error {
 }
 
 // packKeys packs key block jb of (sg, kh) into the buffers of c that are
-// not nil: kt and kr from K, vr and vt from V.
+// not nil: kt and kr from K, vr and vt from V (float32), ktb, vtb and vrb
+// (bfloat16).
 func (c *call) packKeys(sc *scratch, sg seg, kh, jb int) {
 	p := c.p
 	j0 := jb * blockK
 	cols := min(blockK, sg.m-j0)
 	blk := c.block(sg, kh, jb)
-	if c.bf16 {
-		c.packKeysBF16(sc, sg, kh, j0, cols, blk)
-		return
-	}
 	pack := func(s src, d int, rowsOut, transOut []float32) {
+		if rowsOut == nil && transOut == nil {
+			return
+		}
 		rows := sc.rows[:blockK*d]
 		if rowsOut != nil {
 			rows = rowsOut[blk*blockK*d : (blk+1)*blockK*d]
@@ -238,29 +279,34 @@ func (c *call) packKeys(sc *scratch, sg seg, kh, jb int) {
 	}
 	pack(c.k, p.DK, c.kr, c.kt)
 	pack(c.v, p.DV, c.vr, c.vt)
-}
-
-// packKeysBF16 packs keys j0 … j0+cols-1 of (sg, kh) as block blk of ktb
-// and vrb.
-func (c *call) packKeysBF16(sc *scratch, sg seg, kh, j0, cols, blk int) {
-	dk, dv, dkp := c.p.DK, c.p.DV, c.dkp
-	rows := sc.kb[:blockK*dkp]
-	for j := 0; j < cols; j++ {
-		c.k.loadBits(rows[j*dkp:j*dkp+dk], sg.vb, sg.k0+j0+j, kh)
-		if dk < dkp {
-			rows[j*dkp+dk] = 0
+	// Transposed in pairs: rows padded to an even length with a zero.
+	packPairs := func(s src, d, dp int, out []uint16) {
+		if out == nil {
+			return
 		}
+		rows := sc.kb[:blockK*dp]
+		for j := 0; j < cols; j++ {
+			s.loadBits(rows[j*dp:j*dp+d], sg.vb, sg.k0+j0+j, kh)
+			if d < dp {
+				rows[j*dp+d] = 0
+			}
+		}
+		vec.TransposePairs(cols, dp/2, rows, dp, out[blk*dp*blockK:(blk+1)*dp*blockK], 2*blockK)
 	}
-	vec.TransposePairs(cols, dkp/2, rows, dkp, c.ktb[blk*dkp*blockK:(blk+1)*dkp*blockK], 2*blockK)
-	vr := c.vrb[blk*blockK*dv : (blk+1)*blockK*dv]
-	even, odd := sc.bits[:dv], sc.bits[dv:2*dv]
-	for j := 0; j < cols; j += 2 {
-		c.v.loadBits(even, sg.vb, sg.k0+j0+j, kh)
-		if j+1 < cols {
-			c.v.loadBits(odd, sg.vb, sg.k0+j0+j+1, kh)
-			vec.Interleave(vr[j*dv:(j+2)*dv], even, odd)
-		} else {
-			vec.Interleave(vr[j*dv:(j+2)*dv], even, nil)
+	packPairs(c.k, p.DK, c.dkp, c.ktb)
+	packPairs(c.v, p.DV, c.dvp, c.vtb)
+	if c.vrb != nil {
+		dv := p.DV
+		vr := c.vrb[blk*blockK*dv : (blk+1)*blockK*dv]
+		even, odd := sc.bits[:dv], sc.bits[dv:2*dv]
+		for j := 0; j < cols; j += 2 {
+			c.v.loadBits(even, sg.vb, sg.k0+j0+j, kh)
+			if j+1 < cols {
+				c.v.loadBits(odd, sg.vb, sg.k0+j0+j+1, kh)
+				vec.Interleave(vr[j*dv:(j+2)*dv], even, odd)
+			} else {
+				vec.Interleave(vr[j*dv:(j+2)*dv], even, nil)
+			}
 		}
 	}
 }
@@ -410,11 +456,11 @@ func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, e
 	if !c.bf16 {
 		n32 += nkt + nvr
 	}
-	a := getArena[float32](&arenas32, n32)
-	defer arenas32.Put(a)
+	a := arenas32.get(n32)
+	defer arenas32.put(a)
 	if c.bf16 {
-		a16 := getArena[uint16](&arenas16, nblk*blockK*(c.dkp+p.DV))
-		defer arenas16.Put(a16)
+		a16 := arenas16.get(nblk * blockK * (c.dkp + p.DV))
+		defer arenas16.put(a16)
 		c.ktb, c.vrb = a16.take(nblk*c.dkp*blockK), a16.take(nblk*blockK*p.DV)
 	} else {
 		c.kt, c.vr = a.take(nkt), a.take(nvr)

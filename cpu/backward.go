@@ -15,6 +15,9 @@ type bwd struct {
 	lse, delta []float32
 	qh, doh    []float32
 	rowsTotal  int
+	// With bf16 set, the rows of Q and dO are also kept as bfloat16, padded
+	// to dkp and dvp, for the products with Kᵀ and Vᵀ.
+	qb, dob []uint16
 	// The keys of every (sequence, key head) are split into chunks, each
 	// with its own float32 dQ accumulator dqp[ch] (rowsTotal×DK, rows in
 	// the order of lseIndex).
@@ -55,12 +58,25 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	nl := w.rowsTotal
 	w.chunks = chunksFor(p.B*p.Hkv, (p.M+blockK-1)/blockK)
 	nblk := c.kblk[p.B] * p.Hkv
-	a := getArena[float32](&arenas32, nl*(2+p.DK+p.DV+w.chunks*p.DK)+nblk*blockK*(2*p.DK+p.DV))
-	defer arenas32.Put(a)
+	c.bf16 = q.DType == attn.BFloat16 && vec.NativeBF16()
+	nkeys := nblk * blockK * (2*p.DK + p.DV) // kr, kt, vt
+	if c.bf16 {
+		nkeys = nblk * blockK * p.DK // kr; ktb and vtb are bfloat16
+	}
+	a := arenas32.get(nl*(2+p.DK+p.DV+w.chunks*p.DK) + nkeys)
+	defer arenas32.put(a)
 	w.lse, w.delta = a.take(nl), a.take(nl)
 	w.qh, w.doh = a.take(nl*p.DK), a.take(nl*p.DV)
 	w.dqp = a.take(w.chunks * nl * p.DK)
-	c.kt, c.kr, c.vt = a.take(nblk*p.DK*blockK), a.take(nblk*blockK*p.DK), a.take(nblk*p.DV*blockK)
+	c.kr = a.take(nblk * blockK * p.DK)
+	if c.bf16 {
+		a16 := arenas16.get((nl + nblk*blockK) * (c.dkp + c.dvp))
+		defer arenas16.put(a16)
+		w.qb, w.dob = a16.take(nl*c.dkp), a16.take(nl*c.dvp)
+		c.ktb, c.vtb = a16.take(nblk*c.dkp*blockK), a16.take(nblk*c.dvp*blockK)
+	} else {
+		c.kt, c.vt = a.take(nblk*p.DK*blockK), a.take(nblk*p.DV*blockK)
+	}
 	nk, pack := c.keyUnits()
 	if err := c.runUnits(len(units)+nk, func(sc *scratch, u int) {
 		if u < len(units) {
@@ -125,6 +141,17 @@ func (w *bwd) prepare(sc *scratch, u qunit, lse attn.Tensor) {
 		w.q.load(w.qh[li*p.DK:(li+1)*p.DK], u.sg.vb, u.sg.q0+i, u.h)
 		do := w.doh[li*p.DV : (li+1)*p.DV]
 		w.do.load(do, u.sg.vb, u.sg.q0+i, u.h)
+		if w.bf16 {
+			qb, db := w.qb[li*w.dkp:(li+1)*w.dkp], w.dob[li*w.dvp:(li+1)*w.dvp]
+			w.q.loadBits(qb, u.sg.vb, u.sg.q0+i, u.h)
+			w.do.loadBits(db, u.sg.vb, u.sg.q0+i, u.h)
+			if p.DK < w.dkp {
+				qb[p.DK] = 0
+			}
+			if p.DV < w.dvp {
+				db[p.DV] = 0
+			}
+		}
 		w.o.load(orow, u.sg.vb, u.sg.q0+i, u.h)
 		w.delta[li] = vec.Dot(do, orow)
 	}
@@ -141,8 +168,13 @@ func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, jb, li int, deriv bool
 	j0 := jb * blockK
 	cols := min(blockK, sg.m-j0)
 	blk := w.block(sg, kh, jb)
-	vec.MatMulNN(rows, cols, p.DK, w.qh[li*p.DK:], p.DK, w.kt[blk*p.DK*blockK:], blockK, sc.s, blockK, false)
-	vec.MatMulNN(rows, cols, p.DV, w.doh[li*p.DV:], p.DV, w.vt[blk*p.DV*blockK:], blockK, sc.dp, blockK, false)
+	if w.bf16 {
+		vec.MatMulBF16(rows, cols, w.dkp, w.qb[li*w.dkp:], w.dkp, w.ktb[blk*w.dkp*blockK:], 2*blockK, sc.s, blockK, false)
+		vec.MatMulBF16(rows, cols, w.dvp, w.dob[li*w.dvp:], w.dvp, w.vtb[blk*w.dvp*blockK:], 2*blockK, sc.dp, blockK, false)
+	} else {
+		vec.MatMulNN(rows, cols, p.DK, w.qh[li*p.DK:], p.DK, w.kt[blk*p.DK*blockK:], blockK, sc.s, blockK, false)
+		vec.MatMulNN(rows, cols, p.DV, w.doh[li*p.DV:], p.DV, w.vt[blk*p.DV*blockK:], blockK, sc.dp, blockK, false)
+	}
 	lse, delta := w.lse[li:li+rows], w.delta[li:li+rows]
 	dropout := p.Opt.Dropout > 0
 	if !dropout && w.plainTile(sg, i0, rows, j0, cols) {

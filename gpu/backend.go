@@ -20,8 +20,8 @@ type Backend struct {
 	// Speculate lets the backend compile, on idle cores, the variants of
 	// the same problem in the other element types when it compiles one.
 	Speculate bool
-	// Tiles chooses the tile of each kernel; nil means kernels.TileFor (the
-	// tuning table). Benchmarks replace it to try other tiles.
+	// Tiles chooses the tile of each kernel; nil means the tuning table
+	// (kernels.TileForVariant). Benchmarks replace it to try other tiles.
 	Tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)
 
 	fill filler // the random-fill kernel
@@ -283,10 +283,6 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	tiles := b.Tiles
-	if tiles == nil {
-		tiles = kernels.TileFor
-	}
-	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, tiles)
+	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles)
 	return l, p, err
 }

@@ -167,7 +167,15 @@ func TestBackwardBench(t *testing.T) {
 			}
 		}
 	}
+	for _, d := range bwdSpectrumDims {
+		v := kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0}
+		v.AtomicDQ = SelectDQAlgorithm(&attn.Problem{N: 4096, M: 4096, DK: d, DV: d}) == DQAtomic
+		vs = append(vs, v)
+	}
 	sweep := bwdTileSweep()
+	if os.Getenv("FLASHATTN_BWD_BENCH_TILES") == "" {
+		sweep = nil
+	}
 	for _, c := range sweep {
 		for _, tl := range c.tiles {
 			for _, atomic := range []bool{false, true} {
@@ -216,6 +224,16 @@ func TestBackwardBench(t *testing.T) {
 				set.free()
 			}
 		}
+	}
+	fmt.Fprintf(&out, "\nhead-dim spectrum: B=1, H=16, N=M=4096, not causal, dQ algorithm of the table\n")
+	fmt.Fprintf(&out, "| D | algo | ms | TFLOP/s |\n|---|---|---|---|\n")
+	for _, d := range bwdSpectrumDims {
+		set := newBwdBenchSet(t, b, s, 1, 4096, 16, 16, d, false)
+		algo := SelectDQAlgorithm(set.p)
+		tm, _ := bwdKernelTimes(t, b, s, set, algo, 1, 5)
+		flops := 2.5 * 4 * 16 * 4096.0 * 4096.0 * float64(d)
+		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f |\n", d, algo, tm["total"], flops/tm["total"]/1e9)
+		set.free()
 	}
 	fmt.Fprintf(&out, "\ncontention: H=8, D=64, B·N=32768, ratio = time(Hkv=4) / time(Hkv=8)\n")
 	fmt.Fprintf(&out, "| N | dK/dV (separate) | dQ separate | dK/dV+atomic dQ | atomic total | separate total |\n|---|---|---|---|---|---|\n")
@@ -286,3 +304,6 @@ func TestBwdTileSweepValid(t *testing.T) {
 		}
 	}
 }
+
+// bwdSpectrumDims are the head dimensions of the spectrum table.
+var bwdSpectrumDims = []int{64, 96, 127, 128, 160, 192, 199, 256, 257, 320, 384, 512}

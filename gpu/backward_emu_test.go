@@ -59,8 +59,8 @@ func emuBinary(t *testing.T, src string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := strings.Index(src, "// ---- device primitives (inline PTX)")
-	j := strings.Index(src, "// ---- end of device primitives")
+	i := strings.Index(src, kernels.PrimitivesBegin)
+	j := strings.Index(src, kernels.PrimitivesEnd)
 	if i < 0 || j < i {
 		t.Fatalf("generated source lacks the primitives markers")
 	}

@@ -98,7 +98,7 @@ func (b *Backend) speculate(v kernels.Variant) {
 		if dt == attn.Float32 && w.LoadBytes == 2 {
 			w.LoadBytes = 4
 		}
-		tile, err := kernels.TileFor(dt, w.DK, w.DV, w.LoadBytes == 2)
+		tile, err := kernels.TileForVariant(w)
 		if err != nil {
 			continue
 		}

@@ -15,7 +15,4 @@
 // NVRTC on first use (cached on disk by package cuda and in memory here),
 // and reused. Nothing falls back to the CPU: a problem the kernels cannot
 // run returns an error wrapping attn.ErrUnsupported.
-//
-// The backward pass is not implemented yet: Backward returns
-// attn.ErrUnsupported.
 package gpu

@@ -213,7 +213,7 @@ func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result
 	oo, lo := guarded(p.OutputShape(), dt), guarded(p.LSEShape(), attn.Float32)
 	do := DeviceTensor{DType: dt, Shape: oo.shape, Strides: attn.ContiguousStrides(oo.shape), base: oo.addr + fwdEmuGuard}
 	dl := DeviceTensor{DType: attn.Float32, Shape: lo.shape, Strides: attn.ContiguousStrides(lo.shape), base: lo.addr + fwdEmuGuard}
-	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, kernels.TileFor)
+	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -288,6 +288,7 @@ func TestForwardEmulated(t *testing.T) {
 		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},
 		{name: "fp16-d256-stages2", dt: attn.Float16, b: 1, n: 70, m: 130, h: 1, hkv: 1, dk: 256, dv: 256},
 		{name: "bf16-d257-narrow-split", dt: attn.BFloat16, b: 1, n: 20, m: 40, h: 1, hkv: 1, dk: 257, dv: 257, opt: attn.Options{Causal: true}},
+		{name: "bf16-d128-dropout-softcap", dt: attn.BFloat16, b: 1, n: 70, m: 80, h: 2, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Dropout: 0.3, Seed: 9, Softcap: 5, Causal: true}},
 		{name: "fp32-d40-dv72", dt: attn.Float32, b: 1, n: 33, m: 50, h: 1, hkv: 1, dk: 40, dv: 72},
 	}
 	for i, pr := range cases {

@@ -79,16 +79,12 @@ func clampWindow(x, n, m int) int32 {
 }
 
 // plan chooses the kernel variant and fills its parameters for a validated
-// problem on device tensors.
+// problem on device tensors. tiles overrides the tuning table when not nil.
 func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
 	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)) (launch, error) {
 	var l launch
 	opt := p.Opt
 	lb := loadWidth(dt, p.Varlen, p.DK, p.DV, q, k, v)
-	tile, err := tiles(dt, roundUp(p.DK, 16), roundUp(p.DV, 16), lb == 2)
-	if err != nil {
-		return l, err
-	}
 	vr := kernels.Variant{
 		DType:     dt,
 		DK:        roundUp(p.DK, 16),
@@ -105,6 +101,16 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	}
 	if bias != nil {
 		vr.Bias = kernels.BiasFor(bias.DType)
+	}
+	var tile kernels.Tile
+	var err error
+	if tiles == nil {
+		tile, err = kernels.TileForVariant(vr)
+	} else {
+		tile, err = tiles(dt, vr.DK, vr.DV, lb == 2)
+	}
+	if err != nil {
+		return l, err
 	}
 	vr = tile.Apply(vr)
 	if err := vr.Validate(); err != nil {

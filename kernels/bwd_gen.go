@@ -7,14 +7,6 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// bwdPrimsBegin and bwdPrimsEnd bracket the inline-PTX primitives in the
-// generated source (shared addresses, cp.async, ex2, ldmatrix, mma and the
-// 16-bit packing), so that tools can locate them.
-const (
-	bwdPrimsBegin = "// ---- device primitives (inline PTX)"
-	bwdPrimsEnd   = "// ---- end of device primitives"
-)
-
 // bwdGen writes the source of one backward variant.
 type bwdGen struct {
 	v     BwdVariant
@@ -84,7 +76,7 @@ func (g *bwdGen) prelude(b *strings.Builder) {
 #define FA_LOG2E 1.4426950408889634f
 `)
 	b.WriteString(bwdParamsStruct())
-	b.WriteString(bwdPrimsBegin + "\n")
+	b.WriteString(PrimitivesBegin + "\n")
 	b.WriteString(`__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
@@ -154,7 +146,7 @@ __device__ __forceinline__ void mma_tf32x3(float (&d)[4], const unsigned (&ah)[4
 }
 `)
 	}
-	b.WriteString(bwdPrimsEnd + "\n")
+	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// Philox4x32-10 (package philox): counter (c0..c3), key (k0, k1).
 __device__ __forceinline__ uint4 philox4(unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1) {
 #pragma unroll

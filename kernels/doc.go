@@ -13,9 +13,14 @@
 // softmax in base 2 with scale·log2(e) folded in, and O += P·V with P taken
 // from registers as the A operand (or from shared memory when the value
 // dimension is split across warps). K and V tiles stream through shared
-// memory with cp.async (or register-staged narrow loads when rows are not
-// 4-byte aligned), laid out with an XOR swizzle so that ldmatrix reads are
-// free of bank conflicts.
+// memory with cp.async (or register-staged narrow loads when rows are only
+// 2-byte aligned), in rows padded to an odd number of 16-byte chunks so that
+// ldmatrix reads are free of bank conflicts and every shared address is a
+// per-lane register plus an immediate (see load.go and NOTES.md).
+//
+// Every inline-PTX primitive sits between PrimitivesBegin and PrimitivesEnd
+// in the generated source, so that a host emulator (package gpu's tests) can
+// replace them and run the kernels without a GPU.
 //
 // The kernel takes one struct parameter whose C declaration and Go packing
 // (Params.Pack) come from a single field table, so they cannot drift; the

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -17,15 +20,15 @@ import (
 // fwdVariant builds a tuned variant as the GPU backend does.
 func fwdVariant(t testing.TB, dt attn.DType, dk, dv, loadBytes int, f func(*Variant)) Variant {
 	t.Helper()
-	tile, err := TileFor(dt, dk, dv, loadBytes == 2)
-	if err != nil {
-		t.Fatalf("TileFor(%v, %d, %d): %v", dt, dk, dv, err)
-	}
-	v := tile.Apply(Variant{DType: dt, DK: dk, DV: dv, LoadBytes: loadBytes, LSE: true})
+	v := Variant{DType: dt, DK: dk, DV: dv, LoadBytes: loadBytes, LSE: true}
 	if f != nil {
 		f(&v)
 	}
-	return v
+	tile, err := TileForVariant(v)
+	if err != nil {
+		t.Fatalf("TileForVariant(%v): %v", v, err)
+	}
+	return tile.Apply(v)
 }
 
 // fwdFeatures are the feature sets of the source matrix.
@@ -367,5 +370,28 @@ func TestCompileMatrix(t *testing.T) {
 			}
 		}
 		t.Logf("sm_%d: %d variants compiled, %d with spills", arch, len(vs), spills)
+	}
+}
+
+// TestParamsOffsetsNVCC compiles one variant with nvcc, whose front end
+// evaluates the generated offset assertions of every Params field (NVRTC's
+// does not support __builtin_offsetof, so they are skipped there).
+func TestParamsOffsetsNVCC(t *testing.T) {
+	nvcc, err := exec.LookPath("nvcc")
+	if err != nil {
+		t.Skip("no nvcc here: the Params offsets are checked where nvcc exists")
+	}
+	src, err := fwdVariant(t, attn.BFloat16, 64, 64, 16, nil).Source()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	f := filepath.Join(dir, "fwd.cu")
+	if err := os.WriteFile(f, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(nvcc, "-std=c++17", "-arch=sm_80", "-ptx", "-o", filepath.Join(dir, "fwd.ptx"), f).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nvcc: %v\n%s", err, out)
 	}
 }

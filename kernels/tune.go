@@ -56,6 +56,23 @@ func TileFor(dt attn.DType, dk, dv int, narrow bool) (Tile, error) {
 	return Tile{}, attn.Errorf(attn.ErrUnsupported, "kernels: no forward tile for %v head dims %d/%d (narrow loads %v)", dt, dk, dv, narrow)
 }
 
+// TileForVariant returns the tuned tile for v's element type, head dims and
+// load width, adjusted for its features: the fastest plain tiles give each
+// warp 32 rows at the 255-register limit, so variants with per-element
+// extras (bias, softcap, dropout, prescaled scores) get 16 rows per warp
+// (twice the warps for the same BlockM), which leaves them registers.
+func TileForVariant(v Variant) (Tile, error) {
+	t, err := TileFor(v.DType, v.DK, v.DV, v.LoadBytes == 2)
+	if err != nil {
+		return t, err
+	}
+	heavy := v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale
+	if heavy && t.WarpsM > 0 && t.BlockM/(16*t.WarpsM) > 1 && 2*t.WarpsM*t.WarpsN <= 16 {
+		t.WarpsM *= 2
+	}
+	return t, nil
+}
+
 // Apply returns v with the tile's fields set.
 func (t Tile) Apply(v Variant) Variant {
 	v.BlockM, v.BlockN = t.BlockM, t.BlockN

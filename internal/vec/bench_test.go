@@ -103,3 +103,28 @@ func BenchmarkMatMulBF16(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSoftmaxOnline times the online-softmax update of a 64×64 score
+// tile and reports billions of elements per second.
+func BenchmarkSoftmaxOnline(b *testing.B) {
+	const rows, cols = 64, 64
+	r := rand.New(rand.NewPCG(10, 10))
+	src := make([]float32, rows*cols)
+	for i := range src {
+		src[i] = 8 * float32(r.NormFloat64())
+	}
+	s := make([]float32, rows*cols)
+	m, l, alpha := make([]float32, rows), make([]float32, rows), make([]float32, rows)
+	for _, im := range available() {
+		b.Run(im.name, func(b *testing.B) {
+			for b.Loop() {
+				copy(s, src)
+				for i := range m {
+					m[i], l[i] = 1, 1
+				}
+				im.softmaxOnline(s, cols, rows, cols, 0.125, m, l, alpha)
+			}
+			b.ReportMetric(rows*cols*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+		})
+	}
+}

@@ -107,9 +107,9 @@ func float16ToFloat32AVX2(dst []float32, src []uint16)
 // softmaxOnline512 is the online-softmax step of SoftmaxOnline (rows, cols > 0), with AVX-512F.
 // Row r: t = scale·x, mNew = max(m[r], max t); a row with mNew = -Inf becomes 0 with alpha[r] = 1;
 // otherwise x = exp(scale·x − mNew) (one rounding before exp), alpha[r] = exp(m[r] − mNew),
-// l[r] = l[r]·alpha[r] + Σx (fused) and m[r] = mNew. The sum is added as in expSub512.
-//
-//go:noescape
+// l[r] = l[r]·alpha[r] + Σx (fused) and m[r] = mNew. The rows go in groups of 16: the partial
+// maxima and sums of each row (per lane, in a fixed order) are reduced for the whole group by
+// one tree of shuffles, and m, l and alpha are updated as vectors.
 func softmaxOnline512(s *float32, lds int, rows int, cols int, scale float32, m *float32, l *float32, alpha *float32)
 
 // expRows512 sets x = exp(scale·x − lse[r]) (one rounding before exp) in every row r

@@ -6640,8 +6640,8 @@ done:
 	RET
 
 // func softmaxOnline512(s *float32, lds int, rows int, cols int, scale float32, m *float32, l *float32, alpha *float32)
-// Requires: AVX, AVX512F, BMI2, CMOV, FMA3
-TEXT ·softmaxOnline512(SB), NOSPLIT, $0-64
+// Requires: AVX, AVX512F, BMI2, CMOV
+TEXT ·softmaxOnline512(SB), $1088-64
 	MOVQ         s+0(FP), AX
 	MOVQ         lds+8(FP), CX
 	SHLQ         $0x02, CX
@@ -6663,86 +6663,167 @@ TEXT ·softmaxOnline512(SB), NOSPLIT, $0-64
 	VBROADCASTSS expTable<>+320(SB), Z11
 	VBROADCASTSS expTable<>+352(SB), Z12
 
-row:
-	// Pass 1: the largest scaled element of the row.
-	MOVQ         AX, R8
-	MOVQ         cols+24(FP), R9
-	MOVL         $0xff800000, R10
-	VPBROADCASTD R10, Z13
+group:
+	MOVQ    $0x00000010, R8
+	CMPQ    DX, R8
+	CMOVQLT DX, R8
+
+	// Phase 1: per row, the lane-wise maxima of scale·x, stored in tmp.
+	MOVQ AX, R9
+	LEAQ (SP), R10
+	MOVQ R8, R11
+
+maxrow:
+	MOVQ         R9, R12
+	MOVQ         cols+24(FP), R13
+	MOVL         $0xff800000, R14
+	VPBROADCASTD R14, Z13
 
 maxloop:
-	CMPQ   R9, $0x10
+	CMPQ   R13, $0x10
 	JLT    maxtail
-	VMULPS (R8), Z0, Z14
+	VMULPS (R12), Z0, Z14
 	VMAXPS Z13, Z14, Z13
-	ADDQ   $0x40, R8
-	SUBQ   $0x10, R9
+	ADDQ   $0x40, R12
+	SUBQ   $0x10, R13
 	JMP    maxloop
 
 maxtail:
-	TESTQ    R9, R9
+	TESTQ    R13, R13
 	JLE      maxdone
-	MOVQ     $0x00000010, R10
-	CMPQ     R9, R10
-	CMOVQLT  R9, R10
-	MOVQ     $-1, R9
-	BZHIQ    R10, R9, R9
-	KMOVW    R9, K1
-	VMULPS.Z (R8), Z0, K1, Z14
+	MOVQ     $0x00000010, R14
+	CMPQ     R13, R14
+	CMOVQLT  R13, R14
+	MOVQ     $-1, R13
+	BZHIQ    R14, R13, R13
+	KMOVW    R13, K1
+	VMULPS.Z (R12), Z0, K1, Z14
 	VMAXPS   Z13, Z14, K1, Z13
 
 maxdone:
-	VEXTRACTF64X4 $0x01, Z13, Y14
-	VMAXPS        Y14, Y13, Y13
-	VEXTRACTF128  $0x01, Y13, X14
-	VMAXPS        X14, X13, X13
-	VMOVHLPS      X13, X13, X14
-	VMAXPS        X14, X13, X13
-	VMOVSHDUP     X13, X14
-	VMAXSS        X14, X13, X13
-	VMOVSS        (BX), X14
-	VMAXSS        X14, X13, X13
-	VMOVD         X13, R8
-	CMPL          R8, $0xff800000
-	JEQ           masked
+	VMOVUPS Z13, (R10)
+	ADDQ    CX, R9
+	ADDQ    $0x40, R10
+	DECQ    R11
+	JNZ     maxrow
 
-	// alpha = exp(m − mNew): 1 when the maximum did not change.
-	VBROADCASTSS expTable<>+352(SB), Z20
-	VUCOMISS     X14, X13
-	JEQ          alphadone
-	VSUBSS       X13, X14, X14
-	VBROADCASTSS X14, Z20
-	VMAXPS       Z20, Z1, Z20
-	VMINPS       Z20, Z2, Z20
-	VMULPS       Z3, Z20, Z14
-	VRNDSCALEPS  $0x00, Z14, Z14
-	VFNMADD231PS Z4, Z14, Z20
-	VFNMADD231PS Z5, Z14, Z20
+	// Phase 2: mNew and alpha for the group's rows, as vectors.
+	MOVQ         $0x00000010, R9
+	CMPQ         R8, R9
+	CMOVQLT      R8, R9
+	MOVQ         $-1, R10
+	BZHIQ        R9, R10, R10
+	KMOVW        R10, K1
+	VMOVUPS      (SP), Z13
+	VMOVUPS      64(SP), Z14
+	VSHUFF32X4   $0x44, Z14, Z13, Z20
+	VSHUFF32X4   $0xee, Z14, Z13, Z13
+	VMAXPS       Z13, Z20, Z20
+	VMOVUPS      128(SP), Z13
+	VMOVUPS      192(SP), Z14
+	VSHUFF32X4   $0x44, Z14, Z13, Z21
+	VSHUFF32X4   $0xee, Z14, Z13, Z13
+	VMAXPS       Z13, Z21, Z21
+	VSHUFF32X4   $0x88, Z21, Z20, Z13
+	VSHUFF32X4   $0xdd, Z21, Z20, Z14
+	VMAXPS       Z14, Z13, Z13
+	VMOVUPS      256(SP), Z14
+	VMOVUPS      320(SP), Z20
+	VSHUFF32X4   $0x44, Z20, Z14, Z21
+	VSHUFF32X4   $0xee, Z20, Z14, Z14
+	VMAXPS       Z14, Z21, Z21
+	VMOVUPS      384(SP), Z14
+	VMOVUPS      448(SP), Z20
+	VSHUFF32X4   $0x44, Z20, Z14, Z22
+	VSHUFF32X4   $0xee, Z20, Z14, Z14
+	VMAXPS       Z14, Z22, Z22
+	VSHUFF32X4   $0x88, Z22, Z21, Z14
+	VSHUFF32X4   $0xdd, Z22, Z21, Z20
+	VMAXPS       Z20, Z14, Z14
+	VSHUFPS      $0x44, Z14, Z13, Z20
+	VSHUFPS      $0xee, Z14, Z13, Z13
+	VMAXPS       Z13, Z20, Z20
+	VMOVUPS      512(SP), Z13
+	VMOVUPS      576(SP), Z14
+	VSHUFF32X4   $0x44, Z14, Z13, Z21
+	VSHUFF32X4   $0xee, Z14, Z13, Z13
+	VMAXPS       Z13, Z21, Z21
+	VMOVUPS      640(SP), Z13
+	VMOVUPS      704(SP), Z14
+	VSHUFF32X4   $0x44, Z14, Z13, Z22
+	VSHUFF32X4   $0xee, Z14, Z13, Z13
+	VMAXPS       Z13, Z22, Z22
+	VSHUFF32X4   $0x88, Z22, Z21, Z13
+	VSHUFF32X4   $0xdd, Z22, Z21, Z14
+	VMAXPS       Z14, Z13, Z13
+	VMOVUPS      768(SP), Z14
+	VMOVUPS      832(SP), Z21
+	VSHUFF32X4   $0x44, Z21, Z14, Z22
+	VSHUFF32X4   $0xee, Z21, Z14, Z14
+	VMAXPS       Z14, Z22, Z22
+	VMOVUPS      896(SP), Z14
+	VMOVUPS      960(SP), Z21
+	VSHUFF32X4   $0x44, Z21, Z14, Z23
+	VSHUFF32X4   $0xee, Z21, Z14, Z14
+	VMAXPS       Z14, Z23, Z23
+	VSHUFF32X4   $0x88, Z23, Z22, Z14
+	VSHUFF32X4   $0xdd, Z23, Z22, Z21
+	VMAXPS       Z21, Z14, Z14
+	VSHUFPS      $0x44, Z14, Z13, Z21
+	VSHUFPS      $0xee, Z14, Z13, Z13
+	VMAXPS       Z13, Z21, Z21
+	VSHUFPS      $0x88, Z21, Z20, Z13
+	VSHUFPS      $0xdd, Z21, Z20, Z14
+	VMAXPS       Z14, Z13, Z13
+	VMOVDQU32    reducePerm<>+0(SB), Z14
+	VPERMPS      Z13, Z14, Z13
+	VMOVUPS.Z    (BX), K1, Z14
+	VMAXPS       Z13, Z14, Z13
+	VCMPPS       $0x00, Z13, Z14, K2
+	VSUBPS       Z13, Z14, Z14
+	VMAXPS       Z14, Z1, Z14
+	VMINPS       Z14, Z2, Z14
+	VMULPS       Z3, Z14, Z20
+	VRNDSCALEPS  $0x00, Z20, Z20
+	VFNMADD231PS Z4, Z20, Z14
+	VFNMADD231PS Z5, Z20, Z14
 	VMOVAPS      Z6, Z21
-	VFMADD213PS  Z7, Z20, Z21
-	VFMADD213PS  Z8, Z20, Z21
-	VFMADD213PS  Z9, Z20, Z21
-	VFMADD213PS  Z10, Z20, Z21
-	VFMADD213PS  Z11, Z20, Z21
-	VFMADD213PS  Z12, Z20, Z21
-	VFMADD213PS  Z12, Z20, Z21
-	VSCALEFPS    Z14, Z21, Z20
+	VFMADD213PS  Z7, Z14, Z21
+	VFMADD213PS  Z8, Z14, Z21
+	VFMADD213PS  Z9, Z14, Z21
+	VFMADD213PS  Z10, Z14, Z21
+	VFMADD213PS  Z11, Z14, Z21
+	VFMADD213PS  Z12, Z14, Z21
+	VFMADD213PS  Z12, Z14, Z21
+	VSCALEFPS    Z20, Z21, Z14
+	VMOVAPS      Z12, K2, Z14
+	VMOVUPS      Z14, K1, (DI)
+	VMOVUPS      Z13, K1, (BX)
+	VMOVUPS      Z13, 1024(SP)
+	MOVL         $0xff800000, R14
+	VPBROADCASTD R14, Z14
+	VCMPPS       $0x00, Z14, Z13, K2
+	KMOVW        K2, R12
 
-alphadone:
-	VMOVSS X20, (DI)
-	VMOVSS X13, (BX)
+	// Phase 3: per row, x = exp(scale·x − mNew) and its lane-wise sums, stored in tmp.
+	MOVQ AX, R9
+	LEAQ (SP), R10
+	LEAQ 1024(SP), AX
+	MOVQ R8, R11
 
-	// Pass 2: x = exp(scale·x − mNew), summed.
-	VBROADCASTSS X13, Z13
+exprow:
+	TESTL        $0x00000001, R12
+	JNZ          masked
+	VBROADCASTSS (AX), Z13
 	VPXORD       Z15, Z15, Z15
 	VPXORD       Z16, Z16, Z16
 	VPXORD       Z17, Z17, Z17
 	VPXORD       Z18, Z18, Z18
-	MOVQ         AX, R8
-	MOVQ         cols+24(FP), R9
+	MOVQ         R9, R8
+	MOVQ         cols+24(FP), R13
 
 expblk:
-	CMPQ         R9, $0x40
+	CMPQ         R13, $0x40
 	JLT          expone
 	VMOVUPS      (R8), Z14
 	VFMSUB213PS  Z13, Z0, Z14
@@ -6821,19 +6902,19 @@ expblk:
 	VMOVUPS      Z22, 192(R8)
 	VADDPS       Z22, Z18, Z18
 	ADDQ         $0x00000100, R8
-	SUBQ         $0x40, R9
+	SUBQ         $0x40, R13
 	JMP          expblk
 
 expone:
-	TESTQ        R9, R9
+	TESTQ        R13, R13
 	JLE          expend
-	MOVQ         $0x00000010, R10
-	CMPQ         R9, R10
-	CMOVQLT      R9, R10
-	MOVQ         $-1, R11
-	BZHIQ        R10, R11, R11
-	KMOVW        R11, K1
-	VMOVUPS.Z    (R8), K1, Z14
+	MOVQ         $0x00000010, R14
+	CMPQ         R13, R14
+	CMOVQLT      R13, R14
+	MOVQ         $-1, R15
+	BZHIQ        R14, R15, R15
+	KMOVW        R15, K2
+	VMOVUPS.Z    (R8), K2, Z14
 	VFMSUB213PS  Z13, Z0, Z14
 	VMAXPS       Z14, Z1, Z14
 	VMINPS       Z14, Z2, Z14
@@ -6850,61 +6931,143 @@ expone:
 	VFMADD213PS  Z12, Z14, Z21
 	VFMADD213PS  Z12, Z14, Z21
 	VSCALEFPS    Z20, Z21, Z14
-	VMOVUPS      Z14, K1, (R8)
-	VADDPS       Z14, Z15, K1, Z15
+	VMOVUPS      Z14, K2, (R8)
+	VADDPS       Z14, Z15, K2, Z15
 	ADDQ         $0x40, R8
-	SUBQ         $0x10, R9
+	SUBQ         $0x10, R13
 	JMP          expone
 
 expend:
-	VADDPS        Z17, Z15, Z15
-	VADDPS        Z18, Z16, Z16
-	VADDPS        Z16, Z15, Z15
-	VEXTRACTF64X4 $0x01, Z15, Y13
-	VADDPS        Y13, Y15, Y15
-	VEXTRACTF128  $0x01, Y15, X13
-	VADDPS        X13, X15, X14
-	VMOVHLPS      X14, X14, X13
-	VADDPS        X13, X14, X14
-	VMOVSHDUP     X14, X13
-	VADDSS        X13, X14, X14
-	VMOVSS        (DI), X13
-	VFMADD231SS   (SI), X13, X14
-	VMOVSS        X14, (SI)
-	JMP           next
+	VADDPS  Z17, Z15, Z15
+	VADDPS  Z18, Z16, Z16
+	VADDPS  Z16, Z15, Z15
+	VMOVUPS Z15, (R10)
+	JMP     nextrow
 
 masked:
-	// No visible element yet: the row contributes nothing.
-	MOVQ   AX, R8
-	MOVQ   cols+24(FP), R9
-	VPXORD Z19, Z19, Z19
+	// No visible element yet: the row becomes 0 and adds 0.
+	VPXORD  Z19, Z19, Z19
+	VMOVUPS Z19, (R10)
+	MOVQ    R9, R8
+	MOVQ    cols+24(FP), R13
 
 zeroloop:
-	TESTQ   R9, R9
+	TESTQ   R13, R13
 	JLE     zeroend
-	MOVQ    $0x00000010, R10
-	CMPQ    R9, R10
-	CMOVQLT R9, R10
-	MOVQ    $-1, R11
-	BZHIQ   R10, R11, R11
-	KMOVW   R11, K1
-	VMOVUPS Z19, K1, (R8)
+	MOVQ    $0x00000010, R14
+	CMPQ    R13, R14
+	CMOVQLT R13, R14
+	MOVQ    $-1, R15
+	BZHIQ   R14, R15, R15
+	KMOVW   R15, K2
+	VMOVUPS Z19, K2, (R8)
 	ADDQ    $0x40, R8
-	SUBQ    $0x10, R9
+	SUBQ    $0x10, R13
 	JMP     zeroloop
 
 zeroend:
-	MOVL $0x3f800000, (DI)
+nextrow:
+	ADDQ CX, R9
+	ADDQ $0x40, R10
+	ADDQ $0x04, AX
+	SHRL $0x01, R12
+	DECQ R11
+	JNZ  exprow
 
-next:
-	ADDQ CX, AX
-	ADDQ $0x04, BX
-	ADDQ $0x04, SI
-	ADDQ $0x04, DI
-	DECQ DX
-	JNZ  row
+	// Phase 4: l = l·alpha + Σx for the group's rows.
+	VMOVUPS     (SP), Z13
+	VMOVUPS     64(SP), Z14
+	VSHUFF32X4  $0x44, Z14, Z13, Z20
+	VSHUFF32X4  $0xee, Z14, Z13, Z13
+	VADDPS      Z13, Z20, Z20
+	VMOVUPS     128(SP), Z13
+	VMOVUPS     192(SP), Z14
+	VSHUFF32X4  $0x44, Z14, Z13, Z21
+	VSHUFF32X4  $0xee, Z14, Z13, Z13
+	VADDPS      Z13, Z21, Z21
+	VSHUFF32X4  $0x88, Z21, Z20, Z13
+	VSHUFF32X4  $0xdd, Z21, Z20, Z14
+	VADDPS      Z14, Z13, Z13
+	VMOVUPS     256(SP), Z14
+	VMOVUPS     320(SP), Z20
+	VSHUFF32X4  $0x44, Z20, Z14, Z21
+	VSHUFF32X4  $0xee, Z20, Z14, Z14
+	VADDPS      Z14, Z21, Z21
+	VMOVUPS     384(SP), Z14
+	VMOVUPS     448(SP), Z20
+	VSHUFF32X4  $0x44, Z20, Z14, Z22
+	VSHUFF32X4  $0xee, Z20, Z14, Z14
+	VADDPS      Z14, Z22, Z22
+	VSHUFF32X4  $0x88, Z22, Z21, Z14
+	VSHUFF32X4  $0xdd, Z22, Z21, Z20
+	VADDPS      Z20, Z14, Z14
+	VSHUFPS     $0x44, Z14, Z13, Z20
+	VSHUFPS     $0xee, Z14, Z13, Z13
+	VADDPS      Z13, Z20, Z20
+	VMOVUPS     512(SP), Z13
+	VMOVUPS     576(SP), Z14
+	VSHUFF32X4  $0x44, Z14, Z13, Z21
+	VSHUFF32X4  $0xee, Z14, Z13, Z13
+	VADDPS      Z13, Z21, Z21
+	VMOVUPS     640(SP), Z13
+	VMOVUPS     704(SP), Z14
+	VSHUFF32X4  $0x44, Z14, Z13, Z22
+	VSHUFF32X4  $0xee, Z14, Z13, Z13
+	VADDPS      Z13, Z22, Z22
+	VSHUFF32X4  $0x88, Z22, Z21, Z13
+	VSHUFF32X4  $0xdd, Z22, Z21, Z14
+	VADDPS      Z14, Z13, Z13
+	VMOVUPS     768(SP), Z14
+	VMOVUPS     832(SP), Z21
+	VSHUFF32X4  $0x44, Z21, Z14, Z22
+	VSHUFF32X4  $0xee, Z21, Z14, Z14
+	VADDPS      Z14, Z22, Z22
+	VMOVUPS     896(SP), Z14
+	VMOVUPS     960(SP), Z21
+	VSHUFF32X4  $0x44, Z21, Z14, Z23
+	VSHUFF32X4  $0xee, Z21, Z14, Z14
+	VADDPS      Z14, Z23, Z23
+	VSHUFF32X4  $0x88, Z23, Z22, Z14
+	VSHUFF32X4  $0xdd, Z23, Z22, Z21
+	VADDPS      Z21, Z14, Z14
+	VSHUFPS     $0x44, Z14, Z13, Z21
+	VSHUFPS     $0xee, Z14, Z13, Z13
+	VADDPS      Z13, Z21, Z21
+	VSHUFPS     $0x88, Z21, Z20, Z13
+	VSHUFPS     $0xdd, Z21, Z20, Z14
+	VADDPS      Z14, Z13, Z13
+	VMOVDQU32   reducePerm<>+0(SB), Z14
+	VPERMPS     Z13, Z14, Z13
+	VMOVUPS.Z   (SI), K1, Z14
+	VMOVUPS.Z   (DI), K1, Z20
+	VFMADD231PS Z20, Z14, Z13
+	VMOVUPS     Z13, K1, (SI)
+	MOVQ        R9, AX
+	ADDQ        $0x40, BX
+	ADDQ        $0x40, SI
+	ADDQ        $0x40, DI
+	SUBQ        $0x10, DX
+	JG          group
 	VZEROUPPER
 	RET
+
+DATA reducePerm<>+0(SB)/4, $0x00000000
+DATA reducePerm<>+4(SB)/4, $0x00000004
+DATA reducePerm<>+8(SB)/4, $0x00000008
+DATA reducePerm<>+12(SB)/4, $0x0000000c
+DATA reducePerm<>+16(SB)/4, $0x00000001
+DATA reducePerm<>+20(SB)/4, $0x00000005
+DATA reducePerm<>+24(SB)/4, $0x00000009
+DATA reducePerm<>+28(SB)/4, $0x0000000d
+DATA reducePerm<>+32(SB)/4, $0x00000002
+DATA reducePerm<>+36(SB)/4, $0x00000006
+DATA reducePerm<>+40(SB)/4, $0x0000000a
+DATA reducePerm<>+44(SB)/4, $0x0000000e
+DATA reducePerm<>+48(SB)/4, $0x00000003
+DATA reducePerm<>+52(SB)/4, $0x00000007
+DATA reducePerm<>+56(SB)/4, $0x0000000b
+DATA reducePerm<>+60(SB)/4, $0x0000000f
+GLOBL reducePerm<>(SB), RODATA|NOPTR, $64
 
 // func expRows512(s *float32, lds int, rows int, cols int, scale float32, lse *float32)
 // Requires: AVX, AVX512F, BMI2, CMOV

@@ -60,27 +60,39 @@ func TestSoftmaxOnline(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 11))
 	for _, im := range available() {
 		for _, cols := range tileCols {
-			for _, scale := range []float32{0.125, 1, -0.7} {
-				t.Run(fmt.Sprintf("%s/cols=%d/scale=%v", im.name, cols, scale), func(t *testing.T) {
-					const rows = 7
+			for _, sc := range []struct {
+				rows  int
+				scale float32
+			}{{7, 0.125}, {16, 1}, {37, -0.7}, {64, 0.25}} {
+				rows, scale := sc.rows, sc.scale
+				t.Run(fmt.Sprintf("%s/cols=%d/rows=%d/scale=%v", im.name, cols, rows, scale), func(t *testing.T) {
 					ld := cols + 3
 					s := newTile(rows, cols, ld, func(i, j int) float32 {
 						switch {
 						case scale < 0: // -Inf would become +Inf
-						case i == 1: // masked row that has seen nothing yet
+						case i%7 == 1: // masked row that has seen nothing yet
 							return negInf
-						case i == 2 && j%3 == 0: // partly masked
+						case i%7 == 2 && j%3 == 0: // partly masked
 							return negInf
 						}
 						return 8 * float32(r.NormFloat64())
 					})
 					in := append([]float32(nil), s...)
-					m := []float32{negInf, negInf, 0.5, 40, -3, negInf, 1}
-					l := []float32{0, 0, 2, 7, 1.5, 0, 3}
-					alpha := make([]float32, rows)
+					m0s := []float32{negInf, negInf, 0.5, 40, -3, negInf, 1}
+					l0s := []float32{0, 0, 2, 7, 1.5, 0, 3}
+					m, l := make([]float32, rows+1), make([]float32, rows+1)
+					for i := range m {
+						m[i], l[i] = m0s[i%7], l0s[i%7]
+					}
+					alpha := make([]float32, rows+1)
+					alpha[rows] = 5 // guard
+					m, l, alpha = m[:rows:rows+1], l[:rows:rows+1], alpha[:rows:rows+1]
 					m0, l0 := append([]float32(nil), m...), append([]float32(nil), l...)
 					im.softmaxOnline(s, ld, rows, cols, scale, m, l, alpha)
 					checkPadding(t, s, in, rows, cols, ld)
+					if m[:rows+1][rows] != m0s[rows%7] || l[:rows+1][rows] != l0s[rows%7] || alpha[:rows+1][rows] != 5 {
+						t.Fatalf("m, l or alpha written beyond rows")
+					}
 					for i := 0; i < rows; i++ {
 						mNew := m0[i]
 						for j := 0; j < cols; j++ {

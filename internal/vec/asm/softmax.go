@@ -103,14 +103,60 @@ func rowStart(row reg.Register) (p, n reg.Register) {
 	return p, n
 }
 
+// reducePerm holds the lane permutation that puts the result of reduce16
+// in row order: lane r of the output is lane 4·(r%4) + r/4 of the tree's.
+var reducePerm Mem
+
+func reducePermTab() Mem {
+	if reducePerm.Symbol.Name == "" {
+		reducePerm = GLOBL("reducePerm", RODATA|NOPTR)
+		for r := 0; r < 16; r++ {
+			DATA(4*r, U32(4*(r%4)+r/4))
+		}
+	}
+	return reducePerm
+}
+
+// reduce16 returns a vector whose lane r is the reduction by op of the 16
+// lanes of the vector stored at tmp+64r, for r < 16. The lanes are combined
+// by a fixed tree: halves, then quarters, then pairs, then single lanes.
+// op(x, y) must leave op of its operands in x.
+func reduce16(tmp Mem, op func(x, y reg.VecVirtual)) reg.VecVirtual {
+	level := func(imm1, imm2 uint8, shuf func(imm Op, y, x, dst reg.VecVirtual), x, y reg.VecVirtual) reg.VecVirtual {
+		lo, hi := ZMM(), ZMM()
+		shuf(U8(imm1), y, x, lo)
+		shuf(U8(imm2), y, x, hi)
+		op(lo, hi)
+		return lo
+	}
+	f32x4 := func(imm Op, y, x, dst reg.VecVirtual) { VSHUFF32X4(imm, y, x, dst) }
+	ps := func(imm Op, y, x, dst reg.VecVirtual) { VSHUFPS(imm, y, x, dst) }
+	load := func(r int) reg.VecVirtual {
+		v := ZMM()
+		VMOVUPS(tmp.Offset(64*r), v)
+		return v
+	}
+	l1 := func(k int) reg.VecVirtual { return level(0x44, 0xee, f32x4, load(2*k), load(2*k+1)) }
+	l2 := func(k int) reg.VecVirtual { return level(0x88, 0xdd, f32x4, l1(2*k), l1(2*k+1)) }
+	l3 := func(k int) reg.VecVirtual { return level(0x44, 0xee, ps, l2(2*k), l2(2*k+1)) }
+	d := level(0x88, 0xdd, ps, l3(0), l3(1))
+	idx, out := ZMM(), ZMM()
+	VMOVDQU32(reducePermTab(), idx)
+	VPERMPS(d, idx, out)
+	return out
+}
+
 func softmaxOnline512() {
-	TEXT("softmaxOnline512", NOSPLIT, "func(s *float32, lds, rows, cols int, scale float32, m, l, alpha *float32)")
+	TEXT("softmaxOnline512", 0, "func(s *float32, lds, rows, cols int, scale float32, m, l, alpha *float32)")
 	Doc("softmaxOnline512 is the online-softmax step of SoftmaxOnline (rows, cols > 0), with AVX-512F.",
 		"Row r: t = scale·x, mNew = max(m[r], max t); a row with mNew = -Inf becomes 0 with alpha[r] = 1;",
 		"otherwise x = exp(scale·x − mNew) (one rounding before exp), alpha[r] = exp(m[r] − mNew),",
-		"l[r] = l[r]·alpha[r] + Σx (fused) and m[r] = mNew. The sum is added as in expSub512.")
-	Pragma("noescape")
-	row := Load(Param("s"), GP64())
+		"l[r] = l[r]·alpha[r] + Σx (fused) and m[r] = mNew. The rows go in groups of 16: the partial",
+		"maxima and sums of each row (per lane, in a fixed order) are reduced for the whole group by",
+		"one tree of shuffles, and m, l and alpha are updated as vectors.")
+	tmp := AllocLocal(16 * 64)
+	mv := AllocLocal(64)
+	grp := Load(Param("s"), GP64())
 	lds4 := Load(Param("lds"), GP64())
 	SHLQ(U8(2), lds4)
 	rows := Load(Param("rows"), GP64())
@@ -121,13 +167,23 @@ func softmaxOnline512() {
 	VBROADCASTSS(paramAddr("scale"), scale)
 	c := expConsts512()
 
-	Label("row")
-	Comment("Pass 1: the largest scaled element of the row.")
+	Label("group")
+	g := GP64()
+	MOVQ(U32(16), g)
+	CMPQ(rows, g)
+	CMOVQLT(rows, g)
+
+	Comment("Phase 1: per row, the lane-wise maxima of scale·x, stored in tmp.")
+	row, pt, cnt := GP64(), GP64(), GP64()
+	MOVQ(grp, row)
+	LEAQ(tmp, pt)
+	MOVQ(g, cnt)
+	Label("maxrow")
 	p, n := rowStart(row)
 	mx := ZMM()
-	g := GP32()
-	MOVL(U32(0xff800000), g)
-	VPBROADCASTD(g, mx)
+	ninf := GP32()
+	MOVL(U32(0xff800000), ninf)
+	VPBROADCASTD(ninf, mx)
 	Label("maxloop")
 	CMPQ(n, U8(16))
 	JLT(LabelRef("maxtail"))
@@ -145,33 +201,46 @@ func softmaxOnline512() {
 	VMULPS_Z(Mem{Base: p}, scale, k, xt)
 	VMAXPS(mx, xt, k, mx)
 	Label("maxdone")
-	hi := YMM()
-	VEXTRACTF64X4(U8(1), mx, hi)
-	lo := mx.AsY().(reg.VecVirtual)
-	VMAXPS(hi, lo, lo)
-	rmax := hmaxY(lo)
-	mold := XMM()
-	VMOVSS(Mem{Base: pm}, mold)
-	mnew := XMM()
-	VMAXSS(mold, rmax, mnew)
-	isNegInf(mnew, "masked")
+	VMOVUPS(mx, Mem{Base: pt})
+	ADDQ(lds4, row)
+	ADDQ(U8(64), pt)
+	DECQ(cnt)
+	JNZ(LabelRef("maxrow"))
 
-	Comment("alpha = exp(m − mNew): 1 when the maximum did not change.")
+	Comment("Phase 2: mNew and alpha for the group's rows, as vectors.")
+	kg := lanesMask512(g)
+	rmax := reduce16(tmp, func(x, y reg.VecVirtual) { VMAXPS(y, x, x) })
+	mold, mnew := ZMM(), ZMM()
+	VMOVUPS_Z(Mem{Base: pm}, kg, mold)
+	VMAXPS(rmax, mold, mnew)
+	keq := K()
+	VCMPPS(U8(0), mnew, mold, keq) // unchanged maximum (or both -Inf): alpha = 1
 	av := ZMM()
-	VBROADCASTSS(expConst("one"), av)
-	VUCOMISS(mold, mnew)
-	JEQ(LabelRef("alphadone"))
-	d := XMM()
-	VSUBSS(mnew, mold, d)
-	VBROADCASTSS(d, av)
+	VSUBPS(mnew, mold, av)
 	exp512([]reg.VecVirtual{av}, c)
-	Label("alphadone")
-	VMOVSS(av.AsX(), Mem{Base: pa})
-	VMOVSS(mnew, Mem{Base: pm})
+	VMOVAPS(c["one"], keq, av)
+	VMOVUPS(av, kg, Mem{Base: pa})
+	VMOVUPS(mnew, kg, Mem{Base: pm})
+	VMOVUPS(mnew, mv)
+	ni := ZMM()
+	MOVL(U32(0xff800000), ninf)
+	VPBROADCASTD(ninf, ni)
+	kinf := K()
+	VCMPPS(U8(0), ni, mnew, kinf)
+	bits := GP32()
+	KMOVW(kinf, bits)
 
-	Comment("Pass 2: x = exp(scale·x − mNew), summed.")
+	Comment("Phase 3: per row, x = exp(scale·x − mNew) and its lane-wise sums, stored in tmp.")
+	pmv := GP64()
+	MOVQ(grp, row)
+	LEAQ(tmp, pt)
+	LEAQ(mv, pmv)
+	MOVQ(g, cnt)
+	Label("exprow")
+	TESTL(U32(1), bits)
+	JNZ(LabelRef("masked"))
 	nm := ZMM()
-	VBROADCASTSS(mnew, nm)
+	VBROADCASTSS(Mem{Base: pmv}, nm)
 	sums := make([]reg.VecVirtual, expUnroll512)
 	for i := range sums {
 		sums[i] = ZMM()
@@ -184,28 +253,37 @@ func softmaxOnline512() {
 			VADDPS(sums[i+w], sums[i], sums[i])
 		}
 	}
-	sum := hsum512(sums[0])
-	alpha := XMM()
-	VMOVSS(Mem{Base: pa}, alpha)
-	VFMADD231SS(Mem{Base: pl}, alpha, sum) // sum += alpha·l
-	VMOVSS(sum, Mem{Base: pl})
-	JMP(LabelRef("next"))
-
+	VMOVUPS(sums[0], Mem{Base: pt})
+	JMP(LabelRef("nextrow"))
 	Label("masked")
-	Comment("No visible element yet: the row contributes nothing.")
-	p3, n3 := rowStart(row)
+	Comment("No visible element yet: the row becomes 0 and adds 0.")
 	zero := ZMM()
 	VPXORD(zero, zero, zero)
+	VMOVUPS(zero, Mem{Base: pt})
+	p3, n3 := rowStart(row)
 	zeroRow512("zero", p3, n3, zero)
-	MOVL(U32(0x3f800000), Mem{Base: pa}) // alpha = 1
-
-	Label("next")
+	Label("nextrow")
 	ADDQ(lds4, row)
-	ADDQ(U8(4), pm)
-	ADDQ(U8(4), pl)
-	ADDQ(U8(4), pa)
-	DECQ(rows)
-	JNZ(LabelRef("row"))
+	ADDQ(U8(64), pt)
+	ADDQ(U8(4), pmv)
+	SHRL(U8(1), bits)
+	DECQ(cnt)
+	JNZ(LabelRef("exprow"))
+
+	Comment("Phase 4: l = l·alpha + Σx for the group's rows.")
+	sum := reduce16(tmp, func(x, y reg.VecVirtual) { VADDPS(y, x, x) })
+	lold, al := ZMM(), ZMM()
+	VMOVUPS_Z(Mem{Base: pl}, kg, lold)
+	VMOVUPS_Z(Mem{Base: pa}, kg, al)
+	VFMADD231PS(al, lold, sum)
+	VMOVUPS(sum, kg, Mem{Base: pl})
+
+	MOVQ(row, grp)
+	ADDQ(U8(64), pm)
+	ADDQ(U8(64), pl)
+	ADDQ(U8(64), pa)
+	SUBQ(U8(16), rows)
+	JG(LabelRef("group"))
 	VZEROUPPER()
 	RET()
 }
