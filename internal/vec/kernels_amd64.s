@@ -5,7 +5,7 @@
 #include "textflag.h"
 
 // func gemmRowA512(mr int, k int, n int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc bool)
-// Requires: AVX, AVX512F, BMI2, CMOV
+// Requires: AVX, AVX512F, BMI2, CMOV, MMX+
 TEXT ·gemmRowA512(SB), NOSPLIT, $0-73
 	MOVQ mr+0(FP), AX
 	CMPQ AX, $0x06
@@ -70,13 +70,44 @@ mr6w4:
 	VPXORD  Z26, Z26, Z26
 	VPXORD  Z27, Z27, Z27
 	VPXORD  Z28, Z28, Z28
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	LEAQ    (SI)(DI*4), R9
-	MOVQ    CX, R10
-	MOVQ    k+8(FP), R11
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 128(R8)
+	PREFETCHT0 192(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 128(R8)(SI*1)
+	PREFETCHT0 192(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 128(R8)(SI*2)
+	PREFETCHT0 192(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 128(R8)(DI*1)
+	PREFETCHT0 192(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	PREFETCHT0 128(R9)
+	PREFETCHT0 192(R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 64(R9)(SI*1)
+	PREFETCHT0 128(R9)(SI*1)
+	PREFETCHT0 192(R9)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	LEAQ       (SI)(DI*4), R9
+	MOVQ       CX, R10
+	MOVQ       k+8(FP), R11
 
 mr6w4loop:
 	VMOVUPS.Z    (R10), K1, Z1
@@ -232,13 +263,32 @@ mr6w2:
 	VPXORD  Z22, Z22, Z22
 	VPXORD  Z25, Z25, Z25
 	VPXORD  Z26, Z26, Z26
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	LEAQ    (SI)(DI*4), R9
-	MOVQ    CX, R10
-	MOVQ    k+8(FP), R11
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 64(R9)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	LEAQ       (SI)(DI*4), R9
+	MOVQ       CX, R10
+	MOVQ       k+8(FP), R11
 
 mr6w2loop:
 	VMOVUPS.Z    (R10), K1, Z1
@@ -336,13 +386,26 @@ mr6w1:
 	VPXORD  Z17, Z17, Z17
 	VPXORD  Z21, Z21, Z21
 	VPXORD  Z25, Z25, Z25
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	LEAQ    (SI)(DI*4), R9
-	MOVQ    CX, R10
-	MOVQ    k+8(FP), R11
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R9)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	LEAQ       (SI)(DI*4), R9
+	MOVQ       CX, R10
+	MOVQ       k+8(FP), R11
 
 mr6w1loop:
 	VMOVUPS.Z    (R10), K1, Z1
@@ -445,13 +508,40 @@ mr5w4:
 	VPXORD  Z22, Z22, Z22
 	VPXORD  Z23, Z23, Z23
 	VPXORD  Z24, Z24, Z24
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	LEAQ    (SI)(DI*4), R9
-	MOVQ    CX, R10
-	MOVQ    k+8(FP), R11
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 128(R8)
+	PREFETCHT0 192(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 128(R8)(SI*1)
+	PREFETCHT0 192(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 128(R8)(SI*2)
+	PREFETCHT0 192(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 128(R8)(DI*1)
+	PREFETCHT0 192(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	PREFETCHT0 128(R9)
+	PREFETCHT0 192(R9)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	LEAQ       (SI)(DI*4), R9
+	MOVQ       CX, R10
+	MOVQ       k+8(FP), R11
 
 mr5w4loop:
 	VMOVUPS.Z    (R10), K1, Z1
@@ -588,13 +678,30 @@ mr5w2:
 	VPXORD  Z18, Z18, Z18
 	VPXORD  Z21, Z21, Z21
 	VPXORD  Z22, Z22, Z22
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	LEAQ    (SI)(DI*4), R9
-	MOVQ    CX, R10
-	MOVQ    k+8(FP), R11
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	LEAQ       (SI)(DI*4), R9
+	MOVQ       CX, R10
+	MOVQ       k+8(FP), R11
 
 mr5w2loop:
 	VMOVUPS.Z    (R10), K1, Z1
@@ -682,13 +789,25 @@ mr5w1:
 	VPXORD  Z13, Z13, Z13
 	VPXORD  Z17, Z17, Z17
 	VPXORD  Z21, Z21, Z21
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	LEAQ    (SI)(DI*4), R9
-	MOVQ    CX, R10
-	MOVQ    k+8(FP), R11
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 (R9)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	LEAQ       (SI)(DI*4), R9
+	MOVQ       CX, R10
+	MOVQ       k+8(FP), R11
 
 mr5w1loop:
 	VMOVUPS.Z    (R10), K1, Z1
@@ -782,12 +901,34 @@ mr4w4:
 	VPXORD  Z18, Z18, Z18
 	VPXORD  Z19, Z19, Z19
 	VPXORD  Z20, Z20, Z20
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R9
-	MOVQ    k+8(FP), R10
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 128(R8)
+	PREFETCHT0 192(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 128(R8)(SI*1)
+	PREFETCHT0 192(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 128(R8)(SI*2)
+	PREFETCHT0 192(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 128(R8)(DI*1)
+	PREFETCHT0 192(R8)(DI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R9
+	MOVQ       k+8(FP), R10
 
 mr4w4loop:
 	VMOVUPS.Z    (R9), K1, Z1
@@ -903,12 +1044,26 @@ mr4w2:
 	VPXORD  Z14, Z14, Z14
 	VPXORD  Z17, Z17, Z17
 	VPXORD  Z18, Z18, Z18
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R9
-	MOVQ    k+8(FP), R10
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R9
+	MOVQ       k+8(FP), R10
 
 mr4w2loop:
 	VMOVUPS.Z    (R9), K1, Z1
@@ -984,12 +1139,22 @@ mr4w1:
 	VPXORD  Z9, Z9, Z9
 	VPXORD  Z13, Z13, Z13
 	VPXORD  Z17, Z17, Z17
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R9
-	MOVQ    k+8(FP), R10
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	PREFETCHT0 (R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R9
+	MOVQ       k+8(FP), R10
 
 mr4w1loop:
 	VMOVUPS.Z    (R9), K1, Z1
@@ -1072,12 +1237,30 @@ mr3w4:
 	VPXORD  Z14, Z14, Z14
 	VPXORD  Z15, Z15, Z15
 	VPXORD  Z16, Z16, Z16
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 128(DI)
+	PREFETCHT0 192(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	PREFETCHT0 128(DI)(SI*1)
+	PREFETCHT0 192(DI)(SI*1)
+	PREFETCHT0 (DI)(SI*2)
+	PREFETCHT0 64(DI)(SI*2)
+	PREFETCHT0 128(DI)(SI*2)
+	PREFETCHT0 192(DI)(SI*2)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr3w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -1174,12 +1357,24 @@ mr3w2:
 	VPXORD  Z10, Z10, Z10
 	VPXORD  Z13, Z13, Z13
 	VPXORD  Z14, Z14, Z14
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	PREFETCHT0 (DI)(SI*2)
+	PREFETCHT0 64(DI)(SI*2)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr3w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -1245,12 +1440,21 @@ mr3w1:
 	VPXORD  Z5, Z5, Z5
 	VPXORD  Z9, Z9, Z9
 	VPXORD  Z13, Z13, Z13
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 (DI)(SI*2)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr3w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -1324,12 +1528,26 @@ mr2w4:
 	VPXORD  Z10, Z10, Z10
 	VPXORD  Z11, Z11, Z11
 	VPXORD  Z12, Z12, Z12
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 128(DI)
+	PREFETCHT0 192(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	PREFETCHT0 128(DI)(SI*1)
+	PREFETCHT0 192(DI)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr2w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -1407,12 +1625,22 @@ mr2w2:
 	VPXORD  Z6, Z6, Z6
 	VPXORD  Z9, Z9, Z9
 	VPXORD  Z10, Z10, Z10
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr2w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -1468,12 +1696,20 @@ mr2w1:
 	KMOVW   DI, K1
 	VPXORD  Z5, Z5, Z5
 	VPXORD  Z9, Z9, Z9
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	LEAQ    (DI)(DI*2), R8
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 (DI)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	LEAQ       (DI)(DI*2), R8
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr2w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -1538,11 +1774,20 @@ mr1w4:
 	VPXORD  Z6, Z6, Z6
 	VPXORD  Z7, Z7, Z7
 	VPXORD  Z8, Z8, Z8
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, DI
-	MOVQ    k+8(FP), R8
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	MOVQ       DX, SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, DI
+	MOVQ       k+8(FP), R8
 
 mr1w4loop:
 	VMOVUPS.Z    (DI), K1, Z1
@@ -1600,11 +1845,18 @@ mr1w2:
 	KMOVW   DI, K2
 	VPXORD  Z5, Z5, Z5
 	VPXORD  Z6, Z6, Z6
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, DI
-	MOVQ    k+8(FP), R8
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	MOVQ       DX, SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, DI
+	MOVQ       k+8(FP), R8
 
 mr1w2loop:
 	VMOVUPS.Z    (DI), K1, Z1
@@ -1649,11 +1901,17 @@ mr1w1:
 	BZHIQ   SI, DI, DI
 	KMOVW   DI, K1
 	VPXORD  Z5, Z5, Z5
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, DI
-	MOVQ    k+8(FP), R8
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	MOVQ       DX, SI
+	PREFETCHT0 (SI)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, DI
+	MOVQ       k+8(FP), R8
 
 mr1w1loop:
 	VMOVUPS.Z    (DI), K1, Z1
@@ -2744,7 +3002,7 @@ DATA maskTable<>+60(SB)/4, $0x00000000
 GLOBL maskTable<>(SB), RODATA|NOPTR, $64
 
 // func gemmColA512(mr int, k int, n int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc bool)
-// Requires: AVX, AVX512F, BMI2, CMOV
+// Requires: AVX, AVX512F, BMI2, CMOV, MMX+
 TEXT ·gemmColA512(SB), NOSPLIT, $0-73
 	MOVQ mr+0(FP), AX
 	CMPQ AX, $0x06
@@ -2809,11 +3067,42 @@ mr6w4:
 	VPXORD  Z26, Z26, Z26
 	VPXORD  Z27, Z27, Z27
 	VPXORD  Z28, Z28, Z28
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 128(R8)
+	PREFETCHT0 192(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 128(R8)(SI*1)
+	PREFETCHT0 192(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 128(R8)(SI*2)
+	PREFETCHT0 192(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 128(R8)(DI*1)
+	PREFETCHT0 192(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	PREFETCHT0 128(R9)
+	PREFETCHT0 192(R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 64(R9)(SI*1)
+	PREFETCHT0 128(R9)(SI*1)
+	PREFETCHT0 192(R9)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr6w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -2968,11 +3257,30 @@ mr6w2:
 	VPXORD  Z22, Z22, Z22
 	VPXORD  Z25, Z25, Z25
 	VPXORD  Z26, Z26, Z26
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	PREFETCHT0 (R9)(SI*1)
+	PREFETCHT0 64(R9)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr6w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3069,11 +3377,24 @@ mr6w1:
 	VPXORD  Z17, Z17, Z17
 	VPXORD  Z21, Z21, Z21
 	VPXORD  Z25, Z25, Z25
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 (R9)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr6w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3175,11 +3496,38 @@ mr5w4:
 	VPXORD  Z22, Z22, Z22
 	VPXORD  Z23, Z23, Z23
 	VPXORD  Z24, Z24, Z24
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 128(R8)
+	PREFETCHT0 192(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 128(R8)(SI*1)
+	PREFETCHT0 192(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 128(R8)(SI*2)
+	PREFETCHT0 192(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 128(R8)(DI*1)
+	PREFETCHT0 192(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	PREFETCHT0 128(R9)
+	PREFETCHT0 192(R9)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr5w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3315,11 +3663,28 @@ mr5w2:
 	VPXORD  Z18, Z18, Z18
 	VPXORD  Z21, Z21, Z21
 	VPXORD  Z22, Z22, Z22
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 (R9)
+	PREFETCHT0 64(R9)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr5w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3406,11 +3771,23 @@ mr5w1:
 	VPXORD  Z13, Z13, Z13
 	VPXORD  Z17, Z17, Z17
 	VPXORD  Z21, Z21, Z21
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	LEAQ       (R8)(SI*4), R9
+	PREFETCHT0 (R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 (R9)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr5w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3503,11 +3880,33 @@ mr4w4:
 	VPXORD  Z18, Z18, Z18
 	VPXORD  Z19, Z19, Z19
 	VPXORD  Z20, Z20, Z20
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 128(R8)
+	PREFETCHT0 192(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 128(R8)(SI*1)
+	PREFETCHT0 192(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 128(R8)(SI*2)
+	PREFETCHT0 192(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	PREFETCHT0 128(R8)(DI*1)
+	PREFETCHT0 192(R8)(DI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr4w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3623,11 +4022,25 @@ mr4w2:
 	VPXORD  Z14, Z14, Z14
 	VPXORD  Z17, Z17, Z17
 	VPXORD  Z18, Z18, Z18
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	PREFETCHT0 (R8)
+	PREFETCHT0 64(R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 64(R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 64(R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	PREFETCHT0 64(R8)(DI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr4w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3703,11 +4116,21 @@ mr4w1:
 	VPXORD  Z9, Z9, Z9
 	VPXORD  Z13, Z13, Z13
 	VPXORD  Z17, Z17, Z17
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, R8
+	PREFETCHT0 (R8)
+	PREFETCHT0 (R8)(SI*1)
+	PREFETCHT0 (R8)(SI*2)
+	PREFETCHT0 (R8)(DI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr4w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3790,11 +4213,29 @@ mr3w4:
 	VPXORD  Z14, Z14, Z14
 	VPXORD  Z15, Z15, Z15
 	VPXORD  Z16, Z16, Z16
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 128(DI)
+	PREFETCHT0 192(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	PREFETCHT0 128(DI)(SI*1)
+	PREFETCHT0 192(DI)(SI*1)
+	PREFETCHT0 (DI)(SI*2)
+	PREFETCHT0 64(DI)(SI*2)
+	PREFETCHT0 128(DI)(SI*2)
+	PREFETCHT0 192(DI)(SI*2)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr3w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3891,11 +4332,23 @@ mr3w2:
 	VPXORD  Z10, Z10, Z10
 	VPXORD  Z13, Z13, Z13
 	VPXORD  Z14, Z14, Z14
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	PREFETCHT0 (DI)(SI*2)
+	PREFETCHT0 64(DI)(SI*2)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr3w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -3961,11 +4414,20 @@ mr3w1:
 	VPXORD  Z5, Z5, Z5
 	VPXORD  Z9, Z9, Z9
 	VPXORD  Z13, Z13, Z13
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 (DI)(SI*2)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr3w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -4039,11 +4501,25 @@ mr2w4:
 	VPXORD  Z10, Z10, Z10
 	VPXORD  Z11, Z11, Z11
 	VPXORD  Z12, Z12, Z12
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 128(DI)
+	PREFETCHT0 192(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	PREFETCHT0 128(DI)(SI*1)
+	PREFETCHT0 192(DI)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr2w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -4121,11 +4597,21 @@ mr2w2:
 	VPXORD  Z6, Z6, Z6
 	VPXORD  Z9, Z9, Z9
 	VPXORD  Z10, Z10, Z10
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 64(DI)
+	PREFETCHT0 (DI)(SI*1)
+	PREFETCHT0 64(DI)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr2w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -4181,11 +4667,19 @@ mr2w1:
 	KMOVW   DI, K1
 	VPXORD  Z5, Z5, Z5
 	VPXORD  Z9, Z9, Z9
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	LEAQ       (SI)(SI*2), DI
+	MOVQ       DX, DI
+	PREFETCHT0 (DI)
+	PREFETCHT0 (DI)(SI*1)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr2w1loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -4250,11 +4744,20 @@ mr1w4:
 	VPXORD  Z6, Z6, Z6
 	VPXORD  Z7, Z7, Z7
 	VPXORD  Z8, Z8, Z8
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	MOVQ       DX, SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	PREFETCHT0 128(SI)
+	PREFETCHT0 192(SI)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr1w4loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -4312,11 +4815,18 @@ mr1w2:
 	KMOVW   DI, K2
 	VPXORD  Z5, Z5, Z5
 	VPXORD  Z6, Z6, Z6
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	MOVQ       DX, SI
+	PREFETCHT0 (SI)
+	PREFETCHT0 64(SI)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr1w2loop:
 	VMOVUPS.Z    (R8), K1, Z1
@@ -4361,11 +4871,17 @@ mr1w1:
 	BZHIQ   SI, DI, DI
 	KMOVW   DI, K1
 	VPXORD  Z5, Z5, Z5
-	MOVQ    a+24(FP), SI
-	MOVQ    lda+32(FP), DI
-	SHLQ    $0x02, DI
-	MOVQ    CX, R8
-	MOVQ    k+8(FP), R9
+
+	// Fetch the block of C while the products run: it is read (acc) or written at the end.
+	MOVQ       ldc+64(FP), SI
+	SHLQ       $0x02, SI
+	MOVQ       DX, SI
+	PREFETCHT0 (SI)
+	MOVQ       a+24(FP), SI
+	MOVQ       lda+32(FP), DI
+	SHLQ       $0x02, DI
+	MOVQ       CX, R8
+	MOVQ       k+8(FP), R9
 
 mr1w1loop:
 	VMOVUPS.Z    (R8), K1, Z1

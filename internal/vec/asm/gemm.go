@@ -242,6 +242,13 @@ func block512(label string, colA bool, mr, nv int, nrem, bcol, ccol, ldb4 reg.Re
 			VPXORD(accs[i][v], accs[i][v], accs[i][v])
 		}
 	}
+	Comment("Fetch the block of C while the products run: it is read (acc) or written at the end.")
+	pre := cRows(ccol, mr)
+	for i := 0; i < mr; i++ {
+		for v := 0; v < nv; v++ {
+			PREFETCHT0(pre(i, 64*v))
+		}
+	}
 	aw := newAWalker(colA, mr)
 	pb := GP64()
 	MOVQ(bcol, pb)
