@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/flashattn/flashattn/bench"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -98,6 +99,9 @@ func runDemo(args []string, stdout io.Writer) error {
 		}
 		err = demo(b, c, stdout)
 		closeBackend(b)
+		if err == nil {
+			deviceSpeed(c, stdout)
+		}
 		if !errors.Is(err, flashattn.ErrUnsupported) {
 			return err
 		}
@@ -113,8 +117,43 @@ func demoWith(name string, c demoConfig, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer closeBackend(b)
-	return demo(b, c, stdout)
+	err = demo(b, c, stdout)
+	closeBackend(b)
+	if err == nil && name == "cuda" {
+		deviceSpeed(c, stdout)
+	}
+	return err
+}
+
+// deviceSpeed times the demo's step again with the tensors resident on the
+// GPU (no host copies), through the benchmark's CUDA-event timing, and prints
+// one line. It reports problems as a note: the demo's verdict rests on the
+// check, not on this line.
+func deviceSpeed(c demoConfig, stdout io.Writer) {
+	r, err := bench.OpenRunner("cuda")
+	if err != nil {
+		fmt.Fprintf(stdout, "note      no device-resident timing: %s\n", oneLine(err))
+		return
+	}
+	defer r.Close()
+	c, dt := c.resolve(true)
+	line := "device   "
+	for _, pass := range []bench.Pass{bench.Forward, bench.Backward} {
+		bc := bench.Case{DType: dt.String(), Batch: c.batch, SeqlenQ: c.seq, Heads: c.heads, KVHeads: c.kvHeads,
+			HeadDim: c.d, Causal: c.causal, Pass: pass}
+		bc.Normalize()
+		rec := bench.Run(r, bc, bench.DeviceTiming())
+		if !rec.OK() {
+			fmt.Fprintf(stdout, "note      no device-resident timing of %s: %s\n", pass, oneLine(errors.New(rec.Message)))
+			return
+		}
+		line += fmt.Sprintf(" %s %.3f ms %.1f TFLOP/s", pass, rec.MedianMs, rec.TFLOPs)
+		if rec.DQAlgorithm != "" {
+			line += fmt.Sprintf(" (dQ %s)", rec.DQAlgorithm)
+		}
+		line += ";"
+	}
+	fmt.Fprintf(stdout, "%s device-resident tensors, CUDA events, median\n", line)
 }
 
 // closeBackend releases b's resources when it holds any.
@@ -124,10 +163,11 @@ func closeBackend(b flashattn.Backend) {
 	}
 }
 
-// resolve fills c's zero fields with the defaults for backend b.
-func (c demoConfig) resolve(b flashattn.Backend) (demoConfig, flashattn.DType) {
+// resolve fills c's zero fields with the defaults for the GPU backend (gpu)
+// or the CPU backend.
+func (c demoConfig) resolve(gpu bool) (demoConfig, flashattn.DType) {
 	def := demoConfig{batch: 1, heads: 8, seq: 2048, d: 64, dtype: "fp32", iters: 1}
-	if b.Name() != "cpu" {
+	if gpu {
 		def = demoConfig{batch: 4, heads: 16, seq: 4096, d: 128, dtype: "bf16", iters: 5}
 	}
 	pick := func(v, d int) int {
@@ -181,8 +221,8 @@ func rate(flops float64, d time.Duration) string {
 
 // demo runs the timed and checked step on b.
 func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
-	c, dt := c.resolve(b)
 	gpu := b.Name() != "cpu"
+	c, dt := c.resolve(gpu)
 	rng := rand.New(rand.NewPCG(c.seed, 0x5eed))
 	q := randomTensor(rng, dt, c.batch, c.seq, c.heads, c.d)
 	k := randomTensor(rng, dt, c.batch, c.seq, c.kvHeads, c.d)
