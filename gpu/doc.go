@@ -10,6 +10,17 @@
 // without synchronizing or allocating, so it can be captured in a CUDA
 // graph.
 //
+// Backward computes dQ, dK, dV (and dBias) the same way; BackwardDevice is
+// its enqueue-only form (PrepareBackward compiles its kernels first and
+// returns the workspace it needs). The backward has two dQ algorithms: fp32
+// atomic adds from the dK/dV kernel (five matrix products), or a separate
+// dQ kernel that recomputes the scores (seven products, no atomics,
+// bit-for-bit deterministic). SelectDQAlgorithm picks one from a table of
+// measurements per shape class; Options.Deterministic forces the separate
+// one. dK and dV are accumulated on chip by one block per key block, over
+// every query head of its GQA group, so sharing a key head adds no
+// contention.
+//
 // Kernels are chosen per problem (element type, head dims, load width,
 // mask, features) with the tuning table of package kernels, compiled by
 // NVRTC on first use (cached on disk by package cuda and in memory here),
