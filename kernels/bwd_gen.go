@@ -64,6 +64,7 @@ func (g *bwdGen) prelude(b *strings.Builder) {
 	if v.DType == attn.BFloat16 || (v.Bias && v.BiasDType == attn.BFloat16) {
 		b.WriteString("#include <cuda_bf16.h>\n")
 	}
+	b.WriteString(cTypes)
 	fmt.Fprintf(b, "typedef %s T;\n", bwdCType(v.DType))
 	bt := v.DType
 	if v.Bias {
@@ -77,88 +78,42 @@ func (g *bwdGen) prelude(b *strings.Builder) {
 `)
 	b.WriteString(bwdParamsStruct())
 	b.WriteString(PrimitivesBegin + "\n")
-	b.WriteString(`__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_u32(dst)), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ float ex2f(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-`)
+	b.WriteString("DEV u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }\n")
+	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async16", bytes: 16, generic: true, zfill: true, memory: true}))
+	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async4", bytes: 4, generic: true, memory: true}))
+	b.WriteString(ptxCpCommit("cp_async_commit", true))
+	b.WriteString(ptxCpWait("cp_async_wait0", 0, true))
+	b.WriteString(ptxEx2("ex2f"))
 	if g.mma {
-		mmaType := "f16"
-		if v.DType == attn.BFloat16 {
-			mmaType = "bf16"
-		}
 		pack := "__floats2half2_rn(a, b_)"
 		unpack := "const __half2 h = *reinterpret_cast<const __half2*>(&x); const float2 f = __half22float2(h); a = f.x; b_ = f.y;"
 		if v.DType == attn.BFloat16 {
 			pack = "__floats2bfloat162_rn(a, b_)"
 			unpack = "a = __uint_as_float(x << 16); b_ = __uint_as_float(x & 0xffff0000u);"
 		}
-		fmt.Fprintf(b, `__device__ __forceinline__ unsigned pack2(float a, float b_) { auto h = %s; return *reinterpret_cast<unsigned*>(&h); }
-__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%%0,%%1,%%2,%%3}, [%%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x2(unsigned& r0, unsigned& r1, unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%%0,%%1}, [%%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x2_t(unsigned& r0, unsigned& r1, unsigned a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%%0,%%1}, [%%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// st_pair writes two adjacent elements of a shared-memory tile (column even).
-__device__ __forceinline__ void st_pair(T* s, float a, float b_) { *reinterpret_cast<unsigned*>(s) = pack2(a, b_); }
+		fmt.Fprintf(b, "DEV u32 pack2(float a, float b_) { auto h = %s; return *reinterpret_cast<u32*>(&h); }\n", pack)
+		b.WriteString(ptxLdmatrixDoc)
+		b.WriteString(ptxLdmatrix("ldsm_x4", 4, false, false))
+		b.WriteString(ptxLdmatrix("ldsm_x4_t", 4, true, false))
+		b.WriteString(ptxLdmatrix("ldsm_x4", 4, false, true))
+		b.WriteString(ptxLdmatrix("ldsm_x4_t", 4, true, true))
+		b.WriteString("// x2: two matrices, addressed by lanes 0..15.\n")
+		b.WriteString(ptxLdmatrix("ldsm_x2", 2, false, true))
+		b.WriteString(ptxLdmatrix("ldsm_x2_t", 2, true, true))
+		b.WriteString(ptxMMA("mma16816", v.DType))
+		fmt.Fprintf(b, `// st_pair writes two adjacent elements of a shared-memory tile (column even).
+DEV void st_pair(T* s, float a, float b_) { *reinterpret_cast<u32*>(s) = pack2(a, b_); }
 // unpack2 is the inverse of pack2 (low half first).
-__device__ __forceinline__ void unpack2(unsigned x, float& a, float& b_) { %s }
-`, pack, mmaType, mmaType, unpack)
+DEV void unpack2(u32 x, float& a, float& b_) { %s }
+`, unpack)
 	} else {
-		b.WriteString(`__device__ __forceinline__ void st_pair(T* s, float a, float b_) { *reinterpret_cast<float2*>(s) = make_float2(a, b_); }
-__device__ __forceinline__ void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// x = hi + lo, hi = tf32(x), lo = tf32(x - hi)
-__device__ __forceinline__ void tf32_split(float x, unsigned& hi, unsigned& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
-}
-// d += a·b in split-tf32, small terms first
-__device__ __forceinline__ void mma_tf32x3(float (&d)[4], const unsigned (&ah)[4], const unsigned (&al)[4], unsigned bh0, unsigned bh1, unsigned bl0, unsigned bl1) {
-  mma1688(d, al, bh0, bh1);
-  mma1688(d, ah, bl0, bl1);
-  mma1688(d, ah, bh0, bh1);
-}
-`)
+		b.WriteString("DEV void st_pair(T* s, float a, float b_) { *reinterpret_cast<float2*>(s) = make_float2(a, b_); }\n")
+		b.WriteString(ptxMMA("mma1688", v.DType))
+		b.WriteString(ptxTF32Split("tf32_split", false))
+		b.WriteString(mmaSplitTF32("mma_tf32x3", "mma1688"))
 	}
 	b.WriteString(PrimitivesEnd + "\n")
-	b.WriteString(`// Philox4x32-10 (package philox): counter (c0..c3), key (k0, k1).
-__device__ __forceinline__ uint4 philox4(unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1) {
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
-    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
-  }
-  return make_uint4(c0, c1, c2, c3);
-}
-`)
+	b.WriteString(philoxFunc)
 	if v.Masked {
 		b.WriteString(`// visible reports whether key j (of m) is in the window of query i; off places the diagonal.
 __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) {
@@ -391,20 +346,13 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 	if g.mma {
 		fmt.Fprintf(b, "    unsigned pk[%d][%d][2];\n", st.MT, st.NT)
 	}
-	fmt.Fprintf(b, `#pragma unroll
-    for (int mt = 0; mt < %d; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < %d; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int il = wms * %d + mt * 16 + g + hh * 8, jl = wns * %d + nt * 8 + 2 * t4;
-      const int qi = i0 + il, kj = j0 + jl;
-      (void)qi;
+	bwdPairLoop(b, st)
+	b.WriteString(`      (void)qi;
       float x[2];
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float s = accS[mt][nt][hh * 2 + c];
-`, st.MT, st.NT, st.TM, st.TN)
+`)
 	switch {
 	case !v.Softcap && !v.Bias:
 		b.WriteString("        x[c] = fmaf(s, p.scale_log2, -lr[mt][hh]);\n")
@@ -450,11 +398,10 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 	b.WriteString("    }\n")
 }
 
-// dsFromDP writes dS = P∘(dP − Delta) (with the dropout and softcap chain
-// rules) into sdS, and into the dBias scratch when asked; it follows probs
-// in the same scope.
-func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
-	v := g.v
+// bwdPairLoop opens the loop over the accumulator pairs of a warp's S
+// tile st: row tile mt, column tile nt, half hh (rows g, g+8), with the
+// tile positions il, jl and sequence positions qi, kj of the pair.
+func bwdPairLoop(b *strings.Builder, st bwdWarpTile) {
 	fmt.Fprintf(b, `#pragma unroll
     for (int mt = 0; mt < %d; ++mt)
 #pragma unroll
@@ -463,9 +410,18 @@ func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
     for (int hh = 0; hh < 2; ++hh) {
       const int il = wms * %d + mt * 16 + g + hh * 8, jl = wns * %d + nt * 8 + 2 * t4;
       const int qi = i0 + il, kj = j0 + jl;
-      (void)qi; (void)kj;
-      float ds[2];
 `, st.MT, st.NT, st.TM, st.TN)
+}
+
+// dsFromDP writes dS = P∘(dP − Delta) (with the dropout and softcap chain
+// rules) into sdS, and into the dBias scratch when asked; it follows probs
+// in the same scope.
+func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
+	v := g.v
+	bwdPairLoop(b, st)
+	b.WriteString(`      (void)qi; (void)kj;
+      float ds[2];
+`)
 	if g.mma {
 		b.WriteString("      float pp[2];\n      unpack2(pk[mt][nt][hh], pp[0], pp[1]);\n")
 	}
@@ -577,6 +533,41 @@ func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimi
 `, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, rowLimit, d, dst, rowStride, acc, factor, acc, factor)
 }
 
+// bwdPipelineStep writes the start of iteration it of a kernel's main
+// loop over iters tiles loaded by load(it, stage): the stage st, the line
+// pos (the iteration's tile position), the wait for tile it and, with two
+// stages, the prefetch of tile it+1.
+func bwdPipelineStep(b *strings.Builder, stages int, load, iters, pos string) {
+	if stages == 2 {
+		b.WriteString("    const int st = it & 1;\n")
+	} else {
+		fmt.Fprintf(b, "    const int st = 0;\n    if (it > 0) { %s(it, 0); cp_async_commit(); }\n", load)
+	}
+	b.WriteString(pos)
+	b.WriteString(`    cp_async_wait0();
+    __syncthreads();
+`)
+	if stages == 2 {
+		fmt.Fprintf(b, "    if (it + 1 < %s) { %s(it + 1, st ^ 1); cp_async_commit(); }\n", iters, load)
+	}
+}
+
+// scores writes the recomputation both kernels share within a tile pair:
+// S = Q·Kᵀ (ps[0]), P, dP = dO·Vᵀ (ps[1]), dS, a barrier and the product
+// ps[2]. sl and sd are the tile's LSE2 and Delta rows; the dK/dV kernel
+// (dkdv) also stores P and writes dBias.
+func (g *bwdGen) scores(b *strings.Builder, st bwdWarpTile, ps []bwdProduct, sl, sd string, dkdv bool) {
+	g.fullMask(b)
+	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accS"), "\n", "\n    "))
+	bwdEmitProduct(b, ps[0], g.mma)
+	g.probs(b, st, sl, sd, dkdv)
+	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accP"), "\n", "\n    "))
+	bwdEmitProduct(b, ps[1], g.mma)
+	g.dsFromDP(b, st, dkdv)
+	b.WriteString("    __syncthreads();\n")
+	bwdEmitProduct(b, ps[2], g.mma)
+}
+
 func (g *bwdGen) dkdvKernel(b *strings.Builder) {
 	v := g.v
 	t := g.tiles.DKDV
@@ -629,27 +620,8 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
   }
   for (int it = 0; it < iters; ++it) {
 `)
-	if t.Stages == 2 {
-		b.WriteString("    const int st = it & 1;\n")
-	} else {
-		b.WriteString("    const int st = 0;\n    if (it > 0) { load_q(it, 0); cp_async_commit(); }\n")
-	}
-	b.WriteString(`    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
-    cp_async_wait0();
-    __syncthreads();
-`)
-	if t.Stages == 2 {
-		b.WriteString("    if (it + 1 < iters) { load_q(it + 1, st ^ 1); cp_async_commit(); }\n")
-	}
-	g.fullMask(b)
-	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accS"), "\n", "\n    "))
-	bwdEmitProduct(b, ps[0], g.mma)
-	g.probs(b, st, "(sL + st * BM)", "(sD + st * BM)", true)
-	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accP"), "\n", "\n    "))
-	bwdEmitProduct(b, ps[1], g.mma)
-	g.dsFromDP(b, st, true)
-	b.WriteString("    __syncthreads();\n")
-	bwdEmitProduct(b, ps[2], g.mma)
+	bwdPipelineStep(b, t.Stages, "load_q", "iters", "    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;\n")
+	g.scores(b, st, ps, "(sL + st * BM)", "(sD + st * BM)", true)
 	bwdEmitProduct(b, ps[3], g.mma)
 	if v.AtomicDQ {
 		nc := v.DKPad() / g.dqChunks()
@@ -735,27 +707,8 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
   }
   for (int it = 0; it < njb; ++it) {
 `)
-	if t.Stages == 2 {
-		b.WriteString("    const int st = it & 1;\n")
-	} else {
-		b.WriteString("    const int st = 0;\n    if (it > 0) { load_kv(it, 0); cp_async_commit(); }\n")
-	}
-	b.WriteString(`    const int j0 = (jb0 + it) * BN;
-    cp_async_wait0();
-    __syncthreads();
-`)
-	if t.Stages == 2 {
-		b.WriteString("    if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }\n")
-	}
-	g.fullMask(b)
-	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accS"), "\n", "\n    "))
-	bwdEmitProduct(b, ps[0], g.mma)
-	g.probs(b, st, "sL", "sD", false)
-	b.WriteString("    " + strings.ReplaceAll(st.accDecl("accP"), "\n", "\n    "))
-	bwdEmitProduct(b, ps[1], g.mma)
-	g.dsFromDP(b, st, false)
-	b.WriteString("    __syncthreads();\n")
-	bwdEmitProduct(b, ps[2], g.mma)
+	bwdPipelineStep(b, t.Stages, "load_kv", "njb", "    const int j0 = (jb0 + it) * BN;\n")
+	g.scores(b, st, ps, "sL", "sD", false)
 	if t.Stages == 1 {
 		b.WriteString("    __syncthreads();\n")
 	}

@@ -1,7 +1,7 @@
 package kernels
 
-// dropoutFuncs writes Philox4x32-10 and the keep-mask application, which
-// reproduce package philox bit for bit:
+// dropoutFuncs writes Philox4x32-10 (philoxFunc) and the keep-mask
+// application, which reproduce package philox bit for bit:
 //
 //	key     = (lo32(seed), hi32(seed))
 //	counter = (j >> 2, i, b·H + h, offset)
@@ -16,22 +16,8 @@ func (x *gen) dropoutFuncs() {
 	if !x.v.Dropout {
 		return
 	}
-	x.raw(`// ---- dropout: Philox4x32-10 (Salmon et al., SC 2011)
-DEV void philox(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1, u32 (&w)[4]) {
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    const u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    const u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
-}
-// Zero the dropped probabilities of this warp's S tile. i0: sequence position of the warp's
+	x.raw("// ---- dropout\n" + philoxFunc)
+	x.raw(`// Zero the dropped probabilities of this warp's S tile. i0: sequence position of the warp's
 // first row; j0: sequence position of the warp's first key; bh = b·H + h.
 DEV void apply_dropout(float (&s)[MT][NT_S][4], const Params& p, int i0, int j0, u32 bh, int lane) {
   const int g = lane >> 2, c = lane & 3;
@@ -42,14 +28,13 @@ DEV void apply_dropout(float (&s)[MT][NT_S][4], const Params& p, int i0, int j0,
 #pragma unroll
     for (int nt = 0; nt < NT_S; ++nt) {
       const u32 j = (u32)(j0 + nt * 8 + 2 * c);  // even key: words j&3, j&3+1 of group j>>2
-      u32 w[4];
-      philox(j >> 2, row, bh, p.drop_offset, p.seed_lo, p.seed_hi, w);
+      const uint4 w = philox4(j >> 2, row, bh, p.drop_offset, p.seed_lo, p.seed_hi);
       // even lanes drew row g and need row g+8's words 0,1; odd lanes drew row g+8 and need row g's words 2,3
-      const u32 ra = __shfl_xor_sync(FULL_MASK, odd ? w[0] : w[2], 1);
-      const u32 rb = __shfl_xor_sync(FULL_MASK, odd ? w[1] : w[3], 1);
+      const u32 ra = __shfl_xor_sync(FULL_MASK, odd ? w.x : w.z, 1);
+      const u32 rb = __shfl_xor_sync(FULL_MASK, odd ? w.y : w.w, 1);
       const u32 t = p.drop_threshold;
-      const u32 r0 = odd ? ra : w[0], r1 = odd ? rb : w[1];  // row g,   keys j, j+1
-      const u32 r2 = odd ? w[2] : ra, r3 = odd ? w[3] : rb;  // row g+8, keys j, j+1
+      const u32 r0 = odd ? ra : w.x, r1 = odd ? rb : w.y;  // row g,   keys j, j+1
+      const u32 r2 = odd ? w.z : ra, r3 = odd ? w.w : rb;  // row g+8, keys j, j+1
       s[mt][nt][0] = r0 < t ? s[mt][nt][0] : 0.f;
       s[mt][nt][1] = r1 < t ? s[mt][nt][1] : 0.f;
       s[mt][nt][2] = r2 < t ? s[mt][nt][2] : 0.f;

@@ -59,14 +59,7 @@ func (x *gen) prelude() {
 	x.p("// Problem: q [B, N, H, DK], k [B, M, Hkv, DK], v [B, M, Hkv, DV] (strided), o [B, N, H, DV], lse [B, H, N].")
 	x.p("// One CTA computes BM query rows of one (batch, head); it walks the key blocks of BN keys from the")
 	x.p("// last visible one down to the first: S = Q·Kᵀ (tensor cores), online softmax in base 2, O += P·V.")
-	x.raw(`
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef long long i64;
-typedef unsigned long long u64;
-
-#define DEV static __device__ __forceinline__
-#define NEG_INF __int_as_float(0xff800000)
+	x.raw("\n" + cTypes + `#define NEG_INF __int_as_float(0xff800000)
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 #define FULL_MASK 0xffffffffu
@@ -132,22 +125,18 @@ func (x *gen) ptx() {
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
   return a;
 }
-DEV void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> DEV void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-// ldmatrix: four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
-DEV void ldsm4(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-DEV void ldsm4t(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-DEV void sts32(u32 addr, u32 v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v)); }
+`)
+	x.raw(ptxCpCommit("cp_commit", false))
+	x.raw(ptxCpWait("cp_wait", -1, false))
+	x.raw(ptxLdmatrixDoc)
+	x.raw(ptxLdmatrix("ldsm4", 4, false, false))
+	x.raw(ptxLdmatrix("ldsm4t", 4, true, false))
+	x.raw(`DEV void sts32(u32 addr, u32 v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v)); }
 DEV void sts64(u32 addr, float a, float b) { asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b)); }
 DEV u32 lds32(u32 addr) { u32 v; asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr)); return v; }
-DEV float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-// special registers read afresh (volatile), so that values derived from them need not stay live
+`)
+	x.raw(ptxEx2("ex2"))
+	x.raw(`// special registers read afresh (volatile), so that values derived from them need not stay live
 DEV u32 ctaid_x() { u32 r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
 DEV u32 ctaid_z() { u32 r; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r)); return r; }
@@ -156,15 +145,8 @@ DEV float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 DEV float f16_to_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 `)
 	switch v.LoadBytes {
-	case 16:
-		x.raw(`DEV void cp_async(u32 dst, const void* src, u32 n) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-`)
-	case 8, 4:
-		x.p(`DEV void cp_async(u32 dst, const void* src, u32 n) {
-  asm volatile("cp.async.ca.shared.global [%%0], [%%1], %d, %%2;\n" ::"r"(dst), "l"(src), "r"(n));
-}`, v.LoadBytes)
+	case 16, 8, 4:
+		x.raw(ptxCpAsync(cpAsync{name: "cp_async", bytes: v.LoadBytes, zfill: true}))
 	case 2:
 		x.raw(`// 16-bit global load under a predicate (0 when !ok), never a branch. Nothing uses the value
 // until sts_tile stores it, so the loads of a tile are all in flight while a product runs.
@@ -176,19 +158,18 @@ DEV u32 ldg16(const void* p, bool ok) {
 }
 `)
 	}
+	mma := "mma"
+	if v.DType == attn.Float32 {
+		mma = "mma_tf32"
+	}
+	x.raw(ptxMMA(mma, v.DType))
 	switch v.DType {
 	case attn.BFloat16, attn.Float16:
 		ty := "bf16"
 		if v.DType == attn.Float16 {
 			ty = "f16"
 		}
-		x.p(`// D[16x8] += A[16x16] · B[16x8], %[1]s inputs, fp32 accumulators
-DEV void mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.%[1]s.%[1]s.f32 {%%0,%%1,%%2,%%3}, {%%4,%%5,%%6,%%7}, {%%8,%%9}, {%%0,%%1,%%2,%%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// two fp32 values -> one register of two %[1]s (lo in the low half), rounded to nearest even
+		x.p(`// two fp32 values -> one register of two %[1]s (lo in the low half), rounded to nearest even
 DEV u32 pack2(float lo, float hi) {
   u32 r;
   asm("cvt.rn.%[1]sx2.f32 %%0, %%1, %%2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -197,19 +178,8 @@ DEV u32 pack2(float lo, float hi) {
 DEV void store_elem(char* p, float f) { *(u16*)p = (u16)(pack2(f, 0.f) & 0xffffu); }
 DEV void store_pair(char* p, float a, float b) { *(u32*)p = pack2(a, b); }`, ty)
 	case attn.Float32:
-		x.raw(`// D[16x8] += A[16x8] · B[8x8], tf32 inputs, fp32 accumulators
-DEV void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// split-tf32: x = hi + lo with hi = tf32(x), lo = tf32(x - hi)
-DEV void split(u32 x, u32& hi, u32& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(__uint_as_float(x)));
-  const float r = __uint_as_float(x) - __uint_as_float(hi);
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(r));
-}
-DEV void store_elem(char* p, float f) { *(float*)p = f; }
+		x.raw(ptxTF32Split("split", true))
+		x.raw(`DEV void store_elem(char* p, float f) { *(float*)p = f; }
 DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b); }
 `)
 	}
@@ -219,13 +189,8 @@ DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b)
 #pragma unroll
   for (int i = 0; i < 4; ++i) split(x[i], hi[i], lo[i]);
 }
-// D += A·B in split-tf32: lo·hi + hi·lo + hi·hi (the small terms first)
-DEV void mma3(float (&d)[4], const u32 (&ah)[4], const u32 (&al)[4], u32 bh0, u32 bh1, u32 bl0, u32 bl1) {
-  mma_tf32(d, al, bh0, bh1);
-  mma_tf32(d, ah, bl0, bl1);
-  mma_tf32(d, ah, bh0, bh1);
-}
 `)
+		x.raw(mmaSplitTF32("mma3", "mma_tf32"))
 	}
 	x.p("")
 }
