@@ -1,8 +1,8 @@
-// Host emulation of the CUDA features the backward kernels use, for
+// Host emulation of the CUDA features the generated kernels use, for
 // checking their indexing and synchronisation on a machine without a GPU
-// (see backward_emu_test.go). Every CUDA thread of a block is a fiber;
-// barriers and warp-synchronous instructions switch between fibers. Blocks
-// run one after another, so shared memory is one array.
+// (see emu_test.go). Every CUDA thread of a block is a fiber; barriers and
+// warp-synchronous instructions switch between fibers. Blocks run one after
+// another, so shared memory is one array.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>

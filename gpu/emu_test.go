@@ -1,0 +1,212 @@
+package gpu
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// The host emulators compile generated kernels with g++ against
+// testdata/emu: shim.h (every CUDA thread a fiber, barriers and warp
+// instructions switching fibers, shared memory filled with NaN before each
+// block), prims.h (C++ versions of the inline-PTX primitives, with the
+// alignment rules of ldmatrix and cp.async checked), a per-direction header
+// naming those primitives as the direction's kernels do (fwd.h, bwd.h) and
+// driver.h (the main that runs a launch plan on an arena of device
+// memory). They check indexing, masking, layouts and barriers without a
+// GPU, not speed.
+
+const emuBase = 1 << 32 // fake device address of the arena's first byte
+
+// emuArena lays out the tensors of one emulated call in one buffer.
+type emuArena struct{ b []byte }
+
+func (e *emuArena) put(data []byte) uint64 {
+	off := int(align256(int64(len(e.b))))
+	e.b = append(e.b, make([]byte, off-len(e.b))...)
+	e.b = append(e.b, data...)
+	return emuBase + uint64(off)
+}
+
+func (e *emuArena) poisoned(n int) uint64 {
+	return e.put(bytes.Repeat([]byte{bwdPoison}, n))
+}
+
+func (e *emuArena) at(addr uint64, n int) []byte {
+	off := int(addr - emuBase)
+	return e.b[off : off+n]
+}
+
+// emuOut is an output tensor of an emulated call, poisoned and with
+// bwdGuard poisoned bytes on each side.
+type emuOut struct {
+	shape []int
+	dt    attn.DType
+	addr  uint64 // the first guard byte
+	n     int
+}
+
+// output reserves a guarded output of the given shape and type.
+func (e *emuArena) output(shape []int, dt attn.DType) emuOut {
+	n := attn.NumElements(shape) * dt.Size()
+	return emuOut{shape, dt, e.poisoned(n + 2*bwdGuard), n}
+}
+
+// ptr is the device address of the output's first element.
+func (o emuOut) ptr() uint64 { return o.addr + bwdGuard }
+
+// read returns output i after a run, failing t when a guard band was
+// overwritten.
+func (e *emuArena) read(t *testing.T, i int, o emuOut) attn.Tensor {
+	t.Helper()
+	host := e.at(o.addr, o.n+2*bwdGuard)
+	for _, gb := range [][]byte{host[:bwdGuard], host[bwdGuard+o.n:]} {
+		if !bytes.Equal(gb, bytes.Repeat([]byte{bwdPoison}, bwdGuard)) {
+			t.Fatalf("output %d: guard band overwritten", i)
+		}
+	}
+	return tensorFromBytes(o.dt, host[bwdGuard:bwdGuard+o.n], o.shape)
+}
+
+// emuLaunch is one kernel launch of an emulated call.
+type emuLaunch struct {
+	kernel  string
+	grid    [3]int
+	threads int
+}
+
+// emuDriver is the source appended to the kernels: the parameter struct,
+// the device pointers in it and the kernels by name, then driver.h.
+func emuDriver(params string, pointers, kernelNames []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n#define EMU_PARAMS %s\n#define EMU_RELOC", params)
+	for _, p := range pointers {
+		fmt.Fprintf(&b, " RELOC(%s)", p)
+	}
+	b.WriteString("\n#define EMU_KERNELS")
+	for i, k := range kernelNames {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " {%q, %s}", k, k)
+	}
+	b.WriteString("\n#include \"driver.h\"\n")
+	return b.String()
+}
+
+var emuBuild sync.Mutex
+
+// emuBinary compiles the emulator for src (cached by content): the block of
+// inline-PTX primitives is replaced by testdata/emu/header, the CUDA
+// headers are left out (shim.h stands for them) and driver is appended.
+func emuBinary(t *testing.T, src, header, driver string) string {
+	t.Helper()
+	files, err := filepath.Glob("testdata/emu/*.h")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("emulator headers: %v", err)
+	}
+	h := sha256.New()
+	headers := map[string][]byte{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		headers[filepath.Base(f)] = data
+		fmt.Fprintf(h, "%s %d\n", filepath.Base(f), len(data))
+		h.Write(data)
+	}
+	i := strings.Index(src, kernels.PrimitivesBegin)
+	j := strings.Index(src, kernels.PrimitivesEnd)
+	if i < 0 || j < i {
+		t.Fatalf("generated source lacks the primitives markers")
+	}
+	src = src[:i] + "#include \"" + header + "\"\n" + src[j:]
+	var lines []string
+	for _, l := range strings.Split(src, "\n") {
+		if !strings.HasPrefix(l, "#include <cuda_") {
+			lines = append(lines, l)
+		}
+	}
+	full := "#include \"shim.h\"\n" + strings.Join(lines, "\n") + driver
+	h.Write([]byte(full))
+	dir := filepath.Join(os.TempDir(), "flashattn-emu")
+	bin := filepath.Join(dir, hex.EncodeToString(h.Sum(nil)[:8]))
+	emuBuild.Lock()
+	defer emuBuild.Unlock()
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	// The headers go in a directory of their own per binary so that
+	// concurrent test binaries never compile against half-written ones.
+	inc := bin + ".h"
+	if err := os.MkdirAll(inc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range headers {
+		if err := os.WriteFile(filepath.Join(inc, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cc := bin + ".cc"
+	if err := os.WriteFile(cc, []byte(full), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("g++", "-std=c++20", "-O1", "-w", "-I", inc, "-o", bin+".tmp", cc).CombinedOutput()
+	if err != nil {
+		t.Fatalf("g++: %v\n%s", err, out)
+	}
+	if err := os.Rename(bin+".tmp", bin); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// emuExec runs launches of the emulator binary bin with params on the
+// arena's contents and replaces them with the arena after the run; name
+// identifies the kernel in failures.
+func emuExec(t *testing.T, bin, name string, params []byte, ar *emuArena, launches []emuLaunch) {
+	t.Helper()
+	dir := t.TempDir()
+	pf, af, of := filepath.Join(dir, "params"), filepath.Join(dir, "arena"), filepath.Join(dir, "out")
+	if err := os.WriteFile(pf, params, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(af, ar.b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{pf, af, of}
+	for _, l := range launches {
+		args = append(args, l.kernel, fmt.Sprint(l.grid[0]), fmt.Sprint(l.grid[1]), fmt.Sprint(l.grid[2]), fmt.Sprint(l.threads))
+	}
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("emulator (%s): %v\n%s", name, err, out)
+	}
+	res, err := os.ReadFile(of)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar.b = res
+}
+
+// emuSkip skips t unless the environment variable env is set and g++ is
+// available.
+func emuSkip(t *testing.T, env, what string) {
+	t.Helper()
+	if os.Getenv(env) == "" {
+		t.Skipf("set %s=1 to run the %s kernels on the host emulator (needs g++)", env, what)
+	}
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("no g++ for the host emulator")
+	}
+}

@@ -1,0 +1,85 @@
+// The emulator's main, included after the kernels. The including source
+// defines EMU_PARAMS (the kernels' parameter struct), EMU_RELOC (the RELOC
+// list of its device pointers) and EMU_KERNELS (the table of kernels by
+// name). Command line: params file, arena in, arena out, then launches as
+// "kernel gx gy gz threads". Pointers in the parameters are addresses in an
+// arena that starts at 1<<32; they are moved to the arena's host copy.
+static void (*emu_kernel)(const EMU_PARAMS);
+static const EMU_PARAMS* emu_params;
+static void emu_tramp() {
+  emu_kernel(*emu_params);
+  emu_cur->done = true;
+  emu_live_cta--;
+  emu_live_warp[emu_cur->tid.x >> 5]--;
+  if (!emu_switch()) setcontext(&emu_main);
+  emu_fail("finished thread resumed");
+}
+static void emu_run(void (*k)(const EMU_PARAMS), const EMU_PARAMS& p, emu_dim3 grid, unsigned threads) {
+  static std::vector<char*> stacks;
+  while (stacks.size() < threads) stacks.push_back((char*)malloc(EMU_STACK));
+  emu_kernel = k;
+  emu_params = &p;
+  gridDim = grid;
+  blockDim = emu_dim3{threads, 1, 1};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = emu_dim3{x, y, z};
+        memset(smem, 0xFF, EMU_SMEM);
+        emu_fibers.assign(threads, EmuFiber{});
+        emu_cta_bar = EmuBarrier{0, (int)threads, 0, &emu_live_cta};
+        emu_live_cta = threads;
+        for (int w = 0; w < 32; ++w) { emu_warp_bar[w] = EmuBarrier{0, 32, 0, &emu_live_warp[w]}; emu_live_warp[w] = 32; }
+        for (unsigned i = 0; i < threads; ++i) {
+          EmuFiber& f = emu_fibers[i];
+          f.tid = emu_dim3{i, 0, 0};
+          f.done = false;
+          f.stack = stacks[i];
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack;
+          f.ctx.uc_stack.ss_size = EMU_STACK;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, emu_tramp, 0);
+        }
+        emu_cur_i = 0;
+        emu_cur = &emu_fibers[0];
+        swapcontext(&emu_main, &emu_fibers[0].ctx);
+        for (auto& f : emu_fibers)
+          if (!f.done) emu_fail("block ended with unfinished threads");
+      }
+}
+static std::vector<char> emu_read(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) emu_fail("open input");
+  std::vector<char> b;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) b.insert(b.end(), buf, buf + n);
+  fclose(f);
+  return b;
+}
+int main(int argc, char** argv) {
+  if (argc < 9 || (argc - 4) % 5 != 0) emu_fail("usage: params arena out (kernel gx gy gz threads)...");
+  std::vector<char> pb = emu_read(argv[1]);
+  if (pb.size() != sizeof(EMU_PARAMS)) emu_fail("params size differs from the parameter struct");
+  EMU_PARAMS p;
+  memcpy(&p, pb.data(), sizeof p);
+  std::vector<char> ab = emu_read(argv[2]);
+  char* arena = (char*)aligned_alloc(256, (ab.size() + 255) / 256 * 256 + 256);
+  memcpy(arena, ab.data(), ab.size());
+  const unsigned long long base = 1ull << 32;
+#define RELOC(f) if (p.f) p.f = (decltype(p.f))(arena + ((unsigned long long)p.f - base));
+  EMU_RELOC
+  struct { const char* name; void (*fn)(const EMU_PARAMS); } table[] = {EMU_KERNELS};
+  for (int i = 4; i + 4 < argc; i += 5) {
+    void (*fn)(const EMU_PARAMS) = nullptr;
+    for (auto& e : table) if (!strcmp(e.name, argv[i])) fn = e.fn;
+    if (!fn) emu_fail("unknown kernel");
+    emu_run(fn, p, emu_dim3{(unsigned)atoi(argv[i + 1]), (unsigned)atoi(argv[i + 2]), (unsigned)atoi(argv[i + 3])}, (unsigned)atoi(argv[i + 4]));
+  }
+  FILE* f = fopen(argv[3], "wb");
+  if (!f) emu_fail("open output");
+  fwrite(arena, 1, ab.size(), f);
+  fclose(f);
+  return 0;
+}

@@ -1,0 +1,126 @@
+// Host emulation of the inline-PTX primitives the generated kernels share,
+// with the alignment rules of ldmatrix and cp.async checked. It relies on
+// shim.h (fibers, barriers, shared memory) and on emu_bf16, which the
+// including per-direction header (fwd.h, bwd.h) defines: whether 16-bit
+// elements are bf16 (else fp16).
+
+inline unsigned emu_smem_addr(const void* p) {
+  const long d = (const unsigned char*)p - smem;
+  if (d < 0 || d >= (long)EMU_SMEM) emu_fail("shared address out of range");
+  return (unsigned)d;
+}
+inline void emu_smem_check(unsigned a, unsigned n, const char* what) {
+  if (a % n != 0 || a + n > EMU_SMEM) emu_fail(what);
+}
+// cp.async of size bytes completes at once here; src-size 0 zero-fills and
+// reads nothing.
+inline void emu_cp_async(unsigned dst, const void* src, unsigned n, unsigned size) {
+  emu_smem_check(dst, size, "cp.async: shared destination misaligned or out of range");
+  if (n != 0 && n != size) emu_fail("cp.async: bad source size");
+  if (n != 0 && ((uintptr_t)src) % size != 0) emu_fail("cp.async: misaligned global source");
+  memset(smem + dst, 0, size);
+  if (n) memcpy(smem + dst, src, size);
+}
+inline uint32_t emu_lds32(unsigned a) {
+  emu_smem_check(a, 4, "ld.shared.b32 misaligned or out of range");
+  uint32_t v;
+  memcpy(&v, smem + a, 4);
+  return v;
+}
+inline uint32_t emu_lds16(unsigned a) {
+  emu_smem_check(a, 2, "ld.shared.b16 misaligned or out of range");
+  uint16_t v;
+  memcpy(&v, smem + a, 2);
+  return v;
+}
+
+// ldmatrix of nmat 8x8 matrices: lanes 8i..8i+7 give the row addresses of
+// matrix i.
+inline void emu_ldsm(unsigned* out, int nmat, bool trans, unsigned addr) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  const int l = emu_lane();
+  x.addr[l] = addr;
+  emu_warp_sync();
+  for (int r = 0; r < nmat; ++r) {
+    for (int q = 0; q < 8; ++q)
+      if (x.addr[8 * r + q] % 16 != 0) emu_fail("ldmatrix row address not 16-byte aligned");
+    if (!trans) {
+      out[r] = emu_lds32(x.addr[8 * r + l / 4] + 4 * (l % 4));
+    } else {
+      const unsigned r0 = x.addr[8 * r + 2 * (l % 4)], r1 = x.addr[8 * r + 2 * (l % 4) + 1];
+      out[r] = emu_lds16(r0 + 2 * (l / 4)) | (emu_lds16(r1 + 2 * (l / 4)) << 16);
+    }
+  }
+  emu_warp_sync();
+}
+
+// 16-bit element conversions of the kernel's element type.
+inline float emu_elem(uint32_t h) { return emu_bf16 ? emu_bf2f((uint16_t)h) : emu_h2f((uint16_t)h); }
+inline uint32_t emu_pack(float a) { return emu_bf16 ? emu_f2bf(a) : emu_f2h(a); }
+inline unsigned pack2(float lo, float hi) { return emu_pack(lo) | (emu_pack(hi) << 16); }
+inline void unpack2(unsigned x, float& lo, float& hi) { lo = emu_elem(x & 0xffff); hi = emu_elem(x >> 16); }
+
+// mma.sync m16n8k16, 16-bit inputs, fp32 accumulators.
+inline void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  const int l = emu_lane();
+  for (int i = 0; i < 4; ++i) x.u[l][i] = a[i];
+  x.u[l][4] = b0, x.u[l][5] = b1;
+  emu_warp_sync();
+  float A[16][16], B[16][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
+    const unsigned* u = x.u[L];
+    A[g][2 * t] = emu_elem(u[0] & 0xffff), A[g][2 * t + 1] = emu_elem(u[0] >> 16);
+    A[g + 8][2 * t] = emu_elem(u[1] & 0xffff), A[g + 8][2 * t + 1] = emu_elem(u[1] >> 16);
+    A[g][2 * t + 8] = emu_elem(u[2] & 0xffff), A[g][2 * t + 9] = emu_elem(u[2] >> 16);
+    A[g + 8][2 * t + 8] = emu_elem(u[3] & 0xffff), A[g + 8][2 * t + 9] = emu_elem(u[3] >> 16);
+    B[2 * t][g] = emu_elem(u[4] & 0xffff), B[2 * t + 1][g] = emu_elem(u[4] >> 16);
+    B[2 * t + 8][g] = emu_elem(u[5] & 0xffff), B[2 * t + 9][g] = emu_elem(u[5] >> 16);
+  }
+  const int g = l / 4, t = l % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i / 2) * 8, col = 2 * t + (i % 2);
+    float s = c[i];
+    for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+    c[i] = s;
+  }
+  emu_warp_sync();
+}
+
+// mma.sync m16n8k8 tf32, fp32 accumulators.
+inline void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  const int l = emu_lane();
+  for (int i = 0; i < 4; ++i) x.u[l][i] = a[i];
+  x.u[l][4] = b0, x.u[l][5] = b1;
+  emu_warp_sync();
+  float A[16][8], B[8][8];
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
+    const unsigned* u = x.u[L];
+    A[g][t] = __uint_as_float(u[0]), A[g + 8][t] = __uint_as_float(u[1]);
+    A[g][t + 4] = __uint_as_float(u[2]), A[g + 8][t + 4] = __uint_as_float(u[3]);
+    B[t][g] = __uint_as_float(u[4]), B[t + 4][g] = __uint_as_float(u[5]);
+  }
+  const int g = l / 4, t = l % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i / 2) * 8, col = 2 * t + (i % 2);
+    float s = d[i];
+    for (int k = 0; k < 8; ++k) s += A[row][k] * B[k][col];
+    d[i] = s;
+  }
+  emu_warp_sync();
+}
+
+// cvt.rna.tf32.f32: round to nearest, ties away from zero, to 10 mantissa bits.
+inline unsigned emu_tf32(float x) {
+  unsigned u = __float_as_uint(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;
+  return u & 0xffffe000u;
+}
+// tf32_split writes x as hi + lo, both tf32 (split-tf32 fp32 products).
+inline void tf32_split(float x, unsigned& hi, unsigned& lo) {
+  hi = emu_tf32(x);
+  lo = emu_tf32(x - __uint_as_float(hi));
+}
