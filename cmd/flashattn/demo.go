@@ -31,7 +31,7 @@ Flags:
                             problem size (0: the backend's default; HKV 0: H)
   --dtype fp32|fp16|bf16    storage precision (default: the backend's)
   --causal                  causal mask (default true; --causal=false for none)
-  --iters N                 timed repetitions, the median is reported (default 1 on the CPU, 5 on a GPU)
+  --iters N                 timed repetitions, the median is reported (default 3 on the CPU, 5 on a GPU)
   --check-rows R            query rows checked against the reference (default 256)
   --seed N                  seed of the random inputs (default 1)
 `
@@ -166,7 +166,7 @@ func closeBackend(b flashattn.Backend) {
 // resolve fills c's zero fields with the defaults for the GPU backend (gpu)
 // or the CPU backend.
 func (c demoConfig) resolve(gpu bool) (demoConfig, flashattn.DType) {
-	def := demoConfig{batch: 1, heads: 8, seq: 2048, d: 64, dtype: "fp32", iters: 1}
+	def := demoConfig{batch: 1, heads: 8, seq: 2048, d: 64, dtype: "fp32", iters: 3}
 	if gpu {
 		def = demoConfig{batch: 4, heads: 16, seq: 4096, d: 128, dtype: "bf16", iters: 5}
 	}
