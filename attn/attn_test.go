@@ -169,3 +169,18 @@ func TestParseDType(t *testing.T) {
 		t.Errorf("int8: %v", err)
 	}
 }
+
+func TestBytes(t *testing.T) {
+	// A [2, 3] view with strides [1, 2] (column-major storage) reads back in row-major order.
+	x := Tensor{DType: Float32, Shape: []int{2, 3}, Strides: []int{1, 2}, F32: []float32{1, 4, 2, 5, 3, 6}}
+	b := x.Bytes()
+	for i, want := range []float32{1, 2, 3, 4, 5, 6} {
+		if got := math.Float32frombits(uint32(b[4*i]) | uint32(b[4*i+1])<<8 | uint32(b[4*i+2])<<16 | uint32(b[4*i+3])<<24); got != want {
+			t.Fatalf("element %d = %v, want %v", i, got, want)
+		}
+	}
+	h := Tensor{DType: BFloat16, Shape: []int{3}, Strides: []int{2}, Offset: 1, Bits: []uint16{0, 0x3f80, 0, 0x4000, 0, 0x4040}}
+	if got := h.Bytes(); len(got) != 6 || got[0] != 0x80 || got[1] != 0x3f || got[3] != 0x40 || got[5] != 0x40 || got[4] != 0x40 {
+		t.Fatalf("bf16 bytes % x", got)
+	}
+}

@@ -1,6 +1,7 @@
 package attn
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"sort"
@@ -166,6 +167,20 @@ func (t Tensor) each(f func(lin, off int)) {
 			idx[d] = 0
 		}
 	}
+}
+
+// Bytes returns the elements in row-major logical order as the
+// little-endian bytes of the storage type (4 per fp32 element, 2 per fp16 or
+// bf16 element): the contiguous image of the tensor, for copies to devices
+// and files.
+func (t Tensor) Bytes() []byte {
+	out := make([]byte, t.NumElements()*t.DType.Size())
+	if t.DType == Float32 {
+		t.each(func(lin, off int) { binary.LittleEndian.PutUint32(out[4*lin:], math.Float32bits(t.F32[off])) })
+	} else {
+		t.each(func(lin, off int) { binary.LittleEndian.PutUint16(out[2*lin:], t.Bits[off]) })
+	}
+	return out
 }
 
 // Fill sets every element to x (rounded to the dtype).

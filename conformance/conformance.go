@@ -287,8 +287,10 @@ func checkTensor(t *testing.T, name string, x attn.Tensor, dt attn.DType, shape 
 	}
 }
 
-// unitRoundoff returns u for dt.
-func unitRoundoff(dt attn.DType) float64 {
+// UnitRoundoff returns the unit roundoff u of dt: 2^-11 for fp16, 2^-8 for
+// bf16, 2^-24 for fp32. The accuracy criterion adds u·max(1, max|ref|) to its
+// bound.
+func UnitRoundoff(dt attn.DType) float64 {
 	switch dt {
 	case attn.Float16:
 		return 1.0 / (1 << 11)
@@ -298,8 +300,10 @@ func unitRoundoff(dt attn.DType) float64 {
 	return 1.0 / (1 << 24)
 }
 
-// maxErr returns the largest |a-b| and its index, and the largest |b|.
-func maxErr(a, b []float64) (e float64, at int, mag float64) {
+// MaxError returns the largest |a[i]-b[i]| (NaN when any difference is NaN)
+// and its index, and the largest |b[i]|: the error of a result a against
+// the reference b, and the reference's magnitude.
+func MaxError(a, b []float64) (e float64, at int, mag float64) {
 	for i := range a {
 		if d := math.Abs(a[i] - b[i]); d > e || math.IsNaN(d) {
 			e, at = d, i
@@ -317,14 +321,14 @@ func compare(t *testing.T, name string, dt attn.DType, factor float64, got, ref,
 		t.Errorf("%s: %d elements, want %d", name, len(got), len(ref))
 		return
 	}
-	e, at, mag := maxErr(got, ref)
+	e, at, mag := MaxError(got, ref)
 	scale := max(mag, 1) // the inputs are standard normal: 1 is their scale
 	var bound float64
 	if dt == attn.Float32 {
 		bound = 1e-5 * scale
 	} else {
-		ne, _, _ := maxErr(naive, ref)
-		bound = factor*ne + unitRoundoff(dt)*scale
+		ne, _, _ := MaxError(naive, ref)
+		bound = factor*ne + UnitRoundoff(dt)*scale
 	}
 	if !(e <= bound) {
 		t.Errorf("%s: max error %.3g at %d (got %v, oracle %v) exceeds the bound %.3g (max |oracle| %.3g)",
@@ -349,10 +353,10 @@ func compareLSE(t *testing.T, dt attn.DType, got, ref, naive []float64) {
 			}
 		}
 	}
-	e, at, mag := maxErr(g, r)
+	e, at, mag := MaxError(g, r)
 	bound := 1e-5 * max(1, mag)
 	if naive != nil {
-		ne, _, _ := maxErr(n, r)
+		ne, _, _ := MaxError(n, r)
 		bound = max(bound, 2*ne)
 	}
 	if !(e <= bound) {

@@ -55,7 +55,7 @@ func dropoutFraction(t *testing.T, b attn.Backend, dt attn.DType, cfg Config) {
 			continue
 		}
 		kept++
-		if math.Abs(x-want) > 2*unitRoundoff(dt)*want+1e-6*want {
+		if math.Abs(x-want) > 2*UnitRoundoff(dt)*want+1e-6*want {
 			t.Fatalf("O[%d] = %v, want a kept value of %v", i, x, want)
 		}
 	}

@@ -10,39 +10,6 @@ import (
 	"github.com/flashattn/flashattn/cuda"
 )
 
-// hostBytes returns the elements of t in row-major logical order as the
-// little-endian bytes of its storage type.
-func hostBytes(t attn.Tensor) []byte {
-	n := t.NumElements()
-	out := make([]byte, n*t.DType.Size())
-	if n == 0 {
-		return out
-	}
-	st := t.Strides
-	if st == nil {
-		st = attn.ContiguousStrides(t.Shape)
-	}
-	idx := make([]int, len(t.Shape))
-	off := t.Offset
-	for lin := 0; lin < n; lin++ {
-		if t.DType == attn.Float32 {
-			binary.LittleEndian.PutUint32(out[4*lin:], math.Float32bits(t.F32[off]))
-		} else {
-			binary.LittleEndian.PutUint16(out[2*lin:], t.Bits[off])
-		}
-		for d := len(idx) - 1; d >= 0; d-- {
-			idx[d]++
-			off += st[d]
-			if idx[d] < t.Shape[d] {
-				break
-			}
-			off -= idx[d] * st[d]
-			idx[d] = 0
-		}
-	}
-	return out
-}
-
 // tensorFromBytes returns a contiguous tensor of dt and shape holding b.
 func tensorFromBytes(dt attn.DType, b []byte, shape []int) attn.Tensor {
 	t := attn.New(dt, shape...)
@@ -137,13 +104,13 @@ func backwardHost(dev *cuda.Device, s *cuda.Stream, q, k, v, o, lse, dO attn.Ten
 		dst *bwdView
 	}{{q, &a.Q}, {k, &a.K}, {v, &a.V}, {o, &a.O}, {dO, &a.DO}}
 	for _, x := range views {
-		buf, err := bb.upload(hostBytes(x.t))
+		buf, err := bb.upload(x.t.Bytes())
 		if err != nil {
 			return attn.Gradients{}, algo, fmt.Errorf("flashattn: backward upload: %w", err)
 		}
 		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
 	}
-	lb, err := bb.upload(hostBytes(lse))
+	lb, err := bb.upload(lse.Bytes())
 	if err != nil {
 		return attn.Gradients{}, algo, fmt.Errorf("flashattn: backward upload: %w", err)
 	}
@@ -164,7 +131,7 @@ func backwardHost(dev *cuda.Device, s *cuda.Stream, q, k, v, o, lse, dO attn.Ten
 	var dbBuf *cuda.Buffer
 	if opt.Bias != nil {
 		bt := opt.Bias.Tensor
-		buf, err := bb.upload(hostBytes(bt))
+		buf, err := bb.upload(bt.Bytes())
 		if err != nil {
 			return attn.Gradients{}, algo, fmt.Errorf("flashattn: backward upload bias: %w", err)
 		}

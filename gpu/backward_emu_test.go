@@ -31,16 +31,16 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
 		t   attn.Tensor
 		dst *bwdView
 	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
-		*x.dst = seqView(ar.put(hostBytes(x.t)), dt, x.t.Shape)
+		*x.dst = seqView(ar.put(x.t.Bytes()), dt, x.t.Shape)
 	}
-	a.LSE = lseView(ar.put(hostBytes(in.lse)), in.lse.Shape)
+	a.LSE = lseView(ar.put(in.lse.Bytes()), in.lse.Shape)
 	outs := []emuOut{ar.output(in.q.Shape, dt), ar.output(in.k.Shape, dt), ar.output(in.v.Shape, dt)}
 	a.DQ = seqView(outs[0].ptr(), dt, in.q.Shape)
 	a.DK = seqView(outs[1].ptr(), dt, in.k.Shape)
 	a.DV = seqView(outs[2].ptr(), dt, in.v.Shape)
 	if in.opt.Bias != nil {
 		bt := in.opt.Bias.Tensor
-		a.Bias = biasView(ar.put(hostBytes(bt)), bt.DType, bt.Shape)
+		a.Bias = biasView(ar.put(bt.Bytes()), bt.DType, bt.Shape)
 		if in.opt.Bias.RequiresGrad {
 			o := ar.output(bt.Shape, bt.DType)
 			outs = append(outs, o)

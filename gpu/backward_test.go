@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/conformance"
 	"github.com/flashattn/flashattn/cpu"
 	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
@@ -173,13 +174,13 @@ func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo D
 		t   attn.Tensor
 		dst *bwdView
 	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
-		buf, err := bb.upload(hostBytes(x.t))
+		buf, err := bb.upload(x.t.Bytes())
 		if err != nil {
 			t.Fatal(err)
 		}
 		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
 	}
-	lb, err := bb.upload(hostBytes(in.lse))
+	lb, err := bb.upload(in.lse.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo D
 	a.DV = seqView(outs[2].buf.Ptr()+bwdGuard, dt, in.v.Shape)
 	if in.opt.Bias != nil {
 		bt := in.opt.Bias.Tensor
-		buf, err := bb.upload(hostBytes(bt))
+		buf, err := bb.upload(bt.Bytes())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,14 +279,6 @@ func int32Bytes(x []int32) []byte {
 	return b
 }
 
-// unitRoundoff is the unit roundoff of a 16-bit dtype.
-func unitRoundoff(dt attn.DType) float64 {
-	if dt == attn.Float16 {
-		return math.Ldexp(1, -11)
-	}
-	return math.Ldexp(1, -8)
-}
-
 // checkGrad applies FlashAttention's criterion: err ≤ 3·naive + u·s for
 // 16-bit dtypes, err ≤ 1e-5·s for fp32, with s = max(1, max|ref|); every
 // element finite.
@@ -313,7 +306,7 @@ func checkGrad(t testing.TB, name string, dt attn.DType, got attn.Tensor, ref, n
 	if dt == attn.Float32 {
 		bound = 1e-5 * s
 	} else {
-		bound = 3*en + unitRoundoff(dt)*s
+		bound = 3*en + conformance.UnitRoundoff(dt)*s
 	}
 	if e > bound {
 		t.Errorf("%s: max error %.3g at %d (got %.6g want %.6g) > bound %.3g (naive %.3g, scale %.3g)", name, e, at, g[at], ref[at], bound, en, s)
@@ -408,7 +401,7 @@ func TestBackwardDeterministic(t *testing.T) {
 	for rep := 1; rep < 50; rep++ {
 		g := bwdRun(t, dev, s, in, DQSeparate)
 		for _, x := range [][2]attn.Tensor{{first.DQ, g.DQ}, {first.DK, g.DK}, {first.DV, g.DV}, {*first.DBias, *g.DBias}} {
-			if !bytes.Equal(hostBytes(x[0]), hostBytes(x[1])) {
+			if !bytes.Equal(x[0].Bytes(), x[1].Bytes()) {
 				t.Fatalf("repeat %d differs from the first run", rep)
 			}
 		}
@@ -435,7 +428,7 @@ func TestBackwardAtomicUnderLoad(t *testing.T) {
 	lb := &bwdBuffers{dev: dev}
 	defer lb.free()
 	la := bwdTestArgs(t, lb, lin, DQAtomic)
-	u := unitRoundoff(attn.BFloat16)
+	u := conformance.UnitRoundoff(attn.BFloat16)
 	for rep := 0; rep < 100; rep++ {
 		if rep%10 == 0 {
 			for i := 0; i < 3; i++ {
@@ -474,13 +467,13 @@ func bwdTestArgs(t testing.TB, bb *bwdBuffers, in bwdInputs, algo DQAlgorithm) b
 		t   attn.Tensor
 		dst *bwdView
 	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
-		buf, err := bb.upload(hostBytes(x.t))
+		buf, err := bb.upload(x.t.Bytes())
 		if err != nil {
 			t.Fatal(err)
 		}
 		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
 	}
-	lb, err := bb.upload(hostBytes(in.lse))
+	lb, err := bb.upload(in.lse.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +545,7 @@ func TestBackwardGraph(t *testing.T) {
 		replay := read()
 		direct := bwdRun(t, dev, s, in, algo)
 		for i, d := range []attn.Tensor{direct.DQ, direct.DK, direct.DV} {
-			want := hostBytes(d)
+			want := d.Bytes()
 			if algo == DQSeparate && !bytes.Equal(replay[i], want) {
 				t.Errorf("%v: replayed output %d differs from a direct run", algo, i)
 			}
@@ -563,7 +556,7 @@ func TestBackwardGraph(t *testing.T) {
 				for j := range a {
 					e, sc = max(e, math.Abs(a[j]-b[j])), max(sc, math.Abs(b[j]))
 				}
-				if !(e <= 2*unitRoundoff(attn.BFloat16)*sc) {
+				if !(e <= 2*conformance.UnitRoundoff(attn.BFloat16)*sc) {
 					t.Errorf("%v: replayed output %d differs by %.3g", algo, i, e)
 				}
 			}

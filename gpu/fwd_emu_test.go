@@ -26,7 +26,7 @@ func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result
 	dt := q.DType
 	ar := &emuArena{}
 	dev := func(x attn.Tensor) DeviceTensor {
-		return DeviceTensor{DType: x.DType, Shape: x.Shape, Strides: attn.ContiguousStrides(x.Shape), base: ar.put(hostBytes(x))}
+		return DeviceTensor{DType: x.DType, Shape: x.Shape, Strides: attn.ContiguousStrides(x.Shape), base: ar.put(x.Bytes())}
 	}
 	dq, dk, dv := dev(q), dev(k), dev(v)
 	var bias *DeviceTensor

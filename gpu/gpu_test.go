@@ -123,27 +123,6 @@ func (pr fwdProblem) inputs(seed uint64) (q, k, v attn.Tensor, opt attn.Options)
 	return q, k, v, opt
 }
 
-// fwdRoundoff returns the unit roundoff of dt.
-func fwdRoundoff(dt attn.DType) float64 {
-	switch dt {
-	case attn.Float16:
-		return 1.0 / (1 << 11)
-	case attn.BFloat16:
-		return 1.0 / (1 << 8)
-	}
-	return 1.0 / (1 << 24)
-}
-
-func fwdMaxErr(a, b []float64) (e float64, at int, mag float64) {
-	for i := range a {
-		if d := math.Abs(a[i] - b[i]); d > e || math.IsNaN(d) {
-			e, at = d, i
-		}
-		mag = max(mag, math.Abs(b[i]))
-	}
-	return e, at, mag
-}
-
 // fwdCheck applies the accuracy criterion (error at most twice that of
 // the naive computation in storage precision, plus one unit roundoff; fp32:
 // 1e-5 relative) to a forward result against the float64 oracle.
@@ -154,7 +133,7 @@ func fwdCheck(t *testing.T, dt attn.DType, q, k, v attn.Tensor, opt attn.Options
 		t.Fatalf("Reference: %v", err)
 	}
 	o, lse := res.O.Float64s(), res.LSE.Float64s()
-	e, at, mag := fwdMaxErr(o, ref.O)
+	e, at, mag := conformance.MaxError(o, ref.O)
 	var bound float64
 	var naive *cpu.RefOutput
 	if dt == attn.Float32 {
@@ -163,8 +142,8 @@ func fwdCheck(t *testing.T, dt attn.DType, q, k, v attn.Tensor, opt attn.Options
 		if naive, err = cpu.NaiveForward(dt, q, k, v, opt); err != nil {
 			t.Fatalf("NaiveForward: %v", err)
 		}
-		ne, _, _ := fwdMaxErr(naive.O, ref.O)
-		bound = 2*ne + fwdRoundoff(dt)*max(mag, 1)
+		ne, _, _ := conformance.MaxError(naive.O, ref.O)
+		bound = 2*ne + conformance.UnitRoundoff(dt)*max(mag, 1)
 	}
 	if !(e <= bound) {
 		t.Errorf("O: max error %.3g at %d (got %v, oracle %v) exceeds %.3g", e, at, o[at], ref.O[at], bound)
@@ -178,7 +157,7 @@ func fwdCheck(t *testing.T, dt attn.DType, q, k, v attn.Tensor, opt attn.Options
 		}
 		b := 1e-5 * max(1, math.Abs(ref.LSE[i]))
 		if naive != nil {
-			b = max(b, 2*math.Abs(naive.LSE[i]-ref.LSE[i])+fwdRoundoff(dt))
+			b = max(b, 2*math.Abs(naive.LSE[i]-ref.LSE[i])+conformance.UnitRoundoff(dt))
 		}
 		if d := math.Abs(lse[i] - ref.LSE[i]); !(d <= b) {
 			t.Fatalf("LSE[%d] = %v, oracle %v: error %.3g exceeds %.3g", i, lse[i], ref.LSE[i], d, b)
