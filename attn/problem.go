@@ -1,6 +1,9 @@
 package attn
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // MaxHeadDim is the largest head dimension (DK or DV) flashattn accepts.
 const MaxHeadDim = 512
@@ -271,21 +274,9 @@ func (p *Problem) CheckBackward(q, o, lse, dO Tensor) error {
 		t    Tensor
 		want []int
 	}{{"o", o, p.OutputShape()}, {"dO", dO, p.OutputShape()}, {"lse", lse, p.LSEShape()}} {
-		if !equalShape(x.t.Shape, x.want) {
+		if !slices.Equal(x.t.Shape, x.want) {
 			return Errorf(ErrShape, "%s shape %v, want %v", x.name, x.t.Shape, x.want)
 		}
 	}
 	return nil
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,7 +41,7 @@ func TestCompileCUBIN(t *testing.T) {
 	if !again.Stats.CacheHit || !bytes.Equal(again.Image, out.Image) || again.Stats.Key != st.Key {
 		t.Errorf("second compile: hit %v, same image %v", again.Stats.CacheHit, bytes.Equal(again.Image, out.Image))
 	}
-	if !equalResources(again.Stats.Resources, st.Resources) {
+	if !slices.Equal(again.Stats.Resources, st.Resources) {
 		t.Errorf("cached resources %+v, want %+v", again.Stats.Resources, st.Resources)
 	}
 	t.Logf("cache hit in %v", again.Stats.CompileTime)
@@ -63,18 +64,6 @@ func TestCompileCUBIN(t *testing.T) {
 	if other.Stats.CacheHit || other.Stats.Key == st.Key {
 		t.Error("a different option list hit the same cache entry")
 	}
-}
-
-func equalResources(a, b []KernelResources) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestCompilePTXAndHeaders(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,7 +45,7 @@ func readOut(t *testing.T, dir, name string, shape []int) []float64 {
 	if x.DType != flashattn.Float32 {
 		t.Errorf("%s.npy has dtype %v, want fp32", name, x.DType)
 	}
-	if !sameInts(x.Shape, shape) {
+	if !slices.Equal(x.Shape, shape) {
 		t.Fatalf("%s.npy has shape %v, want %v", name, x.Shape, shape)
 	}
 	return x.Float64s()

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -218,7 +219,7 @@ func (f *runFlags) execute() error {
 	if err != nil {
 		return err
 	}
-	if f.do != "" && !sameInts(dO.Shape, p.OutputShape()) {
+	if f.do != "" && !slices.Equal(dO.Shape, p.OutputShape()) {
 		return fmt.Errorf("--do has shape %v, want the output's %v", dO.Shape, p.OutputShape())
 	}
 
@@ -266,16 +267,4 @@ func (f *runFlags) execute() error {
 type namedTensor struct {
 	name string
 	t    flashattn.Tensor
-}
-
-func sameInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
