@@ -22,9 +22,9 @@ var (
 // avx512 is the AVX-512F implementation.
 var avx512 = kernels{
 	name:     "avx512",
-	matMulNT: matMulNT512,
-	matMulNN: matMulNN512,
-	matMulTN: matMulTN512,
+	matMulNT: matMulNTWith(transpose512, gemmRowA512, panel512),
+	matMulNN: matMulNNWith(gemmRowA512, panel512),
+	matMulTN: matMulTNWith(gemmColA512, panel512),
 	expSub:   expSub512,
 	max:      max512,
 	scale:    scale512,
@@ -68,9 +68,9 @@ var avx512BF16 = func() kernels {
 // avx2 is the AVX2+FMA implementation.
 var avx2 = kernels{
 	name:     "avx2",
-	matMulNT: matMulNTAVX2,
-	matMulNN: matMulNNAVX2,
-	matMulTN: matMulTNAVX2,
+	matMulNT: matMulNTWith(transposeAVX2, gemmRowAAVX2, panelAVX2),
+	matMulNN: matMulNNWith(gemmRowAAVX2, panelAVX2),
+	matMulTN: matMulTNWith(gemmColAAVX2, panelAVX2),
 	expSub:   expSubAVX2Tail,
 	max:      maxAVX2Tail,
 	scale:    scaleAVX2Tail,
@@ -132,30 +132,48 @@ const (
 // the zeroing costs more than the transpose and evicts the operands from L1.
 var ntBuffers = sync.Pool{New: func() any { return new([ntKC * ntNC]float32) }}
 
-func matMulNN512(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	for i := 0; i < m; i += panel512 {
-		gemmRowA512(min(panel512, m-i), k, n, &a[i*lda], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
+// gemmPanel is the signature of the assembly product kernels: C (+)= A·B
+// for a panel of mr ≤ panel rows of C (gemmRowA*: A row-major; gemmColA*:
+// A stored transposed, its rows are columns).
+type gemmPanel func(mr, k, n int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc bool)
+
+// transposeBlock is the signature of the assembly transposes.
+type transposeBlock func(rows, cols int, src *float32, lds int, dst *float32, ldd int)
+
+// matMulNNWith runs gemm (row-major A) panel by panel: MatMulNN.
+func matMulNNWith(gemm gemmPanel, panel int) func(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+	return func(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+		for i := 0; i < m; i += panel {
+			gemm(min(panel, m-i), k, n, &a[i*lda], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
+		}
 	}
 }
 
-func matMulTN512(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	for i := 0; i < m; i += panel512 {
-		gemmColA512(min(panel512, m-i), k, n, &a[i], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
+// matMulTNWith runs gemm (transposed A) panel by panel: MatMulTN.
+func matMulTNWith(gemm gemmPanel, panel int) func(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+	return func(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+		for i := 0; i < m; i += panel {
+			gemm(min(panel, m-i), k, n, &a[i], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
+		}
 	}
 }
 
-// matMulNT512 sums over k in chunks of ntKC: each chunk adds its partial
+// matMulNTWith is MatMulNT from a transpose and a row-major-A product:
+// B is transposed ntKC×ntNC at a time into a pooled buffer and multiplied
+// from there. It sums over k in chunks of ntKC: each chunk adds its partial
 // products to C, so an element's summation order depends only on k.
-func matMulNT512(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	bt := ntBuffers.Get().(*[ntKC * ntNC]float32)
-	defer ntBuffers.Put(bt)
-	for j := 0; j < n; j += ntNC {
-		nc := min(ntNC, n-j)
-		for p := 0; p < k; p += ntKC {
-			kc := min(ntKC, k-p)
-			transpose512(nc, kc, &b[j*ldb+p], ldb, &bt[0], ntNC)
-			for i := 0; i < m; i += panel512 {
-				gemmRowA512(min(panel512, m-i), kc, nc, &a[i*lda+p], lda, &bt[0], ntNC, &c[i*ldc+j], ldc, acc || p > 0)
+func matMulNTWith(transpose transposeBlock, gemm gemmPanel, panel int) func(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+	return func(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
+		bt := ntBuffers.Get().(*[ntKC * ntNC]float32)
+		defer ntBuffers.Put(bt)
+		for j := 0; j < n; j += ntNC {
+			nc := min(ntNC, n-j)
+			for p := 0; p < k; p += ntKC {
+				kc := min(ntKC, k-p)
+				transpose(nc, kc, &b[j*ldb+p], ldb, &bt[0], ntNC)
+				for i := 0; i < m; i += panel {
+					gemm(min(panel, m-i), kc, nc, &a[i*lda+p], lda, &bt[0], ntNC, &c[i*ldc+j], ldc, acc || p > 0)
+				}
 			}
 		}
 	}
@@ -165,34 +183,6 @@ func matMulNT512(m, n, k int, a []float32, lda int, b []float32, ldb int, c []fl
 func matMulBF16512(m, n, k int, a []uint16, lda int, b []uint16, ldb int, c []float32, ldc int, acc bool) {
 	for i := 0; i < m; i += panel512 {
 		gemmBF16512(min(panel512, m-i), k/2, n, &a[i*lda], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
-	}
-}
-
-func matMulNNAVX2(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	for i := 0; i < m; i += panelAVX2 {
-		gemmRowAAVX2(min(panelAVX2, m-i), k, n, &a[i*lda], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
-	}
-}
-
-func matMulTNAVX2(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	for i := 0; i < m; i += panelAVX2 {
-		gemmColAAVX2(min(panelAVX2, m-i), k, n, &a[i], lda, &b[0], ldb, &c[i*ldc], ldc, acc)
-	}
-}
-
-// matMulNTAVX2 is matMulNT512 with the AVX2 kernels.
-func matMulNTAVX2(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int, acc bool) {
-	bt := ntBuffers.Get().(*[ntKC * ntNC]float32)
-	defer ntBuffers.Put(bt)
-	for j := 0; j < n; j += ntNC {
-		nc := min(ntNC, n-j)
-		for p := 0; p < k; p += ntKC {
-			kc := min(ntKC, k-p)
-			transposeAVX2(nc, kc, &b[j*ldb+p], ldb, &bt[0], ntNC)
-			for i := 0; i < m; i += panelAVX2 {
-				gemmRowAAVX2(min(panelAVX2, m-i), kc, nc, &a[i*lda+p], lda, &bt[0], ntNC, &c[i*ldc+j], ldc, acc || p > 0)
-			}
-		}
 	}
 }
 
