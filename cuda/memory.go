@@ -66,14 +66,23 @@ func (h freeHandle) free() {
 // Free releases the device memory (cuMemFree). Freeing twice, or after the
 // device was closed (which freed it), returns nil.
 func (b *Buffer) Free() error {
-	if b == nil || !b.freed.CompareAndSwap(false, true) {
+	if b == nil {
 		return nil
 	}
-	b.cleanup.Stop()
-	d := b.dev
+	return b.dev.release(&b.freed, &b.cleanup, resBuffer, uintptr(b.ptr), "cuMemFree_v2", b.dev.api.cuMemFree)
+}
+
+// release frees a tracked resource once: the first call stops its cleanup,
+// forgets it and calls the driver's free function fn on the executor; later
+// calls, and calls after the device was closed (which freed it), return nil.
+func (d *Device) release(freed *atomic.Bool, cleanup *runtime.Cleanup, kind resourceKind, handle uintptr, op string, fn uintptr) error {
+	if !freed.CompareAndSwap(false, true) {
+		return nil
+	}
+	cleanup.Stop()
 	err := d.do(func() error {
-		d.untrack(resBuffer, uintptr(b.ptr))
-		return d.api.check("cuMemFree_v2", ccall(d.api.cuMemFree, uintptr(b.ptr)))
+		d.untrack(kind, handle)
+		return d.api.check(op, ccall(fn, handle))
 	})
 	if errors.Is(err, ErrClosed) {
 		return nil
@@ -375,19 +384,10 @@ func (h *HostBuffer) Size() int { return h.size }
 // Free releases the pinned memory (cuMemFreeHost). Freeing twice, or after
 // the device was closed, returns nil.
 func (h *HostBuffer) Free() error {
-	if h == nil || !h.freed.CompareAndSwap(false, true) {
+	if h == nil {
 		return nil
 	}
-	h.cleanup.Stop()
-	d := h.dev
-	err := d.do(func() error {
-		d.untrack(resHost, uintptr(h.p))
-		return d.api.check("cuMemFreeHost", ccall(d.api.cuMemFreeHost, uintptr(h.p)))
-	})
-	if errors.Is(err, ErrClosed) {
-		return nil
-	}
-	return err
+	return h.dev.release(&h.freed, &h.cleanup, resHost, uintptr(h.p), "cuMemFreeHost", h.dev.api.cuMemFreeHost)
 }
 
 // AsBytes views a slice of plain values (numbers, or structs of numbers) as
