@@ -169,22 +169,7 @@ func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo D
 	dt := in.q.DType
 	bb := &bwdBuffers{dev: dev}
 	defer bb.free()
-	var a bwdArgs
-	for _, x := range []struct {
-		t   attn.Tensor
-		dst *bwdView
-	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
-		buf, err := bb.upload(x.t.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
-		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
-	}
-	lb, err := bb.upload(in.lse.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.LSE = lseView(lb.Ptr(), in.lse.Shape)
+	a := bwdUploadInputs(t, bb, in)
 	type out struct {
 		shape []int
 		dt    attn.DType
@@ -458,10 +443,10 @@ func TestBackwardAtomicUnderLoad(t *testing.T) {
 	}
 }
 
-// bwdTestArgs uploads a case and allocates its outputs and workspace.
-func bwdTestArgs(t testing.TB, bb *bwdBuffers, in bwdInputs, algo DQAlgorithm) bwdArgs {
+// bwdUploadInputs uploads q, k, v, o, dO and lse of a case and returns
+// their views.
+func bwdUploadInputs(t testing.TB, bb *bwdBuffers, in bwdInputs) bwdArgs {
 	t.Helper()
-	dt := in.q.DType
 	var a bwdArgs
 	for _, x := range []struct {
 		t   attn.Tensor
@@ -471,13 +456,21 @@ func bwdTestArgs(t testing.TB, bb *bwdBuffers, in bwdInputs, algo DQAlgorithm) b
 		if err != nil {
 			t.Fatal(err)
 		}
-		*x.dst = seqView(buf.Ptr(), dt, x.t.Shape)
+		*x.dst = seqView(buf.Ptr(), x.t.DType, x.t.Shape)
 	}
 	lb, err := bb.upload(in.lse.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.LSE = lseView(lb.Ptr(), in.lse.Shape)
+	return a
+}
+
+// bwdTestArgs uploads a case and allocates its outputs and workspace.
+func bwdTestArgs(t testing.TB, bb *bwdBuffers, in bwdInputs, algo DQAlgorithm) bwdArgs {
+	t.Helper()
+	dt := in.q.DType
+	a := bwdUploadInputs(t, bb, in)
 	for _, x := range []struct {
 		shape []int
 		dst   *bwdView
