@@ -75,6 +75,21 @@ func (t *timingFlags) register(fs *flag.FlagSet, withRepeats bool) {
 	}
 }
 
+// open opens the runner of backend and returns it with its timing policy
+// (the flags applied).
+func (t *timingFlags) open(backend string) (bench.Runner, bench.Timing, error) {
+	r, err := bench.OpenRunner(backend)
+	if err != nil {
+		return nil, bench.Timing{}, usageErrorf("--backend %q is not cpu, cuda or auto", backend)
+	}
+	pol, err := t.policy(r)
+	if err != nil {
+		r.Close()
+		return nil, bench.Timing{}, err
+	}
+	return r, pol, nil
+}
+
 // policy returns the timing policy of runner r with the flags applied.
 func (t *timingFlags) policy(r bench.Runner) (bench.Timing, error) {
 	p := bench.HostTiming()
@@ -146,15 +161,11 @@ func runBench(args []string, stdout io.Writer) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	r, err := bench.OpenRunner(backend)
-	if err != nil {
-		return usageErrorf("--backend %q is not cpu, cuda or auto", backend)
-	}
-	defer r.Close()
-	pol, err := timing.policy(r)
+	r, pol, err := timing.open(backend)
 	if err != nil {
 		return err
 	}
+	defer r.Close()
 	rec := bench.Run(r, c, pol)
 	if asJSON {
 		enc := json.NewEncoder(stdout)

@@ -93,15 +93,11 @@ func runSweep(args []string, stdout io.Writer) error {
 	if out == "" {
 		return nil
 	}
-	r, err := bench.OpenRunner(backend)
-	if err != nil {
-		return usageErrorf("--backend %q is not cpu, cuda or auto", backend)
-	}
-	defer r.Close()
-	pol, err := timing.policy(r)
+	r, pol, err := timing.open(backend)
 	if err != nil {
 		return err
 	}
+	defer r.Close()
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return fmt.Errorf("--out: %w", err)
 	}
