@@ -35,27 +35,14 @@ type RefGrads struct {
 // definitions of package attn. It is the oracle every backend is measured
 // against. It returns the validation error of attn.NewProblem for bad input.
 func Reference(q, k, v attn.Tensor, opt attn.Options) (*RefOutput, error) {
-	e, err := newEngine(q, k, v, opt, nil)
-	if err != nil {
-		return nil, err
-	}
-	e.forward()
-	return &RefOutput{Problem: e.p, O: e.o, LSE: e.lse}, nil
+	return forwardWith(q, k, v, opt, nil)
 }
 
 // ReferenceBackward computes dQ, dK, dV and (when the bias asks for it)
 // dBias in float64 for the output gradient dO, which must have the shape of
 // O. The forward quantities it needs are recomputed in float64.
 func ReferenceBackward(q, k, v, dO attn.Tensor, opt attn.Options) (*RefGrads, error) {
-	e, err := newEngine(q, k, v, opt, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := e.loadDO(dO); err != nil {
-		return nil, err
-	}
-	e.forward()
-	return e.backward(), nil
+	return backwardWith(q, k, v, dO, opt, nil)
 }
 
 // NaiveForward computes the forward pass the straightforward way with every
@@ -69,12 +56,7 @@ func NaiveForward(dt attn.DType, q, k, v attn.Tensor, opt attn.Options) (*RefOut
 	if !dt.Valid() {
 		return nil, attn.Errorf(attn.ErrDType, "naive forward: dtype %d", int(dt))
 	}
-	e, err := newEngine(q, k, v, opt, rounder(dt))
-	if err != nil {
-		return nil, err
-	}
-	e.forward()
-	return &RefOutput{Problem: e.p, O: e.o, LSE: e.lse}, nil
+	return forwardWith(q, k, v, opt, rounder(dt))
 }
 
 // NaiveBackward is the backward counterpart of NaiveForward: dP, Delta, dS,
@@ -84,7 +66,24 @@ func NaiveBackward(dt attn.DType, q, k, v, dO attn.Tensor, opt attn.Options) (*R
 	if !dt.Valid() {
 		return nil, attn.Errorf(attn.ErrDType, "naive backward: dtype %d", int(dt))
 	}
-	e, err := newEngine(q, k, v, opt, rounder(dt))
+	return backwardWith(q, k, v, dO, opt, rounder(dt))
+}
+
+// forwardWith runs the reference forward, rounding every intermediate with
+// round (nil: exact float64).
+func forwardWith(q, k, v attn.Tensor, opt attn.Options, round func(float64) float64) (*RefOutput, error) {
+	e, err := newEngine(q, k, v, opt, round)
+	if err != nil {
+		return nil, err
+	}
+	e.forward()
+	return &RefOutput{Problem: e.p, O: e.o, LSE: e.lse}, nil
+}
+
+// backwardWith runs the reference forward and backward for dO, rounding
+// every intermediate with round (nil: exact float64).
+func backwardWith(q, k, v, dO attn.Tensor, opt attn.Options, round func(float64) float64) (*RefGrads, error) {
+	e, err := newEngine(q, k, v, opt, round)
 	if err != nil {
 		return nil, err
 	}
