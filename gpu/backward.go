@@ -8,6 +8,7 @@ import (
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
 )
 
 // tensorFromBytes returns a contiguous tensor of dt and shape holding b.
@@ -160,7 +161,7 @@ func backwardHost(dev *cuda.Device, s *cuda.Stream, q, k, v, o, lse, dO attn.Ten
 		}
 	}
 	bwdSpeculate(dev, p, dt, &a, algo)
-	ws, err := bb.alloc(BackwardWorkspaceBytes(p, algo, a.DBias != nil))
+	ws, err := bb.alloc(BackwardWorkspaceBytes(p, dt, algo, a.DBias != nil))
 	if err != nil {
 		return attn.Gradients{}, algo, fmt.Errorf("flashattn: backward workspace: %w", err)
 	}
@@ -220,6 +221,7 @@ func bwdSpeculate(dev *cuda.Device, p *attn.Problem, dt attn.DType, a *bwdArgs, 
 		}
 		g := 16 / other.Size()
 		v.Vector = v.Vector && v.DK%g == 0 && v.DV%g == 0
+		v.Staged = !v.Vector && kernels.BwdNeedsStaging(other, v.DK, v.DV)
 		if v.Validate() != nil {
 			continue
 		}

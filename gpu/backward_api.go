@@ -96,7 +96,7 @@ func (b *Backend) PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, 
 	if err := prepareBackward(b.dev, p, q.DType, a, algo); err != nil {
 		return algo, 0, err
 	}
-	return algo, BackwardWorkspaceBytes(p, algo, a.DBias != nil), nil
+	return algo, BackwardWorkspaceBytes(p, q.DType, algo, a.DBias != nil), nil
 }
 
 // BackwardDevice enqueues the backward pass on stream s: dq, dk, dv (and
@@ -113,7 +113,7 @@ func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv
 		return opt.DQ, err
 	}
 	algo := resolveDQ(p, opt.DQ)
-	need := BackwardWorkspaceBytes(p, algo, a.DBias != nil)
+	need := BackwardWorkspaceBytes(p, q.DType, algo, a.DBias != nil)
 	if opt.Workspace == nil || opt.Workspace.Size() < need {
 		return algo, attn.Errorf(attn.ErrOption, "backward: workspace of %d bytes needed", need)
 	}

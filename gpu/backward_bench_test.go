@@ -64,7 +64,7 @@ func newBwdBenchSet(t *testing.T, b *Backend, s *cuda.Stream, bsz, n, h, hkv, d 
 		t.Fatal(err)
 	}
 	set.p = p
-	ws, err := b.Device().Alloc(max(BackwardWorkspaceBytes(p, DQAtomic, false), BackwardWorkspaceBytes(p, DQSeparate, false)))
+	ws, err := b.Device().Alloc(max(BackwardWorkspaceBytes(p, dt, DQAtomic, false), BackwardWorkspaceBytes(p, dt, DQSeparate, false)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +97,6 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 	if err != nil {
 		t.Fatal(err)
 	}
-	fns := map[string]*cuda.Function{kernels.BwdPreKernel: m.pre, kernels.BwdDKDVKernel: m.dkdv, kernels.BwdDQKernel: m.dq,
-		kernels.BwdDQConvertKernel: m.conv, kernels.BwdDBiasKernel: m.dbias}
 	params := pl.params.Bytes()
 	evs := make([]*cuda.Event, len(pl.launches)+1)
 	for i := range evs {
@@ -114,7 +112,7 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 				t.Fatal(err)
 			}
 			g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
-			if err := dev.Launch(fns[l.kernel], g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
+			if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -168,7 +166,7 @@ func TestBackwardBench(t *testing.T) {
 		}
 	}
 	for _, d := range bwdSpectrumDims {
-		v := kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0}
+		v := kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0}
 		v.AtomicDQ = SelectDQAlgorithm(&attn.Problem{N: 4096, M: 4096, DK: d, DV: d}) == DQAtomic
 		vs = append(vs, v)
 	}

@@ -131,17 +131,21 @@ type bwdArgs struct {
 type bwdWorkspace struct {
 	delta, lse2, dqacc, dbias int64 // byte offsets
 	statBatch, statHead       int64 // strides of Delta and LSE2
-	total                     int64
+	// Staged variants: byte offsets of the padded copies of q, k, v, dO
+	// and their element strides.
+	pq, pk, pv, pdo     int64
+	pqS, pkS, pvS, pdoS kernels.BwdStrides
+	total               int64
 }
 
 func align256(x int64) int64 { return (x + 255) &^ 255 }
 
-// backwardWorkspace lays out the scratch of a backward call.
-func backwardWorkspace(p *attn.Problem, algo DQAlgorithm, biasGrad bool) bwdWorkspace {
+// backwardWorkspace lays out the scratch of a backward call in dtype dt.
+func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGrad bool) bwdWorkspace {
 	var w bwdWorkspace
-	rows := int64(p.B) * int64(p.N)
+	rows, krows := int64(p.B)*int64(p.N), int64(p.B)*int64(p.M)
 	if p.Varlen {
-		rows = int64(p.TotalQ)
+		rows, krows = int64(p.TotalQ), int64(p.TotalK)
 		w.statBatch, w.statHead = 0, int64(p.TotalQ)
 	} else {
 		w.statBatch, w.statHead = int64(p.H)*int64(p.N), int64(p.N)
@@ -152,7 +156,24 @@ func backwardWorkspace(p *attn.Problem, algo DQAlgorithm, biasGrad bool) bwdWork
 	w.total = 2 * stat
 	if algo == DQAtomic {
 		w.dqacc = w.total
-		w.total += align256(rows * int64(p.H) * int64(p.DK) * 4)
+		w.total += align256(rows * int64(p.H) * int64(kernels.BwdDQAccDim(p.DK)) * 4)
+	}
+	if kernels.BwdNeedsStaging(dt, p.DK, p.DV) {
+		// Padded copies [rows, heads, staged dim] in the batch layout of the
+		// inputs (batch stride 0 when packed).
+		staged := func(off *int64, st *kernels.BwdStrides, seq, nrows int64, heads, d int) {
+			ds := int64(kernels.BwdStagedDim(dt, d))
+			*st = kernels.BwdStrides{Batch: seq * int64(heads) * ds, Row: int64(heads) * ds, Head: ds}
+			if p.Varlen {
+				st.Batch = 0
+			}
+			*off = w.total
+			w.total += align256(nrows * int64(heads) * ds * int64(dt.Size()))
+		}
+		staged(&w.pq, &w.pqS, int64(p.N), rows, p.H, p.DK)
+		staged(&w.pdo, &w.pdoS, int64(p.N), rows, p.H, p.DV)
+		staged(&w.pk, &w.pkS, int64(p.M), krows, p.Hkv, p.DK)
+		staged(&w.pv, &w.pvS, int64(p.M), krows, p.Hkv, p.DV)
 	}
 	if biasGrad {
 		w.dbias = w.total
@@ -165,18 +186,38 @@ func backwardWorkspace(p *attn.Problem, algo DQAlgorithm, biasGrad bool) bwdWork
 }
 
 // BackwardWorkspaceBytes returns the device scratch a backward call of p
-// with dQ algorithm algo (DQAuto resolved as the call would) needs; dbias
-// says whether the call computes dBias.
-func BackwardWorkspaceBytes(p *attn.Problem, algo DQAlgorithm, dbias bool) int64 {
-	return backwardWorkspace(p, resolveDQ(p, algo), dbias).total
+// in dtype dt with dQ algorithm algo (DQAuto resolved as the call would)
+// needs; dbias says whether the call computes dBias. Head dims that are not
+// multiples of 16 bytes add padded copies of q, k, v and dO.
+func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, dbias bool) int64 {
+	return backwardWorkspace(p, dt, resolveDQ(p, algo), dbias).total
 }
 
 // bwdModule is one compiled backward variant.
 type bwdModule struct {
-	v                          kernels.BwdVariant
-	mod                        *cuda.Module
-	pre, dkdv, dq, conv, dbias *cuda.Function
-	dkdvSmem, dqSmem           int
+	v                                kernels.BwdVariant
+	mod                              *cuda.Module
+	pack, pre, dkdv, dq, conv, dbias *cuda.Function // pack: Staged variants only
+	dkdvSmem, dqSmem                 int
+}
+
+// function returns the module's kernel of the given name (a kernels.Bwd*Kernel).
+func (m *bwdModule) function(name string) *cuda.Function {
+	switch name {
+	case kernels.BwdPackKernel:
+		return m.pack
+	case kernels.BwdPreKernel:
+		return m.pre
+	case kernels.BwdDKDVKernel:
+		return m.dkdv
+	case kernels.BwdDQKernel:
+		return m.dq
+	case kernels.BwdDQConvertKernel:
+		return m.conv
+	case kernels.BwdDBiasKernel:
+		return m.dbias
+	}
+	return nil
 }
 
 // bwdCache holds the compiled backward variants of one device.
@@ -225,11 +266,18 @@ func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
 		return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
 	}
 	m := &bwdModule{v: v, mod: mod, dkdvSmem: v.DKDVSharedBytes(), dqSmem: v.DQSharedBytes()}
-	for _, f := range []struct {
+	fns := []struct {
 		name string
 		dst  **cuda.Function
 	}{{kernels.BwdPreKernel, &m.pre}, {kernels.BwdDKDVKernel, &m.dkdv}, {kernels.BwdDQKernel, &m.dq},
-		{kernels.BwdDQConvertKernel, &m.conv}, {kernels.BwdDBiasKernel, &m.dbias}} {
+		{kernels.BwdDQConvertKernel, &m.conv}, {kernels.BwdDBiasKernel, &m.dbias}}
+	if v.Staged {
+		fns = append(fns, struct {
+			name string
+			dst  **cuda.Function
+		}{kernels.BwdPackKernel, &m.pack})
+	}
+	for _, f := range fns {
 		fn, err := mod.Function(f.name)
 		if err != nil {
 			mod.Close()
@@ -278,6 +326,7 @@ func bwdVariantFor(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm)
 		v.BiasGrad = a.DBias != nil
 	}
 	v.Vector = vectorOK(dt, p, a)
+	v.Staged = !v.Vector && kernels.BwdNeedsStaging(dt, p.DK, p.DV)
 	return v
 }
 
@@ -320,11 +369,16 @@ func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
 	}
 	if w.dqacc != 0 {
 		kp.DQAcc = a.Workspace + uint64(w.dqacc)
-		rows := int64(p.H) * int64(p.DK)
-		kp.DQAccS = kernels.BwdStrides{Batch: int64(p.N) * rows, Row: rows, Head: int64(p.DK)}
+		da := int64(kernels.BwdDQAccDim(p.DK))
+		rows := int64(p.H) * da
+		kp.DQAccS = kernels.BwdStrides{Batch: int64(p.N) * rows, Row: rows, Head: da}
 		if p.Varlen {
 			kp.DQAccS.Batch = 0
 		}
+	}
+	if w.pq != 0 {
+		kp.PQ, kp.PK, kp.PV, kp.PDO = a.Workspace+uint64(w.pq), a.Workspace+uint64(w.pk), a.Workspace+uint64(w.pv), a.Workspace+uint64(w.pdo)
+		kp.PQS, kp.PKS, kp.PVS, kp.PDOS = w.pqS, w.pkS, w.pvS, w.pdoS
 	}
 	if c := p.Opt.Softcap; c > 0 {
 		kp.Softcap, kp.InvSoftcap = float32(c), float32(1/c)
@@ -390,7 +444,10 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 	if err := v.Validate(); err != nil {
 		return nil, err
 	}
-	pl := &bwdPlan{v: v, algo: algo, w: backwardWorkspace(p, algo, a.DBias != nil)}
+	pl := &bwdPlan{v: v, algo: algo, w: backwardWorkspace(p, dt, algo, a.DBias != nil)}
+	if v.Staged != (pl.w.pq != 0) {
+		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Key())
+	}
 	pl.params = bwdParams(p, a, pl.w)
 	t := v.ResolvedTiles()
 	cdiv := func(a, b int) int { return (a + b - 1) / b }
@@ -403,6 +460,9 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 		pl.launches = append(pl.launches, bwdLaunch{k, grid, threads, smem})
 	}
 	rowGrid := [3]int{cdiv(p.N, kernels.BwdPreRows), p.B, p.H}
+	if v.Staged {
+		add(kernels.BwdPackKernel, [3]int{cdiv(max(p.N, p.M), kernels.BwdPreRows), p.B, p.H}, kernels.BwdPreThreads, 0)
+	}
 	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
 	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
 	if algo == DQAtomic {
@@ -433,11 +493,9 @@ func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.
 		return pl.algo, err
 	}
 	params := pl.params.Bytes()
-	fns := map[string]*cuda.Function{kernels.BwdPreKernel: m.pre, kernels.BwdDKDVKernel: m.dkdv, kernels.BwdDQKernel: m.dq,
-		kernels.BwdDQConvertKernel: m.conv, kernels.BwdDBiasKernel: m.dbias}
 	for _, l := range pl.launches {
 		g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
-		if err := dev.Launch(fns[l.kernel], g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
+		if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
 			return pl.algo, fmt.Errorf("flashattn: backward %s %v: %w", l.kernel, l.grid, err)
 		}
 	}

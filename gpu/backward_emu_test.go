@@ -15,10 +15,18 @@ import (
 // enqueueBackward would enqueue. It is slow, so it runs only when
 // FLASHATTN_BWD_EMU is set.
 
-// bwdEmuDriver names the backward kernels' parameters for driver.h.
-var bwdEmuDriver = emuDriver("BwdParams",
-	[]string{"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "dqacc", "delta", "lse2", "bias", "dbias_scratch", "dbias", "cuq", "cuk"},
-	[]string{"fa_bwd_pre", "fa_bwd_dkdv", "fa_bwd_dq", "fa_bwd_dq_convert", "fa_bwd_dbias"})
+// bwdEmuDriver names the backward kernels' parameters and the kernels of
+// variant v for driver.h.
+func bwdEmuDriver(v kernels.BwdVariant) string {
+	names := []string{kernels.BwdPreKernel, kernels.BwdDKDVKernel, kernels.BwdDQKernel, kernels.BwdDQConvertKernel, kernels.BwdDBiasKernel}
+	if v.Staged {
+		names = append(names, kernels.BwdPackKernel)
+	}
+	return emuDriver("BwdParams",
+		[]string{"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "dqacc", "delta", "lse2", "bias", "dbias_scratch", "dbias", "cuq", "cuk",
+			"pq", "pk", "pv", "pdo"},
+		names)
+}
 
 // emuRun runs one backward call on the host emulator and returns the
 // gradients (with guard bands and NaN poisoning checked like bwdRun).
@@ -51,7 +59,7 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
 		a.CuSeqlensQ = ar.put(int32Bytes(in.opt.CuSeqlensQ))
 		a.CuSeqlensK = ar.put(int32Bytes(in.opt.CuSeqlensK))
 	}
-	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
+	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	pl, err := planBackward(in.p, dt, &a, algo, 4)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
@@ -60,7 +68,7 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver)
+	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v))
 	var launches []emuLaunch
 	for _, l := range pl.launches {
 		launches = append(launches, emuLaunch{l.kernel, l.grid, l.threads})
@@ -88,6 +96,7 @@ func emuCases() []bwdCase {
 		{name: "d16-512", b: 1, n: 20, m: 40, h: 1, hkv: 1, dk: 16, dv: 512, dtypes: bf},
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
+		{name: "varlen-staged-gqa", h: 4, hkv: 2, dk: 37, dv: 59, cuQ: []int32{0, 17, 17, 60}, cuK: []int32{0, 30, 41, 41}, causal: true, dtypes: []attn.DType{attn.Float16, attn.Float32}},
 		{name: "gqa-d128", b: 1, n: 65, m: 130, h: 4, hkv: 2, dk: 128, dv: 128, dtypes: bf},
 		{name: "d256", b: 1, n: 65, m: 70, h: 1, hkv: 1, dk: 256, dv: 256, dropout: 0.1, dtypes: bf},
 	}

@@ -216,7 +216,7 @@ func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo D
 			*x.dst = buf.Ptr()
 		}
 	}
-	ws, err := bb.alloc(BackwardWorkspaceBytes(in.p, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad))
+	ws, err := bb.alloc(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,7 +481,7 @@ func bwdTestArgs(t testing.TB, bb *bwdBuffers, in bwdInputs, algo DQAlgorithm) b
 		}
 		*x.dst = seqView(buf.Ptr(), dt, x.shape)
 	}
-	ws, err := bb.alloc(BackwardWorkspaceBytes(in.p, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad))
+	ws, err := bb.alloc(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad))
 	if err != nil {
 		t.Fatal(err)
 	}

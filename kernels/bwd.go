@@ -7,7 +7,7 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// Names of the backward kernels; every backward module defines all five.
+// Names of the backward kernels; every backward module defines all six.
 const (
 	// BwdPreKernel computes Delta = rowsum(dO∘O), the base-2 LSE and, for the
 	// atomic dQ algorithm, zeroes the fp32 dQ accumulator.
@@ -22,7 +22,29 @@ const (
 	// BwdDBiasKernel reduces the dBias scratch over the bias's broadcast
 	// dimensions in a fixed order and stores dBias.
 	BwdDBiasKernel = "fa_bwd_dbias"
+	// BwdPackKernel copies q, k, v and dO into the padded staging buffers
+	// of a Staged variant (grid ceil(max(N, M)/BwdPreRows) × B × H).
+	BwdPackKernel = "fa_bwd_pack"
 )
+
+// BwdStagedDim returns the row length in elements of a staging buffer for
+// head dim d in dtype dt: d rounded up to a multiple of 16 bytes.
+func BwdStagedDim(dt attn.DType, d int) int {
+	g := 16 / dt.Size()
+	return (d + g - 1) / g * g
+}
+
+// BwdNeedsStaging reports whether head dims dk, dv in dtype dt are not
+// multiples of 16 bytes, so that rows cannot move in 16-byte copies
+// without the staging copy of a Staged variant.
+func BwdNeedsStaging(dt attn.DType, dk, dv int) bool {
+	return BwdStagedDim(dt, dk) != dk || BwdStagedDim(dt, dv) != dv
+}
+
+// BwdDQAccDim returns the row length in floats of the atomic dQ
+// accumulator for head dim dk: dk rounded up to a multiple of 4, so that
+// every even column starts an 8-byte aligned pair (vector atomic adds).
+func BwdDQAccDim(dk int) int { return (dk + 3) / 4 * 4 }
 
 // BwdPreRows is the number of query rows one block of the preprocess and
 // convert kernels handles (grid x = ceil(N / BwdPreRows)).
@@ -62,6 +84,12 @@ type BwdVariant struct {
 	// boundary and DK and DV are multiples of 8 elements (16 bytes for fp32:
 	// multiples of 4), so tiles move with 16-byte asynchronous copies.
 	Vector bool
+	// Staged is set when the head dims are not multiples of 16 bytes (odd
+	// head dims): BwdPackKernel first copies q, k, v and dO into workspace
+	// buffers whose rows hold BwdStagedDim elements (zero beyond DK or DV),
+	// and the main kernels read those with 16-byte asynchronous copies. The
+	// gradients are still stored element by element. Excludes Vector.
+	Staged bool
 	// Tiles overrides the default tile shapes when its fields are non-zero.
 	Tiles BwdTiles
 }
@@ -237,6 +265,9 @@ func (v BwdVariant) Validate() error {
 			return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, g)
 		}
 	}
+	if v.Vector && v.Staged {
+		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")
+	}
 	t := v.ResolvedTiles()
 	for _, x := range []struct {
 		name string
@@ -271,7 +302,7 @@ func (v BwdVariant) Key() string {
 		on   bool
 		name string
 	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)
@@ -283,7 +314,7 @@ func (v BwdVariant) Key() string {
 	return b.String()
 }
 
-// BwdSource returns the CUDA C++ source of the five backward kernels of v,
+// BwdSource returns the CUDA C++ source of the six backward kernels of v,
 // each taking one BwdParams argument by value. It fails with
 // attn.ErrUnsupported (or another sentinel) when v cannot be generated.
 func BwdSource(v BwdVariant) (string, error) {

@@ -113,6 +113,9 @@ DEV void unpack2(u32 x, float& a, float& b_) { %s }
 		b.WriteString(mmaSplitTF32("mma_tf32x3", "mma1688"))
 	}
 	b.WriteString(PrimitivesEnd + "\n")
+	if v.AtomicDQ {
+		b.WriteString(redAddPair)
+	}
 	b.WriteString(philoxFunc)
 	if v.Masked {
 		b.WriteString(`// visible reports whether key j (of m) is in the window of query i; off places the diagonal.
@@ -124,11 +127,13 @@ __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, 
 	} else {
 		b.WriteString("__device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) { return j < m; }\n")
 	}
-	// Global tile loads.
+	// Global tile loads: 16-byte copies when rows allow them (Vector) or
+	// come from the padded staging copies (Staged), element-wise otherwise.
 	epc := 16 / v.elem()
-	if v.Vector {
+	if v.Vector || v.Staged {
 		fmt.Fprintf(b, `// load_tile copies rows [0, R) of a head slice (row r at g + r*rs) into s[R][LD]; rows >= rlim and
-// columns >= D read as zero. 16-byte asynchronous copies.
+// columns >= D read as zero. 16-byte asynchronous copies (rows are 16-byte aligned; a chunk that
+// straddles D reads the row's zero padding, which only staging copies have).
 template <int R, int DP, int LD, int D, int NTH>
 __device__ __forceinline__ void load_tile(T* s, const T* g, long long rs, int rlim) {
   constexpr int CH = DP / %d, TOT = R * CH;
@@ -142,12 +147,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long rs, int rl
     }
   }
 }
-// store_pair writes elements col and col+1 (< D; col even) of a global row.
-template <int D>
-__device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
-  if (col < D) { %s }
-}
-`, epc, epc, g.vectorPairStore())
+`, epc, epc)
 	} else {
 		b.WriteString(`// load_tile copies rows [0, R) of a head slice (row r at g + r*rs) into s[R][LD]; rows >= rlim and
 // columns >= D read as zero. Element-wise loads (rows not 16-byte aligned).
@@ -165,11 +165,30 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long rs, int rl
     }
   }
 }
-// store_pair writes elements col and col+1 (those < D) of a global row.
+`)
+	}
+	if v.Vector {
+		fmt.Fprintf(b, `// store_pair writes elements col and col+1 (< D; col even) of a global row.
+template <int D>
+__device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
+  if (col < D) { %s }
+}
+`, g.vectorPairStore())
+	} else {
+		b.WriteString(`// store_pair writes elements col and col+1 (those < D) of a global row.
 template <int D>
 __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
   if (col < D) g[col] = t_from_f(a);
   if (col + 1 < D) g[col + 1] = t_from_f(b_);
+}
+`)
+	}
+	if v.Staged {
+		b.WriteString(`// copy_row copies one row of D elements into a staging row of DS elements, zero beyond D; the warp's
+// lanes take consecutive elements.
+template <int D, int DS>
+__device__ __forceinline__ void copy_row(T* dst, const T* src, int lane) {
+  for (int d = lane; d < DS; d += 32) dst[d] = d < D ? src[d] : t_from_f(0.f);
 }
 `)
 	}
@@ -196,6 +215,7 @@ func (g *bwdGen) vectorPairStore() string {
 func (g *bwdGen) source() string {
 	var b strings.Builder
 	g.prelude(&b)
+	g.packKernel(&b)
 	g.preKernel(&b)
 	g.convertKernel(&b)
 	g.dbiasKernel(&b)
@@ -238,8 +258,8 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DV)
 	if v.AtomicDQ {
 		fmt.Fprintf(b, `    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
-    for (int d = lane; d < %d; d += 32) gq[d] = 0.f;
-`, v.DK)
+    for (int d = lane; d < %d; d += 32) gq[d] = 0.f;  // the whole padded row: vector adds touch it
+`, BwdDQAccDim(v.DK))
 	}
 	b.WriteString("  }\n}\n\n")
 }
@@ -599,55 +619,34 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
   const int ib0 = ilo / BM;
   const int nib = ihi > ilo ? (ihi + BM - 1) / BM - ib0 : 0;
   const int G = p.H / p.Hkv, iters = nib * G;
-  const T* gk = p.k + b * p.k_sb + (kr0 + j0) * p.k_sr + kvh * p.k_sh;
-  const T* gv = p.v + b * p.v_sb + (kr0 + j0) * p.v_sr + kvh * p.v_sh;
+  const T* gk = %s;
+  const T* gv = %s;
   // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {
     const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
-    load_tile<BM, DKP, LDK, DK, NTH>(sQ + s * %d, p.q + b * p.q_sb + (qr0 + iq) * p.q_sr + hq * p.q_sh, p.q_sr, n - iq);
-    load_tile<BM, DVP, LDV, DV, NTH>(sdO + s * %d, p.dout + b * p.do_sb + (qr0 + iq) * p.do_sr + hq * p.do_sh, p.do_sr, n - iq);
+    load_tile<BM, DKP, LDK, DK, NTH>(sQ + s * %d, %s, %s, n - iq);
+    load_tile<BM, DVP, LDV, DV, NTH>(sdO + s * %d, %s, %s, n - iq);
     const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
-`, t.BlockM*v.padRow(v.DKPad()), t.BlockM*v.padRow(v.DVPad()))
+`, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"),
+		t.BlockM*v.padRow(v.DKPad()), g.in("q").at("iq", "hq"), g.in("q").sr,
+		t.BlockM*v.padRow(v.DVPad()), g.in("do").at("iq", "hq"), g.in("do").sr)
 	b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
 	b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
-	b.WriteString(`if (iters > 0) {
-    load_tile<BN, DKP, LDK, DK, NTH>(sK, gk, p.k_sr, m - j0);
-    load_tile<BN, DVP, LDV, DV, NTH>(sV, gv, p.v_sr, m - j0);
+	fmt.Fprintf(b, `if (iters > 0) {
+    load_tile<BN, DKP, LDK, DK, NTH>(sK, gk, %s, m - j0);
+    load_tile<BN, DVP, LDV, DV, NTH>(sV, gv, %s, m - j0);
     load_q(0, 0);
     cp_async_commit();
   }
   for (int it = 0; it < iters; ++it) {
-`)
+`, g.in("k").sr, g.in("v").sr)
 	bwdPipelineStep(b, t.Stages, "load_q", "iters", "    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;\n")
 	g.scores(b, st, ps, "(sL + st * BM)", "(sD + st * BM)", true)
 	bwdEmitProduct(b, ps[3], g.mma)
 	if v.AtomicDQ {
-		nc := v.DKPad() / g.dqChunks()
-		tq := bwdTileOf(t.BlockM, nc, t.Warps)
-		for c, pr := range ps[4:] {
-			b.WriteString("    {\n    " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n    "))
-			bwdEmitProduct(b, pr, g.mma)
-			if cond := tq.guard(); cond != "" {
-				fmt.Fprintf(b, "    if (!(%s)) {} else\n", cond)
-			}
-			fmt.Fprintf(b, `    {
-    const int wm_ = warp %% %d, wn_ = warp / %d;
-    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + %d;
-#pragma unroll
-    for (int mt = 0; mt < %d; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < %d; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int il = wm_ * %d + mt * 16 + g + (r >> 1) * 8, d = wn_ * %d + nt * 8 + 2 * t4 + (r & 1);
-      if (i0 + il < n && d < %d) atomicAdd(gq + il * p.dqa_sr + d, accQ[mt][nt][r]);
-    }
-    }
-    }
-`, tq.Wm, tq.Wm, c*nc, tq.MT, tq.NT, tq.TM, tq.TN, v.DK-c*nc)
-		}
+		g.atomicDQ(b, ps[4:])
 	}
 	if t.Stages == 1 {
 		b.WriteString("    __syncthreads();\n")
@@ -692,21 +691,22 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
   const int njb = jhi > jlo ? (jhi + BN - 1) / BN - jb0 : 0;
   auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
-    load_tile<BN, DKP, LDK, DK, NTH>(sK + s * %d, p.k + b * p.k_sb + (kr0 + jk) * p.k_sr + kvh * p.k_sh, p.k_sr, m - jk);
-    load_tile<BN, DVP, LDV, DV, NTH>(sV + s * %d, p.v + b * p.v_sb + (kr0 + jk) * p.v_sr + kvh * p.v_sh, p.v_sr, m - jk);
+    load_tile<BN, DKP, LDK, DK, NTH>(sK + s * %d, %s, %s, m - jk);
+    load_tile<BN, DVP, LDV, DV, NTH>(sV + s * %d, %s, %s, m - jk);
   };
-`, t.BlockN*v.padRow(v.DKPad()), t.BlockN*v.padRow(v.DVPad()))
+`, t.BlockN*v.padRow(v.DKPad()), g.in("k").at("jk", "kvh"), g.in("k").sr,
+		t.BlockN*v.padRow(v.DVPad()), g.in("v").at("jk", "kvh"), g.in("v").sr)
 	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
-	b.WriteString(`if (njb > 0) {
-    load_tile<BM, DKP, LDK, DK, NTH>(sQ, p.q + b * p.q_sb + (qr0 + i0) * p.q_sr + h * p.q_sh, p.q_sr, n - i0);
-    load_tile<BM, DVP, LDV, DV, NTH>(sdO, p.dout + b * p.do_sb + (qr0 + i0) * p.do_sr + h * p.do_sh, p.do_sr, n - i0);
+	fmt.Fprintf(b, `if (njb > 0) {
+    load_tile<BM, DKP, LDK, DK, NTH>(sQ, %s, %s, n - i0);
+    load_tile<BM, DVP, LDV, DV, NTH>(sdO, %s, %s, n - i0);
     const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
     load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);
     load_kv(0, 0);
     cp_async_commit();
   }
   for (int it = 0; it < njb; ++it) {
-`)
+`, g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr)
 	bwdPipelineStep(b, t.Stages, "load_kv", "njb", "    const int j0 = (jb0 + it) * BN;\n")
 	g.scores(b, st, ps, "sL", "sD", false)
 	if t.Stages == 1 {

@@ -27,7 +27,9 @@ type BwdParams struct {
 	DBiasScratch             uint64 // float32 [B, H, N, M] per-head dS (BiasGrad)
 	DBias                    uint64 // dBias in BiasDType, contiguous in the bias's own shape
 	CuSeqlensQ, CuSeqlensK   uint64 // int32 [B+1] (Varlen)
+	PQ, PK, PV, PDO          uint64 // Staged: the padded copies of q, k, v and dO the main kernels read
 	QS, KS, VS, OS, DOS      BwdStrides
+	PQS, PKS, PVS, PDOS      BwdStrides // strides of the padded copies
 	DQS, DKS, DVS, DQAccS    BwdStrides
 	LSEBatch, LSEHead        int64 // strides of the LSE input (row stride 1)
 	StatBatch, StatHead      int64 // strides of the Delta and LSE2 scratch (row stride 1)
@@ -89,10 +91,15 @@ func (p *BwdParams) fields() []bwdField {
 	ptr("BT*", "dbias", p.DBias)
 	ptr("const int*", "cuq", p.CuSeqlensQ)
 	ptr("const int*", "cuk", p.CuSeqlensK)
+	ptr("T*", "pq", p.PQ)
+	ptr("T*", "pk", p.PK)
+	ptr("T*", "pv", p.PV)
+	ptr("T*", "pdo", p.PDO)
 	for _, s := range []struct {
 		n string
 		s BwdStrides
-	}{{"q", p.QS}, {"k", p.KS}, {"v", p.VS}, {"o", p.OS}, {"do", p.DOS}, {"dq", p.DQS}, {"dk", p.DKS}, {"dv", p.DVS}, {"dqa", p.DQAccS}} {
+	}{{"q", p.QS}, {"k", p.KS}, {"v", p.VS}, {"o", p.OS}, {"do", p.DOS}, {"dq", p.DQS}, {"dk", p.DKS}, {"dv", p.DVS}, {"dqa", p.DQAccS},
+		{"pq", p.PQS}, {"pk", p.PKS}, {"pv", p.PVS}, {"pdo", p.PDOS}} {
 		i64(s.n+"_sb", s.s.Batch)
 		i64(s.n+"_sr", s.s.Row)
 		i64(s.n+"_sh", s.s.Head)

@@ -22,6 +22,7 @@ func bwdMatrix() []BwdVariant {
 				v := BwdVariant{DType: dt, DK: d[0], DV: d[1]}
 				g := 16 / dt.Size()
 				v.Vector = d[0]%g == 0 && d[1]%g == 0
+				v.Staged = !v.Vector
 				switch feat {
 				case 1:
 					v.Masked, v.AtomicDQ = true, true
@@ -74,6 +75,12 @@ func TestBwdSourceMatrix(t *testing.T) {
 		if v.AtomicDQ != strings.Contains(src, "atomicAdd(") {
 			t.Errorf("%s: atomic code present = %v", v.Key(), !v.AtomicDQ)
 		}
+		if v.Staged != strings.Contains(src, " "+BwdPackKernel+"(const BwdParams p)") {
+			t.Errorf("%s: pack kernel present = %v", v.Key(), !v.Staged)
+		}
+		if v.Staged && strings.Contains(src, "cp_async16(s + r * LD + col, ok ? (const void*)(g + r * rs + col)") == false {
+			t.Errorf("%s: staged variant without 16-byte loads", v.Key())
+		}
 		if seen[v.Key()] {
 			t.Errorf("duplicate key %s", v.Key())
 		}
@@ -97,6 +104,7 @@ func TestBwdValidate(t *testing.T) {
 		{"dbias without bias", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, BiasGrad: true}, attn.ErrOption},
 		{"bias varlen", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Bias: true, BiasDType: attn.Float16, Varlen: true}, attn.ErrUnsupported},
 		{"vector odd", BwdVariant{DType: attn.Float16, DK: 59, DV: 64, Vector: true}, attn.ErrLayout},
+		{"vector and staged", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Vector: true, Staged: true}, attn.ErrOption},
 		{"tile", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Tiles: BwdTiles{DKDV: BwdTile{24, 64, 8, 2, 1}}}, attn.ErrUnsupported},
 		{"smem", BwdVariant{DType: attn.Float16, DK: 512, DV: 512, Tiles: BwdTiles{DKDV: BwdTile{128, 128, 8, 2, 1}}}, attn.ErrUnsupported},
 		{"ok", BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true}, nil},
