@@ -3,20 +3,22 @@
 # backward's gradient, determinism and atomic-under-load tests, the
 # conformance suite (short), the backward benchmark (throughput table, head
 # dims, GQA contention) and the forward benchmark (odd head dims, tile
-# sweep). Each step runs under a time limit and logs under $OUT; a summary
+# sweep with FWD_SWEEP=-sweep). Each step runs under a time limit and logs under $OUT; a summary
 # table prints last.
 #
 # Build the binaries here first (the GPU machine has no Go toolchain):
 #
 #   CGO_ENABLED=0 go test -c -o .bin/gpu.test ./gpu
+#   CGO_ENABLED=0 go test -c -o .bin/kernels.test ./kernels
 #   CGO_ENABLED=0 go build -o .bin/benchfwd ./gpu/internal/benchfwd
 #
 # then, on the GPU machine, from the repository root with .bin carried:
 #
 #   bash bench/check-h200.sh
 #
-# Environment: STEPS (comma-separated: grad, conformance, bwdbench,
-# fwdbench; default all), FWD_ONLY (benchfwd -only groups; odd,sweep),
+# Environment: STEPS (comma-separated: compile, grad, conformance,
+# bwdbench, fwdbench; default all), FWD_ONLY (benchfwd -only groups;
+# main,odd,big),
 # BWD_BENCH_ENV (extra variables for the backward benchmark, such as
 # FLASHATTN_BWD_BENCH_TILES=1). A compile cache archive at .bin/cache.tgz
 # is unpacked first, and the cache is packed into $OUT/cache.tgz at the end
@@ -24,8 +26,8 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.check-out}
-STEPS=${STEPS:-grad,conformance,bwdbench,fwdbench}
-FWD_ONLY=${FWD_ONLY:-odd,sweep}
+STEPS=${STEPS:-compile,grad,conformance,bwdbench,fwdbench}
+FWD_ONLY=${FWD_ONLY:-main,odd,big}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
@@ -48,13 +50,14 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee -a "$SUMMARY"
+step compile 120 "$ROOT/.bin/kernels.test" -test.v -test.run 'TestBwdCompileMain|TestCompileMain'
 step grad 240 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|TestBackwardDeterministic|TestBackwardAtomicUnderLoad|TestBackwardWholeStep'
-step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards'
+step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards|TestForwardStaging'
 step bwdbench 240 env FLASHATTN_BWD_BENCH=1 ${BWD_BENCH_ENV:-} "$ROOT/.bin/gpu.test" -test.v -test.run TestBackwardBench
-step fwdbench 180 "$ROOT/.bin/benchfwd" -sweep -only "$FWD_ONLY" -reps 20
+step fwdbench 180 "$ROOT/.bin/benchfwd" ${FWD_SWEEP:-} -only "$FWD_ONLY" -reps 20
 tar -czf "$OUT/cache.tgz" -C "$FLASHATTN_CACHE_DIR" . 2>/dev/null
 echo "wall $(($(date +%s) - T0))s" | tee -a "$SUMMARY"
-for f in grad conformance; do
+for f in compile grad conformance; do
 	[ -f "$OUT/$f.log" ] && grep -E '^(--- FAIL|FAIL|ok|PASS)' "$OUT/$f.log" | head -20
 done
 [ -f "$OUT/bwd_bench.md" ] && cat "$OUT/bwd_bench.md"

@@ -36,6 +36,7 @@ type cudaDevice struct {
 	dev *cuda.Device
 	s   *cuda.Stream
 	ws  *cuda.Buffer // the backward's workspace, grown as needed
+	fws *cuda.Buffer // the forward's staging workspace (odd head dims), grown as needed
 
 	lastFwd *fwdArgs // the last forward's arguments, for Describe
 	lastDQ  string
@@ -84,8 +85,35 @@ func dt(t DeviceTensor) gpu.DeviceTensor { return t.(gpu.DeviceTensor) }
 
 func (d *cudaDevice) Forward(q, k, v, o, lse DeviceTensor, opt attn.Options) error {
 	a := fwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), gpu.DeviceOptions{Options: opt}}
+	need, err := d.b.PrepareForward(a.q, a.k, a.v, a.o, a.lse, a.opt)
+	if err != nil {
+		return err
+	}
+	if need > 0 {
+		if err := grow(d.dev, &d.fws, need); err != nil {
+			return fmt.Errorf("bench: forward staging: %w", err)
+		}
+		a.opt.Staging = d.fws
+	}
 	d.lastFwd = &a
 	return d.b.ForwardDevice(d.s, a.q, a.k, a.v, a.o, a.lse, a.opt)
+}
+
+// grow makes *buf a device buffer of at least n bytes, replacing a smaller one.
+func grow(dev *cuda.Device, buf **cuda.Buffer, n int64) error {
+	if *buf != nil && (*buf).Size() >= n {
+		return nil
+	}
+	if *buf != nil {
+		(*buf).Free()
+		*buf = nil
+	}
+	b, err := dev.Alloc(max(n, 1))
+	if err != nil {
+		return err
+	}
+	*buf = b
+	return nil
 }
 
 func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt attn.Options) error {
@@ -94,16 +122,8 @@ func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt 
 	if err != nil {
 		return err
 	}
-	if d.ws == nil || d.ws.Size() < need {
-		if d.ws != nil {
-			d.ws.Free()
-			d.ws = nil
-		}
-		ws, err := d.dev.Alloc(max(need, 1))
-		if err != nil {
-			return fmt.Errorf("bench: backward workspace: %w", err)
-		}
-		d.ws = ws
+	if err := grow(d.dev, &d.ws, need); err != nil {
+		return fmt.Errorf("bench: backward workspace: %w", err)
 	}
 	bo.Workspace = d.ws
 	bo.DQ = algo
@@ -157,8 +177,12 @@ func (d *cudaDevice) Reset() { d.lastFwd, d.lastDQ = nil, "" }
 
 func (d *cudaDevice) Close() error {
 	var first error
-	if d.ws != nil {
-		first = d.ws.Free()
+	for _, b := range []*cuda.Buffer{d.ws, d.fws} {
+		if b != nil {
+			if err := b.Free(); err != nil && first == nil {
+				first = err
+			}
+		}
 	}
 	if err := d.s.Close(); err != nil && first == nil {
 		first = err

@@ -25,6 +25,7 @@ type Backend struct {
 	Tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)
 
 	fill filler // the random-fill kernel
+	pack packer // the forward's staging-copy kernel
 
 	mu      sync.Mutex // guards kernels and pbuf
 	kernels map[kernels.Variant]*kernel
@@ -170,6 +171,18 @@ func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, e
 		return attn.Result{}, err
 	}
 	bufs = append(bufs, dl)
+	need, err := b.PrepareForward(dq, dk, dv, do, dl, dopt)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	if need > 0 {
+		ws, err := NewDeviceTensor(b.dev, attn.Float32, int(need/4))
+		if err != nil {
+			return attn.Result{}, err
+		}
+		bufs = append(bufs, ws)
+		dopt.Staging = ws.Buf
+	}
 	if err := b.ForwardDevice(b.stream, dq, dk, dv, do, dl, dopt); err != nil {
 		return attn.Result{}, err
 	}
@@ -243,16 +256,23 @@ func download(dev *cuda.Device, h attn.Tensor, d DeviceTensor) error {
 // strides (feature dims of q, k, v, o with stride 1). It neither
 // synchronizes nor allocates device memory, so it can be captured in a CUDA
 // graph once its kernel is compiled (the first call with a new variant
-// compiles it). Errors from the kernel's execution appear at the stream's
-// next synchronization.
+// compiles it; PrepareForward compiles ahead). With opt.Staging, q, k and v
+// whose rows allow only 2-byte loads are first copied into it with padded
+// rows (see PrepareForward). Errors from the kernel's execution appear at
+// the stream's next synchronization.
 func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, opt DeviceOptions) error {
-	l, p, err := b.planDevice(q, k, v, o, lse, opt)
+	l, p, st, err := b.planForward(q, k, v, o, lse, opt)
 	if err != nil || p.N == 0 || p.B == 0 {
 		return err
 	}
 	kn, err := b.lookup(l.v)
 	if err != nil {
 		return err
+	}
+	if st != nil {
+		if err := b.enqueueStaging(s, st); err != nil {
+			return err
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -266,7 +286,7 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 // Variant returns the kernel variant ForwardDevice would launch for these
 // arguments (for Prefetch, benchmarks and reports).
 func (b *Backend) Variant(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (kernels.Variant, error) {
-	l, _, err := b.planDevice(q, k, v, o, lse, opt)
+	l, _, _, err := b.planForward(q, k, v, o, lse, opt)
 	return l.v, err
 }
 
@@ -283,6 +303,6 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles)
+	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false)
 	return l, p, err
 }

@@ -166,9 +166,9 @@ func TestBackwardBench(t *testing.T) {
 		}
 	}
 	for _, d := range bwdSpectrumDims {
-		v := kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0}
-		v.AtomicDQ = SelectDQAlgorithm(&attn.Problem{N: 4096, M: 4096, DK: d, DV: d}) == DQAtomic
-		vs = append(vs, v)
+		for _, atomic := range []bool{false, true} {
+			vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic})
+		}
 	}
 	sweep := bwdTileSweep()
 	if os.Getenv("FLASHATTN_BWD_BENCH_TILES") == "" {
@@ -224,13 +224,14 @@ func TestBackwardBench(t *testing.T) {
 		}
 	}
 	fmt.Fprintf(&out, "\nhead-dim spectrum: B=1, H=16, N=M=4096, not causal, dQ algorithm of the table\n")
-	fmt.Fprintf(&out, "| D | algo | ms | TFLOP/s |\n|---|---|---|---|\n")
+	fmt.Fprintf(&out, "| D | table picks | atomic ms | atomic TFLOP/s | separate ms | separate TFLOP/s |\n|---|---|---|---|---|---|\n")
 	for _, d := range bwdSpectrumDims {
 		set := newBwdBenchSet(t, b, s, 1, 4096, 16, 16, d, false)
-		algo := SelectDQAlgorithm(set.p)
-		tm, _ := bwdKernelTimes(t, b, s, set, algo, 1, 5)
+		ta, _ := bwdKernelTimes(t, b, s, set, DQAtomic, 1, 5)
+		ts, _ := bwdKernelTimes(t, b, s, set, DQSeparate, 1, 5)
 		flops := 2.5 * 4 * 16 * 4096.0 * 4096.0 * float64(d)
-		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f |\n", d, algo, tm["total"], flops/tm["total"]/1e9)
+		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f | %.3f | %.0f |\n", d, SelectDQAlgorithm(set.p),
+			ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9)
 		set.free()
 	}
 	fmt.Fprintf(&out, "\ncontention: H=8, D=64, B·N=32768, ratio = time(Hkv=4) / time(Hkv=8)\n")

@@ -51,12 +51,12 @@ type dqRule struct {
 // dqTable is the measured choice of dQ algorithm per shape class, first
 // matching row wins. See kernels/NOTES-bwd.md for the measurements.
 var dqTable = []dqRule{
-	// bf16 on the H200 (2026-12-02), N = 1K…16K, causal or not: up to
-	// D=128 the atomic algorithm wins from N=4K (by 1–5 %), the separate one
-	// at N=1K (by 2–5 %); beyond D=128 the atomic dQ (several column slices
-	// per key block) costs more than the separate kernel's recompute (the
-	// separate path is 20–30 % faster at D=256).
-	{MaxDim: 128, Causal: -1, MinN: 2048, Algo: DQAtomic},
+	// bf16 on the H200 (2026-12-02, second table), N = 1K…16K, causal or
+	// not: since the atomic dQ adds accumulator pairs (8-byte vector
+	// atomics) it wins at every length up to D=256, by 10–23 % up to D=128
+	// and by 1–7 % at D=256. Beyond D=256 the separate kernel is faster
+	// (see kernels/NOTES-bwd.md).
+	{MaxDim: 256, Causal: -1, Algo: DQAtomic},
 	{MaxDim: 512, Causal: -1, Algo: DQSeparate},
 }
 

@@ -115,6 +115,13 @@ type DeviceOptions struct {
 	// CuSeqlensQ and CuSeqlensK hold the int32 offsets of Options.CuSeqlensQ
 	// and CuSeqlensK on the device (packed batches only).
 	CuSeqlensQ, CuSeqlensK *cuda.Buffer
+	// Staging is optional forward scratch of at least the bytes
+	// Backend.PrepareForward returns: when q, k and v have rows only 2-byte
+	// aligned (16-bit types with odd head dims), the forward copies them
+	// into it with padded rows and reads the copies with 16-byte loads.
+	// Without it such rows load element by element (correct, slower). The
+	// backward does not read it.
+	Staging *cuda.Buffer
 }
 
 // deviceProblem validates device tensors and options as attn.NewProblem

@@ -204,6 +204,13 @@ func TestShapes(t *testing.T) {
 // the test if a guard byte changed or an output element stayed NaN.
 func fwdDeviceRun(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options) attn.Result {
 	t.Helper()
+	return fwdDeviceRunStaging(t, b, q, k, v, opt, false)
+}
+
+// fwdDeviceRunStaging is fwdDeviceRun, with (staging) a NaN-poisoned
+// staging workspace of PrepareForward's size passed to ForwardDevice.
+func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options, staging bool) attn.Result {
+	t.Helper()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
 		t.Fatalf("NewProblem: %v", err)
@@ -261,6 +268,21 @@ func fwdDeviceRun(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Option
 	}
 	do, no := guarded(q.DType, p.OutputShape())
 	dl, nl := guarded(attn.Float32, p.LSEShape())
+	if staging {
+		need, err := b.PrepareForward(dq, dk, dv, do, dl, dopt)
+		if err != nil {
+			t.Fatalf("PrepareForward: %v", err)
+		}
+		if need == 0 {
+			t.Fatalf("PrepareForward: no staging for a problem that needs it")
+		}
+		ws, _ := guarded(attn.Float32, []int{int(need / 4)})
+		dopt.Staging = ws.Buf
+		vr, err := b.Variant(dq, dk, dv, do, dl, dopt)
+		if err != nil || vr.LoadBytes != 16 {
+			t.Fatalf("staged variant: load bytes %d, %v (want 16-byte copies)", vr.LoadBytes, err)
+		}
+	}
 	if err := b.ForwardDevice(b.stream, dq, dk, dv, do, dl, dopt); err != nil {
 		t.Fatalf("ForwardDevice: %v", err)
 	}
@@ -320,6 +342,28 @@ func TestPoisonGuards(t *testing.T) {
 		t.Run(pr.name, func(t *testing.T) {
 			q, k, v, opt := pr.inputs(uint64(100 + i))
 			res := fwdDeviceRun(t, b, q, k, v, opt)
+			fwdCheck(t, pr.dt, q, k, v, opt, res)
+		})
+	}
+}
+
+// TestForwardStaging runs 16-bit problems whose rows are only 2-byte
+// aligned through the staging copies (odd head dims, DK ≠ DV, GQA, packed
+// batches with empty segments, masks, dropout), into NaN-poisoned outputs
+// and a NaN-poisoned workspace, and checks them against the oracle.
+func TestForwardStaging(t *testing.T) {
+	b := fwdBackend(t)
+	cases := []fwdProblem{
+		{name: "bf16-d59", dt: attn.BFloat16, b: 2, n: 300, m: 200, h: 3, hkv: 1, dk: 59, dv: 59, opt: attn.Options{Causal: true}},
+		{name: "fp16-d127-window", dt: attn.Float16, b: 1, n: 257, m: 190, h: 2, hkv: 2, dk: 127, dv: 127, opt: attn.Options{Window: &attn.Window{Left: 20, Right: 3}}},
+		{name: "bf16-d199-dv111-varlen", dt: attn.BFloat16, h: 4, hkv: 2, dk: 199, dv: 111, segQ: []int{0, 130, 5}, segK: []int{9, 0, 70}, opt: attn.Options{Causal: true}},
+		{name: "bf16-d257-dropout", dt: attn.BFloat16, b: 1, n: 129, m: 140, h: 2, hkv: 1, dk: 257, dv: 257, opt: attn.Options{Dropout: 0.25, Seed: 11}},
+		{name: "fp16-d1-dv3", dt: attn.Float16, b: 1, n: 40, m: 33, h: 1, hkv: 1, dk: 1, dv: 3},
+	}
+	for i, pr := range cases {
+		t.Run(pr.name, func(t *testing.T) {
+			q, k, v, opt := pr.inputs(uint64(700 + i))
+			res := fwdDeviceRunStaging(t, b, q, k, v, opt, true)
 			fwdCheck(t, pr.dt, q, k, v, opt, res)
 		})
 	}

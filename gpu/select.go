@@ -80,11 +80,17 @@ func clampWindow(x, n, m int) int32 {
 
 // plan chooses the kernel variant and fills its parameters for a validated
 // problem on device tensors. tiles overrides the tuning table when not nil.
+// staged says that q, k and v are staging copies whose rows are padded with
+// zeros to kernels.StagedDim, so that a copy may straddle the head dim.
 func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
-	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)) (launch, error) {
+	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged bool) (launch, error) {
 	var l launch
 	opt := p.Opt
-	lb := loadWidth(dt, p.Varlen, p.DK, p.DV, q, k, v)
+	rowK, rowV := p.DK, p.DV
+	if staged {
+		rowK, rowV = kernels.StagedDim(p.DK), kernels.StagedDim(p.DV)
+	}
+	lb := loadWidth(dt, p.Varlen, rowK, rowV, q, k, v)
 	vr := kernels.Variant{
 		DType:     dt,
 		DK:        roundUp(p.DK, 16),

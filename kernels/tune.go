@@ -29,7 +29,7 @@ var TuneTable = []TuneRow{
 	// bf16 / fp16, cp.async loads
 	{attn.BFloat16, false, 64, Tile{128, 128, 4, 1, 1, false, 1}},
 	{attn.BFloat16, false, 128, Tile{128, 64, 4, 1, 1, false, 1}},
-	{attn.BFloat16, false, 256, Tile{128, 64, 8, 1, 2, false, 1}},
+	{attn.BFloat16, false, 256, Tile{64, 64, 4, 1, 1, false, 1}},
 	{attn.BFloat16, false, 512, Tile{64, 64, 4, 2, 1, false, 1}},
 	// bf16 / fp16, register-staged loads (rows only 2-byte aligned)
 	{attn.BFloat16, true, 64, Tile{128, 64, 8, 1, 1, false, 1}},

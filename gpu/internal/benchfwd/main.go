@@ -6,7 +6,7 @@
 // repeats, rotating over several input sets (each larger than the 60 MB L2)
 // filled with random nonzero values.
 //
-//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,odd,big,sweep]
+//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,odd,big,sweep] [-staging=false]
 package main
 
 import (
@@ -55,6 +55,7 @@ func main() {
 	sets := flag.Int("sets", 3, "rotated input sets")
 	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
 	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, sweep); empty: all")
+	flag.BoolVar(&useStaging, "staging", true, "copy rows that allow only 2-byte loads into a padded staging workspace first (timed)")
 	flag.Parse()
 	dt, err := attn.ParseDType(*dtName)
 	if err != nil {
@@ -219,7 +220,37 @@ func variantOf(b *gpu.Backend, dt attn.DType, s shape) (kernels.Variant, error) 
 	}
 	withTile(b, s.tile)
 	defer withTile(b, nil)
-	return b.Variant(set[0], set[1], set[2], set[3], set[4], options(s))
+	opt := options(s)
+	ws, err := stagingFor(b, set, &opt)
+	if err != nil {
+		return kernels.Variant{}, err
+	}
+	if ws != nil {
+		defer ws.Free()
+	}
+	return b.Variant(set[0], set[1], set[2], set[3], set[4], opt)
+}
+
+// useStaging is the -staging flag: give the forward a staging workspace
+// where its rows allow only 2-byte loads.
+var useStaging = true
+
+// stagingFor sets opt.Staging to a new workspace when the forward of set can
+// use one (and -staging is on); the caller frees it.
+func stagingFor(b *gpu.Backend, set []gpu.DeviceTensor, opt *gpu.DeviceOptions) (*cuda.Buffer, error) {
+	if !useStaging {
+		return nil, nil
+	}
+	need, err := b.PrepareForward(set[0], set[1], set[2], set[3], set[4], *opt)
+	if err != nil || need == 0 {
+		return nil, err
+	}
+	ws, err := b.Device().Alloc(need)
+	if err != nil {
+		return nil, err
+	}
+	opt.Staging = ws
+	return ws, nil
 }
 
 func options(s shape) gpu.DeviceOptions {
@@ -266,6 +297,13 @@ func timeShape(b *gpu.Backend, s *cuda.Stream, dt attn.DType, sh shape, nsets, r
 	withTile(b, sh.tile)
 	defer withTile(b, nil)
 	opt := options(sh)
+	ws, err := stagingFor(b, sets[0], &opt)
+	if err != nil {
+		return 0, err
+	}
+	if ws != nil {
+		defer ws.Free()
+	}
 	run := func(i int) error {
 		set := sets[i%nsets]
 		return b.ForwardDevice(s, set[0], set[1], set[2], set[3], set[4], opt)
