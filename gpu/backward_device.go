@@ -51,13 +51,12 @@ type dqRule struct {
 // dqTable is the measured choice of dQ algorithm per shape class, first
 // matching row wins. See kernels/NOTES-bwd.md for the measurements.
 var dqTable = []dqRule{
-	// bf16 on the H200 (2026-12-02, second table), N = 1K…16K, causal or
-	// not: since the atomic dQ adds accumulator pairs (8-byte vector
-	// atomics) it wins at every length up to D=256, by 10–23 % up to D=128
-	// and by 1–7 % at D=256. Beyond D=256 the separate kernel is faster
-	// (see kernels/NOTES-bwd.md).
-	{MaxDim: 256, Causal: -1, Algo: DQAtomic},
-	{MaxDim: 512, Causal: -1, Algo: DQSeparate},
+	// bf16 on the H200 (2026-12-02, second table), N = 1K…16K causal or
+	// not, and the head-dim spectrum 64…512 at N = 4K: since the atomic dQ
+	// adds accumulator pairs (8-byte vector atomics) it wins everywhere
+	// measured, by 10–23 % up to D=128, 1–11 % beyond (see
+	// kernels/NOTES-bwd.md). Options.Deterministic still picks DQSeparate.
+	{MaxDim: 512, Causal: -1, Algo: DQAtomic},
 }
 
 // SelectDQAlgorithm returns the dQ algorithm the backward uses for p when
