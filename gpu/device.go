@@ -116,10 +116,11 @@ type DeviceOptions struct {
 	// and CuSeqlensK on the device (packed batches only).
 	CuSeqlensQ, CuSeqlensK *cuda.Buffer
 	// Staging is optional forward scratch of at least the bytes
-	// Backend.PrepareForward returns: when q, k and v have rows only 2-byte
-	// aligned (16-bit types with odd head dims), the forward copies them
-	// into it with padded rows and reads the copies with 16-byte loads.
-	// Without it such rows load element by element (correct, slower). The
+	// Backend.PrepareForward returns: when 16-bit q, k and v have rows that
+	// are not 16-byte aligned (head dims not multiples of 8, odd ones in
+	// particular), the forward copies them into it with padded rows and
+	// reads the copies with 16-byte loads. Without it such rows load with
+	// narrower copies, odd ones element by element (correct, slower). The
 	// backward does not read it.
 	Staging *cuda.Buffer
 }

@@ -359,6 +359,8 @@ func TestForwardStaging(t *testing.T) {
 		{name: "bf16-d199-dv111-varlen", dt: attn.BFloat16, h: 4, hkv: 2, dk: 199, dv: 111, segQ: []int{0, 130, 5}, segK: []int{9, 0, 70}, opt: attn.Options{Causal: true}},
 		{name: "bf16-d257-dropout", dt: attn.BFloat16, b: 1, n: 129, m: 140, h: 2, hkv: 1, dk: 257, dv: 257, opt: attn.Options{Dropout: 0.25, Seed: 11}},
 		{name: "fp16-d1-dv3", dt: attn.Float16, b: 1, n: 40, m: 33, h: 1, hkv: 1, dk: 1, dv: 3},
+		{name: "bf16-d36-8byte-rows", dt: attn.BFloat16, b: 2, n: 100, m: 120, h: 2, hkv: 1, dk: 36, dv: 36, opt: attn.Options{Causal: true, Align: attn.AlignTopLeft}},
+		{name: "fp16-d62-4byte-rows", dt: attn.Float16, b: 1, n: 77, m: 64, h: 3, hkv: 3, dk: 62, dv: 62, opt: attn.Options{Softcap: 4}},
 	}
 	for i, pr := range cases {
 		t.Run(pr.name, func(t *testing.T) {

@@ -11,8 +11,10 @@ import (
 
 // The forward's staging copies. A 16-bit tensor whose rows start only
 // 2-byte aligned (an odd head dim, say) would make the forward kernel load
-// it element by element, at less than half the speed of 16-byte copies.
-// Given DeviceOptions.Staging, ForwardDevice first copies such q, k and v
+// it element by element, at less than half the speed of 16-byte copies;
+// rows 4- or 8-byte aligned (head dims ≡ 2, 4, 6 mod 8) take narrower
+// asynchronous copies. Given DeviceOptions.Staging, ForwardDevice first
+// copies such q, k and v
 // into workspace rows padded to a multiple of 8 elements (kernels.PackSource)
 // and runs the 16-byte-copy kernel on the copies.
 
@@ -84,11 +86,12 @@ func (b *Backend) packFunction() (*cuda.Function, error) {
 }
 
 // planForward plans a ForwardDevice call: the launch on the caller's
-// tensors or, when their rows allow only 2-byte loads and opt.Staging is
-// set, the launch on the staging copies together with the staging plan.
+// tensors or, when they are 16-bit with rows that allow no 16-byte copies
+// and opt.Staging is set, the launch on the staging copies together with
+// the staging plan.
 func (b *Backend) planForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (launch, *attn.Problem, *fwdStaging, error) {
 	l, p, err := b.planDevice(q, k, v, o, lse, opt)
-	if err != nil || opt.Staging == nil || l.v.LoadBytes != 2 || p.N == 0 || p.B == 0 {
+	if err != nil || opt.Staging == nil || l.v.LoadBytes >= 16 || q.DType.Size() != 2 || p.N == 0 || p.B == 0 {
 		return l, p, nil, err
 	}
 	st := stagingFor(p, q, k, v, opt.Staging)
@@ -113,15 +116,15 @@ func (b *Backend) planStaged(p *attn.Problem, dt attn.DType, st *fwdStaging, o, 
 }
 
 // PrepareForward validates a ForwardDevice call and returns the bytes of
-// DeviceOptions.Staging it can use: 0 when q, k and v load with wide copies
-// as they are, otherwise the size of their staging copies, in which case it
+// DeviceOptions.Staging it can use: 0 when q, k and v load with 16-byte
+// copies as they are (or are fp32), otherwise the size of their staging copies, in which case it
 // also compiles the pack kernel and the forward kernel that reads the
 // copies (so that a call with Staging set only enqueues, as a CUDA graph
 // capture needs). opt.Staging is not read.
 func (b *Backend) PrepareForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (int64, error) {
 	opt.Staging = nil
 	l, p, err := b.planDevice(q, k, v, o, lse, opt)
-	if err != nil || l.v.LoadBytes != 2 || p.N == 0 || p.B == 0 {
+	if err != nil || l.v.LoadBytes >= 16 || q.DType.Size() != 2 || p.N == 0 || p.B == 0 {
 		return 0, err
 	}
 	st := stagingFor(p, q, k, v, nil)
