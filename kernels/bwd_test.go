@@ -92,6 +92,25 @@ func TestBwdSourceMatrix(t *testing.T) {
 	}
 }
 
+// TestBwdDefaultTilesEveryDim checks that the default tiles give a valid
+// variant for every head-dim pair class and dtype, both dQ algorithms.
+func TestBwdDefaultTilesEveryDim(t *testing.T) {
+	for _, dt := range []attn.DType{attn.Float16, attn.BFloat16, attn.Float32} {
+		for d := 1; d <= attn.MaxHeadDim; d++ {
+			for _, dv := range []int{d, 1, attn.MaxHeadDim} {
+				for _, atomic := range []bool{false, true} {
+					v := BwdVariant{DType: dt, DK: d, DV: dv, AtomicDQ: atomic, Masked: true}
+					v.Staged = BwdNeedsStaging(dt, d, dv)
+					v.Vector = !v.Staged
+					if err := v.Validate(); err != nil {
+						t.Fatalf("%s: %v", v.Key(), err)
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestBwdValidate(t *testing.T) {
 	cases := []struct {
 		name string
