@@ -261,8 +261,8 @@ type bwdTileCase struct {
 	tiles []kernels.BwdTiles
 }
 
-// bwdTileSweep lists the tile candidates the benchmark compares (the
-// first of each is the table's current choice).
+// bwdTileSweep lists the tile candidates the benchmark compares per head
+// dim (kernels' defaultBwdTiles holds the winners).
 func bwdTileSweep() []bwdTileCase {
 	T := func(bm, bn, w, st, mb int) kernels.BwdTile {
 		return kernels.BwdTile{BlockM: bm, BlockN: bn, Warps: w, Stages: st, MinBlocks: mb}

@@ -194,30 +194,14 @@ func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, db
 
 // bwdModule is one compiled backward variant.
 type bwdModule struct {
-	v                                kernels.BwdVariant
-	mod                              *cuda.Module
-	pack, pre, dkdv, dq, conv, dbias *cuda.Function // pack: Staged variants only
-	dkdvSmem, dqSmem                 int
+	v                kernels.BwdVariant
+	mod              *cuda.Module
+	fns              map[string]*cuda.Function // by kernels.BwdKernelNames
+	dkdvSmem, dqSmem int
 }
 
 // function returns the module's kernel of the given name (a kernels.Bwd*Kernel).
-func (m *bwdModule) function(name string) *cuda.Function {
-	switch name {
-	case kernels.BwdPackKernel:
-		return m.pack
-	case kernels.BwdPreKernel:
-		return m.pre
-	case kernels.BwdDKDVKernel:
-		return m.dkdv
-	case kernels.BwdDQKernel:
-		return m.dq
-	case kernels.BwdDQConvertKernel:
-		return m.conv
-	case kernels.BwdDBiasKernel:
-		return m.dbias
-	}
-	return nil
-}
+func (m *bwdModule) function(name string) *cuda.Function { return m.fns[name] }
 
 // bwdCache holds the compiled backward variants of one device.
 type bwdCache struct {
@@ -264,31 +248,20 @@ func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
 	if err != nil {
 		return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
 	}
-	m := &bwdModule{v: v, mod: mod, dkdvSmem: v.DKDVSharedBytes(), dqSmem: v.DQSharedBytes()}
-	fns := []struct {
-		name string
-		dst  **cuda.Function
-	}{{kernels.BwdPreKernel, &m.pre}, {kernels.BwdDKDVKernel, &m.dkdv}, {kernels.BwdDQKernel, &m.dq},
-		{kernels.BwdDQConvertKernel, &m.conv}, {kernels.BwdDBiasKernel, &m.dbias}}
-	if v.Staged {
-		fns = append(fns, struct {
-			name string
-			dst  **cuda.Function
-		}{kernels.BwdPackKernel, &m.pack})
-	}
-	for _, f := range fns {
-		fn, err := mod.Function(f.name)
+	m := &bwdModule{v: v, mod: mod, fns: map[string]*cuda.Function{}, dkdvSmem: v.DKDVSharedBytes(), dqSmem: v.DQSharedBytes()}
+	for _, name := range kernels.BwdKernelNames(v) {
+		fn, err := mod.Function(name)
 		if err != nil {
 			mod.Close()
 			return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
 		}
-		*f.dst = fn
+		m.fns[name] = fn
 	}
-	if err := m.dkdv.SetMaxDynamicSharedMemory(m.dkdvSmem); err != nil {
+	if err := m.function(kernels.BwdDKDVKernel).SetMaxDynamicSharedMemory(m.dkdvSmem); err != nil {
 		mod.Close()
 		return nil, fmt.Errorf("flashattn: backward dK/dV kernel %s, %d bytes of shared memory: %w", key, m.dkdvSmem, err)
 	}
-	if err := m.dq.SetMaxDynamicSharedMemory(m.dqSmem); err != nil {
+	if err := m.function(kernels.BwdDQKernel).SetMaxDynamicSharedMemory(m.dqSmem); err != nil {
 		mod.Close()
 		return nil, fmt.Errorf("flashattn: backward dQ kernel %s, %d bytes of shared memory: %w", key, m.dqSmem, err)
 	}

@@ -18,14 +18,10 @@ import (
 // bwdEmuDriver names the backward kernels' parameters and the kernels of
 // variant v for driver.h.
 func bwdEmuDriver(v kernels.BwdVariant) string {
-	names := []string{kernels.BwdPreKernel, kernels.BwdDKDVKernel, kernels.BwdDQKernel, kernels.BwdDQConvertKernel, kernels.BwdDBiasKernel}
-	if v.Staged {
-		names = append(names, kernels.BwdPackKernel)
-	}
 	return emuDriver("BwdParams",
 		[]string{"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "dqacc", "delta", "lse2", "bias", "dbias_scratch", "dbias", "cuq", "cuk",
 			"pq", "pk", "pv", "pdo"},
-		names)
+		kernels.BwdKernelNames(v))
 }
 
 // emuRun runs one backward call on the host emulator and returns the

@@ -27,6 +27,16 @@ const (
 	BwdPackKernel = "fa_bwd_pack"
 )
 
+// BwdKernelNames returns the names of the kernels v's module defines: the
+// five of every variant, and BwdPackKernel for Staged ones.
+func BwdKernelNames(v BwdVariant) []string {
+	names := []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel}
+	if v.Staged {
+		names = append(names, BwdPackKernel)
+	}
+	return names
+}
+
 // BwdStagedDim returns the row length in elements of a staging buffer for
 // head dim d in dtype dt: d rounded up to a multiple of 16 bytes.
 func BwdStagedDim(dt attn.DType, d int) int {

@@ -98,21 +98,17 @@ func (g *bwdGen) atomicDQ(b *strings.Builder, slices []bwdProduct) {
 			fmt.Fprintf(b, "    if (!(%s)) {} else\n", cond)
 		}
 		fmt.Fprintf(b, `    {
-    // dQacc[i0 + il, h, %d + d] += accQ: pairs of adjacent columns (the accumulator's rows are padded to
-    // a multiple of 4 floats, so a pair past DK lands in the padding).
-    const int wm_ = warp %% %d, wn_ = warp / %d;
+    // dQacc[i0 + il, h, %d + jl] += accQ: pairs of adjacent columns (the accumulator's rows are padded
+    // to a multiple of 4 floats, so a pair past DK lands in the padding).
+    const int wms = warp %% %d, wns = warp / %d;
     float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + %d;
-#pragma unroll
-    for (int mt = 0; mt < %d; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < %d; ++nt)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int il = wm_ * %d + mt * 16 + g + hh * 8, d = wn_ * %d + nt * 8 + 2 * t4;
-      if (i0 + il < n && d < %d) red_add_pair(gq + il * p.dqa_sr + d, accQ[mt][nt][2 * hh], accQ[mt][nt][2 * hh + 1]);
+`, c*nc, tq.Wm, tq.Wm, c*nc)
+		bwdPairLoop(b, tq)
+		fmt.Fprintf(b, `      (void)kj;
+      if (qi < n && jl < %d) red_add_pair(gq + il * p.dqa_sr + jl, accQ[mt][nt][2 * hh], accQ[mt][nt][2 * hh + 1]);
     }
     }
     }
-`, c*nc, tq.Wm, tq.Wm, c*nc, tq.MT, tq.NT, tq.TM, tq.TN, v.DK-c*nc)
+`, v.DK-c*nc)
 	}
 }
