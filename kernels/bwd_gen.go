@@ -184,13 +184,7 @@ __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
 `)
 	}
 	if v.Staged {
-		b.WriteString(`// copy_row copies one row of D elements into a staging row of DS elements, zero beyond D; the warp's
-// lanes take consecutive elements.
-template <int D, int DS>
-__device__ __forceinline__ void copy_row(T* dst, const T* src, int lane) {
-  for (int d = lane; d < DS; d += 32) dst[d] = d < D ? src[d] : t_from_f(0.f);
-}
-`)
+		b.WriteString(stageSource)
 	}
 	b.WriteString(`// load_stats copies rows [0, R) of LSE2 and Delta; rows >= rlim get +inf and 0 (no probability).
 template <int R, int NTH>

@@ -17,12 +17,16 @@ type bwdInput struct {
 }
 
 // in returns the input t ("q", "k", "v" or "do") as the main kernels read it.
-func (g *bwdGen) in(t string) bwdInput {
+func (g *bwdGen) in(t string) bwdInput { return bwdTensor(t, g.v.Staged) }
+
+// bwdTensor returns the input t: the caller's tensor, or its staging copy
+// when staged.
+func bwdTensor(t string, staged bool) bwdInput {
 	ptr, st := "p."+t, "p."+t
 	if t == "do" {
 		ptr = "p.dout"
 	}
-	if g.v.Staged {
+	if staged {
 		ptr, st = "p.p"+t, "p.p"+t
 	}
 	base := "qr0"
@@ -37,9 +41,9 @@ func (x bwdInput) at(row, head string) string {
 	return fmt.Sprintf("%s + b * %s + (%s + %s) * %s + %s * %s", x.ptr, x.sb, x.rowBase, row, x.sr, head, x.sh)
 }
 
-// packKernel writes BwdPackKernel for Staged variants: one warp copies one
-// row of q and dO (query heads) and of k and v (key heads) into the
-// staging buffers, zero-filling each row beyond DK or DV.
+// packKernel writes BwdPackKernel for Staged variants: a block copies
+// BwdPreRows rows of q and dO (query heads) and of k and v (key heads) into
+// the staging buffers with stage_rows, zero-filling each row beyond DK or DV.
 func (g *bwdGen) packKernel(b *strings.Builder) {
 	v := g.v
 	if !v.Staged {
@@ -48,25 +52,29 @@ func (g *bwdGen) packKernel(b *strings.Builder) {
 	dks, dvs := BwdStagedDim(v.DType, v.DK), BwdStagedDim(v.DType, v.DV)
 	fmt.Fprintf(b, `// Pack: copies q, dO [rows, H, DK|DV] and k, v [rows, Hkv, DK|DV] into staging buffers whose rows
 // hold %d / %d elements (16-byte multiples, zero beyond DK=%d / DV=%d), so that the main kernels move
-// 16-byte chunks. grid (ceil(max(N, M)/%d), B, H), %d threads; one warp per row.
+// 16-byte chunks. grid (ceil(max(N, M)/%d), B, H), %d threads; a block copies %d rows of each tensor, its
+// threads taking 16-byte chunks.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
-  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-`, dks, dvs, v.DK, v.DV, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPackKernel)
+  const int b = blockIdx.y, h = blockIdx.z, i0 = blockIdx.x * %d;
+`, dks, dvs, v.DK, v.DV, BwdPreRows, BwdPreThreads, BwdPreRows, BwdPreThreads, BwdPackKernel, BwdPreRows)
 	g.segment(b)
-	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
-    const int i = blockIdx.x * %d + r;
-    if (i < n) {
-      copy_row<%d, %d>(p.pq + b * p.pq_sb + (qr0 + i) * p.pq_sr + h * p.pq_sh, p.q + b * p.q_sb + (qr0 + i) * p.q_sr + h * p.q_sh, lane);
-      copy_row<%d, %d>(p.pdo + b * p.pdo_sb + (qr0 + i) * p.pdo_sr + h * p.pdo_sh, p.dout + b * p.do_sb + (qr0 + i) * p.do_sr + h * p.do_sh, lane);
-    }
-    if (h < p.Hkv && i < m) {
-      copy_row<%d, %d>(p.pk + b * p.pk_sb + (kr0 + i) * p.pk_sr + h * p.pk_sh, p.k + b * p.k_sb + (kr0 + i) * p.k_sr + h * p.k_sh, lane);
-      copy_row<%d, %d>(p.pv + b * p.pv_sb + (kr0 + i) * p.pv_sr + h * p.pv_sh, p.v + b * p.v_sb + (kr0 + i) * p.v_sr + h * p.v_sh, lane);
-    }
-  }
-}
-
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK, dks, v.DV, dvs, v.DK, dks, v.DV, dvs)
+	b.WriteString(`  typedef unsigned char u8;
+  const int es = (int)sizeof(T);
+`)
+	for _, t := range []struct {
+		src, rows string // the input and its row count (n: query rows, m: key rows)
+		dim, dimS int
+	}{{"q", "n", v.DK, dks}, {"do", "n", v.DV, dvs}, {"k", "m", v.DK, dks}, {"v", "m", v.DV, dvs}} {
+		dst, src := bwdTensor(t.src, true), bwdTensor(t.src, false)
+		guard := "n > i0"
+		if t.rows == "m" {
+			guard = "h < p.Hkv && m > i0"
+		}
+		fmt.Fprintf(b, `  if (%s)  // %s
+    stage_rows<%d>(reinterpret_cast<u8*>(%s), es * %s, reinterpret_cast<const u8*>(%s), es * %s, min(%d, %s - i0), es * %d, es * %d);
+`, guard, t.src, BwdPreThreads, dst.at("i0", "h"), dst.sr, src.at("i0", "h"), src.sr, BwdPreRows, t.rows, t.dim, t.dimS)
+	}
+	b.WriteString("}\n\n")
 }
 
 // redAddPair is the device function adding an accumulator pair to the

@@ -1,33 +1,96 @@
 package kernels
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
-// The forward's staging copy: rows of 16-bit tensors whose head dim is not
-// a multiple of 8 elements start only 2-byte aligned, so the forward would
+// The staging copies: rows of 16-bit tensors whose head dim is not a
+// multiple of 8 elements start only 2-byte aligned, so the kernels would
 // load them element by element. The pack kernel copies such a tensor into
 // workspace rows of StagedDim elements (zero beyond the head dim), which the
-// forward then reads with 16-byte asynchronous copies.
+// forward then reads with 16-byte asynchronous copies; the backward's pack
+// kernel does the same with the shared device code of stageSource.
 
 // PackKernel is the name of the kernel in PackSource.
 const PackKernel = "fa_pack_rows"
 
-// PackThreads is the block size of the pack kernel; each warp copies one row.
+// PackThreads is the block size of the pack kernel.
 const PackThreads = 128
 
 // PackRowsPerBlock is the number of rows one block of the pack kernel copies
 // (grid x = ceil(rows / PackRowsPerBlock)).
-const PackRowsPerBlock = PackThreads / 32
+const PackRowsPerBlock = 32
 
 // StagedDim returns the row length in elements of a staging copy of a
 // 16-bit tensor with head dim d: d rounded up to a multiple of 8 (16 bytes).
 func StagedDim(d int) int { return (d + 7) / 8 * 8 }
 
+// stageSource holds the device functions of every staging copy. A copy
+// moves 16-byte chunks: each comes out of the (at most two) aligned 16-byte
+// blocks of the source that it overlaps, so a row that starts only 2-byte
+// aligned is still read with 16-byte loads. Bytes at or past a row's end are
+// never read except as part of an aligned block that ends within the row,
+// and the first block of a row starts at most 14 bytes before it, inside the
+// same 16-byte aligned block (allocations are at least 16-byte aligned).
+const stageSource = `// stage_block returns the 16 bytes at the 16-byte aligned address blk, zero from end on: one 16-byte
+// load when the block ends at or before end, 2-byte loads of the bytes before end otherwise.
+__device__ __forceinline__ uint4 stage_block(const unsigned char* blk, const unsigned char* end) {
+  if (blk + 16 <= end) return *reinterpret_cast<const uint4*>(blk);
+  unsigned w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    if (blk + 2 * i < end) w[i >> 1] |= (unsigned)*reinterpret_cast<const unsigned short*>(blk + 2 * i) << (16 * (i & 1));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// stage_chunk returns bytes [16c, 16c + 16) of the row that starts at s (2-byte aligned) and ends at
+// end, zero from end on. The row's byte offset within a 16-byte block (sh, even, the same for every
+// chunk of the row) selects the chunk's bytes from the two aligned blocks it overlaps.
+__device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsigned char* end, int c) {
+  const unsigned char* a = s + 16 * c;
+  const int sh = (int)(reinterpret_cast<unsigned long long>(a) & 15ull);
+  const uint4 x = stage_block(a - sh, end);
+  if (sh == 0) return x;
+  const uint4 y = stage_block(a - sh + 16, end);
+  const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+  const int q = sh >> 2;  // whole words to skip
+  unsigned o[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const unsigned lo = q == 0 ? w[k] : q == 1 ? w[k + 1] : q == 2 ? w[k + 2] : w[k + 3];
+    const unsigned hi = q == 0 ? w[k + 1] : q == 1 ? w[k + 2] : q == 2 ? w[k + 3] : w[k + 4];
+    o[k] = (sh & 2) ? (lo >> 16) | (hi << 16) : lo;  // a half-word more to skip
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// stage_rows copies rows [0, nrows) of nb bytes, row r at src + r·ssr, into rows of nbs bytes (a
+// multiple of 16) at dst + r·dsr (16-byte aligned), zero from byte nb on. The block's NTH threads take
+// the rows' 16-byte chunks in turn, two at a time, both loads issued before either store.
+template <int NTH>
+__device__ __forceinline__ void stage_rows(unsigned char* dst, long long dsr, const unsigned char* src, long long ssr,
+                                           int nrows, int nb, int nbs) {
+  const int cpr = nbs >> 4, items = nrows * cpr;
+  for (int t0 = threadIdx.x; t0 < items; t0 += 2 * NTH) {
+    const int t1 = t0 + NTH, r0 = t0 / cpr, r1 = t1 / cpr, c0 = t0 - r0 * cpr, c1 = t1 - r1 * cpr;
+    const unsigned char* s0 = src + r0 * ssr;
+    const unsigned char* s1 = src + r1 * ssr;
+    const uint4 x0 = stage_chunk(s0, s0 + nb, c0);
+    uint4 x1 = make_uint4(0u, 0u, 0u, 0u);
+    if (t1 < items) x1 = stage_chunk(s1, s1 + nb, c1);
+    *reinterpret_cast<uint4*>(dst + r0 * dsr + 16 * c0) = x0;
+    if (t1 < items) *reinterpret_cast<uint4*>(dst + r1 * dsr + 16 * c1) = x1;
+  }
+}
+`
+
 // PackSource is the CUDA source of the pack kernel. It copies bit patterns,
 // so one module serves fp16 and bf16.
-const PackSource = `// Staging copy of a 16-bit [B, rows, heads, D] tensor (any strides, feature dim contiguous) into a
+var PackSource = fmt.Sprintf(`// Staging copy of a 16-bit [B, rows, heads, D] tensor (any strides, feature dim contiguous) into a
 // contiguous [B, rows, heads, DS] buffer, DS = D rounded up to 8 elements, zero beyond D.
-// grid (ceil(rows / 4), heads, B), 128 threads; warp w of a block copies row 4·blockIdx.x + w, its
-// lanes taking consecutive elements.
+// grid (ceil(rows / %[1]d), heads, B), %[2]d threads; a block copies rows %[1]d·blockIdx.x … +%[1]d of one
+// (batch element, head), its threads taking 16-byte chunks.
 typedef unsigned short u16;
 struct PackParams {
   const u16* src;        // element (b, r, h, 0) at src + b*sb + r*sr + h*sh
@@ -35,15 +98,15 @@ struct PackParams {
   long long sb, sr, sh;  // source strides in elements
   int rows, heads, d, ds;
 };
-extern "C" __global__ void __launch_bounds__(128) ` + PackKernel + `(const PackParams p) {
-  const int r = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  const int h = blockIdx.y, b = blockIdx.z;
-  if (r >= p.rows) return;
-  const u16* s = p.src + b * p.sb + r * p.sr + h * p.sh;
-  u16* o = p.dst + ((long long)(b * (long long)p.rows + r) * p.heads + h) * p.ds;
-  for (int i = lane; i < p.ds; i += 32) o[i] = i < p.d ? s[i] : (u16)0;
+%[3]s
+extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackParams p) {
+  const int r0 = blockIdx.x * %[1]d, h = blockIdx.y, b = blockIdx.z;
+  const u16* s = p.src + b * p.sb + r0 * p.sr + h * p.sh;
+  u16* o = p.dst + ((long long)(b * (long long)p.rows + r0) * p.heads + h) * p.ds;
+  stage_rows<%[2]d>(reinterpret_cast<unsigned char*>(o), 2ll * p.heads * p.ds, reinterpret_cast<const unsigned char*>(s),
+                   2 * p.sr, min(%[1]d, p.rows - r0), 2 * p.d, 2 * p.ds);
 }
-`
+`, PackRowsPerBlock, PackThreads, stageSource, PackKernel)
 
 // PackParams are the arguments of the pack kernel; Bytes gives the C
 // struct's layout.
