@@ -170,20 +170,17 @@ func TestBackwardBench(t *testing.T) {
 			vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic})
 		}
 	}
-	sweep := bwdTileSweep()
-	if os.Getenv("FLASHATTN_BWD_BENCH_TILES") == "" {
-		sweep = nil
-	}
+	sweep := bwdTileSweepFor(os.Getenv("FLASHATTN_BWD_BENCH_TILES"))
 	for _, c := range sweep {
 		for _, tl := range c.tiles {
 			for _, atomic := range []bool{false, true} {
-				vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: c.d, DV: c.d, AtomicDQ: atomic, Vector: true, Tiles: tl})
+				vs = append(vs, bwdSweepVariant(c.d, atomic, tl))
 			}
 		}
 	}
 	bwdPrewarm(t, dev, vs)
 	var out strings.Builder
-	if os.Getenv("FLASHATTN_BWD_BENCH_TILES") != "" {
+	if len(sweep) > 0 {
 		fmt.Fprintf(&out, "tile sweep, bf16, N=4096, B=4, H·D=2048, not causal (ms; dkdv+atomic includes the dQ atomics)\n")
 		fmt.Fprintf(&out, "| D | dK/dV tile | dQ tile | dkdv | dq | dkdv+atomic | atomic total | separate total |\n|---|---|---|---|---|---|---|---|\n")
 		for _, c := range sweep {
@@ -297,7 +294,48 @@ func bwdTileSweep() []bwdTileCase {
 			{DKDV: T(64, 32, 8, 1, 1), DQ: T(32, 32, 8, 2, 1)},
 			{DKDV: T(16, 32, 4, 2, 1), DQ: T(32, 32, 8, 2, 1)},
 		}},
+		// Odd head dims (staged; padded to 208 and 272).
+		{199, []kernels.BwdTiles{
+			{DKDV: T(64, 64, 8, 2, 1), DQ: T(128, 32, 8, 2, 1)},
+			{DKDV: T(64, 32, 8, 2, 1), DQ: T(64, 64, 8, 2, 1)},
+			{DKDV: T(32, 64, 8, 2, 1), DQ: T(64, 32, 8, 2, 1)},
+			{DKDV: T(32, 32, 4, 2, 1), DQ: T(32, 64, 4, 2, 1)},
+		}},
+		{257, []kernels.BwdTiles{
+			{DKDV: T(16, 32, 4, 2, 1), DQ: T(32, 32, 8, 2, 1)},
+			{DKDV: T(32, 32, 8, 2, 1), DQ: T(32, 32, 8, 2, 1)},
+			{DKDV: T(64, 32, 8, 1, 1), DQ: T(64, 32, 8, 1, 1)},
+			{DKDV: T(32, 64, 8, 1, 1), DQ: T(32, 64, 8, 1, 1)},
+		}},
 	}
+}
+
+// bwdTileSweepFor returns the sweep cases FLASHATTN_BWD_BENCH_TILES asks
+// for: none when empty, every case for "1", else the head dims of a
+// comma-separated list.
+func bwdTileSweepFor(env string) []bwdTileCase {
+	if env == "" {
+		return nil
+	}
+	all := bwdTileSweep()
+	if env == "1" {
+		return all
+	}
+	var sel []bwdTileCase
+	for _, c := range all {
+		for _, f := range strings.Split(env, ",") {
+			if strings.TrimSpace(f) == fmt.Sprint(c.d) {
+				sel = append(sel, c)
+			}
+		}
+	}
+	return sel
+}
+
+// bwdSweepVariant is the bf16 backward variant of the tile sweep at head
+// dim d: 16-byte loads, from staging copies when d is not a multiple of 8.
+func bwdSweepVariant(d int, atomic bool, tl kernels.BwdTiles) kernels.BwdVariant {
+	return kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, AtomicDQ: atomic, Vector: d%8 == 0, Staged: d%8 != 0, Tiles: tl}
 }
 
 // TestBwdTileSweepValid checks that every benchmark tile candidate is a
@@ -306,7 +344,7 @@ func TestBwdTileSweepValid(t *testing.T) {
 	for _, c := range bwdTileSweep() {
 		for _, tl := range c.tiles {
 			for _, atomic := range []bool{false, true} {
-				v := kernels.BwdVariant{DType: attn.BFloat16, DK: c.d, DV: c.d, AtomicDQ: atomic, Vector: true, Tiles: tl}
+				v := bwdSweepVariant(c.d, atomic, tl)
 				if err := v.Validate(); err != nil {
 					t.Errorf("D=%d tiles %+v: %v", c.d, tl, err)
 				}
