@@ -17,7 +17,7 @@
 #   bash bench/check-h200.sh
 #
 # Environment: STEPS (comma-separated: compile, sanitize, grad,
-# conformance, bwdbench, fwdbench; default all; sanitize runs the staging
+# conformance, forward, bwdbench, fwdbench; default all; sanitize runs the staging
 # tests under compute-sanitizer's memcheck where it is installed), FWD_ONLY (benchfwd -only groups;
 # main,odd,big),
 # BWD_BENCH_ENV (extra variables for the backward benchmark, such as
@@ -27,7 +27,7 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.check-out}
-STEPS=${STEPS:-compile,sanitize,grad,conformance,bwdbench,fwdbench}
+STEPS=${STEPS:-compile,sanitize,grad,conformance,forward,bwdbench,fwdbench}
 FWD_ONLY=${FWD_ONLY:-main,odd,big}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -51,17 +51,18 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee -a "$SUMMARY"
-step compile 120 "$ROOT/.bin/kernels.test" -test.v -test.run 'TestBwdCompileMain|TestCompileMain'
+step compile 120 "$ROOT/.bin/kernels.test" -test.v -test.run 'TestBwdCompileMain|TestCompileMain|TestCompileHopper'
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$SANITIZER" ] && step sanitize 240 "$SANITIZER" --tool memcheck --leak-check no --error-exitcode 9 \
 	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestForwardStaging|TestBackwardGradients/(d59|d111-127|d199-257)/'
 step grad 240 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|TestBackwardDeterministic|TestBackwardAtomicUnderLoad|TestBackwardWholeStep'
 step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards|TestForwardStaging'
+step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep'
 step bwdbench 240 env FLASHATTN_BWD_BENCH=1 ${BWD_BENCH_ENV:-} "$ROOT/.bin/gpu.test" -test.v -test.run TestBackwardBench
 step fwdbench 180 "$ROOT/.bin/benchfwd" ${FWD_SWEEP:-} -only "$FWD_ONLY" -reps 20
 tar -czf "$OUT/cache.tgz" -C "$FLASHATTN_CACHE_DIR" . 2>/dev/null
 echo "wall $(($(date +%s) - T0))s" | tee -a "$SUMMARY"
-for f in compile sanitize grad conformance; do
+for f in compile sanitize grad conformance forward; do
 	[ -f "$OUT/$f.log" ] && grep -E '^(--- FAIL|FAIL|ok|PASS)' "$OUT/$f.log" | head -20
 done
 [ -f "$OUT/bwd_bench.md" ] && cat "$OUT/bwd_bench.md"

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 
@@ -23,6 +24,12 @@ type Backend struct {
 	// Tiles chooses the tile of each kernel; nil means the tuning table
 	// (kernels.TileForVariant). Benchmarks replace it to try other tiles.
 	Tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)
+	// WGMMA lets the forward run the Hopper kernel (warpgroup products,
+	// compiled for sm_90a) wherever it applies (see kernels.HopperTile).
+	// New sets it on sm_90 devices when NVRTC can target sm_90a (12.0 or
+	// later) and FLASHATTN_NO_WGMMA is unset; clearing it selects the
+	// mma.sync kernels everywhere.
+	WGMMA bool
 
 	fill filler // the random-fill kernel
 	pack packer // the forward's staging-copy kernel
@@ -59,6 +66,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		dev:       dev,
 		stream:    s,
 		Speculate: true,
+		WGMMA:     hopperCapable(dev),
 		kernels:   make(map[kernels.Variant]*kernel),
 		pbuf:      make([]byte, kernels.ParamsSize),
 		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -303,6 +311,27 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false)
+	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA)
 	return l, p, err
+}
+
+// EnvNoWGMMA, when set to anything but "" or "0", keeps new backends off the
+// Hopper (WGMMA) kernels.
+const EnvNoWGMMA = "FLASHATTN_NO_WGMMA"
+
+// hopperCapable reports whether the Hopper kernels can run on dev: an sm_90
+// device, an NVRTC that targets sm_90a, and no EnvNoWGMMA.
+func hopperCapable(dev *cuda.Device) bool {
+	if v := os.Getenv(EnvNoWGMMA); v != "" && v != "0" {
+		return false
+	}
+	if major, minor := dev.ComputeCapability(); major != 9 || minor != 0 {
+		return false
+	}
+	c, err := cuda.NewCompiler()
+	if err != nil {
+		return false
+	}
+	major, _ := c.Version()
+	return major >= 12
 }

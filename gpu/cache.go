@@ -115,7 +115,7 @@ func (b *Backend) build(k *kernel) {
 		k.err = err
 		return
 	}
-	mod, err := b.dev.Compile(cuda.CompileRequest{Name: k.v.Name() + ".cu", Source: src, Verbose: true})
+	mod, err := b.dev.Compile(cuda.CompileRequest{Name: k.v.Name() + ".cu", Source: src, Verbose: true, ArchSpecific: k.v.WGMMA})
 	if err != nil {
 		k.err = fmt.Errorf("gpu: compile %s: %w", k.v.Name(), err)
 		return

@@ -82,8 +82,9 @@ func clampWindow(x, n, m int) int32 {
 // problem on device tensors. tiles overrides the tuning table when not nil.
 // staged says that q, k and v are staging copies whose rows are padded with
 // zeros to kernels.StagedDim, so that a copy may straddle the head dim.
+// hopper allows the Hopper (WGMMA) kernel where it applies.
 func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
-	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged bool) (launch, error) {
+	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged, hopper bool) (launch, error) {
 	var l launch
 	opt := p.Opt
 	rowK, rowV := p.DK, p.DV
@@ -110,10 +111,14 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	}
 	var tile kernels.Tile
 	var err error
-	if tiles == nil {
-		tile, err = kernels.TileForVariant(vr)
-	} else {
+	ht, hok := kernels.HopperTile(vr)
+	switch {
+	case tiles != nil:
 		tile, err = tiles(dt, vr.DK, vr.DV, lb == 2)
+	case hopper && hok:
+		tile = ht
+	default:
+		tile, err = kernels.TileForVariant(vr)
 	}
 	if err != nil {
 		return l, err

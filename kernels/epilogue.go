@@ -33,7 +33,7 @@ func (x *gen) epilogue() {
 	v := x.v
 	x.raw("\n  // ---- epilogue: row sums over the quad (and the key halves), O = acc / l, LSE = ln(sum exp)\n")
 	x.outputBases("  ")
-	if v.WarpsN > 1 {
+	if v.splitKeys() {
 		x.raw(`  __syncthreads();  // every warp is done with the row-maximum exchange
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

@@ -260,7 +260,15 @@ func compilerOrSkip(t *testing.T) *cuda.Compiler {
 // report of each (same order).
 func compileAll(t *testing.T, c *cuda.Compiler, arch string, vs []Variant) []cuda.KernelResources {
 	t.Helper()
+	out, _ := compileAllLogs(t, c, arch, vs)
+	return out
+}
+
+// compileAllLogs is compileAll that also returns each compile's log.
+func compileAllLogs(t *testing.T, c *cuda.Compiler, arch string, vs []Variant) ([]cuda.KernelResources, []string) {
+	t.Helper()
 	out := make([]cuda.KernelResources, len(vs))
+	logs := make([]string, len(vs))
 	errs := make([]error, len(vs))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, max(1, runtime.NumCPU()))
@@ -280,6 +288,7 @@ func compileAll(t *testing.T, c *cuda.Compiler, arch string, vs []Variant) []cud
 				errs[i] = err
 				return
 			}
+			logs[i] = res.Stats.Log
 			for _, r := range res.Stats.Resources {
 				if r.Name == KernelName {
 					out[i] = r
@@ -296,7 +305,7 @@ func compileAll(t *testing.T, c *cuda.Compiler, arch string, vs []Variant) []cud
 			t.Errorf("%s: %v", vs[i], err)
 		}
 	}
-	return out
+	return out, logs
 }
 
 // mainVariants are the tuned bf16/fp16 kernels of the common head dims.

@@ -42,7 +42,22 @@ func (x *gen) kernel() {
   const int key0 = wn * (BN / WN);            // first tile key of this warp in S
   const int dv0 = wn * (DVP / WN);            // first value column of this warp in O
   (void)wn; (void)key0; (void)dv0;
+`)
+	x.ctaSetup()
+	x.mainLoop()
+	x.recomputeCoords()
+	x.epilogue()
+	x.raw("}\n")
+}
 
+// ctaSetup writes what every forward kernel does before its main loop: the
+// CTA's coordinates and sequence bounds, the global base addresses, the
+// visible key-block range (with the early exit of a CTA that sees no key),
+// the bias rows, the exponent scale, and the zeroed accumulators and row
+// statistics.
+func (x *gen) ctaSetup() {
+	v := x.v
+	x.raw(`
   // ---- CTA coordinates: query block, head, batch element (segment)
 `)
 	if v.Mask == MaskWindow {
@@ -104,10 +119,6 @@ func (x *gen) kernel() {
     }
 
 `)
-	x.mainLoop()
-	x.recomputeCoords()
-	x.epilogue()
-	x.raw("}\n")
 }
 
 // recomputeCoords re-derives the CTA coordinates after the main loop from

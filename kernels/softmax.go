@@ -108,8 +108,14 @@ func (x *gen) softmaxPartialMax() {
 }
 
 // softmax writes the online-softmax update of a key block; S becomes P.
-func (x *gen) softmax() {
-	split := x.v.WarpsN > 1
+func (x *gen) softmax() { x.softmaxUpdate(false) }
+
+// softmaxUpdate writes the online-softmax update of a key block; S becomes
+// P. With deferred, the O accumulators are not touched (an asynchronous
+// product may still be adding into them): each row's rescale factor is left
+// in alpha_r[mt][hf] for the caller to apply once the product is done.
+func (x *gen) softmaxUpdate(deferred bool) {
+	split := x.v.splitKeys()
 	x.raw(`    // ---- online softmax (base 2): S -> P, rescale O and the row sums
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -141,7 +147,12 @@ func (x *gen) softmax() {
             sum += pr;
           }
         row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
-#pragma unroll
+`)
+	if deferred {
+		x.raw("        alpha_r[mt][hf] = alpha;  // O is rescaled once the P·V product in flight is done\n      }\n")
+		return
+	}
+	x.raw(`#pragma unroll
         for (int nt = 0; nt < NT_O; ++nt) {
           o[mt][nt][2 * hf] *= alpha;
           o[mt][nt][2 * hf + 1] *= alpha;

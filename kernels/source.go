@@ -31,6 +31,10 @@ func (v Variant) Source() (string, error) {
 		return "", err
 	}
 	x := &gen{v: v, g: v.geom()}
+	if v.WGMMA {
+		x.hopperSource()
+		return x.b.String(), nil
+	}
 	x.prelude()
 	x.raw(cParams())
 	x.constants()

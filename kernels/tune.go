@@ -10,6 +10,8 @@ type Tile struct {
 	Stages         int
 	QInRegs        bool
 	MinBlocks      int
+	// WGMMA selects the Hopper (sm_90a) kernel; see Variant.WGMMA.
+	WGMMA bool
 }
 
 // TuneRow is one row of the tuning table: the tile for one element type,
@@ -27,18 +29,18 @@ type TuneRow struct {
 // load kind whose MaxD covers the head dims wins. fp16 uses the bf16 rows.
 var TuneTable = []TuneRow{
 	// bf16 / fp16, cp.async loads
-	{attn.BFloat16, false, 64, Tile{128, 128, 4, 1, 1, false, 1}},
-	{attn.BFloat16, false, 128, Tile{128, 64, 4, 1, 1, false, 1}},
-	{attn.BFloat16, false, 256, Tile{64, 64, 4, 1, 1, false, 1}},
-	{attn.BFloat16, false, 512, Tile{64, 64, 4, 2, 1, false, 1}},
+	{attn.BFloat16, false, 64, Tile{128, 128, 4, 1, 1, false, 1, false}},
+	{attn.BFloat16, false, 128, Tile{128, 64, 4, 1, 1, false, 1, false}},
+	{attn.BFloat16, false, 256, Tile{64, 64, 4, 1, 1, false, 1, false}},
+	{attn.BFloat16, false, 512, Tile{64, 64, 4, 2, 1, false, 1, false}},
 	// bf16 / fp16, register-staged loads (rows only 2-byte aligned)
-	{attn.BFloat16, true, 64, Tile{128, 64, 8, 1, 1, false, 1}},
-	{attn.BFloat16, true, 256, Tile{128, 32, 8, 1, 1, false, 1}},
-	{attn.BFloat16, true, 512, Tile{64, 32, 4, 2, 1, false, 1}},
+	{attn.BFloat16, true, 64, Tile{128, 64, 8, 1, 1, false, 1, false}},
+	{attn.BFloat16, true, 256, Tile{128, 32, 8, 1, 1, false, 1, false}},
+	{attn.BFloat16, true, 512, Tile{64, 32, 4, 2, 1, false, 1, false}},
 	// fp32 (split-tf32), cp.async loads
-	{attn.Float32, false, 128, Tile{64, 32, 4, 1, 1, false, 1}},
-	{attn.Float32, false, 256, Tile{64, 32, 4, 2, 1, false, 1}},
-	{attn.Float32, false, 512, Tile{32, 32, 2, 2, 1, false, 1}},
+	{attn.Float32, false, 128, Tile{64, 32, 4, 1, 1, false, 1, false}},
+	{attn.Float32, false, 256, Tile{64, 32, 4, 2, 1, false, 1, false}},
+	{attn.Float32, false, 512, Tile{32, 32, 2, 2, 1, false, 1, false}},
 }
 
 // TileFor returns the tuned tile for head dims dk, dv of element type dt,
@@ -78,5 +80,43 @@ func (t Tile) Apply(v Variant) Variant {
 	v.BlockM, v.BlockN = t.BlockM, t.BlockN
 	v.WarpsM, v.WarpsN = t.WarpsM, t.WarpsN
 	v.Stages, v.QInRegs, v.MinBlocks = t.Stages, t.QInRegs, t.MinBlocks
+	v.WGMMA = t.WGMMA
 	return v
+}
+
+// HopperTable holds the tiles of the Hopper (WGMMA) forward, 16-bit types,
+// by the larger padded head dim; rows are searched in order. Two warpgroups
+// share each K and V tile. Measured on the H200 (kernels/NOTES.md).
+var HopperTable = []struct {
+	MaxD int
+	Tile
+}{
+	{64, Tile{BlockM: 128, BlockN: 64, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{128, Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{256, Tile{BlockM: 128, BlockN: 64, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{320, Tile{BlockM: 128, BlockN: 32, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	// past 320: two warpgroups share 64 query rows, each with half of O
+	{512, Tile{BlockM: 64, BlockN: 32, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
+}
+
+// HopperTile returns the Hopper (WGMMA, sm_90a) tile for v, and false when
+// that kernel cannot run v (32-bit elements, loads narrower than 16 bytes). The caller decides whether the device is
+// one where it runs. Variants with per-element extras (bias, softcap,
+// dropout, prescaled scores) get half the keys per tile: their extra live
+// values would not fit beside the full tile's registers (ptxas spilled).
+func HopperTile(v Variant) (Tile, bool) {
+	if (v.DType != attn.BFloat16 && v.DType != attn.Float16) || v.LoadBytes != 16 {
+		return Tile{}, false
+	}
+	d := max(roundUp(v.DK, 16), roundUp(v.DV, 16))
+	for _, r := range HopperTable {
+		if d <= r.MaxD {
+			t := r.Tile
+			if v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale {
+				t.BlockN = max(16, t.BlockN/32*16)
+			}
+			return t, true
+		}
+	}
+	return Tile{}, false
 }

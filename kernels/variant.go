@@ -122,6 +122,13 @@ type Variant struct {
 	// MinBlocks is the number of CTAs per SM the register allocation must
 	// allow (__launch_bounds__).
 	MinBlocks int
+	// WGMMA selects the Hopper kernel (sm_90a only; see hopper.go): warpgroup
+	// matrix products (wgmma.mma_async) on 128-byte-swizzled shared tiles,
+	// one warpgroup per 64 query rows, the P·V product of a key block
+	// overlapping the softmax of the next. It needs 16-bit elements, 16-byte
+	// loads, WarpsN = 1, BlockM = 16·WarpsM with WarpsM a multiple of 4,
+	// Stages = 2, and padded head dims of at most 256.
+	WGMMA bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -141,6 +148,7 @@ type geom struct {
 	sv, sp   int // shared bytes of all V buffers and of the P tile
 	red      int // shared bytes of the row-statistics exchange (WarpsN > 1)
 	smem     int // total dynamic shared memory
+	ka, va   int // WGMMA: 64-column swizzle atoms of a Q/K row and of a V row
 }
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
@@ -176,6 +184,9 @@ func (v Variant) geom() geom {
 		g.red = wn * v.BlockM * 4
 	}
 	g.smem = g.sq + g.sk + g.sv + g.sp + g.red
+	if v.WGMMA {
+		g.hopperGeom(v)
+	}
 	return g
 }
 
@@ -184,6 +195,12 @@ func (v Variant) Threads() int { return v.geom().threads }
 
 // SharedBytes returns the dynamic shared memory one CTA needs.
 func (v Variant) SharedBytes() int { return v.geom().smem }
+
+// splitKeys reports whether the warps of a row group split each tile's keys,
+// so that row statistics are exchanged through shared memory. (Hopper
+// kernels split value columns instead: each warpgroup of a row group
+// computes the whole S and half of O.)
+func (v Variant) splitKeys() bool { return v.WarpsN > 1 && !v.WGMMA }
 
 // prescaled reports whether scores are scaled into base-2 units before the
 // row maximum.
@@ -197,8 +214,12 @@ func (v Variant) Name() string {
 		}
 		return 0
 	}
-	return fmt.Sprintf("fwd_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
-		v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
+	kind := "fwd"
+	if v.WGMMA {
+		kind = "fwd90a"
+	}
+	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
+		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
 		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks)
 }
 
@@ -225,8 +246,12 @@ func (v Variant) Validate() error {
 	if v.BlockM <= 0 || v.BlockM%(16*v.WarpsM) != 0 || v.BlockM/(16*v.WarpsM) > 4 {
 		return attn.Errorf(attn.ErrShape, "kernels: BlockM=%d must be 16·WarpsM·t with t in 1..4 (WarpsM=%d)", v.BlockM, v.WarpsM)
 	}
-	if v.BlockN <= 0 || v.BlockN%(16*v.WarpsN) != 0 || v.BlockN > 256 {
-		return attn.Errorf(attn.ErrShape, "kernels: BlockN=%d must be a multiple of 16·WarpsN=%d, at most 256", v.BlockN, 16*v.WarpsN)
+	kq := 16 * v.WarpsN // keys of a tile per warp column group, in k16 steps
+	if v.WGMMA {
+		kq = 16 // (Hopper warpgroups split value columns, not keys)
+	}
+	if v.BlockN <= 0 || v.BlockN%kq != 0 || v.BlockN > 256 {
+		return attn.Errorf(attn.ErrShape, "kernels: BlockN=%d must be a multiple of %d, at most 256", v.BlockN, kq)
 	}
 	if v.Stages != 1 && v.Stages != 2 {
 		return attn.Errorf(attn.ErrShape, "kernels: Stages=%d, want 1 or 2", v.Stages)
@@ -254,6 +279,11 @@ func (v Variant) Validate() error {
 	}
 	if v.MinBlocks < 1 || v.MinBlocks > 8 {
 		return attn.Errorf(attn.ErrShape, "kernels: MinBlocks=%d outside 1..8", v.MinBlocks)
+	}
+	if v.WGMMA {
+		if err := v.validateHopper(); err != nil {
+			return err
+		}
 	}
 	if s := v.SharedBytes(); s > MaxSharedBytes {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: %s needs %d bytes of shared memory, more than %d", v.Name(), s, MaxSharedBytes)

@@ -6,7 +6,11 @@
 // repeats, rotating over several input sets (each larger than the 60 MB L2)
 // filled with random nonzero values.
 //
-//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,odd,big,sweep] [-staging=false]
+// Groups: main (the sweep shapes, tuned kernels), sync (the same with the
+// mma.sync kernels only), odd, big, hsweep (Hopper kernel tiles at N=4096),
+// sweep (mma.sync tile candidates, with -sweep).
+//
+//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,sync,odd,big,hsweep,sweep] [-staging=false]
 package main
 
 import (
@@ -29,6 +33,7 @@ type shape struct {
 	causal     bool
 	tile       *kernels.Tile // nil: the tuning table
 	label      string
+	noWGMMA    bool // time the mma.sync kernels even where the Hopper kernel applies
 }
 
 func (s shape) flops() float64 {
@@ -79,6 +84,7 @@ func main() {
 		for _, causal := range []bool{false, true} {
 			for _, n := range []int{1024, 4096, 16384} {
 				add("main", shape{d: d, n: n, h: 2048 / d, b: 16384 / n, causal: causal})
+				add("sync", shape{d: d, n: n, h: 2048 / d, b: 16384 / n, causal: causal, label: "sync", noWGMMA: true})
 			}
 		}
 	}
@@ -88,6 +94,23 @@ func main() {
 	for _, d := range []int{320, 384, 512} {
 		for _, causal := range []bool{false, true} {
 			add("big", shape{d: d, n: 4096, h: max(1, 2048/d), b: 4, causal: causal})
+		}
+	}
+	// Hopper kernel tiles (two or three warpgroups of 64 rows; keys per tile)
+	hop := map[int][]kernels.Tile{
+		64:  {hl(128, 64), hl(192, 64), hl(128, 32), hl(128, 48)},
+		128: {hl(128, 128), hl(128, 96), hl(128, 64), hl(128, 80)},
+		256: {hl(128, 64), hl(128, 80)},
+		320: {hl2(32), hl2(48)},
+		384: {hl2(32), hl2(48)},
+		512: {hl2(32), hl2(16)},
+	}
+	for _, d := range []int{64, 128, 256, 320, 384, 512} {
+		for _, causal := range []bool{false, true} {
+			for i := range hop[d] {
+				t := hop[d][i]
+				add("hsweep", shape{d: d, n: 4096, h: max(1, 2048/d), b: 4, causal: causal, tile: &t, label: "hsweep"})
+			}
 		}
 	}
 	if *sweep {
@@ -104,15 +127,12 @@ func main() {
 				}
 			}
 		}
-		// rows only 2-byte aligned (odd head dims): register-staged loads
-		odd := map[int][]kernels.Tile{
-			59:  {tl(128, 64, 8, 1, 1, false), tl(128, 32, 8, 1, 1, false)},
-			127: {tl(128, 32, 8, 1, 1, false), tl(128, 16, 8, 1, 1, false)},
-			199: {tl(128, 32, 8, 1, 1, false), tl(128, 16, 8, 1, 1, false)},
-		}
-		for _, d := range []int{59, 127, 199} {
-			for i := range odd[d] {
-				t := odd[d][i]
+		// head dims past 256 (two column groups of warps); 257 is staged to 264 and padded to 272
+		wide := []kernels.Tile{tl(64, 64, 4, 2, 1, false), tl(64, 64, 4, 2, 2, false), tl(64, 32, 4, 2, 1, false),
+			tl(128, 64, 8, 2, 1, false), tl(128, 32, 8, 2, 1, false), tl(32, 64, 2, 2, 1, false)}
+		for _, d := range []int{257, 320} {
+			for i := range wide { // (the mma.sync kernels; the Hopper ones are in hsweep)
+				t := wide[i]
 				add("sweep", shape{d: d, n: 4096, h: max(1, (2048+d/2)/d), b: 4, tile: &t, label: "sweep"})
 			}
 		}
@@ -165,8 +185,23 @@ func main() {
 		}
 		v := pl.v
 		tile := fmt.Sprintf("%dx%d w%dx%d s%d q%d l%d", v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, b2i(v.QInRegs), v.LoadBytes)
+		if v.WGMMA {
+			tile += " wgmma"
+		}
 		fmt.Printf("%-6s %-4d %-6v %-6d %-3d %-4d %-44s %9.3f %8.1f %8s\n", group, pl.s.d, pl.s.causal, pl.s.n, pl.s.b, pl.s.h, tile, ms, tf, peer)
 	}
+}
+
+// hl returns a Hopper (WGMMA) tile of bm query rows (64 per warpgroup) and
+// bn keys.
+func hl(bm, bn int) kernels.Tile {
+	return kernels.Tile{BlockM: bm, BlockN: bn, WarpsM: bm / 16, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}
+}
+
+// hl2 returns a Hopper (WGMMA) tile of 64 query rows shared by two
+// warpgroups, each with half of the value columns, and bn keys.
+func hl2(bn int) kernels.Tile {
+	return kernels.Tile{BlockM: 64, BlockN: bn, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}
 }
 
 // tl returns a tile (one CTA per SM assumed by the launch bounds).
@@ -220,6 +255,7 @@ func variantOf(b *gpu.Backend, dt attn.DType, s shape) (kernels.Variant, error) 
 	}
 	withTile(b, s.tile)
 	defer withTile(b, nil)
+	defer withWGMMA(b, !s.noWGMMA)()
 	opt := options(s)
 	ws, err := stagingFor(b, set, &opt)
 	if err != nil {
@@ -267,6 +303,14 @@ func withTile(b *gpu.Backend, t *kernels.Tile) {
 	b.Tiles = func(attn.DType, int, int, bool) (kernels.Tile, error) { return tile, nil }
 }
 
+// withWGMMA allows the Hopper kernel (where the backend found it usable)
+// only when on, and returns the function that restores the setting.
+func withWGMMA(b *gpu.Backend, on bool) func() {
+	was := b.WGMMA
+	b.WGMMA = was && on
+	return func() { b.WGMMA = was }
+}
+
 func freeAll(ts []gpu.DeviceTensor) {
 	for _, t := range ts {
 		t.Free()
@@ -296,6 +340,7 @@ func timeShape(b *gpu.Backend, s *cuda.Stream, dt attn.DType, sh shape, nsets, r
 	}
 	withTile(b, sh.tile)
 	defer withTile(b, nil)
+	defer withWGMMA(b, !sh.noWGMMA)()
 	opt := options(sh)
 	ws, err := stagingFor(b, sets[0], &opt)
 	if err != nil {

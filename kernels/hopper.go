@@ -1,0 +1,335 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// The Hopper forward kernel (Variant.WGMMA, sm_90a).
+//
+// Each warpgroup owns 64 query rows (BM = 64 · warpgroups) and runs both
+// products on the warpgroup tensor-core instructions: S = Q·Kᵀ with Q and K
+// read from shared memory, O += P·V with P from registers. Tiles sit in
+// shared memory in the layout those instructions read without conflicts: a
+// row of 64 elements (128 bytes) per "atom" row, 16-byte chunk c of row r at
+// chunk c ^ (r mod 8), wider head dims as several atoms one after the other.
+// cp.async writes them that way; a matrix descriptor names the swizzle.
+//
+// Schedule (per key block t, walked from the last block down, K and V each
+// double-buffered):
+//
+//	top:    V(t) and K(t+1) have landed; start K(t+2) and V(t+1)
+//	issue:  S' = Q·K(t+1)ᵀ, then O += P(t)·V(t), both asynchronous
+//	wait S': mask and softmax of block t+1 while P(t)·V(t) runs: P(t+1), and
+//	        each row's rescale factor
+//	wait PV: O *= rescale
+//
+// so the softmax of one block overlaps the P·V product of the one before.
+// The element-wise code (masks, softcap, bias, dropout, the online softmax
+// and the epilogue) is the mma.sync kernel's: the accumulator layout per
+// warp is the same, with 16 rows per warp (MT = 1).
+
+// hopperGeom fills the shared-memory map of a WGMMA variant: Q, two K and
+// two V buffers, each a whole number of 64-column atoms, plus 1024 bytes so
+// that the kernel can align the tiles to the swizzle's 1024-byte period.
+//
+// With WarpsN = 2 the two warpgroups of a row group share its 64 query rows:
+// each computes the whole S (the products over DK twice) and the O of half
+// the value columns, a whole number of atoms each (DV padded to 128).
+func (g *geom) hopperGeom(v Variant) {
+	if v.WarpsN == 2 {
+		g.dvp = roundUp(v.DV, 128)
+		g.ntO = g.dvp / 16
+	}
+	g.ntS = v.BlockN / 8
+	g.vch = g.dvp * g.esz / 16
+	g.ka = (g.dkp + 63) / 64
+	g.va = (g.dvp + 63) / 64
+	g.sq = g.ka * v.BlockM * 128
+	g.sk = 2 * g.ka * v.BlockN * 128
+	g.sv = 2 * g.va * v.BlockN * 128
+	g.sp, g.red = 0, 0
+	g.smem = g.sq + g.sk + g.sv + 1024
+}
+
+// validateHopper reports what the WGMMA kernel cannot do.
+func (v Variant) validateHopper() error {
+	if v.DType != attn.BFloat16 && v.DType != attn.Float16 {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: WGMMA forward of %v (16-bit types only)", v.DType)
+	}
+	if v.LoadBytes != 16 {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: WGMMA forward with %d-byte loads (16 only)", v.LoadBytes)
+	}
+	rowsOK := v.WarpsN == 1 && v.WarpsM%4 == 0 && v.WarpsM <= 12 || v.WarpsN == 2 && v.WarpsM == 4
+	if !rowsOK || v.BlockM != 16*v.WarpsM {
+		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward wants 1 to 3 warpgroups of 64 rows, or one row group of two warpgroups (WarpsM %d, WarpsN %d, BlockM %d)", v.WarpsM, v.WarpsN, v.BlockM)
+	}
+	if v.Stages != 2 || v.QInRegs {
+		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward wants 2 stages and Q in shared memory")
+	}
+	if g := v.geom(); v.WarpsN == 1 && g.dvp > 320 || v.WarpsN == 2 && g.dvp > 512 {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: WGMMA forward of DV=%d with %d warpgroups per row group (at most 320 value columns with one, 256 each with two)", v.DV, v.WarpsN)
+	}
+	return nil
+}
+
+// hopperSource writes the whole module of a WGMMA variant.
+func (x *gen) hopperSource() {
+	x.prelude()
+	x.raw(cParams())
+	x.hopperConstants()
+	x.ptx()
+	x.raw(wgmmaPrimitives())
+	x.raw(wgmmaSS("wgmma_s", x.v.DType, x.v.BlockN))
+	if n := x.g.dvp / x.v.WarpsN; n > 256 {
+		// one product instruction has at most 256 columns: O in two parts
+		x.raw(wgmmaRS("wgmma_o", x.v.DType, 256))
+		x.raw(wgmmaRS("wgmma_o2", x.v.DType, n-256))
+	} else {
+		x.raw(wgmmaRS("wgmma_o", x.v.DType, n))
+	}
+	x.swizzledLoader()
+	x.hopperProducts()
+	x.dropoutFuncs()
+	x.hopperKernel()
+}
+
+// hopperConstants writes the compile-time geometry of a WGMMA variant.
+func (x *gen) hopperConstants() {
+	v, g := x.v, x.g
+	x.p("")
+	x.p("// ---- tile geometry (compile-time); Hopper kernel: warpgroup products on swizzled tiles")
+	x.p("constexpr int BM = %d;        // query rows per CTA (64 per warpgroup)", v.BlockM)
+	x.p("constexpr int BN = %d;        // keys per tile", v.BlockN)
+	x.p("constexpr int WM = %d;        // warps along the query rows (16 rows each)", v.WarpsM)
+	x.p("constexpr int WN = %d;        // warpgroups sharing a row group, each with DVP/WN value columns", v.WarpsN)
+	x.p("constexpr int NTHREADS = %d; // threads per CTA (%d warpgroups)", g.threads, g.warps/4)
+	x.p("constexpr int MT = 1;         // m16 row tiles per warp")
+	x.p("constexpr int DKP = %d;       // q/k head dim padded (zero-filled) to a multiple of 16", g.dkp)
+	x.p("constexpr int DVP = %d;       // v head dim padded to a multiple of 16 (128 with WN = 2)", g.dvp)
+	x.p("constexpr int ESZ = %d;       // bytes per element of q, k, v, o (%v)", g.esz, v.DType)
+	x.p("constexpr int DT = %d;        // element type: 1 fp16, 2 bf16", int(v.DType))
+	x.p("constexpr int KCH = %d;       // 16-byte chunks per row of the Q and K tiles", g.kch)
+	x.p("constexpr int VCH = %d;       // 16-byte chunks per row of the V tile", g.vch)
+	x.p("constexpr int KATOMS = %d;    // 64-column swizzle atoms per Q/K row", g.ka)
+	x.p("constexpr int VATOMS = %d;    // 64-column swizzle atoms per V row", g.va)
+	x.p("constexpr int NT_S = %d;      // 8-key column blocks of S", g.ntS)
+	x.p("constexpr int NT_O = %d;      // 8-column blocks of this warpgroup's O", g.ntO)
+	x.p("constexpr int KSTEPS = %d;    // k16 steps of S = Q·Kᵀ over DKP", g.dkp/16)
+	x.p("constexpr int PSTEPS = %d;    // k16 steps of O += P·V over the BN keys", v.BlockN/16)
+	x.p("constexpr int LB = 16;        // bytes per global load (cp.async)")
+	x.p("constexpr int K_STAGE = %d;   // bytes of one K buffer [KATOMS][BN][64]", g.ka*v.BlockN*128)
+	x.p("constexpr int V_STAGE = %d;   // bytes of one V buffer [VATOMS][BN][64]", g.va*v.BlockN*128)
+	x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64]")
+	x.p("constexpr int SQ_OFF = 0;")
+	x.p("constexpr int SK_OFF = %d;", g.sq)
+	x.p("constexpr int SV_OFF = %d;", g.sq+g.sk)
+	x.p("constexpr int SMEM_BYTES = %d;  // including 1024 bytes of alignment slack", g.smem)
+	x.p("")
+}
+
+// swizzledLoader writes the global → shared tile loader of the Hopper
+// kernel: cp.async of 16-byte chunks into the 128-byte-swizzled layout.
+func (x *gen) swizzledLoader() {
+	x.raw(`// ---- global -> shared: a [ROWS x CH·16 bytes] tile by cp.async into the swizzled layout
+// [CH/8 atoms][ROWS][128 bytes], chunk c of row r at atom c/8, row r, chunk (c mod 8) ^ (r mod 8).
+// src points at row 0 of the tile, stride is the row stride in bytes; rows >= valid and bytes
+// >= dbytes of a row are zero-filled (src-size 0 reads nothing, whatever the address).
+template <int ROWS, int CH>
+DEV u32 sw_off(int r, int c) { return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)); }
+template <int ROWS, int CH>
+DEV void load_sw(u32 dst, const char* src, i64 stride, int valid, int dbytes, int tid) {
+  // CPR threads per row (a power of two >= CH; the threads past CH idle) copy chunk c of rows
+  // r0, r0 + RSTEP, ...; when RSTEP is a multiple of 8 every row of a thread has the same swizzle
+  constexpr int CPR = CH <= 4 ? 4 : CH <= 8 ? 8 : CH <= 16 ? 16 : CH <= 32 ? 32 : 64;
+  constexpr int RSTEP = NTHREADS / CPR;
+  constexpr int PASSES = (ROWS + RSTEP - 1) / RSTEP;
+  static_assert(NTHREADS % CPR == 0, "threads per row");
+  const int r0 = tid / CPR, c = tid % CPR;
+  if (CH < CPR && c >= CH) return;
+  const char* s = src + r0 * stride + c * 16;
+  const i64 step = RSTEP * stride;
+  const bool col = c * 16 < dbytes;
+#pragma unroll
+  for (int it = 0; it < PASSES; ++it) {
+    const int r = r0 + it * RSTEP;
+    const u32 off = RSTEP % 8 == 0 ? sw_off<ROWS, CH>(r0, c) + it * RSTEP * 128 : sw_off<ROWS, CH>(r, c);
+    if (ROWS % RSTEP == 0 || r < ROWS) cp_async(dst + off, s, col && r < valid ? 16 : 0);
+    s += step;
+  }
+}
+
+`)
+}
+
+// hopperProducts writes the two warpgroup products of one key block.
+func (x *gen) hopperProducts() {
+	x.raw(`// ---- S[64 x BN] = Q[64 x DKP] · K[BN x DKP]ᵀ for this warpgroup, KSTEPS k16 steps.
+// dq, dk: descriptors of the warpgroup's first Q row and of the K buffer; step kk reads
+// columns 16kk.. : atom kk/4, byte 32·(kk mod 4) of the 128-byte row.
+DEV void qk_wgmma(float (&s)[NT_S][4], u64 dq, u64 dk) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk)
+    wgmma_s(s, dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4),
+            dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+}
+// ---- O[64 x DVP/WN] += P[64 x BN] · V[BN x DVP/WN]: PSTEPS k16 steps over the keys; P from
+// registers, V (rows of keys, value columns contiguous) read transposed; step kk reads keys
+// 16kk.. : 2048 bytes further
+DEV void pv_wgmma(float (&o)[NT_O][4], const u32 (&pf)[PSTEPS][4], u64 dv) {
+`)
+	if x.g.ntO > 32 {
+		x.raw(`  // more than 256 columns: columns 0..255 and 256.. (from atom 4) as two products
+  float (&oa)[32][4] = *reinterpret_cast<float (*)[32][4]>(&o[0]);
+  float (&ob)[NT_O - 32][4] = *reinterpret_cast<float (*)[NT_O - 32][4]>(&o[32]);
+#pragma unroll
+  for (int kk = 0; kk < PSTEPS; ++kk) {
+    wgmma_o(oa, pf[kk], dv + (u64)((kk * 16 * 128) >> 4));
+    wgmma_o2(ob, pf[kk], dv + (u64)((4 * BN * 128 + kk * 16 * 128) >> 4));
+  }
+}
+`)
+	} else {
+		x.raw(`#pragma unroll
+  for (int kk = 0; kk < PSTEPS; ++kk) wgmma_o(o, pf[kk], dv + (u64)((kk * 16 * 128) >> 4));
+}
+`)
+	}
+	x.raw(`// ---- S block (fp32, accumulator layout) -> P fragments (the A operand of pv_wgmma): the
+// accumulator of two adjacent 8-key blocks is the register A layout of one k16 step
+DEV void pack_p(u32 (&pf)[PSTEPS][4], const float (&s)[NT_S][4]) {
+#pragma unroll
+  for (int kk = 0; kk < PSTEPS; ++kk) {
+    pf[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);          // (row g,   keys 2c..)
+    pf[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);          // (row g+8, keys 2c..)
+    pf[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);  // (row g,   keys 8+2c..)
+    pf[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);  // (row g+8, keys 8+2c..)
+  }
+}
+
+`)
+}
+
+// hopperKernel writes the entry point of a WGMMA variant.
+func (x *gen) hopperKernel() {
+	v := x.v
+	x.raw(x.biasFuncs())
+	x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const Params p) {", v.MinBlocks, KernelName)
+	x.raw(`  extern __shared__ __align__(1024) unsigned char smem[];
+  // the swizzle repeats every 1024 bytes: every tile starts on a 1024-byte boundary
+  const u32 s_base = (smem_addr(smem) + 1023u) & ~1023u;
+  const u32 sQ = s_base + SQ_OFF;  // [KATOMS][BM][64]
+  const u32 sK = s_base + SK_OFF;  // [2][KATOMS][BN][64]
+  const u32 sV = s_base + SV_OFF;  // [2][VATOMS][BN][64]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % WM;        // warp position: 16 query rows
+  const int wn = warp / WM;        // warpgroup of the row group: value columns dv0 .. dv0 + DVP/WN - 1
+  const int wg = wm >> 2;          // row group: rows 64·wg .. 64·wg + 63 of the block
+  constexpr int key0 = 0;          // (every warpgroup computes all keys of S)
+  const int dv0 = wn * (DVP / WN); // first value column of this warpgroup in O
+  const int g = lane >> 2, c = lane & 3;  // accumulator fragment: row group g, column pair c
+  const int wrow0 = wm * 16;              // first block row of this warp
+  (void)wn; (void)key0; (void)dv0;
+`)
+	x.ctaSetup()
+	x.raw(`  // ---- matrix descriptors: Q (this warpgroup's 64 rows) and K, K-major; V, N-major (the next
+  // 64 value columns BN·128 bytes further: leading byte offset); 8-row groups 1024 bytes apart
+  const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024);
+  const u64 dk = sw128_desc(sK, 16, 1024);
+  const u64 dv = sw128_desc(sV + dv0 / 64 * BN * 128, BN * 128, 1024);  // from this warpgroup's first value column
+  u32 pf[PSTEPS][4];     // P of the current block (16-bit pairs): the A operand of O += P·V
+  float alpha_r[MT][2];  // per-row rescale of O for the next block (deferred)
+
+  // ---- prologue: Q, K and V of the first block, K of the second
+`)
+	x.p("  load_sw<BM, KCH>(sQ, gQ, q_rs, rows, p.d_k * ESZ, tid);")
+	x.p("  %s", x.loadSW("K", "0", "nb_hi - 1"))
+	x.p("  cp_commit();")
+	x.p("  %s", x.loadSW("V", "0", "nb_hi - 1"))
+	x.p("  if (nb_hi - 2 >= nb_lo) %s", x.loadSW("K", "1", "nb_hi - 2"))
+	x.raw(`  cp_commit();
+  cp_wait<1>();  // Q and K of the first block
+  fence_proxy_async();
+  __syncthreads();
+  {
+    const int n0 = (nb_hi - 1) * BN;  // first key of the block
+    float s[MT][NT_S][4];
+    wgmma_fence();
+    qk_wgmma(s[0], dq, dk);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_acc(s[0]);
+`)
+	x.blockSoftmax("    ")
+	x.raw(`    pack_p(pf, s[0]);
+  }
+
+  // ---- main loop over key blocks, last to first
+  for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {
+    const int buf = it & 1;  // buffer of K(nb) and V(nb)
+    cp_wait<0>();            // V(nb) and K(nb - 1) landed
+    fence_proxy_async();
+    __syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
+`)
+	x.p("    if (nb - 2 >= nb_lo) %s", x.loadSW("K", "buf", "nb - 2"))
+	x.p("    if (nb - 1 >= nb_lo) %s", x.loadSW("V", "buf ^ 1", "nb - 1"))
+	x.raw(`    cp_commit();
+    fence_acc(o[0]);
+    if (nb > nb_lo) {  // a next block exists (uniform over the CTA)
+      float s[MT][NT_S][4];  // S of the next block, then its P
+      wgmma_fence();
+      qk_wgmma(s[0], dq, dk + (u64)(((buf ^ 1) * K_STAGE) >> 4));
+      wgmma_commit();
+      pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));
+      wgmma_commit();
+      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
+      fence_acc(s[0]);
+      const int n0 = (nb - 1) * BN;  // first key of the next block
+`)
+	x.blockSoftmax("      ")
+	x.raw(`      wgmma_wait<0>();  // P·V of this block is done
+      fence_acc(o[0]);
+#pragma unroll
+      for (int nt = 0; nt < NT_O; ++nt) {
+        o[0][nt][0] *= alpha_r[0][0];
+        o[0][nt][1] *= alpha_r[0][0];
+        o[0][nt][2] *= alpha_r[0][1];
+        o[0][nt][3] *= alpha_r[0][1];
+      }
+      pack_p(pf, s[0]);
+    } else {  // the last block: P·V only
+      wgmma_fence();
+      pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(o[0]);
+    }
+  }
+`)
+	x.recomputeCoords()
+	x.epilogue()
+	x.raw("}\n")
+}
+
+// blockSoftmax writes the element-wise stage of one key block whose first key
+// is n0 and whose scores are in s: score transform, mask, online softmax
+// (rescale deferred into alpha_r), dropout.
+func (x *gen) blockSoftmax(indent string) {
+	x.raw(indent + "(void)n0;\n")
+	x.transform()
+	x.maskBoundary()
+	x.maskApply()
+	x.softmaxUpdate(true)
+	if x.v.Dropout {
+		x.raw("    apply_dropout(s, p, m0 + wrow0, n0 + key0, (u32)(b * p.h + h), lane);  // ---- dropout\n")
+	}
+}
+
+// loadSW returns the statement that loads block nb of K or V into buffer buf.
+func (x *gen) loadSW(t, buf, nb string) string {
+	if t == "K" {
+		return fmt.Sprintf("load_sw<BN, KCH>(sK + (%s) * K_STAGE, gK + (i64)(%s) * BN * k_rs, k_rs, m - (%s) * BN, p.d_k * ESZ, tid);", buf, nb, nb)
+	}
+	return fmt.Sprintf("load_sw<BN, VCH>(sV + (%s) * V_STAGE, gV + (i64)(%s) * BN * v_rs, v_rs, m - (%s) * BN, p.d_v * ESZ, tid);", buf, nb, nb)
+}
