@@ -206,7 +206,7 @@ var bwdSpecSlots = make(chan struct{}, max(1, runtime.NumCPU()-1))
 // caller is likely to ask for next: the same problem in the other dtypes.
 // Each compiles once (bwdModuleFor); a later call waits for it.
 func bwdSpeculate(dev *cuda.Device, p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm) {
-	pl, err := planBackward(p, dt, a, algo, dev.SMCount())
+	pl, err := planBackward(p, dt, a, algo, dev.SMCount(), hopperCapable(dev))
 	if err != nil {
 		return
 	}

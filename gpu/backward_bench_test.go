@@ -89,7 +89,7 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 	}
 	a.Workspace = set.ws.Ptr()
 	a.Tiles = tiles
-	pl, err := planBackward(set.p, attn.BFloat16, &a, algo, dev.SMCount())
+	pl, err := planBackward(set.p, attn.BFloat16, &a, algo, dev.SMCount(), hopperCapable(dev))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -244,7 +244,7 @@ func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
 	if err != nil {
 		return nil, err
 	}
-	mod, err := dev.Compile(cuda.CompileRequest{Name: key + ".cu", Source: src})
+	mod, err := dev.Compile(cuda.CompileRequest{Name: key + ".cu", Source: src, ArchSpecific: v.WGMMA})
 	if err != nil {
 		return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
 	}
@@ -272,7 +272,7 @@ func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
 // backward call of p with these arguments would use, so that a later
 // enqueueBackward only enqueues (as a CUDA graph capture requires).
 func prepareBackward(dev *cuda.Device, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) error {
-	pl, err := planBackward(p, dt, &a, algo, dev.SMCount())
+	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopperCapable(dev))
 	if err != nil {
 		return err
 	}
@@ -398,8 +398,10 @@ type bwdPlan struct {
 	launches []bwdLaunch
 }
 
-// planBackward validates a backward call and returns its launch sequence.
-func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int) (*bwdPlan, error) {
+// planBackward validates a backward call and returns its launch sequence;
+// hopper allows the Hopper dK/dV kernel where it applies (sms: the device's
+// multiprocessors).
+func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int, hopper bool) (*bwdPlan, error) {
 	algo = resolveDQ(p, algo)
 	if a.DBias != nil && a.Bias == nil {
 		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")
@@ -413,6 +415,12 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 		}
 	}
 	v := bwdVariantFor(p, dt, a, algo)
+	if w := v; hopper {
+		w.WGMMA = true
+		if kernels.BwdHopperOK(w) {
+			v = w
+		}
+	}
 	if err := v.Validate(); err != nil {
 		return nil, err
 	}
@@ -456,7 +464,7 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 // it in a CUDA graph. The kernels compile on first use of a variant (call
 // prepareBackward before capturing). It returns the algorithm it used.
 func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) (DQAlgorithm, error) {
-	pl, err := planBackward(p, dt, &a, algo, dev.SMCount())
+	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopperCapable(dev))
 	if err != nil {
 		return resolveDQ(p, algo), err
 	}

@@ -56,7 +56,7 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
 		a.CuSeqlensK = ar.put(int32Bytes(in.opt.CuSeqlensK))
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
-	pl, err := planBackward(in.p, dt, &a, algo, 4)
+	pl, err := planBackward(in.p, dt, &a, algo, 4, false)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

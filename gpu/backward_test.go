@@ -744,7 +744,7 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm) kernels.BwdVariant {
 			a.DBias = biasView(fake, bt.DType, bt.Shape)
 		}
 	}
-	pl, err := planBackward(in.p, dt, &a, algo, 132)
+	pl, err := planBackward(in.p, dt, &a, algo, 132, false)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

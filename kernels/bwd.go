@@ -102,6 +102,9 @@ type BwdVariant struct {
 	Staged bool
 	// Tiles overrides the default tile shapes when its fields are non-zero.
 	Tiles BwdTiles
+	// WGMMA selects the Hopper dK/dV kernel (sm_90a; see bwd_hopper.go and
+	// BwdHopperOK for what it takes). The module then runs only on sm_90.
+	WGMMA bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -182,6 +185,9 @@ func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
 // set, the default table otherwise.
 func (v BwdVariant) ResolvedTiles() BwdTiles {
 	t := defaultBwdTiles(v.DType, v.DKPad(), v.DVPad())
+	if v.WGMMA {
+		t.DKDV = bwdHopperTile
+	}
 	if v.Tiles.DKDV.BlockM != 0 {
 		t.DKDV = v.Tiles.DKDV
 	}
@@ -198,6 +204,9 @@ func (v BwdVariant) padRow(cols int) int { return cols + 16/v.elem() }
 
 // DKDVSharedBytes returns the dynamic shared memory of the dK/dV kernel.
 func (v BwdVariant) DKDVSharedBytes() int {
+	if v.WGMMA {
+		return v.bwdHopperLayout().total
+	}
 	t := v.ResolvedTiles().DKDV
 	l := v.dkdvLayout(t)
 	return l.total
@@ -282,12 +291,19 @@ func (v BwdVariant) Validate() error {
 	if v.Vector && v.Staged {
 		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")
 	}
+	if v.WGMMA && !BwdHopperOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper dK/dV kernel wants 16-bit elements, 16-byte loads, padded head dims of at most 128 and no tile override", v.Key())
+	}
 	t := v.ResolvedTiles()
+	dkdvLayout := v.dkdvLayout(t.DKDV)
+	if v.WGMMA {
+		dkdvLayout = v.bwdHopperLayout()
+	}
 	for _, x := range []struct {
 		name string
 		t    BwdTile
 		l    bwdSmemLayout
-	}{{"dkdv", t.DKDV, v.dkdvLayout(t.DKDV)}, {"dq", t.DQ, v.dqLayout(t.DQ)}} {
+	}{{"dkdv", t.DKDV, dkdvLayout}, {"dq", t.DQ, v.dqLayout(t.DQ)}} {
 		tt := x.t
 		if tt.BlockM <= 0 || tt.BlockN <= 0 || tt.BlockM%16 != 0 || tt.BlockN%16 != 0 {
 			return attn.Errorf(attn.ErrUnsupported, "backward %s tile %dx%d: sides must be positive multiples of 16", x.name, tt.BlockM, tt.BlockN)
@@ -316,7 +332,7 @@ func (v BwdVariant) Key() string {
 		on   bool
 		name string
 	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.WGMMA, "sm90a"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

@@ -12,6 +12,18 @@ type bwdGen struct {
 	v     BwdVariant
 	tiles BwdTiles
 	mma   bool // tensor-core products (fp16/bf16); fp32 uses FMA products
+	// tileAt, when set, returns the address of element (il, jl) of the
+	// shared P or dS tile named tile (the Hopper kernel's swizzled layout);
+	// nil means padded rows of LDS elements.
+	tileAt func(tile string) string
+}
+
+// at returns the C address of element (il, jl) of the shared tile named tile.
+func (g *bwdGen) at(tile string) string {
+	if g.tileAt != nil {
+		return g.tileAt(tile)
+	}
+	return tile + " + il * LDS + jl"
 }
 
 func newBwdGen(v BwdVariant) *bwdGen {
@@ -209,11 +221,18 @@ func (g *bwdGen) vectorPairStore() string {
 func (g *bwdGen) source() string {
 	var b strings.Builder
 	g.prelude(&b)
+	if g.v.WGMMA {
+		g.hopperPrelude(&b)
+	}
 	g.packKernel(&b)
 	g.preKernel(&b)
 	g.convertKernel(&b)
 	g.dbiasKernel(&b)
-	g.dkdvKernel(&b)
+	if g.v.WGMMA {
+		g.dkdvKernelHopper(&b)
+	} else {
+		g.dkdvKernel(&b)
+	}
 	g.dqKernel(&b)
 	return b.String()
 }
@@ -392,7 +411,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       const bool k0 = ((kj & 2) ? w.z : w.x) < p.drop_threshold, k1 = ((kj & 2) ? w.w : w.y) < p.drop_threshold;
 `)
 		if storeP {
-			b.WriteString("      st_pair(sP + il * LDS + jl, k0 ? p0 * p.drop_scale : 0.f, k1 ? p1 * p.drop_scale : 0.f);\n")
+			fmt.Fprintf(b, "      st_pair(%s, k0 ? p0 * p.drop_scale : 0.f, k1 ? p1 * p.drop_scale : 0.f);\n", g.at("sP"))
 		}
 		b.WriteString("      if (!k0) p0 = -p0;\n      if (!k1) p1 = -p1;\n")
 	}
@@ -401,11 +420,11 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 		// dV product sees anyway), which frees the fp32 S accumulator.
 		b.WriteString("      pk[mt][nt][hh] = pack2(p0, p1);\n")
 		if storeP && !v.Dropout {
-			b.WriteString("      *reinterpret_cast<unsigned*>(sP + il * LDS + jl) = pk[mt][nt][hh];\n")
+			fmt.Fprintf(b, "      *reinterpret_cast<unsigned*>(%s) = pk[mt][nt][hh];\n", g.at("sP"))
 		}
 	} else {
 		if storeP && !v.Dropout {
-			b.WriteString("      st_pair(sP + il * LDS + jl, p0, p1);\n")
+			fmt.Fprintf(b, "      st_pair(%s, p0, p1);\n", g.at("sP"))
 		}
 		b.WriteString("      accS[mt][nt][hh * 2] = p0; accS[mt][nt][hh * 2 + 1] = p1;\n")
 	}
@@ -457,7 +476,7 @@ func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
 	if v.Softcap {
 		b.WriteString("        d *= fc[mt][nt][hh * 2 + c];\n")
 	}
-	b.WriteString("        ds[c] = d;\n      }\n      st_pair(sdS + il * LDS + jl, ds[0], ds[1]);\n    }\n")
+	fmt.Fprintf(b, "        ds[c] = d;\n      }\n      st_pair(%s, ds[0], ds[1]);\n    }\n", g.at("sdS"))
 }
 
 // dkdvProducts returns the products of the dK/dV kernel for stage st
@@ -597,23 +616,8 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 `, t.BlockN, t.Warps*32, l.total, t.Warps*32, t.MinBlocks, BwdDKDVKernel)
 	g.kernelConsts(b, t)
 	bwdSmemDecls(b, l)
-	b.WriteString("  const int b = blockIdx.y, kvh = blockIdx.z, j0 = blockIdx.x * BN;\n")
-	g.segment(b)
-	b.WriteString(`  if (j0 >= m) return;
-  const int off = p.bottom_right ? m - n : 0;
-  const int jend = min(j0 + BN, m);
-  int ilo = 0, ihi = n;
-`)
-	if v.Masked {
-		b.WriteString(`  if (p.right >= 0) ilo = max(ilo, j0 - p.right - off);
-  if (p.left >= 0) ihi = min(ihi, jend - 1 + p.left - off + 1);
-`)
-	}
-	fmt.Fprintf(b, `  (void)jend;
-  const int ib0 = ilo / BM;
-  const int nib = ihi > ilo ? (ihi + BM - 1) / BM - ib0 : 0;
-  const int G = p.H / p.Hkv, iters = nib * G;
-  const T* gk = %s;
+	g.dkdvQueryRange(b)
+	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
   // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {
@@ -710,4 +714,29 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 	b.WriteString("  T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;\n")
 	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
 	b.WriteString("}\n")
+}
+
+// dkdvQueryRange writes the start of a dK/dV kernel after its declarations:
+// the block's batch element, key head and first key j0, the segment, the
+// early exit of a block past the keys, and the iterations: every query
+// head of the group times the query blocks (from ib0, nib of them) that
+// see the block's keys.
+func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
+	b.WriteString("  const int b = blockIdx.y, kvh = blockIdx.z, j0 = blockIdx.x * BN;\n")
+	g.segment(b)
+	b.WriteString(`  if (j0 >= m) return;
+  const int off = p.bottom_right ? m - n : 0;
+  const int jend = min(j0 + BN, m);
+  int ilo = 0, ihi = n;
+`)
+	if g.v.Masked {
+		b.WriteString(`  if (p.right >= 0) ilo = max(ilo, j0 - p.right - off);
+  if (p.left >= 0) ihi = min(ihi, jend - 1 + p.left - off + 1);
+`)
+	}
+	b.WriteString(`  (void)jend;
+  const int ib0 = ilo / BM;
+  const int nib = ihi > ilo ? (ihi + BM - 1) / BM - ib0 : 0;
+  const int G = p.H / p.Hkv, iters = nib * G;
+`)
 }

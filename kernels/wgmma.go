@@ -72,18 +72,28 @@ func accOperands(n int) (ops, regs string) {
 // wgmmaSS returns name(d, da, db, acc): d[64×n] (= or +=, acc ≠ 0 adds) A·B
 // with A (64×16, K-major) and B (16×n, K-major: stored n rows of k) both
 // read through shared-memory descriptors.
-func wgmmaSS(name string, dt attn.DType, n int) string {
+func wgmmaSS(name string, dt attn.DType, n int) string { return wgmmaSST(name, dt, n, false, false) }
+
+// wgmmaSST is wgmmaSS with either operand stored transposed: tA, A
+// M-major (k rows of m contiguous elements); tB, B N-major (k rows of n).
+func wgmmaSST(name string, dt attn.DType, n int, tA, tB bool) string {
 	ops, regs := accOperands(n)
 	k := n / 2
 	ty := wgmmaTypeSuffix(dt)
-	return fmt.Sprintf(`// D[64x%[1]d] (+)= A[64x16] · B[16x%[1]d], A and B from shared memory, both K-major; acc = 0 overwrites D
+	major := func(t bool, mn string) string {
+		if t {
+			return mn + "-major"
+		}
+		return "K-major"
+	}
+	return fmt.Sprintf(`// D[64x%[1]d] (+)= A[64x16] · B[16x%[1]d], A (%[10]s) and B (%[11]s) from shared memory; acc = 0 overwrites D
 DEV void %[2]s(float (&d)[%[3]d][4], u64 da, u64 db, int acc) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %%%[6]d, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n%[1]dk16.f32.%[7]s.%[7]s {%[4]s}, %%%[8]d, %%%[9]d, p, 1, 1, 0, 0;\n}\n"
+               "wgmma.mma_async.sync.aligned.m64n%[1]dk16.f32.%[7]s.%[7]s {%[4]s}, %%%[8]d, %%%[9]d, p, 1, 1, %[12]d, %[13]d;\n}\n"
                : %[5]s
                : "l"(da), "l"(db), "r"(acc));
 }
-`, n, name, n/8, regs, ops, k+2, ty, k, k+1)
+`, n, name, n/8, regs, ops, k+2, ty, k, k+1, major(tA, "M"), major(tB, "N"), b2i(tA), b2i(tB))
 }
 
 // wgmmaRS returns name(d, a, db): d[64×n] += A·B with A (64×16) from
