@@ -51,7 +51,7 @@ step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee -a "$SUMMARY"
-step compile 120 "$ROOT/.bin/kernels.test" -test.v -test.run "${COMPILE_RUN:-TestBwdCompileMain|TestCompileMain|TestCompileHopper}"
+step compile 120 "$ROOT/.bin/kernels.test" -test.v -test.run "${COMPILE_RUN:-TestBwdCompileMain|TestCompileMain|TestCompileHopper|TestBwdCompileHopper}"
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$SANITIZER" ] && step sanitize 240 "$SANITIZER" --tool memcheck --leak-check no --error-exitcode 9 \
 	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestForwardStaging|TestBackwardGradients/(d59|d111-127|d199-257)/'

@@ -311,7 +311,7 @@ func TestBackwardGradients(t *testing.T) {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(ci+1))
 			items = append(items, item{c, dt, in})
-			vs = append(vs, in.variant(t, DQAtomic), in.variant(t, DQSeparate))
+			vs = append(vs, in.variant(t, DQAtomic, hopperCapable(dev)), in.variant(t, DQSeparate, hopperCapable(dev)))
 		}
 	}
 	bwdPrewarm(t, dev, vs)
@@ -723,12 +723,18 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 			t.Errorf("compile %s: %v", uniq[i].Key(), err)
 		}
 	}
-	t.Logf("compiled %d backward variants in %.1fs", len(uniq), time.Since(start).Seconds())
+	hopper := 0
+	for _, v := range uniq {
+		if v.WGMMA {
+			hopper++
+		}
+	}
+	t.Logf("compiled %d backward variants (%d with the Hopper dK/dV kernel) in %.1fs", len(uniq), hopper, time.Since(start).Seconds())
 }
 
 // variant returns the kernel variant a backward of in with algo uses
 // (device buffers from cuMemAlloc are 256-byte aligned).
-func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm) kernels.BwdVariant {
+func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels.BwdVariant {
 	t.Helper()
 	dt := in.q.DType
 	const fake = 1 << 30
@@ -744,7 +750,7 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm) kernels.BwdVariant {
 			a.DBias = biasView(fake, bt.DType, bt.Shape)
 		}
 	}
-	pl, err := planBackward(in.p, dt, &a, algo, 132, false)
+	pl, err := planBackward(in.p, dt, &a, algo, 132, hopper)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

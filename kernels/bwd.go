@@ -186,7 +186,7 @@ func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
 func (v BwdVariant) ResolvedTiles() BwdTiles {
 	t := defaultBwdTiles(v.DType, v.DKPad(), v.DVPad())
 	if v.WGMMA {
-		t.DKDV = bwdHopperTile
+		t.DKDV = v.bwdHopperTile()
 	}
 	if v.Tiles.DKDV.BlockM != 0 {
 		t.DKDV = v.Tiles.DKDV

@@ -9,58 +9,86 @@ import (
 
 // The Hopper dK/dV kernel (BwdVariant.WGMMA, sm_90a).
 //
-// A block owns BN = 128 keys of one (batch, key head) and two warpgroups,
-// warpgroup w owning keys 64w .. 64w + 63. For every query head of the group
-// and every query block of BM = 64 rows that sees the keys:
+// A block owns BN keys of one (batch, key head) and two warpgroups. For
+// every query head of the group and every query block of BM = 64 rows that
+// sees the keys:
 //
-//	S  = Q·Kᵀ, dP = dO·Vᵀ     warpgroup w: the 64 queries × its 64 keys
-//	                          (both operands from shared memory, K-major)
+//	S  = Q·Kᵀ, dP = dO·Vᵀ     warpgroup w: the 64 queries × keys
+//	                          w·BN/2 .. (w+1)·BN/2 − 1 (both operands from
+//	                          shared memory, K-major)
 //	P, dS                      the mma.sync kernel's element-wise code
 //	                          (masks, softcap, bias, dropout), written to
 //	                          shared memory in the swizzled layout
-//	dV += Pᵀ·dO, dK += dSᵀ·Q   warpgroup w: its 64 keys; Pᵀ and dSᵀ read
-//	                          transposed from shared memory
-//	dQ += dS·K (AtomicDQ)      the block's dS over all 128 keys times K,
-//	                          split by columns of dQ over the warpgroups
-//	                          (one warpgroup when DK is not 128), added to
-//	                          the fp32 accumulator with vector atomics
+//	dV += Pᵀ·dO, dK += dSᵀ·Q   Pᵀ and dSᵀ read transposed from shared memory
+//	dQ += dS·K (AtomicDQ)      the block's dS over all BN keys times K, added
+//	                          to the fp32 accumulator with vector atomics
+//
+// Two ways to share dK and dV (fp32 registers, the largest state) between
+// the warpgroups:
+//
+//   - head dims up to 128: BN = 128, warpgroup w owns keys 64w .. 64w+63 and
+//     all their columns; dQ is split by columns when DK is 128 (one
+//     warpgroup computes it otherwise);
+//   - head dims 129 to 256: BN = 64, each warpgroup owns all 64 keys and
+//     columns 128w .. 128w+127 of dK, dV and dQ (the last warpgroup fewer
+//     when the padded dim is under 256).
 //
 // Every product is a warpgroup instruction (wgmma.mma_async); dK and dV
 // stay in registers for the whole loop. Tiles in shared memory use the
 // forward's 128-byte swizzle (see hopper.go): rows of 64 elements, 16-byte
 // chunk c of row r at chunk c ^ (r mod 8), wider rows as several such atoms.
 
-// Tile of the Hopper dK/dV kernel.
-const (
-	bwdHopperBM = 64  // query rows per step
-	bwdHopperBN = 128 // keys per block (64 per warpgroup)
-)
+// bwdHopperBM is the number of query rows per step of the Hopper kernel.
+const bwdHopperBM = 64
 
-// bwdHopperTile is the dK/dV tile of WGMMA variants.
-var bwdHopperTile = BwdTile{BlockM: bwdHopperBM, BlockN: bwdHopperBN, Warps: 8, Stages: 2, MinBlocks: 1}
+// bwdHopperWide reports whether v's Hopper kernel splits columns (head dims
+// past 128) rather than keys between its warpgroups.
+func (v BwdVariant) bwdHopperWide() bool { return v.DKPad() > 128 }
+
+// bwdHopperTile returns the dK/dV tile of v's Hopper kernel.
+func (v BwdVariant) bwdHopperTile() BwdTile {
+	bn := 128
+	if v.bwdHopperWide() {
+		bn = 64
+	}
+	return BwdTile{BlockM: bwdHopperBM, BlockN: bn, Warps: 8, Stages: 2, MinBlocks: 1}
+}
 
 // BwdHopperOK reports whether the Hopper dK/dV kernel can run a backward
 // of v's dtype, head dims and load kind (ignoring v.WGMMA itself): 16-bit
 // elements, rows read with 16-byte copies (Vector or Staged), padded head
-// dims of at most 128 (dK and dV of 64 keys stay in one warpgroup's
-// registers), and no tile override.
+// dims both at most 128 or both from 129 to 256, and no tile override.
 func BwdHopperOK(v BwdVariant) bool {
-	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged) &&
-		v.DKPad() <= 128 && v.DVPad() <= 128 && v.Tiles.DKDV.BlockM == 0
+	dk, dv := v.DKPad(), v.DVPad()
+	dims := dk <= 128 && dv <= 128 || dk > 128 && dv > 128 && dk <= 256 && dv <= 256
+	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged) && dims && v.Tiles.DKDV.BlockM == 0
+}
+
+// bwdHopperAtoms returns the 64-column atoms of the q and k tiles (ka), of
+// the dO tile (va) and of the v tile (vka). With split columns every
+// warpgroup's products span 128 columns, so q, k and dO hold 256 (the
+// columns past the head dim are never loaded; they only feed output
+// columns that are never stored).
+func (v BwdVariant) bwdHopperAtoms() (ka, va, vka int) {
+	ka, va, vka = (v.DKPad()+63)/64, (v.DVPad()+63)/64, (v.DVPad()+63)/64
+	if v.bwdHopperWide() {
+		ka, va = 4, 4
+	}
+	return ka, va, vka
 }
 
 // bwdHopperLayout is the shared-memory map of the Hopper dK/dV kernel:
 // every tile starts on a 1024-byte boundary (the swizzle's period) from a
 // base the kernel aligns, hence 1024 bytes of slack.
 func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
-	ka, va := (v.DKPad()+63)/64, (v.DVPad()+63)/64
-	bm, bn := bwdHopperBM, bwdHopperBN
+	ka, va, vka := v.bwdHopperAtoms()
+	bm, bn := bwdHopperBM, v.bwdHopperTile().BlockN
 	var l bwdSmemLayout
 	add := func(name string, bytes int) {
 		l.add(name, (bytes+1023)/1024*1024)
 	}
 	add("sK", ka*bn*128)     // [KATOMS][BN][64]
-	add("sV", va*bn*128)     // [VATOMS][BN][64]
+	add("sV", vka*bn*128)    // [VKATOMS][BN][64]
 	add("sQ", 2*ka*bm*128)   // [2][KATOMS][BM][64]
 	add("sdO", 2*va*bm*128)  // [2][VATOMS][BM][64]
 	add("sP", bn/64*bm*128)  // [BN/64][BM][64]
@@ -77,17 +105,21 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
 	b.WriteString(wgmmaPrimitives())
-	kq := v.DKPad()
-	if kq == 128 {
-		kq = 64 // dQ split over the two warpgroups
+	dkp, dvp, bn := v.DKPad(), v.DVPad(), v.bwdHopperTile().BlockN
+	b.WriteString(wgmmaSS("wg_s", v.DType, bn/2)) // S, dP: 64 queries x BN/2 keys
+	// dV += Pᵀ·dO, dK += dSᵀ·Q, dQ = dS·K: columns of warpgroup 0 (and of the last one when fewer)
+	nv, nk, nq := dvp, dkp, dkp
+	if v.bwdHopperWide() {
+		nv, nk, nq = 128, 128, 128
+	} else if dkp == 128 {
+		nq = 64 // dQ split over the two warpgroups
 	}
-	b.WriteString(wgmmaSS("wg_s", v.DType, 64))                      // S, dP: 64 queries x 64 keys
-	b.WriteString(wgmmaSST("wg_dv", v.DType, v.DVPad(), true, true)) // dV += Pᵀ·dO
-	if v.DKPad() != v.DVPad() {
-		b.WriteString(wgmmaSST("wg_dk", v.DType, v.DKPad(), true, true)) // dK += dSᵀ·Q
+	b.WriteString(wgmmaSST(fmt.Sprintf("wg_t%d", nv), v.DType, nv, true, true))
+	if nk != nv {
+		b.WriteString(wgmmaSST(fmt.Sprintf("wg_t%d", nk), v.DType, nk, true, true))
 	}
 	if v.AtomicDQ {
-		b.WriteString(wgmmaSST("wg_dq", v.DType, kq, false, true)) // dQ = dS·K
+		b.WriteString(wgmmaSST(fmt.Sprintf("wg_n%d", nq), v.DType, nq, false, true))
 	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
@@ -118,15 +150,18 @@ DEV void load_sw(u32 s, const T* g, long long rs, int rlim) {
 // dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants.
 func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
 	v := g.v
-	t := bwdHopperTile
+	t := v.bwdHopperTile()
 	l := v.bwdHopperLayout()
 	dkp, dvp := v.DKPad(), v.DVPad()
-	ka, va := (dkp+63)/64, (dvp+63)/64
-	split := dkp == 128 // dQ columns split over the warpgroups
+	ka, va, _ := v.bwdHopperAtoms()
+	wide := v.bwdHopperWide()
+	owner := "warpgroup w owns keys 64w .. 64w+63: their dK and dV stay in its registers"
+	if wide {
+		owner = "warpgroup w owns columns 128w .. 128w+127 of dK and dV for all the keys"
+	}
 	fmt.Fprintf(b, `// dK/dV (Hopper, warpgroup products): one block per (key block of %[1]d keys, batch, key head); loops
-// over the query heads of the group and the query blocks that see the keys; warpgroup w owns keys
-// 64w .. 64w+63, whose dK and dV stay in its registers and are written once.
-// grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
+// over the query heads of the group and the query blocks that see the keys; %[11]s,
+// written once. grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
   constexpr int BM = %[4]d, BN = %[1]d, NTH = 256;
   constexpr int DK = %[5]d, DV = %[6]d, DKP = %[7]d, DVP = %[8]d;
@@ -134,13 +169,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
   constexpr int Q_STAGE = %[9]d, DO_STAGE = %[10]d;  // bytes of one stage of the q and dO tiles
   (void)DK; (void)DV;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int wg = warp >> 2;  // warpgroup: keys 64·wg .. 64·wg + 63 of the block
+  const int wg = warp >> 2;  // warpgroup
   (void)tid; (void)g; (void)t4;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
   unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
   const u32 s0 = smem_u32(smem);
-`, t.BlockN, l.total, BwdDKDVKernel, t.BlockM, v.DK, v.DV, dkp, dvp, ka*t.BlockM*128, va*t.BlockM*128)
+`, t.BlockN, l.total, BwdDKDVKernel, t.BlockM, v.DK, v.DV, dkp, dvp, ka*t.BlockM*128, va*t.BlockM*128, owner)
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
 		fmt.Fprintf(b, "  const u32 %s = s0 + %d;\n", name, l.off[name])
 	}
@@ -163,8 +198,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
   };
 `, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"),
 		g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
+	// dK and dV accumulators and their layouts over the warps (rows: keys)
 	tdk := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
 	tdv := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dvp, MT: 1, NT: dvp / 8, Warps: 8}
+	if wide {
+		tdk = bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: 128, MT: 1, NT: 16, Warps: 8}
+		tdv = tdk
+	}
 	b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
 	b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
 	fmt.Fprintf(b, `if (iters > 0) {
@@ -174,18 +214,33 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
     cp_async_commit();
   }
   // ---- matrix descriptors (128-byte swizzle; 8-row groups 1024 bytes apart)
-  // S = Q·Kᵀ, dP = dO·Vᵀ: this warpgroup's 64 rows of K and V, K-major
-  const u64 dKs = sw128_desc(sK + wg * 64 * 128, 16, 1024), dVs = sw128_desc(sV + wg * 64 * 128, 16, 1024);
-  // dV += Pᵀ·dO, dK += dSᵀ·Q: this warpgroup's 64 columns (keys) of P and dS, read M-major
-  const u64 dPt = sw128_desc(sPa + wg * BM * 128, 16, 1024), dSt = sw128_desc(sdSa + wg * BM * 128, 16, 1024);
+  // S = Q·Kᵀ, dP = dO·Vᵀ: this warpgroup's BN/2 rows of K and V, K-major
+  const u64 dKs = sw128_desc(sK + wg * (BN / 2) * 128, 16, 1024), dVs = sw128_desc(sV + wg * (BN / 2) * 128, 16, 1024);
 `, g.in("k").sr, g.in("v").sr)
+	if wide {
+		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: P and dS of all BN = 64 keys, read M-major; dO and Q from this
+  // warpgroup's first column (atom 2·wg), read N-major
+  const int c0 = wg * 128;  // first dK/dV/dQ column of this warpgroup
+  const u64 dPt = sw128_desc(sPa, 16, 1024), dSt = sw128_desc(sdSa, 16, 1024);
+`)
+	} else {
+		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: this warpgroup's 64 keys (atom wg) of P and dS, read M-major
+  constexpr int c0 = 0;  // (every column of dK and dV)
+  const u64 dPt = sw128_desc(sPa + wg * BM * 128, 16, 1024), dSt = sw128_desc(sdSa + wg * BM * 128, 16, 1024);
+`)
+	}
+	split := wide || dkp == 128 // dQ columns split over the warpgroups
 	if v.AtomicDQ {
 		if split {
-			b.WriteString(`  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
-  // warpgroup's 64 columns of dQ (the next 64 columns BN·128 bytes further)
-  const int dq0 = wg * 64;  // first dQ column of this warpgroup
-  const u64 dSk = sw128_desc(sdSa, 16, 1024), dKn = sw128_desc(sK + wg * BN * 128, BN * 128, 1024);
-`)
+			width := 64
+			if wide {
+				width = 128
+			}
+			fmt.Fprintf(b, `  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
+  // warpgroup's first dQ column (the next 64 columns BN·128 bytes further)
+  const int dq0 = wg * %d;
+  const u64 dSk = sw128_desc(sdSa, 16, 1024), dKn = sw128_desc(sK + dq0 / 64 * BN * 128, BN * 128, 1024);
+`, width)
 		} else {
 			b.WriteString(`  // dQ = dS·K (warpgroup 0 alone): dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major
   constexpr int dq0 = 0;
@@ -202,8 +257,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
     if (it + 1 < iters) { load_q(it + 1, st ^ 1); cp_async_commit(); }
 `)
 	g.fullMask(b)
-	b.WriteString(`    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: 64 queries x this warpgroup's 64 keys
-    float accS[1][8][4], accP[1][8][4];
+	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: 64 queries x this warpgroup's BN/2 keys
+    float accS[1][%[1]d][4], accP[1][%[1]d][4];
     {
       const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);
       wgmma_fence();
@@ -218,56 +273,79 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
       fence_acc(accS[0]);
       fence_acc(accP[0]);
     }
-`)
-	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: 64, MT: 1, NT: 8, Warps: 8}
+`, t.BlockN/16)
+	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: t.BlockN / 2, MT: 1, NT: t.BlockN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }
 	g.probs(b, st, "(sL + st * BM)", "(sD + st * BM)", true)
 	g.dsFromDP(b, st, true)
 	g.tileAt = nil
 	b.WriteString(`    fence_proxy_async();
-    __syncthreads();  // P and dS of all 128 keys in shared memory
-    // ---- dV += Pᵀ·dO, dK += dSᵀ·Q over the BM queries: this warpgroup's keys; dO and Q read N-major
+    __syncthreads();  // P and dS of all BN keys in shared memory
+    // ---- dV += Pᵀ·dO, dK += dSᵀ·Q over the BM queries; dO and Q read N-major from column c0
     {
-      const u64 ddo = sw128_desc(sdO + st * DO_STAGE, BM * 128, 1024), dq = sw128_desc(sQ + st * Q_STAGE, BM * 128, 1024);
+      const u64 ddo = sw128_desc(sdO + st * DO_STAGE + c0 / 64 * BM * 128, BM * 128, 1024);
+      const u64 dq = sw128_desc(sQ + st * Q_STAGE + c0 / 64 * BM * 128, BM * 128, 1024);
       fence_acc(accdV[0]);
       fence_acc(accdK[0]);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) {
-        wg_dv(accdV[0], dPt + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
 `)
-	dk := "wg_dk"
-	if dkp == dvp {
-		dk = "wg_dv"
+	// the products of one warpgroup's columns: nv value and nk key columns
+	products := func(indent string, nv, nk int) {
+		acc := func(name string, n, full int) string {
+			if n == full {
+				return name + "[0]"
+			}
+			return fmt.Sprintf("*reinterpret_cast<float (*)[%d][4]>(&%s[0][0])", n/8, name)
+		}
+		fmt.Fprintf(b, `%[1]s#pragma unroll
+%[1]sfor (int kk = 0; kk < BM / 16; ++kk) {
+%[1]s  wg_t%[2]d(%[4]s, dPt + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
+%[1]s  wg_t%[3]d(%[5]s, dSt + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
+%[1]s}
+`, indent, nv, nk, acc("accdV", nv, tdv.NT*8), acc("accdK", nk, tdk.NT*8))
 	}
-	fmt.Fprintf(b, "        %s(accdK[0], dSt + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);\n      }\n      wgmma_commit();\n    }\n", dk)
+	if wide {
+		products("      ", 128, 128) // (the last warpgroup's columns past the head dim are never stored)
+	} else {
+		products("      ", dvp, dkp)
+	}
+	b.WriteString("      wgmma_commit();\n    }\n")
 	if v.AtomicDQ {
-		cond := ""
 		nq := dkp
-		if split {
+		switch {
+		case wide:
+			nq = 128
+		case split:
 			nq = 64
-		} else {
+		}
+		body := func(indent string, n int) {
+			fmt.Fprintf(b, `%[1]s#pragma unroll
+%[1]sfor (int kk = 0; kk < BN / 16; ++kk)
+%[1]s  wg_n%[2]d(%[3]s, dSk + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
+`, indent, n, map[bool]string{true: "accQ", false: fmt.Sprintf("*reinterpret_cast<float (*)[%d][4]>(&accQ[0][0])", n/8)}[n == nq])
+		}
+		cond := ""
+		if !split {
 			cond = "if (wg == 0) "
 		}
-		fmt.Fprintf(b, `    // ---- dQ += dS·K over the block's %[1]d keys (columns dq0 .. dq0 + %[2]d), added to the fp32 accumulator
-    %[3]s{
-      float accQ[%[4]d][4];
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wg_dq(accQ, dSk + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
-      wgmma_commit();
+		fmt.Fprintf(b, `    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[1]d), added to the fp32 accumulator
+    %[2]s{
+      float accQ[%[3]d][4];
+`, nq, cond, nq/8)
+		body("      ", nq)
+		fmt.Fprintf(b, `      wgmma_commit();
       wgmma_wait<0>();
       fence_acc(accQ);
       float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
 #pragma unroll
-      for (int nt = 0; nt < %[4]d; ++nt)
+      for (int nt = 0; nt < %[1]d; ++nt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
           if (i0 + il < n && dq0 + jl < DK) red_add_pair(gq + il * p.dqa_sr + jl, accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
         }
     }
-`, t.BlockN, nq, cond, nq/8)
+`, nq/8)
 	}
 	b.WriteString(`    wgmma_wait<0>();
     fence_acc(accdV[0]);

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
 )
 
 // hopperVariant builds a Hopper variant as the GPU backend does, or fails
@@ -136,4 +137,108 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// bwdHopperVariants are Hopper backward variants over both warpgroup
+// splits (keys up to 128, columns past it), odd staged dims, DK ≠ DV and
+// the element-wise features.
+func bwdHopperVariants() []BwdVariant {
+	var vs []BwdVariant
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {96, 96}, {32, 128}, {256, 256}, {192, 192}, {160, 256}} {
+		for _, atomic := range []bool{true, false} {
+			for _, masked := range []bool{false, true} {
+				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d[0], DV: d[1], Vector: true, AtomicDQ: atomic, Masked: masked, WGMMA: true})
+			}
+		}
+	}
+	return append(vs,
+		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Staged: true, AtomicDQ: true, WGMMA: true},
+		BwdVariant{DType: attn.Float16, DK: 127, DV: 127, Staged: true, Masked: true, WGMMA: true},
+		BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Vector: true, AtomicDQ: true, Masked: true, Softcap: true, Dropout: true,
+			Bias: true, BiasDType: attn.Float32, BiasGrad: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 256, DV: 256, Vector: true, AtomicDQ: true, Varlen: true, Softcap: true, Dropout: true, WGMMA: true},
+	)
+}
+
+func TestBwdHopperSource(t *testing.T) {
+	for _, v := range bwdHopperVariants() {
+		src, err := BwdSource(v)
+		if err != nil {
+			t.Fatalf("%s: %v", v.Key(), err)
+		}
+		for _, want := range []string{"wgmma.mma_async.sync.aligned.m64n", "fence.proxy.async", "sw_elem<BM>(il, jl)", BwdDKDVKernel, BwdDQKernel} {
+			if !strings.Contains(src, want) {
+				t.Fatalf("%s: source lacks %q", v.Key(), want)
+			}
+		}
+		if s := v.DKDVSharedBytes(); s > BwdMaxSharedMemory {
+			t.Errorf("%s: %d bytes of shared memory", v.Key(), s)
+		}
+	}
+}
+
+func TestBwdHopperOK(t *testing.T) {
+	tests := []struct {
+		name string
+		v    BwdVariant
+		want bool
+	}{
+		{"bf16 128", BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true}, true},
+		{"fp16 staged 199", BwdVariant{DType: attn.Float16, DK: 199, DV: 199, Staged: true}, true},
+		{"fp32", BwdVariant{DType: attn.Float32, DK: 64, DV: 64, Vector: true}, false},
+		{"element-wise loads", BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64}, false},
+		{"dk 64 dv 256", BwdVariant{DType: attn.BFloat16, DK: 64, DV: 256, Vector: true}, false},
+		{"dk 320", BwdVariant{DType: attn.BFloat16, DK: 320, DV: 320, Vector: true}, false},
+		{"tile override", BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, Tiles: BwdTiles{DKDV: BwdTile{64, 64, 4, 2, 1}}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := BwdHopperOK(tt.v); got != tt.want {
+				t.Errorf("BwdHopperOK = %v, want %v", got, tt.want)
+			}
+			w := tt.v
+			w.WGMMA = true
+			if err := w.Validate(); (err == nil) != tt.want {
+				t.Errorf("Validate with WGMMA = %v", err)
+			}
+		})
+	}
+}
+
+// TestBwdCompileHopper compiles the Hopper backward variants for sm_90a
+// (NVRTC 12.0 or later; skipped otherwise): no serialized warpgroup
+// products, and at most 32 bytes of spills (head dim 128 with softcap,
+// dropout or bias sits at the register limit).
+func TestBwdCompileHopper(t *testing.T) {
+	c := compilerOrSkip(t)
+	if major, _ := c.Version(); major < 12 {
+		t.Skipf("NVRTC %s cannot target sm_90a", c.VersionString())
+	}
+	vs := bwdHopperVariants()
+	if testing.Short() {
+		vs = []BwdVariant{vs[1], vs[5], vs[17]}
+	}
+	for _, v := range vs {
+		src, err := BwdSource(v)
+		if err != nil {
+			t.Fatalf("%s: %v", v.Key(), err)
+		}
+		out, err := c.Compile(cuda.CompileRequest{Name: v.Key() + ".cu", Source: src, Arch: "sm_90a", Verbose: true, NoCache: true})
+		if err != nil {
+			t.Errorf("%s: %v", v.Key(), err)
+			continue
+		}
+		for _, r := range out.Stats.Resources {
+			if r.Name != BwdDKDVKernel {
+				continue
+			}
+			t.Logf("%s: %d registers, spills %d/%d", v.Key(), r.Registers, r.SpillStores, r.SpillLoads)
+			if r.SpillStores > 32 {
+				t.Errorf("%s spills %d bytes", v.Key(), r.SpillStores)
+			}
+		}
+		if strings.Contains(out.Stats.Log, "wgmma.mma_async instructions are serialized") {
+			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Key(), grepLines(out.Stats.Log, "serialized"))
+		}
+	}
 }
