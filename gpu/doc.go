@@ -21,6 +21,12 @@
 // every query head of its GQA group, so sharing a key head adds no
 // contention.
 //
+// On sm_90 devices, when NVRTC can target sm_90a, the forward and the
+// backward's dK/dV kernel are the Hopper (wgmma) kernels wherever they apply
+// (16-bit types, rows read with 16-byte copies or staged, head dims up to 512
+// forward and 256 backward); elsewhere, and with FLASHATTN_NO_WGMMA set (or
+// Backend.WGMMA cleared for the forward), the mma.sync kernels run.
+//
 // Kernels are chosen per problem (element type, head dims, load width,
 // mask, features) with the tuning table of package kernels, compiled by
 // NVRTC on first use (cached on disk by package cuda and in memory here),

@@ -18,6 +18,16 @@
 // ldmatrix reads are free of bank conflicts and every shared address is a
 // per-lane register plus an immediate (see load.go and NOTES.md).
 //
+// On Hopper (sm_90a) a Variant with WGMMA set generates the warpgroup
+// kernel instead (hopper.go, wgmma.go): one warpgroup per 64 query rows, both
+// products as wgmma.mma_async on shared tiles in the 128-byte swizzled layout
+// those instructions read (matrix descriptors), K and V double-buffered, and
+// the softmax of the next key block running while P·V of the current one is
+// in flight. HopperTile gives its tiles. The backward's dK/dV kernel has the
+// same counterpart (BwdVariant.WGMMA, bwd_hopper.go). Both reuse the
+// element-wise code of the mma.sync kernels: the accumulator layout of a
+// warp is the same.
+//
 // Every inline-PTX primitive sits between PrimitivesBegin and PrimitivesEnd
 // in the generated source, so that a host emulator (package gpu's tests) can
 // replace them and run the kernels without a GPU.
