@@ -28,7 +28,8 @@ type Backend struct {
 	// compiled for sm_90a) wherever it applies (see kernels.HopperTile).
 	// New sets it on sm_90 devices when NVRTC can target sm_90a (12.0 or
 	// later) and FLASHATTN_NO_WGMMA is unset; clearing it selects the
-	// mma.sync kernels everywhere.
+	// mma.sync forward kernels. (The backward reads FLASHATTN_NO_WGMMA at
+	// every call.)
 	WGMMA bool
 
 	fill filler // the random-fill kernel

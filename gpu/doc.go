@@ -24,8 +24,9 @@
 // On sm_90 devices, when NVRTC can target sm_90a, the forward and the
 // backward's dK/dV kernel are the Hopper (wgmma) kernels wherever they apply
 // (16-bit types, rows read with 16-byte copies or staged, head dims up to 512
-// forward and 256 backward); elsewhere, and with FLASHATTN_NO_WGMMA set (or
-// Backend.WGMMA cleared for the forward), the mma.sync kernels run.
+// forward and 256 backward); elsewhere the mma.sync kernels run, and so they
+// do with FLASHATTN_NO_WGMMA set (read by New for the forward, at every call
+// for the backward) or, for the forward only, with Backend.WGMMA cleared.
 //
 // Kernels are chosen per problem (element type, head dims, load width,
 // mask, features) with the tuning table of package kernels, compiled by
