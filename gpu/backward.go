@@ -96,7 +96,7 @@ func backwardHost(dev *cuda.Device, s *cuda.Stream, q, k, v, o, lse, dO attn.Ten
 		return attn.Gradients{}, algo, err
 	}
 	dt := q.DType
-	algo = resolveDQ(p, algo)
+	algo = resolveDQ(p, algo, hopperBackward(p, dt, hopperCapable(dev)))
 	bb := &bwdBuffers{dev: dev}
 	defer bb.free()
 	var a bwdArgs

@@ -12,7 +12,7 @@ type BackwardOptions struct {
 	// DBias, when set, receives dBias: a contiguous [bB, bH, N, M] tensor in
 	// the bias's dtype and shape (DeviceOptions.Bias must be set).
 	DBias *DeviceTensor
-	// DQ selects the dQ algorithm; DQAuto uses SelectDQAlgorithm, and
+	// DQ selects the dQ algorithm; DQAuto uses SelectDQAlgorithmFor, and
 	// Options.Deterministic forces DQSeparate.
 	DQ DQAlgorithm
 	// Workspace is device scratch of at least BackwardWorkspaceBytes bytes
@@ -92,7 +92,7 @@ func (b *Backend) PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, 
 	if err != nil {
 		return opt.DQ, 0, err
 	}
-	algo := resolveDQ(p, opt.DQ)
+	algo := resolveDQ(p, opt.DQ, hopperBackward(p, q.DType, hopperCapable(b.dev)))
 	if err := prepareBackward(b.dev, p, q.DType, a, algo); err != nil {
 		return algo, 0, err
 	}
@@ -112,7 +112,7 @@ func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv
 	if err != nil {
 		return opt.DQ, err
 	}
-	algo := resolveDQ(p, opt.DQ)
+	algo := resolveDQ(p, opt.DQ, hopperBackward(p, q.DType, hopperCapable(b.dev)))
 	need := BackwardWorkspaceBytes(p, q.DType, algo, a.DBias != nil)
 	if opt.Workspace == nil || opt.Workspace.Size() < need {
 		return algo, attn.Errorf(attn.ErrOption, "backward: workspace of %d bytes needed", need)

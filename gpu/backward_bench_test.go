@@ -170,6 +170,14 @@ func TestBackwardBench(t *testing.T) {
 			vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic})
 		}
 	}
+	if hopperCapable(dev) {
+		// the variants the planner picks on this device: compile those ahead
+		for i, v := range vs {
+			if v.WGMMA = true; kernels.BwdHopperOK(v) {
+				vs[i] = v
+			}
+		}
+	}
 	sweep := bwdTileSweepFor(os.Getenv("FLASHATTN_BWD_BENCH_TILES"))
 	for _, c := range sweep {
 		for _, tl := range c.tiles {
@@ -213,7 +221,7 @@ func TestBackwardBench(t *testing.T) {
 				ta, _ := bwdKernelTimes(t, b, s, set, DQAtomic, 2, 7)
 				ts, _ := bwdKernelTimes(t, b, s, set, DQSeparate, 2, 7)
 				fmt.Fprintf(&out, "| %d | %v | %d | %.3f | %.0f | %.3f | %.0f | %v |\n", d, causal, n,
-					ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9, SelectDQAlgorithm(set.p))
+					ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9, SelectDQAlgorithmFor(set.p, hopperBackward(set.p, attn.BFloat16, hopperCapable(dev))))
 				fmt.Fprintf(&out, "|   | kernels | | atomic: dkdv %.3f conv %.3f pre %.3f | | separate: dkdv %.3f dq %.3f | | |\n",
 					ta[kernels.BwdDKDVKernel], ta[kernels.BwdDQConvertKernel], ta[kernels.BwdPreKernel], ts[kernels.BwdDKDVKernel], ts[kernels.BwdDQKernel])
 				set.free()

@@ -15,7 +15,7 @@ import (
 type DQAlgorithm int
 
 const (
-	// DQAuto picks by the measured table (SelectDQAlgorithm); with
+	// DQAuto picks by the measured table (SelectDQAlgorithmFor); with
 	// Options.Deterministic it is always DQSeparate.
 	DQAuto DQAlgorithm = iota
 	// DQAtomic accumulates dQ in fp32 with atomic adds from the dK/dV
@@ -40,29 +40,45 @@ func (a DQAlgorithm) String() string {
 
 // dqRule is one row of the dQ algorithm table: problems whose padded head
 // dimension is at most MaxDim and whose query length per head is at least
-// MinN (and below MaxN, 0 meaning unbounded) use Algo.
+// MinN (and below MaxN, 0 meaning unbounded) use Algo. Hopper says which
+// kernels the row is for: -1 any, 0 the mma.sync kernels, 1 the Hopper
+// (wgmma) kernels.
 type dqRule struct {
 	MaxDim     int
 	Causal     int // -1 any, 0 not causal/windowed, 1 masked
 	MinN, MaxN int
+	Hopper     int
 	Algo       DQAlgorithm
 }
 
 // dqTable is the measured choice of dQ algorithm per shape class, first
 // matching row wins. See kernels/NOTES-bwd.md for the measurements.
 var dqTable = []dqRule{
-	// bf16 on the H200 (2026-12-02, second table), N = 1K…16K causal or
-	// not, and the head-dim spectrum 64…512 at N = 4K: since the atomic dQ
-	// adds accumulator pairs (8-byte vector atomics) it wins everywhere
-	// measured, by 10–23 % up to D=128, 1–11 % beyond (see
-	// kernels/NOTES-bwd.md). Options.Deterministic still picks DQSeparate.
-	{MaxDim: 512, Causal: -1, Algo: DQAtomic},
+	// bf16 on the H200 (2026-12-03), the Hopper kernels, N = 4K causal or
+	// not and the head-dim spectrum: the atomic dQ is 5–15 % faster up to
+	// D = 128; past it, where the dK/dV kernel's warpgroups split columns
+	// over 64 keys, its atomics cost more than the separate dQ kernel
+	// (D = 256: 4.74 ms separate, 5.61 atomic).
+	{MaxDim: 128, Causal: -1, Hopper: 1, Algo: DQAtomic},
+	{MaxDim: 256, Causal: -1, Hopper: 1, Algo: DQSeparate},
+	// bf16 on the H200 (2026-12-02, second table), the mma.sync kernels, N =
+	// 1K…16K causal or not, and the head-dim spectrum 64…512 at N = 4K:
+	// since the atomic dQ adds accumulator pairs (8-byte vector atomics) it
+	// wins everywhere measured, by 10–23 % up to D=128, 1–11 % beyond.
+	// Options.Deterministic still picks DQSeparate.
+	{MaxDim: 512, Causal: -1, Hopper: -1, Algo: DQAtomic},
 }
 
 // SelectDQAlgorithm returns the dQ algorithm the backward uses for p when
+// asked for DQAuto on the mma.sync kernels (SelectDQAlgorithmFor with
+// hopper false).
+func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm { return SelectDQAlgorithmFor(p, false) }
+
+// SelectDQAlgorithmFor returns the dQ algorithm the backward uses for p when
 // asked for DQAuto: DQSeparate when p.Opt.Deterministic is set, otherwise
-// the first matching row of the measured table.
-func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm {
+// the first matching row of the measured table; hopper says that the Hopper
+// kernels run p (see kernels.BwdHopperOK).
+func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
 	if p.Opt.Deterministic {
 		return DQSeparate
 	}
@@ -74,16 +90,27 @@ func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm {
 		if r.Causal >= 0 && (r.Causal == 1) != p.Masked {
 			continue
 		}
+		if r.Hopper >= 0 && (r.Hopper == 1) != hopper {
+			continue
+		}
 		return r.Algo
 	}
 	return DQSeparate
 }
 
-// resolveDQ turns DQAuto into a concrete algorithm; Deterministic always
-// wins over an explicit DQAtomic.
-func resolveDQ(p *attn.Problem, a DQAlgorithm) DQAlgorithm {
+// hopperBackward reports whether the backward of p in dt runs the Hopper
+// kernels on a device where they are available (hopper): the kernels'
+// conditions, assuming rows that allow 16-byte copies or staging (as
+// contiguous tensors do). It steers the choice of dQ algorithm only.
+func hopperBackward(p *attn.Problem, dt attn.DType, hopper bool) bool {
+	return hopper && kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: p.DK, DV: p.DV, Vector: true})
+}
+
+// resolveDQ turns DQAuto into a concrete algorithm (hopper: the Hopper
+// kernels run p); Deterministic always wins over an explicit DQAtomic.
+func resolveDQ(p *attn.Problem, a DQAlgorithm, hopper bool) DQAlgorithm {
 	if a == DQAuto || p.Opt.Deterministic {
-		return SelectDQAlgorithm(p)
+		return SelectDQAlgorithmFor(p, hopper)
 	}
 	return a
 }
@@ -185,11 +212,15 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 }
 
 // BackwardWorkspaceBytes returns the device scratch a backward call of p
-// in dtype dt with dQ algorithm algo (DQAuto resolved as the call would)
-// needs; dbias says whether the call computes dBias. Head dims that are not
-// multiples of 16 bytes add padded copies of q, k, v and dO.
+// in dtype dt with dQ algorithm algo needs (DQAuto: enough for either
+// algorithm, since the choice depends on the device's kernels); dbias says
+// whether the call computes dBias. Head dims that are not multiples of 16
+// bytes add padded copies of q, k, v and dO.
 func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, dbias bool) int64 {
-	return backwardWorkspace(p, dt, resolveDQ(p, algo), dbias).total
+	if algo == DQAuto && !p.Opt.Deterministic {
+		return max(backwardWorkspace(p, dt, DQAtomic, dbias).total, backwardWorkspace(p, dt, DQSeparate, dbias).total)
+	}
+	return backwardWorkspace(p, dt, resolveDQ(p, algo, false), dbias).total
 }
 
 // bwdModule is one compiled backward variant.
@@ -402,7 +433,7 @@ type bwdPlan struct {
 // hopper allows the Hopper dK/dV kernel where it applies (sms: the device's
 // multiprocessors).
 func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int, hopper bool) (*bwdPlan, error) {
-	algo = resolveDQ(p, algo)
+	algo = resolveDQ(p, algo, hopperBackward(p, dt, hopper))
 	if a.DBias != nil && a.Bias == nil {
 		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")
 	}
@@ -459,14 +490,14 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 
 // enqueueBackward enqueues the backward pass of p on stream s: dQ, dK, dV
 // (and dBias when a.DBias is set) from the device buffers of a, with dQ
-// algorithm algo (DQAuto: SelectDQAlgorithm). It only enqueues: no host
+// algorithm algo (DQAuto: SelectDQAlgorithmFor). It only enqueues: no host
 // synchronisation, no host arithmetic on the data, so a caller may capture
 // it in a CUDA graph. The kernels compile on first use of a variant (call
 // prepareBackward before capturing). It returns the algorithm it used.
 func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) (DQAlgorithm, error) {
 	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopperCapable(dev))
 	if err != nil {
-		return resolveDQ(p, algo), err
+		return resolveDQ(p, algo, hopperBackward(p, dt, hopperCapable(dev))), err
 	}
 	m, err := bwdModuleFor(dev, pl.v)
 	if err != nil {

@@ -10,21 +10,31 @@ import (
 // Deterministic always gets the separate (bit-for-bit) algorithm.
 func TestSelectDQAlgorithm(t *testing.T) {
 	cases := []struct {
-		name string
-		p    attn.Problem
-		ask  DQAlgorithm
-		want DQAlgorithm
+		name   string
+		p      attn.Problem
+		hopper bool
+		ask    DQAlgorithm
+		want   DQAlgorithm
 	}{
-		{"d64 short", attn.Problem{N: 512, M: 512, DK: 64, DV: 64}, DQAuto, DQAtomic},
-		{"d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, DQAuto, DQAtomic},
-		{"d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 384}, DQAuto, DQAtomic},
-		{"deterministic", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Opt: attn.Options{Deterministic: true}}, DQAuto, DQSeparate},
-		{"deterministic beats an explicit atomic", attn.Problem{N: 64, M: 64, DK: 64, DV: 64, Opt: attn.Options{Deterministic: true}}, DQAtomic, DQSeparate},
-		{"explicit separate", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64}, DQSeparate, DQSeparate},
+		{"d64 short", attn.Problem{N: 512, M: 512, DK: 64, DV: 64}, false, DQAuto, DQAtomic},
+		{"d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, false, DQAuto, DQAtomic},
+		{"d256 mma.sync", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, false, DQAuto, DQAtomic},
+		{"d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 384}, false, DQAuto, DQAtomic},
+		{"hopper d128", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128}, true, DQAuto, DQAtomic},
+		{"hopper d256", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256, Masked: true}, true, DQAuto, DQSeparate},
+		{"hopper d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 512}, true, DQAuto, DQAtomic},
+		{"deterministic", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Opt: attn.Options{Deterministic: true}}, false, DQAuto, DQSeparate},
+		{"deterministic beats an explicit atomic", attn.Problem{N: 64, M: 64, DK: 64, DV: 64, Opt: attn.Options{Deterministic: true}}, true, DQAtomic, DQSeparate},
+		{"explicit separate", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64}, false, DQSeparate, DQSeparate},
+		{"explicit atomic on hopper", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, true, DQAtomic, DQAtomic},
 	}
 	for _, c := range cases {
-		if got := resolveDQ(&c.p, c.ask); got != c.want {
-			t.Errorf("%s: resolveDQ(%v) = %v, want %v", c.name, c.ask, got, c.want)
+		if got := resolveDQ(&c.p, c.ask, c.hopper); got != c.want {
+			t.Errorf("%s: resolveDQ(%v, hopper %v) = %v, want %v", c.name, c.ask, c.hopper, got, c.want)
 		}
+	}
+	// the Hopper kernels run 16-bit head dims up to 256, not fp32
+	if !hopperBackward(&attn.Problem{DK: 256, DV: 256}, attn.BFloat16, true) || hopperBackward(&attn.Problem{DK: 256, DV: 256}, attn.Float32, true) {
+		t.Error("hopperBackward: wrong kernels for bf16 or fp32 at D=256")
 	}
 }

@@ -102,8 +102,9 @@ type BwdVariant struct {
 	Staged bool
 	// Tiles overrides the default tile shapes when its fields are non-zero.
 	Tiles BwdTiles
-	// WGMMA selects the Hopper dK/dV kernel (sm_90a; see bwd_hopper.go and
-	// BwdHopperOK for what it takes). The module then runs only on sm_90.
+	// WGMMA selects the Hopper dK/dV and dQ kernels (sm_90a; see
+	// bwd_hopper.go and BwdHopperOK for what they take). The module then runs
+	// only on sm_90.
 	WGMMA bool
 }
 
@@ -186,7 +187,7 @@ func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
 func (v BwdVariant) ResolvedTiles() BwdTiles {
 	t := defaultBwdTiles(v.DType, v.DKPad(), v.DVPad())
 	if v.WGMMA {
-		t.DKDV = v.bwdHopperTile()
+		t.DKDV, t.DQ = v.bwdHopperTile(), v.bwdHopperDQTile()
 	}
 	if v.Tiles.DKDV.BlockM != 0 {
 		t.DKDV = v.Tiles.DKDV
@@ -214,6 +215,9 @@ func (v BwdVariant) DKDVSharedBytes() int {
 
 // DQSharedBytes returns the dynamic shared memory of the dQ kernel.
 func (v BwdVariant) DQSharedBytes() int {
+	if v.WGMMA {
+		return v.bwdHopperDQLayout().total
+	}
 	t := v.ResolvedTiles().DQ
 	l := v.dqLayout(t)
 	return l.total
@@ -299,11 +303,15 @@ func (v BwdVariant) Validate() error {
 	if v.WGMMA {
 		dkdvLayout = v.bwdHopperLayout()
 	}
+	dqLayout := v.dqLayout(t.DQ)
+	if v.WGMMA {
+		dqLayout = v.bwdHopperDQLayout()
+	}
 	for _, x := range []struct {
 		name string
 		t    BwdTile
 		l    bwdSmemLayout
-	}{{"dkdv", t.DKDV, dkdvLayout}, {"dq", t.DQ, v.dqLayout(t.DQ)}} {
+	}{{"dkdv", t.DKDV, dkdvLayout}, {"dq", t.DQ, dqLayout}} {
 		tt := x.t
 		if tt.BlockM <= 0 || tt.BlockN <= 0 || tt.BlockM%16 != 0 || tt.BlockN%16 != 0 {
 			return attn.Errorf(attn.ErrUnsupported, "backward %s tile %dx%d: sides must be positive multiples of 16", x.name, tt.BlockM, tt.BlockN)

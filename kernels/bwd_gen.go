@@ -16,6 +16,10 @@ type bwdGen struct {
 	// shared P or dS tile named tile (the Hopper kernel's swizzled layout);
 	// nil means padded rows of LDS elements.
 	tileAt func(tile string) string
+	// dsRegs makes dsFromDP leave dS in registers, packed as 16-bit pairs
+	// in dsp[mt][nt][hh] (the Hopper dQ kernel's A operand), instead of
+	// storing it to shared memory.
+	dsRegs bool
 }
 
 // at returns the C address of element (il, jl) of the shared tile named tile.
@@ -34,6 +38,9 @@ func newBwdGen(v BwdVariant) *bwdGen {
 // validation of the warp tilings.
 func (v BwdVariant) products() []bwdProduct {
 	g := newBwdGen(v)
+	if v.WGMMA {
+		return nil // (warpgroup products: no warp tiling to validate)
+	}
 	return append(g.dkdvProducts(0), g.dqProducts(0)...)
 }
 
@@ -230,10 +237,11 @@ func (g *bwdGen) source() string {
 	g.dbiasKernel(&b)
 	if g.v.WGMMA {
 		g.dkdvKernelHopper(&b)
+		g.dqKernelHopper(&b)
 	} else {
 		g.dkdvKernel(&b)
+		g.dqKernel(&b)
 	}
-	g.dqKernel(&b)
 	return b.String()
 }
 
@@ -476,6 +484,10 @@ func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
 	if v.Softcap {
 		b.WriteString("        d *= fc[mt][nt][hh * 2 + c];\n")
 	}
+	if g.dsRegs {
+		b.WriteString("        ds[c] = d;\n      }\n      dsp[mt][nt][hh] = pack2(ds[0], ds[1]);\n    }\n")
+		return
+	}
 	fmt.Fprintf(b, "        ds[c] = d;\n      }\n      st_pair(%s, ds[0], ds[1]);\n    }\n", g.at("sdS"))
 }
 
@@ -671,23 +683,8 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 `, t.BlockM, t.Warps*32, l.total, t.Warps*32, t.MinBlocks, BwdDQKernel)
 	g.kernelConsts(b, t)
 	bwdSmemDecls(b, l)
-	b.WriteString("  const int b = blockIdx.y, h = blockIdx.z, i0 = blockIdx.x * BM;\n")
-	g.segment(b)
-	b.WriteString(`  if (i0 >= n) return;
-  const int kvh = h / (p.H / p.Hkv);
-  const int off = p.bottom_right ? m - n : 0;
-  const int iend = min(i0 + BM, n);
-  int jlo = 0, jhi = m;
-`)
-	if v.Masked {
-		b.WriteString(`  if (p.left >= 0) jlo = max(jlo, i0 + off - p.left);
-  if (p.right >= 0) jhi = min(jhi, iend - 1 + off + p.right + 1);
-`)
-	}
-	fmt.Fprintf(b, `  (void)iend;
-  const int jb0 = jlo / BN;
-  const int njb = jhi > jlo ? (jhi + BN - 1) / BN - jb0 : 0;
-  auto load_kv = [&](int it, int s) {
+	g.dqKeyRange(b)
+	fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
     load_tile<BN, DKP, LDK, DK, NTH>(sK + s * %d, %s, %s, m - jk);
     load_tile<BN, DVP, LDV, DV, NTH>(sV + s * %d, %s, %s, m - jk);
@@ -738,5 +735,29 @@ func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
   const int ib0 = ilo / BM;
   const int nib = ihi > ilo ? (ihi + BM - 1) / BM - ib0 : 0;
   const int G = p.H / p.Hkv, iters = nib * G;
+`)
+}
+
+// dqKeyRange writes the start of a dQ kernel after its declarations: the
+// block's batch element, query head and first query i0, the segment, the
+// early exit of a block past the queries, and the key blocks (from jb0,
+// njb of them) its rows can see.
+func (g *bwdGen) dqKeyRange(b *strings.Builder) {
+	b.WriteString("  const int b = blockIdx.y, h = blockIdx.z, i0 = blockIdx.x * BM;\n")
+	g.segment(b)
+	b.WriteString(`  if (i0 >= n) return;
+  const int kvh = h / (p.H / p.Hkv);
+  const int off = p.bottom_right ? m - n : 0;
+  const int iend = min(i0 + BM, n);
+  int jlo = 0, jhi = m;
+`)
+	if g.v.Masked {
+		b.WriteString(`  if (p.left >= 0) jlo = max(jlo, i0 + off - p.left);
+  if (p.right >= 0) jhi = min(jhi, iend - 1 + off + p.right + 1);
+`)
+	}
+	b.WriteString(`  (void)iend;
+  const int jb0 = jlo / BN;
+  const int njb = jhi > jlo ? (jhi + BN - 1) / BN - jb0 : 0;
 `)
 }

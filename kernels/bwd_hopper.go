@@ -121,6 +121,10 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.AtomicDQ {
 		b.WriteString(wgmmaSST(fmt.Sprintf("wg_n%d", nq), v.DType, nq, false, true))
 	}
+	b.WriteString(wgmmaRS("wg_rq", v.DType, dkp)) // separate dQ += dS·K, dS from registers
+	if dq := v.bwdHopperDQTile().BlockN; dq != bn/2 {
+		b.WriteString(wgmmaSS(fmt.Sprintf("wg_s%d", dq), v.DType, dq))
+	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
 // atom c/8, row r, chunk (c mod 8) ^ (r mod 8).
@@ -357,4 +361,144 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
 	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
 	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
 	b.WriteString("}\n\n")
+}
+
+// bwdHopperDQTile returns the tile of the Hopper dQ kernel (the separate
+// algorithm): two warpgroups of 64 query rows, BN keys a step (fewer past
+// head dim 128, where q, dO and two stages of k and v fill shared memory).
+func (v BwdVariant) bwdHopperDQTile() BwdTile {
+	bn := 64
+	if v.bwdHopperWide() {
+		bn = 32
+	}
+	return BwdTile{BlockM: 128, BlockN: bn, Warps: 8, Stages: 2, MinBlocks: 1}
+}
+
+// bwdHopperDQLayout is the shared-memory map of the Hopper dQ kernel (every
+// tile 1024-byte aligned from a base the kernel aligns).
+func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
+	ka, va := (v.DKPad()+63)/64, (v.DVPad()+63)/64
+	t := v.bwdHopperDQTile()
+	var l bwdSmemLayout
+	add := func(name string, bytes int) {
+		l.add(name, (bytes+1023)/1024*1024)
+	}
+	add("sQ", ka*t.BlockM*128)   // [KATOMS][BM][64]
+	add("sdO", va*t.BlockM*128)  // [VATOMS][BM][64]
+	add("sK", 2*ka*t.BlockN*128) // [2][KATOMS][BN][64]
+	add("sV", 2*va*t.BlockN*128) // [2][VATOMS][BN][64]
+	add("sL", t.BlockM*4)        // [BM] LSE2
+	add("sD", t.BlockM*4)        // [BM] Delta
+	l.total += 1024
+	return l
+}
+
+// dqKernelHopper writes BwdDQKernel for WGMMA variants: the separate dQ
+// algorithm with warpgroup products. Warpgroup w owns query rows 64w ..
+// 64w+63 of the block; for every visible key block it recomputes S and dP
+// (both operands from shared memory), P and dS with the element-wise code of
+// the other kernels, and adds dS·K with dS straight from registers (the
+// accumulator of two 8-key blocks is the A operand of one k16 step). No
+// atomics: bit-for-bit deterministic.
+func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
+	v := g.v
+	t := v.bwdHopperDQTile()
+	l := v.bwdHopperDQLayout()
+	dkp, dvp := v.DKPad(), v.DVPad()
+	ka, va := (dkp+63)/64, (dvp+63)/64
+	ws := "wg_s"
+	if t.BlockN != v.bwdHopperTile().BlockN/2 {
+		ws = fmt.Sprintf("wg_s%d", t.BlockN)
+	}
+	fmt.Fprintf(b, `// dQ (separate algorithm, Hopper warpgroup products): one block per (query block of %[1]d rows,
+// batch, query head), warpgroup w owning rows 64w .. 64w+63; loops over the visible key blocks
+// recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.
+// grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
+  constexpr int BM = %[1]d, BN = %[4]d, NTH = 256;
+  constexpr int DK = %[5]d, DV = %[6]d, DKP = %[7]d, DVP = %[8]d;
+  constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
+  constexpr int K_STAGE = %[9]d, V_STAGE = %[10]d;  // bytes of one stage of the k and v tiles
+  (void)DK; (void)DV;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wg = warp >> 2;  // warpgroup: query rows 64·wg .. 64·wg + 63 of the block
+  (void)tid; (void)g; (void)t4;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
+  const u32 s0 = smem_u32(smem);
+  const u32 sQ = s0 + %[11]d, sdO = s0 + %[12]d, sK = s0 + %[13]d, sV = s0 + %[14]d;
+  float* sL = reinterpret_cast<float*>(smem + %[15]d);
+  float* sD = reinterpret_cast<float*>(smem + %[16]d);
+`, t.BlockM, l.total, BwdDQKernel, t.BlockN, v.DK, v.DV, dkp, dvp, ka*t.BlockN*128, va*t.BlockN*128,
+		l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
+	g.dqKeyRange(b)
+	fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
+    const int jk = (jb0 + it) * BN;
+    load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE, %s, %s, m - jk);
+    load_sw<BN, VCH, DV, NTH>(sV + s * V_STAGE, %s, %s, m - jk);
+  };
+`, g.in("k").at("jk", "kvh"), g.in("k").sr, g.in("v").at("jk", "kvh"), g.in("v").sr)
+	tq := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
+	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
+	fmt.Fprintf(b, `if (njb > 0) {
+    load_sw<BM, KCH, DK, NTH>(sQ, %s, %s, n - i0);
+    load_sw<BM, VCH, DV, NTH>(sdO, %s, %s, n - i0);
+    const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
+    load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);
+    load_kv(0, 0);
+    cp_async_commit();
+  }
+  // ---- matrix descriptors: this warpgroup's 64 rows of q and dO (K-major)
+  const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024), ddo = sw128_desc(sdO + wg * 64 * 128, 16, 1024);
+  for (int it = 0; it < njb; ++it) {
+    const int st = it & 1;
+    const int j0 = (jb0 + it) * BN;
+    cp_async_wait0();
+    fence_proxy_async();
+    __syncthreads();  // tile it landed for every thread; every warpgroup is done with tile it-1
+    if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }
+`, g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr)
+	g.fullMask(b)
+	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: this warpgroup's 64 queries x BN keys (K and V K-major)
+    float accS[1][%[1]d][4], accP[1][%[1]d][4];
+    {
+      const u64 dk = sw128_desc(sK + st * K_STAGE, 16, 1024), dv = sw128_desc(sV + st * V_STAGE, 16, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < DKP / 16; ++kk)
+        %[2]s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < DVP / 16; ++kk)
+        %[2]s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dv + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(accS[0]);
+      fence_acc(accP[0]);
+    }
+    u32 dsp[1][%[1]d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K
+`, t.BlockN/8, ws)
+	st := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: t.BlockN, MT: 1, NT: t.BlockN / 8, Warps: 8}
+	g.probs(b, st, "sL", "sD", false)
+	g.dsRegs = true
+	g.dsFromDP(b, st, false)
+	g.dsRegs = false
+	b.WriteString(`    // ---- dQ += dS·K over the BN keys: K read N-major (the next 64 columns BN·128 bytes further)
+    {
+      const u64 dkn = sw128_desc(sK + st * K_STAGE, BN * 128, 1024);
+      fence_acc(accQ[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        const u32 a[4] = {dsp[0][2 * kk][0], dsp[0][2 * kk][1], dsp[0][2 * kk + 1][0], dsp[0][2 * kk + 1][1]};
+        wg_rq(accQ[0], a, dkn + (u64)((kk * 2048) >> 4));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(accQ[0]);
+    }
+  }
+  T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;
+`)
+	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
+	b.WriteString("}\n")
 }
