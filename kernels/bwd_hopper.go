@@ -164,22 +164,11 @@ func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
 		owner = "warpgroup w owns columns 128w .. 128w+127 of dK and dV for all the keys"
 	}
 	fmt.Fprintf(b, `// dK/dV (Hopper, warpgroup products): one block per (key block of %[1]d keys, batch, key head); loops
-// over the query heads of the group and the query blocks that see the keys; %[11]s,
+// over the query heads of the group and the query blocks that see the keys; %[4]s,
 // written once. grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
-  constexpr int BM = %[4]d, BN = %[1]d, NTH = 256;
-  constexpr int DK = %[5]d, DV = %[6]d, DKP = %[7]d, DVP = %[8]d;
-  constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
-  constexpr int Q_STAGE = %[9]d, DO_STAGE = %[10]d;  // bytes of one stage of the q and dO tiles
-  (void)DK; (void)DV;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int wg = warp >> 2;  // warpgroup
-  (void)tid; (void)g; (void)t4;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
-  unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
-  const u32 s0 = smem_u32(smem);
-`, t.BlockN, l.total, BwdDKDVKernel, t.BlockM, v.DK, v.DV, dkp, dvp, ka*t.BlockM*128, va*t.BlockM*128, owner)
+`, t.BlockN, l.total, BwdDKDVKernel, owner)
+	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
 		fmt.Fprintf(b, "  const u32 %s = s0 + %d;\n", name, l.off[name])
 	}
@@ -415,22 +404,12 @@ func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
 // recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.
 // grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
-  constexpr int BM = %[1]d, BN = %[4]d, NTH = 256;
-  constexpr int DK = %[5]d, DV = %[6]d, DKP = %[7]d, DVP = %[8]d;
-  constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
-  constexpr int K_STAGE = %[9]d, V_STAGE = %[10]d;  // bytes of one stage of the k and v tiles
-  (void)DK; (void)DV;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int wg = warp >> 2;  // warpgroup: query rows 64·wg .. 64·wg + 63 of the block
-  (void)tid; (void)g; (void)t4;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
-  const u32 s0 = smem_u32(smem);
-  const u32 sQ = s0 + %[11]d, sdO = s0 + %[12]d, sK = s0 + %[13]d, sV = s0 + %[14]d;
-  float* sL = reinterpret_cast<float*>(smem + %[15]d);
-  float* sD = reinterpret_cast<float*>(smem + %[16]d);
-`, t.BlockM, l.total, BwdDQKernel, t.BlockN, v.DK, v.DV, dkp, dvp, ka*t.BlockN*128, va*t.BlockN*128,
-		l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
+`, t.BlockM, l.total, BwdDQKernel)
+	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
+	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
+  float* sL = reinterpret_cast<float*>(smem + %d);
+  float* sD = reinterpret_cast<float*>(smem + %d);
+`, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
 	g.dqKeyRange(b)
 	fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
@@ -501,4 +480,25 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
 `)
 	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
 	b.WriteString("}\n")
+}
+
+// hopperPreamble writes the opening of a Hopper backward kernel: its tile
+// constants (with the byte sizes of one stage of its two streamed tiles,
+// named s1 and s2, which hold what), the thread's coordinates (warpgroup
+// wg), and the shared base aligned to the swizzle's 1024-byte period (s0).
+func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, s1 string, b1 int, s2 string, b2 int, what string) {
+	v := g.v
+	fmt.Fprintf(b, `  constexpr int BM = %d, BN = %d, NTH = 256;
+  constexpr int DK = %d, DV = %d, DKP = %d, DVP = %d;
+  constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
+  constexpr int %s = %d, %s = %d;  // bytes of one stage of the %s tiles
+  (void)DK; (void)DV;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wg = warp >> 2;  // warpgroup
+  (void)tid; (void)g; (void)t4;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
+  unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
+  const u32 s0 = smem_u32(smem);
+`, t.BlockM, t.BlockN, v.DK, v.DV, v.DKPad(), v.DVPad(), s1, b1, s2, b2, what)
 }
