@@ -430,7 +430,7 @@ type bwdPlan struct {
 }
 
 // planBackward validates a backward call and returns its launch sequence;
-// hopper allows the Hopper dK/dV kernel where it applies (sms: the device's
+// hopper allows the Hopper dK/dV and dQ kernels where they apply (sms: the device's
 // multiprocessors).
 func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int, hopper bool) (*bwdPlan, error) {
 	algo = resolveDQ(p, algo, hopperBackward(p, dt, hopper))

@@ -729,7 +729,7 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 			hopper++
 		}
 	}
-	t.Logf("compiled %d backward variants (%d with the Hopper dK/dV kernel) in %.1fs", len(uniq), hopper, time.Since(start).Seconds())
+	t.Logf("compiled %d backward variants (%d with the Hopper kernels) in %.1fs", len(uniq), hopper, time.Since(start).Seconds())
 }
 
 // variant returns the kernel variant a backward of in with algo uses

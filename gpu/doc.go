@@ -22,7 +22,7 @@
 // contention.
 //
 // On sm_90 devices, when NVRTC can target sm_90a, the forward and the
-// backward's dK/dV kernel are the Hopper (wgmma) kernels wherever they apply
+// backward's dK/dV and dQ kernels are the Hopper (wgmma) kernels wherever they apply
 // (16-bit types, rows read with 16-byte copies or staged, head dims up to 512
 // forward and 256 backward); elsewhere the mma.sync kernels run, and so they
 // do with FLASHATTN_NO_WGMMA set (read by New for the forward, at every call

@@ -7,7 +7,10 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// The Hopper dK/dV kernel (BwdVariant.WGMMA, sm_90a).
+// The Hopper backward kernels (BwdVariant.WGMMA, sm_90a): dK/dV below, the
+// separate dQ kernel at dqKernelHopper.
+//
+// The dK/dV kernel.
 //
 // A block owns BN keys of one (batch, key head) and two warpgroups. For
 // every query head of the group and every query block of BM = 64 rows that
@@ -54,7 +57,7 @@ func (v BwdVariant) bwdHopperTile() BwdTile {
 	return BwdTile{BlockM: bwdHopperBM, BlockN: bn, Warps: 8, Stages: 2, MinBlocks: 1}
 }
 
-// BwdHopperOK reports whether the Hopper dK/dV kernel can run a backward
+// BwdHopperOK reports whether the Hopper backward kernels can run a backward
 // of v's dtype, head dims and load kind (ignoring v.WGMMA itself): 16-bit
 // elements, rows read with 16-byte copies (Vector or Staged), padded head
 // dims both at most 128 or both from 129 to 256, and no tile override.
