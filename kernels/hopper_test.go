@@ -243,3 +243,45 @@ func TestBwdCompileHopper(t *testing.T) {
 		}
 	}
 }
+
+// TestHopperTable checks that the Hopper tile of every 16-bit head-dim pair
+// (as the backend pads them, to 16) and feature set validates, and that the
+// whole range 1..512 is covered.
+func TestHopperTable(t *testing.T) {
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16} {
+		for dk := 16; dk <= attn.MaxHeadDim; dk += 16 {
+			for _, dv := range []int{16, dk, attn.MaxHeadDim + 16 - dk} {
+				for _, f := range fwdFeatures {
+					v := Variant{DType: dt, DK: dk, DV: dv, LoadBytes: 16, LSE: true}
+					if f.set != nil {
+						f.set(&v)
+					}
+					tile, ok := HopperTile(v)
+					if !ok {
+						t.Fatalf("HopperTile(%v, %d/%d, %s) refused", dt, dk, dv, f.name)
+					}
+					if err := tile.Apply(v).Validate(); err != nil {
+						t.Fatalf("Hopper tile of %v %d/%d %s: %v", dt, dk, dv, f.name, err)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestBwdHopperValidAll checks that every 16-bit head-dim pair the Hopper
+// backward takes validates with both dQ algorithms and the features.
+func TestBwdHopperValidAll(t *testing.T) {
+	for d := 1; d <= 256; d++ {
+		for _, atomic := range []bool{false, true} {
+			v := BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic, Masked: true,
+				Softcap: true, Dropout: true, Bias: true, BiasDType: attn.BFloat16, BiasGrad: true, WGMMA: true}
+			if !BwdHopperOK(v) {
+				t.Fatalf("BwdHopperOK refused D=%d", d)
+			}
+			if err := v.Validate(); err != nil {
+				t.Fatalf("D=%d atomic=%v: %v", d, atomic, err)
+			}
+		}
+	}
+}
