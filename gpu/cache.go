@@ -98,6 +98,11 @@ func (b *Backend) speculate(v kernels.Variant) {
 		if dt == attn.Float32 && w.LoadBytes == 2 {
 			w.LoadBytes = 4
 		}
+		if t, ok := kernels.HopperTile(w); ok && b.WGMMA {
+			vs = append(vs, t.Apply(w)) // the kernel plan would pick for that type
+			continue
+		}
+		w.WGMMA = false
 		tile, err := kernels.TileForVariant(w)
 		if err != nil {
 			continue
