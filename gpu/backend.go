@@ -323,16 +323,20 @@ const EnvNoWGMMA = "FLASHATTN_NO_WGMMA"
 // hopperCapable reports whether the Hopper kernels can run on dev: an sm_90
 // device, an NVRTC that targets sm_90a, and no EnvNoWGMMA.
 func hopperCapable(dev *cuda.Device) bool {
-	if v := os.Getenv(EnvNoWGMMA); v != "" && v != "0" {
+	major, minor := dev.ComputeCapability()
+	nvrtc := 0
+	if c, err := cuda.NewCompiler(); err == nil {
+		nvrtc, _ = c.Version()
+	}
+	return hopperAllowed(major, minor, nvrtc, os.Getenv(EnvNoWGMMA))
+}
+
+// hopperAllowed is the rule of hopperCapable: compute capability 9.0 exactly
+// (sm_90a code runs nowhere else), NVRTC 12 or later (0: none loaded), and
+// the opt-out variable empty or "0".
+func hopperAllowed(major, minor, nvrtcMajor int, noWGMMA string) bool {
+	if noWGMMA != "" && noWGMMA != "0" {
 		return false
 	}
-	if major, minor := dev.ComputeCapability(); major != 9 || minor != 0 {
-		return false
-	}
-	c, err := cuda.NewCompiler()
-	if err != nil {
-		return false
-	}
-	major, _ := c.Version()
-	return major >= 12
+	return major == 9 && minor == 0 && nvrtcMajor >= 12
 }

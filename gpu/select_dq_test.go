@@ -38,3 +38,26 @@ func TestSelectDQAlgorithm(t *testing.T) {
 		t.Error("hopperBackward: wrong kernels for bf16 or fp32 at D=256")
 	}
 }
+
+func TestHopperAllowed(t *testing.T) {
+	tests := []struct {
+		name                string
+		major, minor, nvrtc int
+		env                 string
+		want                bool
+	}{
+		{"H100/H200, NVRTC 13", 9, 0, 13, "", true},
+		{"NVRTC 12", 9, 0, 12, "", true},
+		{"opt-out 0 keeps them", 9, 0, 13, "0", true},
+		{"opted out", 9, 0, 13, "1", false},
+		{"NVRTC 11.8", 9, 0, 11, "", false},
+		{"no NVRTC", 9, 0, 0, "", false},
+		{"A100", 8, 0, 13, "", false},
+		{"Blackwell", 10, 0, 13, "", false},
+	}
+	for _, tt := range tests {
+		if got := hopperAllowed(tt.major, tt.minor, tt.nvrtc, tt.env); got != tt.want {
+			t.Errorf("%s: hopperAllowed = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
