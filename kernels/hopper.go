@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/flashattn/flashattn/attn"
 )
@@ -314,15 +315,25 @@ func (x *gen) hopperKernel() {
 
 // blockSoftmax writes the element-wise stage of one key block whose first key
 // is n0 and whose scores are in s: score transform, mask, online softmax
-// (rescale deferred into alpha_r), dropout.
+// (rescale deferred into alpha_r), dropout. The shared writers indent for
+// the mma.sync kernel's loop body (4 spaces); indent is where this block
+// sits, and the lines move by the difference.
 func (x *gen) blockSoftmax(indent string) {
-	x.raw(indent + "(void)n0;\n")
-	x.transform()
-	x.maskBoundary()
-	x.maskApply()
-	x.softmaxUpdate(true)
+	y := &gen{v: x.v, g: x.g}
+	y.raw("    (void)n0;\n")
+	y.transform()
+	y.maskBoundary()
+	y.maskApply()
+	y.softmaxUpdate(true)
 	if x.v.Dropout {
-		x.raw("    apply_dropout(s, p, m0 + wrow0, n0 + key0, (u32)(b * p.h + h), lane);  // ---- dropout\n")
+		y.raw("    apply_dropout(s, p, m0 + wrow0, n0 + key0, (u32)(b * p.h + h), lane);  // ---- dropout\n")
+	}
+	extra := strings.Repeat(" ", max(0, len(indent)-4))
+	for _, l := range strings.SplitAfter(y.b.String(), "\n") {
+		if l != "" && l != "\n" && !strings.HasPrefix(l, "#") {
+			l = extra + l
+		}
+		x.raw(l)
 	}
 }
 
