@@ -96,7 +96,6 @@ func backwardHost(dev *cuda.Device, s *cuda.Stream, q, k, v, o, lse, dO attn.Ten
 		return attn.Gradients{}, algo, err
 	}
 	dt := q.DType
-	algo = resolveDQ(p, algo, hopperBackward(p, dt, hopperCapable(dev)))
 	bb := &bwdBuffers{dev: dev}
 	defer bb.free()
 	var a bwdArgs
@@ -160,6 +159,7 @@ func backwardHost(dev *cuda.Device, s *cuda.Stream, q, k, v, o, lse, dO attn.Ten
 			*x.dst = buf.Ptr()
 		}
 	}
+	algo = resolveDQ(p, algo, bwdHopperRuns(p, dt, &a, hopperCapable(dev)))
 	bwdSpeculate(dev, p, dt, &a, algo)
 	ws, err := bb.alloc(BackwardWorkspaceBytes(p, dt, algo, a.DBias != nil))
 	if err != nil {
@@ -222,6 +222,7 @@ func bwdSpeculate(dev *cuda.Device, p *attn.Problem, dt attn.DType, a *bwdArgs, 
 		g := 16 / other.Size()
 		v.Vector = v.Vector && v.DK%g == 0 && v.DV%g == 0
 		v.Staged = !v.Vector && kernels.BwdNeedsStaging(other, v.DK, v.DV)
+		v.WGMMA = v.WGMMA && kernels.BwdHopperOK(v)
 		if v.Validate() != nil {
 			continue
 		}

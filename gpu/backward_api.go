@@ -92,7 +92,7 @@ func (b *Backend) PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, 
 	if err != nil {
 		return opt.DQ, 0, err
 	}
-	algo := resolveDQ(p, opt.DQ, hopperBackward(p, q.DType, hopperCapable(b.dev)))
+	algo := resolveDQ(p, opt.DQ, bwdHopperRuns(p, q.DType, &a, hopperCapable(b.dev)))
 	if err := prepareBackward(b.dev, p, q.DType, a, algo); err != nil {
 		return algo, 0, err
 	}
@@ -112,7 +112,7 @@ func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv
 	if err != nil {
 		return opt.DQ, err
 	}
-	algo := resolveDQ(p, opt.DQ, hopperBackward(p, q.DType, hopperCapable(b.dev)))
+	algo := resolveDQ(p, opt.DQ, bwdHopperRuns(p, q.DType, &a, hopperCapable(b.dev)))
 	need := BackwardWorkspaceBytes(p, q.DType, algo, a.DBias != nil)
 	if opt.Workspace == nil || opt.Workspace.Size() < need {
 		return algo, attn.Errorf(attn.ErrOption, "backward: workspace of %d bytes needed", need)

@@ -72,6 +72,16 @@ func newBwdBenchSet(t *testing.T, b *Backend, s *cuda.Stream, bsz, n, h, hkv, d 
 	return set
 }
 
+// autoDQ returns the dQ algorithm a DQAuto backward of set uses on dev.
+func (s *bwdBenchSet) autoDQ(t *testing.T, dev *cuda.Device) DQAlgorithm {
+	t.Helper()
+	_, a, err := bwdDeviceArgs(s.q, s.k, s.v, s.o, s.lse, s.dO, s.dq, s.dk, s.dv, BackwardOptions{DeviceOptions: DeviceOptions{Options: s.opt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resolveDQ(s.p, DQAuto, bwdHopperRuns(s.p, attn.BFloat16, &a, hopperCapable(dev)))
+}
+
 // bwdKernelTimes runs the backward of set with algo reps times after
 // warm-up and returns the median milliseconds of each kernel and of the
 // whole call.
@@ -221,7 +231,7 @@ func TestBackwardBench(t *testing.T) {
 				ta, _ := bwdKernelTimes(t, b, s, set, DQAtomic, 2, 7)
 				ts, _ := bwdKernelTimes(t, b, s, set, DQSeparate, 2, 7)
 				fmt.Fprintf(&out, "| %d | %v | %d | %.3f | %.0f | %.3f | %.0f | %v |\n", d, causal, n,
-					ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9, SelectDQAlgorithmFor(set.p, hopperBackward(set.p, attn.BFloat16, hopperCapable(dev))))
+					ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9, set.autoDQ(t, dev))
 				fmt.Fprintf(&out, "|   | kernels | | atomic: dkdv %.3f conv %.3f pre %.3f | | separate: dkdv %.3f dq %.3f | | |\n",
 					ta[kernels.BwdDKDVKernel], ta[kernels.BwdDQConvertKernel], ta[kernels.BwdPreKernel], ts[kernels.BwdDKDVKernel], ts[kernels.BwdDQKernel])
 				set.free()
@@ -235,7 +245,7 @@ func TestBackwardBench(t *testing.T) {
 		ta, _ := bwdKernelTimes(t, b, s, set, DQAtomic, 1, 5)
 		ts, _ := bwdKernelTimes(t, b, s, set, DQSeparate, 1, 5)
 		flops := 2.5 * 4 * 16 * 4096.0 * 4096.0 * float64(d)
-		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f | %.3f | %.0f |\n", d, SelectDQAlgorithm(set.p),
+		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f | %.3f | %.0f |\n", d, set.autoDQ(t, dev),
 			ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9)
 		set.free()
 	}

@@ -98,12 +98,12 @@ func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
 	return DQSeparate
 }
 
-// hopperBackward reports whether the backward of p in dt runs the Hopper
-// kernels on a device where they are available (hopper): the kernels'
-// conditions, assuming rows that allow 16-byte copies or staging (as
-// contiguous tensors do). It steers the choice of dQ algorithm only.
-func hopperBackward(p *attn.Problem, dt attn.DType, hopper bool) bool {
-	return hopper && kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: p.DK, DV: p.DV, Vector: true})
+// bwdHopperRuns reports whether the backward of p in dt with arguments a
+// runs the Hopper kernels on a device where they are available (hopper).
+// It decides both the kernels planBackward picks and the row of the dQ table
+// that applies, so the two cannot disagree.
+func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper bool) bool {
+	return hopper && kernels.BwdHopperOK(bwdVariantFor(p, dt, a, DQSeparate))
 }
 
 // resolveDQ turns DQAuto into a concrete algorithm (hopper: the Hopper
@@ -433,7 +433,8 @@ type bwdPlan struct {
 // hopper allows the Hopper dK/dV and dQ kernels where they apply (sms: the device's
 // multiprocessors).
 func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int, hopper bool) (*bwdPlan, error) {
-	algo = resolveDQ(p, algo, hopperBackward(p, dt, hopper))
+	run := bwdHopperRuns(p, dt, a, hopper)
+	algo = resolveDQ(p, algo, run)
 	if a.DBias != nil && a.Bias == nil {
 		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")
 	}
@@ -446,12 +447,7 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 		}
 	}
 	v := bwdVariantFor(p, dt, a, algo)
-	if w := v; hopper {
-		w.WGMMA = true
-		if kernels.BwdHopperOK(w) {
-			v = w
-		}
-	}
+	v.WGMMA = run
 	if err := v.Validate(); err != nil {
 		return nil, err
 	}
@@ -495,9 +491,10 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 // it in a CUDA graph. The kernels compile on first use of a variant (call
 // prepareBackward before capturing). It returns the algorithm it used.
 func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) (DQAlgorithm, error) {
-	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopperCapable(dev))
+	hopper := hopperCapable(dev)
+	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopper)
 	if err != nil {
-		return resolveDQ(p, algo, hopperBackward(p, dt, hopperCapable(dev))), err
+		return resolveDQ(p, algo, bwdHopperRuns(p, dt, &a, hopper)), err
 	}
 	m, err := bwdModuleFor(dev, pl.v)
 	if err != nil {

@@ -34,8 +34,16 @@ func TestSelectDQAlgorithm(t *testing.T) {
 		}
 	}
 	// the Hopper kernels run 16-bit head dims up to 256, not fp32
-	if !hopperBackward(&attn.Problem{DK: 256, DV: 256}, attn.BFloat16, true) || hopperBackward(&attn.Problem{DK: 256, DV: 256}, attn.Float32, true) {
-		t.Error("hopperBackward: wrong kernels for bf16 or fp32 at D=256")
+	runs := func(dt attn.DType) bool {
+		p := &attn.Problem{B: 1, N: 64, M: 64, H: 1, Hkv: 1, DK: 256, DV: 256}
+		var a bwdArgs
+		shape := []int{1, 64, 1, 256}
+		a.Q, a.K, a.V, a.O, a.DO = seqView(256, dt, shape), seqView(256, dt, shape), seqView(256, dt, shape), seqView(256, dt, shape), seqView(256, dt, shape)
+		a.DQ, a.DK, a.DV = a.Q, a.K, a.V
+		return bwdHopperRuns(p, dt, &a, true)
+	}
+	if !runs(attn.BFloat16) || runs(attn.Float32) {
+		t.Error("bwdHopperRuns: wrong kernels for bf16 or fp32 at D=256")
 	}
 }
 

@@ -296,16 +296,12 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")
 	}
 	if v.WGMMA && !BwdHopperOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper dK/dV kernel wants 16-bit elements, 16-byte loads, padded head dims of at most 128 and no tile override", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Key())
 	}
 	t := v.ResolvedTiles()
-	dkdvLayout := v.dkdvLayout(t.DKDV)
+	dkdvLayout, dqLayout := v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
 	if v.WGMMA {
-		dkdvLayout = v.bwdHopperLayout()
-	}
-	dqLayout := v.dqLayout(t.DQ)
-	if v.WGMMA {
-		dqLayout = v.bwdHopperDQLayout()
+		dkdvLayout, dqLayout = v.bwdHopperLayout(), v.bwdHopperDQLayout()
 	}
 	for _, x := range []struct {
 		name string

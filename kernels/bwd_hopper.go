@@ -87,9 +87,7 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	ka, va, vka := v.bwdHopperAtoms()
 	bm, bn := bwdHopperBM, v.bwdHopperTile().BlockN
 	var l bwdSmemLayout
-	add := func(name string, bytes int) {
-		l.add(name, (bytes+1023)/1024*1024)
-	}
+	add := l.addSwizzled
 	add("sK", ka*bn*128)     // [KATOMS][BN][64]
 	add("sV", vka*bn*128)    // [VKATOMS][BN][64]
 	add("sQ", 2*ka*bm*128)   // [2][KATOMS][BM][64]
@@ -98,8 +96,24 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	add("sdS", bn/64*bm*128) // [BN/64][BM][64]
 	add("sL", 2*bm*4)        // [2][BM] LSE2
 	add("sD", 2*bm*4)        // [2][BM] Delta
-	l.total += 1024
+	l.total += 1024          // slack: the kernel aligns its base to 1024 bytes
 	return l
+}
+
+// bwdHopperCols returns the columns of one warpgroup's products in the
+// dK/dV kernel: dV += Pᵀ·dO (nv), dK += dSᵀ·Q (nk) and the atomic dQ = dS·K
+// (nq; fewer than DKP when the warpgroups split dQ's columns). With split
+// columns every product spans 128 (the last warpgroup's columns past the
+// head dim are never stored).
+func (v BwdVariant) bwdHopperCols() (nv, nk, nq int) {
+	dkp, dvp := v.DKPad(), v.DVPad()
+	switch {
+	case v.bwdHopperWide():
+		return 128, 128, 128
+	case dkp == 128:
+		return dvp, dkp, 64
+	}
+	return dvp, dkp, dkp
 }
 
 // hopperPrelude writes the device functions only the Hopper kernel uses.
@@ -108,15 +122,10 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
 	b.WriteString(wgmmaPrimitives())
-	dkp, dvp, bn := v.DKPad(), v.DVPad(), v.bwdHopperTile().BlockN
-	b.WriteString(wgmmaSS("wg_s", v.DType, bn/2)) // S, dP: 64 queries x BN/2 keys
-	// dV += Pᵀ·dO, dK += dSᵀ·Q, dQ = dS·K: columns of warpgroup 0 (and of the last one when fewer)
-	nv, nk, nq := dvp, dkp, dkp
-	if v.bwdHopperWide() {
-		nv, nk, nq = 128, 128, 128
-	} else if dkp == 128 {
-		nq = 64 // dQ split over the two warpgroups
-	}
+	dkp, bn := v.DKPad(), v.bwdHopperTile().BlockN
+	// S, dP: 64 queries x BN/2 keys in the dK/dV kernel, x BN keys in the dQ kernel (the same count)
+	b.WriteString(wgmmaSS("wg_s", v.DType, bn/2))
+	nv, nk, nq := v.bwdHopperCols()
 	b.WriteString(wgmmaSST(fmt.Sprintf("wg_t%d", nv), v.DType, nv, true, true))
 	if nk != nv {
 		b.WriteString(wgmmaSST(fmt.Sprintf("wg_t%d", nk), v.DType, nk, true, true))
@@ -125,9 +134,6 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 		b.WriteString(wgmmaSST(fmt.Sprintf("wg_n%d", nq), v.DType, nq, false, true))
 	}
 	b.WriteString(wgmmaRS("wg_rq", v.DType, dkp)) // separate dQ += dS·K, dS from registers
-	if dq := v.bwdHopperDQTile().BlockN; dq != bn/2 {
-		b.WriteString(wgmmaSS(fmt.Sprintf("wg_s%d", dq), v.DType, dq))
-	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
 // atom c/8, row r, chunk (c mod 8) ^ (r mod 8).
@@ -225,18 +231,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
   const u64 dPt = sw128_desc(sPa + wg * BM * 128, 16, 1024), dSt = sw128_desc(sdSa + wg * BM * 128, 16, 1024);
 `)
 	}
-	split := wide || dkp == 128 // dQ columns split over the warpgroups
+	nv, nk, nq := v.bwdHopperCols()
+	split := nq < dkp // dQ columns split over the warpgroups
 	if v.AtomicDQ {
 		if split {
-			width := 64
-			if wide {
-				width = 128
-			}
 			fmt.Fprintf(b, `  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
   // warpgroup's first dQ column (the next 64 columns BN·128 bytes further)
   const int dq0 = wg * %d;
   const u64 dSk = sw128_desc(sdSa, 16, 1024), dKn = sw128_desc(sK + dq0 / 64 * BN * 128, BN * 128, 1024);
-`, width)
+`, nq)
 		} else {
 			b.WriteString(`  // dQ = dS·K (warpgroup 0 alone): dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major
   constexpr int dq0 = 0;
@@ -285,41 +288,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
       fence_acc(accdK[0]);
       wgmma_fence();
 `)
-	// the products of one warpgroup's columns: nv value and nk key columns
-	products := func(indent string, nv, nk int) {
-		acc := func(name string, n, full int) string {
-			if n == full {
-				return name + "[0]"
-			}
-			return fmt.Sprintf("*reinterpret_cast<float (*)[%d][4]>(&%s[0][0])", n/8, name)
-		}
-		fmt.Fprintf(b, `%[1]s#pragma unroll
-%[1]sfor (int kk = 0; kk < BM / 16; ++kk) {
-%[1]s  wg_t%[2]d(%[4]s, dPt + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
-%[1]s  wg_t%[3]d(%[5]s, dSt + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
-%[1]s}
-`, indent, nv, nk, acc("accdV", nv, tdv.NT*8), acc("accdK", nk, tdk.NT*8))
-	}
-	if wide {
-		products("      ", 128, 128) // (the last warpgroup's columns past the head dim are never stored)
-	} else {
-		products("      ", dvp, dkp)
-	}
+	// the products of this warpgroup's columns: nv value and nk key columns
+	fmt.Fprintf(b, `#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        wg_t%[1]d(accdV[0], dPt + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
+        wg_t%[2]d(accdK[0], dSt + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
+      }
+`, nv, nk)
 	b.WriteString("      wgmma_commit();\n    }\n")
 	if v.AtomicDQ {
-		nq := dkp
-		switch {
-		case wide:
-			nq = 128
-		case split:
-			nq = 64
-		}
-		body := func(indent string, n int) {
-			fmt.Fprintf(b, `%[1]s#pragma unroll
-%[1]sfor (int kk = 0; kk < BN / 16; ++kk)
-%[1]s  wg_n%[2]d(%[3]s, dSk + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
-`, indent, n, map[bool]string{true: "accQ", false: fmt.Sprintf("*reinterpret_cast<float (*)[%d][4]>(&accQ[0][0])", n/8)}[n == nq])
-		}
 		cond := ""
 		if !split {
 			cond = "if (wg == 0) "
@@ -327,8 +304,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
 		fmt.Fprintf(b, `    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[1]d), added to the fp32 accumulator
     %[2]s{
       float accQ[%[3]d][4];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wg_n%[1]d(accQ, dSk + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
 `, nq, cond, nq/8)
-		body("      ", nq)
 		fmt.Fprintf(b, `      wgmma_commit();
       wgmma_wait<0>();
       fence_acc(accQ);
@@ -359,11 +338,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
 // algorithm): two warpgroups of 64 query rows, BN keys a step (fewer past
 // head dim 128, where q, dO and two stages of k and v fill shared memory).
 func (v BwdVariant) bwdHopperDQTile() BwdTile {
-	bn := 64
-	if v.bwdHopperWide() {
-		bn = 32
-	}
-	return BwdTile{BlockM: 128, BlockN: bn, Warps: 8, Stages: 2, MinBlocks: 1}
+	// as many keys as one warpgroup of the dK/dV kernel: 64, or 32 past 128
+	return BwdTile{BlockM: 128, BlockN: v.bwdHopperTile().BlockN / 2, Warps: 8, Stages: 2, MinBlocks: 1}
 }
 
 // bwdHopperDQLayout is the shared-memory map of the Hopper dQ kernel (every
@@ -372,16 +348,14 @@ func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
 	ka, va := (v.DKPad()+63)/64, (v.DVPad()+63)/64
 	t := v.bwdHopperDQTile()
 	var l bwdSmemLayout
-	add := func(name string, bytes int) {
-		l.add(name, (bytes+1023)/1024*1024)
-	}
+	add := l.addSwizzled
 	add("sQ", ka*t.BlockM*128)   // [KATOMS][BM][64]
 	add("sdO", va*t.BlockM*128)  // [VATOMS][BM][64]
 	add("sK", 2*ka*t.BlockN*128) // [2][KATOMS][BN][64]
 	add("sV", 2*va*t.BlockN*128) // [2][VATOMS][BN][64]
 	add("sL", t.BlockM*4)        // [BM] LSE2
 	add("sD", t.BlockM*4)        // [BM] Delta
-	l.total += 1024
+	l.total += 1024              // slack: the kernel aligns its base to 1024 bytes
 	return l
 }
 
@@ -398,10 +372,6 @@ func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
 	l := v.bwdHopperDQLayout()
 	dkp, dvp := v.DKPad(), v.DVPad()
 	ka, va := (dkp+63)/64, (dvp+63)/64
-	ws := "wg_s"
-	if t.BlockN != v.bwdHopperTile().BlockN/2 {
-		ws = fmt.Sprintf("wg_s%d", t.BlockN)
-	}
 	fmt.Fprintf(b, `// dQ (separate algorithm, Hopper warpgroup products): one block per (query block of %[1]d rows,
 // batch, query head), warpgroup w owning rows 64w .. 64w+63; loops over the visible key blocks
 // recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.
@@ -448,17 +418,17 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DKP / 16; ++kk)
-        %[2]s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        wg_s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
 #pragma unroll
       for (int kk = 0; kk < DVP / 16; ++kk)
-        %[2]s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dv + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        wg_s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dv + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_acc(accS[0]);
       fence_acc(accP[0]);
     }
     u32 dsp[1][%[1]d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K
-`, t.BlockN/8, ws)
+`, t.BlockN/8)
 	st := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: t.BlockN, MT: 1, NT: t.BlockN / 8, Warps: 8}
 	g.probs(b, st, "sL", "sD", false)
 	g.dsRegs = true
@@ -504,4 +474,10 @@ func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, s1 string, b1 int
   unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
   const u32 s0 = smem_u32(smem);
 `, t.BlockM, t.BlockN, v.DK, v.DV, v.DKPad(), v.DVPad(), s1, b1, s2, b2, what)
+}
+
+// addSwizzled adds a tile in the 128-byte swizzled layout: it starts on the
+// swizzle's 1024-byte period (from a base the kernel aligns).
+func (l *bwdSmemLayout) addSwizzled(name string, bytes int) {
+	l.add(name, (bytes+1023)/1024*1024)
 }
