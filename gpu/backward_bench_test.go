@@ -319,6 +319,10 @@ func bwdTileSweep() []bwdTileCase {
 			{DKDV: T(64, 32, 8, 1, 1), DQ: T(32, 32, 8, 2, 1)},
 			{DKDV: T(16, 32, 4, 2, 1), DQ: T(32, 32, 8, 2, 1)},
 			{DKDV: T(32, 64, 8, 1, 1), DQ: T(32, 32, 8, 2, 1)},
+			{DKDV: T(64, 32, 4, 1, 1), DQ: T(64, 32, 8, 1, 1)},
+			{DKDV: T(64, 16, 4, 1, 1), DQ: T(32, 64, 8, 1, 1)},
+			{DKDV: T(64, 32, 8, 1, 1), DQ: T(64, 32, 8, 1, 1)},
+			{DKDV: T(32, 32, 4, 1, 1), DQ: T(16, 32, 4, 2, 1)},
 		}},
 		// Odd head dims (staged; padded to 208 and 272).
 		{199, []kernels.BwdTiles{

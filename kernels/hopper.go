@@ -35,23 +35,31 @@ import (
 // two V buffers, each a whole number of 64-column atoms, plus 1024 bytes so
 // that the kernel can align the tiles to the swizzle's 1024-byte period.
 //
-// With WarpsN = 2 the two warpgroups of a row group share its 64 query rows:
-// each computes the whole S (the products over DK twice) and the O of half
-// the value columns, a whole number of atoms each (DV padded to 128).
+// With WarpsN = 2 the two warpgroups of a row group share its 64 query rows
+// and split the work of each key block both ways: warpgroup w computes S for
+// keys w·BN/2 .. (w+1)·BN/2 − 1 (half of the Q·Kᵀ product each), the row
+// maxima are exchanged through shared memory (red), each writes its half of
+// P into a shared P tile (two buffers of 64 rows × 128 bytes, swizzled), and
+// each computes O += P·V for the whole block over half the value columns, a
+// whole number of atoms each (DV padded to 128). Row sums stay per warpgroup
+// until the epilogue adds them.
 func (g *geom) hopperGeom(v Variant) {
+	g.ntS = v.BlockN / 8
+	g.sp, g.red = 0, 0
 	if v.WarpsN == 2 {
 		g.dvp = roundUp(v.DV, 128)
 		g.ntO = g.dvp / 16
+		g.ntS = v.BlockN / 16
+		g.sp = 2 * 64 * 128
+		g.red = 2 * v.BlockM * 4
 	}
-	g.ntS = v.BlockN / 8
 	g.vch = g.dvp * g.esz / 16
 	g.ka = (g.dkp + 63) / 64
 	g.va = (g.dvp + 63) / 64
 	g.sq = g.ka * v.BlockM * 128
 	g.sk = 2 * g.ka * v.BlockN * 128
 	g.sv = 2 * g.va * v.BlockN * 128
-	g.sp, g.red = 0, 0
-	g.smem = g.sq + g.sk + g.sv + 1024
+	g.smem = g.sq + g.sk + g.sv + g.sp + g.red + 1024
 }
 
 // validateHopper reports what the WGMMA kernel cannot do.
@@ -65,6 +73,9 @@ func (v Variant) validateHopper() error {
 	rowsOK := v.WarpsN == 1 && v.WarpsM%4 == 0 && v.WarpsM <= 12 || v.WarpsN == 2 && v.WarpsM == 4
 	if !rowsOK || v.BlockM != 16*v.WarpsM {
 		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward wants 1 to 3 warpgroups of 64 rows, or one row group of two warpgroups (WarpsM %d, WarpsN %d, BlockM %d)", v.WarpsM, v.WarpsN, v.BlockM)
+	}
+	if v.WarpsN == 2 && (v.BlockN%16 != 0 || v.BlockN > 64) {
+		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward with two warpgroups per row group wants BlockN a multiple of 16, at most 64 (the P tile is one 128-byte atom wide), not %d", v.BlockN)
 	}
 	if v.Stages != 2 || v.QInRegs {
 		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward wants 2 stages and Q in shared memory")
@@ -82,8 +93,11 @@ func (x *gen) hopperSource() {
 	x.hopperConstants()
 	x.ptx()
 	x.raw(wgmmaPrimitives())
-	x.raw(wgmmaSS("wgmma_s", x.v.DType, x.v.BlockN))
-	if n := x.g.dvp / x.v.WarpsN; n > 256 {
+	x.raw(wgmmaSS("wgmma_s", x.v.DType, x.g.ntS*8))
+	if n := x.g.dvp / x.v.WarpsN; x.v.WarpsN == 2 {
+		// P from the shared P tile (K-major), V read transposed
+		x.raw(wgmmaSST("wgmma_o", x.v.DType, n, false, true))
+	} else if n > 256 {
 		// one product instruction has at most 256 columns: O in two parts
 		x.raw(wgmmaRS("wgmma_o", x.v.DType, 256))
 		x.raw(wgmmaRS("wgmma_o2", x.v.DType, n-256))
@@ -104,7 +118,7 @@ func (x *gen) hopperConstants() {
 	x.p("constexpr int BM = %d;        // query rows per CTA (64 per warpgroup)", v.BlockM)
 	x.p("constexpr int BN = %d;        // keys per tile", v.BlockN)
 	x.p("constexpr int WM = %d;        // warps along the query rows (16 rows each)", v.WarpsM)
-	x.p("constexpr int WN = %d;        // warpgroups sharing a row group, each with DVP/WN value columns", v.WarpsN)
+	x.p("constexpr int WN = %d;        // warpgroups sharing a row group, each with BN/WN keys of S and DVP/WN value columns of O", v.WarpsN)
 	x.p("constexpr int NTHREADS = %d; // threads per CTA (%d warpgroups)", g.threads, g.warps/4)
 	x.p("constexpr int MT = 1;         // m16 row tiles per warp")
 	x.p("constexpr int DKP = %d;       // q/k head dim padded (zero-filled) to a multiple of 16", g.dkp)
@@ -115,17 +129,26 @@ func (x *gen) hopperConstants() {
 	x.p("constexpr int VCH = %d;       // 16-byte chunks per row of the V tile", g.vch)
 	x.p("constexpr int KATOMS = %d;    // 64-column swizzle atoms per Q/K row", g.ka)
 	x.p("constexpr int VATOMS = %d;    // 64-column swizzle atoms per V row", g.va)
-	x.p("constexpr int NT_S = %d;      // 8-key column blocks of S", g.ntS)
+	x.p("constexpr int NT_S = %d;      // 8-key column blocks of this warpgroup's S", g.ntS)
 	x.p("constexpr int NT_O = %d;      // 8-column blocks of this warpgroup's O", g.ntO)
 	x.p("constexpr int KSTEPS = %d;    // k16 steps of S = Q·Kᵀ over DKP", g.dkp/16)
 	x.p("constexpr int PSTEPS = %d;    // k16 steps of O += P·V over the BN keys", v.BlockN/16)
 	x.p("constexpr int LB = 16;        // bytes per global load (cp.async)")
 	x.p("constexpr int K_STAGE = %d;   // bytes of one K buffer [KATOMS][BN][64]", g.ka*v.BlockN*128)
 	x.p("constexpr int V_STAGE = %d;   // bytes of one V buffer [VATOMS][BN][64]", g.va*v.BlockN*128)
-	x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64]")
+	if v.WarpsN == 2 {
+		x.p("constexpr int P_STAGE = %d;  // bytes of one P buffer [BM][64] (BN <= 64 keys used)", g.sp/2)
+		x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64] | P [2][BM][64] | red [WN][BM] floats")
+	} else {
+		x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64]")
+	}
 	x.p("constexpr int SQ_OFF = 0;")
 	x.p("constexpr int SK_OFF = %d;", g.sq)
 	x.p("constexpr int SV_OFF = %d;", g.sq+g.sk)
+	if v.WarpsN == 2 {
+		x.p("constexpr int SP_OFF = %d;", g.sq+g.sk+g.sv)
+		x.p("constexpr int RED_OFF = %d;", g.sq+g.sk+g.sv+g.sp)
+	}
 	x.p("constexpr int SMEM_BYTES = %d;  // including 1024 bytes of alignment slack", g.smem)
 	x.p("")
 }
@@ -166,22 +189,36 @@ DEV void load_sw(u32 dst, const char* src, i64 stride, int valid, int dbytes, in
 
 // hopperProducts writes the two warpgroup products of one key block.
 func (x *gen) hopperProducts() {
-	x.raw(`// ---- S[64 x BN] = Q[64 x DKP] · K[BN x DKP]ᵀ for this warpgroup, KSTEPS k16 steps.
-// dq, dk: descriptors of the warpgroup's first Q row and of the K buffer; step kk reads
+	x.raw(`// ---- S[64 x BN/WN] = Q[64 x DKP] · K[BN/WN x DKP]ᵀ for this warpgroup, KSTEPS k16 steps.
+// dq, dk: descriptors of the warpgroup's first Q row and of its first K row in the buffer; step kk reads
 // columns 16kk.. : atom kk/4, byte 32·(kk mod 4) of the 128-byte row.
 DEV void qk_wgmma(float (&s)[NT_S][4], u64 dq, u64 dk) {
+  opaque(dq);  // the step descriptors are formed here, not hoisted out of the loop into registers
 #pragma unroll
   for (int kk = 0; kk < KSTEPS; ++kk)
     wgmma_s(s, dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4),
             dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
 }
-// ---- O[64 x DVP/WN] += P[64 x BN] · V[BN x DVP/WN]: PSTEPS k16 steps over the keys; P from
+`)
+	switch {
+	case x.v.WarpsN == 2:
+		x.raw(`// ---- O[64 x DVP/WN] += P[64 x BN] · V[BN x DVP/WN]: PSTEPS k16 steps over the keys; P from
+// the shared P tile (both warpgroups' keys), step kk at byte 32·kk of its 128-byte rows; V (rows
+// of keys, value columns contiguous) read transposed, step kk 2048 bytes further
+DEV void pv_wgmma(float (&o)[NT_O][4], u64 dp, u64 dv) {
+  opaque(dp);
+  opaque(dv);
+#pragma unroll
+  for (int kk = 0; kk < PSTEPS; ++kk) wgmma_o(o, dp + (u64)((kk * 32) >> 4), dv + (u64)((kk * 16 * 128) >> 4), 1);
+}
+`)
+		return
+	case x.g.ntO > 32:
+		x.raw(`// ---- O[64 x DVP] += P[64 x BN] · V[BN x DVP]: PSTEPS k16 steps over the keys; P from
 // registers, V (rows of keys, value columns contiguous) read transposed; step kk reads keys
 // 16kk.. : 2048 bytes further
 DEV void pv_wgmma(float (&o)[NT_O][4], const u32 (&pf)[PSTEPS][4], u64 dv) {
-`)
-	if x.g.ntO > 32 {
-		x.raw(`  // more than 256 columns: columns 0..255 and 256.. (from atom 4) as two products
+  // more than 256 columns: columns 0..255 and 256.. (from atom 4) as two products
   float (&oa)[32][4] = *reinterpret_cast<float (*)[32][4]>(&o[0]);
   float (&ob)[NT_O - 32][4] = *reinterpret_cast<float (*)[NT_O - 32][4]>(&o[32]);
 #pragma unroll
@@ -191,8 +228,12 @@ DEV void pv_wgmma(float (&o)[NT_O][4], const u32 (&pf)[PSTEPS][4], u64 dv) {
   }
 }
 `)
-	} else {
-		x.raw(`#pragma unroll
+	default:
+		x.raw(`// ---- O[64 x DVP] += P[64 x BN] · V[BN x DVP]: PSTEPS k16 steps over the keys; P from
+// registers, V (rows of keys, value columns contiguous) read transposed; step kk reads keys
+// 16kk.. : 2048 bytes further
+DEV void pv_wgmma(float (&o)[NT_O][4], const u32 (&pf)[PSTEPS][4], u64 dv) {
+#pragma unroll
   for (int kk = 0; kk < PSTEPS; ++kk) wgmma_o(o, pf[kk], dv + (u64)((kk * 16 * 128) >> 4));
 }
 `)
@@ -215,6 +256,7 @@ DEV void pack_p(u32 (&pf)[PSTEPS][4], const float (&s)[NT_S][4]) {
 // hopperKernel writes the entry point of a WGMMA variant.
 func (x *gen) hopperKernel() {
 	v := x.v
+	split := v.WarpsN == 2
 	x.raw(x.biasFuncs())
 	x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const Params p) {", v.MinBlocks, KernelName)
 	x.raw(`  extern __shared__ __align__(1024) unsigned char smem[];
@@ -227,20 +269,34 @@ func (x *gen) hopperKernel() {
   const int wm = warp % WM;        // warp position: 16 query rows
   const int wn = warp / WM;        // warpgroup of the row group: value columns dv0 .. dv0 + DVP/WN - 1
   const int wg = wm >> 2;          // row group: rows 64·wg .. 64·wg + 63 of the block
-  constexpr int key0 = 0;          // (every warpgroup computes all keys of S)
-  const int dv0 = wn * (DVP / WN); // first value column of this warpgroup in O
+`)
+	if split {
+		x.raw(`  const int key0 = wn * (BN / WN); // first key of this warpgroup's half of S
+  const u32 sP = s_base + SP_OFF;  // [2][BM][64]: P of the current and of the next block
+  float* red = (float*)(smem + (s_base - smem_addr(smem)) + RED_OFF);  // [WN][BM] row statistics
+`)
+	} else {
+		x.raw("  constexpr int key0 = 0;          // (one warpgroup per row group: all keys of S)\n")
+	}
+	x.raw(`  const int dv0 = wn * (DVP / WN); // first value column of this warpgroup in O
   const int g = lane >> 2, c = lane & 3;  // accumulator fragment: row group g, column pair c
   const int wrow0 = wm * 16;              // first block row of this warp
   (void)wn; (void)key0; (void)dv0;
 `)
 	x.ctaSetup()
-	x.raw(`  // ---- matrix descriptors: Q (this warpgroup's 64 rows) and K, K-major; V, N-major (the next
-  // 64 value columns BN·128 bytes further: leading byte offset); 8-row groups 1024 bytes apart
+	x.raw(`  // ---- matrix descriptors: Q (this warpgroup's 64 rows) and K (from its first key), K-major;
+  // V, N-major (the next 64 value columns BN·128 bytes further: leading byte offset); 8-row
+  // groups 1024 bytes apart
   const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024);
-  const u64 dk = sw128_desc(sK, 16, 1024);
+  const u64 dk = sw128_desc(sK + key0 * 128, 16, 1024);
   const u64 dv = sw128_desc(sV + dv0 / 64 * BN * 128, BN * 128, 1024);  // from this warpgroup's first value column
-  u32 pf[PSTEPS][4];     // P of the current block (16-bit pairs): the A operand of O += P·V
-  float alpha_r[MT][2];  // per-row rescale of O for the next block (deferred)
+`)
+	if split {
+		x.raw("  const u64 dp = sw128_desc(sP, 16, 1024);  // P tile, K-major (keys contiguous)\n")
+	} else {
+		x.raw("  u32 pf[PSTEPS][4];     // P of the current block (16-bit pairs): the A operand of O += P·V\n")
+	}
+	x.raw(`  float alpha_r[MT][2];  // per-row rescale of O for the next block (deferred)
 
   // ---- prologue: Q, K and V of the first block, K of the second
 `)
@@ -263,8 +319,12 @@ func (x *gen) hopperKernel() {
     fence_acc(s[0]);
 `)
 	x.blockSoftmax("    ")
-	x.raw(`    pack_p(pf, s[0]);
-  }
+	if split {
+		x.storePSwizzled("    ", "0")
+	} else {
+		x.raw("    pack_p(pf, s[0]);\n")
+	}
+	x.raw(`  }
 
   // ---- main loop over key blocks, last to first
   for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {
@@ -273,8 +333,15 @@ func (x *gen) hopperKernel() {
     fence_proxy_async();
     __syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
 `)
+	if split {
+		x.raw("                             // (and with P(nb + 1)); P(nb) is whole\n")
+	}
 	x.p("    if (nb - 2 >= nb_lo) %s", x.loadSW("K", "buf", "nb - 2"))
 	x.p("    if (nb - 1 >= nb_lo) %s", x.loadSW("V", "buf ^ 1", "nb - 1"))
+	pv := "pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));"
+	if split {
+		pv = "pv_wgmma(o[0], dp + (u64)((buf * P_STAGE) >> 4), dv + (u64)((buf * V_STAGE) >> 4));"
+	}
 	x.raw(`    cp_commit();
     fence_acc(o[0]);
     if (nb > nb_lo) {  // a next block exists (uniform over the CTA)
@@ -282,13 +349,17 @@ func (x *gen) hopperKernel() {
       wgmma_fence();
       qk_wgmma(s[0], dq, dk + (u64)(((buf ^ 1) * K_STAGE) >> 4));
       wgmma_commit();
-      pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));
-      wgmma_commit();
+`)
+	x.p("      %s", pv)
+	x.raw(`      wgmma_commit();
       wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
       const int n0 = (nb - 1) * BN;  // first key of the next block
 `)
 	x.blockSoftmax("      ")
+	if split {
+		x.storePSwizzled("      ", "buf ^ 1")
+	}
 	x.raw(`      wgmma_wait<0>();  // P·V of this block is done
       fence_acc(o[0]);
 #pragma unroll
@@ -298,11 +369,15 @@ func (x *gen) hopperKernel() {
         o[0][nt][2] *= alpha_r[0][1];
         o[0][nt][3] *= alpha_r[0][1];
       }
-      pack_p(pf, s[0]);
-    } else {  // the last block: P·V only
+`)
+	if !split {
+		x.raw("      pack_p(pf, s[0]);\n")
+	}
+	x.raw(`    } else {  // the last block: P·V only
       wgmma_fence();
-      pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));
-      wgmma_commit();
+`)
+	x.p("      %s", pv)
+	x.raw(`      wgmma_commit();
       wgmma_wait<0>();
       fence_acc(o[0]);
     }
@@ -311,6 +386,36 @@ func (x *gen) hopperKernel() {
 	x.recomputeCoords()
 	x.epilogue()
 	x.raw("}\n")
+}
+
+// storePSwizzled writes, for two warpgroups per row group, this
+// warpgroup's half of P (16-bit pairs) into P buffer buf, in the swizzled
+// layout the P·V product reads, then fences it for that product.
+func (x *gen) storePSwizzled(indent, buf string) {
+	x.raw(indentLines(strings.ReplaceAll(`// ---- P (this warpgroup's keys) -> shared P tile [BM][64], chunk c of row r at c ^ (r mod 8)
+#pragma unroll
+for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = wrow0 + g + 8 * hf, col = key0 + nt * 8 + 2 * c;
+    sts32(sP + (BUF) * P_STAGE + sw_off<BM, 8>(r, col >> 3) + (col & 7) * ESZ,
+          pack2(s[0][nt][2 * hf], s[0][nt][2 * hf + 1]));
+  }
+fence_proxy_async();  // P is read by the asynchronous proxy after the next barrier
+`, "BUF", buf), indent))
+}
+
+// indentLines prefixes every non-empty line of s, except preprocessor
+// lines, with indent.
+func indentLines(s, indent string) string {
+	var b strings.Builder
+	for _, l := range strings.SplitAfter(s, "\n") {
+		if l != "" && l != "\n" && !strings.HasPrefix(l, "#") {
+			b.WriteString(indent)
+		}
+		b.WriteString(l)
+	}
+	return b.String()
 }
 
 // blockSoftmax writes the element-wise stage of one key block whose first key
@@ -324,17 +429,15 @@ func (x *gen) blockSoftmax(indent string) {
 	y.transform()
 	y.maskBoundary()
 	y.maskApply()
+	if x.v.splitKeys() {
+		y.softmaxPartialMax()
+		y.raw("    __syncthreads();  // both warpgroups' row maxima are in red\n")
+	}
 	y.softmaxUpdate(true)
 	if x.v.Dropout {
 		y.raw("    apply_dropout(s, p, m0 + wrow0, n0 + key0, (u32)(b * p.h + h), lane);  // ---- dropout\n")
 	}
-	extra := strings.Repeat(" ", max(0, len(indent)-4))
-	for _, l := range strings.SplitAfter(y.b.String(), "\n") {
-		if l != "" && l != "\n" && !strings.HasPrefix(l, "#") {
-			l = extra + l
-		}
-		x.raw(l)
-	}
+	x.raw(indentLines(y.b.String(), strings.Repeat(" ", max(0, len(indent)-4))))
 }
 
 // loadSW returns the statement that loads block nb of K or V into buffer buf.

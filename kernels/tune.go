@@ -103,8 +103,10 @@ var HopperTable = []struct {
 // HopperTile returns the Hopper (WGMMA, sm_90a) tile for v, and false when
 // that kernel cannot run v (32-bit elements, loads narrower than 16 bytes). The caller decides whether the device is
 // one where it runs. Variants with per-element extras (bias, softcap,
-// dropout, prescaled scores) get half the keys per tile: their extra live
-// values would not fit beside the full tile's registers (ptxas spilled).
+// dropout, prescaled scores) get half the keys per tile when one warpgroup
+// holds a row group's whole S: their extra live values would not fit beside
+// the full tile's registers (ptxas spilled). Two warpgroups per row group
+// hold half of S each and keep the full tile.
 func HopperTile(v Variant) (Tile, bool) {
 	if (v.DType != attn.BFloat16 && v.DType != attn.Float16) || v.LoadBytes != 16 {
 		return Tile{}, false
@@ -113,7 +115,7 @@ func HopperTile(v Variant) (Tile, bool) {
 	for _, r := range HopperTable {
 		if d <= r.MaxD {
 			t := r.Tile
-			if v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale {
+			if t.WarpsN == 1 && (v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale) {
 				t.BlockN = max(16, t.BlockN/32*16)
 			}
 			return t, true

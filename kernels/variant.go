@@ -196,11 +196,10 @@ func (v Variant) Threads() int { return v.geom().threads }
 // SharedBytes returns the dynamic shared memory one CTA needs.
 func (v Variant) SharedBytes() int { return v.geom().smem }
 
-// splitKeys reports whether the warps of a row group split each tile's keys,
-// so that row statistics are exchanged through shared memory. (Hopper
-// kernels split value columns instead: each warpgroup of a row group
-// computes the whole S and half of O.)
-func (v Variant) splitKeys() bool { return v.WarpsN > 1 && !v.WGMMA }
+// splitKeys reports whether the warps (warpgroups, in Hopper kernels) of a
+// row group split each tile's keys, so that row statistics are exchanged
+// through shared memory.
+func (v Variant) splitKeys() bool { return v.WarpsN > 1 }
 
 // prescaled reports whether scores are scaled into base-2 units before the
 // row maximum.

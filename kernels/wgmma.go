@@ -38,6 +38,9 @@ template <int N> DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.ali
 // shared memory written through the generic proxy (cp.async, st.shared) before the async proxy
 // (wgmma) reads it: each writing thread fences, then the CTA synchronizes
 DEV void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// hide a value from the optimizer: what is computed from it is computed after this point (keeps
+// loop-invariant descriptor sums from being hoisted into registers for the whole loop)
+DEV void opaque(u64& v) { asm volatile("" : "+l"(v)); }
 // pin an accumulator's registers so that no access moves across a product in flight
 template <int NT> DEV void fence_acc(float (&d)[NT][4]) {
 #pragma unroll

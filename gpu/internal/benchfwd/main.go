@@ -101,15 +101,21 @@ func main() {
 		64:  {hl(128, 64), hl(192, 64), hl(128, 32), hl(128, 48)},
 		128: {hl(128, 128), hl(128, 96), hl(128, 64), hl(128, 80)},
 		256: {hl(128, 64), hl(128, 80)},
-		320: {hl2(32), hl2(48)},
+		199: {hl(128, 64), hl(128, 80), hl(128, 96), hl(192, 48)},
+		257: {hl(128, 32), hl(128, 48), hl2(32), hl2(48)},
+		320: {hl(128, 32), hl2(32), hl2(48)},
+		352: {hl2(32), hl2(48)},
 		384: {hl2(32), hl2(48)},
 		512: {hl2(32), hl2(16)},
 	}
-	for _, d := range []int{64, 128, 256, 320, 384, 512} {
+	for _, d := range []int{64, 128, 256, 199, 257, 320, 352, 384, 512} {
 		for _, causal := range []bool{false, true} {
+			if causal && d%64 != 0 {
+				continue // odd dims: the odd group's shape only
+			}
 			for i := range hop[d] {
 				t := hop[d][i]
-				add("hsweep", shape{d: d, n: 4096, h: max(1, 2048/d), b: 4, causal: causal, tile: &t, label: "hsweep"})
+				add("hsweep", shape{d: d, n: 4096, h: max(1, (2048+d/2)/d), b: 4, causal: causal, tile: &t, label: "hsweep"})
 			}
 		}
 	}
