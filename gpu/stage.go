@@ -60,7 +60,7 @@ func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer) fwdStagi
 		if ws != nil {
 			st.params[i].Dst = st.views[i].ptr()
 		}
-		st.grids[i] = [3]uint32{uint32((rows + kernels.PackRowsPerBlock - 1) / kernels.PackRowsPerBlock), uint32(heads), uint32(batch)}
+		st.grids[i] = kernels.PackGrid(rows, heads, batch)
 	}
 	return st
 }

@@ -62,7 +62,8 @@ func packEmuCase(t *testing.T, bin string, d, batch, rows, heads, offset, rowPad
 	out := emuOut{shape: []int{batch, rows, heads, ds}, addr: ar.poisoned(dstBytes + 2*bwdGuard), n: dstBytes}
 	p := kernels.PackParams{Src: srcAddr, Dst: out.ptr(), BatchStride: sb, RowStride: sr, HeadStride: sh,
 		Rows: int32(rows), Heads: int32(heads), D: int32(d), DS: int32(ds)}
-	grid := [3]int{(rows + kernels.PackRowsPerBlock - 1) / kernels.PackRowsPerBlock, heads, batch}
+	g := kernels.PackGrid(rows, heads, batch)
+	grid := [3]int{int(g[0]), int(g[1]), int(g[2])}
 	emuExec(t, bin, kernels.PackKernel, p.Bytes(), ar, []emuLaunch{{kernels.PackKernel, grid, kernels.PackThreads}})
 	got := ar.at(out.addr, dstBytes+2*bwdGuard)
 	for i := 0; i < bwdGuard; i++ {

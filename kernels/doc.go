@@ -19,7 +19,8 @@
 // per-lane register plus an immediate (see load.go and NOTES.md).
 //
 // On Hopper (sm_90a) a Variant with WGMMA set generates the warpgroup
-// kernel instead (hopper.go, wgmma.go): one warpgroup per 64 query rows, both
+// kernel instead (hopper.go, wgmma.go): one warpgroup per 64 query rows (two
+// past D = 320, splitting each key block and the value columns), both
 // products as wgmma.mma_async on shared tiles in the 128-byte swizzled layout
 // those instructions read (matrix descriptors), K and V double-buffered, and
 // the softmax of the next key block running while P·V of the current one is

@@ -16,11 +16,11 @@ import (
 const PackKernel = "fa_pack_rows"
 
 // PackThreads is the block size of the pack kernel.
-const PackThreads = 128
+const PackThreads = 256
 
-// PackRowsPerBlock is the number of rows one block of the pack kernel copies
-// (grid x = ceil(rows / PackRowsPerBlock)).
-const PackRowsPerBlock = 32
+// PackRowsPerBlock is the number of (row, head) pairs one block of the pack
+// kernel copies (see PackGrid).
+const PackRowsPerBlock = 64
 
 // StagedDim returns the row length in elements of a staging copy of a
 // 16-bit tensor with head dim d: d rounded up to a multiple of 8 (16 bytes).
@@ -65,23 +65,37 @@ __device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsig
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// stage_rows copies rows [0, nrows) of nb bytes, row r at src + r·ssr, into rows of nbs bytes (a
-// multiple of 16) at dst + r·dsr (16-byte aligned), zero from byte nb on. The block's NTH threads take
-// the rows' 16-byte chunks in turn, two at a time, both loads issued before either store.
+// stage_rows_by copies rows [0, nrows) of nb bytes, row r from src(r) into dst(r) (rows of nbs bytes,
+// a multiple of 16, 16-byte aligned), zero from byte nb on. The block's NTH threads take the rows'
+// 16-byte chunks in turn, SU at a time: all SU chunks' loads are issued before any store, so that
+// each thread keeps several loads in flight.
+constexpr int SU = 4;
+template <int NTH, class Dst, class Src>
+__device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs) {
+  const int cpr = nbs >> 4, items = nrows * cpr;
+  for (int t0 = threadIdx.x; t0 < items; t0 += SU * NTH) {
+    uint4 x[SU];
+#pragma unroll
+    for (int u = 0; u < SU; u++) {
+      const int t = t0 + u * NTH, r = t / cpr, c = t - r * cpr;
+      if (t < items) {
+        const unsigned char* s = src(r);
+        x[u] = stage_chunk(s, s + nb, c);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < SU; u++) {
+      const int t = t0 + u * NTH, r = t / cpr, c = t - r * cpr;
+      if (t < items) *reinterpret_cast<uint4*>(dst(r) + 16 * c) = x[u];
+    }
+  }
+}
+
+// stage_rows is stage_rows_by for rows at a fixed stride: row r at src + r·ssr, into dst + r·dsr.
 template <int NTH>
 __device__ __forceinline__ void stage_rows(unsigned char* dst, long long dsr, const unsigned char* src, long long ssr,
                                            int nrows, int nb, int nbs) {
-  const int cpr = nbs >> 4, items = nrows * cpr;
-  for (int t0 = threadIdx.x; t0 < items; t0 += 2 * NTH) {
-    const int t1 = t0 + NTH, r0 = t0 / cpr, r1 = t1 / cpr, c0 = t0 - r0 * cpr, c1 = t1 - r1 * cpr;
-    const unsigned char* s0 = src + r0 * ssr;
-    const unsigned char* s1 = src + r1 * ssr;
-    const uint4 x0 = stage_chunk(s0, s0 + nb, c0);
-    uint4 x1 = make_uint4(0u, 0u, 0u, 0u);
-    if (t1 < items) x1 = stage_chunk(s1, s1 + nb, c1);
-    *reinterpret_cast<uint4*>(dst + r0 * dsr + 16 * c0) = x0;
-    if (t1 < items) *reinterpret_cast<uint4*>(dst + r1 * dsr + 16 * c1) = x1;
-  }
+  stage_rows_by<NTH>([=](int r) { return dst + r * dsr; }, [=](int r) { return src + r * ssr; }, nrows, nb, nbs);
 }
 `
 
@@ -89,8 +103,10 @@ __device__ __forceinline__ void stage_rows(unsigned char* dst, long long dsr, co
 // so one module serves fp16 and bf16.
 var PackSource = fmt.Sprintf(`// Staging copy of a 16-bit [B, rows, heads, D] tensor (any strides, feature dim contiguous) into a
 // contiguous [B, rows, heads, DS] buffer, DS = D rounded up to 8 elements, zero beyond D.
-// grid (ceil(rows / %[1]d), heads, B), %[2]d threads; a block copies rows %[1]d·blockIdx.x … +%[1]d of one
-// (batch element, head), its threads taking 16-byte chunks.
+// grid (ceil(rows·heads / %[1]d), B), %[2]d threads. A block copies %[1]d consecutive (row, head) pairs
+// f = row·heads + head of one batch element: consecutive in the buffer and, for the usual contiguous
+// layout, in the source too, so that both sides stream whole cache lines. Its threads take 16-byte
+// chunks.
 typedef unsigned short u16;
 struct PackParams {
   const u16* src;        // element (b, r, h, 0) at src + b*sb + r*sr + h*sh
@@ -100,13 +116,26 @@ struct PackParams {
 };
 %[3]s
 extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackParams p) {
-  const int r0 = blockIdx.x * %[1]d, h = blockIdx.y, b = blockIdx.z;
-  const u16* s = p.src + b * p.sb + r0 * p.sr + h * p.sh;
-  u16* o = p.dst + ((long long)(b * (long long)p.rows + r0) * p.heads + h) * p.ds;
-  stage_rows<%[2]d>(reinterpret_cast<unsigned char*>(o), 2ll * p.heads * p.ds, reinterpret_cast<const unsigned char*>(s),
-                   2 * p.sr, min(%[1]d, p.rows - r0), 2 * p.d, 2 * p.ds);
+  const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)p.rows * p.heads;
+  const int b = blockIdx.y;
+  const u16* s = p.src + b * p.sb;
+  u16* o = p.dst + (b * nf + f0) * p.ds;
+  stage_rows_by<%[2]d>(
+      [=](int i) { return reinterpret_cast<unsigned char*>(o + (long long)i * p.ds); },
+      [=](int i) {
+        const long long f = f0 + i, r = f / p.heads, h = f - r * p.heads;
+        return reinterpret_cast<const unsigned char*>(s + r * p.sr + h * p.sh);
+      },
+      (int)min((long long)%[1]d, nf - f0), 2 * p.d, 2 * p.ds);
 }
 `, PackRowsPerBlock, PackThreads, stageSource, PackKernel)
+
+// PackGrid returns the grid of the pack kernel for a tensor of batch
+// elements of rows × heads rows each.
+func PackGrid(rows, heads, batch int) [3]uint32 {
+	f := int64(rows) * int64(heads)
+	return [3]uint32{uint32((f + PackRowsPerBlock - 1) / PackRowsPerBlock), uint32(batch), 1}
+}
 
 // PackParams are the arguments of the pack kernel; Bytes gives the C
 // struct's layout.

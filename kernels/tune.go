@@ -95,7 +95,7 @@ var HopperTable = []struct {
 	{128, Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
 	{256, Tile{BlockM: 128, BlockN: 64, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
 	{320, Tile{BlockM: 128, BlockN: 32, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
-	// past 320: two warpgroups share 64 query rows, each with half of O
+	// past 320: two warpgroups share 64 query rows, each with half of the keys of S and half of O
 	{384, Tile{BlockM: 64, BlockN: 48, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
 	{512, Tile{BlockM: 64, BlockN: 32, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
 }

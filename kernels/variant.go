@@ -91,8 +91,9 @@ type Variant struct {
 	BlockN int
 	// WarpsM is the number of warps along the query rows.
 	WarpsM int
-	// WarpsN is the number of warps that split one tile's keys in S and the
-	// value dimension in O (1 or 2). With 2, P goes through shared memory.
+	// WarpsN is the number of warps (warpgroups, with WGMMA) that split one
+	// tile's keys in S and the value dimension in O (1 or 2). With 2, P and
+	// the row maxima go through shared memory.
 	WarpsN int
 	// Stages is the number of shared-memory buffers for K and V (1 or 2).
 	Stages int
@@ -126,8 +127,10 @@ type Variant struct {
 	// matrix products (wgmma.mma_async) on 128-byte-swizzled shared tiles,
 	// one warpgroup per 64 query rows, the P·V product of a key block
 	// overlapping the softmax of the next. It needs 16-bit elements, 16-byte
-	// loads, WarpsN = 1, BlockM = 16·WarpsM with WarpsM a multiple of 4,
-	// Stages = 2, and padded head dims of at most 256.
+	// loads, Stages = 2, and either WarpsN = 1 with BlockM = 16·WarpsM,
+	// WarpsM a multiple of 4 (up to 3 warpgroups), padded DV at most 320, or
+	// WarpsN = 2 with one row group of 64 (WarpsM = 4), BlockN a multiple
+	// of 16 up to 64, padded DV at most 512.
 	WGMMA bool
 }
 
