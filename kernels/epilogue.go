@@ -1,5 +1,7 @@
 package kernels
 
+import "fmt"
+
 // epilogueEmpty writes the early exit of a CTA whose rows see no key at
 // all: O = 0 and LSE = −inf for its valid rows.
 func (x *gen) epilogueEmpty() {
@@ -71,6 +73,9 @@ func (x *gen) epilogue() {
 	if v.Dropout {
 		dscale = "p.drop_scale"
 	}
+	if v.WGMMA && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024 {
+		x.epilogueViaShared(dscale)
+	}
 	x.p(`#pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -99,4 +104,47 @@ func (x *gen) epilogue() {
 		x.p("        if (%s) gL[r * p.lse_sn] = l > 0.f ? (row_max[mt][hf] * SC + log2f(l)) * LN2 : NEG_INF;", cond)
 	}
 	x.raw("      }\n    }\n")
+}
+
+// epilogueViaShared writes, for the Hopper kernel, the store of O for rows
+// that allow no paired stores (p.o_vec2 = 0: an odd head dim or stride):
+// the fragments' element stores would write each 8-column block of eight
+// rows as scattered 2-byte pieces, so O goes through shared memory (the
+// tiles' space, free after the loop) and each warp writes whole rows with
+// 4-byte stores, a 2-byte store at either end where the row's alignment
+// needs one. The caller checks that the staged tile fits the kernel's
+// shared memory.
+func (x *gen) epilogueViaShared(dscale string) {
+	lseCond := "c == 0"
+	if x.v.WarpsN > 1 {
+		lseCond = "c == 0 && wn == 0"
+	}
+	lse := ""
+	if x.v.LSE {
+		lse = fmt.Sprintf("\n        if (%s && r < rows) gL[r * p.lse_sn] = l > 0.f ? (row_max[0][hf] * SC + log2f(l)) * LN2 : NEG_INF;", lseCond)
+	}
+	x.p(`  if (!p.o_vec2) {  // ---- O through shared memory, rows written whole
+    constexpr int OP = DVP + 8;  // row pitch of the staged O tile (16-bit elements)
+    u16* so = (u16*)(smem + (s_base - smem_addr(smem)));  // [BM][OP], over the Q/K/V tiles
+    __syncthreads();  // every warp is done with the tiles
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wrow0 + g + 8 * hf;  // row within the block
+      const float l = row_sum[0][hf];
+      const float inv = l > 0.f ? %s / l : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT_O; ++nt)
+        *(u32*)(so + r * OP + dv0 + nt * 8 + 2 * c) = pack2(o[0][nt][2 * hf] * inv, o[0][nt][2 * hf + 1] * inv);%s
+    }
+    __syncthreads();
+    for (int r = warp; r < rows; r += NTHREADS / 32) {
+      char* orow = gO + r * o_rs;
+      const u16* srow = so + r * OP;
+      const int e0 = (int)(((unsigned long long)orow >> 1) & 1);  // 1: the row starts 2 bytes past a 4-byte boundary
+      if (e0 == 1 && lane == 0) *(u16*)orow = srow[0];
+      for (int e = e0 + 2 * lane; e + 1 < p.d_v; e += 64) *(u32*)(orow + 2 * e) = (u32)srow[e] | ((u32)srow[e + 1] << 16);
+      if (((p.d_v - e0) & 1) && lane == 0) *(u16*)(orow + 2 * (p.d_v - 1)) = srow[p.d_v - 1];
+    }
+    return;
+  }`, dscale, lse)
 }
