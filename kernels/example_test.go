@@ -8,7 +8,7 @@ import (
 )
 
 // The Hopper tile of a bf16 forward at head dim 128, and the variant it
-// makes: two warpgroups of 64 query rows, 128 keys a tile.
+// makes: two warpgroups of 64 query rows, 96 keys a tile.
 func ExampleHopperTile() {
 	v := kernels.Variant{DType: attn.BFloat16, DK: 128, DV: 128, LoadBytes: 16, LSE: true}
 	tile, ok := kernels.HopperTile(v)
@@ -16,8 +16,8 @@ func ExampleHopperTile() {
 	v = tile.Apply(v)
 	fmt.Println(v.Validate() == nil, v.Threads(), v.Name())
 	// Output:
-	// true 128 128 8 1
-	// true 256 fwd90a_bf16_k128_v128_m128n128_w8x1_s2_l16_q0_mask-none_cap0_ps0_bias-none_drop0_var0_lse1_mb1
+	// true 128 96 8 1
+	// true 256 fwd90a_bf16_k128_v128_m128n96_w8x1_s2_l16_q0_mask-none_cap0_ps0_bias-none_drop0_var0_lse1_mb1
 }
 
 // Which backward head dims the Hopper kernels take (16-bit rows read with

@@ -107,7 +107,7 @@ func TestCompileHopper(t *testing.T) {
 		t.Skipf("NVRTC %s cannot target sm_90a", c.VersionString())
 	}
 	var vs []Variant
-	for _, d := range [][2]int{{64, 64}, {128, 128}, {256, 256}, {320, 320}, {512, 512}, {384, 384}} {
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {256, 256}, {320, 320}, {512, 512}, {384, 384}, {272, 272}, {288, 288}, {208, 208}} {
 		for _, f := range fwdFeatures {
 			vs = append(vs, hopperVariant(t, attn.BFloat16, d[0], d[1], f.set))
 		}

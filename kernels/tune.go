@@ -86,27 +86,31 @@ func (t Tile) Apply(v Variant) Variant {
 
 // HopperTable holds the tiles of the Hopper (WGMMA) forward, 16-bit types,
 // by the larger padded head dim; rows are searched in order. Two warpgroups
-// share each K and V tile. Measured on the H200 (kernels/NOTES.md).
+// share each K and V tile. ExtrasN is the keys per tile of variants with
+// per-element extras (bias, softcap, dropout, prescaled scores) where one
+// warpgroup holds a row group's whole S: their extra live values do not fit
+// beside the full tile's registers (ptxas spilled). Measured on the H200
+// (kernels/NOTES.md).
 var HopperTable = []struct {
-	MaxD int
+	MaxD    int
+	ExtrasN int
 	Tile
 }{
-	{64, Tile{BlockM: 128, BlockN: 64, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
-	{128, Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
-	{256, Tile{BlockM: 128, BlockN: 64, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
-	{320, Tile{BlockM: 128, BlockN: 32, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{64, 32, Tile{BlockM: 128, BlockN: 64, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{128, 64, Tile{BlockM: 128, BlockN: 96, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{256, 32, Tile{BlockM: 128, BlockN: 80, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{272, 16, Tile{BlockM: 128, BlockN: 48, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{320, 16, Tile{BlockM: 128, BlockN: 32, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
 	// past 320: two warpgroups share 64 query rows, each with half of the keys of S and half of O
-	{384, Tile{BlockM: 64, BlockN: 48, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
-	{512, Tile{BlockM: 64, BlockN: 32, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	// (the full key tile also with extras)
+	{384, 48, Tile{BlockM: 64, BlockN: 48, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
+	{512, 32, Tile{BlockM: 64, BlockN: 32, WarpsM: 4, WarpsN: 2, Stages: 2, MinBlocks: 1, WGMMA: true}},
 }
 
 // HopperTile returns the Hopper (WGMMA, sm_90a) tile for v, and false when
-// that kernel cannot run v (32-bit elements, loads narrower than 16 bytes). The caller decides whether the device is
-// one where it runs. Variants with per-element extras (bias, softcap,
-// dropout, prescaled scores) get half the keys per tile when one warpgroup
-// holds a row group's whole S: their extra live values would not fit beside
-// the full tile's registers (ptxas spilled). Two warpgroups per row group
-// hold half of S each and keep the full tile.
+// that kernel cannot run v (32-bit elements, loads narrower than 16 bytes).
+// The caller decides whether the device is one where it runs. Variants with
+// per-element extras take the row's ExtrasN keys per tile.
 func HopperTile(v Variant) (Tile, bool) {
 	if (v.DType != attn.BFloat16 && v.DType != attn.Float16) || v.LoadBytes != 16 {
 		return Tile{}, false
@@ -115,8 +119,8 @@ func HopperTile(v Variant) (Tile, bool) {
 	for _, r := range HopperTable {
 		if d <= r.MaxD {
 			t := r.Tile
-			if t.WarpsN == 1 && (v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale) {
-				t.BlockN = max(16, t.BlockN/32*16)
+			if v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale {
+				t.BlockN = r.ExtrasN
 			}
 			return t, true
 		}
