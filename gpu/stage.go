@@ -15,7 +15,7 @@ import (
 // rows 4- or 8-byte aligned (head dims ≡ 2, 4, 6 mod 8) take narrower
 // asynchronous copies. Given DeviceOptions.Staging, ForwardDevice first
 // copies such q, k and v
-// into workspace rows padded to a multiple of 8 elements (kernels.PackSource)
+// into workspace rows padded to a multiple of 16 elements (kernels.StagedDim)
 // and runs the 16-byte-copy kernel on the copies.
 
 // fwdStaging is the staging plan of one forward call: for q, k and v, the
@@ -152,7 +152,7 @@ func (b *Backend) enqueueStaging(s *cuda.Stream, st *fwdStaging) error {
 		if g[0] == 0 || g[1] == 0 || g[2] == 0 {
 			continue
 		}
-		if err := b.dev.Launch(fn, g, [3]uint32{kernels.PackThreads, 1, 1}, 0, s, st.params[i].Bytes()); err != nil {
+		if err := b.dev.Launch(fn, g, [3]uint32{kernels.PackThreads, 1, 1}, kernels.PackSharedBytes, s, st.params[i].Bytes()); err != nil {
 			return fmt.Errorf("gpu: launch %s: %w", kernels.PackKernel, err)
 		}
 	}

@@ -26,7 +26,7 @@ func TestPackEmulated(t *testing.T) {
 		for _, l := range layouts {
 			t.Run(fmt.Sprintf("d%d-%s", d, l.name), func(t *testing.T) {
 				t.Parallel()
-				packEmuCase(t, bin, d, 2, 37, 3, l.offset, l.rowPad, l.headPad)
+				packEmuCase(t, bin, d, 2, 97, 3, l.offset, l.rowPad, l.headPad) // 291 pairs: three blocks, the last one partial
 			})
 		}
 	}
