@@ -38,9 +38,10 @@ func BwdKernelNames(v BwdVariant) []string {
 }
 
 // BwdStagedDim returns the row length in elements of a staging buffer for
-// head dim d in dtype dt: d rounded up to a multiple of 16 bytes.
+// head dim d in dtype dt: d rounded up to a multiple of 32 bytes, so that
+// every row starts on an L2 sector (as kernels.StagedDim for the forward).
 func BwdStagedDim(dt attn.DType, d int) int {
-	g := 16 / dt.Size()
+	g := 32 / dt.Size()
 	return (d + g - 1) / g * g
 }
 
@@ -48,7 +49,8 @@ func BwdStagedDim(dt attn.DType, d int) int {
 // multiples of 16 bytes, so that rows cannot move in 16-byte copies
 // without the staging copy of a Staged variant.
 func BwdNeedsStaging(dt attn.DType, dk, dv int) bool {
-	return BwdStagedDim(dt, dk) != dk || BwdStagedDim(dt, dv) != dv
+	g := 16 / dt.Size()
+	return dk%g != 0 || dv%g != 0
 }
 
 // BwdDQAccDim returns the row length in floats of the atomic dQ

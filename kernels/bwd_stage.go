@@ -51,7 +51,7 @@ func (g *bwdGen) packKernel(b *strings.Builder) {
 	}
 	dks, dvs := BwdStagedDim(v.DType, v.DK), BwdStagedDim(v.DType, v.DV)
 	fmt.Fprintf(b, `// Pack: copies q, dO [rows, H, DK|DV] and k, v [rows, Hkv, DK|DV] into staging buffers whose rows
-// hold %d / %d elements (16-byte multiples, zero beyond DK=%d / DV=%d), so that the main kernels move
+// hold %d / %d elements (32-byte multiples, zero beyond DK=%d / DV=%d), so that the main kernels move
 // 16-byte chunks. grid (ceil(max(N, M)/%d), B, H), %d threads; a block copies %d rows of each tensor, its
 // threads taking 16-byte chunks.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
