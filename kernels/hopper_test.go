@@ -285,3 +285,35 @@ func TestBwdHopperValidAll(t *testing.T) {
 		}
 	}
 }
+
+// TestHopperTileKeys checks the keys per tile the table gives with and
+// without per-element extras.
+func TestHopperTileKeys(t *testing.T) {
+	softcap := func(v *Variant) { v.Softcap = true }
+	tests := []struct {
+		d      int
+		set    func(*Variant)
+		bm, bn int
+		warpsN int
+		name   string
+	}{
+		{64, nil, 128, 64, 1, "64"},
+		{128, nil, 128, 96, 1, "128"},
+		{128, softcap, 128, 64, 1, "128 softcap"},
+		{199, nil, 128, 80, 1, "199 (208)"},
+		{256, softcap, 128, 32, 1, "256 softcap"},
+		{257, nil, 128, 48, 1, "257 (272)"},
+		{257, softcap, 128, 16, 1, "257 softcap"},
+		{320, nil, 128, 32, 1, "320"},
+		{384, softcap, 64, 48, 2, "384 softcap: the full tile"},
+		{512, nil, 64, 32, 2, "512"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := hopperVariant(t, attn.BFloat16, tt.d, tt.d, tt.set)
+			if v.BlockM != tt.bm || v.BlockN != tt.bn || v.WarpsN != tt.warpsN {
+				t.Errorf("tile %dx%d WarpsN %d, want %dx%d WarpsN %d", v.BlockM, v.BlockN, v.WarpsN, tt.bm, tt.bn, tt.warpsN)
+			}
+		})
+	}
+}
