@@ -38,12 +38,8 @@ func BwdKernelNames(v BwdVariant) []string {
 }
 
 // BwdStagedDim returns the row length in elements of a staging buffer for
-// head dim d in dtype dt: d rounded up to a multiple of 32 bytes, so that
-// every row starts on an L2 sector (as kernels.StagedDim for the forward).
-func BwdStagedDim(dt attn.DType, d int) int {
-	g := 32 / dt.Size()
-	return (d + g - 1) / g * g
-}
+// head dim d in dtype dt: d rounded up to StagedRowBytes.
+func BwdStagedDim(dt attn.DType, d int) int { return roundUp(d, StagedRowBytes/dt.Size()) }
 
 // BwdNeedsStaging reports whether head dims dk, dv in dtype dt are not
 // multiples of 16 bytes, so that rows cannot move in 16-byte copies

@@ -97,13 +97,26 @@ func (x *gen) epilogue() {
           }
         }`, dscale)
 	if v.LSE {
-		cond := "c == 0"
-		if v.WarpsN > 1 {
-			cond = "c == 0 && wn == 0"
-		}
-		x.p("        if (%s) gL[r * p.lse_sn] = l > 0.f ? (row_max[mt][hf] * SC + log2f(l)) * LN2 : NEG_INF;", cond)
+		x.p("        if (%s) %s", x.lseWriter(), lseStore("mt"))
 	}
 	x.raw("      }\n    }\n")
+}
+
+// lseWriter returns the condition that selects the one thread writing a
+// row's LSE: the first of the fragment's column pairs, in the first warp
+// column (or warpgroup) of the row.
+func (x *gen) lseWriter() string {
+	if x.v.WarpsN > 1 {
+		return "c == 0 && wn == 0"
+	}
+	return "c == 0"
+}
+
+// lseStore returns the statement storing row r's LSE (natural log) from
+// its maximum (row tile mt, half hf) and its sum l; −inf for a row that
+// saw no key.
+func lseStore(mt string) string {
+	return fmt.Sprintf("gL[r * p.lse_sn] = l > 0.f ? (row_max[%s][hf] * SC + log2f(l)) * LN2 : NEG_INF;", mt)
 }
 
 // epilogueViaShared writes, for the Hopper kernel, the store of O for rows
@@ -115,13 +128,9 @@ func (x *gen) epilogue() {
 // needs one. The caller checks that the staged tile fits the kernel's
 // shared memory.
 func (x *gen) epilogueViaShared(dscale string) {
-	lseCond := "c == 0"
-	if x.v.WarpsN > 1 {
-		lseCond = "c == 0 && wn == 0"
-	}
 	lse := ""
 	if x.v.LSE {
-		lse = fmt.Sprintf("\n        if (%s && r < rows) gL[r * p.lse_sn] = l > 0.f ? (row_max[0][hf] * SC + log2f(l)) * LN2 : NEG_INF;", lseCond)
+		lse = "\n        if (" + x.lseWriter() + " && r < rows) " + lseStore("0")
 	}
 	x.p(`  if (!p.o_vec2) {  // ---- O through shared memory, rows written whole
     constexpr int OP = DVP + 8;  // row pitch of the staged O tile (16-bit elements)
