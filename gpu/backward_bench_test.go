@@ -247,6 +247,8 @@ func TestBackwardBench(t *testing.T) {
 		flops := 2.5 * 4 * 16 * 4096.0 * 4096.0 * float64(d)
 		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f | %.3f | %.0f |\n", d, set.autoDQ(t, dev),
 			ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9)
+		fmt.Fprintf(&out, "|   | kernels | atomic: dkdv %.3f | | separate: dkdv %.3f dq %.3f | |\n",
+			ta[kernels.BwdDKDVKernel], ts[kernels.BwdDKDVKernel], ts[kernels.BwdDQKernel])
 		set.free()
 	}
 	fmt.Fprintf(&out, "\ncontention: H=8, D=64, B·N=32768, ratio = time(Hkv=4) / time(Hkv=8)\n")
@@ -323,6 +325,10 @@ func bwdTileSweep() []bwdTileCase {
 			{DKDV: T(64, 16, 4, 1, 1), DQ: T(32, 64, 8, 1, 1)},
 			{DKDV: T(64, 32, 8, 1, 1), DQ: T(64, 32, 8, 1, 1)},
 			{DKDV: T(32, 32, 4, 1, 1), DQ: T(16, 32, 4, 2, 1)},
+		}},
+		{288, []kernels.BwdTiles{
+			{DKDV: T(16, 32, 4, 2, 1), DQ: T(32, 32, 8, 2, 1)},
+			{DKDV: T(32, 64, 8, 1, 1), DQ: T(32, 32, 8, 2, 1)},
 		}},
 		// Odd head dims (staged; padded to 208 and 272).
 		{199, []kernels.BwdTiles{

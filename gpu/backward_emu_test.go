@@ -89,6 +89,7 @@ func emuCases() []bwdCase {
 		{name: "causal-tl-window", b: 1, n: 90, m: 140, h: 2, hkv: 2, dk: 64, dv: 64, causal: true, align: attn.AlignTopLeft, window: &attn.Window{Left: 20, Right: 5}, dtypes: bf},
 		{name: "d59-scalar", b: 1, n: 40, m: 45, h: 1, hkv: 1, dk: 59, dv: 59, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
 		{name: "d199-257", b: 1, n: 20, m: 33, h: 1, hkv: 1, dk: 199, dv: 257, dtypes: bf},
+		{name: "d272-288-causal", b: 1, n: 70, m: 100, h: 2, hkv: 1, dk: 272, dv: 288, causal: true, dtypes: bf},
 		{name: "d16-512", b: 1, n: 20, m: 40, h: 1, hkv: 1, dk: 16, dv: 512, dtypes: bf},
 		{name: "d320-gqa-causal", b: 1, n: 37, m: 50, h: 2, hkv: 1, dk: 320, dv: 320, causal: true, dtypes: bf},
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},

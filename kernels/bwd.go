@@ -171,12 +171,11 @@ func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
 		return BwdTiles{DKDV: BwdTile{64, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 1}}
 	case d <= 256:
 		return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{128, 32, 8, 2, 1}}
-	case d <= 384:
-		// 16 query rows per step: 12 % faster than 32×32 at D=384 (atomic dQ)
-		return BwdTiles{DKDV: BwdTile{16, 32, 4, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
 	default:
-		// 32 query rows and 64 keys, one stage: 10 % faster than 64×32 at D=512 (atomic dQ,
-		// 10.73 against 11.85 ms), which was 7 % faster than 32×32
+		// 32 query rows and 64 keys, one stage (atomic dQ, B = 4, N = 4096, H·D = 2048): against
+		// 16×32 two stages, 9.58 against 12.26 ms at D = 257 (padded 272), 8.86 against 11.31 at
+		// 288, 8.93 against 11.41 at 320, 8.39 against 10.64 at 384; against 64×32, 10.73 against
+		// 11.85 at 512
 		return BwdTiles{DKDV: BwdTile{32, 64, 8, 1, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
 	}
 }

@@ -81,7 +81,7 @@ __device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsig
 // a multiple of 16, 16-byte aligned), zero from byte nb on. The block's NTH threads take the rows'
 // 16-byte chunks in turn, SU at a time: all SU chunks' loads are issued before any store, so that
 // each thread keeps several loads in flight.
-constexpr int SU = 4;
+constexpr int SU = 2;
 template <int NTH, class Dst, class Src>
 __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs) {
   const int cpr = nbs >> 4, items = nrows * cpr;
