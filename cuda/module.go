@@ -247,17 +247,9 @@ func (f *Function) Attributes() (FuncAttributes, error) {
 // It lives on the heap (reached from the Device) and is used only on the
 // executor thread, one launch at a time.
 type launchScratch struct {
-	extra [5]uintptr
-	size  uintptr
-	buf   []byte
+	args [1]uintptr // kernelParams: the address of the single parameter's bytes
+	buf  []byte
 }
-
-// Launch parameter markers of cuLaunchKernel's extra array.
-const (
-	launchParamEnd           = 0x00 // CU_LAUNCH_PARAM_END
-	launchParamBufferPointer = 0x01 // CU_LAUNCH_PARAM_BUFFER_POINTER
-	launchParamBufferSize    = 0x02 // CU_LAUNCH_PARAM_BUFFER_SIZE
-)
 
 // Launch enqueues kernel f on stream s (nil: the legacy default stream)
 // with grid blocks of block threads and sharedBytes of dynamic shared
@@ -282,23 +274,23 @@ func (d *Device) Launch(f *Function, grid, block [3]uint32, sharedBytes uint32, 
 	}
 	return d.do(func() error {
 		ls := d.launch
-		var extra uintptr
+		// kernelParams (not the extra array's raw buffer): the driver copies the
+		// parameter to the offset the kernel declares, which for a parameter
+		// aligned past 16 bytes (a struct holding tensor maps, 64) need not be
+		// the start of the parameter space
+		var args uintptr
 		if len(params) > 0 {
 			if cap(ls.buf) < len(params) {
 				ls.buf = heapBytes(max(len(params), 256))
 			}
-			ls.size = uintptr(copy(ls.buf[:cap(ls.buf)], params))
-			ls.extra = [5]uintptr{
-				launchParamBufferPointer, uintptr(unsafe.Pointer(&ls.buf[0])),
-				launchParamBufferSize, uintptr(unsafe.Pointer(&ls.size)),
-				launchParamEnd,
-			}
-			extra = uintptr(unsafe.Pointer(&ls.extra[0]))
+			copy(ls.buf[:cap(ls.buf)], params)
+			ls.args[0] = uintptr(unsafe.Pointer(&ls.buf[0]))
+			args = uintptr(unsafe.Pointer(&ls.args[0]))
 		}
 		r := ccall(d.api.cuLaunchKernel, h,
 			uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
 			uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
-			uintptr(sharedBytes), sh, 0, extra)
+			uintptr(sharedBytes), sh, args, 0)
 		runtime.KeepAlive(ls)
 		runtime.KeepAlive(params)
 		return d.api.check(fmt.Sprintf("cuLaunchKernel(%s, grid %v, block %v, smem %d)", f.name, grid, block, sharedBytes), r)

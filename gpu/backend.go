@@ -31,6 +31,12 @@ type Backend struct {
 	// mma.sync forward kernels. (The backward reads FLASHATTN_NO_WGMMA at
 	// every call.)
 	WGMMA bool
+	// TMA lets the Hopper forward load its tiles with the tensor memory
+	// accelerator (kernels.Variant.TMA) where q, k and v allow it (16-byte
+	// aligned rows and strides, not packed variable-length batches). New
+	// sets it with WGMMA unless FLASHATTN_NO_TMA is set; clearing it keeps
+	// the per-thread copies.
+	TMA bool
 
 	fill filler // the random-fill kernel
 	pack packer // the forward's staging-copy kernel
@@ -68,8 +74,9 @@ func New(dev *cuda.Device) (*Backend, error) {
 		stream:    s,
 		Speculate: true,
 		WGMMA:     hopperCapable(dev),
+		TMA:       hopperCapable(dev) && !envSet(EnvNoTMA),
 		kernels:   make(map[kernels.Variant]*kernel),
-		pbuf:      make([]byte, kernels.ParamsSize),
+		pbuf:      make([]byte, kernels.TMAParamsSize),
 		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
 	}, nil
 }
@@ -285,8 +292,22 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	l.params.PackInto(b.pbuf)
-	if err := b.dev.Launch(kn.fn, l.grid, [3]uint32{uint32(l.v.Threads()), 1, 1}, uint32(l.v.SharedBytes()), s, b.pbuf); err != nil {
+	args := b.pbuf[:kernels.ParamsSize]
+	if l.v.TMA {
+		var maps [3]cuda.TensorMap
+		for i, t := range l.tma {
+			m, err := b.dev.EncodeTensorMap(tensorMapSpec(t))
+			if err != nil {
+				return fmt.Errorf("gpu: tensor map of %s for %s: %w", [3]string{"q", "k", "v"}[i], l.v.Name(), err)
+			}
+			maps[i] = m
+		}
+		args = b.pbuf[:kernels.TMAParamsSize]
+		kernels.PackTMA(args, maps[0], maps[1], maps[2], &l.params)
+	} else {
+		l.params.PackInto(args)
+	}
+	if err := b.dev.Launch(kn.fn, l.grid, [3]uint32{uint32(l.v.Threads()), 1, 1}, uint32(l.v.SharedBytes()), s, args); err != nil {
 		return fmt.Errorf("gpu: launch %s: %w", l.v.Name(), err)
 	}
 	return nil
@@ -312,8 +333,19 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA)
+	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA, b.TMA)
 	return l, p, err
+}
+
+// EnvNoTMA, when set to anything but "" or "0", keeps the Hopper forward
+// of new backends on per-thread tile copies (Backend.TMA).
+const EnvNoTMA = "FLASHATTN_NO_TMA"
+
+// envSet reports whether the environment variable name is set to anything
+// but "" or "0".
+func envSet(name string) bool {
+	v := os.Getenv(name)
+	return v != "" && v != "0"
 }
 
 // EnvNoWGMMA, when set to anything but "" or "0", keeps new backends off the

@@ -42,7 +42,7 @@ func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result
 	outs := []emuOut{ar.output(p.OutputShape(), dt), ar.output(p.LSEShape(), attn.Float32)}
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
-	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, false)
+	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, false, false)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"github.com/flashattn/flashattn/cuda"
 	"math"
 
 	"github.com/flashattn/flashattn/attn"
@@ -13,6 +14,7 @@ type launch struct {
 	v      kernels.Variant
 	params kernels.Params
 	grid   [3]uint32
+	tma    [3]kernels.TMATensor // q, k, v for the tensor maps (v.TMA)
 }
 
 // seqStrides returns the (batch, position, head) strides of a q/k/v/o
@@ -84,7 +86,7 @@ func clampWindow(x, n, m int) int32 {
 // zeros to kernels.StagedDim, so that a copy may straddle the head dim.
 // hopper allows the Hopper (WGMMA) kernel where it applies.
 func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
-	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged, hopper bool) (launch, error) {
+	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged, hopper, tma bool) (launch, error) {
 	var l launch
 	opt := p.Opt
 	rowK, rowV := p.DK, p.DV
@@ -124,6 +126,14 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 		return l, err
 	}
 	vr = tile.Apply(vr)
+	var tstr [3][3]uint64 // byte strides (position, head, batch) of q, k, v for tensor maps
+	if tma && vr.WGMMA && !p.Varlen && lb == 16 {
+		var ok [3]bool
+		for i, t := range []DeviceTensor{q, k, v} {
+			tstr[i], ok[i] = tmaStrides(t)
+		}
+		vr.TMA = ok[0] && ok[1] && ok[2]
+	}
 	if err := vr.Validate(); err != nil {
 		return l, err
 	}
@@ -176,8 +186,45 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	}
 	l.v = vr
 	l.params = pr
+	if vr.TMA {
+		l.tma = vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
+	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
 	return l, nil
 }
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
+
+// tmaStrides returns the byte strides (position, head, batch) of a
+// [B, N, H, D] 16-bit tensor for its tensor map, and whether the tensor
+// memory accelerator can read it: every stride of a dim longer than one a
+// positive multiple of 16 bytes (a dim of one is never stepped over and
+// gets any valid stride).
+func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
+	st := t.strides()
+	var out [3]uint64
+	for i, d := range [3]int{1, 2, 0} {
+		b := int64(st[d]) * int64(t.DType.Size())
+		switch {
+		case t.Shape[d] <= 1:
+			b = 16
+		case b <= 0 || b%16 != 0:
+			return out, false
+		}
+		out[i] = uint64(b)
+	}
+	return out, true
+}
+
+// tensorMapSpec is the tensor map of one TMA tensor: boxes of 64 columns
+// (one 128-byte swizzle atom) by BoxRows positions of one head and batch
+// element, stored with the 128-byte swizzle.
+func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
+	return cuda.TensorMapSpec{
+		Addr:       t.Addr,
+		Dims:       []uint64{t.Cols, t.Rows, t.Heads, t.B},
+		Strides:    t.Strides[:],
+		Box:        []uint32{64, t.BoxRows, 1, 1},
+		Swizzle128: true,
+	}
+}

@@ -108,7 +108,7 @@ func (b *Backend) planStaged(p *attn.Problem, dt attn.DType, st *fwdStaging, o, 
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	l, err := plan(p, dt, st.views[0], st.views[1], st.views[2], o, lse, opt.Bias, cuq, cuk, b.Tiles, true, b.WGMMA)
+	l, err := plan(p, dt, st.views[0], st.views[1], st.views[2], o, lse, opt.Bias, cuq, cuk, b.Tiles, true, b.WGMMA, b.TMA)
 	if err != nil {
 		return l, fmt.Errorf("gpu: forward on staging copies: %w", err)
 	}

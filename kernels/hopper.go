@@ -60,6 +60,9 @@ func (g *geom) hopperGeom(v Variant) {
 	g.sk = 2 * g.ka * v.BlockN * 128
 	g.sv = 2 * g.va * v.BlockN * 128
 	g.smem = g.sq + g.sk + g.sv + g.sp + g.red + 1024
+	if v.TMA {
+		g.smem += tmaBarrierBytes
+	}
 }
 
 // validateHopper reports what the WGMMA kernel cannot do.
@@ -77,6 +80,9 @@ func (v Variant) validateHopper() error {
 	if v.WarpsN == 2 && (v.BlockN%16 != 0 || v.BlockN > 64) {
 		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward with two warpgroups per row group wants BlockN a multiple of 16, at most 64 (the P tile is one 128-byte atom wide), not %d", v.BlockN)
 	}
+	if v.TMA && v.Varlen {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: WGMMA forward with tensor-map loads of packed variable-length batches")
+	}
 	if v.Stages != 2 || v.QInRegs {
 		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward wants 2 stages and Q in shared memory")
 	}
@@ -90,9 +96,16 @@ func (v Variant) validateHopper() error {
 func (x *gen) hopperSource() {
 	x.prelude()
 	x.raw(cParams())
+	if x.v.TMA {
+		x.raw(tmaParamsDecl())
+	}
 	x.hopperConstants()
 	x.ptx()
 	x.raw(wgmmaPrimitives())
+	if x.v.TMA {
+		x.raw(tmaPrimitives())
+		x.raw(tmaLoaders())
+	}
 	x.raw(wgmmaSS("wgmma_s", x.v.DType, x.g.ntS*8))
 	if n := x.g.dvp / x.v.WarpsN; x.v.WarpsN == 2 {
 		// P from the shared P tile (K-major), V read transposed
@@ -148,6 +161,9 @@ func (x *gen) hopperConstants() {
 	if v.WarpsN == 2 {
 		x.p("constexpr int SP_OFF = %d;", g.sq+g.sk+g.sv)
 		x.p("constexpr int RED_OFF = %d;", g.sq+g.sk+g.sv+g.sp)
+	}
+	if v.TMA {
+		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.sp+g.red)
 	}
 	x.p("constexpr int SMEM_BYTES = %d;  // including 1024 bytes of alignment slack", g.smem)
 	x.p("")
@@ -258,7 +274,12 @@ func (x *gen) hopperKernel() {
 	v := x.v
 	split := v.WarpsN == 2
 	x.raw(x.biasFuncs())
-	x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const Params p) {", v.MinBlocks, KernelName)
+	if v.TMA {
+		x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const __grid_constant__ TmaParams tp) {", v.MinBlocks, KernelName)
+		x.raw("  const Params& p = tp.p;\n")
+	} else {
+		x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const Params p) {", v.MinBlocks, KernelName)
+	}
 	x.raw(`  extern __shared__ __align__(1024) unsigned char smem[];
   // the swizzle repeats every 1024 bytes: every tile starts on a 1024-byte boundary
   const u32 s_base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -298,18 +319,9 @@ func (x *gen) hopperKernel() {
 	}
 	x.raw(`  float alpha_r[MT][2];  // per-row rescale of O for the next block (deferred)
 
-  // ---- prologue: Q, K and V of the first block, K of the second
 `)
-	x.p("  load_sw<BM, KCH>(sQ, gQ, q_rs, rows, p.d_k * ESZ, tid);")
-	x.p("  %s", x.loadSW("K", "0", "nb_hi - 1"))
-	x.p("  cp_commit();")
-	x.p("  %s", x.loadSW("V", "0", "nb_hi - 1"))
-	x.p("  if (nb_hi - 2 >= nb_lo) %s", x.loadSW("K", "1", "nb_hi - 2"))
-	x.raw(`  cp_commit();
-  cp_wait<1>();  // Q and K of the first block
-  fence_proxy_async();
-  __syncthreads();
-  {
+	x.hopperPrologueLoads()
+	x.raw(`  {
     const int n0 = (nb_hi - 1) * BN;  // first key of the block
     float s[MT][NT_S][4];
     wgmma_fence();
@@ -329,27 +341,24 @@ func (x *gen) hopperKernel() {
   // ---- main loop over key blocks, last to first
   for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {
     const int buf = it & 1;  // buffer of K(nb) and V(nb)
-    cp_wait<0>();            // V(nb) and K(nb - 1) landed
-    fence_proxy_async();
-    __syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
 `)
-	if split {
-		x.raw("                             // (and with P(nb + 1)); P(nb) is whole\n")
-	}
-	x.p("    if (nb - 2 >= nb_lo) %s", x.loadSW("K", "buf", "nb - 2"))
-	x.p("    if (nb - 1 >= nb_lo) %s", x.loadSW("V", "buf ^ 1", "nb - 1"))
+	x.hopperLoopLoads()
 	pv := "pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));"
 	if split {
 		pv = "pv_wgmma(o[0], dp + (u64)((buf * P_STAGE) >> 4), dv + (u64)((buf * V_STAGE) >> 4));"
 	}
-	x.raw(`    cp_commit();
-    fence_acc(o[0]);
+	waitK, waitV := "", ""
+	if v.TMA {
+		waitK = "      mbar_wait(barK + 8 * (buf ^ 1), ((it + 1) >> 1) & 1);  // K(nb - 1) landed\n"
+		waitV = "      mbar_wait(barV + 8 * buf, (it >> 1) & 1);  // V(nb) landed\n"
+	}
+	x.raw(`    fence_acc(o[0]);
     if (nb > nb_lo) {  // a next block exists (uniform over the CTA)
       float s[MT][NT_S][4];  // S of the next block, then its P
-      wgmma_fence();
+` + waitK + `      wgmma_fence();
       qk_wgmma(s[0], dq, dk + (u64)(((buf ^ 1) * K_STAGE) >> 4));
       wgmma_commit();
-`)
+` + waitV)
 	x.p("      %s", pv)
 	x.raw(`      wgmma_commit();
       wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
@@ -373,9 +382,7 @@ func (x *gen) hopperKernel() {
 	if !split {
 		x.raw("      pack_p(pf, s[0]);\n")
 	}
-	x.raw(`    } else {  // the last block: P·V only
-      wgmma_fence();
-`)
+	x.raw("    } else {  // the last block: P·V only\n" + waitV + "      wgmma_fence();\n")
 	x.p("      %s", pv)
 	x.raw(`      wgmma_commit();
       wgmma_wait<0>();
@@ -446,4 +453,75 @@ func (x *gen) loadSW(t, buf, nb string) string {
 		return fmt.Sprintf("load_sw<BN, KCH>(sK + (%s) * K_STAGE, gK + (i64)(%s) * BN * k_rs, k_rs, m - (%s) * BN, p.d_k * ESZ, tid);", buf, nb, nb)
 	}
 	return fmt.Sprintf("load_sw<BN, VCH>(sV + (%s) * V_STAGE, gV + (i64)(%s) * BN * v_rs, v_rs, m - (%s) * BN, p.d_v * ESZ, tid);", buf, nb, nb)
+}
+
+// hopperPrologueLoads writes the loads before the first product: Q, K and V
+// of the first key block and K of the second, then the wait for Q and the
+// first K.
+func (x *gen) hopperPrologueLoads() {
+	if !x.v.TMA {
+		x.raw("  // ---- prologue: Q, K and V of the first block, K of the second\n")
+		x.p("  load_sw<BM, KCH>(sQ, gQ, q_rs, rows, p.d_k * ESZ, tid);")
+		x.p("  %s", x.loadSW("K", "0", "nb_hi - 1"))
+		x.p("  cp_commit();")
+		x.p("  %s", x.loadSW("V", "0", "nb_hi - 1"))
+		x.p("  if (nb_hi - 2 >= nb_lo) %s", x.loadSW("K", "1", "nb_hi - 2"))
+		x.raw(`  cp_commit();
+  cp_wait<1>();  // Q and K of the first block
+  fence_proxy_async();
+  __syncthreads();
+`)
+		return
+	}
+	x.raw(`  // ---- mbarriers of the TMA tiles. K(j) and V(j), j = nb_hi-1-s, go to buffer s & 1 and
+  // complete phase s >> 1 of that buffer's barrier: a wait on K or V number s waits for parity (s >> 1) & 1
+  const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
+  if (tid == 0) {
+    mbar_init(barQ, 1);
+    mbar_init(barK, 1);
+    mbar_init(barK + 8, 1);
+    mbar_init(barV, 1);
+    mbar_init(barV + 8, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  // ---- prologue: Q, K and V of the first block, K of the second (one thread issues the copies)
+  if (tid == 0) {
+    tma_tile<BM, KATOMS>(sQ, &tp.q, barQ, m0, h, b);
+    tma_tile<BN, KATOMS>(sK, &tp.k, barK, (nb_hi - 1) * BN, kvh, b);
+    tma_tile<BN, VATOMS>(sV, &tp.v, barV, (nb_hi - 1) * BN, kvh, b);
+    if (nb_hi - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + K_STAGE, &tp.k, barK + 8, (nb_hi - 2) * BN, kvh, b);
+  }
+  mbar_wait(barQ, 0);  // Q
+  mbar_wait(barK, 0);  // K of the first block
+`)
+}
+
+// hopperLoopLoads writes the top of a main-loop iteration: once every
+// warpgroup is done with K(nb) and V(nb + 1), their buffers take K(nb - 2)
+// and V(nb - 1).
+func (x *gen) hopperLoopLoads() {
+	if !x.v.TMA {
+		x.raw(`    cp_wait<0>();            // V(nb) and K(nb - 1) landed
+    fence_proxy_async();
+    __syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
+`)
+		if x.v.WarpsN == 2 {
+			x.raw("                             // (and with P(nb + 1)); P(nb) is whole\n")
+		}
+		x.p("    if (nb - 2 >= nb_lo) %s", x.loadSW("K", "buf", "nb - 2"))
+		x.p("    if (nb - 1 >= nb_lo) %s", x.loadSW("V", "buf ^ 1", "nb - 1"))
+		x.raw("    cp_commit();\n")
+		return
+	}
+	x.raw(`    __syncthreads();  // every warpgroup is done with K(nb) and V(nb + 1)`)
+	if x.v.WarpsN == 2 {
+		x.raw(" (and with P(nb + 1)); P(nb) is whole")
+	}
+	x.raw(`
+    if (tid == 0) {
+      if (nb - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + buf * K_STAGE, &tp.k, barK + 8 * buf, (nb - 2) * BN, kvh, b);
+      if (nb - 1 >= nb_lo) tma_tile<BN, VATOMS>(sV + (buf ^ 1) * V_STAGE, &tp.v, barV + 8 * (buf ^ 1), (nb - 1) * BN, kvh, b);
+    }
+`)
 }

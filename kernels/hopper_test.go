@@ -115,6 +115,17 @@ func TestCompileHopper(t *testing.T) {
 	if testing.Short() {
 		vs = []Variant{vs[0], vs[6], vs[11], vs[16], vs[21]}
 	}
+	// tensor-map loads: every dim, plain and causal with softcap and bias
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {208, 208}, {256, 256}, {272, 272}, {320, 320}, {384, 384}, {512, 512}} {
+		for _, f := range fwdFeatures[:3] {
+			v := hopperVariant(t, attn.BFloat16, d[0], d[1], f.set)
+			v.TMA = true
+			vs = append(vs, v)
+			if testing.Short() {
+				break
+			}
+		}
+	}
 	res, logs := compileAllLogs(t, c, "sm_90a", vs)
 	for i, v := range vs {
 		r := res[i]

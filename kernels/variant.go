@@ -132,6 +132,11 @@ type Variant struct {
 	// WarpsN = 2 with one row group of 64 (WarpsM = 4), BlockN a multiple
 	// of 16 up to 64, padded DV at most 512.
 	WGMMA bool
+	// TMA loads the Q, K and V tiles of a WGMMA kernel with the tensor memory
+	// accelerator (bulk tensor copies completing on mbarriers; see tma.go)
+	// instead of per-thread cp.async. The launch passes TMAParams: the tensor
+	// maps of q, k and v, then Params. Not with Varlen.
+	TMA bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -222,7 +227,15 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA)
+}
+
+// tmaSuffix is the name suffix of TMA variants.
+func tmaSuffix(tma bool) string {
+	if tma {
+		return "_tma"
+	}
+	return ""
 }
 
 // String returns Name.
@@ -281,6 +294,9 @@ func (v Variant) Validate() error {
 	}
 	if v.MinBlocks < 1 || v.MinBlocks > 8 {
 		return attn.Errorf(attn.ErrShape, "kernels: MinBlocks=%d outside 1..8", v.MinBlocks)
+	}
+	if v.TMA && !v.WGMMA {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: tensor-map loads without the WGMMA kernel")
 	}
 	if v.WGMMA {
 		if err := v.validateHopper(); err != nil {

@@ -1,0 +1,114 @@
+package kernels
+
+import "fmt"
+
+// The tensor memory accelerator path of the Hopper forward (Variant.TMA).
+//
+// Instead of every thread copying 16-byte chunks with cp.async, one thread
+// asks the tensor memory accelerator for whole boxes: a box is 64 columns
+// (one 128-byte swizzle atom) of BM query or BN key rows of one (batch,
+// head), and lands in shared memory already in the 128-byte swizzle the
+// warpgroup products read. Each tile (Q, a K buffer, a V buffer) has an
+// mbarrier: the issuing thread announces the tile's bytes, the copies
+// complete them, and the warps wait on the barrier's phase before the
+// product that reads the tile. Columns past the head dim and rows past the
+// sequence come in as zeros (out-of-bounds fill). The warps' own load path
+// stays idle, which past D = 128 was a quarter of the kernel's time.
+//
+// The tensor maps (one each for q, k and v: dims head dim, position, head,
+// batch) are encoded on the host for every launch and passed by value in
+// TMAParams, ahead of the usual Params.
+
+// TMAParamsSize is the size in bytes of the argument of a TMA kernel: three
+// 128-byte tensor maps, then Params, the whole a multiple of 64 bytes.
+var TMAParamsSize = 3*128 + roundUp(ParamsSize, 64)
+
+// PackTMA writes the argument of a TMA kernel into b (TMAParamsSize
+// bytes): the tensor maps of q, k and v, then p.
+func PackTMA(b []byte, q, k, v [128]byte, p *Params) {
+	copy(b[0:], q[:])
+	copy(b[128:], k[:])
+	copy(b[256:], v[:])
+	clear(b[384:TMAParamsSize])
+	p.PackInto(b[384 : 384+ParamsSize])
+}
+
+// TMATensor describes one of q, k, v for its tensor map: the box is 64
+// columns by Rows rows of one head and batch element.
+type TMATensor struct {
+	Addr                 uint64    // device address of element (0, 0, 0, 0)
+	Cols, Rows, Heads, B uint64    // extents: head dim (a multiple of 8), positions, heads, batch
+	Strides              [3]uint64 // bytes between positions, heads, batch elements
+	BoxRows              uint32    // rows per box (BM for q, BN for k and v)
+}
+
+// TMATensors returns the three tensor descriptions of a TMA variant's
+// launch with params p, given the byte strides of q, k and v (position,
+// head, batch) and the head dims' stored widths (a multiple of 8; staged
+// rows may be wider than the head dim, and are zero past it).
+func (v Variant) TMATensors(p *Params, colsK, colsV uint64, qs, ks, vs [3]uint64) [3]TMATensor {
+	return [3]TMATensor{
+		{Addr: p.Q, Cols: colsK, Rows: uint64(p.N), Heads: uint64(p.H), B: uint64(p.B), Strides: qs, BoxRows: uint32(v.BlockM)},
+		{Addr: p.K, Cols: colsK, Rows: uint64(p.M), Heads: uint64(p.H / p.Group), B: uint64(p.B), Strides: ks, BoxRows: uint32(v.BlockN)},
+		{Addr: p.V, Cols: colsV, Rows: uint64(p.M), Heads: uint64(p.H / p.Group), B: uint64(p.B), Strides: vs, BoxRows: uint32(v.BlockN)},
+	}
+}
+
+// tmaParamsDecl returns the C declaration of the TMA kernel's argument.
+func tmaParamsDecl() string {
+	return fmt.Sprintf(`// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
+// encoded on the host), then the usual Params
+struct __align__(64) TensorMap { unsigned long long w[16]; };
+struct __align__(64) TmaParams {
+  TensorMap q, k, v;
+  Params p;
+};
+static_assert(sizeof(TmaParams) == %d, "TmaParams size differs from the Go packing");
+`, TMAParamsSize)
+}
+
+// tmaPrimitives returns the mbarrier and bulk tensor copy wrappers.
+func tmaPrimitives() string {
+	return `// ---- mbarriers and bulk tensor copies (tensor memory accelerator)
+DEV void mbar_init(u32 bar, u32 count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count)); }
+// makes the barriers' initialization visible to the copy engine
+DEV void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// one arrival that also announces bytes the copies will complete
+DEV void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+DEV bool mbar_try_wait(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+// waits until the barrier's phase with this parity has completed
+DEV void mbar_wait(u32 bar, u32 parity) { while (!mbar_try_wait(bar, parity)) {} }
+// box (c0.., c1.., c2, c3) of the tensor map at generic address map into shared memory at dst,
+// completing its bytes on bar
+DEV void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+               ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+`
+}
+
+// tmaLoaders returns the tile loaders of the TMA kernel: one thread issues
+// every box of a tile and announces its bytes on the tile's barrier.
+func tmaLoaders() string {
+	return `// ---- tiles by the tensor memory accelerator: ATOMS boxes of [ROWS][64 columns] of one head and
+// batch element, box a at dst + a·ROWS·128 (the [ATOMS][ROWS][64] swizzled layout); one thread
+// issues them, bar counts their bytes (out-of-bounds parts count too, as zeros)
+template <int ROWS, int ATOMS>
+DEV void tma_tile(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
+  mbar_expect_tx(bar, ATOMS * ROWS * 128);
+#pragma unroll
+  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
+}
+`
+}
+
+// tmaBarrierBytes is the shared memory of the TMA kernel's mbarriers: Q,
+// two K and two V buffers, 8 bytes each, rounded to 64.
+const tmaBarrierBytes = 64
