@@ -24,7 +24,10 @@
 // products as wgmma.mma_async on shared tiles in the 128-byte swizzled layout
 // those instructions read (matrix descriptors), K and V double-buffered, and
 // the softmax of the next key block running while P·V of the current one is
-// in flight. HopperTile gives its tiles. The backward's dK/dV and dQ kernels
+// in flight. HopperTile gives its tiles. With TMA set as well, its Q, K and V
+// tiles come from the tensor memory accelerator (tma.go): bulk tensor copies
+// described by tensor maps the host encodes per launch, completing on
+// mbarriers, so the warps' own load path stays idle. The backward's dK/dV and dQ kernels
 // have the same counterparts (BwdVariant.WGMMA, bwd_hopper.go). Both reuse the
 // element-wise code of the mma.sync kernels: the accumulator layout of a
 // warp is the same.

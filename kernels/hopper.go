@@ -15,7 +15,10 @@ import (
 // shared memory in the layout those instructions read without conflicts: a
 // row of 64 elements (128 bytes) per "atom" row, 16-byte chunk c of row r at
 // chunk c ^ (r mod 8), wider head dims as several atoms one after the other.
-// cp.async writes them that way; a matrix descriptor names the swizzle.
+// cp.async writes them that way, or, with Variant.TMA, the tensor memory
+// accelerator (tma.go: one thread issues bulk copies of whole 64-column
+// boxes that land swizzled, and the warps wait on an mbarrier per tile); a
+// matrix descriptor names the swizzle.
 //
 // Schedule (per key block t, walked from the last block down, K and V each
 // double-buffered):
