@@ -1,10 +1,10 @@
 package gpu
 
 import (
-	"github.com/flashattn/flashattn/cuda"
 	"math"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 	"github.com/flashattn/flashattn/philox"
 )

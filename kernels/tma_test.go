@@ -85,3 +85,23 @@ func TestTMASource(t *testing.T) {
 		}
 	}
 }
+
+// TestTMATensors checks the extents and boxes of the three tensor maps:
+// q by BlockM rows and every query head, k and v by BlockN rows and the key
+// heads, each with its own strides and stored width.
+func TestTMATensors(t *testing.T) {
+	v := hopperVariant(t, attn.BFloat16, 208, 96, nil)
+	p := Params{Q: 0x1000, K: 0x2000, V: 0x3000, B: 3, H: 8, Group: 2, N: 100, M: 90}
+	qs, ks, vs := [3]uint64{4096, 512, 409600}, [3]uint64{2048, 512, 184320}, [3]uint64{1024, 256, 92160}
+	got := v.TMATensors(&p, 208, 96, qs, ks, vs)
+	want := [3]TMATensor{
+		{Addr: 0x1000, Cols: 208, Rows: 100, Heads: 8, B: 3, Strides: qs, BoxRows: uint32(v.BlockM)},
+		{Addr: 0x2000, Cols: 208, Rows: 90, Heads: 4, B: 3, Strides: ks, BoxRows: uint32(v.BlockN)},
+		{Addr: 0x3000, Cols: 96, Rows: 90, Heads: 4, B: 3, Strides: vs, BoxRows: uint32(v.BlockN)},
+	}
+	for i, name := range []string{"q", "k", "v"} {
+		if got[i] != want[i] {
+			t.Errorf("%s: got %+v, want %+v", name, got[i], want[i])
+		}
+	}
+}
