@@ -41,9 +41,10 @@ type Backend struct {
 	fill filler // the random-fill kernel
 	pack packer // the forward's staging-copy kernel
 
-	mu      sync.Mutex // guards kernels and pbuf
+	mu      sync.Mutex // guards kernels, pbuf and tmaps
 	kernels map[kernels.Variant]*kernel
-	pbuf    []byte // packed kernel argument, reused by every launch
+	pbuf    []byte         // packed kernel argument, reused by every launch
+	tmaps   tensorMapCache // the tensor maps of the last TMA launch
 	sem     chan struct{}
 }
 
@@ -69,12 +70,13 @@ func New(dev *cuda.Device) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
+	hopper := hopperCapable(dev)
 	return &Backend{
 		dev:       dev,
 		stream:    s,
 		Speculate: true,
-		WGMMA:     hopperCapable(dev),
-		TMA:       hopperCapable(dev) && !envSet(EnvNoTMA),
+		WGMMA:     hopper,
+		TMA:       hopper && !optedOut(os.Getenv(EnvNoTMA)),
 		kernels:   make(map[kernels.Variant]*kernel),
 		pbuf:      make([]byte, kernels.TMAParamsSize),
 		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -294,13 +296,11 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	defer b.mu.Unlock()
 	args := b.pbuf[:kernels.ParamsSize]
 	if l.v.TMA {
-		var maps [3]cuda.TensorMap
-		for i, t := range l.tma {
-			m, err := b.dev.EncodeTensorMap(tensorMapSpec(t))
-			if err != nil {
-				return fmt.Errorf("gpu: tensor map of %s for %s: %w", [3]string{"q", "k", "v"}[i], l.v.Name(), err)
-			}
-			maps[i] = m
+		maps, err := b.tmaps.get(l.tma, func(t kernels.TMATensor) (cuda.TensorMap, error) {
+			return b.dev.EncodeTensorMap(tensorMapSpec(t))
+		})
+		if err != nil {
+			return fmt.Errorf("gpu: %s: %w", l.v.Name(), err)
 		}
 		args = b.pbuf[:kernels.TMAParamsSize]
 		kernels.PackTMA(args, maps[0], maps[1], maps[2], &l.params)
@@ -341,12 +341,9 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 // of new backends on per-thread tile copies (Backend.TMA).
 const EnvNoTMA = "FLASHATTN_NO_TMA"
 
-// envSet reports whether the environment variable name is set to anything
+// optedOut reports whether an opt-out variable's value is set: anything
 // but "" or "0".
-func envSet(name string) bool {
-	v := os.Getenv(name)
-	return v != "" && v != "0"
-}
+func optedOut(value string) bool { return value != "" && value != "0" }
 
 // EnvNoWGMMA, when set to anything but "" or "0", keeps new backends off the
 // Hopper (WGMMA) kernels.
@@ -367,7 +364,7 @@ func hopperCapable(dev *cuda.Device) bool {
 // (sm_90a code runs nowhere else), NVRTC 12 or later (0: none loaded), and
 // the opt-out variable empty or "0".
 func hopperAllowed(major, minor, nvrtcMajor int, noWGMMA string) bool {
-	if noWGMMA != "" && noWGMMA != "0" {
+	if optedOut(noWGMMA) {
 		return false
 	}
 	return major == 9 && minor == 0 && nvrtcMajor >= 12

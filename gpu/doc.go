@@ -28,7 +28,7 @@
 // do with FLASHATTN_NO_WGMMA set (read by New for the forward, at every call
 // for the backward) or, for the forward only, with Backend.WGMMA cleared.
 // The Hopper forward loads its tiles with the tensor memory accelerator
-// (tensor maps encoded per launch) for fixed-length batches whose q, k and v
+// (tensor maps encoded on the host, the last launch's kept) for fixed-length batches whose q, k and v
 // rows and strides are whole 16-byte units (staging copies included), unless
 // FLASHATTN_NO_TMA is set or Backend.TMA cleared.
 //

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/flashattn/flashattn/attn"
@@ -214,6 +215,34 @@ func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
 		out[i] = uint64(b)
 	}
 	return out, true
+}
+
+// tensorMapCache keeps the tensor maps of the last TMA launch. Each encode
+// is a driver call on the executor thread, three per launch, while a
+// training loop or a benchmark launches on the same buffers again and
+// again; a map depends on nothing but its TMATensor.
+type tensorMapCache struct {
+	key  [3]kernels.TMATensor
+	maps [3]cuda.TensorMap
+	ok   bool
+}
+
+// get returns the maps of q, k and v described by key, encoding them with
+// encode unless they are the last ones encoded.
+func (c *tensorMapCache) get(key [3]kernels.TMATensor, encode func(kernels.TMATensor) (cuda.TensorMap, error)) ([3]cuda.TensorMap, error) {
+	if c.ok && c.key == key {
+		return c.maps, nil
+	}
+	var maps [3]cuda.TensorMap
+	for i, t := range key {
+		m, err := encode(t)
+		if err != nil {
+			return maps, fmt.Errorf("tensor map of %s: %w", [3]string{"q", "k", "v"}[i], err)
+		}
+		maps[i] = m
+	}
+	c.key, c.maps, c.ok = key, maps, true
+	return maps, nil
 }
 
 // tensorMapSpec is the tensor map of one TMA tensor: boxes of 64 columns

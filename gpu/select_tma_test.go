@@ -1,9 +1,13 @@
 package gpu
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
 )
 
 // TestTMAStrides checks which q/k/v layouts the tensor memory accelerator
@@ -28,6 +32,57 @@ func TestTMAStrides(t *testing.T) {
 		got, ok := tmaStrides(tn)
 		if ok != c.ok || ok && got != c.want {
 			t.Errorf("%s: tmaStrides = %v, %v; want %v, %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// TestTensorMapCache checks that the maps of the last launch are reused
+// only for the same three tensors, and that a failed encode is reported
+// (naming the tensor) and replaces nothing.
+func TestTensorMapCache(t *testing.T) {
+	calls := 0
+	encode := func(x kernels.TMATensor) (cuda.TensorMap, error) {
+		calls++
+		if x.Addr == 0 {
+			return cuda.TensorMap{}, cuda.ErrArgument
+		}
+		var m cuda.TensorMap
+		m[0], m[1] = byte(x.Addr), byte(x.Rows)
+		return m, nil
+	}
+	key := [3]kernels.TMATensor{{Addr: 1, Rows: 10}, {Addr: 2, Rows: 20}, {Addr: 3, Rows: 20}}
+	var c tensorMapCache
+	steps := []struct {
+		name  string
+		key   [3]kernels.TMATensor
+		calls int // encodes so far
+		err   bool
+	}{
+		{"first launch", key, 3, false},
+		{"same tensors", key, 3, false},
+		{"other k", [3]kernels.TMATensor{key[0], {Addr: 4, Rows: 20}, key[2]}, 6, false},
+		{"back to the first", key, 9, false},
+		{"bad v", [3]kernels.TMATensor{key[0], key[1], {Rows: 20}}, 12, true},
+		{"after the failure: the last good maps stay", key, 12, false},
+	}
+	for _, s := range steps {
+		maps, err := c.get(s.key, encode)
+		if s.err {
+			if !errors.Is(err, cuda.ErrArgument) || !strings.Contains(err.Error(), "tensor map of v") {
+				t.Errorf("%s: err %v, want ErrArgument naming v", s.name, err)
+			}
+		} else if err != nil {
+			t.Errorf("%s: %v", s.name, err)
+		}
+		if calls != s.calls {
+			t.Errorf("%s: %d encodes so far, want %d", s.name, calls, s.calls)
+		}
+		if !s.err {
+			for i, x := range s.key {
+				if maps[i][0] != byte(x.Addr) || maps[i][1] != byte(x.Rows) {
+					t.Errorf("%s: map %d is % x, want the map of %+v", s.name, i, maps[i][:2], x)
+				}
+			}
 		}
 	}
 }

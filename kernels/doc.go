@@ -26,7 +26,7 @@
 // the softmax of the next key block running while P·V of the current one is
 // in flight. HopperTile gives its tiles. With TMA set as well, its Q, K and V
 // tiles come from the tensor memory accelerator (tma.go): bulk tensor copies
-// described by tensor maps the host encodes per launch, completing on
+// described by tensor maps the host encodes, completing on
 // mbarriers, so the warps' own load path stays idle. The backward's dK/dV and dQ kernels
 // have the same counterparts (BwdVariant.WGMMA, bwd_hopper.go). Both reuse the
 // element-wise code of the mma.sync kernels: the accumulator layout of a

@@ -16,8 +16,8 @@ import "fmt"
 // stays idle, which past D = 128 was a quarter of the kernel's time.
 //
 // The tensor maps (one each for q, k and v: dims head dim, position, head,
-// batch) are encoded on the host for every launch and passed by value in
-// TMAParams, ahead of the usual Params.
+// batch) are encoded on the host (package gpu keeps the last launch's) and
+// passed by value in TMAParams, ahead of the usual Params.
 
 // TMAParamsSize is the size in bytes of the argument of a TMA kernel: three
 // 128-byte tensor maps, then Params, the whole a multiple of 64 bytes.
