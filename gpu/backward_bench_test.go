@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -175,7 +176,11 @@ func TestBackwardBench(t *testing.T) {
 			}
 		}
 	}
-	for _, d := range bwdSpectrumDims {
+	spectrum, only := bwdSpectrumDims, bwdDimsFor(t, os.Getenv("FLASHATTN_BWD_BENCH_DIMS"))
+	if only != nil {
+		spectrum = only
+	}
+	for _, d := range spectrum {
 		for _, atomic := range []bool{false, true} {
 			vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic})
 		}
@@ -215,6 +220,9 @@ func TestBackwardBench(t *testing.T) {
 	fmt.Fprintf(&out, "backward bf16 on %s, %s\n", dev.Name(), time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(&out, "| D | causal | N | atomic ms | atomic TFLOP/s | separate ms | separate TFLOP/s | auto picks |\n|---|---|---|---|---|---|---|---|\n")
 	dims := []int{64, 128, 256}
+	if only != nil {
+		dims = nil // the spectrum of the asked dims alone
+	}
 	lens := []int{1024, 4096, 16384}
 	if s := os.Getenv("FLASHATTN_BWD_BENCH_QUICK"); s != "" {
 		lens = []int{4096}
@@ -240,7 +248,7 @@ func TestBackwardBench(t *testing.T) {
 	}
 	fmt.Fprintf(&out, "\nhead-dim spectrum: B=1, H=16, N=M=4096, not causal, dQ algorithm of the table\n")
 	fmt.Fprintf(&out, "| D | table picks | atomic ms | atomic TFLOP/s | separate ms | separate TFLOP/s |\n|---|---|---|---|---|---|\n")
-	for _, d := range bwdSpectrumDims {
+	for _, d := range spectrum {
 		set := newBwdBenchSet(t, b, s, 1, 4096, 16, 16, d, false)
 		ta, _ := bwdKernelTimes(t, b, s, set, DQAtomic, 1, 5)
 		ts, _ := bwdKernelTimes(t, b, s, set, DQSeparate, 1, 5)
@@ -253,7 +261,11 @@ func TestBackwardBench(t *testing.T) {
 	}
 	fmt.Fprintf(&out, "\ncontention: H=8, D=64, B·N=32768, ratio = time(Hkv=4) / time(Hkv=8)\n")
 	fmt.Fprintf(&out, "| N | dK/dV (separate) | dQ separate | dK/dV+atomic dQ | atomic total | separate total |\n|---|---|---|---|---|---|\n")
-	for _, n := range []int{128, 256, 512, 1024, 2048, 4096} {
+	contention := []int{128, 256, 512, 1024, 2048, 4096}
+	if only != nil {
+		contention = nil
+	}
+	for _, n := range contention {
 		var res [2][2]map[string]float64
 		for hi, hkv := range []int{4, 8} {
 			set := newBwdBenchSet(t, b, s, 32768/n, n, 8, hkv, 64, false)
@@ -388,6 +400,24 @@ func TestBwdTileSweepValid(t *testing.T) {
 			}
 		}
 	}
+}
+
+// bwdDimsFor parses FLASHATTN_BWD_BENCH_DIMS (comma-separated head dims;
+// empty: nil). With it the benchmark times the spectrum of those dims
+// alone (a quick look, or a short run under a profiler).
+func bwdDimsFor(t *testing.T, s string) []int {
+	if s == "" {
+		return nil
+	}
+	var dims []int
+	for _, f := range strings.Split(s, ",") {
+		d, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || d < 1 || d > 512 {
+			t.Fatalf("FLASHATTN_BWD_BENCH_DIMS: %q is not a head dim from 1 to 512", f)
+		}
+		dims = append(dims, d)
+	}
+	return dims
 }
 
 // bwdSpectrumDims are the head dimensions of the spectrum table.

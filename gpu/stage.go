@@ -55,8 +55,12 @@ func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer) fwdStagi
 			st.views[i].base = stagingPlanBase + uint64(off)
 		}
 		sb, sr, sh := seqStrides(t, p.Varlen)
-		st.params[i] = kernels.PackParams{Src: t.ptr(), BatchStride: sb, RowStride: sr, HeadStride: sh,
+		st.params[i] = kernels.PackParams{Src: t.ptr(), Lim: t.ptr(), BatchStride: sb, RowStride: sr, HeadStride: sh,
 			Rows: int32(rows), Heads: int32(heads), D: int32(d), DS: int32(ds)}
+		if batch > 0 && rows > 0 && heads > 0 && d > 0 {
+			last := int64(batch-1)*sb + int64(rows-1)*sr + int64(heads-1)*sh + int64(d-1)
+			st.params[i].Lim = t.ptr() + uint64(last+1)*uint64(t.DType.Size())
+		}
 		if ws != nil {
 			st.params[i].Dst = st.views[i].ptr()
 		}
@@ -141,20 +145,18 @@ func (b *Backend) PrepareForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions
 	return st.bytes, nil
 }
 
-// enqueueStaging enqueues the pack launches of st on s.
+// enqueueStaging enqueues the pack launch of st on s (one for q, k and v).
 func (b *Backend) enqueueStaging(s *cuda.Stream, st *fwdStaging) error {
 	fn, err := b.packFunction()
 	if err != nil {
 		return err
 	}
-	for i := range st.params {
-		g := st.grids[i]
-		if g[0] == 0 || g[1] == 0 || g[2] == 0 {
-			continue
-		}
-		if err := b.dev.Launch(fn, g, [3]uint32{kernels.PackThreads, 1, 1}, kernels.PackSharedBytes, s, st.params[i].Bytes()); err != nil {
-			return fmt.Errorf("gpu: launch %s: %w", kernels.PackKernel, err)
-		}
+	g, args := kernels.PackLaunch(st.params[:], st.grids[:])
+	if g[0] == 0 || g[1] == 0 {
+		return nil
+	}
+	if err := b.dev.Launch(fn, g, [3]uint32{kernels.PackThreads, 1, 1}, kernels.PackSharedBytes, s, args); err != nil {
+		return fmt.Errorf("gpu: launch %s: %w", kernels.PackKernel, err)
 	}
 	return nil
 }

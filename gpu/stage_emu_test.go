@@ -15,26 +15,34 @@ import (
 func TestPackEmulated(t *testing.T) {
 	emuSkip(t, "FLASHATTN_FWD_EMU", "pack")
 	src := kernels.PrimitivesBegin + "\n" + kernels.PrimitivesEnd + "\n" + kernels.PackSource
-	bin := emuBinary(t, src, "pack.h", emuDriver("PackParams", []string{"src", "dst"}, []string{kernels.PackKernel}))
+	var ptrs []string
+	for i := 0; i < 3; i++ {
+		ptrs = append(ptrs, fmt.Sprintf("t[%d].src", i), fmt.Sprintf("t[%d].dst", i), fmt.Sprintf("t[%d].lim", i))
+	}
+	bin := emuBinary(t, src, "pack.h", emuDriver("PackArgs", ptrs, []string{kernels.PackKernel}))
 	type layout struct {
 		name            string
 		offset          int // elements before element 0 in the source allocation
 		rowPad, headPad int // extra elements per row and per head beyond the contiguous strides
 	}
 	layouts := []layout{{"contiguous", 0, 0, 0}, {"offset3", 3, 0, 0}, {"strided", 5, 3, 1}}
-	for _, d := range []int{1, 2, 3, 7, 8, 9, 15, 59, 64, 111, 127, 199, 257, 509} {
-		for _, l := range layouts {
-			t.Run(fmt.Sprintf("d%d-%s", d, l.name), func(t *testing.T) {
+	for i, d := range []int{1, 2, 3, 7, 8, 9, 15, 59, 64, 111, 127, 199, 257, 509} {
+		for j, l := range layouts {
+			slot := (i + j) % 3 // the launch's tensor slot (q, k or v) that holds it; the other two are empty
+			t.Run(fmt.Sprintf("d%d-%s-slot%d", d, l.name, slot), func(t *testing.T) {
 				t.Parallel()
-				packEmuCase(t, bin, d, 2, 97, 3, l.offset, l.rowPad, l.headPad) // 291 pairs: three blocks, the last one partial
+				packEmuCase(t, bin, slot, d, 2, 97, 3, l.offset, l.rowPad, l.headPad) // 291 pairs: three blocks, the last one partial
 			})
 		}
 	}
 }
 
 // packEmuCase packs a [batch, rows, heads, d] tensor whose element
-// (b, r, h, e) is a distinct nonzero 16-bit pattern and checks the copy.
-func packEmuCase(t *testing.T, bin string, d, batch, rows, heads, offset, rowPad, headPad int) {
+// (b, r, h, e) is a distinct nonzero 16-bit pattern, in slot slot of a
+// launch whose other slots are empty, and checks the copy. The source
+// allocation ends with the tensor's last element, so that a 16-byte load
+// past it would read outside the arena's tensor.
+func packEmuCase(t *testing.T, bin string, slot, d, batch, rows, heads, offset, rowPad, headPad int) {
 	t.Helper()
 	sh := int64(d + headPad)
 	sr := sh*int64(heads) + int64(rowPad)
@@ -60,11 +68,15 @@ func packEmuCase(t *testing.T, bin string, d, batch, rows, heads, offset, rowPad
 	ds := kernels.StagedDim(d)
 	dstBytes := batch * rows * heads * ds * 2
 	out := emuOut{shape: []int{batch, rows, heads, ds}, addr: ar.poisoned(dstBytes + 2*bwdGuard), n: dstBytes}
-	p := kernels.PackParams{Src: srcAddr, Dst: out.ptr(), BatchStride: sb, RowStride: sr, HeadStride: sh,
+	last := int64(batch-1)*sb + int64(rows-1)*sr + int64(heads-1)*sh + int64(d-1)
+	ps := make([]kernels.PackParams, 3)
+	grids := make([][3]uint32, 3)
+	ps[slot] = kernels.PackParams{Src: srcAddr, Dst: out.ptr(), Lim: srcAddr + 2*uint64(last+1), BatchStride: sb, RowStride: sr, HeadStride: sh,
 		Rows: int32(rows), Heads: int32(heads), D: int32(d), DS: int32(ds)}
-	g := kernels.PackGrid(rows, heads, batch)
+	grids[slot] = kernels.PackGrid(rows, heads, batch)
+	g, args := kernels.PackLaunch(ps, grids)
 	grid := [3]int{int(g[0]), int(g[1]), int(g[2])}
-	emuExec(t, bin, kernels.PackKernel, p.Bytes(), ar, []emuLaunch{{kernels.PackKernel, grid, kernels.PackThreads}})
+	emuExec(t, bin, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, grid, kernels.PackThreads}})
 	got := ar.at(out.addr, dstBytes+2*bwdGuard)
 	for i := 0; i < bwdGuard; i++ {
 		if got[i] != bwdPoison || got[bwdGuard+dstBytes+i] != bwdPoison {

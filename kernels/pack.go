@@ -57,49 +57,72 @@ __device__ __forceinline__ uint4 stage_block(const unsigned char* blk, const uns
 }
 
 // stage_chunk returns bytes [16c, 16c + 16) of the row that starts at s (2-byte aligned) and ends at
-// end, zero from end on. The row's byte offset within a 16-byte block (sh, even, the same for every
-// chunk of the row) selects the chunk's bytes from the two aligned blocks it overlaps.
-__device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsigned char* end, int c) {
+// end, zero from end on. The chunk overlaps two aligned 16-byte blocks; where both end at or before lim
+// (the end of the tensor's bytes, at or past end) they come in two 16-byte loads, bytes past end
+// included, else through stage_block. The row's byte offset within a 16-byte block (sh, even, the same
+// for every chunk of the row) then selects the chunk's bytes, and a mask clears those from end on:
+// straight-line code, the same for every chunk.
+__device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsigned char* end, const unsigned char* lim, int c) {
   const unsigned char* a = s + 16 * c;
   const int sh = (int)(reinterpret_cast<unsigned long long>(a) & 15ull);
-  const uint4 x = stage_block(a - sh, end);
-  if (sh == 0) return x;
-  const uint4 y = stage_block(a - sh + 16, end);
-  const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-  const int q = sh >> 2;  // whole words to skip
-  unsigned o[4];
+  const unsigned char* blk = a - sh;
+  uint4 x, y;
+  if (blk + 32 <= lim) {
+    x = *reinterpret_cast<const uint4*>(blk);
+    y = *reinterpret_cast<const uint4*>(blk + 16);
+  } else {
+    x = stage_block(blk, end);
+    y = stage_block(blk + 16, end);
+  }
+  // the 32-byte window x|y moved down by sh bytes: whole words first (by 2, then by 1; five words are
+  // needed after that), then a half-word by byte permutes
+  unsigned w0 = x.x, w1 = x.y, w2 = x.z, w3 = x.w, w4 = y.x;
+  if (sh & 8) { w0 = w2; w1 = w3; w2 = w4; w3 = y.y; w4 = y.z; }
+  if (sh & 4) {
+    w0 = w1; w1 = w2; w2 = w3; w3 = w4;
+    w4 = (sh & 8) ? y.w : y.y;
+  }
+  const unsigned sel = (sh & 2) ? 0x5432u : 0x3210u;
+  unsigned o[4] = {__byte_perm(w0, w1, sel), __byte_perm(w1, w2, sel), __byte_perm(w2, w3, sel), __byte_perm(w3, w4, sel)};
+  // clear the bytes from the row's end on: word k keeps min(max(valid - 4k, 0), 4) bytes (an even count)
+  const int valid = (int)(end - a);
 #pragma unroll
   for (int k = 0; k < 4; k++) {
-    const unsigned lo = q == 0 ? w[k] : q == 1 ? w[k + 1] : q == 2 ? w[k + 2] : w[k + 3];
-    const unsigned hi = q == 0 ? w[k + 1] : q == 1 ? w[k + 2] : q == 2 ? w[k + 3] : w[k + 4];
-    o[k] = (sh & 2) ? (lo >> 16) | (hi << 16) : lo;  // a half-word more to skip
+    const int keep = min(max(valid - 4 * k, 0), 4);
+    o[k] &= keep == 4 ? 0xffffffffu : (1u << (8 * keep)) - 1u;
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // stage_rows_by copies rows [0, nrows) of nb bytes, row r from src(r) into dst(r) (rows of nbs bytes,
-// a multiple of 16, 16-byte aligned), zero from byte nb on. The block's NTH threads take the rows'
-// 16-byte chunks in turn, SU at a time: all SU chunks' loads are issued before any store, so that
-// each thread keeps several loads in flight.
+// a multiple of 16, 16-byte aligned), zero from byte nb on; lim (null: each row's end) bounds the
+// whole 16-byte loads past a row's end (stage_block). The block's NTH threads take the rows' 16-byte
+// chunks in turn, SU at a time: all SU chunks' loads are issued before any store, so that each thread
+// keeps several loads in flight.
 constexpr int SU = 2;
 template <int NTH, class Dst, class Src>
-__device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs) {
-  const int cpr = nbs >> 4, items = nrows * cpr;
-  for (int t0 = threadIdx.x; t0 < items; t0 += SU * NTH) {
+__device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs, const unsigned char* lim) {
+  const int cpr = nbs >> 4;
+  // this thread's next chunk (row r, chunk c), stepped NTH chunks on at a time: dr rows and dc chunks
+  // (one division per thread, none per chunk)
+  const int dr = NTH / cpr, dc = NTH - dr * cpr;
+  int r = (int)threadIdx.x / cpr, c = (int)threadIdx.x - r * cpr;
+  while (r < nrows) {
     uint4 x[SU];
+    int rs[SU], cs[SU];
 #pragma unroll
     for (int u = 0; u < SU; u++) {
-      const int t = t0 + u * NTH, r = (int)((unsigned)t / (unsigned)cpr), c = t - r * cpr;
-      if (t < items) {
+      rs[u] = r, cs[u] = c;
+      if (r < nrows) {
         const unsigned char* s = src(r);
-        x[u] = stage_chunk(s, s + nb, c);
+        x[u] = stage_chunk(s, s + nb, lim ? lim : s + nb, c);
       }
+      r += dr, c += dc;
+      if (c >= cpr) c -= cpr, r++;
     }
 #pragma unroll
-    for (int u = 0; u < SU; u++) {
-      const int t = t0 + u * NTH, r = (int)((unsigned)t / (unsigned)cpr), c = t - r * cpr;
-      if (t < items) *reinterpret_cast<uint4*>(dst(r) + 16 * c) = x[u];
-    }
+    for (int u = 0; u < SU; u++)
+      if (rs[u] < nrows) *reinterpret_cast<uint4*>(dst(rs[u]) + 16 * cs[u]) = x[u];
   }
 }
 
@@ -107,74 +130,108 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
 template <int NTH>
 __device__ __forceinline__ void stage_rows(unsigned char* dst, long long dsr, const unsigned char* src, long long ssr,
                                            int nrows, int nb, int nbs) {
-  stage_rows_by<NTH>([=](int r) { return dst + r * dsr; }, [=](int r) { return src + r * ssr; }, nrows, nb, nbs);
+  stage_rows_by<NTH>([=](int r) { return dst + r * dsr; }, [=](int r) { return src + r * ssr; }, nrows, nb, nbs, nullptr);
 }
 `
 
 // PackSource is the CUDA source of the pack kernel. It copies bit patterns,
 // so one module serves fp16 and bf16.
-var PackSource = fmt.Sprintf(`// Staging copy of a 16-bit [B, rows, heads, D] tensor (any strides, feature dim contiguous) into a
-// contiguous [B, rows, heads, DS] buffer, DS = D rounded up to 16 elements, zero beyond D.
-// grid (ceil(rows·heads / %[1]d), B), %[2]d threads. A block copies %[1]d consecutive (row, head) pairs
-// f = row·heads + head of one batch element: consecutive in the buffer and, for the usual contiguous
-// layout, in the source too, so that both sides stream whole cache lines. Its threads take 16-byte
-// chunks.
+var PackSource = fmt.Sprintf(`// Staging copies of up to three 16-bit [B, rows, heads, D] tensors (q, k and v of one forward, one B; any
+// strides, feature dim contiguous) into contiguous [B, rows, heads, DS] buffers, DS = D rounded up to
+// 16 elements, zero beyond D, in one launch: grid (ceil(max rows·heads / %[1]d), max B, 3), %[2]d
+// threads, blockIdx.z the tensor (blocks past a tensor's pairs return at once). A block copies %[1]d
+// consecutive (row, head) pairs f = row·heads + head of one batch element: consecutive in the buffer
+// and, for the usual contiguous layout, in the source too, so that both sides stream whole cache
+// lines. Its threads take 16-byte chunks.
 typedef unsigned short u16;
 struct PackParams {
-  const u16* src;        // element (b, r, h, 0) at src + b*sb + r*sr + h*sh
-  u16* dst;              // element (b, r, h, 0) at dst + ((b*rows + r)*heads + h)*ds
-  long long sb, sr, sh;  // source strides in elements
-  int rows, heads, d, ds;
+  const u16* src;            // element (b, r, h, 0) at src + b*sb + r*sr + h*sh
+  u16* dst;                  // element (b, r, h, 0) at dst + ((b*rows + r)*heads + h)*ds
+  const unsigned char* lim;  // the end of the source's bytes (its last element + 1)
+  long long sb, sr, sh;      // source strides in elements
+  int rows, heads, d, ds;    // rows = 0: no copy
 };
+struct PackArgs { PackParams t[3]; };
 %[3]s
-extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackParams p) {
+extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
+  // this block's tensor, field by field (no dynamic index into the parameter space)
+  const int z = blockIdx.z;
+#define PICK(f) (z == 0 ? a.t[0].f : z == 1 ? a.t[1].f : a.t[2].f)
+  const PackParams p = {PICK(src), PICK(dst), PICK(lim), PICK(sb), PICK(sr), PICK(sh), PICK(rows), PICK(heads), PICK(d), PICK(ds)};
+#undef PICK
   const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)p.rows * p.heads;
+  if (f0 >= nf) return;  // past this tensor's pairs (none when rows = 0)
   const int b = blockIdx.y, n = (int)min((long long)%[1]d, nf - f0);
   const u16* s = p.src + b * p.sb;
   u16* o = p.dst + (b * nf + f0) * p.ds;
+  auto dst = [=](int i) { return reinterpret_cast<unsigned char*>(o + (long long)i * p.ds); };
+  if ((p.heads == 1 || p.sh == p.d) && p.sr == (long long)p.heads * p.d) {
+    // pairs back to back in the source (the usual layout): pair f at s + f·d, no table
+    const unsigned char* s0 = reinterpret_cast<const unsigned char*>(s + f0 * p.d);
+    const long long rb = 2ll * p.d;
+    stage_rows_by<%[2]d>(dst, [=](int i) { return s0 + i * rb; }, n, 2 * p.d, 2 * p.ds, p.lim);
+    return;
+  }
   // source address of each pair of the block, one division per pair instead of one per chunk
   // (dynamic shared memory, PackSharedBytes)
   extern __shared__ __align__(16) unsigned char smem[];
   const unsigned char** row_src = reinterpret_cast<const unsigned char**>(smem);
   for (int i = threadIdx.x; i < n; i += %[2]d) {
-    const long long f = f0 + i, r = f / p.heads, h = f - r * p.heads;
+    const long long f = f0 + i;
+    // 32-bit division where the pair index fits (a 64-bit one costs several times more)
+    const long long r = nf <= 0x7fffffffll ? (long long)((unsigned)f / (unsigned)p.heads) : f / p.heads, h = f - r * p.heads;
     row_src[i] = reinterpret_cast<const unsigned char*>(s + r * p.sr + h * p.sh);
   }
   __syncthreads();
-  stage_rows_by<%[2]d>(
-      [=](int i) { return reinterpret_cast<unsigned char*>(o + (long long)i * p.ds); },
-      [&](int i) { return row_src[i]; },
-      n, 2 * p.d, 2 * p.ds);
+  stage_rows_by<%[2]d>(dst, [&](int i) { return row_src[i]; }, n, 2 * p.d, 2 * p.ds, p.lim);
 }
 `, PackRowsPerBlock, PackThreads, stageSource, PackKernel)
 
 // PackGrid returns the grid of the pack kernel for a tensor of batch
-// elements of rows × heads rows each.
+// elements of rows × heads rows each (z: one tensor).
 func PackGrid(rows, heads, batch int) [3]uint32 {
 	f := int64(rows) * int64(heads)
 	return [3]uint32{uint32((f + PackRowsPerBlock - 1) / PackRowsPerBlock), uint32(batch), 1}
 }
 
-// PackParams are the arguments of the pack kernel; Bytes gives the C
-// struct's layout.
+// PackLaunch returns the grid and argument of one pack launch that copies
+// every tensor of ps (at most 3; Rows = 0: none) whose grids are grids.
+func PackLaunch(ps []PackParams, grids [][3]uint32) ([3]uint32, []byte) {
+	var g [3]uint32
+	args := make([]byte, 3*packParamsSize)
+	for i, p := range ps {
+		g[0], g[1] = max(g[0], grids[i][0]), max(g[1], grids[i][1])
+		copy(args[i*packParamsSize:], p.Bytes())
+	}
+	g[2] = 3
+	return g, args
+}
+
+// PackParams are the arguments of the pack kernel for one tensor; Bytes
+// gives the C struct's layout.
 type PackParams struct {
 	Src, Dst                           uint64 // device addresses of the source tensor's element 0 and of the staging buffer
+	Lim                                uint64 // device address just past the source's last element (16-byte loads stay below it)
 	BatchStride, RowStride, HeadStride int64  // source strides in elements
-	Rows, Heads, D, DS                 int32  // rows per batch element, heads, head dim, staged row length
+	Rows, Heads, D, DS                 int32  // rows per batch element (0: no copy), heads, head dim, staged row length
 }
+
+// packParamsSize is the size of the C struct PackParams.
+const packParamsSize = 64
 
 // Bytes returns the params in the layout of the C struct PackParams.
 func (p PackParams) Bytes() []byte {
-	b := make([]byte, 56)
+	b := make([]byte, packParamsSize)
 	le := binary.LittleEndian
 	le.PutUint64(b[0:], p.Src)
 	le.PutUint64(b[8:], p.Dst)
-	le.PutUint64(b[16:], uint64(p.BatchStride))
-	le.PutUint64(b[24:], uint64(p.RowStride))
-	le.PutUint64(b[32:], uint64(p.HeadStride))
-	le.PutUint32(b[40:], uint32(p.Rows))
-	le.PutUint32(b[44:], uint32(p.Heads))
-	le.PutUint32(b[48:], uint32(p.D))
-	le.PutUint32(b[52:], uint32(p.DS))
+	le.PutUint64(b[16:], p.Lim)
+	le.PutUint64(b[24:], uint64(p.BatchStride))
+	le.PutUint64(b[32:], uint64(p.RowStride))
+	le.PutUint64(b[40:], uint64(p.HeadStride))
+	le.PutUint32(b[48:], uint32(p.Rows))
+	le.PutUint32(b[52:], uint32(p.Heads))
+	le.PutUint32(b[56:], uint32(p.D))
+	le.PutUint32(b[60:], uint32(p.DS))
 	return b
 }

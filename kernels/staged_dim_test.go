@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
 )
 
 // TestStagedDims checks the staging row lengths: whole 32-byte sectors for
@@ -37,6 +38,25 @@ func TestStagedDims(t *testing.T) {
 		}
 		if got := BwdNeedsStaging(tt.dt, tt.d, tt.d); got != tt.needsStage {
 			t.Errorf("BwdNeedsStaging(%v, %d) = %v, want %v", tt.dt, tt.d, got, tt.needsStage)
+		}
+	}
+}
+
+// TestCompilePack compiles the forward's pack kernel with NVRTC for sm_90
+// and checks that ptxas reports neither stack nor spills.
+func TestCompilePack(t *testing.T) {
+	c := compilerOrSkip(t)
+	out, err := c.Compile(cuda.CompileRequest{Name: PackKernel + ".cu", Source: PackSource, Arch: "sm_90", Verbose: true, NoCache: true})
+	if err != nil {
+		t.Fatalf("%s: %v", PackKernel, err)
+	}
+	if len(out.Stats.Resources) == 0 {
+		t.Fatalf("%s: no resource report from ptxas", PackKernel)
+	}
+	for _, r := range out.Stats.Resources {
+		t.Logf("%s: %d registers, %d B stack, spills %d/%d", r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
+		if r.StackBytes > 0 || r.SpillStores > 0 {
+			t.Errorf("%s: %d B stack, %d B spill stores", r.Name, r.StackBytes, r.SpillStores)
 		}
 	}
 }

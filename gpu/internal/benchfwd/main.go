@@ -196,6 +196,9 @@ func main() {
 		if v.WGMMA {
 			tile += " wgmma"
 		}
+		if v.TMA {
+			tile += " tma"
+		}
 		fmt.Printf("%-6s %-4d %-6v %-6d %-3d %-4d %-44s %9.3f %8.1f %8s\n", group, pl.s.d, pl.s.causal, pl.s.n, pl.s.b, pl.s.h, tile, ms, tf, peer)
 	}
 }
