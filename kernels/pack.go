@@ -95,13 +95,14 @@ __device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsig
 }
 
 // stage_rows_by copies rows [0, nrows) of nb bytes, row r from src(r) into dst(r) (rows of nbs bytes,
-// a multiple of 16, 16-byte aligned), zero from byte nb on; lim (null: each row's end) bounds the
-// whole 16-byte loads past a row's end (stage_block). The block's NTH threads take the rows' 16-byte
+// a multiple of 16, 16-byte aligned), zero from byte nb on; lim(r) bounds row r's whole 16-byte loads
+// past its end (stage_chunk: an address at or past the row's end up to which the tensor's bytes
+// go on). The block's NTH threads take the rows' 16-byte
 // chunks in turn, SU at a time: all SU chunks' loads are issued before any store, so that each thread
 // keeps several loads in flight.
 constexpr int SU = 2;
-template <int NTH, class Dst, class Src>
-__device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs, const unsigned char* lim) {
+template <int NTH, class Dst, class Src, class Lim>
+__device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs, Lim lim) {
   const int cpr = nbs >> 4;
   // this thread's next chunk (row r, chunk c), stepped NTH chunks on at a time: dr rows and dc chunks
   // (one division per thread, none per chunk)
@@ -115,7 +116,7 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
       rs[u] = r, cs[u] = c;
       if (r < nrows) {
         const unsigned char* s = src(r);
-        x[u] = stage_chunk(s, s + nb, lim ? lim : s + nb, c);
+        x[u] = stage_chunk(s, s + nb, lim(r), c);
       }
       r += dr, c += dc;
       if (c >= cpr) c -= cpr, r++;
@@ -130,7 +131,10 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
 template <int NTH>
 __device__ __forceinline__ void stage_rows(unsigned char* dst, long long dsr, const unsigned char* src, long long ssr,
                                            int nrows, int nb, int nbs) {
-  stage_rows_by<NTH>([=](int r) { return dst + r * dsr; }, [=](int r) { return src + r * ssr; }, nrows, nb, nbs, nullptr);
+  // a row's loads may run on to the next row's start (other heads' bytes between), the last row's
+  // (and every row's, should rows overlap) only to its end
+  stage_rows_by<NTH>([=](int r) { return dst + r * dsr; }, [=](int r) { return src + r * ssr; }, nrows, nb, nbs,
+                     [=](int r) { return r + 1 < nrows && ssr >= nb ? src + (r + 1) * ssr : src + r * ssr + nb; });
 }
 `
 
@@ -169,7 +173,7 @@ extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
     // pairs back to back in the source (the usual layout): pair f at s + f·d, no table
     const unsigned char* s0 = reinterpret_cast<const unsigned char*>(s + f0 * p.d);
     const long long rb = 2ll * p.d;
-    stage_rows_by<%[2]d>(dst, [=](int i) { return s0 + i * rb; }, n, 2 * p.d, 2 * p.ds, p.lim);
+    stage_rows_by<%[2]d>(dst, [=](int i) { return s0 + i * rb; }, n, 2 * p.d, 2 * p.ds, [=](int) { return p.lim; });
     return;
   }
   // source address of each pair of the block, one division per pair instead of one per chunk
@@ -183,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
     row_src[i] = reinterpret_cast<const unsigned char*>(s + r * p.sr + h * p.sh);
   }
   __syncthreads();
-  stage_rows_by<%[2]d>(dst, [&](int i) { return row_src[i]; }, n, 2 * p.d, 2 * p.ds, p.lim);
+  stage_rows_by<%[2]d>(dst, [&](int i) { return row_src[i]; }, n, 2 * p.d, 2 * p.ds, [=](int) { return p.lim; });
 }
 `, PackRowsPerBlock, PackThreads, stageSource, PackKernel)
 
