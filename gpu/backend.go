@@ -296,7 +296,7 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	defer b.mu.Unlock()
 	args := b.pbuf[:kernels.ParamsSize]
 	if l.v.TMA {
-		maps, err := b.tmaps.get(l.tma, func(t kernels.TMATensor) (cuda.TensorMap, error) {
+		maps, err := b.tmaps.get(l.tma[:], fwdTMANames, func(t kernels.TMATensor) (cuda.TensorMap, error) {
 			return b.dev.EncodeTensorMap(tensorMapSpec(t))
 		})
 		if err != nil {

@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -108,7 +109,10 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 	if err != nil {
 		t.Fatal(err)
 	}
-	params := pl.params.Bytes()
+	args, err := pl.launchArgs(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
 	evs := make([]*cuda.Event, len(pl.launches)+1)
 	for i := range evs {
 		if evs[i], err = dev.NewEvent(); err != nil {
@@ -123,7 +127,7 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 				t.Fatal(err)
 			}
 			g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
-			if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
+			if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, args(l.kernel)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -221,7 +225,8 @@ func TestBackwardBench(t *testing.T) {
 	fmt.Fprintf(&out, "| D | causal | N | atomic ms | atomic TFLOP/s | separate ms | separate TFLOP/s | auto picks |\n|---|---|---|---|---|---|---|---|\n")
 	dims := []int{64, 128, 256}
 	if only != nil {
-		dims = nil // the spectrum of the asked dims alone
+		// the asked dims alone: in this table those of 64, 128 and 256 it has
+		dims = slices.DeleteFunc(dims, func(d int) bool { return !slices.Contains(only, d) })
 	}
 	lens := []int{1024, 4096, 16384}
 	if s := os.Getenv("FLASHATTN_BWD_BENCH_QUICK"); s != "" {
@@ -403,8 +408,9 @@ func TestBwdTileSweepValid(t *testing.T) {
 }
 
 // bwdDimsFor parses FLASHATTN_BWD_BENCH_DIMS (comma-separated head dims;
-// empty: nil). With it the benchmark times the spectrum of those dims
-// alone (a quick look, or a short run under a profiler).
+// empty: nil). With it the benchmark times those dims alone (in the
+// throughput table where it has them, and in the spectrum) and skips the
+// contention table: a quick look, or a short run under a profiler.
 func bwdDimsFor(t *testing.T, s string) []int {
 	if s == "" {
 		return nil

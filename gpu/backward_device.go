@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math"
+	"os"
 	"sync"
 
 	"github.com/flashattn/flashattn/attn"
@@ -239,6 +240,9 @@ type bwdCache struct {
 	mu  sync.Mutex
 	dev *cuda.Device
 	m   map[string]*bwdEntry
+
+	tmu   sync.Mutex     // guards tmaps
+	tmaps tensorMapCache // the tensor maps of the last TMA backward on dev
 }
 
 // bwdEntry is one variant's compilation, done once.
@@ -427,6 +431,7 @@ type bwdPlan struct {
 	w        bwdWorkspace
 	params   kernels.BwdParams
 	launches []bwdLaunch
+	tma      []kernels.TMATensor // v.TMA: the tensors of the dK/dV kernel's maps (q, dO), then the dQ kernel's (k, v)
 }
 
 // planBackward validates a backward call and returns its launch sequence;
@@ -456,7 +461,10 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Key())
 	}
 	pl.params = bwdParams(p, a, pl.w)
-	t := v.ResolvedTiles()
+	if run && !p.Varlen && !optedOut(os.Getenv(EnvNoTMA)) {
+		pl.useTMA()
+	}
+	t := pl.v.ResolvedTiles()
 	cdiv := func(a, b int) int { return (a + b - 1) / b }
 	add := func(k string, grid [3]int, threads, smem int) {
 		for _, g := range grid {
@@ -471,17 +479,70 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 		add(kernels.BwdPackKernel, [3]int{cdiv(max(p.N, p.M), kernels.BwdPreRows), p.B, p.H}, kernels.BwdPreThreads, 0)
 	}
 	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
-	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
+	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, pl.v.DKDVSharedBytes())
 	if algo == DQAtomic {
 		add(kernels.BwdDQConvertKernel, rowGrid, kernels.BwdPreThreads, 0)
 	} else {
-		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, v.DQSharedBytes())
+		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, pl.v.DQSharedBytes())
 	}
 	if a.DBias != nil && pl.params.DBiasElems > 0 {
 		blocks := min(int(cdiv64(pl.params.DBiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
 	}
 	return pl, nil
+}
+
+// useTMA switches the plan's Hopper kernels to tensor-map loads of their
+// streamed tiles where the accelerator can read those tensors (16-byte
+// aligned, strides whole 16-byte units) and the variant takes them.
+func (pl *bwdPlan) useTMA() {
+	v := pl.v
+	v.TMA = true
+	dkdv, dq := v.BwdTMATensors(&pl.params)
+	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
+	for _, t := range ts {
+		if !t.StridesOK() {
+			return
+		}
+	}
+	if v.Validate() != nil {
+		return
+	}
+	pl.v, pl.tma = v, ts
+}
+
+// bwdTMANames names the tensors of bwdPlan.tma in errors.
+var bwdTMANames = []string{"q", "dO", "k", "v"}
+
+// launchArgs returns the argument of each of the plan's kernel launches:
+// BwdParams, or for the TMA dK/dV and dQ kernels the tensor maps (encoded
+// on dev unless the device's last backward used the same tensors) ahead of
+// them.
+func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, error) {
+	params := pl.params.Bytes()
+	if !pl.v.TMA {
+		return func(string) []byte { return params }, nil
+	}
+	ci, _ := bwdCaches.LoadOrStore(dev, &bwdCache{dev: dev, m: map[string]*bwdEntry{}})
+	c := ci.(*bwdCache)
+	c.tmu.Lock()
+	maps, err := c.tmaps.get(pl.tma, bwdTMANames, func(t kernels.TMATensor) (cuda.TensorMap, error) {
+		return dev.EncodeTensorMap(tensorMapSpec(t))
+	})
+	c.tmu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Key(), err)
+	}
+	dkdv, dq := kernels.BwdTMAArgs(maps[0], maps[1], params), kernels.BwdTMAArgs(maps[2], maps[3], params)
+	return func(kernel string) []byte {
+		switch kernel {
+		case kernels.BwdDKDVKernel:
+			return dkdv
+		case kernels.BwdDQKernel:
+			return dq
+		}
+		return params
+	}, nil
 }
 
 // enqueueBackward enqueues the backward pass of p on stream s: dQ, dK, dV
@@ -500,10 +561,13 @@ func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.
 	if err != nil {
 		return pl.algo, err
 	}
-	params := pl.params.Bytes()
+	args, err := pl.launchArgs(dev)
+	if err != nil {
+		return pl.algo, err
+	}
 	for _, l := range pl.launches {
 		g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
-		if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, params); err != nil {
+		if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, args(l.kernel)); err != nil {
 			return pl.algo, fmt.Errorf("flashattn: backward %s %v: %w", l.kernel, l.grid, err)
 		}
 	}

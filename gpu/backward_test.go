@@ -736,6 +736,13 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 // (device buffers from cuMemAlloc are 256-byte aligned).
 func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels.BwdVariant {
 	t.Helper()
+	return in.plan(t, algo, hopper).v
+}
+
+// plan returns the launch plan of a backward of in with algo on fake,
+// 256-byte aligned device buffers.
+func (in bwdInputs) plan(t testing.TB, algo DQAlgorithm, hopper bool) *bwdPlan {
+	t.Helper()
 	dt := in.q.DType
 	const fake = 1 << 30
 	var a bwdArgs
@@ -754,5 +761,53 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	return pl.v
+	return pl
+}
+
+// TestBackwardPlanTMA checks where the backward's Hopper kernels take
+// tensor-map loads (fixed-length 16-bit batches, direct or staged, unless
+// FLASHATTN_NO_TMA is set) and the tensors of their maps: q and dO for the
+// dK/dV kernel, k and v for the dQ kernel, or their staging copies.
+func TestBackwardPlanTMA(t *testing.T) {
+	cases := []struct {
+		name   string
+		c      bwdCase
+		dt     attn.DType
+		noTMA  string
+		want   bool
+		staged bool
+	}{
+		{"bf16 d64 gqa", bwdCase{b: 2, n: 300, m: 200, h: 8, hkv: 2, dk: 64, dv: 64}, attn.BFloat16, "", true, false},
+		{"fp16 d199 staged", bwdCase{b: 1, n: 100, m: 90, h: 3, hkv: 1, dk: 199, dv: 199}, attn.Float16, "", true, true},
+		{"bf16 d128 opted out", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128}, attn.BFloat16, "1", false, false},
+		{"bf16 d64 packed", bwdCase{h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 50, 120}, cuK: []int32{0, 40, 100}}, attn.BFloat16, "", false, false},
+		{"fp32 d64", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 64}, attn.Float32, "", false, false},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(EnvNoTMA, c.noTMA)
+			in := c.c.inputs(t, c.dt, uint64(40+i))
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				pl := in.plan(t, algo, true)
+				if pl.v.TMA != c.want || (len(pl.tma) == 4) != c.want {
+					t.Fatalf("%v: variant %s, %d tensors; want tensor maps %v", algo, pl.v.Key(), len(pl.tma), c.want)
+				}
+				if !c.want {
+					continue
+				}
+				q, do, k, v := pl.params.Q, pl.params.DO, pl.params.K, pl.params.V
+				if c.staged {
+					q, do, k, v = pl.params.PQ, pl.params.PDO, pl.params.PK, pl.params.PV
+				}
+				for j, addr := range []uint64{q, do, k, v} {
+					if pl.tma[j].Addr != addr || !pl.tma[j].StridesOK() {
+						t.Errorf("%v: %s map %+v, want the tensor at %#x", algo, bwdTMANames[j], pl.tma[j], addr)
+					}
+				}
+				if pl.tma[0].Heads != uint64(in.p.H) || pl.tma[2].Heads != uint64(in.p.Hkv) || pl.tma[0].Rows != uint64(in.p.N) || pl.tma[3].Rows != uint64(in.p.M) {
+					t.Errorf("%v: extents q %+v, v %+v", algo, pl.tma[0], pl.tma[3])
+				}
+			}
+		})
+	}
 }

@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
@@ -218,30 +219,29 @@ func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
 }
 
 // tensorMapCache keeps the tensor maps of the last TMA launch. Each encode
-// is a driver call on the executor thread, three per launch, while a
-// training loop or a benchmark launches on the same buffers again and
+// is a driver call on the executor thread, three or four per launch, while
+// a training loop or a benchmark launches on the same buffers again and
 // again; a map depends on nothing but its TMATensor.
 type tensorMapCache struct {
-	key  [3]kernels.TMATensor
-	maps [3]cuda.TensorMap
-	ok   bool
+	key  []kernels.TMATensor
+	maps []cuda.TensorMap
 }
 
-// get returns the maps of q, k and v described by key, encoding them with
-// encode unless they are the last ones encoded.
-func (c *tensorMapCache) get(key [3]kernels.TMATensor, encode func(kernels.TMATensor) (cuda.TensorMap, error)) ([3]cuda.TensorMap, error) {
-	if c.ok && c.key == key {
+// get returns the maps of the tensors described by key (names: theirs, for
+// errors), encoding them with encode unless they are the last ones encoded.
+func (c *tensorMapCache) get(key []kernels.TMATensor, names []string, encode func(kernels.TMATensor) (cuda.TensorMap, error)) ([]cuda.TensorMap, error) {
+	if c.maps != nil && slices.Equal(c.key, key) {
 		return c.maps, nil
 	}
-	var maps [3]cuda.TensorMap
+	maps := make([]cuda.TensorMap, len(key))
 	for i, t := range key {
 		m, err := encode(t)
 		if err != nil {
-			return maps, fmt.Errorf("tensor map of %s: %w", [3]string{"q", "k", "v"}[i], err)
+			return nil, fmt.Errorf("tensor map of %s: %w", names[i], err)
 		}
 		maps[i] = m
 	}
-	c.key, c.maps, c.ok = key, maps, true
+	c.key, c.maps = slices.Clone(key), maps
 	return maps, nil
 }
 
@@ -257,3 +257,6 @@ func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
 		Swizzle128: true,
 	}
 }
+
+// fwdTMANames names the forward's tensor maps in errors.
+var fwdTMANames = []string{"q", "k", "v"}

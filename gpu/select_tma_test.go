@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,8 +38,9 @@ func TestTMAStrides(t *testing.T) {
 }
 
 // TestTensorMapCache checks that the maps of the last launch are reused
-// only for the same three tensors, and that a failed encode is reported
-// (naming the tensor) and replaces nothing.
+// only for the same tensors (three for a forward, four for a backward), and
+// that a failed encode is reported (naming the tensor) and replaces
+// nothing.
 func TestTensorMapCache(t *testing.T) {
 	calls := 0
 	encode := func(x kernels.TMATensor) (cuda.TensorMap, error) {
@@ -50,23 +52,29 @@ func TestTensorMapCache(t *testing.T) {
 		m[0], m[1] = byte(x.Addr), byte(x.Rows)
 		return m, nil
 	}
-	key := [3]kernels.TMATensor{{Addr: 1, Rows: 10}, {Addr: 2, Rows: 20}, {Addr: 3, Rows: 20}}
+	key := []kernels.TMATensor{{Addr: 1, Rows: 10}, {Addr: 2, Rows: 20}, {Addr: 3, Rows: 20}}
 	var c tensorMapCache
 	steps := []struct {
 		name  string
-		key   [3]kernels.TMATensor
+		key   []kernels.TMATensor
 		calls int // encodes so far
 		err   bool
 	}{
 		{"first launch", key, 3, false},
 		{"same tensors", key, 3, false},
-		{"other k", [3]kernels.TMATensor{key[0], {Addr: 4, Rows: 20}, key[2]}, 6, false},
+		{"other k", []kernels.TMATensor{key[0], {Addr: 4, Rows: 20}, key[2]}, 6, false},
 		{"back to the first", key, 9, false},
-		{"bad v", [3]kernels.TMATensor{key[0], key[1], {Rows: 20}}, 12, true},
+		{"bad v", []kernels.TMATensor{key[0], key[1], {Rows: 20}}, 12, true},
 		{"after the failure: the last good maps stay", key, 12, false},
+		{"four tensors (a backward)", append(slices.Clone(key), kernels.TMATensor{Addr: 5, Rows: 30}), 16, false},
+		{"back to three", key, 19, false},
 	}
 	for _, s := range steps {
-		maps, err := c.get(s.key, encode)
+		names := fwdTMANames
+		if len(s.key) == 4 {
+			names = bwdTMANames
+		}
+		maps, err := c.get(s.key, names, encode)
 		if s.err {
 			if !errors.Is(err, cuda.ErrArgument) || !strings.Contains(err.Error(), "tensor map of v") {
 				t.Errorf("%s: err %v, want ErrArgument naming v", s.name, err)

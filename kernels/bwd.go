@@ -104,6 +104,11 @@ type BwdVariant struct {
 	// bwd_hopper.go and BwdHopperOK for what they take). The module then runs
 	// only on sm_90.
 	WGMMA bool
+	// TMA (with WGMMA, not Varlen) loads the streamed tiles of the Hopper
+	// kernels with the tensor memory accelerator: q and dO in the dK/dV
+	// kernel, k and v in the dQ kernel. Those two kernels then take the
+	// argument of BwdTMAArgs (see bwd_tma.go).
+	TMA bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -296,6 +301,9 @@ func (v BwdVariant) Validate() error {
 	if v.WGMMA && !BwdHopperOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Key())
 	}
+	if v.TMA && (!v.WGMMA || v.Varlen) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Key())
+	}
 	t := v.ResolvedTiles()
 	dkdvLayout, dqLayout := v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
 	if v.WGMMA {
@@ -334,7 +342,7 @@ func (v BwdVariant) Key() string {
 		on   bool
 		name string
 	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.WGMMA, "sm90a"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

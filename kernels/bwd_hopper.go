@@ -96,7 +96,10 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	add("sdS", bn/64*bm*128) // [BN/64][BM][64]
 	add("sL", 2*bm*4)        // [2][BM] LSE2
 	add("sD", 2*bm*4)        // [2][BM] Delta
-	l.total += 1024          // slack: the kernel aligns its base to 1024 bytes
+	if v.TMA {
+		l.add("bar", 16) // [2] mbarriers: stage s of q and dO landed
+	}
+	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
 	return l
 }
 
@@ -134,6 +137,10 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 		b.WriteString(wgmmaSST(fmt.Sprintf("wg_n%d", nq), v.DType, nq, false, true))
 	}
 	b.WriteString(wgmmaRS("wg_rq", v.DType, dkp)) // separate dQ += dS·K, dS from registers
+	if v.TMA {
+		var p BwdParams
+		b.WriteString(bwdTMADecl(len(p.Bytes())))
+	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
 // atom c/8, row r, chunk (c mod 8) ^ (r mod 8).
@@ -175,8 +182,8 @@ func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
 	fmt.Fprintf(b, `// dK/dV (Hopper, warpgroup products): one block per (key block of %[1]d keys, batch, key head); loops
 // over the query heads of the group and the query blocks that see the keys; %[4]s,
 // written once. grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
-`, t.BlockN, l.total, BwdDKDVKernel, owner)
+extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
+%[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias())
 	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
 		fmt.Fprintf(b, "  const u32 %s = s0 + %d;\n", name, l.off[name])
@@ -187,10 +194,29 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
   float* sD = reinterpret_cast<float*>(smem + %d);
   const u32 sPa = s0 + %d, sdSa = s0 + %d;
 `, l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
+	g.tmaBarriers(b, l, "q and dO")
 	g.dkdvQueryRange(b)
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
-  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
+`, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
+	if v.TMA {
+		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q and dO by the tensor memory accelerator (one
+  // thread; rows past the sequence and columns past the head dim come as zeros), LSE2 and Delta rows
+  // by cp.async
+  constexpr int QA = %d, DA = %d;  // 64-column atoms of q and dO loaded (the rest are never read)
+  auto load_q = [&](int it, int s) {
+    const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
+    if (tid == 0) {
+      mbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128);
+      tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, iq, hq, b);
+      tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, iq, hq, b);
+    }
+    const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
+    load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
+  };
+`, (dkp+63)/64, (dvp+63)/64)
+	} else {
+		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {
     const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
     load_sw<BM, KCH, DK, NTH>(sQ + s * Q_STAGE, %s, %s, n - iq);
@@ -198,8 +224,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
     const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
-`, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"),
-		g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
+`, g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
+	}
 	// dK and dV accumulators and their layouts over the warps (rows: keys)
 	tdk := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
 	tdv := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dvp, MT: 1, NT: dvp / 8, Warps: 8}
@@ -251,7 +277,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
     const int st = it & 1;
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
     cp_async_wait0();
-    fence_proxy_async();
+`)
+	g.tmaStageWait(b)
+	b.WriteString(`    fence_proxy_async();
     __syncthreads();  // tile it landed for every thread; every warpgroup is done with iteration it-1
     if (it + 1 < iters) { load_q(it + 1, st ^ 1); cp_async_commit(); }
 `)
@@ -355,7 +383,10 @@ func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
 	add("sV", 2*va*t.BlockN*128) // [2][VATOMS][BN][64]
 	add("sL", t.BlockM*4)        // [BM] LSE2
 	add("sD", t.BlockM*4)        // [BM] Delta
-	l.total += 1024              // slack: the kernel aligns its base to 1024 bytes
+	if v.TMA {
+		l.add("bar", 16) // [2] mbarriers: stage s of k and v landed
+	}
+	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
 	return l
 }
 
@@ -376,20 +407,35 @@ func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
 // batch, query head), warpgroup w owning rows 64w .. 64w+63; loops over the visible key blocks
 // recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.
 // grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
-`, t.BlockM, l.total, BwdDQKernel)
+extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
+%[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias())
 	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
 	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
   float* sL = reinterpret_cast<float*>(smem + %d);
   float* sD = reinterpret_cast<float*>(smem + %d);
 `, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
+	g.tmaBarriers(b, l, "k and v")
 	g.dqKeyRange(b)
-	fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
+	if v.TMA {
+		fmt.Fprintf(b, `  // stage s of the key-side tiles for step it: k and v by the tensor memory accelerator (one thread;
+  // rows past the sequence and columns past the head dim come as zeros)
+  auto load_kv = [&](int it, int s) {
+    const int jk = (jb0 + it) * BN;
+    if (tid == 0) {
+      mbar_expect_tx(bar + 8 * s, (%[1]d + %[2]d) * BN * 128);
+      tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, jk, kvh, b);
+      tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, jk, kvh, b);
+    }
+  };
+`, ka, va)
+	} else {
+		fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
     load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE, %s, %s, m - jk);
     load_sw<BN, VCH, DV, NTH>(sV + s * V_STAGE, %s, %s, m - jk);
   };
 `, g.in("k").at("jk", "kvh"), g.in("k").sr, g.in("v").at("jk", "kvh"), g.in("v").sr)
+	}
 	tq := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
 	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
 	fmt.Fprintf(b, `if (njb > 0) {
@@ -406,10 +452,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
     const int st = it & 1;
     const int j0 = (jb0 + it) * BN;
     cp_async_wait0();
-    fence_proxy_async();
+`, g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr)
+	g.tmaStageWait(b)
+	b.WriteString(`    fence_proxy_async();
     __syncthreads();  // tile it landed for every thread; every warpgroup is done with tile it-1
     if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }
-`, g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr)
+`)
 	g.fullMask(b)
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: this warpgroup's 64 queries x BN keys (K and V K-major)
     float accS[1][%[1]d][4], accP[1][%[1]d][4];
@@ -453,6 +501,50 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(const BwdParams p) {
 `)
 	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
 	b.WriteString("}\n")
+}
+
+// hopperArg returns the parameter list of a Hopper dK/dV or dQ kernel:
+// BwdParams, or with TMA the tensor maps ahead of them.
+func (g *bwdGen) hopperArg() string {
+	if g.v.TMA {
+		return "const __grid_constant__ BwdTmaParams tp"
+	}
+	return "const BwdParams p"
+}
+
+// hopperArgAlias returns the line naming the BwdParams of a TMA kernel p.
+func (g *bwdGen) hopperArgAlias() string {
+	if g.v.TMA {
+		return "  const BwdParams& p = tp.p;\n"
+	}
+	return ""
+}
+
+// tmaBarriers writes, for TMA variants, the two stage barriers of the
+// streamed tiles (what: which) at the layout's "bar" and their
+// initialization.
+func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string) {
+	if !g.v.TMA {
+		return
+	}
+	fmt.Fprintf(b, `  // ---- mbarriers: stage s of %s landed (one arrival with the byte count, then the copies); the
+  // k-th fill of stage s completes phase k, so step it waits for parity (it >> 1) & 1
+  const u32 bar = s0 + %d;
+  if (tid == 0) {
+    mbar_init(bar, 1);
+    mbar_init(bar + 8, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+`, what, l.off["bar"])
+}
+
+// tmaStageWait writes, for TMA variants, the wait for the streamed tiles
+// of step it (stage st).
+func (g *bwdGen) tmaStageWait(b *strings.Builder) {
+	if g.v.TMA {
+		b.WriteString("    mbar_wait(bar + 8 * st, (it >> 1) & 1);  // the streamed tiles of step it\n")
+	}
 }
 
 // hopperPreamble writes the opening of a Hopper backward kernel: its tile

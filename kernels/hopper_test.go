@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"testing"
@@ -171,6 +172,99 @@ func bwdHopperVariants() []BwdVariant {
 	)
 }
 
+// bwdHopperTMAVariants returns the fixed-length variants of
+// bwdHopperVariants with tensor-map loads.
+func bwdHopperTMAVariants() []BwdVariant {
+	var vs []BwdVariant
+	for _, v := range bwdHopperVariants() {
+		if !v.Varlen {
+			v.TMA = true
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// TestBwdTMASource checks the tensor-map kernels: their argument, the
+// accelerator loads of the streamed tiles (and no per-thread copies of
+// them), the stage barriers, and the refusal of packed batches.
+func TestBwdTMASource(t *testing.T) {
+	for _, v := range bwdHopperTMAVariants() {
+		src, err := BwdSource(v)
+		if err != nil {
+			t.Fatalf("%s: %v", v.Key(), err)
+		}
+		for _, want := range []string{
+			BwdDKDVKernel + "(const __grid_constant__ BwdTmaParams tp)", BwdDQKernel + "(const __grid_constant__ BwdTmaParams tp)",
+			"static_assert(sizeof(BwdTmaParams) ==", "tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a", "tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b",
+			"(sK + s * K_STAGE, &tp.a", "(sV + s * V_STAGE, &tp.b", "mbar_wait(bar + 8 * st, (it >> 1) & 1);",
+			BwdPreKernel + "(const BwdParams p)",
+		} {
+			if !strings.Contains(src, want) {
+				t.Errorf("%s: source lacks %q", v.Key(), want)
+			}
+		}
+		for _, not := range []string{"load_sw<BM, KCH, DK, NTH>(sQ + s * Q_STAGE", "load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE"} {
+			if strings.Contains(src, not) {
+				t.Errorf("%s: source still copies a streamed tile by the threads (%q)", v.Key(), not)
+			}
+		}
+		if !strings.HasSuffix(strings.Split(v.Key(), "_t")[0], "_tma") && !strings.Contains(v.Key(), "_tma_") {
+			t.Errorf("key %s lacks _tma", v.Key())
+		}
+	}
+	v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, Varlen: true, WGMMA: true, TMA: true}
+	if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+		t.Errorf("packed batch with tensor maps: Validate = %v, want ErrUnsupported", err)
+	}
+	v.Varlen, v.WGMMA = false, false
+	if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+		t.Errorf("mma.sync kernels with tensor maps: Validate = %v, want ErrUnsupported", err)
+	}
+}
+
+// TestBwdTMAArgs checks the argument layout of the tensor-map kernels and
+// the tensors their maps describe (the staging copies for a staged
+// variant; placeholder strides on dims of one).
+func TestBwdTMAArgs(t *testing.T) {
+	var a, b [128]byte
+	a[0], b[127] = 1, 2
+	p := BwdParams{Q: 0x1000, DO: 0x2000, K: 0x3000, V: 0x4000, PQ: 0x5000, PDO: 0x6000, PK: 0x7000, PV: 0x8000,
+		B: 1, N: 300, M: 200, H: 8, Hkv: 2,
+		QS: BwdStrides{Batch: 0, Row: 8 * 64, Head: 64}, DOS: BwdStrides{Row: 8 * 64, Head: 64},
+		KS: BwdStrides{Row: 2 * 64, Head: 64}, VS: BwdStrides{Row: 2 * 64, Head: 64}}
+	params := p.Bytes()
+	args := BwdTMAArgs(a, b, params)
+	if len(args)%64 != 0 || len(args) < 256+len(params) || args[0] != 1 || args[255] != 2 || !bytes.Equal(args[256:256+len(params)], params) {
+		t.Fatalf("argument of %d bytes: maps or params misplaced", len(args))
+	}
+	v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, WGMMA: true, TMA: true}
+	dkdv, dq := v.BwdTMATensors(&p)
+	tl := v.ResolvedTiles()
+	want := TMATensor{Addr: 0x1000, Cols: 64, Rows: 300, Heads: 8, B: 1, Strides: [3]uint64{1024, 128, 16}, BoxRows: uint32(tl.DKDV.BlockM)}
+	if dkdv[0] != want {
+		t.Errorf("q: %+v, want %+v", dkdv[0], want)
+	}
+	want = TMATensor{Addr: 0x4000, Cols: 64, Rows: 200, Heads: 2, B: 1, Strides: [3]uint64{256, 128, 16}, BoxRows: uint32(tl.DQ.BlockN)}
+	if dq[1] != want {
+		t.Errorf("v: %+v, want %+v", dq[1], want)
+	}
+	for _, x := range append(dkdv[:], dq[:]...) {
+		if !x.StridesOK() {
+			t.Errorf("%+v: strides refused", x)
+		}
+	}
+	v = BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Staged: true, WGMMA: true, TMA: true}
+	p.PKS = BwdStrides{Row: 2 * 208, Head: 208}
+	_, dq = v.BwdTMATensors(&p)
+	if dq[0].Addr != 0x7000 || dq[0].Cols != 208 || dq[0].Strides[0] != 2*208*2 {
+		t.Errorf("staged k: %+v, want the copy at 0x7000, 208 columns, rows 832 bytes apart", dq[0])
+	}
+	if (TMATensor{Addr: 0x1008, Strides: [3]uint64{16, 16, 16}}).StridesOK() || (TMATensor{Addr: 0x1000, Strides: [3]uint64{118, 16, 16}}).StridesOK() {
+		t.Errorf("StridesOK accepts a misaligned address or stride")
+	}
+}
+
 func TestBwdHopperSource(t *testing.T) {
 	for _, v := range bwdHopperVariants() {
 		src, err := BwdSource(v)
@@ -227,10 +321,12 @@ func TestBwdCompileHopper(t *testing.T) {
 		t.Skipf("NVRTC %s cannot target sm_90a", c.VersionString())
 	}
 	vs := bwdHopperVariants()
+	tma := bwdHopperTMAVariants()
 	if testing.Short() {
 		vs = []BwdVariant{vs[1], vs[5], vs[17]}
+		tma = []BwdVariant{tma[1], tma[9], tma[len(tma)-3]}
 	}
-	for _, v := range vs {
+	for _, v := range append(vs, tma...) {
 		src, err := BwdSource(v)
 		if err != nil {
 			t.Fatalf("%s: %v", v.Key(), err)

@@ -1,0 +1,103 @@
+package kernels
+
+import "fmt"
+
+// The tensor memory accelerator in the Hopper backward kernels
+// (BwdVariant.TMA).
+//
+// Each kernel streams one pair of tiles per step: q and dO (BM = 64 rows)
+// in the dK/dV kernel, k and v (BN rows) in the dQ kernel. With TMA one
+// thread asks the accelerator for them as 64-column boxes landing in the
+// 128-byte swizzle the warpgroup products read (as in the forward, tma.go),
+// completing on the stage's mbarrier; the warps wait on the barrier's phase
+// instead of on their own cp.async copies. The tiles loaded once per block
+// (k and v in the dK/dV kernel; q, dO and the row statistics in the dQ
+// kernel) and the per-step statistics stay on cp.async.
+//
+// The two kernels then take BwdTMAParams: the tensor maps of their two
+// streamed tensors, then BwdParams. The other kernels of the module still
+// take BwdParams.
+
+// BwdTMAArgs returns the argument of a TMA dK/dV or dQ kernel launch: the
+// tensor maps a and b (dK/dV: q, dO; dQ: k, v), then the bytes of
+// BwdParams (BwdParams.Bytes), the whole padded to 64 bytes as the C struct
+// BwdTmaParams is.
+func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
+	out := make([]byte, roundUp(256+len(params), 64))
+	copy(out[0:], a[:])
+	copy(out[128:], b[:])
+	copy(out[256:], params)
+	return out
+}
+
+// BwdTMATensors returns the tensors the TMA kernels of v read with tensor
+// maps, for a launch with params p: q and dO for the dK/dV kernel, k and v
+// for the dQ kernel (the staging copies for Staged variants). A dimension
+// of extent one gets a stride of 16 bytes (it is never stepped over);
+// whether every other stride suits the accelerator is for the caller to
+// check (TMATensor.StridesOK).
+func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
+	esz := uint64(v.elem())
+	colsK, colsV := uint64(roundUp(v.DK, 8)), uint64(roundUp(v.DV, 8))
+	q, do, k, vv := p.Q, p.DO, p.K, p.V
+	qs, dos, ks, vs := p.QS, p.DOS, p.KS, p.VS
+	if v.Staged {
+		colsK, colsV = uint64(BwdStagedDim(v.DType, v.DK)), uint64(BwdStagedDim(v.DType, v.DV))
+		q, do, k, vv = p.PQ, p.PDO, p.PK, p.PV
+		qs, dos, ks, vs = p.PQS, p.PDOS, p.PKS, p.PVS
+	}
+	t := v.ResolvedTiles()
+	mk := func(addr, cols uint64, rows, heads int32, s BwdStrides, box int) TMATensor {
+		x := TMATensor{Addr: addr, Cols: cols, Rows: uint64(rows), Heads: uint64(heads), B: uint64(p.B), BoxRows: uint32(box)}
+		for i, st := range [3]struct {
+			n      int32
+			stride int64
+		}{{rows, s.Row}, {heads, s.Head}, {p.B, s.Batch}} {
+			x.Strides[i] = 16
+			if st.n > 1 {
+				x.Strides[i] = uint64(st.stride) * esz
+			}
+		}
+		return x
+	}
+	dkdv = [2]TMATensor{mk(q, colsK, p.N, p.H, qs, t.DKDV.BlockM), mk(do, colsV, p.N, p.H, dos, t.DKDV.BlockM)}
+	dq = [2]TMATensor{mk(k, colsK, p.M, p.Hkv, ks, t.DQ.BlockN), mk(vv, colsV, p.M, p.Hkv, vs, t.DQ.BlockN)}
+	return dkdv, dq
+}
+
+// StridesOK reports whether the accelerator can read t as described:
+// a 16-byte aligned address and strides that are positive multiples of 16
+// bytes below 2^40.
+func (t TMATensor) StridesOK() bool {
+	if t.Addr%16 != 0 {
+		return false
+	}
+	for _, s := range t.Strides {
+		if s == 0 || s%16 != 0 || s >= 1<<40 {
+			return false
+		}
+	}
+	return true
+}
+
+// bwdTMADecl returns the C declarations of the TMA kernels' argument and
+// the accelerator primitives.
+func bwdTMADecl(paramsSize int) string {
+	return fmt.Sprintf(`// ---- the TMA kernels' argument: tensor maps of the two streamed tensors (dims: head dim, position,
+// head, batch; encoded on the host), then the usual BwdParams
+struct __align__(64) TensorMap { unsigned long long w[16]; };
+struct __align__(64) BwdTmaParams {
+  TensorMap a;  // dK/dV kernel: q; dQ kernel: k
+  TensorMap b;  // dK/dV kernel: dO; dQ kernel: v
+  BwdParams p;
+};
+static_assert(sizeof(BwdTmaParams) == %d, "BwdTmaParams size differs from the Go packing");
+`, roundUp(256+paramsSize, 64)) + tmaPrimitives() + `// tma_rows issues ATOMS boxes of [ROWS][64 columns] (rows row0.., one head and batch element) into
+// the swizzled [ATOMS][ROWS][64] tile at dst, completing on bar (whose bytes the caller announced)
+template <int ROWS, int ATOMS>
+DEV void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
+#pragma unroll
+  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
+}
+`
+}
