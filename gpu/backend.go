@@ -35,7 +35,8 @@ type Backend struct {
 	// accelerator (kernels.Variant.TMA) where q, k and v allow it (16-byte
 	// aligned rows and strides, not packed variable-length batches). New
 	// sets it with WGMMA unless FLASHATTN_NO_TMA is set; clearing it keeps
-	// the per-thread copies.
+	// the per-thread copies. (The backward reads FLASHATTN_NO_TMA at every
+	// call.)
 	TMA bool
 
 	fill filler // the random-fill kernel
@@ -338,7 +339,8 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 }
 
 // EnvNoTMA, when set to anything but "" or "0", keeps the Hopper forward
-// of new backends on per-thread tile copies (Backend.TMA).
+// of new backends on per-thread tile copies (Backend.TMA), and the Hopper
+// backward kernels too (read at every backward call).
 const EnvNoTMA = "FLASHATTN_NO_TMA"
 
 // optedOut reports whether an opt-out variable's value is set: anything

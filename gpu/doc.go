@@ -30,7 +30,10 @@
 // The Hopper forward loads its tiles with the tensor memory accelerator
 // (tensor maps encoded on the host, the last launch's kept) for fixed-length batches whose q, k and v
 // rows and strides are whole 16-byte units (staging copies included), unless
-// FLASHATTN_NO_TMA is set or Backend.TMA cleared.
+// FLASHATTN_NO_TMA is set or Backend.TMA cleared. So do the Hopper backward
+// kernels for their streamed tiles (q and dO in the dK/dV kernel, k and v in
+// the dQ kernel; the maps of a device's last backward kept), unless
+// FLASHATTN_NO_TMA is set at the call.
 //
 // Kernels are chosen per problem (element type, head dims, load width,
 // mask, features) with the tuning table of package kernels, compiled by

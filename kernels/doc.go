@@ -28,7 +28,8 @@
 // tiles come from the tensor memory accelerator (tma.go): bulk tensor copies
 // described by tensor maps the host encodes, completing on
 // mbarriers, so the warps' own load path stays idle. The backward's dK/dV and dQ kernels
-// have the same counterparts (BwdVariant.WGMMA, bwd_hopper.go). Both reuse the
+// have the same counterparts (BwdVariant.WGMMA, bwd_hopper.go; with
+// BwdVariant.TMA their streamed tiles come by tensor maps, bwd_tma.go). Both reuse the
 // element-wise code of the mma.sync kernels: the accumulator layout of a
 // warp is the same.
 //
