@@ -96,10 +96,9 @@ __device__ __forceinline__ uint4 stage_chunk(const unsigned char* s, const unsig
 
 // stage_rows_by copies rows [0, nrows) of nb bytes, row r from src(r) into dst(r) (rows of nbs bytes,
 // a multiple of 16, 16-byte aligned), zero from byte nb on; lim(r) bounds row r's whole 16-byte loads
-// past its end (stage_chunk: an address at or past the row's end up to which the tensor's bytes
-// go on). The block's NTH threads take the rows' 16-byte
-// chunks in turn, SU at a time: all SU chunks' loads are issued before any store, so that each thread
-// keeps several loads in flight.
+// past its end (stage_chunk: an address at or past the row's end up to which the tensor's bytes go
+// on). The block's NTH threads take the rows' 16-byte chunks in turn, SU at a time: all SU chunks'
+// loads are issued before any store, so that each thread keeps several loads in flight.
 constexpr int SU = 2;
 template <int NTH, class Dst, class Src, class Lim>
 __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int nb, int nbs, Lim lim) {

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"encoding/binary"
+	"strings"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -58,5 +60,36 @@ func TestCompilePack(t *testing.T) {
 		if r.StackBytes > 0 || r.SpillStores > 0 {
 			t.Errorf("%s: %d B stack, %d B spill stores", r.Name, r.StackBytes, r.SpillStores)
 		}
+	}
+}
+
+// TestPackLaunch checks the one launch that packs q, k and v: the grid
+// covers the largest tensor in x and y with one z slice per tensor, and the
+// argument holds the three PackParams in order, in the C layout (an empty
+// slot all zero).
+func TestPackLaunch(t *testing.T) {
+	ps := []PackParams{
+		{Src: 0x1000, Dst: 0x9000, Lim: 0x1800, BatchStride: 300 * 8 * 59, RowStride: 8 * 59, HeadStride: 59, Rows: 300, Heads: 8, D: 59, DS: 64},
+		{Src: 0x2000, Dst: 0xa000, Lim: 0x2800, BatchStride: 200 * 2 * 59, RowStride: 2 * 59, HeadStride: 59, Rows: 200, Heads: 2, D: 59, DS: 64},
+		{},
+	}
+	grids := [][3]uint32{PackGrid(300, 8, 2), PackGrid(200, 2, 2), {}}
+	g, args := PackLaunch(ps, grids)
+	if want := [3]uint32{(300*8 + PackRowsPerBlock - 1) / PackRowsPerBlock, 2, 3}; g != want {
+		t.Errorf("grid %v, want %v", g, want)
+	}
+	if len(args) != 3*packParamsSize {
+		t.Fatalf("argument of %d bytes, want %d", len(args), 3*packParamsSize)
+	}
+	le := binary.LittleEndian
+	for i, p := range ps {
+		b := args[i*packParamsSize : (i+1)*packParamsSize]
+		if le.Uint64(b[0:]) != p.Src || le.Uint64(b[8:]) != p.Dst || le.Uint64(b[16:]) != p.Lim ||
+			int64(le.Uint64(b[32:])) != p.RowStride || int32(le.Uint32(b[48:])) != p.Rows || int32(le.Uint32(b[60:])) != p.DS {
+			t.Errorf("slot %d: % x does not hold %+v", i, b, p)
+		}
+	}
+	if !strings.Contains(PackSource, "struct PackArgs { PackParams t[3]; };") || !strings.Contains(PackSource, "const unsigned char* lim;") {
+		t.Errorf("PackSource's argument struct differs from the packing")
 	}
 }
