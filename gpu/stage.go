@@ -14,12 +14,13 @@ import (
 // it element by element, at less than half the speed of 16-byte copies;
 // rows 4- or 8-byte aligned (head dims ≡ 2, 4, 6 mod 8) take narrower
 // asynchronous copies. Given DeviceOptions.Staging, ForwardDevice first
-// copies such q, k and v
-// into workspace rows padded to a multiple of 16 elements (kernels.StagedDim)
-// and runs the 16-byte-copy kernel on the copies.
+// copies such q, k and v (one pack launch for the three) into workspace rows
+// padded to a multiple of 16 elements (kernels.StagedDim) and runs the
+// 16-byte-copy kernel on the copies.
 
 // fwdStaging is the staging plan of one forward call: for q, k and v, the
-// view of its copy in the workspace and the pack launch that fills it.
+// view of its copy in the workspace and its slot of the pack launch
+// (parameters and the grid it alone would need).
 type fwdStaging struct {
 	views  [3]DeviceTensor
 	params [3]kernels.PackParams
