@@ -22,7 +22,7 @@ type TensorMapSpec struct {
 	// Dims are the extents, innermost first (1 to 5 of them, each 1..2^32).
 	Dims []uint64
 	// Strides are the byte strides of dims 1.. (len(Dims)-1 of them), each
-	// a multiple of 16 below 2^40.
+	// a positive multiple of 16 below 2^40.
 	Strides []uint64
 	// Box is the extent of one copy in each dim (1..256 each); with Swizzle128
 	// the innermost extent is at most 128 bytes.
@@ -40,8 +40,10 @@ const (
 	tensorMapL2Promo128 = 2 // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 )
 
-// check reports the first violated requirement of s.
-func (s TensorMapSpec) check() error {
+// Check reports the first requirement of cuTensorMapEncodeTiled that s
+// violates (an error wrapping ErrArgument), or nil: EncodeTensorMap runs it
+// first, and a caller can ask before choosing tensor-map loads at all.
+func (s TensorMapSpec) Check() error {
 	r := len(s.Dims)
 	switch {
 	case r < 1 || r > 5:
@@ -62,8 +64,8 @@ func (s TensorMapSpec) check() error {
 		}
 	}
 	for i, st := range s.Strides {
-		if st%16 != 0 || st >= 1<<40 {
-			return argErrorf("tensor map stride %d bytes in dim %d (a multiple of 16 below 2^40)", st, i+1)
+		if st == 0 || st%16 != 0 || st >= 1<<40 {
+			return argErrorf("tensor map stride %d bytes in dim %d (a positive multiple of 16 below 2^40)", st, i+1)
 		}
 	}
 	return nil
@@ -74,7 +76,7 @@ func (s TensorMapSpec) check() error {
 // before CUDA 12 lack the call and get an error wrapping ErrArgument.
 func (d *Device) EncodeTensorMap(s TensorMapSpec) (TensorMap, error) {
 	var m TensorMap
-	if err := s.check(); err != nil {
+	if err := s.Check(); err != nil {
 		return m, err
 	}
 	fn := d.api.lib.optionalSymbol("cuTensorMapEncodeTiled")

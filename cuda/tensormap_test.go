@@ -27,6 +27,7 @@ func TestTensorMapSpecCheck(t *testing.T) {
 		{"unaligned address", func(s *TensorMapSpec) { s.Addr = 0x1002 }, false},
 		{"stride not a multiple of 16", func(s *TensorMapSpec) { s.Strides[0] = 398 }, false},
 		{"stride too large", func(s *TensorMapSpec) { s.Strides[2] = 1 << 40 }, false},
+		{"zero stride", func(s *TensorMapSpec) { s.Strides[1] = 0 }, false},
 		{"empty dim", func(s *TensorMapSpec) { s.Dims[1] = 0 }, false},
 		{"box too tall", func(s *TensorMapSpec) { s.Box[1] = 257 }, false},
 		{"empty box", func(s *TensorMapSpec) { s.Box[2] = 0 }, false},
@@ -36,7 +37,7 @@ func TestTensorMapSpecCheck(t *testing.T) {
 	for _, c := range cases {
 		s := good()
 		c.edit(&s)
-		err := s.check()
+		err := s.Check()
 		if c.ok && err != nil {
 			t.Errorf("%s: %v", c.name, err)
 		}

@@ -418,8 +418,8 @@ func bwdDimsFor(t *testing.T, s string) []int {
 	var dims []int
 	for _, f := range strings.Split(s, ",") {
 		d, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || d < 1 || d > 512 {
-			t.Fatalf("FLASHATTN_BWD_BENCH_DIMS: %q is not a head dim from 1 to 512", f)
+		if err != nil || d < 1 || d > attn.MaxHeadDim {
+			t.Fatalf("FLASHATTN_BWD_BENCH_DIMS: %q is not a head dim from 1 to %d", f, attn.MaxHeadDim)
 		}
 		dims = append(dims, d)
 	}

@@ -254,12 +254,17 @@ type bwdEntry struct {
 
 var bwdCaches sync.Map // *cuda.Device -> *bwdCache
 
+// bwdCacheFor returns dev's backward cache, made on first use.
+func bwdCacheFor(dev *cuda.Device) *bwdCache {
+	ci, _ := bwdCaches.LoadOrStore(dev, &bwdCache{dev: dev, m: map[string]*bwdEntry{}})
+	return ci.(*bwdCache)
+}
+
 // bwdModuleFor returns the compiled kernels of v on dev, compiling (NVRTC,
 // with the package cuda disk cache) on first use. Different variants
 // compile concurrently.
 func bwdModuleFor(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
-	ci, _ := bwdCaches.LoadOrStore(dev, &bwdCache{dev: dev, m: map[string]*bwdEntry{}})
-	c := ci.(*bwdCache)
+	c := bwdCacheFor(dev)
 	key := v.Key()
 	c.mu.Lock()
 	e, ok := c.m[key]
@@ -493,15 +498,16 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 }
 
 // useTMA switches the plan's Hopper kernels to tensor-map loads of their
-// streamed tiles where the accelerator can read those tensors (16-byte
-// aligned, strides whole 16-byte units) and the variant takes them.
+// streamed tiles where the encoder would take the four maps (16-byte
+// aligned, strides whole 16-byte units: cuda.TensorMapSpec.Check) and the
+// variant takes them.
 func (pl *bwdPlan) useTMA() {
 	v := pl.v
 	v.TMA = true
 	dkdv, dq := v.BwdTMATensors(&pl.params)
 	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 	for _, t := range ts {
-		if !t.StridesOK() {
+		if tensorMapSpec(t).Check() != nil {
 			return
 		}
 	}
@@ -523,8 +529,7 @@ func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, err
 	if !pl.v.TMA {
 		return func(string) []byte { return params }, nil
 	}
-	ci, _ := bwdCaches.LoadOrStore(dev, &bwdCache{dev: dev, m: map[string]*bwdEntry{}})
-	c := ci.(*bwdCache)
+	c := bwdCacheFor(dev)
 	c.tmu.Lock()
 	maps, err := c.tmaps.get(pl.tma, bwdTMANames, func(t kernels.TMATensor) (cuda.TensorMap, error) {
 		return dev.EncodeTensorMap(tensorMapSpec(t))

@@ -800,7 +800,7 @@ func TestBackwardPlanTMA(t *testing.T) {
 					q, do, k, v = pl.params.PQ, pl.params.PDO, pl.params.PK, pl.params.PV
 				}
 				for j, addr := range []uint64{q, do, k, v} {
-					if pl.tma[j].Addr != addr || !pl.tma[j].StridesOK() {
+					if pl.tma[j].Addr != addr || tensorMapSpec(pl.tma[j]).Check() != nil {
 						t.Errorf("%v: %s map %+v, want the tensor at %#x", algo, bwdTMANames[j], pl.tma[j], addr)
 					}
 				}

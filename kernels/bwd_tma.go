@@ -35,7 +35,7 @@ func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
 // for the dQ kernel (the staging copies for Staged variants). A dimension
 // of extent one gets a stride of 16 bytes (it is never stepped over);
 // whether every other stride suits the accelerator is for the caller to
-// check (TMATensor.StridesOK).
+// check (package gpu checks each map's cuda.TensorMapSpec).
 func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	esz := uint64(v.elem())
 	colsK, colsV := uint64(roundUp(v.DK, 8)), uint64(roundUp(v.DV, 8))
@@ -65,39 +65,16 @@ func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	return dkdv, dq
 }
 
-// StridesOK reports whether the accelerator can read t as described:
-// a 16-byte aligned address and strides that are positive multiples of 16
-// bytes below 2^40.
-func (t TMATensor) StridesOK() bool {
-	if t.Addr%16 != 0 {
-		return false
-	}
-	for _, s := range t.Strides {
-		if s == 0 || s%16 != 0 || s >= 1<<40 {
-			return false
-		}
-	}
-	return true
-}
-
 // bwdTMADecl returns the C declarations of the TMA kernels' argument and
 // the accelerator primitives.
 func bwdTMADecl(paramsSize int) string {
 	return fmt.Sprintf(`// ---- the TMA kernels' argument: tensor maps of the two streamed tensors (dims: head dim, position,
 // head, batch; encoded on the host), then the usual BwdParams
-struct __align__(64) TensorMap { unsigned long long w[16]; };
-struct __align__(64) BwdTmaParams {
+%sstruct __align__(64) BwdTmaParams {
   TensorMap a;  // dK/dV kernel: q; dQ kernel: k
   TensorMap b;  // dK/dV kernel: dO; dQ kernel: v
   BwdParams p;
 };
 static_assert(sizeof(BwdTmaParams) == %d, "BwdTmaParams size differs from the Go packing");
-`, roundUp(256+paramsSize, 64)) + tmaPrimitives() + `// tma_rows issues ATOMS boxes of [ROWS][64 columns] (rows row0.., one head and batch element) into
-// the swizzled [ATOMS][ROWS][64] tile at dst, completing on bar (whose bytes the caller announced)
-template <int ROWS, int ATOMS>
-DEV void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
-#pragma unroll
-  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
-}
-`
+`, cTensorMap, roundUp(256+paramsSize, 64)) + tmaPrimitives()
 }

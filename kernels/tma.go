@@ -54,20 +54,24 @@ func (v Variant) TMATensors(p *Params, colsK, colsV uint64, qs, ks, vs [3]uint64
 	}
 }
 
+// cTensorMap is the C type of an encoded tensor map (CUtensorMap), which
+// the forward's and the backward's TMA arguments hold.
+const cTensorMap = "struct __align__(64) TensorMap { unsigned long long w[16]; };  // an encoded tensor map (CUtensorMap)\n"
+
 // tmaParamsDecl returns the C declaration of the TMA kernel's argument.
 func tmaParamsDecl() string {
 	return fmt.Sprintf(`// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
 // encoded on the host), then the usual Params
-struct __align__(64) TensorMap { unsigned long long w[16]; };
-struct __align__(64) TmaParams {
+%sstruct __align__(64) TmaParams {
   TensorMap q, k, v;
   Params p;
 };
 static_assert(sizeof(TmaParams) == %d, "TmaParams size differs from the Go packing");
-`, TMAParamsSize)
+`, cTensorMap, TMAParamsSize)
 }
 
-// tmaPrimitives returns the mbarrier and bulk tensor copy wrappers.
+// tmaPrimitives returns the mbarrier and bulk tensor copy wrappers and
+// tma_rows (a tile's boxes), shared by the forward and backward TMA kernels.
 func tmaPrimitives() string {
 	return `// ---- mbarriers and bulk tensor copies (tensor memory accelerator)
 DEV void mbar_init(u32 bar, u32 count) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count)); }
@@ -91,20 +95,26 @@ DEV void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+// tma_rows issues ATOMS boxes of [ROWS][64 columns] (rows row0.., one head and batch element) into
+// the swizzled [ATOMS][ROWS][64] tile at dst, box a at dst + a·ROWS·128, completing on bar (whose
+// bytes the caller announces; out-of-bounds parts count too, as zeros)
+template <int ROWS, int ATOMS>
+DEV void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
+#pragma unroll
+  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
+}
 `
 }
 
 // tmaLoaders returns the tile loaders of the TMA kernel: one thread issues
 // every box of a tile and announces its bytes on the tile's barrier.
 func tmaLoaders() string {
-	return `// ---- tiles by the tensor memory accelerator: ATOMS boxes of [ROWS][64 columns] of one head and
-// batch element, box a at dst + a·ROWS·128 (the [ATOMS][ROWS][64] swizzled layout); one thread
-// issues them, bar counts their bytes (out-of-bounds parts count too, as zeros)
+	return `// ---- a tile by the tensor memory accelerator (tma_rows), its bytes announced on its own barrier;
+// one thread issues it
 template <int ROWS, int ATOMS>
 DEV void tma_tile(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
   mbar_expect_tx(bar, ATOMS * ROWS * 128);
-#pragma unroll
-  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
+  tma_rows<ROWS, ATOMS>(dst, map, bar, row0, head, batch);
 }
 `
 }
