@@ -145,11 +145,20 @@ func bwdPadDim(d int) int {
 // elem returns the storage size in bytes of the variant's dtype.
 func (v BwdVariant) elem() int { return v.DType.Size() }
 
-// DKPad returns DK as padded inside the kernels (see bwdPadDim).
-func (v BwdVariant) DKPad() int { return bwdPadDim(v.DK) }
+// DKPad returns DK as padded inside the kernels (see bwdPadDim; the Hopper
+// kernels, whose warpgroup products take any multiple of 16, pad to 16).
+func (v BwdVariant) DKPad() int { return v.padDim(v.DK) }
 
-// DVPad returns DV as padded inside the kernels (see bwdPadDim).
-func (v BwdVariant) DVPad() int { return bwdPadDim(v.DV) }
+// DVPad returns DV as padded inside the kernels (see DKPad).
+func (v BwdVariant) DVPad() int { return v.padDim(v.DV) }
+
+// padDim returns head dim d as padded inside v's kernels.
+func (v BwdVariant) padDim(d int) int {
+	if v.WGMMA {
+		return roundUp(d, 16)
+	}
+	return bwdPadDim(d)
+}
 
 // defaultBwdTiles returns the tile table row for the variant's dtype and
 // padded head dimensions. The table is data: one row per head-dim class.

@@ -156,7 +156,7 @@ func grepLines(s, sub string) string {
 // the element-wise features.
 func bwdHopperVariants() []BwdVariant {
 	var vs []BwdVariant
-	for _, d := range [][2]int{{64, 64}, {128, 128}, {96, 96}, {32, 128}, {256, 256}, {192, 192}, {160, 256}} {
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {96, 96}, {32, 128}, {256, 256}, {192, 192}, {160, 256}, {208, 208}, {144, 224}, {80, 112}} {
 		for _, atomic := range []bool{true, false} {
 			for _, masked := range []bool{false, true} {
 				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d[0], DV: d[1], Vector: true, AtomicDQ: atomic, Masked: masked, WGMMA: true})
@@ -421,5 +421,25 @@ func TestHopperTileKeys(t *testing.T) {
 				t.Errorf("tile %dx%d WarpsN %d, want %dx%d WarpsN %d", v.BlockM, v.BlockN, v.WarpsN, tt.bm, tt.bn, tt.warpsN)
 			}
 		})
+	}
+}
+
+// TestBwdHopperPad checks the padded head dims: the Hopper kernels pad to
+// the 16 elements of a warpgroup product's k step (D = 199: 208, so the
+// products and the dQ accumulator are 7 % narrower than at 224), the
+// mma.sync kernels keep the 32-element granule above 64.
+func TestBwdHopperPad(t *testing.T) {
+	for _, c := range []struct {
+		d     int
+		wgmma bool
+		want  int
+	}{
+		{59, true, 64}, {59, false, 64}, {80, true, 80}, {80, false, 96}, {127, true, 128},
+		{144, true, 144}, {144, false, 160}, {199, true, 208}, {199, false, 224}, {256, true, 256},
+	} {
+		v := BwdVariant{DType: attn.BFloat16, DK: c.d, DV: c.d, WGMMA: c.wgmma}
+		if got, gotV := v.DKPad(), v.DVPad(); got != c.want || gotV != c.want {
+			t.Errorf("D=%d wgmma=%v: padded to %d, %d, want %d", c.d, c.wgmma, got, gotV, c.want)
+		}
 	}
 }
