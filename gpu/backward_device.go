@@ -43,23 +43,34 @@ func (a DQAlgorithm) String() string {
 // dimension is at most MaxDim and whose query length per head is at least
 // MinN (and below MaxN, 0 meaning unbounded) use Algo. Hopper says which
 // kernels the row is for: -1 any, 0 the mma.sync kernels, 1 the Hopper
-// (wgmma) kernels.
+// (wgmma) kernels. FixedLength limits the row to fixed-length batches (the
+// Hopper kernels load their tiles by tensor maps there, and by cp.async for
+// packed batches).
 type dqRule struct {
-	MaxDim     int
-	Causal     int // -1 any, 0 not causal/windowed, 1 masked
-	MinN, MaxN int
-	Hopper     int
-	Algo       DQAlgorithm
+	MaxDim      int
+	Causal      int // -1 any, 0 not causal/windowed, 1 masked
+	MinN, MaxN  int
+	Hopper      int
+	FixedLength bool
+	Algo        DQAlgorithm
 }
 
 // dqTable is the measured choice of dQ algorithm per shape class, first
 // matching row wins. See kernels/NOTES-bwd.md for the measurements.
 var dqTable = []dqRule{
-	// bf16 on the H200 (2026-12-03), the Hopper kernels, N = 4K causal or
-	// not and the head-dim spectrum: the atomic dQ is 5–15 % faster up to
-	// D = 128; past it, where the dK/dV kernel's warpgroups split columns
-	// over 64 keys, its atomics cost more than the separate dQ kernel
-	// (D = 256: 4.74 ms separate, 5.61 atomic).
+	// bf16 on the H200 (2026-12-04, the tensor-map kernels), N = 1K, 4K, 16K
+	// with B·N = 16K and H·D = 2048: at D = 64 the atomic dQ is 1–6 % faster
+	// everywhere; at D = 128 the separate one is 2–6 % faster without a mask
+	// (4K: 3.526 ms against 3.682) and 1–7 % slower with the causal one
+	// (4K: 2.349 against 2.269). Dims between 64 and 128 follow 128.
+	{MaxDim: 64, Causal: -1, Hopper: 1, Algo: DQAtomic},
+	{MaxDim: 128, Causal: 0, Hopper: 1, FixedLength: true, Algo: DQSeparate},
+	// bf16 on the H200 (2026-12-03), the Hopper kernels with cp.async loads,
+	// N = 4K causal or not and the head-dim spectrum: the atomic dQ is 5–15 %
+	// faster up to D = 128; past it, where the dK/dV kernel's warpgroups
+	// split columns over 64 keys, its atomics cost more than the separate dQ
+	// kernel (D = 256: 4.74 ms separate, 5.61 atomic; with tensor maps 3.699
+	// against 5.006 at 4K).
 	{MaxDim: 128, Causal: -1, Hopper: 1, Algo: DQAtomic},
 	{MaxDim: 256, Causal: -1, Hopper: 1, Algo: DQSeparate},
 	// bf16 on the H200 (2026-12-02, second table), the mma.sync kernels, N =
@@ -91,7 +102,7 @@ func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
 		if r.Causal >= 0 && (r.Causal == 1) != p.Masked {
 			continue
 		}
-		if r.Hopper >= 0 && (r.Hopper == 1) != hopper {
+		if r.Hopper >= 0 && (r.Hopper == 1) != hopper || r.FixedLength && p.Varlen {
 			continue
 		}
 		return r.Algo
