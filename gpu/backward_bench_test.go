@@ -427,4 +427,4 @@ func bwdDimsFor(t *testing.T, s string) []int {
 }
 
 // bwdSpectrumDims are the head dimensions of the spectrum table.
-var bwdSpectrumDims = []int{64, 96, 127, 128, 160, 192, 199, 256, 257, 320, 384, 512}
+var bwdSpectrumDims = []int{59, 64, 96, 127, 128, 160, 192, 199, 256, 257, 320, 384, 512}

@@ -492,7 +492,7 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 	}
 	rowGrid := [3]int{cdiv(p.N, kernels.BwdPreRows), p.B, p.H}
 	if v.Staged {
-		add(kernels.BwdPackKernel, [3]int{cdiv(max(p.N, p.M), kernels.BwdPreRows), p.B, p.H}, kernels.BwdPreThreads, 0)
+		add(kernels.BwdPackKernel, kernels.BwdPackGrid(p.B, p.N, p.M, p.H, p.Hkv), kernels.PackThreads, kernels.BwdPackSharedBytes)
 	}
 	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
 	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, pl.v.DKDVSharedBytes())

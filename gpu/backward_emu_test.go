@@ -26,7 +26,7 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 
 // emuRun runs one backward call on the host emulator and returns the
 // gradients (with guard bands and NaN poisoning checked like bwdRun).
-func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
+func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool) attn.Gradients {
 	t.Helper()
 	dt := in.q.DType
 	ar := &emuArena{}
@@ -35,6 +35,10 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
 		t   attn.Tensor
 		dst *bwdView
 	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
+		if headMajor {
+			*x.dst = headMajorView(ar, x.t)
+			continue
+		}
 		*x.dst = seqView(ar.put(x.t.Bytes()), dt, x.t.Shape)
 	}
 	a.LSE = lseView(ar.put(in.lse.Bytes()), in.lse.Shape)
@@ -81,6 +85,26 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm) attn.Gradients {
 	return g
 }
 
+// headMajorView stores a [B, N, H, D] tensor in the arena as [B, H, N, D]
+// and returns its strided view: rows D apart, heads N·D apart, so that no
+// two (row, head) pairs are back to back.
+func headMajorView(ar *emuArena, x attn.Tensor) bwdView {
+	bn, n, h, d := x.Shape[0], x.Shape[1], x.Shape[2], x.Shape[3]
+	es := x.DType.Size()
+	src := x.Bytes()
+	out := make([]byte, len(src))
+	for b := 0; b < bn; b++ {
+		for r := 0; r < n; r++ {
+			for hh := 0; hh < h; hh++ {
+				from := (((b*n+r)*h + hh) * d) * es
+				to := (((b*h+hh)*n + r) * d) * es
+				copy(out[to:to+d*es], src[from:from+d*es])
+			}
+		}
+	}
+	return bwdView{Ptr: ar.put(out), DType: x.DType, Batch: int64(h * n * d), Row: int64(d), Head: int64(n * d)}
+}
+
 func emuCases() []bwdCase {
 	bf := []attn.DType{attn.BFloat16}
 	return []bwdCase{
@@ -95,6 +119,7 @@ func emuCases() []bwdCase {
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
 		{name: "varlen-staged-gqa", h: 4, hkv: 2, dk: 37, dv: 59, cuQ: []int32{0, 17, 17, 60}, cuK: []int32{0, 30, 41, 41}, causal: true, dtypes: []attn.DType{attn.Float16, attn.Float32}},
+		{name: "head-major-staged-gqa", b: 2, n: 37, m: 45, h: 4, hkv: 2, dk: 59, dv: 37, causal: true, headMajor: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "gqa-d128", b: 1, n: 65, m: 130, h: 4, hkv: 2, dk: 128, dv: 128, dtypes: bf},
 		{name: "d256", b: 1, n: 65, m: 70, h: 1, hkv: 1, dk: 256, dv: 256, dropout: 0.1, dtypes: bf},
 	}
@@ -121,7 +146,7 @@ func TestBackwardEmulated(t *testing.T) {
 			}
 			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 				t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
-					g := emuRun(t, in, algo)
+					g := emuRun(t, in, algo, c.headMajor)
 					checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
 					checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
 					checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)

@@ -56,6 +56,7 @@ type bwdCase struct {
 	cuQ, cuK      []int32
 	dtypes        []attn.DType
 	deterministic bool
+	headMajor     bool // inputs stored [B, H, N, D] (strided views; host emulator only)
 }
 
 func bwdCases() []bwdCase {

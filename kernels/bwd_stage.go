@@ -36,45 +36,103 @@ func bwdTensor(t string, staged bool) bwdInput {
 	return bwdInput{ptr: ptr, sb: st + "_sb", sr: st + "_sr", sh: st + "_sh", rowBase: base}
 }
 
+// segStart returns the address of the first row of batch element b's
+// segment, head 0.
+func (x bwdInput) segStart() string {
+	return fmt.Sprintf("%s + b * %s + %s * %s", x.ptr, x.sb, x.rowBase, x.sr)
+}
+
 // at returns the address of row row (relative to the segment) of head head.
 func (x bwdInput) at(row, head string) string {
 	return fmt.Sprintf("%s + b * %s + (%s + %s) * %s + %s * %s", x.ptr, x.sb, x.rowBase, row, x.sr, head, x.sh)
 }
 
-// packKernel writes BwdPackKernel for Staged variants: a block copies
-// BwdPreRows rows of q and dO (query heads) and of k and v (key heads) into
-// the staging buffers with stage_rows, zero-filling each row beyond DK or DV.
+// packKernel writes BwdPackKernel for Staged variants: one launch copies q,
+// dO, k and v (blockIdx.z) into the staging buffers, a block taking
+// PackRowsPerBlock consecutive (row, head) pairs of one batch element's
+// segment, as the forward's pack kernel does: for the usual contiguous
+// layout both sides stream whole cache lines (a block per 16 rows of one
+// head, as before, read each row's few hundred bytes out of lines shared
+// with the other heads' blocks).
 func (g *bwdGen) packKernel(b *strings.Builder) {
 	v := g.v
 	if !v.Staged {
 		return
 	}
 	dks, dvs := BwdStagedDim(v.DType, v.DK), BwdStagedDim(v.DType, v.DV)
-	fmt.Fprintf(b, `// Pack: copies q, dO [rows, H, DK|DV] and k, v [rows, Hkv, DK|DV] into staging buffers whose rows
-// hold %d / %d elements (32-byte multiples, zero beyond DK=%d / DV=%d), so that the main kernels move
-// 16-byte chunks. grid (ceil(max(N, M)/%d), B, H), %d threads; a block copies %d rows of each tensor, its
-// threads taking 16-byte chunks.
-extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
-  const int b = blockIdx.y, h = blockIdx.z, i0 = blockIdx.x * %d;
-`, dks, dvs, v.DK, v.DV, BwdPreRows, BwdPreThreads, BwdPreRows, BwdPreThreads, BwdPackKernel, BwdPreRows)
+	fmt.Fprintf(b, `// Pack: copies q, dO [rows, H, DK|DV] and k, v [rows, Hkv, DK|DV] (blockIdx.z: 0 q, 1 dO, 2 k, 3 v) into
+// staging buffers [rows, heads, %[1]d|%[2]d] (32-byte multiples, zero beyond DK=%[3]d / DV=%[4]d), so that the
+// main kernels move 16-byte chunks. grid (ceil(max(N·H, M·Hkv) / %[5]d), B, 4), %[6]d threads, %[7]d bytes of
+// dynamic shared memory; a block copies %[5]d consecutive (row, head) pairs f = row·heads + head of batch
+// element b's segment, its threads taking 16-byte chunks.
+extern "C" __global__ void __launch_bounds__(%[6]d) %[8]s(const BwdParams p) {
+  typedef unsigned char u8;
+  const int b = blockIdx.y, z = blockIdx.z;
+  `, dks, dvs, v.DK, v.DV, PackRowsPerBlock, PackThreads, BwdPackSharedBytes, BwdPackKernel)
 	g.segment(b)
-	b.WriteString(`  typedef unsigned char u8;
-  const int es = (int)sizeof(T);
+	b.WriteString(`  // this block's tensor: source and staging rows from the segment's first row, rows, heads, dims
+  const T* src;
+  T* dst;
+  long long ssr, ssh;
+  int rows, heads, d, ds;
 `)
-	for _, t := range []struct {
-		src, rows string // the input and its row count (n: query rows, m: key rows)
-		dim, dimS int
-	}{{"q", "n", v.DK, dks}, {"do", "n", v.DV, dvs}, {"k", "m", v.DK, dks}, {"v", "m", v.DV, dvs}} {
-		dst, src := bwdTensor(t.src, true), bwdTensor(t.src, false)
-		guard := "n > i0"
-		if t.rows == "m" {
-			guard = "h < p.Hkv && m > i0"
+	for i, t := range []struct {
+		name, rows, heads string
+		dim, dimS         int
+	}{{"q", "n", "p.H", v.DK, dks}, {"do", "n", "p.H", v.DV, dvs}, {"k", "m", "p.Hkv", v.DK, dks}, {"v", "m", "p.Hkv", v.DV, dvs}} {
+		dst, src := bwdTensor(t.name, true), bwdTensor(t.name, false)
+		cond := fmt.Sprintf("if (z == %d)", i)
+		if i > 0 {
+			cond = "  else " + cond
 		}
-		fmt.Fprintf(b, `  if (%s)  // %s
-    stage_rows<%d>(reinterpret_cast<u8*>(%s), es * %s, reinterpret_cast<const u8*>(%s), es * %s, min(%d, %s - i0), es * %d, es * %d);
-`, guard, t.src, BwdPreThreads, dst.at("i0", "h"), dst.sr, src.at("i0", "h"), src.sr, BwdPreRows, t.rows, t.dim, t.dimS)
+		if i == 3 {
+			cond = "  else"
+		}
+		fmt.Fprintf(b, `  %s {  // %s
+    src = %s; dst = %s;
+    ssr = %s; ssh = %s; rows = %s; heads = %s; d = %d; ds = %d;
+  }
+`, strings.TrimLeft(cond, " "), t.name, src.segStart(), dst.segStart(), src.sr, src.sh, t.rows, t.heads, t.dim, t.dimS)
 	}
-	b.WriteString("}\n\n")
+	fmt.Fprintf(b, `  const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)rows * heads;
+  if (f0 >= nf) return;  // past this tensor's pairs
+  const int cnt = (int)min((long long)%[1]d, nf - f0), es = (int)sizeof(T);
+  // staging pair f at dst + f·ds (the workspace's buffers are [rows, heads, ds], contiguous)
+  u8* o = reinterpret_cast<u8*>(dst + f0 * ds);
+  auto to = [=](int i) { return o + (long long)i * ds * es; };
+  if ((heads == 1 || ssh == d) && ssr == (long long)heads * d) {
+    // pairs back to back in the source (the usual layout): pair f at src + f·d; whole 16-byte loads may
+    // run on up to the end of the block's last pair
+    const u8* s0 = reinterpret_cast<const u8*>(src + f0 * d);
+    const long long rb = (long long)es * d;
+    const u8* lim = s0 + cnt * rb;
+    stage_rows_by<%[2]d>(to, [=](int i) { return s0 + i * rb; }, cnt, es * d, es * ds, [=](int) { return lim; });
+    return;
+  }
+  // source address of each pair of the block (dynamic shared memory), one division per pair; a pair's
+  // whole 16-byte loads stop at its own end
+  extern __shared__ __align__(16) unsigned char smem[];
+  const u8** row_src = reinterpret_cast<const u8**>(smem);
+  for (int i = threadIdx.x; i < cnt; i += %[2]d) {
+    const long long f = f0 + i, r = f / heads, h = f - r * heads;
+    row_src[i] = reinterpret_cast<const u8*>(src + r * ssr + h * ssh);
+  }
+  __syncthreads();
+  stage_rows_by<%[2]d>(to, [&](int i) { return row_src[i]; }, cnt, es * d, es * ds, [&](int i) { return row_src[i] + es * d; });
+}
+
+`, PackRowsPerBlock, PackThreads)
+}
+
+// BwdPackSharedBytes is the dynamic shared memory of BwdPackKernel: the
+// source address of each of a block's (row, head) pairs.
+const BwdPackSharedBytes = PackRowsPerBlock * 8
+
+// BwdPackGrid returns the grid of BwdPackKernel for a batch of b elements
+// (segments) of at most n query and m key rows, h query and hkv key heads.
+func BwdPackGrid(b, n, m, h, hkv int) [3]int {
+	f := max(int64(n)*int64(h), int64(m)*int64(hkv))
+	return [3]int{int((f + PackRowsPerBlock - 1) / PackRowsPerBlock), b, 4}
 }
 
 // redAddPair is the device function adding an accumulator pair to the

@@ -125,16 +125,6 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
       if (rs[u] < nrows) *reinterpret_cast<uint4*>(dst(rs[u]) + 16 * cs[u]) = x[u];
   }
 }
-
-// stage_rows is stage_rows_by for rows at a fixed stride: row r at src + r·ssr, into dst + r·dsr.
-template <int NTH>
-__device__ __forceinline__ void stage_rows(unsigned char* dst, long long dsr, const unsigned char* src, long long ssr,
-                                           int nrows, int nb, int nbs) {
-  // a row's loads may run on to the next row's start (other heads' bytes between), the last row's
-  // (and every row's, should rows overlap) only to its end
-  stage_rows_by<NTH>([=](int r) { return dst + r * dsr; }, [=](int r) { return src + r * ssr; }, nrows, nb, nbs,
-                     [=](int r) { return r + 1 < nrows && ssr >= nb ? src + (r + 1) * ssr : src + r * ssr + nb; });
-}
 `
 
 // PackSource is the CUDA source of the pack kernel. It copies bit patterns,
