@@ -194,13 +194,20 @@ __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
 }
 `, g.vectorPairStore())
 	} else {
-		b.WriteString(`// store_pair writes elements col and col+1 (those < D) of a global row.
+		// rows of an odd head dim start at alternating alignments: the pairs
+		// of every other row go out as one store
+		fmt.Fprintf(b, `// store_pair writes elements col and col+1 (those < D) of a global row: one store where both are in
+// range and the pair is aligned to its size, one per element otherwise.
 template <int D>
 __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
+  if (col + 1 < D && (reinterpret_cast<unsigned long long>(g + col) & (2 * sizeof(T) - 1)) == 0) {
+    %s
+    return;
+  }
   if (col < D) g[col] = t_from_f(a);
   if (col + 1 < D) g[col + 1] = t_from_f(b_);
 }
-`)
+`, g.vectorPairStore())
 	}
 	if v.Staged {
 		b.WriteString(stageSource)

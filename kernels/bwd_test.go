@@ -272,3 +272,13 @@ func TestBwdCompileMatrix(t *testing.T) {
 		t.Run(fmt.Sprint(v.Key()), func(t *testing.T) { bwdCompile(t, c, v) })
 	}
 }
+
+// TestBwdDQAccDim checks the atomic dQ accumulator's row length: at least
+// the head dim, rows that never straddle a 128-byte line.
+func TestBwdDQAccDim(t *testing.T) {
+	for _, c := range []struct{ dk, want int }{{1, 4}, {4, 4}, {5, 8}, {9, 16}, {17, 32}, {32, 32}, {33, 64}, {59, 64}, {64, 64}, {127, 128}, {199, 224}, {257, 288}, {512, 512}} {
+		if got := BwdDQAccDim(c.dk); got != c.want {
+			t.Errorf("BwdDQAccDim(%d) = %d, want %d", c.dk, got, c.want)
+		}
+	}
+}
