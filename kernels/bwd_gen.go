@@ -254,9 +254,9 @@ func (g *bwdGen) source() string {
 
 // segment declares n, m, qr0, kr0 for batch element (segment) b.
 func (g *bwdGen) segment(b *strings.Builder) {
-	b.WriteString("int n = p.N, m = p.M; long long qr0 = 0, kr0 = 0;\n")
+	b.WriteString("  int n = p.N, m = p.M; long long qr0 = 0, kr0 = 0;\n")
 	if g.v.Varlen {
-		b.WriteString("qr0 = p.cuq[b]; n = p.cuq[b + 1] - p.cuq[b]; kr0 = p.cuk[b]; m = p.cuk[b + 1] - p.cuk[b];\n")
+		b.WriteString("  qr0 = p.cuq[b]; n = p.cuq[b + 1] - p.cuq[b]; kr0 = p.cuk[b]; m = p.cuk[b + 1] - p.cuk[b];\n")
 	}
 }
 

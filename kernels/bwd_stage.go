@@ -68,7 +68,7 @@ func (g *bwdGen) packKernel(b *strings.Builder) {
 extern "C" __global__ void __launch_bounds__(%[6]d) %[8]s(const BwdParams p) {
   typedef unsigned char u8;
   const int b = blockIdx.y, z = blockIdx.z;
-  `, dks, dvs, v.DK, v.DV, PackRowsPerBlock, PackThreads, BwdPackSharedBytes, BwdPackKernel)
+`, dks, dvs, v.DK, v.DV, PackRowsPerBlock, PackThreads, BwdPackSharedBytes, BwdPackKernel)
 	g.segment(b)
 	b.WriteString(`  // this block's tensor: source and staging rows from the segment's first row, rows, heads, dims
   const T* src;
@@ -81,19 +81,19 @@ extern "C" __global__ void __launch_bounds__(%[6]d) %[8]s(const BwdParams p) {
 		dim, dimS         int
 	}{{"q", "n", "p.H", v.DK, dks}, {"do", "n", "p.H", v.DV, dvs}, {"k", "m", "p.Hkv", v.DK, dks}, {"v", "m", "p.Hkv", v.DV, dvs}} {
 		dst, src := bwdTensor(t.name, true), bwdTensor(t.name, false)
-		cond := fmt.Sprintf("if (z == %d)", i)
-		if i > 0 {
-			cond = "  else " + cond
+		open := fmt.Sprintf("  } else if (z == %d) {", i)
+		switch i {
+		case 0:
+			open = "  if (z == 0) {"
+		case 3:
+			open = "  } else {"
 		}
-		if i == 3 {
-			cond = "  else"
-		}
-		fmt.Fprintf(b, `  %s {  // %s
+		fmt.Fprintf(b, `%s  // %s
     src = %s; dst = %s;
     ssr = %s; ssh = %s; rows = %s; heads = %s; d = %d; ds = %d;
-  }
-`, strings.TrimLeft(cond, " "), t.name, src.segStart(), dst.segStart(), src.sr, src.sh, t.rows, t.heads, t.dim, t.dimS)
+`, open, t.name, src.segStart(), dst.segStart(), src.sr, src.sh, t.rows, t.heads, t.dim, t.dimS)
 	}
+	b.WriteString("  }\n")
 	fmt.Fprintf(b, `  const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)rows * heads;
   if (f0 >= nf) return;  // past this tensor's pairs
   const int cnt = (int)min((long long)%[1]d, nf - f0), es = (int)sizeof(T);
