@@ -24,9 +24,12 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 		kernels.BwdKernelNames(v))
 }
 
-// emuRun runs one backward call on the host emulator and returns the
+// emuRunOn runs one backward call on the host emulator and returns the
 // gradients (with guard bands and NaN poisoning checked like bwdRun).
-func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool) attn.Gradients {
+// Where hopper is set it runs the Hopper kernels (the caller sets
+// FLASHATTN_NO_TMA: tensor maps are not emulated); headMajor stores the
+// inputs [B, H, N, D].
+func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor, hopper bool) attn.Gradients {
 	t.Helper()
 	dt := in.q.DType
 	ar := &emuArena{}
@@ -60,15 +63,22 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool) attn.G
 		a.CuSeqlensK = ar.put(int32Bytes(in.opt.CuSeqlensK))
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
-	pl, err := planBackward(in.p, dt, &a, algo, 4, false)
+	pl, err := planBackward(in.p, dt, &a, algo, 4, hopper)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
+	}
+	if pl.v.WGMMA != hopper || pl.v.TMA {
+		t.Fatalf("plan %s: want the Hopper kernels %v without tensor maps", pl.v.Key(), hopper)
 	}
 	src, err := kernels.BwdSource(pl.v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v))
+	var more []string
+	if hopper {
+		more = append(more, hopperEmuBlock(pl.v))
+	}
+	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v), more...)
 	var launches []emuLaunch
 	for _, l := range pl.launches {
 		launches = append(launches, emuLaunch{l.kernel, l.grid, l.threads})
@@ -83,6 +93,24 @@ func emuRun(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool) attn.G
 		g.DBias = &ts[3]
 	}
 	return g
+}
+
+// hopperEmuBlock returns the emulator's replacement for the Hopper block
+// of v's primitives: hopper.h and the product wrappers of v, each calling
+// the emulated product of its shape.
+func hopperEmuBlock(v kernels.BwdVariant) string {
+	var b strings.Builder
+	b.WriteString("#include \"hopper.h\"\n")
+	for _, p := range v.HopperProducts() {
+		if p.RegA {
+			fmt.Fprintf(&b, "inline void %s(float (&d)[%d][4], const u32 (&a)[4], u64 db) { emu_wgmma_rs<%d>(&d[0][0], a, db); }\n",
+				p.Name, p.N/8, p.N)
+			continue
+		}
+		fmt.Fprintf(&b, "inline void %s(float (&d)[%d][4], u64 da, u64 db, int acc) { emu_wgmma_ss<%d, %v, %v>(&d[0][0], da, db, acc); }\n",
+			p.Name, p.N/8, p.N, p.TA, p.TB)
+	}
+	return b.String()
 }
 
 // headMajorView stores a [B, N, H, D] tensor in the arena as [B, H, N, D]
@@ -120,6 +148,7 @@ func emuCases() []bwdCase {
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
 		{name: "varlen-staged-gqa", h: 4, hkv: 2, dk: 37, dv: 59, cuQ: []int32{0, 17, 17, 60}, cuK: []int32{0, 30, 41, 41}, causal: true, dtypes: []attn.DType{attn.Float16, attn.Float32}},
 		{name: "head-major-staged-gqa", b: 2, n: 37, m: 45, h: 4, hkv: 2, dk: 59, dv: 37, causal: true, headMajor: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
+		{name: "d199-gqa-causal", b: 1, n: 40, m: 70, h: 2, hkv: 1, dk: 199, dv: 199, causal: true, dtypes: bf},
 		{name: "gqa-d128", b: 1, n: 65, m: 130, h: 4, hkv: 2, dk: 128, dv: 128, dtypes: bf},
 		{name: "d256", b: 1, n: 65, m: 70, h: 1, hkv: 1, dk: 256, dv: 256, dropout: 0.1, dtypes: bf},
 	}
@@ -129,12 +158,35 @@ func emuCases() []bwdCase {
 // against the float64 reference (FLASHATTN_BWD_EMU=1; needs g++).
 func TestBackwardEmulated(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	emuBackwardCases(t, false)
+}
+
+// TestBackwardEmulatedHopper runs the 16-bit cases whose dims the Hopper
+// kernels take on those kernels (warpgroup products emulated, tile loads by
+// cp.async) against the float64 reference (FLASHATTN_BWD_EMU=1; needs g++).
+func TestBackwardEmulatedHopper(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	t.Setenv(EnvNoTMA, "1")
+	if ran := emuBackwardCases(t, true); ran == 0 && os.Getenv("FLASHATTN_BWD_EMU_CASE") == "" {
+		t.Fatal("no case ran on the Hopper kernels")
+	}
+}
+
+// emuBackwardCases runs the emulator cases (those named by
+// FLASHATTN_BWD_EMU_CASE, when set), both dQ algorithms each, on the Hopper
+// kernels where hopper is set (then only the cases they take), and returns
+// how many ran.
+func emuBackwardCases(t *testing.T, hopper bool) int {
 	only := os.Getenv("FLASHATTN_BWD_EMU_CASE")
+	ran := 0
 	for ci, c := range emuCases() {
 		if only != "" && !strings.Contains(c.name, only) {
 			continue
 		}
 		for _, dt := range c.dtypes {
+			if hopper && (dt.Size() != 2 || !kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: c.dk, DV: c.dv, Vector: true, WGMMA: true})) {
+				continue
+			}
 			in := c.inputs(t, dt, uint64(ci+100))
 			ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
 			if err != nil {
@@ -145,8 +197,9 @@ func TestBackwardEmulated(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				ran++
 				t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
-					g := emuRun(t, in, algo, c.headMajor)
+					g := emuRunOn(t, in, algo, c.headMajor, hopper)
 					checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
 					checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
 					checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
@@ -158,4 +211,5 @@ func TestBackwardEmulated(t *testing.T) {
 			}
 		}
 	}
+	return ran
 }

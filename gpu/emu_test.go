@@ -106,10 +106,12 @@ func emuDriver(params string, pointers, kernelNames []string) string {
 
 var emuBuild sync.Mutex
 
-// emuBinary compiles the emulator for src (cached by content): the block of
-// inline-PTX primitives is replaced by testdata/emu/header, the CUDA
-// headers are left out (shim.h stands for them) and driver is appended.
-func emuBinary(t *testing.T, src, header, driver string) string {
+// emuBinary compiles the emulator for src (cached by content): the first
+// block of inline-PTX primitives is replaced by testdata/emu/header, each
+// further block by the next text of more (a module with more blocks than
+// replacements fails), the CUDA headers are left out (shim.h stands for
+// them) and driver is appended.
+func emuBinary(t *testing.T, src, header, driver string, more ...string) string {
 	t.Helper()
 	files, err := filepath.Glob("testdata/emu/*.h")
 	if err != nil || len(files) == 0 {
@@ -126,12 +128,17 @@ func emuBinary(t *testing.T, src, header, driver string) string {
 		fmt.Fprintf(h, "%s %d\n", filepath.Base(f), len(data))
 		h.Write(data)
 	}
-	i := strings.Index(src, kernels.PrimitivesBegin)
-	j := strings.Index(src, kernels.PrimitivesEnd)
-	if i < 0 || j < i {
-		t.Fatalf("generated source lacks the primitives markers")
+	for n, repl := range append([]string{"#include \"" + header + "\"\n"}, more...) {
+		i := strings.Index(src, kernels.PrimitivesBegin)
+		j := strings.Index(src, kernels.PrimitivesEnd)
+		if i < 0 || j < i {
+			t.Fatalf("generated source lacks primitives block %d", n+1)
+		}
+		src = src[:i] + repl + src[j+len(kernels.PrimitivesEnd):]
 	}
-	src = src[:i] + "#include \"" + header + "\"\n" + src[j:]
+	if strings.Contains(src, kernels.PrimitivesBegin) {
+		t.Fatalf("generated source has more primitives blocks than the emulator replaces")
+	}
 	var lines []string
 	for _, l := range strings.Split(src, "\n") {
 		if !strings.HasPrefix(l, "#include <cuda_") {

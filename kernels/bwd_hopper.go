@@ -119,24 +119,33 @@ func (v BwdVariant) bwdHopperCols() (nv, nk, nq int) {
 	return dvp, dkp, dkp
 }
 
+// HopperProducts returns the warpgroup product wrappers of v's Hopper
+// kernels (v.WGMMA): S and dP (wg_s: 64 queries x BN/2 keys in the dK/dV
+// kernel, x BN keys in the dQ kernel, the same count), dV += Pᵀ·dO and
+// dK += dSᵀ·Q (wg_tN), the atomic dQ = dS·K (wg_nN) and the separate
+// dQ += dS·K with dS from registers (wg_rq).
+func (v BwdVariant) HopperProducts() []WGMMAProduct {
+	dkp, bn := v.DKPad(), v.bwdHopperTile().BlockN
+	nv, nk, nq := v.bwdHopperCols()
+	ps := []WGMMAProduct{{Name: "wg_s", N: bn / 2}, {Name: fmt.Sprintf("wg_t%d", nv), N: nv, TA: true, TB: true}}
+	if nk != nv {
+		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", nk), N: nk, TA: true, TB: true})
+	}
+	if v.AtomicDQ {
+		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
+	}
+	return append(ps, WGMMAProduct{Name: "wg_rq", N: dkp, TB: true, RegA: true})
+}
+
 // hopperPrelude writes the device functions only the Hopper kernel uses.
 func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	v := g.v
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
 	b.WriteString(wgmmaPrimitives())
-	dkp, bn := v.DKPad(), v.bwdHopperTile().BlockN
-	// S, dP: 64 queries x BN/2 keys in the dK/dV kernel, x BN keys in the dQ kernel (the same count)
-	b.WriteString(wgmmaSS("wg_s", v.DType, bn/2))
-	nv, nk, nq := v.bwdHopperCols()
-	b.WriteString(wgmmaSST(fmt.Sprintf("wg_t%d", nv), v.DType, nv, true, true))
-	if nk != nv {
-		b.WriteString(wgmmaSST(fmt.Sprintf("wg_t%d", nk), v.DType, nk, true, true))
+	for _, pr := range v.HopperProducts() {
+		b.WriteString(pr.source(v.DType))
 	}
-	if v.AtomicDQ {
-		b.WriteString(wgmmaSST(fmt.Sprintf("wg_n%d", nq), v.DType, nq, false, true))
-	}
-	b.WriteString(wgmmaRS("wg_rq", v.DType, dkp)) // separate dQ += dS·K, dS from registers
 	if v.TMA {
 		var p BwdParams
 		b.WriteString(bwdTMADecl(len(p.Bytes())))

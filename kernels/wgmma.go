@@ -51,6 +51,26 @@ template <int NT> DEV void fence_acc(float (&d)[NT][4]) {
 `
 }
 
+// WGMMAProduct describes one warpgroup product wrapper of a generated
+// module: D[64×N] (+)= A[64×16]·B[16×N] on an accumulator d[N/8][4]. TA
+// and TB say that the operand is stored transposed (A M-major: k rows of m;
+// B N-major: k rows of n) rather than K-major; RegA that A comes from
+// registers (Name(d, a, db), always accumulating, B read N-major) rather
+// than through a descriptor (Name(d, da, db, acc)).
+type WGMMAProduct struct {
+	Name         string
+	N            int
+	TA, TB, RegA bool
+}
+
+// source returns the wrapper's CUDA source for 16-bit elements dt.
+func (p WGMMAProduct) source(dt attn.DType) string {
+	if p.RegA {
+		return wgmmaRS(p.Name, dt, p.N)
+	}
+	return wgmmaSST(p.Name, dt, p.N, p.TA, p.TB)
+}
+
 // wgmmaTypeSuffix returns the PTX input type of a 16-bit element type.
 func wgmmaTypeSuffix(dt attn.DType) string {
 	if dt == attn.Float16 {

@@ -60,6 +60,19 @@ inline uint32_t emu_pack(float a) { return emu_bf16 ? emu_f2bf(a) : emu_f2h(a); 
 inline unsigned pack2(float lo, float hi) { return emu_pack(lo) | (emu_pack(hi) << 16); }
 inline void unpack2(unsigned x, float& lo, float& hi) { lo = emu_elem(x & 0xffff); hi = emu_elem(x >> 16); }
 
+// emu_frag_a16 unpacks the warp's 16x16 A operand of 16-bit elements from
+// the fragments its lanes left in x.u[lane][0..3] (the mma.sync A layout).
+inline void emu_frag_a16(float (&A)[16][16], const EmuWarpX& x) {
+  for (int L = 0; L < 32; ++L) {
+    const int g = L / 4, t = L % 4;
+    const unsigned* u = x.u[L];
+    A[g][2 * t] = emu_elem(u[0] & 0xffff), A[g][2 * t + 1] = emu_elem(u[0] >> 16);
+    A[g + 8][2 * t] = emu_elem(u[1] & 0xffff), A[g + 8][2 * t + 1] = emu_elem(u[1] >> 16);
+    A[g][2 * t + 8] = emu_elem(u[2] & 0xffff), A[g][2 * t + 9] = emu_elem(u[2] >> 16);
+    A[g + 8][2 * t + 8] = emu_elem(u[3] & 0xffff), A[g + 8][2 * t + 9] = emu_elem(u[3] >> 16);
+  }
+}
+
 // mma.sync m16n8k16, 16-bit inputs, fp32 accumulators.
 inline void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   EmuWarpX& x = emu_wx[emu_warp()];
@@ -68,13 +81,10 @@ inline void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
   x.u[l][4] = b0, x.u[l][5] = b1;
   emu_warp_sync();
   float A[16][16], B[16][8];
+  emu_frag_a16(A, x);
   for (int L = 0; L < 32; ++L) {
     const int g = L / 4, t = L % 4;
     const unsigned* u = x.u[L];
-    A[g][2 * t] = emu_elem(u[0] & 0xffff), A[g][2 * t + 1] = emu_elem(u[0] >> 16);
-    A[g + 8][2 * t] = emu_elem(u[1] & 0xffff), A[g + 8][2 * t + 1] = emu_elem(u[1] >> 16);
-    A[g][2 * t + 8] = emu_elem(u[2] & 0xffff), A[g][2 * t + 9] = emu_elem(u[2] >> 16);
-    A[g + 8][2 * t + 8] = emu_elem(u[3] & 0xffff), A[g + 8][2 * t + 9] = emu_elem(u[3] >> 16);
     B[2 * t][g] = emu_elem(u[4] & 0xffff), B[2 * t + 1][g] = emu_elem(u[4] >> 16);
     B[2 * t + 8][g] = emu_elem(u[5] & 0xffff), B[2 * t + 9][g] = emu_elem(u[5] >> 16);
   }
