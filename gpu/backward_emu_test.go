@@ -1,8 +1,10 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,21 +17,54 @@ import (
 // enqueueBackward would enqueue. It is slow, so it runs only when
 // FLASHATTN_BWD_EMU is set.
 
+// bwdEmuPointers are the device pointers of BwdParams.
+var bwdEmuPointers = []string{"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "dqacc", "delta", "lse2", "bias", "dbias_scratch", "dbias",
+	"cuq", "cuk", "pq", "pk", "pv", "pdo"}
+
 // bwdEmuDriver names the backward kernels' parameters and the kernels of
-// variant v for driver.h.
+// variant v for driver.h: with tensor maps, the dK/dV and dQ kernels take
+// BwdTmaParams (the maps' addresses and the BwdParams in it relocated).
 func bwdEmuDriver(v kernels.BwdVariant) string {
-	return emuDriver("BwdParams",
-		[]string{"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "dqacc", "delta", "lse2", "bias", "dbias_scratch", "dbias", "cuq", "cuk",
-			"pq", "pk", "pv", "pdo"},
-		kernels.BwdKernelNames(v))
+	first := emuParamSet{"BwdParams", bwdEmuPointers, kernels.BwdKernelNames(v)}
+	if !v.TMA {
+		return emuDriver2(first, emuParamSet{})
+	}
+	second := emuParamSet{ctype: "BwdTmaParams", pointers: []string{"a.w[0]", "b.w[0]"}, kernels: bwdEmuTMAKernels}
+	for _, p := range bwdEmuPointers {
+		second.pointers = append(second.pointers, "p."+p)
+	}
+	first.kernels = slices.DeleteFunc(slices.Clone(first.kernels), func(k string) bool { return slices.Contains(bwdEmuTMAKernels, k) })
+	return emuDriver2(first, second)
 }
+
+// bwdEmuTMAKernels are the kernels of a tensor-map variant that take
+// BwdTmaParams.
+var bwdEmuTMAKernels = []string{kernels.BwdDKDVKernel, kernels.BwdDQKernel}
+
+// emuTensorMap encodes a tensor map the way gpu/testdata/emu/tma.h reads
+// it (not the driver's encoding): address, extents, byte strides, box rows.
+func emuTensorMap(x kernels.TMATensor) [128]byte {
+	var m [128]byte
+	for i, w := range []uint64{x.Addr, x.Cols, x.Rows, x.Heads, x.B, x.Strides[0], x.Strides[1], x.Strides[2], uint64(x.BoxRows)} {
+		binary.LittleEndian.PutUint64(m[8*i:], w)
+	}
+	return m
+}
+
+// emuKernels says which backward kernels an emulated call runs.
+type emuKernels int
+
+const (
+	emuMMA       emuKernels = iota // the mma.sync kernels
+	emuHopper                      // the Hopper kernels, tiles by cp.async
+	emuHopperTMA                   // the Hopper kernels, streamed tiles by tensor maps
+)
 
 // emuRunOn runs one backward call on the host emulator and returns the
 // gradients (with guard bands and NaN poisoning checked like bwdRun).
-// Where hopper is set it runs the Hopper kernels (the caller sets
-// FLASHATTN_NO_TMA: tensor maps are not emulated); headMajor stores the
-// inputs [B, H, N, D].
-func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor, hopper bool) attn.Gradients {
+// kind says which kernels (FLASHATTN_NO_TMA must be set or not to match);
+// headMajor stores the inputs [B, H, N, D].
+func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind emuKernels) attn.Gradients {
 	t.Helper()
 	dt := in.q.DType
 	ar := &emuArena{}
@@ -63,12 +98,13 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor, hopper bo
 		a.CuSeqlensK = ar.put(int32Bytes(in.opt.CuSeqlensK))
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
+	hopper := kind != emuMMA
 	pl, err := planBackward(in.p, dt, &a, algo, 4, hopper)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	if pl.v.WGMMA != hopper || pl.v.TMA {
-		t.Fatalf("plan %s: want the Hopper kernels %v without tensor maps", pl.v.Key(), hopper)
+	if pl.v.WGMMA != hopper || pl.v.TMA != (kind == emuHopperTMA) {
+		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Key(), kind)
 	}
 	src, err := kernels.BwdSource(pl.v)
 	if err != nil {
@@ -83,7 +119,15 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor, hopper bo
 	for _, l := range pl.launches {
 		launches = append(launches, emuLaunch{l.kernel, l.grid, l.threads})
 	}
-	emuExec(t, bin, pl.v.Key(), pl.params.Bytes(), ar, launches)
+	var params2 map[string][]byte
+	if pl.v.TMA {
+		params := pl.params.Bytes()
+		params2 = map[string][]byte{
+			kernels.BwdDKDVKernel: kernels.BwdTMAArgs(emuTensorMap(pl.tma[0]), emuTensorMap(pl.tma[1]), params),
+			kernels.BwdDQKernel:   kernels.BwdTMAArgs(emuTensorMap(pl.tma[2]), emuTensorMap(pl.tma[3]), params),
+		}
+	}
+	emuExec(t, bin, pl.v.Key(), pl.params.Bytes(), ar, launches, params2)
 	ts := make([]attn.Tensor, len(outs))
 	for i, o := range outs {
 		ts[i] = ar.read(t, i, o)
@@ -101,6 +145,9 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor, hopper bo
 func hopperEmuBlock(v kernels.BwdVariant) string {
 	var b strings.Builder
 	b.WriteString("#include \"hopper.h\"\n")
+	if v.TMA {
+		b.WriteString("#include \"tma.h\"\n")
+	}
 	for _, p := range v.HopperProducts() {
 		if p.RegA {
 			fmt.Fprintf(&b, "inline void %s(float (&d)[%d][4], const u32 (&a)[4], u64 db) { emu_wgmma_rs<%d>(&d[0][0], a, db); }\n",
@@ -158,25 +205,34 @@ func emuCases() []bwdCase {
 // against the float64 reference (FLASHATTN_BWD_EMU=1; needs g++).
 func TestBackwardEmulated(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
-	emuBackwardCases(t, false)
+	emuBackwardCases(t, emuMMA)
 }
 
 // TestBackwardEmulatedHopper runs the 16-bit cases whose dims the Hopper
-// kernels take on those kernels (warpgroup products emulated, tile loads by
-// cp.async) against the float64 reference (FLASHATTN_BWD_EMU=1; needs g++).
+// kernels take on those kernels against the float64 reference, with their
+// tiles loaded by cp.async and, for fixed-length batches, by tensor maps
+// (warpgroup products, mbarriers and bulk tensor copies emulated;
+// FLASHATTN_BWD_EMU=1; needs g++).
 func TestBackwardEmulatedHopper(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
-	t.Setenv(EnvNoTMA, "1")
-	if ran := emuBackwardCases(t, true); ran == 0 && os.Getenv("FLASHATTN_BWD_EMU_CASE") == "" {
-		t.Fatal("no case ran on the Hopper kernels")
+	for _, c := range []struct {
+		name  string
+		kind  emuKernels
+		noTMA string
+	}{{"cp.async", emuHopper, "1"}, {"tensor-maps", emuHopperTMA, ""}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(EnvNoTMA, c.noTMA)
+			if ran := emuBackwardCases(t, c.kind); ran == 0 && os.Getenv("FLASHATTN_BWD_EMU_CASE") == "" {
+				t.Fatal("no case ran")
+			}
+		})
 	}
 }
 
 // emuBackwardCases runs the emulator cases (those named by
-// FLASHATTN_BWD_EMU_CASE, when set), both dQ algorithms each, on the Hopper
-// kernels where hopper is set (then only the cases they take), and returns
-// how many ran.
-func emuBackwardCases(t *testing.T, hopper bool) int {
+// FLASHATTN_BWD_EMU_CASE, when set), both dQ algorithms each, on the
+// kernels of kind (only the cases they take), and returns how many ran.
+func emuBackwardCases(t *testing.T, kind emuKernels) int {
 	only := os.Getenv("FLASHATTN_BWD_EMU_CASE")
 	ran := 0
 	for ci, c := range emuCases() {
@@ -184,8 +240,11 @@ func emuBackwardCases(t *testing.T, hopper bool) int {
 			continue
 		}
 		for _, dt := range c.dtypes {
-			if hopper && (dt.Size() != 2 || !kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: c.dk, DV: c.dv, Vector: true, WGMMA: true})) {
+			if kind != emuMMA && (dt.Size() != 2 || !kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: c.dk, DV: c.dv, Vector: true, WGMMA: true})) {
 				continue
+			}
+			if kind == emuHopperTMA && c.cuQ != nil {
+				continue // packed batches keep cp.async
 			}
 			in := c.inputs(t, dt, uint64(ci+100))
 			ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
@@ -199,7 +258,7 @@ func emuBackwardCases(t *testing.T, hopper bool) int {
 			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 				ran++
 				t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
-					g := emuRunOn(t, in, algo, c.headMajor, hopper)
+					g := emuRunOn(t, in, algo, c.headMajor, kind)
 					checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
 					checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
 					checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)

@@ -88,17 +88,37 @@ type emuLaunch struct {
 // emuDriver is the source appended to the kernels: the parameter struct,
 // the device pointers in it and the kernels by name, then driver.h.
 func emuDriver(params string, pointers, kernelNames []string) string {
+	return emuDriver2(emuParamSet{params, pointers, kernelNames}, emuParamSet{})
+}
+
+// emuParamSet is a parameter struct of the emulator's driver: its C type,
+// the device pointers in it and the kernels that take it.
+type emuParamSet struct {
+	ctype    string
+	pointers []string
+	kernels  []string
+}
+
+// emuDriver2 is emuDriver with a second parameter struct (none when its
+// kernels are empty).
+func emuDriver2(first, second emuParamSet) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n#define EMU_PARAMS %s\n#define EMU_RELOC", params)
-	for _, p := range pointers {
-		fmt.Fprintf(&b, " RELOC(%s)", p)
-	}
-	b.WriteString("\n#define EMU_KERNELS")
-	for i, k := range kernelNames {
-		if i > 0 {
-			b.WriteString(",")
+	for i, set := range []emuParamSet{first, second} {
+		if i == 1 && len(set.kernels) == 0 {
+			break
 		}
-		fmt.Fprintf(&b, " {%q, %s}", k, k)
+		suffix := map[int]string{0: "", 1: "2"}[i]
+		fmt.Fprintf(&b, "\n#define EMU_PARAMS%s %s\n#define EMU_RELOC%s", suffix, set.ctype, suffix)
+		for _, p := range set.pointers {
+			fmt.Fprintf(&b, " RELOC%s(%s)", suffix, p)
+		}
+		fmt.Fprintf(&b, "\n#define EMU_KERNELS%s", suffix)
+		for j, k := range set.kernels {
+			if j > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, " {%q, %s}", k, k)
+		}
 	}
 	b.WriteString("\n#include \"driver.h\"\n")
 	return b.String()
@@ -181,13 +201,19 @@ func emuBinary(t *testing.T, src, header, driver string, more ...string) string 
 
 // emuExec runs launches of the emulator binary bin with params on the
 // arena's contents and replaces them with the arena after the run; name
-// identifies the kernel in failures.
-func emuExec(t *testing.T, bin, name string, params []byte, ar *emuArena, launches []emuLaunch) {
+// identifies the kernel in failures. params2 holds the parameters of the
+// kernels that take the driver's second parameter struct, by kernel.
+func emuExec(t *testing.T, bin, name string, params []byte, ar *emuArena, launches []emuLaunch, params2 map[string][]byte) {
 	t.Helper()
 	dir := t.TempDir()
 	pf, af, of := filepath.Join(dir, "params"), filepath.Join(dir, "arena"), filepath.Join(dir, "out")
 	if err := os.WriteFile(pf, params, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	for k, b := range params2 {
+		if err := os.WriteFile(pf+"."+k, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.WriteFile(af, ar.b, 0o644); err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result
 	}
 	bin := emuBinary(t, src, "fwd.h", fwdEmuDriver)
 	grid := [3]int{int(l.grid[0]), int(l.grid[1]), int(l.grid[2])}
-	emuExec(t, bin, l.v.Name(), l.params.Pack(), ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}})
+	emuExec(t, bin, l.v.Name(), l.params.Pack(), ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}}, nil)
 	var r attn.Result
 	for i, o := range outs {
 		tt := ar.read(t, i, o)

@@ -76,7 +76,7 @@ func packEmuCase(t *testing.T, bin string, slot, d, batch, rows, heads, offset, 
 	grids[slot] = kernels.PackGrid(rows, heads, batch)
 	g, args := kernels.PackLaunch(ps, grids)
 	grid := [3]int{int(g[0]), int(g[1]), int(g[2])}
-	emuExec(t, bin, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, grid, kernels.PackThreads}})
+	emuExec(t, bin, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, grid, kernels.PackThreads}}, nil)
 	got := ar.at(out.addr, dstBytes+2*bwdGuard)
 	for i := 0; i < bwdGuard; i++ {
 		if got[i] != bwdPoison || got[bwdGuard+dstBytes+i] != bwdPoison {

@@ -140,6 +140,10 @@ func (v BwdVariant) HopperProducts() []WGMMAProduct {
 // hopperPrelude writes the device functions only the Hopper kernel uses.
 func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	v := g.v
+	if v.TMA {
+		var p BwdParams
+		b.WriteString(bwdTMADecl(len(p.Bytes())))
+	}
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
 	b.WriteString(wgmmaPrimitives())
@@ -147,8 +151,7 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 		b.WriteString(pr.source(v.DType))
 	}
 	if v.TMA {
-		var p BwdParams
-		b.WriteString(bwdTMADecl(len(p.Bytes())))
+		b.WriteString(tmaPrimitives())
 	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:

@@ -65,8 +65,8 @@ func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	return dkdv, dq
 }
 
-// bwdTMADecl returns the C declarations of the TMA kernels' argument and
-// the accelerator primitives.
+// bwdTMADecl returns the C declaration of the TMA kernels' argument (the
+// accelerator's primitives, tmaPrimitives, go in the Hopper primitives).
 func bwdTMADecl(paramsSize int) string {
 	return fmt.Sprintf(`// ---- the TMA kernels' argument: tensor maps of the two streamed tensors (dims: head dim, position,
 // head, batch; encoded on the host), then the usual BwdParams
@@ -76,5 +76,5 @@ func bwdTMADecl(paramsSize int) string {
   BwdParams p;
 };
 static_assert(sizeof(BwdTmaParams) == %d, "BwdTmaParams size differs from the Go packing");
-`, cTensorMap, roundUp(256+paramsSize, 64)) + tmaPrimitives()
+`, cTensorMap, roundUp(256+paramsSize, 64))
 }

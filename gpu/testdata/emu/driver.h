@@ -1,24 +1,28 @@
 // The emulator's main, included after the kernels. The including source
 // defines EMU_PARAMS (the kernels' parameter struct), EMU_RELOC (the RELOC
 // list of its device pointers) and EMU_KERNELS (the table of kernels by
-// name). Command line: params file, arena in, arena out, then launches as
-// "kernel gx gy gz threads". Pointers in the parameters are addresses in an
-// arena that starts at 1<<32; they are moved to the arena's host copy.
-static void (*emu_kernel)(const EMU_PARAMS);
-static const EMU_PARAMS* emu_params;
+// name); it may define EMU_PARAMS2, EMU_RELOC2 and EMU_KERNELS2 for kernels
+// that take a second parameter struct, read from the params file's name
+// with ".<kernel>" appended. Command line: params file, arena in, arena
+// out, then launches as "kernel gx gy gz threads". Pointers in the
+// parameters are addresses in an arena that starts at 1<<32; they are moved
+// to the arena's host copy.
+#include <functional>
+#include <type_traits>
+#include <string>
+static std::function<void()> emu_body;
 static void emu_tramp() {
-  emu_kernel(*emu_params);
+  emu_body();
   emu_cur->done = true;
   emu_live_cta--;
   emu_live_warp[emu_cur->tid.x >> 5]--;
   if (!emu_switch()) setcontext(&emu_main);
   emu_fail("finished thread resumed");
 }
-static void emu_run(void (*k)(const EMU_PARAMS), const EMU_PARAMS& p, emu_dim3 grid, unsigned threads) {
+static void emu_run(std::function<void()> body, emu_dim3 grid, unsigned threads) {
   static std::vector<char*> stacks;
   while (stacks.size() < threads) stacks.push_back((char*)malloc(EMU_STACK));
-  emu_kernel = k;
-  emu_params = &p;
+  emu_body = body;
   gridDim = grid;
   blockDim = emu_dim3{threads, 1, 1};
   for (unsigned z = 0; z < grid.z; ++z)
@@ -58,12 +62,18 @@ static std::vector<char> emu_read(const char* path) {
   fclose(f);
   return b;
 }
+// emu_params reads a parameter struct of type P from path.
+template <class P>
+static P emu_params(const std::string& path) {
+  std::vector<char> pb = emu_read(path.c_str());
+  if (pb.size() != sizeof(P)) emu_fail("params size differs from the parameter struct");
+  P p;
+  memcpy(&p, pb.data(), sizeof p);
+  return p;
+}
 int main(int argc, char** argv) {
   if (argc < 9 || (argc - 4) % 5 != 0) emu_fail("usage: params arena out (kernel gx gy gz threads)...");
-  std::vector<char> pb = emu_read(argv[1]);
-  if (pb.size() != sizeof(EMU_PARAMS)) emu_fail("params size differs from the parameter struct");
-  EMU_PARAMS p;
-  memcpy(&p, pb.data(), sizeof p);
+  EMU_PARAMS p = emu_params<EMU_PARAMS>(argv[1]);
   std::vector<char> ab = emu_read(argv[2]);
   char* arena = (char*)aligned_alloc(256, (ab.size() + 255) / 256 * 256 + 256);
   memcpy(arena, ab.data(), ab.size());
@@ -72,10 +82,29 @@ int main(int argc, char** argv) {
   EMU_RELOC
   struct { const char* name; void (*fn)(const EMU_PARAMS); } table[] = {EMU_KERNELS};
   for (int i = 4; i + 4 < argc; i += 5) {
+    const emu_dim3 grid{(unsigned)atoi(argv[i + 1]), (unsigned)atoi(argv[i + 2]), (unsigned)atoi(argv[i + 3])};
+    const unsigned threads = (unsigned)atoi(argv[i + 4]);
     void (*fn)(const EMU_PARAMS) = nullptr;
     for (auto& e : table) if (!strcmp(e.name, argv[i])) fn = e.fn;
-    if (!fn) emu_fail("unknown kernel");
-    emu_run(fn, p, emu_dim3{(unsigned)atoi(argv[i + 1]), (unsigned)atoi(argv[i + 2]), (unsigned)atoi(argv[i + 3])}, (unsigned)atoi(argv[i + 4]));
+    if (fn) {
+      emu_run([&] { fn(p); }, grid, threads);
+      continue;
+    }
+#ifdef EMU_PARAMS2
+    struct { const char* name; void (*fn)(const EMU_PARAMS2); } table2[] = {EMU_KERNELS2};
+    void (*fn2)(const EMU_PARAMS2) = nullptr;
+    for (auto& e : table2) if (!strcmp(e.name, argv[i])) fn2 = e.fn;
+    if (fn2) {
+      EMU_PARAMS2 p2 = emu_params<EMU_PARAMS2>(std::string(argv[1]) + "." + argv[i]);
+      {
+#define RELOC2(f) if (p2.f) p2.f = (std::remove_reference_t<decltype(p2.f)>)(arena + ((unsigned long long)p2.f - base));
+        EMU_RELOC2
+      }
+      emu_run([&] { fn2(p2); }, grid, threads);
+      continue;
+    }
+#endif
+    emu_fail("unknown kernel");
   }
   FILE* f = fopen(argv[3], "wb");
   if (!f) emu_fail("open output");

@@ -17,6 +17,7 @@
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__
+#define __grid_constant__
 #define __restrict__
 
 struct emu_dim3 { unsigned x, y, z; };
