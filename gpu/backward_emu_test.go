@@ -112,7 +112,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	}
 	var more []string
 	if hopper {
-		more = append(more, hopperEmuBlock(pl.v))
+		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA))
 	}
 	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v), more...)
 	var launches []emuLaunch
@@ -140,15 +140,15 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 }
 
 // hopperEmuBlock returns the emulator's replacement for the Hopper block
-// of v's primitives: hopper.h and the product wrappers of v, each calling
-// the emulated product of its shape.
-func hopperEmuBlock(v kernels.BwdVariant) string {
+// of a module's primitives: hopper.h (and tma.h with tensor maps) and the
+// product wrappers ps, each calling the emulated product of its shape.
+func hopperEmuBlock(ps []kernels.WGMMAProduct, tma bool) string {
 	var b strings.Builder
 	b.WriteString("#include \"hopper.h\"\n")
-	if v.TMA {
+	if tma {
 		b.WriteString("#include \"tma.h\"\n")
 	}
-	for _, p := range v.HopperProducts() {
+	for _, p := range ps {
 		if p.RegA {
 			fmt.Fprintf(&b, "inline void %s(float (&d)[%d][4], const u32 (&a)[4], u64 db) { emu_wgmma_rs<%d>(&d[0][0], a, db); }\n",
 				p.Name, p.N/8, p.N)

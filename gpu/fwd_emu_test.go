@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -11,13 +12,34 @@ import (
 // ForwardDevice would enqueue. It is slow, so it runs only when
 // FLASHATTN_FWD_EMU is set.
 
+// fwdEmuPointers are the device pointers of Params.
+var fwdEmuPointers = []string{"q", "k", "v", "o", "lse", "bias", "cu_q", "cu_k"}
+
 // fwdEmuDriver names the forward kernel's parameters for driver.h.
-var fwdEmuDriver = emuDriver("Params", []string{"q", "k", "v", "o", "lse", "bias", "cu_q", "cu_k"}, []string{kernels.KernelName})
+var fwdEmuDriver = emuDriver("Params", fwdEmuPointers, []string{kernels.KernelName})
+
+// fwdEmuTMADriver is fwdEmuDriver for a tensor-map kernel, which takes
+// TmaParams (the maps' addresses and the Params in it relocated).
+func fwdEmuTMADriver() string {
+	ptrs := []string{"q.w[0]", "k.w[0]", "v.w[0]"}
+	for _, p := range fwdEmuPointers {
+		ptrs = append(ptrs, "p."+p)
+	}
+	return emuDriver("TmaParams", ptrs, []string{kernels.KernelName})
+}
 
 // fwdEmuRun runs one forward call on the host emulator and returns O and
 // LSE, checking that the guard bands around them are untouched and that
 // every element was written (the outputs start as NaN).
 func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result, kernels.Variant) {
+	t.Helper()
+	return fwdEmuRunOn(t, q, k, v, opt, emuMMA)
+}
+
+// fwdEmuRunOn is fwdEmuRun on the kernels of kind; for the Hopper kinds it
+// returns a zero variant (and runs nothing) where the plan takes other
+// kernels.
+func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKernels) (attn.Result, kernels.Variant) {
 	t.Helper()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
@@ -42,17 +64,28 @@ func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result
 	outs := []emuOut{ar.output(p.OutputShape(), dt), ar.output(p.LSEShape(), attn.Float32)}
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
-	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, false, false)
+	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, kind != emuMMA, kind == emuHopperTMA)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
+	}
+	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != (kind == emuHopperTMA) {
+		return attn.Result{}, kernels.Variant{}
 	}
 	src, err := l.v.Source()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := emuBinary(t, src, "fwd.h", fwdEmuDriver)
+	driver, params, more := fwdEmuDriver, l.params.Pack(), []string(nil)
+	if l.v.WGMMA {
+		more = append(more, hopperEmuBlock(l.v.HopperProducts(), l.v.TMA))
+	}
+	if l.v.TMA {
+		driver, params = fwdEmuTMADriver(), make([]byte, kernels.TMAParamsSize)
+		kernels.PackTMA(params, emuTensorMap(l.tma[0]), emuTensorMap(l.tma[1]), emuTensorMap(l.tma[2]), &l.params)
+	}
+	bin := emuBinary(t, src, "fwd.h", driver, more...)
 	grid := [3]int{int(l.grid[0]), int(l.grid[1]), int(l.grid[2])}
-	emuExec(t, bin, l.v.Name(), l.params.Pack(), ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}}, nil)
+	emuExec(t, bin, l.v.Name(), params, ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}}, nil)
 	var r attn.Result
 	for i, o := range outs {
 		tt := ar.read(t, i, o)
@@ -97,5 +130,40 @@ func TestForwardEmulated(t *testing.T) {
 			t.Logf("%s", vr.Name())
 			fwdCheck(t, pr.dt, q, k, v, opt, res)
 		})
+	}
+}
+
+// TestForwardEmulatedHopper runs the Hopper (wgmma) forward kernels on the
+// host emulator against the oracle, with tiles loaded by cp.async and by
+// tensor maps (FLASHATTN_FWD_EMU=1; needs g++).
+func TestForwardEmulatedHopper(t *testing.T) {
+	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
+	cases := []fwdProblem{
+		{name: "bf16-d64-causal-gqa", dt: attn.BFloat16, b: 1, n: 70, m: 150, h: 2, hkv: 1, dk: 64, dv: 64, opt: attn.Options{Causal: true}},
+		{name: "fp16-d128-window-top-left", dt: attn.Float16, b: 1, n: 150, m: 90, h: 1, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Window: &attn.Window{Left: 30, Right: 7}, Align: attn.AlignTopLeft}},
+		{name: "bf16-d208-softcap-bias", dt: attn.BFloat16, b: 2, n: 40, m: 60, h: 2, hkv: 2, dk: 208, dv: 208, opt: attn.Options{Softcap: 3}, biasB: 1, bias: 2},
+		{name: "bf16-d256-dropout", dt: attn.BFloat16, b: 1, n: 70, m: 130, h: 1, hkv: 1, dk: 256, dv: 256, opt: attn.Options{Dropout: 0.2, Seed: 5}},
+		{name: "bf16-d320-causal", dt: attn.BFloat16, b: 1, n: 50, m: 70, h: 1, hkv: 1, dk: 320, dv: 320, opt: attn.Options{Causal: true}},
+		{name: "bf16-d512", dt: attn.BFloat16, b: 1, n: 30, m: 40, h: 1, hkv: 1, dk: 512, dv: 512},
+		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},
+	}
+	ran := 0
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA} {
+		for i, pr := range cases {
+			q, k, v, opt := pr.inputs(uint64(700 + i))
+			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps"}[kind], pr.name)
+			t.Run(name, func(t *testing.T) {
+				res, vr := fwdEmuRunOn(t, q, k, v, opt, kind)
+				if vr.Name() == (kernels.Variant{}).Name() {
+					t.Skip("the plan takes other kernels")
+				}
+				ran++
+				t.Logf("%s", vr.Name())
+				fwdCheck(t, pr.dt, q, k, v, opt, res)
+			})
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no case ran on the Hopper kernels")
 	}
 }

@@ -104,26 +104,40 @@ func (x *gen) hopperSource() {
 	}
 	x.hopperConstants()
 	x.ptx()
+	x.p("%s (Hopper)", PrimitivesBegin)
 	x.raw(wgmmaPrimitives())
 	if x.v.TMA {
 		x.raw(tmaPrimitives())
-		x.raw(tmaLoaders())
 	}
-	x.raw(wgmmaSS("wgmma_s", x.v.DType, x.g.ntS*8))
-	if n := x.g.dvp / x.v.WarpsN; x.v.WarpsN == 2 {
-		// P from the shared P tile (K-major), V read transposed
-		x.raw(wgmmaSST("wgmma_o", x.v.DType, n, false, true))
-	} else if n > 256 {
-		// one product instruction has at most 256 columns: O in two parts
-		x.raw(wgmmaRS("wgmma_o", x.v.DType, 256))
-		x.raw(wgmmaRS("wgmma_o2", x.v.DType, n-256))
-	} else {
-		x.raw(wgmmaRS("wgmma_o", x.v.DType, n))
+	for _, pr := range x.v.HopperProducts() {
+		x.raw(pr.source(x.v.DType))
+	}
+	x.p("%s", PrimitivesEnd)
+	if x.v.TMA {
+		x.raw(tmaLoaders())
 	}
 	x.swizzledLoader()
 	x.hopperProducts()
 	x.dropoutFuncs()
 	x.hopperKernel()
+}
+
+// HopperProducts returns the warpgroup product wrappers of a WGMMA
+// variant: S = Q·Kᵀ (wgmma_s) and O += P·V (wgmma_o; with two warpgroups
+// per row group P from the shared P tile, K-major, else from registers;
+// past 256 value columns in two parts, wgmma_o2 the rest, as one product
+// instruction has at most 256).
+func (v Variant) HopperProducts() []WGMMAProduct {
+	g := v.geom()
+	ps := []WGMMAProduct{{Name: "wgmma_s", N: g.ntS * 8}}
+	switch n := g.dvp / v.WarpsN; {
+	case v.WarpsN == 2:
+		return append(ps, WGMMAProduct{Name: "wgmma_o", N: n, TB: true})
+	case n > 256:
+		return append(ps, WGMMAProduct{Name: "wgmma_o", N: 256, TB: true, RegA: true}, WGMMAProduct{Name: "wgmma_o2", N: n - 256, TB: true, RegA: true})
+	default:
+		return append(ps, WGMMAProduct{Name: "wgmma_o", N: n, TB: true, RegA: true})
+	}
 }
 
 // hopperConstants writes the compile-time geometry of a WGMMA variant.

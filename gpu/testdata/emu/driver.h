@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   char* arena = (char*)aligned_alloc(256, (ab.size() + 255) / 256 * 256 + 256);
   memcpy(arena, ab.data(), ab.size());
   const unsigned long long base = 1ull << 32;
-#define RELOC(f) if (p.f) p.f = (decltype(p.f))(arena + ((unsigned long long)p.f - base));
+#define RELOC(f) if (p.f) p.f = (std::remove_reference_t<decltype(p.f)>)(arena + ((unsigned long long)p.f - base));
   EMU_RELOC
   struct { const char* name; void (*fn)(const EMU_PARAMS); } table[] = {EMU_KERNELS};
   for (int i = 4; i + 4 < argc; i += 5) {

@@ -58,8 +58,12 @@ inline void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, 
   const long long cols = (long long)w[1], rows = (long long)w[2], heads = (long long)w[3], batch = (long long)w[4];
   const long long sr = (long long)w[5], sh = (long long)w[6], sb = (long long)w[7];
   const int box = (int)w[8];
-  if (dst % 1024 != 0) emu_fail("tma: swizzled box not 1024-byte aligned");
-  emu_smem_check(dst, (unsigned)box * 128, "tma: box out of shared memory");
+  if (dst % 1024 != 0 || dst + (unsigned long long)box * 128 > EMU_SMEM) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "tma: box of %d rows at shared address %u not 1024-byte aligned or out of shared memory (block %u %u %u, thread %u)",
+             box, dst, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+    emu_fail(msg);
+  }
   for (int r = 0; r < box; ++r)
     for (int ch = 0; ch < 8; ++ch) {
       unsigned char chunk[16] = {0};
