@@ -3,6 +3,7 @@ package gpu
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -242,4 +243,44 @@ func emuSkip(t *testing.T, env, what string) {
 	if _, err := exec.LookPath("g++"); err != nil {
 		t.Skip("no g++ for the host emulator")
 	}
+}
+
+// emuTensorMap encodes a tensor map the way gpu/testdata/emu/tma.h reads
+// it (not the driver's encoding): address, extents, byte strides, box rows.
+func emuTensorMap(x kernels.TMATensor) [128]byte {
+	var m [128]byte
+	for i, w := range []uint64{x.Addr, x.Cols, x.Rows, x.Heads, x.B, x.Strides[0], x.Strides[1], x.Strides[2], uint64(x.BoxRows)} {
+		binary.LittleEndian.PutUint64(m[8*i:], w)
+	}
+	return m
+}
+
+// emuKernels says which kernels an emulated call runs.
+type emuKernels int
+
+const (
+	emuMMA       emuKernels = iota // the mma.sync kernels
+	emuHopper                      // the Hopper kernels, tiles by cp.async
+	emuHopperTMA                   // the Hopper kernels, streamed tiles by tensor maps
+)
+
+// hopperEmuBlock returns the emulator's replacement for the Hopper block
+// of a module's primitives: hopper.h (and tma.h with tensor maps) and the
+// product wrappers ps, each calling the emulated product of its shape.
+func hopperEmuBlock(ps []kernels.WGMMAProduct, tma bool) string {
+	var b strings.Builder
+	b.WriteString("#include \"hopper.h\"\n")
+	if tma {
+		b.WriteString("#include \"tma.h\"\n")
+	}
+	for _, p := range ps {
+		if p.RegA {
+			fmt.Fprintf(&b, "inline void %s(float (&d)[%d][4], const u32 (&a)[4], u64 db) { emu_wgmma_rs<%d, %v>(&d[0][0], a, db); }\n",
+				p.Name, p.N/8, p.N, p.TB)
+			continue
+		}
+		fmt.Fprintf(&b, "inline void %s(float (&d)[%d][4], u64 da, u64 db, int acc) { emu_wgmma_ss<%d, %v, %v>(&d[0][0], da, db, acc); }\n",
+			p.Name, p.N/8, p.N, p.TA, p.TB)
+	}
+	return b.String()
 }

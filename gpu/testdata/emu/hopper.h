@@ -71,8 +71,8 @@ inline void emu_wgmma_ss(float* d, u64 da, u64 db, int acc) {
 }
 
 // D[64xN] += A[64x16]·B[16xN], A from registers (each warp's 16 rows in
-// the mma.sync A layout), B N-major through a descriptor.
-template <int N>
+// the mma.sync A layout), B through a descriptor (TB: N-major).
+template <int N, bool TB>
 inline void emu_wgmma_rs(float* d, const u32 (&a)[4], u64 db) {
   EmuWarpX& x = emu_wx[emu_warp()];
   const int l = emu_lane();
@@ -87,7 +87,7 @@ inline void emu_wgmma_rs(float* d, const u32 (&a)[4], u64 db) {
       int m, n;
       emu_wg_elem(j, e, m, n);
       float s = d[4 * j + e];
-      for (int k = 0; k < 16; ++k) s += A[m % 16][k] * emu_operand(B, true, n, k);
+      for (int k = 0; k < 16; ++k) s += A[m % 16][k] * emu_operand(B, TB, n, k);
       d[4 * j + e] = s;
     }
 }
