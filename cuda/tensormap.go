@@ -64,12 +64,16 @@ func (s TensorMapSpec) Check() error {
 		}
 	}
 	for i, st := range s.Strides {
-		if st == 0 || st%16 != 0 || st >= 1<<40 {
+		if !TensorMapStrideOK(st) {
 			return argErrorf("tensor map stride %d bytes in dim %d (a positive multiple of 16 below 2^40)", st, i+1)
 		}
 	}
 	return nil
 }
+
+// TensorMapStrideOK reports whether the encoder takes a byte stride: a
+// positive multiple of 16 below 2^40.
+func TensorMapStrideOK(st uint64) bool { return st != 0 && st%16 == 0 && st < 1<<40 }
 
 // EncodeTensorMap encodes s with cuTensorMapEncodeTiled: 16-bit elements,
 // no interleave, zero fill out of bounds, 128-byte L2 promotion. Drivers

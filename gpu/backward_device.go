@@ -492,7 +492,7 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 	}
 	rowGrid := [3]int{cdiv(p.N, kernels.BwdPreRows), p.B, p.H}
 	if v.Staged {
-		add(kernels.BwdPackKernel, kernels.BwdPackGrid(p.B, p.N, p.M, p.H, p.Hkv), kernels.PackThreads, kernels.BwdPackSharedBytes)
+		add(kernels.BwdPackKernel, kernels.BwdPackGrid(p.B, p.N, p.M, p.H, p.Hkv), kernels.PackThreads, kernels.PackSharedBytes)
 	}
 	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
 	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, pl.v.DKDVSharedBytes())
@@ -531,14 +531,12 @@ func (pl *bwdPlan) useTMA() {
 // bwdTMANames names the tensors of bwdPlan.tma in errors.
 var bwdTMANames = []string{"q", "dO", "k", "v"}
 
-// launchArgs returns the argument of each of the plan's kernel launches:
-// BwdParams, or for the TMA dK/dV and dQ kernels the tensor maps (encoded
-// on dev unless the device's last backward used the same tensors) ahead of
-// them.
+// launchArgs returns the argument of each of the plan's kernel launches
+// (kernelArgs), the TMA kernels' tensor maps encoded on dev unless the
+// device's last backward used the same tensors.
 func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, error) {
-	params := pl.params.Bytes()
 	if !pl.v.TMA {
-		return func(string) []byte { return params }, nil
+		return pl.kernelArgs(nil), nil
 	}
 	c := bwdCacheFor(dev)
 	c.tmu.Lock()
@@ -549,6 +547,17 @@ func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, err
 	if err != nil {
 		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Key(), err)
 	}
+	return pl.kernelArgs(maps), nil
+}
+
+// kernelArgs returns the argument of each of the plan's kernel launches:
+// BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
+// in that order) ahead of them.
+func (pl *bwdPlan) kernelArgs(maps []cuda.TensorMap) func(kernel string) []byte {
+	params := pl.params.Bytes()
+	if !pl.v.TMA {
+		return func(string) []byte { return params }
+	}
 	dkdv, dq := kernels.BwdTMAArgs(maps[0], maps[1], params), kernels.BwdTMAArgs(maps[2], maps[3], params)
 	return func(kernel string) []byte {
 		switch kernel {
@@ -558,7 +567,7 @@ func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, err
 			return dq
 		}
 		return params
-	}, nil
+	}
 }
 
 // enqueueBackward enqueues the backward pass of p on stream s: dQ, dK, dV

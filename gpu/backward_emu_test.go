@@ -9,6 +9,7 @@ import (
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cpu"
+	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 )
 
@@ -99,15 +100,19 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	for _, l := range pl.launches {
 		launches = append(launches, emuLaunch{l.kernel, l.grid, l.threads})
 	}
+	var maps []cuda.TensorMap
+	for _, x := range pl.tma {
+		maps = append(maps, emuTensorMap(x))
+	}
+	args := pl.kernelArgs(maps)
 	var params2 map[string][]byte
 	if pl.v.TMA {
-		params := pl.params.Bytes()
-		params2 = map[string][]byte{
-			kernels.BwdDKDVKernel: kernels.BwdTMAArgs(emuTensorMap(pl.tma[0]), emuTensorMap(pl.tma[1]), params),
-			kernels.BwdDQKernel:   kernels.BwdTMAArgs(emuTensorMap(pl.tma[2]), emuTensorMap(pl.tma[3]), params),
+		params2 = map[string][]byte{}
+		for _, k := range bwdEmuTMAKernels {
+			params2[k] = args(k)
 		}
 	}
-	emuExec(t, bin, pl.v.Key(), pl.params.Bytes(), ar, launches, params2)
+	emuExec(t, bin, pl.v.Key(), args(kernels.BwdPreKernel), ar, launches, params2)
 	ts := make([]attn.Tensor, len(outs))
 	for i, o := range outs {
 		ts[i] = ar.read(t, i, o)

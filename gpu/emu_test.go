@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 )
 
@@ -247,8 +248,8 @@ func emuSkip(t *testing.T, env, what string) {
 
 // emuTensorMap encodes a tensor map the way gpu/testdata/emu/tma.h reads
 // it (not the driver's encoding): address, extents, byte strides, box rows.
-func emuTensorMap(x kernels.TMATensor) [128]byte {
-	var m [128]byte
+func emuTensorMap(x kernels.TMATensor) cuda.TensorMap {
+	var m cuda.TensorMap
 	for i, w := range []uint64{x.Addr, x.Cols, x.Rows, x.Heads, x.B, x.Strides[0], x.Strides[1], x.Strides[2], uint64(x.BoxRows)} {
 		binary.LittleEndian.PutUint64(m[8*i:], w)
 	}

@@ -198,22 +198,17 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // tmaStrides returns the byte strides (position, head, batch) of a
-// [B, N, H, D] 16-bit tensor for its tensor map, and whether the tensor
-// memory accelerator can read it: every stride of a dim longer than one a
-// positive multiple of 16 bytes (a dim of one is never stepped over and
-// gets any valid stride).
+// [B, N, H, D] 16-bit tensor for its tensor map (kernels.TMAStride), and
+// whether the tensor memory accelerator can read it: every stride one the
+// encoder takes (cuda.TensorMapStrideOK).
 func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
 	st := t.strides()
 	var out [3]uint64
 	for i, d := range [3]int{1, 2, 0} {
-		b := int64(st[d]) * int64(t.DType.Size())
-		switch {
-		case t.Shape[d] <= 1:
-			b = 16
-		case b <= 0 || b%16 != 0:
+		out[i] = kernels.TMAStride(t.Shape[d], int64(st[d]), t.DType.Size())
+		if !cuda.TensorMapStrideOK(out[i]) {
 			return out, false
 		}
-		out[i] = uint64(b)
 	}
 	return out, true
 }

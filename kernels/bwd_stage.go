@@ -68,7 +68,7 @@ func (g *bwdGen) packKernel(b *strings.Builder) {
 extern "C" __global__ void __launch_bounds__(%[6]d) %[8]s(const BwdParams p) {
   typedef unsigned char u8;
   const int b = blockIdx.y, z = blockIdx.z;
-`, dks, dvs, v.DK, v.DV, PackRowsPerBlock, PackThreads, BwdPackSharedBytes, BwdPackKernel)
+`, dks, dvs, v.DK, v.DV, PackRowsPerBlock, PackThreads, PackSharedBytes, BwdPackKernel)
 	g.segment(b)
 	b.WriteString(`  // this block's tensor: source and staging rows from the segment's first row, rows, heads, dims
   const T* src;
@@ -96,37 +96,15 @@ extern "C" __global__ void __launch_bounds__(%[6]d) %[8]s(const BwdParams p) {
 	b.WriteString("  }\n")
 	fmt.Fprintf(b, `  const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)rows * heads;
   if (f0 >= nf) return;  // past this tensor's pairs
-  const int cnt = (int)min((long long)%[1]d, nf - f0), es = (int)sizeof(T);
-  // staging pair f at dst + f·ds (the workspace's buffers are [rows, heads, ds], contiguous)
-  u8* o = reinterpret_cast<u8*>(dst + f0 * ds);
-  auto to = [=](int i) { return o + (long long)i * ds * es; };
-  if ((heads == 1 || ssh == d) && ssr == (long long)heads * d) {
-    // pairs back to back in the source (the usual layout): pair f at src + f·d; whole 16-byte loads may
-    // run on up to the end of the block's last pair
-    const u8* s0 = reinterpret_cast<const u8*>(src + f0 * d);
-    const long long rb = (long long)es * d;
-    const u8* lim = s0 + cnt * rb;
-    stage_rows_by<%[2]d>(to, [=](int i) { return s0 + i * rb; }, cnt, es * d, es * ds, [=](int) { return lim; });
-    return;
-  }
-  // source address of each pair of the block (dynamic shared memory), one division per pair; a pair's
-  // whole 16-byte loads stop at its own end
-  extern __shared__ __align__(16) unsigned char smem[];
-  const u8** row_src = reinterpret_cast<const u8**>(smem);
-  for (int i = threadIdx.x; i < cnt; i += %[2]d) {
-    const long long f = f0 + i, r = f / heads, h = f - r * heads;
-    row_src[i] = reinterpret_cast<const u8*>(src + r * ssr + h * ssh);
-  }
-  __syncthreads();
-  stage_rows_by<%[2]d>(to, [&](int i) { return row_src[i]; }, cnt, es * d, es * ds, [&](int i) { return row_src[i] + es * d; });
+  // staging pair f at dst + f·ds (the workspace's buffers are [rows, heads, ds], contiguous); no tensor
+  // end is known here, so whole 16-byte loads stay within the block's pairs (a null lim)
+  extern __shared__ __align__(16) unsigned char smem[];  // the pairs' source addresses (PackSharedBytes)
+  stage_pairs<%[2]d>(reinterpret_cast<u8*>(dst + f0 * ds), reinterpret_cast<const u8*>(src), ssr, ssh, heads, d, ds, (int)sizeof(T),
+                     f0, (int)min((long long)%[1]d, nf - f0), nf, nullptr, reinterpret_cast<const u8**>(smem));
 }
 
 `, PackRowsPerBlock, PackThreads)
 }
-
-// BwdPackSharedBytes is the dynamic shared memory of BwdPackKernel: the
-// source address of each of a block's (row, head) pairs.
-const BwdPackSharedBytes = PackRowsPerBlock * 8
 
 // BwdPackGrid returns the grid of BwdPackKernel for a batch of b elements
 // (segments) of at most n query and m key rows, h query and hkv key heads.

@@ -37,7 +37,7 @@ func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
 // whether every other stride suits the accelerator is for the caller to
 // check (package gpu checks each map's cuda.TensorMapSpec).
 func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
-	esz := uint64(v.elem())
+	esz := v.elem()
 	colsK, colsV := uint64(roundUp(v.DK, 8)), uint64(roundUp(v.DV, 8))
 	q, do, k, vv := p.Q, p.DO, p.K, p.V
 	qs, dos, ks, vs := p.QS, p.DOS, p.KS, p.VS
@@ -49,15 +49,7 @@ func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	t := v.ResolvedTiles()
 	mk := func(addr, cols uint64, rows, heads int32, s BwdStrides, box int) TMATensor {
 		x := TMATensor{Addr: addr, Cols: cols, Rows: uint64(rows), Heads: uint64(heads), B: uint64(p.B), BoxRows: uint32(box)}
-		for i, st := range [3]struct {
-			n      int32
-			stride int64
-		}{{rows, s.Row}, {heads, s.Head}, {p.B, s.Batch}} {
-			x.Strides[i] = 16
-			if st.n > 1 {
-				x.Strides[i] = uint64(st.stride) * esz
-			}
-		}
+		x.Strides = [3]uint64{TMAStride(int(rows), s.Row, esz), TMAStride(int(heads), s.Head, esz), TMAStride(int(p.B), s.Batch, esz)}
 		return x
 	}
 	dkdv = [2]TMATensor{mk(q, colsK, p.N, p.H, qs, t.DKDV.BlockM), mk(do, colsV, p.N, p.H, dos, t.DKDV.BlockM)}

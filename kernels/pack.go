@@ -125,6 +125,39 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
       if (rs[u] < nrows) *reinterpret_cast<uint4*>(dst(rs[u]) + 16 * cs[u]) = x[u];
   }
 }
+
+// stage_pairs copies n consecutive (row, head) pairs f0 .. f0+n-1 (f = row·heads + head; nf pairs in
+// all) of rows of d elements of es bytes, pair (r, h) at s + (r·sr + h·sh)·es, into staging rows of ds
+// elements at o (pair f0 + i at o + i·ds·es), zero beyond d. Pairs back to back in the source (the
+// usual layout) are read straight; others through the table of their addresses at row_src (shared
+// memory, n entries, one division per pair instead of one per chunk). Whole 16-byte loads run on up
+// to lim; a null lim bounds them by what the pairs themselves cover (back to back: the end of the
+// last pair; otherwise each pair's own end).
+template <int NTH>
+__device__ __forceinline__ void stage_pairs(unsigned char* o, const unsigned char* s, long long sr, long long sh,
+                                            int heads, int d, int ds, int es, long long f0, int n, long long nf,
+                                            const unsigned char* lim, const unsigned char** row_src) {
+  auto dst = [=](int i) { return o + (long long)i * ds * es; };
+  const int nb = es * d, nbs = es * ds;
+  if ((heads == 1 || sh == d) && sr == (long long)heads * d) {
+    const unsigned char* s0 = s + f0 * nb;
+    const unsigned char* end = lim ? lim : s0 + (long long)n * nb;
+    stage_rows_by<NTH>(dst, [=](int i) { return s0 + (long long)i * nb; }, n, nb, nbs, [=](int) { return end; });
+    return;
+  }
+  for (int i = threadIdx.x; i < n; i += NTH) {
+    const long long f = f0 + i;
+    // 32-bit division where the pair index fits (a 64-bit one costs several times more)
+    const long long r = nf <= 0x7fffffffll ? (long long)((unsigned)f / (unsigned)heads) : f / heads, h = f - r * heads;
+    row_src[i] = s + (r * sr + h * sh) * es;
+  }
+  __syncthreads();
+  if (lim) {
+    stage_rows_by<NTH>(dst, [&](int i) { return row_src[i]; }, n, nb, nbs, [=](int) { return lim; });
+  } else {
+    stage_rows_by<NTH>(dst, [&](int i) { return row_src[i]; }, n, nb, nbs, [&](int i) { return row_src[i] + nb; });
+  }
+}
 `
 
 // PackSource is the CUDA source of the pack kernel. It copies bit patterns,
@@ -155,28 +188,9 @@ extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
   const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)p.rows * p.heads;
   if (f0 >= nf) return;  // past this tensor's pairs (none when rows = 0)
   const int b = blockIdx.y, n = (int)min((long long)%[1]d, nf - f0);
-  const u16* s = p.src + b * p.sb;
-  u16* o = p.dst + (b * nf + f0) * p.ds;
-  auto dst = [=](int i) { return reinterpret_cast<unsigned char*>(o + (long long)i * p.ds); };
-  if ((p.heads == 1 || p.sh == p.d) && p.sr == (long long)p.heads * p.d) {
-    // pairs back to back in the source (the usual layout): pair f at s + f·d, no table
-    const unsigned char* s0 = reinterpret_cast<const unsigned char*>(s + f0 * p.d);
-    const long long rb = 2ll * p.d;
-    stage_rows_by<%[2]d>(dst, [=](int i) { return s0 + i * rb; }, n, 2 * p.d, 2 * p.ds, [=](int) { return p.lim; });
-    return;
-  }
-  // source address of each pair of the block, one division per pair instead of one per chunk
-  // (dynamic shared memory, PackSharedBytes)
-  extern __shared__ __align__(16) unsigned char smem[];
-  const unsigned char** row_src = reinterpret_cast<const unsigned char**>(smem);
-  for (int i = threadIdx.x; i < n; i += %[2]d) {
-    const long long f = f0 + i;
-    // 32-bit division where the pair index fits (a 64-bit one costs several times more)
-    const long long r = nf <= 0x7fffffffll ? (long long)((unsigned)f / (unsigned)p.heads) : f / p.heads, h = f - r * p.heads;
-    row_src[i] = reinterpret_cast<const unsigned char*>(s + r * p.sr + h * p.sh);
-  }
-  __syncthreads();
-  stage_rows_by<%[2]d>(dst, [&](int i) { return row_src[i]; }, n, 2 * p.d, 2 * p.ds, [=](int) { return p.lim; });
+  extern __shared__ __align__(16) unsigned char smem[];  // the pairs' source addresses (PackSharedBytes)
+  stage_pairs<%[2]d>(reinterpret_cast<unsigned char*>(p.dst + (b * nf + f0) * p.ds), reinterpret_cast<const unsigned char*>(p.src + b * p.sb),
+                     p.sr, p.sh, p.heads, p.d, p.ds, 2, f0, n, nf, p.lim, reinterpret_cast<const unsigned char**>(smem));
 }
 `, PackRowsPerBlock, PackThreads, stageSource, PackKernel)
 

@@ -42,6 +42,18 @@ type TMATensor struct {
 	BoxRows              uint32    // rows per box (BM for q, BN for k and v)
 }
 
+// TMAStride returns the byte stride a tensor map gets for a dim of extent
+// elements elemStride elements apart (elements of elemSize bytes): a dim of
+// extent one is never stepped over and gets 16, which every encoder takes.
+// Whether another stride suits the encoder is cuda.TensorMapStrideOK's to
+// say (a negative one comes out far too large).
+func TMAStride(extent int, elemStride int64, elemSize int) uint64 {
+	if extent <= 1 {
+		return 16
+	}
+	return uint64(elemStride * int64(elemSize))
+}
+
 // TMATensors returns the three tensor descriptions of a TMA variant's
 // launch with params p, given the byte strides of q, k and v (position,
 // head, batch) and the head dims' stored widths (a multiple of 8; staged
