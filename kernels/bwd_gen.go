@@ -585,6 +585,22 @@ func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimi
 `, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, rowLimit, d, dst, rowStride, acc, factor, acc, factor)
 }
 
+// bwdStoreWarpgroup writes a warpgroup product's accumulator acc[1][n/8][4]
+// (64 rows, one 16-row slice per warp of the warpgroup) to columns col0 ..
+// col0+n−1 of dst's rows, times factor: rows under rowLimit, columns under d.
+func bwdStoreWarpgroup(b *strings.Builder, acc string, n int, dst, rowStride, rowLimit, d, factor string, col0 int) {
+	fmt.Fprintf(b, `  {
+#pragma unroll
+    for (int nt = 0; nt < %[1]d; ++nt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = (warp & 3) * 16 + g + hh * 8, c = %[2]d + nt * 8 + 2 * t4;
+      if (r < %[3]s) store_pair<%[4]s>(%[5]s + r * %[6]s, c, %[7]s[0][nt][hh * 2] * %[8]s, %[7]s[0][nt][hh * 2 + 1] * %[8]s);
+    }
+  }
+`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor)
+}
+
 // bwdPipelineStep writes the start of iteration it of a kernel's main
 // loop over iters tiles loaded by load(it, stage): the stage st, the line
 // pos (the iteration's tile position), the wait for tile it and, with two

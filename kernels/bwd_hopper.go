@@ -33,8 +33,14 @@ import (
 //     all their columns; dQ is split by columns when DK is 128 (one
 //     warpgroup computes it otherwise);
 //   - head dims 129 to 256: BN = 64, each warpgroup owns all 64 keys and
-//     columns 128w .. 128w+127 of dK, dV and dQ (the last warpgroup fewer
-//     when the padded dim is under 256).
+//     a share of the columns. With equal padded dims (DKP = DVP) the shares
+//     cross: warpgroup 0 holds dV's first 128 columns and dK's rest,
+//     warpgroup 1 dK's first 128 and dV's rest, so both run one 128-column
+//     and one (DKP − 128)-column product of the same shapes and no column
+//     past the head dim is computed. Otherwise warpgroup w owns columns
+//     128w .. 128w+127 of dK and dV (the last warpgroup's columns past the
+//     head dim computed and never stored). The atomic dQ is split
+//     128 + 128 either way.
 //
 // Every product is a warpgroup instruction (wgmma.mma_async); dK and dV
 // stay in registers for the whole loop. Tiles in shared memory use the
@@ -47,6 +53,13 @@ const bwdHopperBM = 64
 // bwdHopperWide reports whether v's Hopper kernel splits columns (head dims
 // past 128) rather than keys between its warpgroups.
 func (v BwdVariant) bwdHopperWide() bool { return v.DKPad() > 128 }
+
+// bwdHopperCrossed reports whether v's wide Hopper dK/dV kernel crosses the
+// warpgroups' column shares (equal padded head dims): warpgroup 0 computes
+// dV's columns 0 .. 127 and dK's 128 .. DKP−1, warpgroup 1 the other two.
+func (v BwdVariant) bwdHopperCrossed() bool {
+	return v.bwdHopperWide() && v.DKPad() == v.DVPad()
+}
 
 // bwdHopperTile returns the dK/dV tile of v's Hopper kernel.
 func (v BwdVariant) bwdHopperTile() BwdTile {
@@ -131,6 +144,9 @@ func (v BwdVariant) HopperProducts() []WGMMAProduct {
 	if nk != nv {
 		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", nk), N: nk, TA: true, TB: true})
 	}
+	if r := dkp - 128; v.bwdHopperCrossed() && r != 128 {
+		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", r), N: r, TA: true, TB: true})
+	}
 	if v.AtomicDQ {
 		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
 	}
@@ -187,8 +203,12 @@ func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
 	dkp, dvp := v.DKPad(), v.DVPad()
 	ka, va, _ := v.bwdHopperAtoms()
 	wide := v.bwdHopperWide()
+	crossed := v.bwdHopperCrossed()
 	owner := "warpgroup w owns keys 64w .. 64w+63: their dK and dV stay in its registers"
-	if wide {
+	switch {
+	case crossed:
+		owner = "warpgroup 0 owns columns 0 .. 127 of dV and 128 .. DKP-1 of dK for all the keys,\n// warpgroup 1 the other columns"
+	case wide:
 		owner = "warpgroup w owns columns 128w .. 128w+127 of dK and dV for all the keys"
 	}
 	fmt.Fprintf(b, `// dK/dV (Hopper, warpgroup products): one block per (key block of %[1]d keys, batch, key head); loops
@@ -245,8 +265,20 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 		tdk = bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: 128, MT: 1, NT: 16, Warps: 8}
 		tdv = tdk
 	}
-	b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
-	b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
+	// the crossed split's accumulators: the 128-column share (accW: dV on warpgroup 0, dK on 1) and
+	// the rest (accR: dK's columns from 128 on warpgroup 0, dV's on 1)
+	accA, accB := "accdV", "accdK"
+	if crossed {
+		accA, accB = "accW", "accR"
+		b.WriteString("  // accW: dV columns 0..127 (warpgroup 0) or dK columns 0..127 (warpgroup 1), keys x 128\n  ")
+		b.WriteString(strings.ReplaceAll(tdk.accDecl("accW"), "\n", "\n  "))
+		b.WriteString("// accR: dK columns 128..DKP-1 (warpgroup 0) or dV columns 128..DVP-1 (warpgroup 1)\n  ")
+		tr := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: dkp - 128, MT: 1, NT: (dkp - 128) / 8, Warps: 8}
+		b.WriteString(strings.ReplaceAll(tr.accDecl("accR"), "\n", "\n  "))
+	} else {
+		b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
+		b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
+	}
 	fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0);
     load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0);
@@ -257,13 +289,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   // S = Q·Kᵀ, dP = dO·Vᵀ: this warpgroup's BN/2 rows of K and V, K-major
   const u64 dKs = sw128_desc(sK + wg * (BN / 2) * 128, 16, 1024), dVs = sw128_desc(sV + wg * (BN / 2) * 128, 16, 1024);
 `, g.in("k").sr, g.in("v").sr)
-	if wide {
+	switch {
+	case crossed:
+		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: P and dS of all BN = 64 keys, read M-major. The 128-column product
+  // (accW) takes Pᵀ and dO (warpgroup 0) or dSᵀ and Q (warpgroup 1) from column 0, the rest (accR)
+  // dSᵀ and Q (warpgroup 0) or Pᵀ and dO (warpgroup 1) from column 128 (atom 2); B read N-major
+  const u64 dPt = sw128_desc(sPa, 16, 1024), dSt = sw128_desc(sdSa, 16, 1024);
+  const u64 aW = wg ? dSt : dPt, aR = wg ? dPt : dSt;
+`)
+	case wide:
 		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: P and dS of all BN = 64 keys, read M-major; dO and Q from this
   // warpgroup's first column (atom 2·wg), read N-major
   const int c0 = wg * 128;  // first dK/dV/dQ column of this warpgroup
   const u64 dPt = sw128_desc(sPa, 16, 1024), dSt = sw128_desc(sdSa, 16, 1024);
 `)
-	} else {
+	default:
 		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: this warpgroup's 64 keys (atom wg) of P and dS, read M-major
   constexpr int c0 = 0;  // (every column of dK and dV)
   const u64 dPt = sw128_desc(sPa + wg * BM * 128, 16, 1024), dSt = sw128_desc(sdSa + wg * BM * 128, 16, 1024);
@@ -318,7 +358,26 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 	g.probs(b, st, "(sL + st * BM)", "(sD + st * BM)", true)
 	g.dsFromDP(b, st, true)
 	g.tileAt = nil
-	b.WriteString(`    fence_proxy_async();
+	if crossed {
+		fmt.Fprintf(b, `    fence_proxy_async();
+    __syncthreads();  // P and dS of all BN keys in shared memory
+    // ---- dV += Pᵀ·dO, dK += dSᵀ·Q over the BM queries, crossed: accW from column 0 (dO on warpgroup 0,
+    // Q on 1), accR from column 128 (Q on warpgroup 0, dO on 1); B read N-major
+    {
+      const u32 sqs = sQ + st * Q_STAGE, sdos = sdO + st * DO_STAGE;
+      const u64 bW = sw128_desc(wg ? sqs : sdos, BM * 128, 1024);
+      const u64 bR = sw128_desc((wg ? sdos : sqs) + 2 * BM * 128, BM * 128, 1024);
+      fence_acc(accW[0]);
+      fence_acc(accR[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        wg_t128(accW[0], aW + (u64)((kk * 2048) >> 4), bW + (u64)((kk * 2048) >> 4), 1);
+        wg_t%d(accR[0], aR + (u64)((kk * 2048) >> 4), bR + (u64)((kk * 2048) >> 4), 1);
+      }
+`, dkp-128)
+	} else {
+		b.WriteString(`    fence_proxy_async();
     __syncthreads();  // P and dS of all BN keys in shared memory
     // ---- dV += Pᵀ·dO, dK += dSᵀ·Q over the BM queries; dO and Q read N-major from column c0
     {
@@ -328,13 +387,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
       fence_acc(accdK[0]);
       wgmma_fence();
 `)
-	// the products of this warpgroup's columns: nv value and nk key columns
-	fmt.Fprintf(b, `#pragma unroll
+		// the products of this warpgroup's columns: nv value and nk key columns
+		fmt.Fprintf(b, `#pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
         wg_t%[1]d(accdV[0], dPt + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
         wg_t%[2]d(accdK[0], dSt + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
       }
 `, nv, nk)
+	}
 	b.WriteString("      wgmma_commit();\n    }\n")
 	if v.AtomicDQ {
 		cond := ""
@@ -362,13 +422,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     }
 `, nq/8)
 	}
-	b.WriteString(`    wgmma_wait<0>();
-    fence_acc(accdV[0]);
-    fence_acc(accdK[0]);
+	fmt.Fprintf(b, `    wgmma_wait<0>();
+    fence_acc(%[1]s[0]);
+    fence_acc(%[2]s[0]);
   }
   T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;
   T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;
-`)
+`, accA, accB)
+	if crossed {
+		b.WriteString("  if (wg == 0) {  // accW: dV columns 0..127, accR: dK columns 128..\n")
+		bwdStoreWarpgroup(b, "accW", 128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 0)
+		bwdStoreWarpgroup(b, "accR", dkp-128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 128)
+		b.WriteString("  } else {  // accW: dK columns 0..127, accR: dV columns 128..\n")
+		bwdStoreWarpgroup(b, "accW", 128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 0)
+		bwdStoreWarpgroup(b, "accR", dkp-128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 128)
+		b.WriteString("  }\n}\n\n")
+		return
+	}
 	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
 	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
 	b.WriteString("}\n\n")
