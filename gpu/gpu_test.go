@@ -374,6 +374,43 @@ func TestForwardStaging(t *testing.T) {
 	}
 }
 
+// TestForwardFlat runs odd head dims that the Hopper forward reads in place
+// over flat rows (kernels.Variant.Flat: eight or more heads, one query head
+// per key head, so every shift of a head within its 16-byte unit occurs)
+// without a staging workspace, and checks that the planner took that
+// kernel where the device has it.
+func TestForwardFlat(t *testing.T) {
+	b := fwdBackend(t)
+	cases := []fwdProblem{
+		{name: "bf16-d199-causal", dt: attn.BFloat16, b: 2, n: 300, m: 260, h: 8, hkv: 8, dk: 199, dv: 199, opt: attn.Options{Causal: true}},
+		{name: "fp16-d201-dv185-softcap-bias-dropout", dt: attn.Float16, b: 1, n: 190, m: 230, h: 8, hkv: 8, dk: 201, dv: 185, opt: attn.Options{Softcap: 4, Dropout: 0.1, Seed: 3}, biasB: 1, bias: 8},
+		{name: "bf16-d257-window", dt: attn.BFloat16, b: 1, n: 200, m: 200, h: 16, hkv: 16, dk: 257, dv: 257, opt: attn.Options{Window: &attn.Window{Left: 40, Right: 9}}},
+		{name: "bf16-d121-16heads", dt: attn.BFloat16, b: 3, n: 129, m: 129, h: 16, hkv: 16, dk: 121, dv: 121},
+	}
+	for i, pr := range cases {
+		t.Run(pr.name, func(t *testing.T) {
+			q, k, v, opt := pr.inputs(uint64(900 + i))
+			p, err := attn.NewProblem(q, k, v, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fake := func(dt attn.DType, shape []int) DeviceTensor {
+				return DeviceTensor{DType: dt, Shape: shape, base: 1 << 40}
+			}
+			l, err := plan(p, pr.dt, fake(pr.dt, q.Shape), fake(pr.dt, k.Shape), fake(pr.dt, v.Shape), fake(pr.dt, p.OutputShape()),
+				fake(attn.Float32, p.LSEShape()), nil, 0, 0, nil, false, b.WGMMA, b.TMA)
+			if err != nil {
+				t.Fatalf("plan: %v", err)
+			}
+			if want := b.WGMMA && b.TMA; l.v.Flat != want {
+				t.Fatalf("plan %s: Flat = %v, want %v", l.v.Name(), l.v.Flat, want)
+			}
+			res := fwdDeviceRunStaging(t, b, q, k, v, opt, false)
+			fwdCheck(t, pr.dt, q, k, v, opt, res)
+		})
+	}
+}
+
 // TestDropoutKeepMask reads the kernel's keep mask back through V = I (so
 // O[i, j] = keep(i, j)·P(i, j)/(1-p)) and compares it with package philox
 // bit for bit, padded and packed.

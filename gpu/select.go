@@ -96,6 +96,14 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 		rowK, rowV = kernels.StagedDim(p.DK), kernels.StagedDim(p.DV)
 	}
 	lb := loadWidth(dt, p.Varlen, rowK, rowV, q, k, v)
+	var flat [3][3]uint64 // byte strides of q, k, v read in place over flat rows (kernels.Variant.Flat)
+	flatOK := false
+	if lb < 16 && !staged && hopper && tma {
+		flat, flatOK = flatRows(p, dt, q, k, v)
+		if flatOK {
+			lb = 16 // the accelerator reads whole 16-byte units of every row
+		}
+	}
 	vr := kernels.Variant{
 		DType:     dt,
 		DK:        roundUp(p.DK, 16),
@@ -129,7 +137,14 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	}
 	vr = tile.Apply(vr)
 	var tstr [3][3]uint64 // byte strides (position, head, batch) of q, k, v for tensor maps
-	if tma && vr.WGMMA && !p.Varlen && lb == 16 {
+	switch {
+	case flatOK:
+		vr.TMA, vr.Flat, tstr = true, true, flat
+		if !vr.WGMMA || vr.Validate() != nil {
+			// not a kernel that reads flat rows: the planner without them
+			return plan(p, dt, q, k, v, o, lse, bias, cuq, cuk, tiles, staged, hopper, false)
+		}
+	case tma && vr.WGMMA && !p.Varlen && lb == 16:
 		var ok [3]bool
 		for i, t := range []DeviceTensor{q, k, v} {
 			tstr[i], ok[i] = tmaStrides(t)
@@ -188,7 +203,17 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	}
 	l.v = vr
 	l.params = pr
-	if vr.TMA {
+	switch {
+	case vr.Flat:
+		l.tma = vr.TMATensors(&pr, uint64(p.H*p.DK), uint64(p.Hkv*p.DV), tstr[0], tstr[1], tstr[2])
+		for i := range l.tma {
+			l.tma[i].Cols = uint64(p.H * p.DK)
+			if i == 2 {
+				l.tma[i].Cols = uint64(p.Hkv * p.DV)
+			}
+			l.tma[i].Heads = 1
+		}
+	case vr.TMA:
 		l.tma = vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
@@ -196,6 +221,38 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 }
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
+
+// flatRows reports whether the Hopper forward can read q, k and v of p in
+// place over flat rows (kernels.Variant.Flat): 16-bit, fixed-length, one
+// query head per key head, head dims that leave room for the shift
+// (kernels.FlatFits), each tensor's heads contiguous (head stride = head
+// dim) from a 16-byte aligned start, and the positions and batch elements
+// whole 16-byte units apart, strides the encoder takes. It returns the
+// tensor maps' byte strides (position, the unused head dim, batch).
+func flatRows(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) ([3][3]uint64, bool) {
+	var out [3][3]uint64
+	if dt.Size() != 2 || p.Varlen || p.H != p.Hkv || !kernels.FlatFits(p.DK, p.DV) {
+		return out, false
+	}
+	for i, t := range []DeviceTensor{q, k, v} {
+		d := int64(p.DK)
+		if i == 2 {
+			d = int64(p.DV)
+		}
+		sb, sn, sh := seqStrides(t, false)
+		heads := int64(t.Shape[2])
+		if sh != d || t.ptr()%16 != 0 || (heads*d)%8 != 0 || sn%8 != 0 || sb%8 != 0 {
+			return out, false
+		}
+		out[i] = [3]uint64{kernels.TMAStride(t.Shape[1], sn, 2), 16, kernels.TMAStride(t.Shape[0], sb, 2)}
+		for _, x := range out[i] {
+			if !cuda.TensorMapStrideOK(x) {
+				return out, false
+			}
+		}
+	}
+	return out, true
+}
 
 // tmaStrides returns the byte strides (position, head, batch) of a
 // [B, N, H, D] 16-bit tensor for its tensor map (kernels.TMAStride), and

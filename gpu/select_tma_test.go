@@ -94,3 +94,69 @@ func TestTensorMapCache(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanFlatRows checks when the forward planner reads odd head dims in
+// place over flat rows (kernels.Variant.Flat) instead of leaving them to
+// the staging copies, and the tensor maps it describes for them.
+func TestPlanFlatRows(t *testing.T) {
+	cases := []struct {
+		name           string
+		h, hkv, dk, dv int
+		headMajor      bool
+		flat           bool
+	}{
+		{"d199 eight heads", 8, 8, 199, 199, false, true},
+		{"d201 dv185", 16, 16, 201, 185, false, true},
+		{"d257", 8, 8, 257, 257, false, true},
+		{"grouped heads", 8, 4, 199, 199, false, false},
+		{"heads not a multiple of 8", 10, 10, 199, 199, false, false},
+		{"no room for the shift (d59)", 8, 8, 59, 59, false, false},
+		{"head-major layout", 8, 8, 199, 199, true, false},
+		{"even rows need no flat maps", 8, 8, 200, 200, false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			const bsz, n = 2, 100
+			ten := func(h, d int) DeviceTensor {
+				x := DeviceTensor{DType: attn.BFloat16, Shape: []int{bsz, n, h, d}, base: 1 << 40}
+				if c.headMajor {
+					x.Strides = []int{h * n * d, d, n * d, 1}
+				}
+				return x
+			}
+			q, k, v := ten(c.h, c.dk), ten(c.hkv, c.dk), ten(c.hkv, c.dv)
+			p, err := attn.NewProblem(attn.New(attn.BFloat16, q.Shape...), attn.New(attn.BFloat16, k.Shape...), attn.New(attn.BFloat16, v.Shape...), attn.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := DeviceTensor{DType: attn.BFloat16, Shape: p.OutputShape(), base: 1 << 41}
+			lse := DeviceTensor{DType: attn.Float32, Shape: p.LSEShape(), base: 1 << 42}
+			l, err := plan(p, attn.BFloat16, q, k, v, o, lse, nil, 0, 0, nil, false, true, true)
+			if err != nil {
+				t.Fatalf("plan: %v", err)
+			}
+			if l.v.Flat != c.flat {
+				t.Fatalf("plan %s: Flat = %v, want %v", l.v.Name(), l.v.Flat, c.flat)
+			}
+			if !c.flat {
+				return
+			}
+			if !l.v.TMA || l.v.LoadBytes != 16 {
+				t.Errorf("flat plan %s without tensor maps or 16-byte rows", l.v.Name())
+			}
+			for i, x := range l.tma {
+				d, h := c.dk, c.h
+				if i == 2 {
+					d, h = c.dv, c.hkv
+				}
+				want := [3]uint64{uint64(h * d * 2), 16, uint64(n * h * d * 2)}
+				if x.Cols != uint64(h*d) || x.Heads != 1 || x.Strides != want {
+					t.Errorf("map %d: cols %d heads %d strides %v; want %d, 1, %v", i, x.Cols, x.Heads, x.Strides, h*d, want)
+				}
+				if err := tensorMapSpec(x).Check(); err != nil {
+					t.Errorf("map %d: %v", i, err)
+				}
+			}
+		})
+	}
+}

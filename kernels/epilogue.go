@@ -132,7 +132,12 @@ func (x *gen) epilogueViaShared(dscale string) {
 	if x.v.LSE {
 		lse = "\n        if (" + x.lseWriter() + " && r < rows) " + lseStore("0")
 	}
-	x.p(`  if (!p.o_vec2) {  // ---- O through shared memory, rows written whole
+	cond, shift := "!p.o_vec2", ""
+	if x.v.Flat {
+		// O's columns sit shifted by V's: always through shared memory, read from column sv_
+		cond, shift = "true", " + sv_"
+	}
+	x.p(`  if (%s) {  // ---- O through shared memory, rows written whole
     constexpr int OP = DVP + 8;  // row pitch of the staged O tile (16-bit elements)
     u16* so = (u16*)(smem + (s_base - smem_addr(smem)));  // [BM][OP], over the Q/K/V tiles
     __syncthreads();  // every warp is done with the tiles
@@ -148,12 +153,12 @@ func (x *gen) epilogueViaShared(dscale string) {
     __syncthreads();
     for (int r = warp; r < rows; r += NTHREADS / 32) {
       char* orow = gO + r * o_rs;
-      const u16* srow = so + r * OP;
+      const u16* srow = so + r * OP%s;  // element 0 of the row
       const int e0 = (int)(((unsigned long long)orow >> 1) & 1);  // 1: the row starts 2 bytes past a 4-byte boundary
       if (e0 == 1 && lane == 0) *(u16*)orow = srow[0];
       for (int e = e0 + 2 * lane; e + 1 < p.d_v; e += 64) *(u32*)(orow + 2 * e) = (u32)srow[e] | ((u32)srow[e + 1] << 16);
       if (((p.d_v - e0) & 1) && lane == 0) *(u16*)(orow + 2 * (p.d_v - 1)) = srow[p.d_v - 1];
     }
     return;
-  }`, dscale, lse)
+  }`, cond, dscale, lse, shift)
 }

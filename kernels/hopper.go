@@ -502,16 +502,49 @@ func (x *gen) hopperPrologueLoads() {
     mbar_fence_init();
   }
   __syncthreads();
-  // ---- prologue: Q, K and V of the first block, K of the second (one thread issues the copies)
+`)
+	x.raw(x.tmaCoords())
+	x.raw(`  // ---- prologue: Q, K and V of the first block, K of the second (one thread issues the copies)
   if (tid == 0) {
-    tma_tile<BM, KATOMS>(sQ, &tp.q, barQ, m0, h, b);
-    tma_tile<BN, KATOMS>(sK, &tp.k, barK, (nb_hi - 1) * BN, kvh, b);
-    tma_tile<BN, VATOMS>(sV, &tp.v, barV, (nb_hi - 1) * BN, kvh, b);
-    if (nb_hi - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + K_STAGE, &tp.k, barK + 8, (nb_hi - 2) * BN, kvh, b);
+    tma_tile<BM, KATOMS>(sQ, &tp.q, barQ, m0, hq_, b, cq_);
+    tma_tile<BN, KATOMS>(sK, &tp.k, barK, (nb_hi - 1) * BN, hk_, b, ck_);
+    tma_tile<BN, VATOMS>(sV, &tp.v, barV, (nb_hi - 1) * BN, hk_, b, cv_);
+    if (nb_hi - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + K_STAGE, &tp.k, barK + 8, (nb_hi - 2) * BN, hk_, b, ck_);
   }
   mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
 `)
+	if x.v.Flat {
+		x.raw(`  // ---- flat rows: Q's columns outside [sq_, sq_ + d_k) hold the neighbouring heads' elements (or
+  // zeros); zero them, so that S = Q·Kᵀ takes nothing from K's columns there
+  for (int i = tid; i < BM * (DKP - p.d_k); i += NTHREADS) {
+    const int r = i / (DKP - p.d_k), k = i - r * (DKP - p.d_k);
+    const int col = k < sq_ ? k : p.d_k + k;  // [0, sq_) then [sq_ + d_k, DKP)
+    *(u16*)(smem + (s_base - smem_addr(smem)) + SQ_OFF + (col >> 6) * BM * 128 + r * 128 + ((((col & 63) >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) = 0;
+  }
+  fence_proxy_async();
+  __syncthreads();
+`)
+	}
+}
+
+// tmaCoords writes the tensor-map coordinates of the CTA's tiles: the head
+// index (hq_ for Q, hk_ for K and V) and first column (cq_, ck_, cv_) of its
+// boxes; with Flat, the head index is 0 and the column is the head's start
+// in the concatenated heads rounded down to 8, and sq_, sv_ are the shifts
+// of Q (and K: one query head per key head) and of V.
+func (x *gen) tmaCoords() string {
+	if !x.v.Flat {
+		return "  const int hq_ = h, hk_ = kvh, cq_ = 0, ck_ = 0, cv_ = 0;  // tensor-map coordinates: (column, row, head, batch)\n"
+	}
+	return `  // tensor-map coordinates (column, row, head, batch) over flat rows: head h's elements start at column
+  // h·d_k of its position's row; the boxes start at that column rounded down to 8 (16 bytes), so the tile
+  // holds the head shifted right by sq_ (Q and K: one query head per key head) or sv_ (V) columns
+  const int hq_ = 0, hk_ = 0;
+  const int cq_ = (h * p.d_k) & ~7, ck_ = (kvh * p.d_k) & ~7, cv_ = (kvh * p.d_v) & ~7;
+  const int sq_ = (h * p.d_k) & 7, sv_ = (kvh * p.d_v) & 7;
+  (void)sv_;
+`
 }
 
 // hopperLoopLoads writes the top of a main-loop iteration: once every
@@ -537,8 +570,8 @@ func (x *gen) hopperLoopLoads() {
 	}
 	x.raw(`
     if (tid == 0) {
-      if (nb - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + buf * K_STAGE, &tp.k, barK + 8 * buf, (nb - 2) * BN, kvh, b);
-      if (nb - 1 >= nb_lo) tma_tile<BN, VATOMS>(sV + (buf ^ 1) * V_STAGE, &tp.v, barV + 8 * (buf ^ 1), (nb - 1) * BN, kvh, b);
+      if (nb - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + buf * K_STAGE, &tp.k, barK + 8 * buf, (nb - 2) * BN, hk_, b, ck_);
+      if (nb - 1 >= nb_lo) tma_tile<BN, VATOMS>(sV + (buf ^ 1) * V_STAGE, &tp.v, barV + 8 * (buf ^ 1), (nb - 1) * BN, hk_, b, cv_);
     }
 `)
 }

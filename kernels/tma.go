@@ -107,13 +107,14 @@ DEV void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
-// tma_rows issues ATOMS boxes of [ROWS][64 columns] (rows row0.., one head and batch element) into
-// the swizzled [ATOMS][ROWS][64] tile at dst, box a at dst + a·ROWS·128, completing on bar (whose
-// bytes the caller announces; out-of-bounds parts count too, as zeros)
+// tma_rows issues ATOMS boxes of [ROWS][64 columns] (rows row0.., one head and batch element,
+// columns from col0: 0, or a flat map's head start rounded down to 8) into the swizzled
+// [ATOMS][ROWS][64] tile at dst, box a at dst + a·ROWS·128, completing on bar (whose bytes the
+// caller announces; out-of-bounds parts count too, as zeros)
 template <int ROWS, int ATOMS>
-DEV void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
+DEV void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch, int col0 = 0) {
 #pragma unroll
-  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
+  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, col0 + a * 64, row0, head, batch);
 }
 `
 }
@@ -124,9 +125,9 @@ func tmaLoaders() string {
 	return `// ---- a tile by the tensor memory accelerator (tma_rows), its bytes announced on its own barrier;
 // one thread issues it
 template <int ROWS, int ATOMS>
-DEV void tma_tile(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
+DEV void tma_tile(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch, int col0 = 0) {
   mbar_expect_tx(bar, ATOMS * ROWS * 128);
-  tma_rows<ROWS, ATOMS>(dst, map, bar, row0, head, batch);
+  tma_rows<ROWS, ATOMS>(dst, map, bar, row0, head, batch, col0);
 }
 `
 }

@@ -137,6 +137,25 @@ type Variant struct {
 	// instead of per-thread cp.async. The launch passes TMAParams: the tensor
 	// maps of q, k and v, then Params. Not with Varlen.
 	TMA bool
+	// Flat reads q, k and v of head dims whose rows start only 2- or 4-byte
+	// aligned in place, without staging copies (TMA only; fixed-length,
+	// one query head per key head, each tensor's heads contiguous: head
+	// stride = head dim). Their tensor maps run over the concatenated heads
+	// of a position (extent H·D); head h's tile starts at column h·D
+	// rounded down to a multiple of 8 (16 bytes, which the accelerator
+	// needs), so the tile holds the head shifted right by s = h·D mod 8
+	// columns, its neighbours' elements around it. The kernel zeroes Q's
+	// columns outside [s, s + DK), which makes S exact whatever K holds
+	// there, and stores O's columns from s on. The padded head dims leave
+	// room for any shift: DKP − DK and DVP − DV at least 7 (FlatFits).
+	Flat bool
+}
+
+// FlatFits reports whether head dims dk and dv leave the room a Flat
+// variant needs past them in their 16-padded widths (seven columns: the
+// largest shift).
+func FlatFits(dk, dv int) bool {
+	return (dk+15)/16*16-dk >= 7 && (dv+15)/16*16-dv >= 7
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -227,7 +246,15 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat)
+}
+
+// flatSuffix is the name suffix of Flat variants.
+func flatSuffix(flat bool) string {
+	if flat {
+		return "_flat"
+	}
+	return ""
 }
 
 // tmaSuffix is the name suffix of TMA variants.
@@ -297,6 +324,9 @@ func (v Variant) Validate() error {
 	}
 	if v.TMA && !v.WGMMA {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: tensor-map loads without the WGMMA kernel")
+	}
+	if v.Flat && (!v.TMA || v.Varlen || v.BlockM*(v.geom().dvp+8)*2 > v.SharedBytes()-1024) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: rows read in place (Flat) need tensor-map loads of a fixed-length batch and room to stage O")
 	}
 	if v.WGMMA {
 		if err := v.validateHopper(); err != nil {

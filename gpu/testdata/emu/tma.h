@@ -64,6 +64,7 @@ inline void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, 
              box, dst, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
     emu_fail(msg);
   }
+  if (c0 % 8 != 0) emu_fail("tma: box start column not 16-byte aligned (the device stops with an illegal instruction)");
   for (int r = 0; r < box; ++r)
     for (int ch = 0; ch < 8; ++ch) {
       unsigned char chunk[16] = {0};
@@ -79,7 +80,7 @@ inline void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, 
   emu_mbar_settle(m);
 }
 template <int ROWS, int ATOMS>
-inline void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch) {
+inline void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch, int col0 = 0) {
   if ((int)map->w[8] != ROWS) emu_fail("tma: the map's box rows differ from the tile's");
-  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, a * 64, row0, head, batch);
+  for (int a = 0; a < ATOMS; ++a) tma_load_4d(dst + a * ROWS * 128, map, bar, col0 + a * 64, row0, head, batch);
 }
