@@ -112,6 +112,17 @@ type BwdVariant struct {
 	// and the main kernels read those with 16-byte asynchronous copies. The
 	// gradients are still stored element by element. Excludes Vector.
 	Staged bool
+	// Flat has the Hopper kernels read q, k, v and dO of such head dims in
+	// place, as the forward's Variant.Flat does: tensor maps over a
+	// position's concatenated heads for the streamed tiles, 16-byte copies
+	// from the head's start rounded down to 8 elements for the tiles loaded
+	// once, those tiles' columns outside the shifted head zeroed (which
+	// makes S and dP exact), and every gradient stored from its shift (the
+	// atomic dQ accumulator keeps K's shifted columns; the conversion
+	// reads them back). Needs WGMMA, TMA, a fixed-length batch, one query
+	// head per key head, heads contiguous in each tensor, and room for the
+	// shift (FlatFits). Excludes Vector and Staged.
+	Flat bool
 	// Tiles overrides the default tile shapes when its fields are non-zero.
 	Tiles BwdTiles
 	// WGMMA selects the Hopper dK/dV and dQ kernels (sm_90a; see
@@ -321,6 +332,9 @@ func (v BwdVariant) Validate() error {
 	if v.Vector && v.Staged {
 		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")
 	}
+	if v.Flat && (v.Vector || v.Staged || !v.WGMMA || !v.TMA || v.Varlen || !FlatFits(v.DK, v.DV)) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: rows read in place (Flat) need the Hopper kernels with tensor maps, a fixed-length batch and room for the shift, without Vector or Staged", v.Key())
+	}
 	if v.WGMMA && !BwdHopperOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Key())
 	}
@@ -365,7 +379,7 @@ func (v BwdVariant) Key() string {
 		on   bool
 		name string
 	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

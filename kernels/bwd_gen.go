@@ -195,19 +195,26 @@ __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
 `, g.vectorPairStore())
 	} else {
 		// rows of an odd head dim start at alternating alignments: the pairs
-		// of every other row go out as one store
+		// of every other row go out as one store; a flat row's shifted
+		// columns start below 0
+		lo := func(c string) string {
+			if v.Flat {
+				return c
+			}
+			return ""
+		}
 		fmt.Fprintf(b, `// store_pair writes elements col and col+1 (those < D) of a global row: one store where both are in
 // range and the pair is aligned to its size, one per element otherwise.
 template <int D>
 __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
-  if (col + 1 < D && (reinterpret_cast<unsigned long long>(g + col) & (2 * sizeof(T) - 1)) == 0) {
-    %s
+  if (%[2]scol + 1 < D && (reinterpret_cast<unsigned long long>(g + col) & (2 * sizeof(T) - 1)) == 0) {
+    %[1]s
     return;
   }
-  if (col < D) g[col] = t_from_f(a);
-  if (col + 1 < D) g[col + 1] = t_from_f(b_);
+  if (%[3]scol < D) g[col] = t_from_f(a);
+  if (%[4]scol + 1 < D) g[col + 1] = t_from_f(b_);
 }
-`, g.vectorPairStore())
+`, g.vectorPairStore(), lo("col >= 0 && "), lo("col >= 0 && "), lo("col >= -1 && "))
 	}
 	if v.Staged {
 		b.WriteString(stageSource)
@@ -292,6 +299,16 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 	b.WriteString("  }\n}\n\n")
 }
 
+// flatAccShift returns, for Flat variants, the term added to a dQ column
+// to find it in the atomic accumulator, which holds K's shifted columns
+// (one query head per key head: the shift of head h, (h·DK) mod 8).
+func flatAccShift(v BwdVariant) string {
+	if !v.Flat {
+		return ""
+	}
+	return fmt.Sprintf(" + ((h * %d) & 7)", v.DK)
+}
+
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
 	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
@@ -304,11 +321,11 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
     if (i >= n) break;
     const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
-    for (int d = lane; d < %d; d += 32) gq[d] = t_from_f(gs[d] * p.scale);
+    for (int d = lane; d < %d; d += 32) gq[d] = t_from_f(gs[d%s] * p.scale);
   }
 }
 
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK)
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK, flatAccShift(v))
 }
 
 func (g *bwdGen) dbiasKernel(b *strings.Builder) {
@@ -566,7 +583,7 @@ func (g *bwdGen) dqProducts(stage int) []bwdProduct {
 
 // bwdStoreAcc writes an accumulator (rows r0 + row, columns col) to a global
 // head slice: dst row pointer expression, row limit, column limit D, factor.
-func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimit, d, factor string) {
+func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimit, d, factor string, shift ...string) {
 	if c := t.guard(); c != "" {
 		fmt.Fprintf(b, "  if (%s)", c)
 	}
@@ -578,27 +595,36 @@ func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimi
     for (int nt = 0; nt < %d; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = wm_ * %d + mt * 16 + g + hh * 8, c = wn_ * %d + nt * 8 + 2 * t4;
+      const int r = wm_ * %d + mt * 16 + g + hh * 8, c = wn_ * %d + nt * 8 + 2 * t4%s;
       if (r < %s) store_pair<%s>(%s + r * %s, c, %s[mt][nt][hh * 2] * %s, %s[mt][nt][hh * 2 + 1] * %s);
     }
   }
-`, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, rowLimit, d, dst, rowStride, acc, factor, acc, factor)
+`, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, colShift(shift), rowLimit, d, dst, rowStride, acc, factor, acc, factor)
+}
+
+// colShift returns the term subtracted from an accumulator's column to
+// give the stored column: " - s" for a flat row's shift s (shift[0]).
+func colShift(shift []string) string {
+	if len(shift) == 0 || shift[0] == "" {
+		return ""
+	}
+	return " - " + shift[0]
 }
 
 // bwdStoreWarpgroup writes a warpgroup product's accumulator acc[1][n/8][4]
 // (64 rows, one 16-row slice per warp of the warpgroup) to columns col0 ..
 // col0+n−1 of dst's rows, times factor: rows under rowLimit, columns under d.
-func bwdStoreWarpgroup(b *strings.Builder, acc string, n int, dst, rowStride, rowLimit, d, factor string, col0 int) {
+func bwdStoreWarpgroup(b *strings.Builder, acc string, n int, dst, rowStride, rowLimit, d, factor string, col0 int, shift ...string) {
 	fmt.Fprintf(b, `  {
 #pragma unroll
     for (int nt = 0; nt < %[1]d; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = (warp & 3) * 16 + g + hh * 8, c = %[2]d + nt * 8 + 2 * t4;
+      const int r = (warp & 3) * 16 + g + hh * 8, c = %[2]d + nt * 8 + 2 * t4%[9]s;
       if (r < %[3]s) store_pair<%[4]s>(%[5]s + r * %[6]s, c, %[7]s[0][nt][hh * 2] * %[8]s, %[7]s[0][nt][hh * 2 + 1] * %[8]s);
     }
   }
-`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor)
+`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor, colShift(shift))
 }
 
 // bwdPipelineStep writes the start of iteration it of a kernel's main

@@ -72,12 +72,12 @@ func (v BwdVariant) bwdHopperTile() BwdTile {
 
 // BwdHopperOK reports whether the Hopper backward kernels can run a backward
 // of v's dtype, head dims and load kind (ignoring v.WGMMA itself): 16-bit
-// elements, rows read with 16-byte copies (Vector or Staged), padded head
+// elements, rows read with 16-byte copies (Vector, Staged or Flat), padded head
 // dims both at most 128 or both from 129 to 256, and no tile override.
 func BwdHopperOK(v BwdVariant) bool {
 	dk, dv := v.DKPad(), v.DVPad()
 	dims := dk <= 128 && dv <= 128 || dk > 128 && dv > 128 && dk <= 256 && dv <= 256
-	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged) && dims && v.Tiles.DKDV.BlockM == 0
+	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged || v.Flat) && dims && v.Tiles.DKDV.BlockM == 0
 }
 
 // bwdHopperAtoms returns the 64-column atoms of the q and k tiles (ka), of
@@ -178,21 +178,35 @@ DEV u32 sw_off(int r, int c) { return (u32)((c >> 3) * ROWS * 128 + r * 128 + ((
 template <int ROWS>
 DEV int sw_elem(int i, int j) { return (j >> 6) * ROWS * 64 + i * 64 + ((((j & 63) >> 3) ^ (i & 7)) << 3) + (j & 7); }
 // load_sw copies rows [0, R) of a head slice (row r at g + r*rs) into the swizzled tile at shared
-// address s; rows >= rlim and columns >= D read as zero (16-byte copies, CH chunks a row).
+// address s; rows >= rlim and chunks from column dlim (D, or a flat row's shift + D) on read as zero
+// (16-byte copies, CH chunks a row).
 template <int R, int CH, int D, int NTH>
-DEV void load_sw(u32 s, const T* g, long long rs, int rlim) {
+DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
   constexpr int TOT = R * CH;
 #pragma unroll
   for (int it = 0; it < (TOT + NTH - 1) / NTH; ++it) {
     const int c = it * NTH + threadIdx.x;
     if (TOT % NTH == 0 || c < TOT) {
       const int r = c / CH, ch = c % CH;
-      const bool ok = r < rlim && ch * 8 < D;
+      const bool ok = r < rlim && ch * 8 < dlim;
       cp_async_sw(s + sw_off<R>(r, ch), ok ? (const void*)(g + r * rs + ch * 8) : (const void*)g, ok ? 16 : 0);
     }
   }
 }
 `)
+	if v.Flat {
+		b.WriteString(`// zero_cols zeroes columns [0, sh) and [sh + d, DP) of rows [0, R) of the swizzled tile at tile: a
+// flat row's tile holds its head from column sh, its neighbours' elements around it
+template <int R, int DP, int NTH>
+DEV void zero_cols(unsigned char* tile, int sh, int d) {
+  const int w = DP - d;  // columns to zero in a row
+  for (int i = threadIdx.x; i < R * w; i += NTH) {
+    const int r = i / w, k = i - r * w;
+    *reinterpret_cast<T*>(tile + 2 * sw_elem<R>(r, k < sh ? k : d + k)) = t_from_f(0.f);
+  }
+}
+`)
+	}
 }
 
 // dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants.
@@ -231,6 +245,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
 `, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
+	kl, vl := "", ""
+	if v.Flat {
+		b.WriteString(`  // flat rows: k and v tiles from the head's start rounded down to 8 elements, the head shifted
+  // right by sk_ (k; with one query head per key head also q and dK) and sv_ (v, dO and dV) columns
+  const int sk_ = (kvh * DK) & 7, sv_ = (kvh * DV) & 7;
+  gk -= sk_;
+  gv -= sv_;
+`)
+		kl, vl = ", sk_ + DK", ", sv_ + DV"
+	}
 	if v.TMA {
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q and dO by the tensor memory accelerator (one
   // thread; rows past the sequence and columns past the head dim come as zeros), LSE2 and Delta rows
@@ -240,13 +264,13 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
     if (tid == 0) {
       mbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128);
-      tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, iq, hq, b);
-      tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, iq, hq, b);
+      tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, iq, %[3]s);
+      tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, iq, %[4]s);
     }
     const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
-`, (dkp+63)/64, (dvp+63)/64)
+`, (dkp+63)/64, (dvp+63)/64, g.tmaHead("hq", "DK"), g.tmaHead("hq", "DV"))
 	} else {
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {
@@ -280,15 +304,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 		b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
 	}
 	fmt.Fprintf(b, `if (iters > 0) {
-    load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0);
-    load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0);
+    load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
+    load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);
     load_q(0, 0);
-    cp_async_commit();
+    cp_async_commit();%s
   }
   // ---- matrix descriptors (128-byte swizzle; 8-row groups 1024 bytes apart)
   // S = Q·Kᵀ, dP = dO·Vᵀ: this warpgroup's BN/2 rows of K and V, K-major
   const u64 dKs = sw128_desc(sK + wg * (BN / 2) * 128, 16, 1024), dVs = sw128_desc(sV + wg * (BN / 2) * 128, 16, 1024);
-`, g.in("k").sr, g.in("v").sr)
+`, g.in("k").sr, kl, g.in("v").sr, vl, g.flatZero("sK", "BN", "DKP", "sk_", "DK", "sV", "BN", "DVP", "sv_", "DV"))
 	switch {
 	case crossed:
 		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: P and dS of all BN = 64 keys, read M-major. The 128-column product
@@ -417,10 +441,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
-          if (i0 + il < n && dq0 + jl < DK) red_add_pair(gq + il * p.dqa_sr + jl, accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
+          if (i0 + il < n && dq0 + jl < %[2]s) red_add_pair(gq + il * p.dqa_sr + jl, accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
         }
     }
-`, nq/8)
+`, nq/8, g.flatLimit("sk_", "DK"))
 	}
 	fmt.Fprintf(b, `    wgmma_wait<0>();
     fence_acc(%[1]s[0]);
@@ -429,18 +453,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;
   T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;
 `, accA, accB)
+	shk, shv := g.flatName("sk_"), g.flatName("sv_") // flat rows: dK stored from Q's shift, dV from dO's
 	if crossed {
 		b.WriteString("  if (wg == 0) {  // accW: dV columns 0..127, accR: dK columns 128..\n")
-		bwdStoreWarpgroup(b, "accW", 128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 0)
-		bwdStoreWarpgroup(b, "accR", dkp-128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 128)
+		bwdStoreWarpgroup(b, "accW", 128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 0, shv)
+		bwdStoreWarpgroup(b, "accR", dkp-128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 128, shk)
 		b.WriteString("  } else {  // accW: dK columns 0..127, accR: dV columns 128..\n")
-		bwdStoreWarpgroup(b, "accW", 128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 0)
-		bwdStoreWarpgroup(b, "accR", dkp-128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 128)
+		bwdStoreWarpgroup(b, "accW", 128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 0, shk)
+		bwdStoreWarpgroup(b, "accR", dkp-128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 128, shv)
 		b.WriteString("  }\n}\n\n")
 		return
 	}
-	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
-	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
+	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", shk)
+	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f", shv)
 	b.WriteString("}\n\n")
 }
 
@@ -505,11 +530,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
     const int jk = (jb0 + it) * BN;
     if (tid == 0) {
       mbar_expect_tx(bar + 8 * s, (%[1]d + %[2]d) * BN * 128);
-      tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, jk, kvh, b);
-      tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, jk, kvh, b);
+      tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, jk, %[3]s);
+      tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, jk, %[4]s);
     }
   };
-`, ka, va)
+`, ka, va, g.tmaHead("kvh", "DK"), g.tmaHead("kvh", "DV"))
 	} else {
 		fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
@@ -520,13 +545,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 	}
 	tq := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
 	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
+	qa, da, ql, dl := g.in("q").at("i0", "h"), g.in("do").at("i0", "h"), "", ""
+	if v.Flat {
+		b.WriteString(`// flat rows: q and dO tiles from the head's start rounded down to 8 elements, the head shifted right
+  // by sq_ (q; with one query head per key head also k and dQ) and sdo_ (dO, v) columns
+  const int sq_ = (h * DK) & 7, sdo_ = (h * DV) & 7;
+  `)
+		qa, da, ql, dl = "("+qa+") - sq_", "("+da+") - sdo_", ", sq_ + DK", ", sdo_ + DV"
+	}
 	fmt.Fprintf(b, `if (njb > 0) {
-    load_sw<BM, KCH, DK, NTH>(sQ, %s, %s, n - i0);
-    load_sw<BM, VCH, DV, NTH>(sdO, %s, %s, n - i0);
+    load_sw<BM, KCH, DK, NTH>(sQ, %s, %s, n - i0%s);
+    load_sw<BM, VCH, DV, NTH>(sdO, %s, %s, n - i0%s);
     const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
     load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);
     load_kv(0, 0);
-    cp_async_commit();
+    cp_async_commit();%s
   }
   // ---- matrix descriptors: this warpgroup's 64 rows of q and dO (K-major)
   const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024), ddo = sw128_desc(sdO + wg * 64 * 128, 16, 1024);
@@ -534,7 +567,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
     const int st = it & 1;
     const int j0 = (jb0 + it) * BN;
     cp_async_wait0();
-`, g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr)
+`, qa, g.in("q").sr, ql, da, g.in("do").sr, dl, g.flatZero("sQ", "BM", "DKP", "sq_", "DK", "sdO", "BM", "DVP", "sdo_", "DV"))
 	g.tmaStageWait(b)
 	b.WriteString(`    fence_proxy_async();
     __syncthreads();  // tile it landed for every thread; every warpgroup is done with tile it-1
@@ -581,8 +614,50 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   }
   T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;
 `)
-	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
+	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale", g.flatName("sq_"))
 	b.WriteString("}\n")
+}
+
+// flatName returns name for Flat variants and "" otherwise.
+func (g *bwdGen) flatName(name string) string {
+	if g.v.Flat {
+		return name
+	}
+	return ""
+}
+
+// flatLimit returns the end of a tile's valid columns: d, or for Flat
+// variants the shift sh plus d.
+func (g *bwdGen) flatLimit(sh, d string) string {
+	if g.v.Flat {
+		return "(" + sh + " + " + d + ")"
+	}
+	return d
+}
+
+// tmaHead returns the head and column arguments (head, batch, first column)
+// of a streamed tile's boxes for head h of a tensor with head dim d: head h
+// from column 0, or with Flat head 0 from h·d rounded down to 8.
+func (g *bwdGen) tmaHead(h, d string) string {
+	if g.v.Flat {
+		return fmt.Sprintf("0, b, (%s * %s) & ~7", h, d)
+	}
+	return h + ", b"
+}
+
+// flatZero returns, for Flat variants, the code run once the tiles loaded
+// once per block have landed: their columns outside the shifted head (tile
+// a: rows ra, padded width pa, shift sa, head dim da; likewise b) zeroed.
+func (g *bwdGen) flatZero(a, ra, pa, sa, da, b, rb, pb, sb, db string) string {
+	if !g.v.Flat {
+		return ""
+	}
+	return fmt.Sprintf(`
+    // flat rows: the neighbouring heads' columns of the %[1]s and %[6]s tiles zeroed once they landed
+    cp_async_wait0();
+    __syncthreads();
+    zero_cols<%[2]s, %[3]s, NTH>(smem + (%[1]s - s0), %[4]s, %[5]s);
+    zero_cols<%[7]s, %[8]s, NTH>(smem + (%[6]s - s0), %[9]s, %[10]s);`, a, ra, pa, sa, da, b, rb, pb, sb, db)
 }
 
 // hopperArg returns the parameter list of a Hopper dK/dV or dQ kernel:

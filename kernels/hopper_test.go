@@ -127,6 +127,12 @@ func TestCompileHopper(t *testing.T) {
 			}
 		}
 	}
+	// odd head dims read in place (flat rows; the variant's dims are the padded ones)
+	for _, d := range [][2]int{{208, 208}, {208, 192}, {272, 272}, {128, 128}} {
+		v := hopperVariant(t, attn.BFloat16, d[0], d[1], fwdFeatures[0].set)
+		v.TMA, v.Flat = true, true
+		vs = append(vs, v)
+	}
 	res, logs := compileAllLogs(t, c, "sm_90a", vs)
 	for i, v := range vs {
 		r := res[i]
@@ -182,7 +188,14 @@ func bwdHopperTMAVariants() []BwdVariant {
 			vs = append(vs, v)
 		}
 	}
-	return vs
+	// odd head dims read in place (flat rows): both warpgroup splits, crossed and not
+	return append(vs,
+		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Flat: true, WGMMA: true, TMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Flat: true, AtomicDQ: true, Masked: true, WGMMA: true, TMA: true},
+		BwdVariant{DType: attn.Float16, DK: 201, DV: 185, Flat: true, Masked: true, Softcap: true, Dropout: true,
+			Bias: true, BiasDType: attn.Float16, BiasGrad: true, WGMMA: true, TMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 121, DV: 121, Flat: true, AtomicDQ: true, WGMMA: true, TMA: true},
+	)
 }
 
 // TestBwdTMASource checks the tensor-map kernels: their argument, the
