@@ -221,7 +221,8 @@ func bwdSpeculate(dev *cuda.Device, p *attn.Problem, dt attn.DType, a *bwdArgs, 
 		}
 		g := 16 / other.Size()
 		v.Vector = v.Vector && v.DK%g == 0 && v.DV%g == 0
-		v.Staged = !v.Vector && kernels.BwdNeedsStaging(other, v.DK, v.DV)
+		v.Flat = v.Flat && other.Size() == 2 // (rows read in place: 16-bit only)
+		v.Staged = !v.Vector && !v.Flat && kernels.BwdNeedsStaging(other, v.DK, v.DV)
 		v.WGMMA = v.WGMMA && kernels.BwdHopperOK(v)
 		v.TMA = v.TMA && v.WGMMA // (the same strides in bytes: still whole 16-byte units)
 		if v.Validate() != nil {

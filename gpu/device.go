@@ -121,7 +121,12 @@ type DeviceOptions struct {
 	// particular), the forward copies them into it with padded rows and
 	// reads the copies with 16-byte loads. Without it such rows load with
 	// narrower copies, odd ones element by element (correct, slower). The
-	// backward does not read it.
+	// Hopper forward reads such rows in place instead, with no staging,
+	// where their layout allows it (kernels.Variant.Flat: fixed-length,
+	// one query head per key head, heads contiguous, H·D a multiple of 8
+	// and at least 7 columns of padding up to the next multiple of 16; the
+	// backward likewise, kernels.BwdVariant.Flat); PrepareForward then
+	// returns 0. The backward does not read it.
 	Staging *cuda.Buffer
 }
 

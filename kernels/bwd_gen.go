@@ -215,6 +215,16 @@ __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
   if (%[4]scol + 1 < D) g[col + 1] = t_from_f(b_);
 }
 `, g.vectorPairStore(), lo("col >= 0 && "), lo("col >= 0 && "), lo("col >= -1 && "))
+		if v.WGMMA {
+			b.WriteString(`// stage_pair writes elements col and col+1 (those in [0, D)) of a row of a shared-memory tile, which
+// bwdRowsOut's loop then writes out whole
+template <int D>
+__device__ __forceinline__ void stage_pair(T* s, int col, float a, float b_) {
+  if (col >= 0 && col < D) s[col] = t_from_f(a);
+  if (col + 1 >= 0 && col + 1 < D) s[col + 1] = t_from_f(b_);
+}
+`)
+		}
 	}
 	if v.Staged {
 		b.WriteString(stageSource)
@@ -583,7 +593,7 @@ func (g *bwdGen) dqProducts(stage int) []bwdProduct {
 
 // bwdStoreAcc writes an accumulator (rows r0 + row, columns col) to a global
 // head slice: dst row pointer expression, row limit, column limit D, factor.
-func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimit, d, factor string, shift ...string) {
+func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimit, d, factor string, opt ...bwdStoreOpt) {
 	if c := t.guard(); c != "" {
 		fmt.Fprintf(b, "  if (%s)", c)
 	}
@@ -596,35 +606,70 @@ func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimi
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = wm_ * %d + mt * 16 + g + hh * 8, c = wn_ * %d + nt * 8 + 2 * t4%s;
-      if (r < %s) store_pair<%s>(%s + r * %s, c, %s[mt][nt][hh * 2] * %s, %s[mt][nt][hh * 2 + 1] * %s);
+      if (r < %s) %s<%s>(%s + r * %s, c, %s[mt][nt][hh * 2] * %s, %s[mt][nt][hh * 2 + 1] * %s);
     }
   }
-`, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, colShift(shift), rowLimit, d, dst, rowStride, acc, factor, acc, factor)
+`, t.Wm, t.Wm, t.MT, t.NT, t.TM, t.TN, colShift(opt), rowLimit, storeFn(opt), d, dst, rowStride, acc, factor, acc, factor)
+}
+
+// bwdStoreOpt modifies the stores of an accumulator: Shift names the
+// column shift of a flat row (the stored column is the accumulator's
+// minus it), Shared sends the pairs to a row-major tile in shared memory
+// (stage_pair) for bwdRowsOut to write whole rows.
+type bwdStoreOpt struct {
+	Shift  string
+	Shared bool
 }
 
 // colShift returns the term subtracted from an accumulator's column to
-// give the stored column: " - s" for a flat row's shift s (shift[0]).
-func colShift(shift []string) string {
-	if len(shift) == 0 || shift[0] == "" {
+// give the stored column: " - s" for a flat row's shift s.
+func colShift(opt []bwdStoreOpt) string {
+	if len(opt) == 0 || opt[0].Shift == "" {
 		return ""
 	}
-	return " - " + shift[0]
+	return " - " + opt[0].Shift
+}
+
+// storeFn returns the pair store of opt: store_pair to global rows, or
+// stage_pair to shared ones.
+func storeFn(opt []bwdStoreOpt) string {
+	if len(opt) > 0 && opt[0].Shared {
+		return "stage_pair"
+	}
+	return "store_pair"
+}
+
+// bwdRowsOut writes rows [0, min(rows, limit)) of the row-major tile src
+// (pitch elements a row, 16-bit) to the global rows of dst (rowStride
+// apart, d elements each): one warp a row, 4-byte stores, a 2-byte store at
+// either end where the row's alignment needs one.
+func bwdRowsOut(b *strings.Builder, src, pitch, dst, rowStride, rows, limit, d string) {
+	fmt.Fprintf(b, `  for (int r = warp; r < %[5]s && r < %[6]s; r += NTH / 32) {
+    T* orow = %[3]s + r * %[4]s;
+    const unsigned short* srow = reinterpret_cast<const unsigned short*>(%[1]s + r * %[2]s);
+    const int e0 = (int)((reinterpret_cast<unsigned long long>(orow) >> 1) & 1);  // 1: the row starts 2 bytes past 4
+    if (e0 == 1 && lane == 0) *reinterpret_cast<unsigned short*>(orow) = srow[0];
+    for (int e = e0 + 2 * lane; e + 1 < %[7]s; e += 64)
+      *reinterpret_cast<unsigned int*>(orow + e) = (unsigned int)srow[e] | ((unsigned int)srow[e + 1] << 16);
+    if (((%[7]s - e0) & 1) && lane == 0) *reinterpret_cast<unsigned short*>(orow + %[7]s - 1) = srow[%[7]s - 1];
+  }
+`, src, pitch, dst, rowStride, rows, limit, d)
 }
 
 // bwdStoreWarpgroup writes a warpgroup product's accumulator acc[1][n/8][4]
 // (64 rows, one 16-row slice per warp of the warpgroup) to columns col0 ..
 // col0+n−1 of dst's rows, times factor: rows under rowLimit, columns under d.
-func bwdStoreWarpgroup(b *strings.Builder, acc string, n int, dst, rowStride, rowLimit, d, factor string, col0 int, shift ...string) {
+func bwdStoreWarpgroup(b *strings.Builder, acc string, n int, dst, rowStride, rowLimit, d, factor string, col0 int, opt ...bwdStoreOpt) {
 	fmt.Fprintf(b, `  {
 #pragma unroll
     for (int nt = 0; nt < %[1]d; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = (warp & 3) * 16 + g + hh * 8, c = %[2]d + nt * 8 + 2 * t4%[9]s;
-      if (r < %[3]s) store_pair<%[4]s>(%[5]s + r * %[6]s, c, %[7]s[0][nt][hh * 2] * %[8]s, %[7]s[0][nt][hh * 2 + 1] * %[8]s);
+      if (r < %[3]s) %[10]s<%[4]s>(%[5]s + r * %[6]s, c, %[7]s[0][nt][hh * 2] * %[8]s, %[7]s[0][nt][hh * 2 + 1] * %[8]s);
     }
   }
-`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor, colShift(shift))
+`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor, colShift(opt), storeFn(opt))
 }
 
 // bwdPipelineStep writes the start of iteration it of a kernel's main

@@ -453,19 +453,40 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;
   T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;
 `, accA, accB)
-	shk, shv := g.flatName("sk_"), g.flatName("sv_") // flat rows: dK stored from Q's shift, dV from dO's
+	// flat rows: dK stored from Q's shift, dV from dO's; rows of an odd head dim (Staged, Flat) go
+	// through shared memory and out whole
+	shared := !v.Vector
+	ok := bwdStoreOpt{Shift: g.flatName("sk_"), Shared: shared}
+	ov := bwdStoreOpt{Shift: g.flatName("sv_"), Shared: shared}
+	dk, dv, rk, rv := "gdk", "gdv", "p.dk_sr", "p.dv_sr"
+	if shared {
+		fmt.Fprintf(b, `  // ---- dK and dV through shared memory (rows of an odd head dim allow no paired stores): row-major
+  // tiles [BN][DKP + 8] and [BN][DVP + 8] over the free tiles, then one warp a row
+  constexpr int PK = DKP + 8, PV = DVP + 8;
+  T* sgk = reinterpret_cast<T*>(smem);
+  T* sgv = sgk + BN * PK;
+  static_assert(BN * (PK + PV) * 2 <= %d, "the staged gradients exceed the tiles");
+  __syncthreads();  // every warpgroup is done with the tiles
+`, l.total-1024)
+		dk, dv, rk, rv = "sgk", "sgv", "PK", "PV"
+	}
 	if crossed {
 		b.WriteString("  if (wg == 0) {  // accW: dV columns 0..127, accR: dK columns 128..\n")
-		bwdStoreWarpgroup(b, "accW", 128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 0, shv)
-		bwdStoreWarpgroup(b, "accR", dkp-128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 128, shk)
+		bwdStoreWarpgroup(b, "accW", 128, dv, rv, "m - j0", "DV", "1.f", 0, ov)
+		bwdStoreWarpgroup(b, "accR", dkp-128, dk, rk, "m - j0", "DK", "p.scale", 128, ok)
 		b.WriteString("  } else {  // accW: dK columns 0..127, accR: dV columns 128..\n")
-		bwdStoreWarpgroup(b, "accW", 128, "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", 0, shk)
-		bwdStoreWarpgroup(b, "accR", dkp-128, "gdv", "p.dv_sr", "m - j0", "DV", "1.f", 128, shv)
-		b.WriteString("  }\n}\n\n")
-		return
+		bwdStoreWarpgroup(b, "accW", 128, dk, rk, "m - j0", "DK", "p.scale", 0, ok)
+		bwdStoreWarpgroup(b, "accR", dkp-128, dv, rv, "m - j0", "DV", "1.f", 128, ov)
+		b.WriteString("  }\n")
+	} else {
+		bwdStoreAcc(b, tdk, "accdK", dk, rk, "m - j0", "DK", "p.scale", ok)
+		bwdStoreAcc(b, tdv, "accdV", dv, rv, "m - j0", "DV", "1.f", ov)
 	}
-	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale", shk)
-	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f", shv)
+	if shared {
+		b.WriteString("  __syncthreads();\n")
+		bwdRowsOut(b, "sgk", "PK", "gdk", "p.dk_sr", "BN", "m - j0", "DK")
+		bwdRowsOut(b, "sgv", "PV", "gdv", "p.dv_sr", "BN", "m - j0", "DV")
+	}
 	b.WriteString("}\n\n")
 }
 
@@ -614,7 +635,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   }
   T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;
 `)
-	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale", g.flatName("sq_"))
+	if v.Vector {
+		bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
+		b.WriteString("}\n")
+		return
+	}
+	fmt.Fprintf(b, `  // ---- dQ through shared memory (rows of an odd head dim allow no paired stores): a row-major tile
+  // [BM][DKP + 8] over the free tiles, then one warp a row
+  constexpr int PQ = DKP + 8;
+  T* sgq = reinterpret_cast<T*>(smem);
+  static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
+  __syncthreads();  // every warpgroup is done with the tiles
+`, l.total-1024)
+	bwdStoreAcc(b, tq, "accQ", "sgq", "PQ", "n - i0", "DK", "p.scale", bwdStoreOpt{Shift: g.flatName("sq_"), Shared: true})
+	b.WriteString("  __syncthreads();\n")
+	bwdRowsOut(b, "sgq", "PQ", "gq", "p.dq_sr", "BM", "n - i0", "DK")
 	b.WriteString("}\n")
 }
 
