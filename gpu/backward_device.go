@@ -518,53 +518,48 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 func (pl *bwdPlan) useTMA() {
 	v := pl.v
 	v.TMA = true
+	pl.tryTMA(v)
+}
+
+// tryTMA makes v (a tensor-map variant of the plan's kernels) the plan's
+// where it validates and the encoder would take its four maps, and reports
+// whether it did.
+func (pl *bwdPlan) tryTMA(v kernels.BwdVariant) bool {
 	dkdv, dq := v.BwdTMATensors(&pl.params)
 	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 	for _, t := range ts {
 		if tensorMapSpec(t).Check() != nil {
-			return
+			return false
 		}
 	}
 	if v.Validate() != nil {
-		return
+		return false
 	}
 	pl.v, pl.tma = v, ts
+	return true
 }
 
 // useFlat switches a staged Hopper plan to reading q, k, v and dO in place
 // over flat rows (kernels.BwdVariant.Flat) where they allow it: 16-bit, one
-// query head per key head, room for the shift (kernels.FlatFits), each
-// tensor's heads contiguous from a 16-byte aligned start, positions and
-// batch elements whole 16-byte units apart, and maps the encoder takes. The
-// staging buffers of the workspace then go unused. It reports whether it
-// switched.
+// query head per key head, room for the shift (kernels.FlatFits), layouts
+// kernels.FlatRowsOK takes, and maps the encoder takes. The staging
+// buffers of the workspace then go unused. It reports whether it switched.
 func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 	if dt.Size() != 2 || p.H != p.Hkv || !kernels.FlatFits(p.DK, p.DV) {
 		return false
 	}
 	for i, t := range []bwdView{a.Q, a.K, a.V, a.DO} {
-		d := int64(p.DK)
+		d := p.DK
 		if i >= 2 {
-			d = int64(p.DV)
+			d = p.DV
 		}
-		if t.Head != d || t.Ptr%16 != 0 || t.Row%8 != 0 || (p.B > 1 && t.Batch%8 != 0) {
+		if !kernels.FlatRowsOK(t.Ptr, p.H, d, t.Head, t.Row, t.Batch, p.B) {
 			return false
 		}
 	}
 	v := pl.v
 	v.Staged, v.Flat, v.TMA = false, true, true
-	if v.Validate() != nil {
-		return false
-	}
-	dkdv, dq := v.BwdTMATensors(&pl.params)
-	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
-	for _, t := range ts {
-		if tensorMapSpec(t).Check() != nil {
-			return false
-		}
-	}
-	pl.v, pl.tma = v, ts
-	return true
+	return pl.tryTMA(v)
 }
 
 // bwdTMANames names the tensors of bwdPlan.tma in errors.

@@ -205,14 +205,8 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	l.params = pr
 	switch {
 	case vr.Flat:
-		l.tma = vr.TMATensors(&pr, uint64(p.H*p.DK), uint64(p.Hkv*p.DV), tstr[0], tstr[1], tstr[2])
-		for i := range l.tma {
-			l.tma[i].Cols = uint64(p.H * p.DK)
-			if i == 2 {
-				l.tma[i].Cols = uint64(p.Hkv * p.DV)
-			}
-			l.tma[i].Heads = 1
-		}
+		l.tma = vr.TMATensors(&pr, 0, 0, tstr[0], tstr[1], tstr[2])
+		l.tma = [3]kernels.TMATensor{l.tma[0].OverFlatRows(p.DK), l.tma[1].OverFlatRows(p.DK), l.tma[2].OverFlatRows(p.DV)}
 	case vr.TMA:
 		l.tma = vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
 	}
@@ -225,30 +219,26 @@ func roundUp(x, m int) int { return (x + m - 1) / m * m }
 // flatRows reports whether the Hopper forward can read q, k and v of p in
 // place over flat rows (kernels.Variant.Flat): 16-bit, fixed-length, one
 // query head per key head, head dims that leave room for the shift
-// (kernels.FlatFits), each tensor's heads contiguous (head stride = head
-// dim) from a 16-byte aligned start, and the positions and batch elements
-// whole 16-byte units apart, strides the encoder takes. It returns the
-// tensor maps' byte strides (position, the unused head dim, batch).
+// (kernels.FlatFits), each tensor's layout one kernels.FlatRowsOK takes,
+// and strides the encoder takes. It returns the tensor maps' byte strides
+// (position, head: set by TMATensor.OverFlatRows, batch).
 func flatRows(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) ([3][3]uint64, bool) {
 	var out [3][3]uint64
 	if dt.Size() != 2 || p.Varlen || p.H != p.Hkv || !kernels.FlatFits(p.DK, p.DV) {
 		return out, false
 	}
 	for i, t := range []DeviceTensor{q, k, v} {
-		d := int64(p.DK)
+		d := p.DK
 		if i == 2 {
-			d = int64(p.DV)
+			d = p.DV
 		}
 		sb, sn, sh := seqStrides(t, false)
-		heads := int64(t.Shape[2])
-		if sh != d || t.ptr()%16 != 0 || (heads*d)%8 != 0 || sn%8 != 0 || sb%8 != 0 {
+		if !kernels.FlatRowsOK(t.ptr(), t.Shape[2], d, sh, sn, sb, t.Shape[0]) {
 			return out, false
 		}
-		out[i] = [3]uint64{kernels.TMAStride(t.Shape[1], sn, 2), 16, kernels.TMAStride(t.Shape[0], sb, 2)}
-		for _, x := range out[i] {
-			if !cuda.TensorMapStrideOK(x) {
-				return out, false
-			}
+		out[i] = [3]uint64{kernels.TMAStride(t.Shape[1], sn, 2), 0, kernels.TMAStride(t.Shape[0], sb, 2)}
+		if !cuda.TensorMapStrideOK(out[i][0]) || !cuda.TensorMapStrideOK(out[i][2]) {
+			return out, false
 		}
 	}
 	return out, true

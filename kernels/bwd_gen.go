@@ -641,18 +641,10 @@ func storeFn(opt []bwdStoreOpt) string {
 
 // bwdRowsOut writes rows [0, min(rows, limit)) of the row-major tile src
 // (pitch elements a row, 16-bit) to the global rows of dst (rowStride
-// apart, d elements each): one warp a row, 4-byte stores, a 2-byte store at
-// either end where the row's alignment needs one.
+// apart, d elements each), one warp a row (row_out).
 func bwdRowsOut(b *strings.Builder, src, pitch, dst, rowStride, rows, limit, d string) {
-	fmt.Fprintf(b, `  for (int r = warp; r < %[5]s && r < %[6]s; r += NTH / 32) {
-    T* orow = %[3]s + r * %[4]s;
-    const unsigned short* srow = reinterpret_cast<const unsigned short*>(%[1]s + r * %[2]s);
-    const int e0 = (int)((reinterpret_cast<unsigned long long>(orow) >> 1) & 1);  // 1: the row starts 2 bytes past 4
-    if (e0 == 1 && lane == 0) *reinterpret_cast<unsigned short*>(orow) = srow[0];
-    for (int e = e0 + 2 * lane; e + 1 < %[7]s; e += 64)
-      *reinterpret_cast<unsigned int*>(orow + e) = (unsigned int)srow[e] | ((unsigned int)srow[e + 1] << 16);
-    if (((%[7]s - e0) & 1) && lane == 0) *reinterpret_cast<unsigned short*>(orow + %[7]s - 1) = srow[%[7]s - 1];
-  }
+	fmt.Fprintf(b, `  for (int r = warp; r < %[5]s && r < %[6]s; r += NTH / 32)
+    row_out(reinterpret_cast<unsigned char*>(%[3]s + r * %[4]s), reinterpret_cast<const unsigned short*>(%[1]s + r * %[2]s), %[7]s, lane);
 `, src, pitch, dst, rowStride, rows, limit, d)
 }
 

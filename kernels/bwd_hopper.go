@@ -194,18 +194,11 @@ DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
   }
 }
 `)
+	if !v.Vector {
+		b.WriteString(rowOutSource)
+	}
 	if v.Flat {
-		b.WriteString(`// zero_cols zeroes columns [0, sh) and [sh + d, DP) of rows [0, R) of the swizzled tile at tile: a
-// flat row's tile holds its head from column sh, its neighbours' elements around it
-template <int R, int DP, int NTH>
-DEV void zero_cols(unsigned char* tile, int sh, int d) {
-  const int w = DP - d;  // columns to zero in a row
-  for (int i = threadIdx.x; i < R * w; i += NTH) {
-    const int r = i / w, k = i - r * w;
-    *reinterpret_cast<T*>(tile + 2 * sw_elem<R>(r, k < sh ? k : d + k)) = t_from_f(0.f);
-  }
-}
-`)
+		b.WriteString(zeroColsSource)
 	}
 }
 
@@ -691,8 +684,8 @@ func (g *bwdGen) flatZero(a, ra, pa, sa, da, b, rb, pb, sb, db string) string {
     // flat rows: the neighbouring heads' columns of the %[1]s and %[6]s tiles zeroed once they landed
     cp_async_wait0();
     __syncthreads();
-    zero_cols<%[2]s, %[3]s, NTH>(smem + (%[1]s - s0), %[4]s, %[5]s);
-    zero_cols<%[7]s, %[8]s, NTH>(smem + (%[6]s - s0), %[9]s, %[10]s);`, a, ra, pa, sa, da, b, rb, pb, sb, db)
+    zero_cols<%[2]s>(smem + (%[1]s - s0), %[4]s, %[5]s, %[3]s, tid, NTH);
+    zero_cols<%[7]s>(smem + (%[6]s - s0), %[9]s, %[10]s, %[8]s, tid, NTH);`, a, ra, pa, sa, da, b, rb, pb, sb, db)
 }
 
 // hopperArg returns the parameter list of a Hopper dK/dV or dQ kernel:

@@ -55,15 +55,8 @@ func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	dkdv = [2]TMATensor{mk(q, colsK, p.N, p.H, qs, t.DKDV.BlockM), mk(do, colsV, p.N, p.H, dos, t.DKDV.BlockM)}
 	dq = [2]TMATensor{mk(k, colsK, p.M, p.Hkv, ks, t.DQ.BlockN), mk(vv, colsV, p.M, p.Hkv, vs, t.DQ.BlockN)}
 	if v.Flat {
-		// one row of all heads a position: extent H·D, the head dim unused (extent 1)
-		for _, x := range []struct {
-			t     *TMATensor
-			heads int32
-			d     int
-		}{{&dkdv[0], p.H, v.DK}, {&dkdv[1], p.H, v.DV}, {&dq[0], p.Hkv, v.DK}, {&dq[1], p.Hkv, v.DV}} {
-			x.t.Cols, x.t.Heads = uint64(int(x.heads)*x.d), 1
-			x.t.Strides[1] = TMAStride(1, 0, esz)
-		}
+		dkdv = [2]TMATensor{dkdv[0].OverFlatRows(v.DK), dkdv[1].OverFlatRows(v.DV)}
+		dq = [2]TMATensor{dq[0].OverFlatRows(v.DK), dq[1].OverFlatRows(v.DV)}
 	}
 	return dkdv, dq
 }

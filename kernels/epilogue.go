@@ -151,14 +151,7 @@ func (x *gen) epilogueViaShared(dscale string) {
         *(u32*)(so + r * OP + dv0 + nt * 8 + 2 * c) = pack2(o[0][nt][2 * hf] * inv, o[0][nt][2 * hf + 1] * inv);%s
     }
     __syncthreads();
-    for (int r = warp; r < rows; r += NTHREADS / 32) {
-      char* orow = gO + r * o_rs;
-      const u16* srow = so + r * OP%s;  // element 0 of the row
-      const int e0 = (int)(((unsigned long long)orow >> 1) & 1);  // 1: the row starts 2 bytes past a 4-byte boundary
-      if (e0 == 1 && lane == 0) *(u16*)orow = srow[0];
-      for (int e = e0 + 2 * lane; e + 1 < p.d_v; e += 64) *(u32*)(orow + 2 * e) = (u32)srow[e] | ((u32)srow[e + 1] << 16);
-      if (((p.d_v - e0) & 1) && lane == 0) *(u16*)(orow + 2 * (p.d_v - 1)) = srow[p.d_v - 1];
-    }
+    for (int r = warp; r < rows; r += NTHREADS / 32) row_out((unsigned char*)(gO + r * o_rs), so + r * OP%s, p.d_v, lane);
     return;
   }`, cond, dscale, lse, shift)
 }

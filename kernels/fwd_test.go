@@ -411,3 +411,28 @@ func TestParamsOffsetsNVCC(t *testing.T) {
 		t.Fatalf("nvcc: %v\n%s", err, out)
 	}
 }
+
+// TestFlatRowsOK checks which layouts can be read over flat rows.
+func TestFlatRowsOK(t *testing.T) {
+	cases := []struct {
+		name             string
+		ptr              uint64
+		heads, d         int
+		head, row, batch int64
+		batches          int
+		want             bool
+	}{
+		{"contiguous d199 h16", 256, 16, 199, 199, 16 * 199, 4096 * 16 * 199, 2, true},
+		{"packed qkv rows", 256, 8, 199, 199, 3 * 8 * 199, 4096 * 3 * 8 * 199, 2, true},
+		{"unaligned start", 258, 16, 199, 199, 16 * 199, 4096 * 16 * 199, 2, false},
+		{"head-major", 256, 16, 199, 4096 * 199, 199, 16 * 4096 * 199, 2, false},
+		{"row stride padded, heads not a multiple of 8 elements", 256, 10, 199, 199, 2000, 4096 * 2000, 2, false},
+		{"odd batch stride, one batch element", 256, 16, 199, 199, 16 * 199, 3, 1, true},
+		{"odd batch stride", 256, 16, 199, 199, 16 * 199, 3, 2, false},
+	}
+	for _, c := range cases {
+		if got := FlatRowsOK(c.ptr, c.heads, c.d, c.head, c.row, c.batch, c.batches); got != c.want {
+			t.Errorf("%s: FlatRowsOK = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

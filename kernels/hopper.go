@@ -117,6 +117,10 @@ func (x *gen) hopperSource() {
 		x.raw(tmaLoaders())
 	}
 	x.swizzledLoader()
+	x.raw(rowOutSource)
+	if x.v.Flat {
+		x.raw(zeroColsSource)
+	}
 	x.hopperProducts()
 	x.dropoutFuncs()
 	x.hopperKernel()
@@ -517,11 +521,7 @@ func (x *gen) hopperPrologueLoads() {
 	if x.v.Flat {
 		x.raw(`  // ---- flat rows: Q's columns outside [sq_, sq_ + d_k) hold the neighbouring heads' elements (or
   // zeros); zero them, so that S = Q·Kᵀ takes nothing from K's columns there
-  for (int i = tid; i < BM * (DKP - p.d_k); i += NTHREADS) {
-    const int r = i / (DKP - p.d_k), k = i - r * (DKP - p.d_k);
-    const int col = k < sq_ ? k : p.d_k + k;  // [0, sq_) then [sq_ + d_k, DKP)
-    *(u16*)(smem + (s_base - smem_addr(smem)) + SQ_OFF + (col >> 6) * BM * 128 + r * 128 + ((((col & 63) >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) = 0;
-  }
+  zero_cols<BM>(smem + (s_base - smem_addr(smem)) + SQ_OFF, sq_, p.d_k, DKP, tid, NTHREADS);
   fence_proxy_async();
   __syncthreads();
 `)

@@ -151,13 +151,6 @@ type Variant struct {
 	Flat bool
 }
 
-// FlatFits reports whether head dims dk and dv leave the room a Flat
-// variant needs past them in their 16-padded widths (seven columns: the
-// largest shift).
-func FlatFits(dk, dv int) bool {
-	return (dk+15)/16*16-dk >= 7 && (dv+15)/16*16-dv >= 7
-}
-
 // geom holds the quantities derived from a Variant that the generator uses.
 type geom struct {
 	esz      int // bytes per element of q, k, v
