@@ -79,7 +79,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		WGMMA:     hopper,
 		TMA:       hopper && !optedOut(os.Getenv(EnvNoTMA)),
 		kernels:   make(map[kernels.Variant]*kernel),
-		pbuf:      make([]byte, kernels.TMAParamsSize),
+		pbuf:      make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
 	}, nil
 }
@@ -303,8 +303,8 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 		if err != nil {
 			return fmt.Errorf("gpu: %s: %w", l.v.Name(), err)
 		}
-		args = b.pbuf[:kernels.TMAParamsSize]
-		kernels.PackTMA(args, maps[0], maps[1], maps[2], &l.params)
+		args = b.pbuf[:l.v.TMAParamsSize()]
+		kernels.PackTMA(args, &l.params, tensorMapBytes(maps)...)
 	} else {
 		l.params.PackInto(args)
 	}
@@ -334,7 +334,7 @@ func (b *Backend) planDevice(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (l
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA, b.TMA)
+	l, err := plan(p, q.DType, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA, b.TMA, nil)
 	return l, p, err
 }
 

@@ -260,8 +260,9 @@ func TestBackwardBench(t *testing.T) {
 		flops := 2.5 * 4 * 16 * 4096.0 * 4096.0 * float64(d)
 		fmt.Fprintf(&out, "| %d | %v | %.3f | %.0f | %.3f | %.0f |\n", d, set.autoDQ(t, dev),
 			ta["total"], flops/ta["total"]/1e9, ts["total"], flops/ts["total"]/1e9)
-		fmt.Fprintf(&out, "|   | kernels | atomic: dkdv %.3f | | separate: dkdv %.3f dq %.3f | |\n",
-			ta[kernels.BwdDKDVKernel], ts[kernels.BwdDKDVKernel], ts[kernels.BwdDQKernel])
+		fmt.Fprintf(&out, "|   | kernels | atomic: dkdv %.3f conv %.3f pre %.3f | | separate: dkdv %.3f dq %.3f pre %.3f | |\n",
+			ta[kernels.BwdDKDVKernel], ta[kernels.BwdDQConvertKernel], ta[kernels.BwdPreKernel],
+			ts[kernels.BwdDKDVKernel], ts[kernels.BwdDQKernel], ts[kernels.BwdPreKernel])
 		set.free()
 	}
 	fmt.Fprintf(&out, "\ncontention: H=8, D=64, B·N=32768, ratio = time(Hkv=4) / time(Hkv=8)\n")

@@ -20,9 +20,13 @@ var fwdEmuPointers = []string{"q", "k", "v", "o", "lse", "bias", "cu_q", "cu_k"}
 var fwdEmuDriver = emuDriver("Params", fwdEmuPointers, []string{kernels.KernelName})
 
 // fwdEmuTMADriver is fwdEmuDriver for a tensor-map kernel, which takes
-// TmaParams (the maps' addresses and the Params in it relocated).
-func fwdEmuTMADriver() string {
+// TmaParams (the maps' addresses and the Params in it relocated; staged:
+// the FlatStaged copies' maps too).
+func fwdEmuTMADriver(staged bool) string {
 	ptrs := []string{"q.w[0]", "k.w[0]", "v.w[0]"}
+	if staged {
+		ptrs = append(ptrs, "qs.w[0]", "ks.w[0]", "vs.w[0]")
+	}
 	for _, p := range fwdEmuPointers {
 		ptrs = append(ptrs, "p."+p)
 	}
@@ -64,9 +68,22 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	outs := []emuOut{ar.output(p.OutputShape(), dt), ar.output(p.LSEShape(), attn.Float32)}
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
-	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, kind != emuMMA, kind == emuHopperTMA)
+	var part *fwdStaging
+	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && kind == emuHopperTMA {
+		// the heads that do not fit in place go through staging copies, made by the pack kernel first
+		size := stagingAt(p, dq, dk, dv, nil, 0, heads).bytes
+		st := stagingAt(p, dq, dk, dv, nil, ar.poisoned(int(size)), heads)
+		part = &st
+		pack := emuBinary(t, kernels.PrimitivesBegin+"\n"+kernels.PrimitivesEnd+"\n"+kernels.PackSource, "pack.h", packEmuDriver())
+		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
+		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
+	}
+	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, kind != emuMMA, kind == emuHopperTMA, part)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
+	}
+	if part != nil && !l.v.FlatStaged {
+		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
 	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != (kind == emuHopperTMA) {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
@@ -80,8 +97,12 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 		more = append(more, hopperEmuBlock(l.v.HopperProducts(), l.v.TMA))
 	}
 	if l.v.TMA {
-		driver, params = fwdEmuTMADriver(), make([]byte, kernels.TMAParamsSize)
-		kernels.PackTMA(params, emuTensorMap(l.tma[0]), emuTensorMap(l.tma[1]), emuTensorMap(l.tma[2]), &l.params)
+		maps := make([][128]byte, len(l.tma))
+		for i, x := range l.tma {
+			maps[i] = emuTensorMap(x)
+		}
+		driver, params = fwdEmuTMADriver(l.v.FlatStaged), make([]byte, l.v.TMAParamsSize())
+		kernels.PackTMA(params, &l.params, maps...)
 	}
 	bin := emuBinary(t, src, "fwd.h", driver, more...)
 	grid := [3]int{int(l.grid[0]), int(l.grid[1]), int(l.grid[2])}
@@ -146,10 +167,16 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "bf16-d320-causal", dt: attn.BFloat16, b: 1, n: 50, m: 70, h: 1, hkv: 1, dk: 320, dv: 320, opt: attn.Options{Causal: true}},
 		{name: "bf16-d512", dt: attn.BFloat16, b: 1, n: 30, m: 40, h: 1, hkv: 1, dk: 512, dv: 512},
 		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},
-		// odd head dims read in place over flat rows (tensor maps only): eight heads take every shift
+		// odd head dims read in place over flat rows (tensor maps only): eight heads take every shift;
+		// with fewer than 7 padding columns the heads that do not fit come from staging copies of them
+		// alone (flatstaged/: 59, 123 and 187 have 2 such heads in 8)
 		{name: "flat/bf16-d199-causal", dt: attn.BFloat16, b: 2, n: 70, m: 90, h: 8, hkv: 8, dk: 199, dv: 199, opt: attn.Options{Causal: true}},
 		{name: "flat/fp16-d201-dv185-softcap-bias-dropout", dt: attn.Float16, b: 1, n: 50, m: 70, h: 8, hkv: 8, dk: 201, dv: 185, opt: attn.Options{Softcap: 4, Dropout: 0.1, Seed: 3}, biasB: 1, bias: 8},
 		{name: "flat/bf16-d257", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 257, dv: 257},
+		{name: "flatstaged/bf16-d59-causal", dt: attn.BFloat16, b: 2, n: 70, m: 90, h: 16, hkv: 16, dk: 59, dv: 59, opt: attn.Options{Causal: true}},
+		{name: "flatstaged/fp16-d123-dv64-bias", dt: attn.Float16, b: 1, n: 50, m: 70, h: 8, hkv: 8, dk: 123, dv: 64, biasB: 1, bias: 8},
+		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
+		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
 	for _, kind := range []emuKernels{emuHopper, emuHopperTMA} {
 		for i, pr := range cases {
@@ -159,14 +186,15 @@ func TestForwardEmulatedHopper(t *testing.T) {
 				if kind == emuHopperTMA && pr.segQ != nil {
 					t.Skip("packed batches keep cp.async")
 				}
-				flat := strings.HasPrefix(pr.name, "flat/")
+				staged := strings.HasPrefix(pr.name, "flatstaged/")
+				flat := staged || strings.HasPrefix(pr.name, "flat/")
 				if flat && kind != emuHopperTMA {
 					t.Skip("rows read in place need tensor maps")
 				}
 				res, vr := fwdEmuRunOn(t, q, k, v, opt, kind)
 				t.Logf("%s", vr.Name())
-				if vr.Flat != flat {
-					t.Fatalf("plan %s: Flat = %v, want %v", vr.Name(), vr.Flat, flat)
+				if vr.Flat != flat || vr.FlatStaged != staged {
+					t.Fatalf("plan %s: Flat = %v, FlatStaged = %v, want %v, %v", vr.Name(), vr.Flat, vr.FlatStaged, flat, staged)
 				}
 				fwdCheck(t, pr.dt, q, k, v, opt, res)
 			})

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -377,8 +378,9 @@ func TestForwardStaging(t *testing.T) {
 // TestForwardFlat runs odd head dims that the Hopper forward reads in place
 // over flat rows (kernels.Variant.Flat: eight or more heads, one query head
 // per key head, so every shift of a head within its 16-byte unit occurs)
-// without a staging workspace, and checks that the planner took that
-// kernel where the device has it.
+// without a staging workspace (FlatStaged: with one, which then holds only
+// the heads that do not fit in place), and checks that the planner took
+// that kernel where the device has it.
 func TestForwardFlat(t *testing.T) {
 	b := fwdBackend(t)
 	cases := []fwdProblem{
@@ -386,6 +388,11 @@ func TestForwardFlat(t *testing.T) {
 		{name: "fp16-d201-dv185-softcap-bias-dropout", dt: attn.Float16, b: 1, n: 190, m: 230, h: 8, hkv: 8, dk: 201, dv: 185, opt: attn.Options{Softcap: 4, Dropout: 0.1, Seed: 3}, biasB: 1, bias: 8},
 		{name: "bf16-d257-window", dt: attn.BFloat16, b: 1, n: 200, m: 200, h: 16, hkv: 16, dk: 257, dv: 257, opt: attn.Options{Window: &attn.Window{Left: 40, Right: 9}}},
 		{name: "bf16-d121-16heads", dt: attn.BFloat16, b: 3, n: 129, m: 129, h: 16, hkv: 16, dk: 121, dv: 121},
+		// head dims with fewer than 7 padding columns: the heads that fit read in place, the rest from
+		// staging copies of them alone (kernels.Variant.FlatStaged)
+		{name: "flatstaged-bf16-d59-causal", dt: attn.BFloat16, b: 2, n: 300, m: 260, h: 16, hkv: 16, dk: 59, dv: 59, opt: attn.Options{Causal: true}},
+		{name: "flatstaged-fp16-d123-dv64-softcap-bias-dropout", dt: attn.Float16, b: 1, n: 190, m: 230, h: 8, hkv: 8, dk: 123, dv: 64, opt: attn.Options{Softcap: 4, Dropout: 0.1, Seed: 3}, biasB: 1, bias: 8},
+		{name: "flatstaged-bf16-d187-dv59-window", dt: attn.BFloat16, b: 1, n: 200, m: 200, h: 24, hkv: 24, dk: 187, dv: 59, opt: attn.Options{Window: &attn.Window{Left: 40, Right: 9}}},
 	}
 	for i, pr := range cases {
 		t.Run(pr.name, func(t *testing.T) {
@@ -397,15 +404,26 @@ func TestForwardFlat(t *testing.T) {
 			fake := func(dt attn.DType, shape []int) DeviceTensor {
 				return DeviceTensor{DType: dt, Shape: shape, base: 1 << 40}
 			}
-			l, err := plan(p, pr.dt, fake(pr.dt, q.Shape), fake(pr.dt, k.Shape), fake(pr.dt, v.Shape), fake(pr.dt, p.OutputShape()),
-				fake(attn.Float32, p.LSEShape()), nil, 0, 0, nil, false, b.WGMMA, b.TMA)
+			fq, fk, fv, fo, fl := fake(pr.dt, q.Shape), fake(pr.dt, k.Shape), fake(pr.dt, v.Shape), fake(pr.dt, p.OutputShape()), fake(attn.Float32, p.LSEShape())
+			staged := strings.HasPrefix(pr.name, "flatstaged-")
+			var l launch
+			if staged {
+				dopt := DeviceOptions{}
+				if opt.Bias != nil {
+					bias := fake(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape)
+					dopt.Bias = &bias
+				}
+				l, _, err = b.planStaging(p, fq, fk, fv, fo, fl, dopt, nil)
+			} else {
+				l, err = plan(p, pr.dt, fq, fk, fv, fo, fl, nil, 0, 0, nil, false, b.WGMMA, b.TMA, nil)
+			}
 			if err != nil {
 				t.Fatalf("plan: %v", err)
 			}
-			if want := b.WGMMA && b.TMA; l.v.Flat != want {
-				t.Fatalf("plan %s: Flat = %v, want %v", l.v.Name(), l.v.Flat, want)
+			if want := b.WGMMA && b.TMA; l.v.Flat != want || l.v.FlatStaged != (want && staged) {
+				t.Fatalf("plan %s: Flat = %v, FlatStaged = %v, want %v, %v", l.v.Name(), l.v.Flat, l.v.FlatStaged, want, want && staged)
 			}
-			res := fwdDeviceRunStaging(t, b, q, k, v, opt, false)
+			res := fwdDeviceRunStaging(t, b, q, k, v, opt, staged)
 			fwdCheck(t, pr.dt, q, k, v, opt, res)
 		})
 	}

@@ -113,25 +113,13 @@ func TestPlanFlatRows(t *testing.T) {
 		{"no room for the shift (d59)", 8, 8, 59, 59, false, false},
 		{"head-major layout", 8, 8, 199, 199, true, false},
 		{"even rows need no flat maps", 8, 8, 200, 200, false, false},
+		{"d60: its shifts 0 and 4 fit", 8, 8, 60, 60, false, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			const bsz, n = 2, 100
-			ten := func(h, d int) DeviceTensor {
-				x := DeviceTensor{DType: attn.BFloat16, Shape: []int{bsz, n, h, d}, base: 1 << 40}
-				if c.headMajor {
-					x.Strides = []int{h * n * d, d, n * d, 1}
-				}
-				return x
-			}
-			q, k, v := ten(c.h, c.dk), ten(c.hkv, c.dk), ten(c.hkv, c.dv)
-			p, err := attn.NewProblem(attn.New(attn.BFloat16, q.Shape...), attn.New(attn.BFloat16, k.Shape...), attn.New(attn.BFloat16, v.Shape...), attn.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			o := DeviceTensor{DType: attn.BFloat16, Shape: p.OutputShape(), base: 1 << 41}
-			lse := DeviceTensor{DType: attn.Float32, Shape: p.LSEShape(), base: 1 << 42}
-			l, err := plan(p, attn.BFloat16, q, k, v, o, lse, nil, 0, 0, nil, false, true, true)
+			p, q, k, v, o, lse := planTestTensors(t, bsz, n, c.h, c.hkv, c.dk, c.dv, c.headMajor)
+			l, err := plan(p, attn.BFloat16, q, k, v, o, lse, nil, 0, 0, nil, false, true, true, nil)
 			if err != nil {
 				t.Fatalf("plan: %v", err)
 			}
@@ -159,4 +147,105 @@ func TestPlanFlatRows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPlanFlatStaged checks the forward's staging plan where flat rows fit
+// only some heads (kernels.Variant.FlatStaged): copies of exactly the
+// heads kernels.FlatStagedHeads selects, their tensor maps after the
+// in-place ones, and every head copied where flat rows cannot be read.
+func TestPlanFlatStaged(t *testing.T) {
+	cases := []struct {
+		name           string
+		h, hkv, dk, dv int
+		staged         bool
+		kept           [3]int // heads each copy holds
+	}{
+		{"d59 sixteen heads", 16, 16, 59, 59, true, [3]int{4, 4, 4}},
+		{"d123 dv64", 8, 8, 123, 64, true, [3]int{2, 2, 0}},
+		{"d187 dv59", 24, 24, 187, 59, true, [3]int{6, 6, 6}},
+		{"d127: six heads in eight past the width, every head staged", 8, 8, 127, 127, false, [3]int{8, 8, 8}},
+		{"d62: half the heads past the width, every head staged", 12, 12, 62, 62, false, [3]int{12, 12, 12}},
+		{"grouped heads: every head staged", 16, 8, 59, 59, false, [3]int{16, 8, 8}},
+	}
+	b := &Backend{WGMMA: true, TMA: true}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			const bsz, n = 2, 100
+			p, q, k, v, o, lse := planTestTensors(t, bsz, n, c.h, c.hkv, c.dk, c.dv, false)
+			l, st, err := b.planStaging(p, q, k, v, o, lse, DeviceOptions{}, nil)
+			if err != nil {
+				t.Fatalf("planStaging: %v", err)
+			}
+			if l.v.FlatStaged != c.staged || l.v.Flat != c.staged {
+				t.Fatalf("plan %s: Flat %v FlatStaged %v, want %v", l.v.Name(), l.v.Flat, l.v.FlatStaged, c.staged)
+			}
+			var bytes int64
+			for i, view := range st.views {
+				d := view.Shape[3]
+				kept := view.Shape[2]
+				if kept != c.kept[i] {
+					t.Errorf("copy %d holds %d heads, want %d", i, kept, c.kept[i])
+				}
+				bytes += align256(int64(bsz * n * kept * kernels.StagedDim(d) * 2))
+				pp := st.params[i]
+				if kept == 0 {
+					if pp.Rows != 0 {
+						t.Errorf("copy %d: no heads, but %d rows to pack", i, pp.Rows)
+					}
+					continue
+				}
+				if c.staged && (pp.HeadMask == 0 || kernels.FlatStagedCount(int(pp.Heads), pp.HeadMask) != kept) {
+					t.Errorf("copy %d: head mask %08b of %d heads, want %d of them", i, pp.HeadMask, pp.Heads, kept)
+				}
+				if !c.staged && pp.HeadMask != 0 {
+					t.Errorf("copy %d: head mask %08b in a whole staging", i, pp.HeadMask)
+				}
+			}
+			if st.bytes != bytes {
+				t.Errorf("staging bytes %d, want %d", st.bytes, bytes)
+			}
+			if !c.staged {
+				return
+			}
+			if len(l.tma) != 6 {
+				t.Fatalf("%d tensor maps, want 6", len(l.tma))
+			}
+			for i, x := range l.tma[3:] {
+				if c.kept[i] == 0 {
+					if x != l.tma[i] {
+						t.Errorf("map %d: a copy of no heads, want the in-place map in its place", 3+i)
+					}
+					continue
+				}
+				if x.Addr != st.views[i].ptr() || x.Heads != uint64(c.kept[i]) {
+					t.Errorf("map %d: address %#x heads %d, want %#x, %d", 3+i, x.Addr, x.Heads, st.views[i].ptr(), c.kept[i])
+				}
+				if err := tensorMapSpec(x).Check(); err != nil {
+					t.Errorf("map %d: %v", 3+i, err)
+				}
+			}
+		})
+	}
+}
+
+// planTestTensors returns a bf16 problem of bsz × n positions and device
+// tensors that stand for its q, k, v (heads contiguous, or head-major),
+// o and lse at fake addresses, for planner tests.
+func planTestTensors(t *testing.T, bsz, n, h, hkv, dk, dv int, headMajor bool) (p *attn.Problem, q, k, v, o, lse DeviceTensor) {
+	t.Helper()
+	ten := func(h, d int) DeviceTensor {
+		x := DeviceTensor{DType: attn.BFloat16, Shape: []int{bsz, n, h, d}, base: 1 << 40}
+		if headMajor {
+			x.Strides = []int{h * n * d, d, n * d, 1}
+		}
+		return x
+	}
+	q, k, v = ten(h, dk), ten(hkv, dk), ten(hkv, dv)
+	p, err := attn.NewProblem(attn.New(attn.BFloat16, q.Shape...), attn.New(attn.BFloat16, k.Shape...), attn.New(attn.BFloat16, v.Shape...), attn.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = DeviceTensor{DType: attn.BFloat16, Shape: p.OutputShape(), base: 1 << 41}
+	lse = DeviceTensor{DType: attn.Float32, Shape: p.LSEShape(), base: 1 << 42}
+	return p, q, k, v, o, lse
 }

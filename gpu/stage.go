@@ -26,6 +26,10 @@ type fwdStaging struct {
 	params [3]kernels.PackParams
 	grids  [3][3]uint32
 	bytes  int64 // workspace the copies take
+	// heads, when set, are the head masks of copies that hold only some
+	// heads (kernels.FlatStagedHeads; a zero mask: no copy of that tensor),
+	// for a kernels.Variant.FlatStaged launch that reads the rest in place
+	heads *[3]uint8
 }
 
 // stagingPlanBase stands in for the workspace address when a staging plan
@@ -34,38 +38,53 @@ type fwdStaging struct {
 const stagingPlanBase = 1 << 40
 
 // stagingFor lays out the staging copies of q, k and v of problem p in ws
-// (nil: at stagingPlanBase, for sizes and the kernel choice only).
-func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer) fwdStaging {
-	var st fwdStaging
+// (nil: at stagingPlanBase, for sizes and the kernel choice only): every
+// head, or with heads only those each mask selects.
+func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, heads *[3]uint8) fwdStaging {
+	return stagingAt(p, q, k, v, ws, stagingPlanBase, heads)
+}
+
+// stagingAt is stagingFor with the copies at device address base when ws
+// is nil.
+func stagingAt(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, base uint64, heads *[3]uint8) fwdStaging {
+	st := fwdStaging{heads: heads}
 	for i, t := range []DeviceTensor{q, k, v} {
 		d := t.Shape[len(t.Shape)-1]
 		ds := kernels.StagedDim(d)
-		batch, rows, heads := 1, t.Shape[0], t.Shape[1]
+		batch, rows, nh := 1, t.Shape[0], t.Shape[1]
 		if !p.Varlen {
-			batch, rows, heads = t.Shape[0], t.Shape[1], t.Shape[2]
+			batch, rows, nh = t.Shape[0], t.Shape[1], t.Shape[2]
 		}
-		strides := []int{rows * heads * ds, heads * ds, ds, 1}
+		var mask uint8
+		kept := nh // heads the copy holds
+		if heads != nil {
+			mask = heads[i]
+			kept = kernels.FlatStagedCount(nh, mask)
+		}
+		shape := append([]int(nil), t.Shape...)
+		shape[len(shape)-2] = kept
+		strides := []int{rows * kept * ds, kept * ds, ds, 1}
 		if p.Varlen {
 			strides = strides[1:]
 		}
 		off := st.bytes
-		st.bytes += align256(int64(batch) * int64(rows) * int64(heads) * int64(ds) * int64(t.DType.Size()))
-		st.views[i] = DeviceTensor{Buf: ws, Offset: off / int64(t.DType.Size()), DType: t.DType,
-			Shape: append([]int(nil), t.Shape...), Strides: strides}
+		st.bytes += align256(int64(batch) * int64(rows) * int64(kept) * int64(ds) * int64(t.DType.Size()))
+		st.views[i] = DeviceTensor{Buf: ws, Offset: off / int64(t.DType.Size()), DType: t.DType, Shape: shape, Strides: strides}
 		if ws == nil {
-			st.views[i].base = stagingPlanBase + uint64(off)
+			st.views[i].base = base + uint64(off)
+		}
+		if kept == 0 {
+			continue // nothing of this tensor to copy: Rows 0
 		}
 		sb, sr, sh := seqStrides(t, p.Varlen)
 		st.params[i] = kernels.PackParams{Src: t.ptr(), Lim: t.ptr(), BatchStride: sb, RowStride: sr, HeadStride: sh,
-			Rows: int32(rows), Heads: int32(heads), D: int32(d), DS: int32(ds)}
-		if batch > 0 && rows > 0 && heads > 0 && d > 0 {
-			last := int64(batch-1)*sb + int64(rows-1)*sr + int64(heads-1)*sh + int64(d-1)
+			Rows: int32(rows), Heads: int32(nh), D: int32(d), DS: int32(ds), HeadMask: mask}
+		if batch > 0 && rows > 0 && nh > 0 && d > 0 {
+			last := int64(batch-1)*sb + int64(rows-1)*sr + int64(nh-1)*sh + int64(d-1)
 			st.params[i].Lim = t.ptr() + uint64(last+1)*uint64(t.DType.Size())
 		}
-		if ws != nil {
-			st.params[i].Dst = st.views[i].ptr()
-		}
-		st.grids[i] = kernels.PackGrid(rows, heads, batch)
+		st.params[i].Dst = st.views[i].ptr()
+		st.grids[i] = kernels.PackGrid(rows, kept, batch)
 	}
 	return st
 }
@@ -92,48 +111,62 @@ func (b *Backend) packFunction() (*cuda.Function, error) {
 
 // planForward plans a ForwardDevice call: the launch on the caller's
 // tensors or, when they are 16-bit with rows that allow no 16-byte copies
-// and opt.Staging is set, the launch on the staging copies together with
-// the staging plan.
+// and opt.Staging is set, the launch on staging copies (planStaging)
+// together with the staging plan.
 func (b *Backend) planForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (launch, *attn.Problem, *fwdStaging, error) {
 	l, p, err := b.planDevice(q, k, v, o, lse, opt)
 	if err != nil || opt.Staging == nil || l.v.LoadBytes >= 16 || q.DType.Size() != 2 || p.N == 0 || p.B == 0 {
 		return l, p, nil, err
 	}
-	st := stagingFor(p, q, k, v, opt.Staging)
+	ls, st, err := b.planStaging(p, q, k, v, o, lse, opt, opt.Staging)
+	if err != nil {
+		return l, p, nil, err
+	}
 	if st.bytes > opt.Staging.Size() {
 		return l, p, nil, attn.Errorf(attn.ErrOption, "forward: staging workspace of %d bytes, %d needed", opt.Staging.Size(), st.bytes)
 	}
-	ls, err := b.planStaged(p, q.DType, &st, o, lse, opt)
-	return ls, p, &st, err
+	return ls, p, &st, nil
 }
 
-// planStaged plans the forward launch on the staging copies of st.
-func (b *Backend) planStaged(p *attn.Problem, dt attn.DType, st *fwdStaging, o, lse DeviceTensor, opt DeviceOptions) (launch, error) {
+// planStaging plans the forward launch on staging copies in ws (nil: for
+// sizes and the kernel choice only): of only the heads a flat-row kernel
+// cannot read in place where the Hopper forward reads the others so
+// (kernels.Variant.FlatStaged), else of every head of q, k and v.
+func (b *Backend) planStaging(p *attn.Problem, q, k, v, o, lse DeviceTensor, opt DeviceOptions, ws *cuda.Buffer) (launch, fwdStaging, error) {
+	dt := q.DType
 	var cuq, cuk uint64
 	if p.Varlen {
 		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
 	}
-	l, err := plan(p, dt, st.views[0], st.views[1], st.views[2], o, lse, opt.Bias, cuq, cuk, b.Tiles, true, b.WGMMA, b.TMA)
-	if err != nil {
-		return l, fmt.Errorf("gpu: forward on staging copies: %w", err)
+	if heads, ok := flatStagedHeads(p, dt, q, k, v); ok && b.WGMMA && b.TMA {
+		st := stagingFor(p, q, k, v, ws, heads)
+		l, err := plan(p, dt, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA, b.TMA, &st)
+		if err == nil && l.v.FlatStaged {
+			return l, st, nil
+		}
 	}
-	return l, nil
+	st := stagingFor(p, q, k, v, ws, nil)
+	l, err := plan(p, dt, st.views[0], st.views[1], st.views[2], o, lse, opt.Bias, cuq, cuk, b.Tiles, true, b.WGMMA, b.TMA, nil)
+	if err != nil {
+		return l, st, fmt.Errorf("gpu: forward on staging copies: %w", err)
+	}
+	return l, st, nil
 }
 
 // PrepareForward validates a ForwardDevice call and returns the bytes of
 // DeviceOptions.Staging it can use: 0 when q, k and v load with 16-byte
-// copies as they are (or are fp32), otherwise the size of their staging copies, in which case it
-// also compiles the pack kernel and the forward kernel that reads the
-// copies (so that a call with Staging set only enqueues, as a CUDA graph
-// capture needs). opt.Staging is not read.
+// copies as they are (or are fp32), otherwise the size of their staging
+// copies (planStaging), in which case it also compiles the pack kernel
+// and the forward kernel that reads the copies (so that a call with
+// Staging set only enqueues, as a CUDA graph capture needs). opt.Staging
+// is not read.
 func (b *Backend) PrepareForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (int64, error) {
 	opt.Staging = nil
 	l, p, err := b.planDevice(q, k, v, o, lse, opt)
 	if err != nil || l.v.LoadBytes >= 16 || q.DType.Size() != 2 || p.N == 0 || p.B == 0 {
 		return 0, err
 	}
-	st := stagingFor(p, q, k, v, nil)
-	ls, err := b.planStaged(p, q.DType, &st, o, lse, opt)
+	ls, st, err := b.planStaging(p, q, k, v, o, lse, opt, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -99,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d) %[8]s(const BwdParams p) {
   // staging pair f at dst + f·ds (the workspace's buffers are [rows, heads, ds], contiguous); no tensor
   // end is known here, so whole 16-byte loads stay within the block's pairs (a null lim)
   extern __shared__ __align__(16) unsigned char smem[];  // the pairs' source addresses (PackSharedBytes)
-  stage_pairs<%[2]d>(reinterpret_cast<u8*>(dst + f0 * ds), reinterpret_cast<const u8*>(src), ssr, ssh, heads, d, ds, (int)sizeof(T),
+  stage_pairs<%[2]d>(reinterpret_cast<u8*>(dst + f0 * ds), reinterpret_cast<const u8*>(src), ssr, ssh, heads, 0u, d, ds, (int)sizeof(T),
                      f0, (int)min((long long)%[1]d, nf - f0), nf, nullptr, reinterpret_cast<const u8**>(smem));
 }
 

@@ -1,5 +1,7 @@
 package kernels
 
+import "math/bits"
+
 // Odd head dims read in place over flat rows (Variant.Flat and
 // BwdVariant.Flat): what a layout needs, the tensor maps over a position's
 // concatenated heads, and the device function that clears a tile's
@@ -59,5 +61,55 @@ DEV void row_out(unsigned char* orow, const unsigned short* srow, int d, int lan
   for (int e = e0 + 2 * lane; e + 1 < d; e += 64)
     *reinterpret_cast<unsigned int*>(orow + 2 * e) = (unsigned int)srow[e] | ((unsigned int)srow[e + 1] << 16);
   if (((d - e0) & 1) && lane == 0) *reinterpret_cast<unsigned short*>(orow + 2 * (d - 1)) = srow[d - 1];
+}
+`
+
+// FlatWidth returns the padded width a Flat variant's tile gives head dim
+// d: d rounded up to 16 columns. A head whose shift s leaves s + d within it
+// is read in place.
+func FlatWidth(d int) int { return roundUp(d, 16) }
+
+// FlatStagedHeads returns which heads of head dim d a Flat variant cannot
+// read in place: bit r is set when heads h ≡ r (mod 8), whose tiles start
+// (h·d mod 8) columns into their 16-byte unit, would run past FlatWidth(d).
+// Zero: every head fits. A FlatStaged variant reads the heads it selects
+// from staging copies that hold only them (FlatStagedCount, in order of h).
+func FlatStagedHeads(d int) uint8 {
+	var m uint8
+	for r := 0; r < 8; r++ {
+		if r*d%8+d > FlatWidth(d) {
+			m |= 1 << r
+		}
+	}
+	return m
+}
+
+// FlatStagedCount returns how many of heads 0 .. heads-1 mask selects
+// (bit h mod 8).
+func FlatStagedCount(heads int, mask uint8) int {
+	n := heads / 8 * bits.OnesCount8(mask)
+	return n + bits.OnesCount8(mask&uint8(1<<(heads%8)-1))
+}
+
+// FlatStagedIndex returns the index of head h among the heads mask selects
+// (its position in their staging copies); h must be one of them.
+func FlatStagedIndex(h int, mask uint8) int {
+	return FlatStagedCount(h, mask)
+}
+
+// flatStagedHeadSource is flat_staged_head, the kernel's FlatStagedIndex for
+// the heads FlatStagedHeads selects.
+const flatStagedHeadSource = `// flat_staged_head returns the index of head h among the heads whose shift (h·d mod 8) runs past the
+// padded width w (h ≡ r mod 8 with (r·d mod 8) + d > w): their position in the staging copies, which
+// hold only them, in order of h
+DEV int flat_staged_head(int h, int d, int w) {
+  int per8 = 0, before = 0;
+#pragma unroll
+  for (int r = 0; r < 8; r++) {
+    const int st = ((r * d) & 7) + d > w ? 1 : 0;
+    per8 += st;
+    before += r < (h & 7) ? st : 0;
+  }
+  return (h >> 3) * per8 + before;
 }
 `

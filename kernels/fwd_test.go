@@ -436,3 +436,42 @@ func TestFlatRowsOK(t *testing.T) {
 		}
 	}
 }
+
+// TestFlatStagedHeads checks which heads flat rows leave to staging copies
+// and where a selected head sits among them.
+func TestFlatStagedHeads(t *testing.T) {
+	cases := []struct {
+		d     int
+		mask  uint8 // bit r: heads h ≡ r (mod 8)
+		heads int
+		count int
+	}{
+		{199, 0, 16, 0},                        // 9 columns of room: every shift fits
+		{257, 0, 16, 0},                        //
+		{59, 1<<2 | 1<<5, 16, 4},               // shifts 6 (h ≡ 2) and 7 (h ≡ 5) past 64
+		{127, 0b01111110, 8, 6},                // one column of room: shifts 0 (h ≡ 0) and 1 (h ≡ 7) fit
+		{62, 1<<1 | 1<<2 | 1<<5 | 1<<6, 12, 6}, // shifts 6, 4, 6, 4
+		{60, 0, 8, 0},                          // shifts 0 and 4 only
+		{64, 0, 8, 0},                          //
+		{1, 0, 8, 0},                           // 15 columns of room
+	}
+	for _, c := range cases {
+		m := FlatStagedHeads(c.d)
+		if m != c.mask {
+			t.Errorf("d %d: mask %08b, want %08b", c.d, m, c.mask)
+		}
+		if n := FlatStagedCount(c.heads, m); n != c.count {
+			t.Errorf("d %d: %d of %d heads staged, want %d", c.d, n, c.heads, c.count)
+		}
+		idx := 0
+		for h := 0; h < c.heads; h++ {
+			if m>>(h%8)&1 == 0 {
+				continue
+			}
+			if got := FlatStagedIndex(h, m); got != idx {
+				t.Errorf("d %d: head %d at %d among the staged, want %d", c.d, h, got, idx)
+			}
+			idx++
+		}
+	}
+}

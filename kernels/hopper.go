@@ -100,7 +100,7 @@ func (x *gen) hopperSource() {
 	x.prelude()
 	x.raw(cParams())
 	if x.v.TMA {
-		x.raw(tmaParamsDecl())
+		x.raw(x.v.tmaParamsDecl())
 	}
 	x.hopperConstants()
 	x.ptx()
@@ -120,6 +120,9 @@ func (x *gen) hopperSource() {
 	x.raw(rowOutSource)
 	if x.v.Flat {
 		x.raw(zeroColsSource)
+	}
+	if x.v.FlatStaged {
+		x.raw(flatStagedHeadSource)
 	}
 	x.hopperProducts()
 	x.dropoutFuncs()
@@ -510,10 +513,10 @@ func (x *gen) hopperPrologueLoads() {
 	x.raw(x.tmaCoords())
 	x.raw(`  // ---- prologue: Q, K and V of the first block, K of the second (one thread issues the copies)
   if (tid == 0) {
-    tma_tile<BM, KATOMS>(sQ, &tp.q, barQ, m0, hq_, b, cq_);
-    tma_tile<BN, KATOMS>(sK, &tp.k, barK, (nb_hi - 1) * BN, hk_, b, ck_);
-    tma_tile<BN, VATOMS>(sV, &tp.v, barV, (nb_hi - 1) * BN, hk_, b, cv_);
-    if (nb_hi - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + K_STAGE, &tp.k, barK + 8, (nb_hi - 2) * BN, hk_, b, ck_);
+    tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
+    tma_tile<BN, KATOMS>(sK, mk_, barK, (nb_hi - 1) * BN, hk_, b, ck_);
+    tma_tile<BN, VATOMS>(sV, mv_, barV, (nb_hi - 1) * BN, hv_, b, cv_);
+    if (nb_hi - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + K_STAGE, mk_, barK + 8, (nb_hi - 2) * BN, hk_, b, ck_);
   }
   mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
@@ -528,23 +531,44 @@ func (x *gen) hopperPrologueLoads() {
 	}
 }
 
-// tmaCoords writes the tensor-map coordinates of the CTA's tiles: the head
-// index (hq_ for Q, hk_ for K and V) and first column (cq_, ck_, cv_) of its
-// boxes; with Flat, the head index is 0 and the column is the head's start
-// in the concatenated heads rounded down to 8, and sq_, sv_ are the shifts
-// of Q (and K: one query head per key head) and of V.
+// tmaCoords writes the tensor-map coordinates of the CTA's tiles: the map
+// (mq_, mk_, mv_), head index (hq_, hk_, hv_) and first column (cq_, ck_,
+// cv_) of the boxes of Q, K and V; with Flat, the head index is 0 and the
+// column is the head's start in the concatenated heads rounded down to 8,
+// and sq_, sv_ are the shifts of Q (and K: one query head per key head)
+// and of V. With FlatStaged, a head whose shift would run past the padded
+// width takes the staging copies' maps instead (shift 0, its index among
+// the staged heads).
 func (x *gen) tmaCoords() string {
 	if !x.v.Flat {
-		return "  const int hq_ = h, hk_ = kvh, cq_ = 0, ck_ = 0, cv_ = 0;  // tensor-map coordinates: (column, row, head, batch)\n"
+		return `  // tensor-map coordinates: (column, row, head, batch)
+  const TensorMap *mq_ = &tp.q, *mk_ = &tp.k, *mv_ = &tp.v;
+  const int hq_ = h, hk_ = kvh, hv_ = kvh, cq_ = 0, ck_ = 0, cv_ = 0;
+`
 	}
-	return `  // tensor-map coordinates (column, row, head, batch) over flat rows: head h's elements start at column
+	s := `  // tensor-map coordinates (column, row, head, batch) over flat rows: head h's elements start at column
   // h·d_k of its position's row; the boxes start at that column rounded down to 8 (16 bytes), so the tile
   // holds the head shifted right by sq_ (Q and K: one query head per key head) or sv_ (V) columns
-  const int hq_ = 0, hk_ = 0;
+`
+	if !x.v.FlatStaged {
+		return s + `  const TensorMap *mq_ = &tp.q, *mk_ = &tp.k, *mv_ = &tp.v;
+  const int hq_ = 0, hk_ = 0, hv_ = 0;
   const int cq_ = (h * p.d_k) & ~7, ck_ = (kvh * p.d_k) & ~7, cv_ = (kvh * p.d_v) & ~7;
   const int sq_ = (h * p.d_k) & 7, sv_ = (kvh * p.d_v) & 7;
   (void)sv_;
 `
+	}
+	return s + fmt.Sprintf(`  // ... unless the shift would run past the padded width (FlatWidth: %[1]d columns for q and k, %[2]d for
+  // v): such a head comes from the staging copies, which hold only those heads, in order, zero past the
+  // head dim (FlatStagedHeads)
+  const bool stk = ((h * p.d_k) & 7) + p.d_k > %[1]d, stv = ((kvh * p.d_v) & 7) + p.d_v > %[2]d;
+  const TensorMap *mq_ = stk ? &tp.qs : &tp.q, *mk_ = stk ? &tp.ks : &tp.k, *mv_ = stv ? &tp.vs : &tp.v;
+  const int hq_ = stk ? flat_staged_head(h, p.d_k, %[1]d) : 0, hk_ = stk ? flat_staged_head(kvh, p.d_k, %[1]d) : 0;
+  const int hv_ = stv ? flat_staged_head(kvh, p.d_v, %[2]d) : 0;
+  const int cq_ = stk ? 0 : (h * p.d_k) & ~7, ck_ = stk ? 0 : (kvh * p.d_k) & ~7, cv_ = stv ? 0 : (kvh * p.d_v) & ~7;
+  const int sq_ = stk ? 0 : (h * p.d_k) & 7, sv_ = stv ? 0 : (kvh * p.d_v) & 7;
+  (void)sv_;
+`, FlatWidth(x.v.DK), FlatWidth(x.v.DV))
 }
 
 // hopperLoopLoads writes the top of a main-loop iteration: once every
@@ -570,8 +594,8 @@ func (x *gen) hopperLoopLoads() {
 	}
 	x.raw(`
     if (tid == 0) {
-      if (nb - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + buf * K_STAGE, &tp.k, barK + 8 * buf, (nb - 2) * BN, hk_, b, ck_);
-      if (nb - 1 >= nb_lo) tma_tile<BN, VATOMS>(sV + (buf ^ 1) * V_STAGE, &tp.v, barV + 8 * (buf ^ 1), (nb - 1) * BN, hk_, b, cv_);
+      if (nb - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + buf * K_STAGE, mk_, barK + 8 * buf, (nb - 2) * BN, hk_, b, ck_);
+      if (nb - 1 >= nb_lo) tma_tile<BN, VATOMS>(sV + (buf ^ 1) * V_STAGE, mv_, barV + 8 * (buf ^ 1), (nb - 1) * BN, hv_, b, cv_);
     }
 `)
 }

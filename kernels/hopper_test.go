@@ -133,6 +133,12 @@ func TestCompileHopper(t *testing.T) {
 		v.TMA, v.Flat = true, true
 		vs = append(vs, v)
 	}
+	// ... and with the heads that do not fit read from staging copies (59, 127)
+	for _, d := range [][2]int{{64, 64}, {128, 128}} {
+		v := hopperVariant(t, attn.BFloat16, d[0], d[1], fwdFeatures[0].set)
+		v.TMA, v.Flat, v.FlatStaged = true, true, true
+		vs = append(vs, v)
+	}
 	res, logs := compileAllLogs(t, c, "sm_90a", vs)
 	for i, v := range vs {
 		r := res[i]

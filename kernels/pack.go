@@ -126,29 +126,49 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
   }
 }
 
-// stage_pairs copies n consecutive (row, head) pairs f0 .. f0+n-1 (f = row·heads + head; nf pairs in
-// all) of rows of d elements of es bytes, pair (r, h) at s + (r·sr + h·sh)·es, into staging rows of ds
-// elements at o (pair f0 + i at o + i·ds·es), zero beyond d. Pairs back to back in the source (the
-// usual layout) are read straight; others through the table of their addresses at row_src (shared
-// memory, n entries, one division per pair instead of one per chunk). Whole 16-byte loads run on up
-// to lim; a null lim bounds them by what the pairs themselves cover (back to back: the end of the
-// last pair; otherwise each pair's own end).
+// selected_head returns head j of those whose index mod 8 has its bit set in hmask, in order of index
+// (FlatStagedHeads' selection): heads 8q + r, r a set bit, the j-th of them
+__device__ __forceinline__ int selected_head(int j, unsigned hmask) {
+  const int per8 = __popc(hmask), q = j / per8;
+  int k = j - q * per8, r = 0;
+  for (; r < 8; r++)
+    if ((hmask >> r) & 1u) {
+      if (k == 0) break;
+      k--;
+    }
+  return 8 * q + r;
+}
+
+// selected_heads returns how many of heads 0 .. heads-1 hmask selects (all of them when hmask is 0)
+__device__ __forceinline__ int selected_heads(int heads, unsigned hmask) {
+  return hmask ? (heads >> 3) * __popc(hmask) + __popc(hmask & ((1u << (heads & 7)) - 1u)) : heads;
+}
+
+// stage_pairs copies n consecutive (row, head) pairs f0 .. f0+n-1 (f = row·kh + j, head j of the kh =
+// selected_heads(heads, hmask) a row has; nf pairs in all) of rows of d elements of es bytes, pair
+// (r, h) at s + (r·sr + h·sh)·es, into staging rows of ds elements at o (pair f0 + i at o + i·ds·es),
+// zero beyond d. Pairs back to back in the source (the usual layout, every head) are read straight;
+// others through the table of their addresses at row_src (shared memory, n entries, one division per
+// pair instead of one per chunk). Whole 16-byte loads run on up to lim; a null lim bounds them by what
+// the pairs themselves cover (back to back: the end of the last pair; otherwise each pair's own end).
 template <int NTH>
 __device__ __forceinline__ void stage_pairs(unsigned char* o, const unsigned char* s, long long sr, long long sh,
-                                            int heads, int d, int ds, int es, long long f0, int n, long long nf,
-                                            const unsigned char* lim, const unsigned char** row_src) {
+                                            int heads, unsigned hmask, int d, int ds, int es, long long f0, int n,
+                                            long long nf, const unsigned char* lim, const unsigned char** row_src) {
   auto dst = [=](int i) { return o + (long long)i * ds * es; };
   const int nb = es * d, nbs = es * ds;
-  if ((heads == 1 || sh == d) && sr == (long long)heads * d) {
+  if (hmask == 0u && (heads == 1 || sh == d) && sr == (long long)heads * d) {
     const unsigned char* s0 = s + f0 * nb;
     const unsigned char* end = lim ? lim : s0 + (long long)n * nb;
     stage_rows_by<NTH>(dst, [=](int i) { return s0 + (long long)i * nb; }, n, nb, nbs, [=](int) { return end; });
     return;
   }
+  const int kh = selected_heads(heads, hmask);
   for (int i = threadIdx.x; i < n; i += NTH) {
     const long long f = f0 + i;
     // 32-bit division where the pair index fits (a 64-bit one costs several times more)
-    const long long r = nf <= 0x7fffffffll ? (long long)((unsigned)f / (unsigned)heads) : f / heads, h = f - r * heads;
+    const long long r = nf <= 0x7fffffffll ? (long long)((unsigned)f / (unsigned)kh) : f / kh, j = f - r * kh;
+    const long long h = hmask ? selected_head((int)j, hmask) : j;
     row_src[i] = s + (r * sr + h * sh) * es;
   }
   __syncthreads();
@@ -164,7 +184,8 @@ __device__ __forceinline__ void stage_pairs(unsigned char* o, const unsigned cha
 // so one module serves fp16 and bf16.
 var PackSource = fmt.Sprintf(`// Staging copies of up to three 16-bit [B, rows, heads, D] tensors (q, k and v of one forward, one B; any
 // strides, feature dim contiguous) into contiguous [B, rows, heads, DS] buffers, DS = D rounded up to
-// 16 elements, zero beyond D, in one launch: grid (ceil(max rows·heads / %[1]d), max B, 3), %[2]d
+// 16 elements, zero beyond D (with a head mask, only the heads it selects: [B, rows, selected, DS]), in
+// one launch: grid (ceil(max rows·heads / %[1]d), max B, 3), %[2]d
 // threads, blockIdx.z the tensor (blocks past a tensor's pairs return at once). A block copies %[1]d
 // consecutive (row, head) pairs f = row·heads + head of one batch element: consecutive in the buffer
 // and, for the usual contiguous layout, in the source too, so that both sides stream whole cache
@@ -176,26 +197,30 @@ struct PackParams {
   const unsigned char* lim;  // the end of the source's bytes (its last element + 1)
   long long sb, sr, sh;      // source strides in elements
   int rows, heads, d, ds;    // rows = 0: no copy
+  unsigned hmask;            // 0: every head; else only heads h with bit h mod 8 set, back to back
+  int pad_;
 };
+static_assert(sizeof(PackParams) == %[5]d, "PackParams size differs from the Go packing");
 struct PackArgs { PackParams t[3]; };
 %[3]s
 extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
   // this block's tensor, field by field (no dynamic index into the parameter space)
   const int z = blockIdx.z;
 #define PICK(f) (z == 0 ? a.t[0].f : z == 1 ? a.t[1].f : a.t[2].f)
-  const PackParams p = {PICK(src), PICK(dst), PICK(lim), PICK(sb), PICK(sr), PICK(sh), PICK(rows), PICK(heads), PICK(d), PICK(ds)};
+  const PackParams p = {PICK(src), PICK(dst), PICK(lim), PICK(sb), PICK(sr), PICK(sh), PICK(rows), PICK(heads), PICK(d), PICK(ds), PICK(hmask), 0};
 #undef PICK
-  const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)p.rows * p.heads;
+  const long long f0 = (long long)blockIdx.x * %[1]d, nf = (long long)p.rows * selected_heads(p.heads, p.hmask);
   if (f0 >= nf) return;  // past this tensor's pairs (none when rows = 0)
   const int b = blockIdx.y, n = (int)min((long long)%[1]d, nf - f0);
   extern __shared__ __align__(16) unsigned char smem[];  // the pairs' source addresses (PackSharedBytes)
   stage_pairs<%[2]d>(reinterpret_cast<unsigned char*>(p.dst + (b * nf + f0) * p.ds), reinterpret_cast<const unsigned char*>(p.src + b * p.sb),
-                     p.sr, p.sh, p.heads, p.d, p.ds, 2, f0, n, nf, p.lim, reinterpret_cast<const unsigned char**>(smem));
+                     p.sr, p.sh, p.heads, p.hmask, p.d, p.ds, 2, f0, n, nf, p.lim, reinterpret_cast<const unsigned char**>(smem));
 }
-`, PackRowsPerBlock, PackThreads, stageSource, PackKernel)
+`, PackRowsPerBlock, PackThreads, stageSource, PackKernel, packParamsSize)
 
 // PackGrid returns the grid of the pack kernel for a tensor of batch
-// elements of rows × heads rows each (z: one tensor).
+// elements of rows × heads rows each (z: one tensor); with a head mask,
+// heads is the number it selects (FlatStagedCount).
 func PackGrid(rows, heads, batch int) [3]uint32 {
 	f := int64(rows) * int64(heads)
 	return [3]uint32{uint32((f + PackRowsPerBlock - 1) / PackRowsPerBlock), uint32(batch), 1}
@@ -221,10 +246,14 @@ type PackParams struct {
 	Lim                                uint64 // device address just past the source's last element (16-byte loads stay below it)
 	BatchStride, RowStride, HeadStride int64  // source strides in elements
 	Rows, Heads, D, DS                 int32  // rows per batch element (0: no copy), heads, head dim, staged row length
+	// HeadMask, when not 0, copies only the heads h with bit h mod 8 set
+	// (FlatStagedHeads), back to back: the buffer is [B, rows,
+	// FlatStagedCount(Heads, HeadMask), DS].
+	HeadMask uint8
 }
 
 // packParamsSize is the size of the C struct PackParams.
-const packParamsSize = 64
+const packParamsSize = 72
 
 // Bytes returns the params in the layout of the C struct PackParams.
 func (p PackParams) Bytes() []byte {
@@ -240,5 +269,6 @@ func (p PackParams) Bytes() []byte {
 	le.PutUint32(b[52:], uint32(p.Heads))
 	le.PutUint32(b[56:], uint32(p.D))
 	le.PutUint32(b[60:], uint32(p.DS))
+	le.PutUint32(b[64:], uint32(p.HeadMask))
 	return b
 }

@@ -20,17 +20,36 @@ import "fmt"
 // passed by value in TMAParams, ahead of the usual Params.
 
 // TMAParamsSize is the size in bytes of the argument of a TMA kernel: three
-// 128-byte tensor maps, then Params, the whole a multiple of 64 bytes.
-var TMAParamsSize = 3*128 + roundUp(ParamsSize, 64)
+// 128-byte tensor maps, then Params, the whole a multiple of 64 bytes
+// (Variant.TMAParamsSize: that of a given variant).
+var TMAParamsSize = tmaParamsSize(3)
 
-// PackTMA writes the argument of a TMA kernel into b (TMAParamsSize
-// bytes): the tensor maps of q, k and v, then p.
-func PackTMA(b []byte, q, k, v [128]byte, p *Params) {
-	copy(b[0:], q[:])
-	copy(b[128:], k[:])
-	copy(b[256:], v[:])
-	clear(b[384:TMAParamsSize])
-	p.PackInto(b[384 : 384+ParamsSize])
+// tmaParamsSize is the size of a TMA kernel's argument with maps tensor
+// maps ahead of Params.
+func tmaParamsSize(maps int) int { return maps*128 + roundUp(ParamsSize, 64) }
+
+// TMAMaps returns the number of tensor maps a TMA variant's argument holds:
+// q, k and v, and with FlatStaged their staging copies'.
+func (v Variant) TMAMaps() int {
+	if v.FlatStaged {
+		return 6
+	}
+	return 3
+}
+
+// TMAParamsSize returns the size in bytes of the TMA variant's argument.
+func (v Variant) TMAParamsSize() int { return tmaParamsSize(v.TMAMaps()) }
+
+// PackTMA writes the argument of a TMA kernel into b (tmaParamsSize of
+// len(maps) bytes: Variant.TMAParamsSize): the tensor maps (q, k, v, then
+// with FlatStaged the copies' qs, ks, vs), then p.
+func PackTMA(b []byte, p *Params, maps ...[128]byte) {
+	for i, m := range maps {
+		copy(b[128*i:], m[:])
+	}
+	at := 128 * len(maps)
+	clear(b[at:tmaParamsSize(len(maps))])
+	p.PackInto(b[at : at+ParamsSize])
 }
 
 // TMATensor describes one of q, k, v for its tensor map: the box is 64
@@ -70,16 +89,21 @@ func (v Variant) TMATensors(p *Params, colsK, colsV uint64, qs, ks, vs [3]uint64
 // the forward's and the backward's TMA arguments hold.
 const cTensorMap = "struct __align__(64) TensorMap { unsigned long long w[16]; };  // an encoded tensor map (CUtensorMap)\n"
 
-// tmaParamsDecl returns the C declaration of the TMA kernel's argument.
-func tmaParamsDecl() string {
+// tmaParamsDecl returns the C declaration of the TMA kernel's argument
+// (Variant.TMAParamsSize bytes).
+func (v Variant) tmaParamsDecl() string {
+	staged := ""
+	if v.FlatStaged {
+		staged = "  TensorMap qs, ks, vs;  // FlatStaged: the staging copies of the heads that do not fit in place\n"
+	}
 	return fmt.Sprintf(`// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
 // encoded on the host), then the usual Params
 %sstruct __align__(64) TmaParams {
   TensorMap q, k, v;
-  Params p;
+%s  Params p;
 };
 static_assert(sizeof(TmaParams) == %d, "TmaParams size differs from the Go packing");
-`, cTensorMap, TMAParamsSize)
+`, cTensorMap, staged, v.TMAParamsSize())
 }
 
 // tmaPrimitives returns the mbarrier and bulk tensor copy wrappers and

@@ -9,36 +9,47 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// TestPackTMA checks the layout of the TMA kernel's argument: the three
-// tensor maps at 0, 128 and 256, then Params, the whole a multiple of 64.
+// TestPackTMA checks the layout of the TMA kernel's argument: the tensor
+// maps at 0, 128, 256 (and with FlatStaged's copies 384, 512, 640), then
+// Params, the whole a multiple of 64.
 func TestPackTMA(t *testing.T) {
-	if TMAParamsSize%64 != 0 || TMAParamsSize < 384+ParamsSize {
-		t.Fatalf("TMAParamsSize %d", TMAParamsSize)
-	}
-	var q, k, v [128]byte
-	for i := range q {
-		q[i], k[i], v[i] = 1, 2, 3
-	}
-	p := Params{Q: 0x1111, K: 0x2222, N: 77}
-	b := make([]byte, TMAParamsSize)
-	for i := range b {
-		b[i] = 0xff
-	}
-	PackTMA(b, q, k, v, &p)
-	if b[0] != 1 || b[127] != 1 || b[128] != 2 || b[255] != 2 || b[256] != 3 || b[383] != 3 {
-		t.Errorf("tensor maps misplaced: % x", b[:8])
-	}
-	if got := binary.LittleEndian.Uint64(b[384:]); got != p.Q {
-		t.Errorf("params.q at 384 = %#x, want %#x", got, p.Q)
-	}
-	want := p.Pack()
-	if string(b[384:384+ParamsSize]) != string(want) {
-		t.Errorf("params bytes differ from Params.Pack")
-	}
-	for i := 384 + ParamsSize; i < TMAParamsSize; i++ {
-		if b[i] != 0 {
-			t.Fatalf("padding byte %d = %#x, want 0", i, b[i])
+	for _, v := range []Variant{{}, {Flat: true, FlatStaged: true}} {
+		n, size := v.TMAMaps(), v.TMAParamsSize()
+		if size%64 != 0 || size < 128*n+ParamsSize {
+			t.Fatalf("%d maps: TMAParamsSize %d", n, size)
 		}
+		maps := make([][128]byte, n)
+		for i := range maps {
+			for j := range maps[i] {
+				maps[i][j] = byte(i + 1)
+			}
+		}
+		p := Params{Q: 0x1111, K: 0x2222, N: 77}
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = 0xff
+		}
+		PackTMA(b, &p, maps...)
+		for i := 0; i < n; i++ {
+			if b[128*i] != byte(i+1) || b[128*i+127] != byte(i+1) {
+				t.Errorf("%d maps: map %d misplaced: % x", n, i, b[128*i:128*i+8])
+			}
+		}
+		at := 128 * n
+		if got := binary.LittleEndian.Uint64(b[at:]); got != p.Q {
+			t.Errorf("%d maps: params.q at %d = %#x, want %#x", n, at, got, p.Q)
+		}
+		if string(b[at:at+ParamsSize]) != string(p.Pack()) {
+			t.Errorf("%d maps: params bytes differ from Params.Pack", n)
+		}
+		for i := at + ParamsSize; i < size; i++ {
+			if b[i] != 0 {
+				t.Fatalf("%d maps: padding byte %d = %#x, want 0", n, i, b[i])
+			}
+		}
+	}
+	if TMAParamsSize != (Variant{}).TMAParamsSize() {
+		t.Errorf("TMAParamsSize %d, a three-map variant's %d", TMAParamsSize, (Variant{}).TMAParamsSize())
 	}
 }
 

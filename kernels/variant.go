@@ -147,8 +147,17 @@ type Variant struct {
 	// columns, its neighbours' elements around it. The kernel zeroes Q's
 	// columns outside [s, s + DK), which makes S exact whatever K holds
 	// there, and stores O's columns from s on. The padded head dims leave
-	// room for any shift: DKP − DK and DVP − DV at least 7 (FlatFits).
+	// room for any shift: DKP − DK and DVP − DV at least 7 (FlatFits),
+	// unless FlatStaged.
 	Flat bool
+	// FlatStaged, with Flat, reads the heads whose shift would run past
+	// the padded width (FlatStagedHeads; h·D mod 8 + D > FlatWidth(D)) from
+	// staging copies instead: the launch passes three more tensor maps, of
+	// q, k and v copies that hold only those heads, in order, zero past the
+	// head dim (the pack kernel's HeadMask). The other heads are read in
+	// place. For head dims with fewer than 7 padding columns (59, 127):
+	// most heads fit, and only the copies of the rest are made.
+	FlatStaged bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -239,12 +248,15 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged)
 }
 
-// flatSuffix is the name suffix of Flat variants.
-func flatSuffix(flat bool) string {
-	if flat {
+// flatSuffix is the name suffix of Flat (and FlatStaged) variants.
+func flatSuffix(flat, staged bool) string {
+	switch {
+	case flat && staged:
+		return "_flatstaged"
+	case flat:
 		return "_flat"
 	}
 	return ""
@@ -320,6 +332,9 @@ func (v Variant) Validate() error {
 	}
 	if v.Flat && (!v.TMA || v.Varlen || v.BlockM*(v.geom().dvp+8)*2 > v.SharedBytes()-1024) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: rows read in place (Flat) need tensor-map loads of a fixed-length batch and room to stage O")
+	}
+	if v.FlatStaged && !v.Flat {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: FlatStaged without Flat")
 	}
 	if v.WGMMA {
 		if err := v.validateHopper(); err != nil {

@@ -30,6 +30,8 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
   return r;
 }
+// __popc(x): the number of bits set in x
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return float2{a, b}; }
 
