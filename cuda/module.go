@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"strings"
@@ -243,12 +244,101 @@ func (f *Function) Attributes() (FuncAttributes, error) {
 	return a, nil
 }
 
-// launchScratch holds the argument block of cuLaunchKernel's extra array.
-// It lives on the heap (reached from the Device) and is used only on the
-// executor thread, one launch at a time.
+// launchScratch holds the argument block of cuLaunchKernel's extra array
+// and cuLaunchKernelEx's configuration. It lives on the heap (reached from
+// the Device) and is used only on the executor thread, one launch at a
+// time.
 type launchScratch struct {
 	args [1]uintptr // kernelParams: the address of the single parameter's bytes
 	buf  []byte
+	cfg  []byte // CUlaunchConfig, then one CUlaunchAttribute (launchConfigBytes + launchAttrBytes)
+}
+
+// The layout of cuLaunchKernelEx's CUlaunchConfig (grid and block dims,
+// shared bytes, stream, attribute array, attribute count) and of one
+// CUlaunchAttribute (id, padding, a 64-byte value union).
+const (
+	launchConfigBytes = 56
+	launchAttrBytes   = 72
+	// launchAttrProgrammaticSerialization is
+	// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+	launchAttrProgrammaticSerialization = 6
+)
+
+// LaunchEarly is Launch with programmatic dependent launch (compute
+// capability 9.0 and later): f may start before the kernel enqueued just
+// before it on s has finished, once every block of that kernel has run
+// griddepcontrol.launch_dependents or exited. Blocks of f that read what
+// that kernel writes must first run griddepcontrol.wait, which returns once
+// it has finished and its writes are visible; the work enqueued before it
+// has finished when f starts. A driver without cuLaunchKernelEx (before
+// CUDA 12) launches f as Launch does, after the kernel before it.
+func (d *Device) LaunchEarly(f *Function, grid, block [3]uint32, sharedBytes uint32, s *Stream, params []byte) error {
+	fn := d.api.lib.optionalSymbol("cuLaunchKernelEx")
+	if fn == 0 {
+		return d.Launch(f, grid, block, sharedBytes, s, params)
+	}
+	h, sh, err := d.launchHandles(f, grid, block, s)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		ls := d.launch
+		args := ls.setParams(params)
+		if ls.cfg == nil {
+			ls.cfg = heapBytes(launchConfigBytes + launchAttrBytes)
+		}
+		cfg := ls.cfg
+		clear(cfg)
+		le := binary.LittleEndian
+		for i, v := range []uint32{grid[0], grid[1], grid[2], block[0], block[1], block[2], sharedBytes} {
+			le.PutUint32(cfg[4*i:], v)
+		}
+		le.PutUint64(cfg[32:], uint64(sh))
+		le.PutUint64(cfg[40:], uint64(uintptr(unsafe.Pointer(&cfg[launchConfigBytes]))))
+		le.PutUint32(cfg[48:], 1)
+		attr := cfg[launchConfigBytes:]
+		le.PutUint32(attr[0:], launchAttrProgrammaticSerialization)
+		le.PutUint32(attr[8:], 1) // programmaticStreamSerializationAllowed
+		r := ccall(fn, uintptr(unsafe.Pointer(&cfg[0])), h, args, 0)
+		runtime.KeepAlive(ls)
+		runtime.KeepAlive(params)
+		return d.api.check(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, smem %d, programmatic)", f.name, grid, block, sharedBytes), r)
+	})
+}
+
+// launchHandles checks a launch's dims and returns the driver handles of
+// f and s.
+func (d *Device) launchHandles(f *Function, grid, block [3]uint32, s *Stream) (h, sh uintptr, err error) {
+	if h, err = f.handle(d); err != nil {
+		return 0, 0, err
+	}
+	for i := 0; i < 3; i++ {
+		if grid[i] == 0 || block[i] == 0 {
+			return 0, 0, argErrorf("launch of %s with grid %v, block %v", f.name, grid, block)
+		}
+	}
+	sh, err = d.streamHandle(s)
+	return h, sh, err
+}
+
+// setParams copies a launch's parameter bytes into the scratch and returns
+// the kernelParams array that points at them (0 for none).
+//
+// kernelParams (not the extra array's raw buffer): the driver copies the
+// parameter to the offset the kernel declares, which for a parameter
+// aligned past 16 bytes (a struct holding tensor maps, 64) need not be the
+// start of the parameter space.
+func (ls *launchScratch) setParams(params []byte) uintptr {
+	if len(params) == 0 {
+		return 0
+	}
+	if cap(ls.buf) < len(params) {
+		ls.buf = heapBytes(max(len(params), 256))
+	}
+	copy(ls.buf[:cap(ls.buf)], params)
+	ls.args[0] = uintptr(unsafe.Pointer(&ls.buf[0]))
+	return uintptr(unsafe.Pointer(&ls.args[0]))
 }
 
 // Launch enqueues kernel f on stream s (nil: the legacy default stream)
@@ -259,34 +349,13 @@ type launchScratch struct {
 // without parameters takes nil. Errors from the kernel's execution show up
 // at the next synchronizing call.
 func (d *Device) Launch(f *Function, grid, block [3]uint32, sharedBytes uint32, s *Stream, params []byte) error {
-	h, err := f.handle(d)
-	if err != nil {
-		return err
-	}
-	for i := 0; i < 3; i++ {
-		if grid[i] == 0 || block[i] == 0 {
-			return argErrorf("launch of %s with grid %v, block %v", f.name, grid, block)
-		}
-	}
-	sh, err := d.streamHandle(s)
+	h, sh, err := d.launchHandles(f, grid, block, s)
 	if err != nil {
 		return err
 	}
 	return d.do(func() error {
 		ls := d.launch
-		// kernelParams (not the extra array's raw buffer): the driver copies the
-		// parameter to the offset the kernel declares, which for a parameter
-		// aligned past 16 bytes (a struct holding tensor maps, 64) need not be
-		// the start of the parameter space
-		var args uintptr
-		if len(params) > 0 {
-			if cap(ls.buf) < len(params) {
-				ls.buf = heapBytes(max(len(params), 256))
-			}
-			copy(ls.buf[:cap(ls.buf)], params)
-			ls.args[0] = uintptr(unsafe.Pointer(&ls.buf[0]))
-			args = uintptr(unsafe.Pointer(&ls.args[0]))
-		}
+		args := ls.setParams(params)
 		r := ccall(d.api.cuLaunchKernel, h,
 			uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
 			uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),

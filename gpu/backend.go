@@ -288,8 +288,9 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	if err != nil {
 		return err
 	}
+	packed := false
 	if st != nil {
-		if err := b.enqueueStaging(s, st); err != nil {
+		if packed, err = b.enqueueStaging(s, st); err != nil {
 			return err
 		}
 	}
@@ -308,7 +309,13 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	} else {
 		l.params.PackInto(args)
 	}
-	if err := b.dev.Launch(kn.fn, l.grid, [3]uint32{uint32(l.v.Threads()), 1, 1}, uint32(l.v.SharedBytes()), s, args); err != nil {
+	launch := b.dev.Launch
+	if packed && l.v.FlatStaged {
+		// the heads read in place need nothing of the pack kernel just enqueued: the forward starts
+		// alongside it, and only the blocks of staged heads wait for it (griddep_wait)
+		launch = b.dev.LaunchEarly
+	}
+	if err := launch(kn.fn, l.grid, [3]uint32{uint32(l.v.Threads()), 1, 1}, uint32(l.v.SharedBytes()), s, args); err != nil {
 		return fmt.Errorf("gpu: launch %s: %w", l.v.Name(), err)
 	}
 	return nil

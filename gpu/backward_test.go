@@ -593,28 +593,8 @@ func TestBackwardWholeStep(t *testing.T) {
 	defer s.Close()
 	c := bwdCase{name: "step", b: 2, n: 256, m: 256, h: 4, hkv: 2, dk: 64, dv: 64, causal: true, dropout: 0.1, deterministic: true}
 	in := c.inputs(t, attn.BFloat16, 21)
-	var bufs []DeviceTensor
-	defer func() {
-		for _, x := range bufs {
-			_ = x.Free()
-		}
-	}()
-	up := func(x attn.Tensor) DeviceTensor {
-		d, err := b.upload(x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bufs = append(bufs, d)
-		return d
-	}
-	alloc := func(dt attn.DType, shape ...int) DeviceTensor {
-		d, err := NewDeviceTensor(dev, dt, shape...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bufs = append(bufs, d)
-		return d
-	}
+	bufs := newTestBufs(t, b)
+	up, alloc := bufs.upload, bufs.alloc
 	q, k, v, dO := up(in.q), up(in.k), up(in.v), up(in.dO)
 	o := alloc(attn.BFloat16, in.p.OutputShape()...)
 	lse := alloc(attn.Float32, in.p.LSEShape()...)
@@ -675,30 +655,9 @@ func TestBackwardWholeStep(t *testing.T) {
 	checkGrad(t, "dQ", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[0], in.q.Shape), ref.DQ, naive.DQ)
 	checkGrad(t, "dK", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[1], in.k.Shape), ref.DK, naive.DK)
 	checkGrad(t, "dV", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[2], in.v.Shape), ref.DV, naive.DV)
-	if err := s.BeginCapture(cuda.CaptureThreadLocal); err != nil {
-		t.Fatal(err)
-	}
-	step()
-	graph, err := s.EndCapture()
-	if err != nil {
-		t.Fatalf("capture: %v", err)
-	}
+	graph := captureGraph(t, s, step)
 	defer graph.Close()
-	for rep := 0; rep < 2; rep++ {
-		poison()
-		if err := graph.Launch(s); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Synchronize(); err != nil {
-			t.Fatal(err)
-		}
-		got := read()
-		for i := range got {
-			if !bytes.Equal(got[i], eager[i]) {
-				t.Fatalf("graph replay %d: gradient %d differs from the eager run", rep, i)
-			}
-		}
-	}
+	checkReplays(t, s, graph, 2, poison, func() [][]byte { r := read(); return r[:] }, eager[:])
 }
 
 // bwdPrewarm compiles variants concurrently (NVRTC is thread-safe), so

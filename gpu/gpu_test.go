@@ -659,3 +659,166 @@ func TestHugeTensor(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardGraphFlatStaged captures a forward whose staged heads come
+// from the pack kernel it was launched early after (kernels.Variant.FlatStaged,
+// cuda.Device.LaunchEarly) in a CUDA graph, and checks that replays
+// reproduce the eager run bit for bit and that the eager run is right.
+func TestForwardGraphFlatStaged(t *testing.T) {
+	b := fwdBackend(t)
+	dev := b.Device()
+	s, err := dev.NewStreamNonBlocking()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pr := fwdProblem{name: "graph-d59", dt: attn.BFloat16, b: 2, n: 300, m: 260, h: 16, hkv: 16, dk: 59, dv: 59, opt: attn.Options{Causal: true}}
+	q, k, v, opt := pr.inputs(77)
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bufs := newTestBufs(t, b)
+	dq, dk, dv := bufs.upload(q), bufs.upload(k), bufs.upload(v)
+	o, lse := bufs.alloc(pr.dt, p.OutputShape()...), bufs.alloc(attn.Float32, p.LSEShape()...)
+	dopt := DeviceOptions{Options: opt}
+	wsBytes, err := b.PrepareForward(dq, dk, dv, o, lse, dopt)
+	if err != nil {
+		t.Fatalf("PrepareForward: %v", err)
+	}
+	if wsBytes == 0 {
+		t.Fatal("PrepareForward: no staging for an odd head dim")
+	}
+	ws, err := dev.Alloc(wsBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Free()
+	dopt.Staging = ws
+	if vr, err := b.Variant(dq, dk, dv, o, lse, dopt); err != nil || vr.FlatStaged != (b.WGMMA && b.TMA) {
+		t.Fatalf("variant %s (err %v): FlatStaged = %v, want %v", vr.Name(), err, vr.FlatStaged, b.WGMMA && b.TMA)
+	}
+	read := func() [2][]byte {
+		var out [2][]byte
+		for i, x := range []DeviceTensor{o, lse} {
+			out[i] = make([]byte, x.NumElements()*x.DType.Size())
+			if err := dev.CopyFromDevice(out[i], x.Buf, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	if err := b.ForwardDevice(s, dq, dk, dv, o, lse, dopt); err != nil {
+		t.Fatalf("ForwardDevice: %v", err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	eager := read()
+	fwdCheck(t, pr.dt, q, k, v, opt, attn.Result{O: tensorFromBytes(pr.dt, eager[0], p.OutputShape()), LSE: tensorFromBytes(attn.Float32, eager[1], p.LSEShape())})
+	poison := func() {
+		for _, x := range []*cuda.Buffer{o.Buf, lse.Buf, ws} {
+			if err := dev.Memset8(x, bwdPoison); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// eager repeats on a poisoned workspace: a block of a staged head that read its copies before the
+	// pack kernel wrote them would read the poison
+	for rep := 0; rep < 20; rep++ {
+		poison()
+		if err := b.ForwardDevice(s, dq, dk, dv, o, lse, dopt); err != nil {
+			t.Fatalf("ForwardDevice: %v", err)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		got := read()
+		for i := range got {
+			if !bytes.Equal(got[i], eager[i]) {
+				t.Fatalf("repeat %d: output %d differs from the first run", rep, i)
+			}
+		}
+	}
+	graph := captureGraph(t, s, func() {
+		if err := b.ForwardDevice(s, dq, dk, dv, o, lse, dopt); err != nil {
+			t.Fatalf("ForwardDevice in capture: %v", err)
+		}
+	})
+	defer graph.Close()
+	checkReplays(t, s, graph, 3, poison, func() [][]byte { r := read(); return r[:] }, eager[:])
+}
+
+// captureGraph captures what enqueue enqueues on s in a CUDA graph.
+func captureGraph(t *testing.T, s *cuda.Stream, enqueue func()) *cuda.Graph {
+	t.Helper()
+	if err := s.BeginCapture(cuda.CaptureThreadLocal); err != nil {
+		t.Fatal(err)
+	}
+	enqueue()
+	graph, err := s.EndCapture()
+	if err != nil {
+		t.Fatalf("capture: %v", err)
+	}
+	return graph
+}
+
+// checkReplays launches graph on s reps times, each after poison, and
+// fails t unless read returns want every time, byte for byte.
+func checkReplays(t *testing.T, s *cuda.Stream, graph *cuda.Graph, reps int, poison func(), read func() [][]byte, want [][]byte) {
+	t.Helper()
+	for rep := 0; rep < reps; rep++ {
+		poison()
+		if err := graph.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		for i, got := range read() {
+			if !bytes.Equal(got, want[i]) {
+				t.Fatalf("graph replay %d: output %d differs from the eager run", rep, i)
+			}
+		}
+	}
+}
+
+// testBufs holds a device test's tensors and frees them when it ends.
+type testBufs struct {
+	t  *testing.T
+	b  *Backend
+	ts []DeviceTensor
+}
+
+// newTestBufs returns an empty testBufs for t on b's device.
+func newTestBufs(t *testing.T, b *Backend) *testBufs {
+	tb := &testBufs{t: t, b: b}
+	t.Cleanup(func() {
+		for _, x := range tb.ts {
+			_ = x.Free()
+		}
+	})
+	return tb
+}
+
+// upload copies x to the device.
+func (tb *testBufs) upload(x attn.Tensor) DeviceTensor {
+	tb.t.Helper()
+	d, err := tb.b.upload(x)
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	tb.ts = append(tb.ts, d)
+	return d
+}
+
+// alloc allocates a contiguous device tensor.
+func (tb *testBufs) alloc(dt attn.DType, shape ...int) DeviceTensor {
+	tb.t.Helper()
+	d, err := NewDeviceTensor(tb.b.Device(), dt, shape...)
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	tb.ts = append(tb.ts, d)
+	return d
+}

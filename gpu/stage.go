@@ -179,18 +179,20 @@ func (b *Backend) PrepareForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions
 	return st.bytes, nil
 }
 
-// enqueueStaging enqueues the pack launch of st on s (one for q, k and v).
-func (b *Backend) enqueueStaging(s *cuda.Stream, st *fwdStaging) error {
+// enqueueStaging enqueues the pack launch of st on s (one for q, k and v)
+// and reports whether there was one (there is none when no tensor has rows
+// to copy).
+func (b *Backend) enqueueStaging(s *cuda.Stream, st *fwdStaging) (bool, error) {
 	fn, err := b.packFunction()
 	if err != nil {
-		return err
+		return false, err
 	}
 	g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 	if g[0] == 0 || g[1] == 0 {
-		return nil
+		return false, nil
 	}
 	if err := b.dev.Launch(fn, g, [3]uint32{kernels.PackThreads, 1, 1}, kernels.PackSharedBytes, s, args); err != nil {
-		return fmt.Errorf("gpu: launch %s: %w", kernels.PackKernel, err)
+		return false, fmt.Errorf("gpu: launch %s: %w", kernels.PackKernel, err)
 	}
-	return nil
+	return true, nil
 }

@@ -98,7 +98,9 @@ func FlatStagedIndex(h int, mask uint8) int {
 }
 
 // flatStagedHeadSource is flat_staged_head, the kernel's FlatStagedIndex for
-// the heads FlatStagedHeads selects.
+// the heads FlatStagedHeads selects, and griddep_wait, with which the
+// blocks of staged heads wait for the pack kernel when the forward was
+// launched early after it (cuda.Device.LaunchEarly).
 const flatStagedHeadSource = `// flat_staged_head returns the index of head h among the heads whose shift (h·d mod 8) runs past the
 // padded width w (h ≡ r mod 8 with (r·d mod 8) + d > w): their position in the staging copies, which
 // hold only them, in order of h
@@ -111,5 +113,14 @@ DEV int flat_staged_head(int h, int d, int w) {
     before += r < (h & 7) ? st : 0;
   }
   return (h >> 3) * per8 + before;
+}
+
+// griddep_wait waits until the kernel this one was launched early after (a programmatic dependent launch
+// behind the pack kernel that makes the staging copies) has finished and its writes are visible; without
+// such a launch it returns at once
+DEV void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 `

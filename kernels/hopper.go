@@ -568,6 +568,9 @@ func (x *gen) tmaCoords() string {
   const int cq_ = stk ? 0 : (h * p.d_k) & ~7, ck_ = stk ? 0 : (kvh * p.d_k) & ~7, cv_ = stv ? 0 : (kvh * p.d_v) & ~7;
   const int sq_ = stk ? 0 : (h * p.d_k) & 7, sv_ = stv ? 0 : (kvh * p.d_v) & 7;
   (void)sv_;
+  // the launch may have started before the pack kernel that makes the copies finished (LaunchEarly): a
+  // block that reads them waits for it; the others read q, k and v, which were written before the pack
+  if (stk || stv) griddep_wait();
 `, FlatWidth(x.v.DK), FlatWidth(x.v.DV))
 }
 

@@ -204,6 +204,11 @@ static_assert(sizeof(PackParams) == %[5]d, "PackParams size differs from the Go 
 struct PackArgs { PackParams t[3]; };
 %[3]s
 extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // a forward launched early after this copy (programmatic dependent launch) may start now: its blocks
+  // that read the copies wait for this grid to finish (griddepcontrol.wait)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   // this block's tensor, field by field (no dynamic index into the parameter space)
   const int z = blockIdx.z;
 #define PICK(f) (z == 0 ? a.t[0].f : z == 1 ? a.t[1].f : a.t[2].f)
