@@ -124,9 +124,12 @@ type DeviceOptions struct {
 	// Hopper forward reads such rows in place instead, with no staging,
 	// where their layout allows it (kernels.Variant.Flat: fixed-length,
 	// one query head per key head, heads contiguous, H·D a multiple of 8
-	// and at least 7 columns of padding up to the next multiple of 16; the
+	// and room for every head's shift up to the next multiple of 16; the
 	// backward likewise, kernels.BwdVariant.Flat); PrepareForward then
-	// returns 0. The backward does not read it.
+	// returns 0. Where fewer than half the heads lack that room (D = 59:
+	// two in eight), only those are copied and the rest read in place
+	// (kernels.Variant.FlatStaged), and PrepareForward returns the smaller
+	// size. The backward does not read it.
 	Staging *cuda.Buffer
 }
 
