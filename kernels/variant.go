@@ -147,16 +147,20 @@ type Variant struct {
 	// columns, its neighbours' elements around it. The kernel zeroes Q's
 	// columns outside [s, s + DK), which makes S exact whatever K holds
 	// there, and stores O's columns from s on. The padded head dims leave
-	// room for any shift: DKP − DK and DVP − DV at least 7 (FlatFits),
-	// unless FlatStaged.
+	// room for every head's shift (FlatStagedHeads is 0: 7 columns, FlatFits,
+	// hold any shift; D = 60 has only the shifts 0 and 4), unless
+	// FlatStaged.
 	Flat bool
 	// FlatStaged, with Flat, reads the heads whose shift would run past
 	// the padded width (FlatStagedHeads; h·D mod 8 + D > FlatWidth(D)) from
 	// staging copies instead: the launch passes three more tensor maps, of
 	// q, k and v copies that hold only those heads, in order, zero past the
 	// head dim (the pack kernel's HeadMask). The other heads are read in
-	// place. For head dims with fewer than 7 padding columns (59, 127):
-	// most heads fit, and only the copies of the rest are made.
+	// place. For head dims with fewer than 7 padding columns where most
+	// heads fit (59, 123, 187: six in eight), only the copies of the rest
+	// are made. The launch may start before the pack kernel that makes
+	// them has finished (cuda.Device.LaunchEarly): the blocks of staged
+	// heads wait for it (griddepcontrol.wait), the others do not.
 	FlatStaged bool
 }
 
