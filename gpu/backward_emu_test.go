@@ -167,7 +167,7 @@ func emuCases() []bwdCase {
 		{name: "d256", b: 1, n: 65, m: 70, h: 1, hkv: 1, dk: 256, dv: 256, dropout: 0.1, dtypes: bf},
 		// odd head dims the Hopper kernels read in place with tensor maps (flat rows; eight heads or
 		// more take every shift); the emulator's other kernels run them staged
-		{name: "flat-d199-causal", b: 2, n: 70, m: 90, h: 8, hkv: 8, dk: 199, dv: 199, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
+		{name: "flat-d199-causal", b: 2, n: 70, m: 90, h: 16, hkv: 16, dk: 199, dv: 199, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "flat-d201-185-softcap-bias-dropout", b: 1, n: 40, m: 70, h: 8, hkv: 8, dk: 201, dv: 185, softcap: 4, bias: []int{1, 8}, biasGrad: true, dropout: 0.1, dtypes: bf},
 		{name: "flat-d121-window", b: 1, n: 60, m: 80, h: 16, hkv: 16, dk: 121, dv: 121, window: &attn.Window{Left: 20, Right: 5}, dtypes: bf},
 	}

@@ -115,7 +115,8 @@ type BwdVariant struct {
 	// Flat has the Hopper kernels read q, k, v and dO of such head dims in
 	// place, as the forward's Variant.Flat does: tensor maps over a
 	// position's concatenated heads for the streamed tiles, 16-byte copies
-	// from the head's start rounded down to 8 elements for the tiles loaded
+	// from flat_shift columns before the head's start (a multiple of 16
+	// elements where the head fits after it, else of 8) for the tiles loaded
 	// once, those tiles' columns outside the shifted head zeroed (which
 	// makes S and dP exact), and every gradient stored from its shift (the
 	// atomic dQ accumulator keeps K's shifted columns; the conversion

@@ -311,12 +311,12 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 
 // flatAccShift returns, for Flat variants, the term added to a dQ column
 // to find it in the atomic accumulator, which holds K's shifted columns
-// (one query head per key head: the shift of head h, (h·DK) mod 8).
+// (one query head per key head: the shift of head h, flat_shift).
 func flatAccShift(v BwdVariant) string {
 	if !v.Flat {
 		return ""
 	}
-	return fmt.Sprintf(" + ((h * %d) & 7)", v.DK)
+	return fmt.Sprintf(" + flat_shift(h, %d, %d)", v.DK, v.DKPad())
 }
 
 func (g *bwdGen) convertKernel(b *strings.Builder) {

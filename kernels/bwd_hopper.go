@@ -240,9 +240,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 `, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
 	kl, vl := "", ""
 	if v.Flat {
-		b.WriteString(`  // flat rows: k and v tiles from the head's start rounded down to 8 elements, the head shifted
+		b.WriteString(`  // flat rows: k and v tiles from flat_shift columns before the head's start, the head shifted
   // right by sk_ (k; with one query head per key head also q and dK) and sv_ (v, dO and dV) columns
-  const int sk_ = (kvh * DK) & 7, sv_ = (kvh * DV) & 7;
+  const int sk_ = flat_shift(kvh, DK, DKP), sv_ = flat_shift(kvh, DV, DVP);
   gk -= sk_;
   gv -= sv_;
 `)
@@ -561,9 +561,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
 	qa, da, ql, dl := g.in("q").at("i0", "h"), g.in("do").at("i0", "h"), "", ""
 	if v.Flat {
-		b.WriteString(`// flat rows: q and dO tiles from the head's start rounded down to 8 elements, the head shifted right
+		b.WriteString(`// flat rows: q and dO tiles from flat_shift columns before the head's start, the head shifted right
   // by sq_ (q; with one query head per key head also k and dQ) and sdo_ (dO, v) columns
-  const int sq_ = (h * DK) & 7, sdo_ = (h * DV) & 7;
+  const int sq_ = flat_shift(h, DK, DKP), sdo_ = flat_shift(h, DV, DVP);
   `)
 		qa, da, ql, dl = "("+qa+") - sq_", "("+da+") - sdo_", ", sq_ + DK", ", sdo_ + DV"
 	}
@@ -664,11 +664,12 @@ func (g *bwdGen) flatLimit(sh, d string) string {
 }
 
 // tmaHead returns the head and column arguments (head, batch, first column)
-// of a streamed tile's boxes for head h of a tensor with head dim d: head h
-// from column 0, or with Flat head 0 from h·d rounded down to 8.
+// of a streamed tile's boxes for head h of a tensor with head dim d (a
+// constant of the kernel, its padded width d + "P"): head h from column 0,
+// or with Flat head 0 from flat_shift columns before h·d.
 func (g *bwdGen) tmaHead(h, d string) string {
 	if g.v.Flat {
-		return fmt.Sprintf("0, b, (%s * %s) & ~7", h, d)
+		return fmt.Sprintf("0, b, %[1]s * %[2]s - flat_shift(%[1]s, %[2]s, %[2]sP)", h, d)
 	}
 	return h + ", b"
 }

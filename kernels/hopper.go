@@ -534,9 +534,10 @@ func (x *gen) hopperPrologueLoads() {
 // tmaCoords writes the tensor-map coordinates of the CTA's tiles: the map
 // (mq_, mk_, mv_), head index (hq_, hk_, hv_) and first column (cq_, ck_,
 // cv_) of the boxes of Q, K and V; with Flat, the head index is 0 and the
-// column is the head's start in the concatenated heads rounded down to 8,
-// and sq_, sv_ are the shifts of Q (and K: one query head per key head)
-// and of V. With FlatStaged, a head whose shift would run past the padded
+// column is flat_shift columns before the head's start in the concatenated
+// heads (a multiple of 16 where the head fits after it, else of 8), and
+// sq_, sk_, sv_ are the shifts of Q, K (the same: one query head per key
+// head) and V. With FlatStaged, a head whose shift would run past the padded
 // width takes the staging copies' maps instead (shift 0, its index among
 // the staged heads).
 func (x *gen) tmaCoords() string {
@@ -547,16 +548,17 @@ func (x *gen) tmaCoords() string {
 `
 	}
 	s := `  // tensor-map coordinates (column, row, head, batch) over flat rows: head h's elements start at column
-  // h·d_k of its position's row; the boxes start at that column rounded down to 8 (16 bytes), so the tile
-  // holds the head shifted right by sq_ (Q and K: one query head per key head) or sv_ (V) columns
+  // h·d_k of its position's row; the boxes start flat_shift columns before it (at a multiple of 16 or 8),
+  // so the tile holds the head shifted right by sq_ (Q; K by sk_, the same with one query head per key
+  // head) or sv_ (V) columns
 `
 	if !x.v.FlatStaged {
-		return s + `  const TensorMap *mq_ = &tp.q, *mk_ = &tp.k, *mv_ = &tp.v;
+		return s + fmt.Sprintf(`  const TensorMap *mq_ = &tp.q, *mk_ = &tp.k, *mv_ = &tp.v;
   const int hq_ = 0, hk_ = 0, hv_ = 0;
-  const int cq_ = (h * p.d_k) & ~7, ck_ = (kvh * p.d_k) & ~7, cv_ = (kvh * p.d_v) & ~7;
-  const int sq_ = (h * p.d_k) & 7, sv_ = (kvh * p.d_v) & 7;
+  const int sq_ = flat_shift(h, p.d_k, %[1]d), sk_ = flat_shift(kvh, p.d_k, %[1]d), sv_ = flat_shift(kvh, p.d_v, %[2]d);
+  const int cq_ = h * p.d_k - sq_, ck_ = kvh * p.d_k - sk_, cv_ = kvh * p.d_v - sv_;
   (void)sv_;
-`
+`, FlatWidth(x.v.DK), FlatWidth(x.v.DV))
 	}
 	return s + fmt.Sprintf(`  // ... unless the shift would run past the padded width (FlatWidth: %[1]d columns for q and k, %[2]d for
   // v): such a head comes from the staging copies, which hold only those heads, in order, zero past the
@@ -565,8 +567,9 @@ func (x *gen) tmaCoords() string {
   const TensorMap *mq_ = stk ? &tp.qs : &tp.q, *mk_ = stk ? &tp.ks : &tp.k, *mv_ = stv ? &tp.vs : &tp.v;
   const int hq_ = stk ? flat_staged_head(h, p.d_k, %[1]d) : 0, hk_ = stk ? flat_staged_head(kvh, p.d_k, %[1]d) : 0;
   const int hv_ = stv ? flat_staged_head(kvh, p.d_v, %[2]d) : 0;
-  const int cq_ = stk ? 0 : (h * p.d_k) & ~7, ck_ = stk ? 0 : (kvh * p.d_k) & ~7, cv_ = stv ? 0 : (kvh * p.d_v) & ~7;
-  const int sq_ = stk ? 0 : (h * p.d_k) & 7, sv_ = stv ? 0 : (kvh * p.d_v) & 7;
+  const int sq_ = stk ? 0 : flat_shift(h, p.d_k, %[1]d), sk_ = stk ? 0 : flat_shift(kvh, p.d_k, %[1]d);
+  const int sv_ = stv ? 0 : flat_shift(kvh, p.d_v, %[2]d);
+  const int cq_ = stk ? 0 : h * p.d_k - sq_, ck_ = stk ? 0 : kvh * p.d_k - sk_, cv_ = stv ? 0 : kvh * p.d_v - sv_;
   (void)sv_;
   // the launch may have started before the pack kernel that makes the copies finished (LaunchEarly): a
   // block that reads them waits for it; the others read q, k and v, which were written before the pack

@@ -132,7 +132,7 @@ DEV void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, int
                ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 // tma_rows issues ATOMS boxes of [ROWS][64 columns] (rows row0.., one head and batch element,
-// columns from col0: 0, or a flat map's head start rounded down to 8) into the swizzled
+// columns from col0: 0, or where a flat map's head's boxes start, flat_shift before it) into the swizzled
 // [ATOMS][ROWS][64] tile at dst, box a at dst + a·ROWS·128, completing on bar (whose bytes the
 // caller announces; out-of-bounds parts count too, as zeros)
 template <int ROWS, int ATOMS>
