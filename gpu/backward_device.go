@@ -542,13 +542,14 @@ func (pl *bwdPlan) tryTMA(v kernels.BwdVariant) bool {
 // useFlat switches a staged Hopper plan to reading q, k, v and dO in place
 // over flat rows (kernels.BwdVariant.Flat) where they allow it: 16-bit, one
 // query head per key head, room for the shift (kernels.FlatFits), layouts
-// kernels.FlatRowsOK takes, and maps the encoder takes. The staging
+// kernels.FlatRowsOK takes (o's too: the preprocess reads o and dO over
+// flat rows), and maps the encoder takes. The staging
 // buffers of the workspace then go unused. It reports whether it switched.
 func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 	if dt.Size() != 2 || p.H != p.Hkv || !kernels.FlatFits(p.DK, p.DV) {
 		return false
 	}
-	for i, t := range []bwdView{a.Q, a.K, a.V, a.DO} {
+	for i, t := range []bwdView{a.Q, a.K, a.V, a.DO, a.O} {
 		d := p.DK
 		if i >= 2 {
 			d = p.DV

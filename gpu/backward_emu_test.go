@@ -1,7 +1,9 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -116,6 +118,9 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 		}
 	}
 	emuExec(t, bin, pl.v.Key(), args(kernels.BwdPreKernel), ar, launches, params2)
+	if !in.p.Varlen {
+		checkDelta(t, ar.at(a.Workspace+uint64(pl.w.delta), 4*in.p.B*in.p.H*in.p.N), pl.w, in)
+	}
 	ts := make([]attn.Tensor, len(outs))
 	for i, o := range outs {
 		ts[i] = ar.read(t, i, o)
@@ -125,6 +130,32 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 		g.DBias = &ts[3]
 	}
 	return g
+}
+
+// checkDelta compares the preprocess's Delta (the workspace's bytes at
+// delta) with rowsum(dO∘O) in float64, to within fp32 rounding of the sum
+// of the products' magnitudes: a term missed or taken from a neighbouring
+// head fails it, where the gradients' tolerance could absorb it.
+func checkDelta(t *testing.T, delta []byte, w bwdWorkspace, in bwdInputs) {
+	t.Helper()
+	p := in.p
+	for b := 0; b < p.B; b++ {
+		for h := 0; h < p.H; h++ {
+			for i := 0; i < p.N; i++ {
+				var want, mag float64
+				for d := 0; d < p.DV; d++ {
+					x := float64(in.o.At(b, i, h, d)) * float64(in.dO.At(b, i, h, d))
+					want += x
+					mag += math.Abs(x)
+				}
+				at := 4 * (int64(b)*w.statBatch + int64(h)*w.statHead + int64(i))
+				got := float64(math.Float32frombits(binary.LittleEndian.Uint32(delta[at:])))
+				if math.Abs(got-want) > 1e-5*mag+1e-6 {
+					t.Fatalf("Delta (batch %d, head %d, row %d) = %g, want %g", b, h, i, got, want)
+				}
+			}
+		}
+	}
 }
 
 // headMajorView stores a [B, N, H, D] tensor in the arena as [B, H, N, D]

@@ -291,8 +291,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
     const T* go = p.o + b * p.o_sb + (qr0 + i) * p.o_sr + h * p.o_sh;
     const T* gd = p.dout + b * p.do_sb + (qr0 + i) * p.do_sr + h * p.do_sh;
     float acc = 0.f;
-    for (int d = lane; d < %d; d += 32) acc = fmaf(t_to_f(go[d]), t_to_f(gd[d]), acc);
-#pragma unroll
+%s#pragma unroll
     for (int s = 16; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
     if (lane == 0) {
       const long long si = b * p.stat_sb + h * p.stat_sh + qr0 + i;
@@ -300,13 +299,42 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
       p.delta[si] = acc;
       p.lse2[si] = l == -FA_INF ? FA_INF : l * FA_LOG2E;
     }
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DV)
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, preRowDot(v))
 	if v.AtomicDQ {
 		fmt.Fprintf(b, `    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     for (int d = lane; d < %d; d += 32) gq[d] = 0.f;  // the whole padded row: vector adds touch it
 `, BwdDQAccDim(v.DK))
 	}
 	b.WriteString("  }\n}\n\n")
+}
+
+// preRowDot returns the preprocess's loop that sums go[d]·gd[d] over the
+// row's DV elements into acc (lane lane of a warp): element by element,
+// or for Flat variants, whose rows of O and dO are flat rows (a position's
+// heads back to back, 16-byte aligned, H·DV a multiple of 8), in the
+// 16-byte units the head overlaps, one load of each per lane and unit.
+func preRowDot(v BwdVariant) string {
+	if !v.Flat {
+		return fmt.Sprintf("    for (int d = lane; d < %d; d += 32) acc = fmaf(t_to_f(go[d]), t_to_f(gd[d]), acc);\n", v.DV)
+	}
+	return fmt.Sprintf(`    {
+      // flat rows: the head starts s elements into its 16-byte unit; the units it overlaps end within
+      // the position's row (H·DV is a multiple of 8)
+      const int s = (h * %[1]d) & 7;
+      const uint4* uo = reinterpret_cast<const uint4*>(go - s);
+      const uint4* ud = reinterpret_cast<const uint4*>(gd - s);
+      for (int c = lane; 8 * c < s + %[1]d; c += 32) {
+        const uint4 xo = uo[c], xd = ud[c];
+        const T* eo = reinterpret_cast<const T*>(&xo);
+        const T* ed = reinterpret_cast<const T*>(&xd);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const int e = 8 * c + j - s;  // the head's element
+          if (e >= 0 && e < %[1]d) acc = fmaf(t_to_f(eo[j]), t_to_f(ed[j]), acc);
+        }
+      }
+    }
+`, v.DV)
 }
 
 // flatAccShift returns, for Flat variants, the term added to a dQ column
