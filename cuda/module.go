@@ -289,22 +289,30 @@ func (d *Device) LaunchEarly(f *Function, grid, block [3]uint32, sharedBytes uin
 			ls.cfg = heapBytes(launchConfigBytes + launchAttrBytes)
 		}
 		cfg := ls.cfg
-		clear(cfg)
-		le := binary.LittleEndian
-		for i, v := range []uint32{grid[0], grid[1], grid[2], block[0], block[1], block[2], sharedBytes} {
-			le.PutUint32(cfg[4*i:], v)
-		}
-		le.PutUint64(cfg[32:], uint64(sh))
-		le.PutUint64(cfg[40:], uint64(uintptr(unsafe.Pointer(&cfg[launchConfigBytes]))))
-		le.PutUint32(cfg[48:], 1)
-		attr := cfg[launchConfigBytes:]
-		le.PutUint32(attr[0:], launchAttrProgrammaticSerialization)
-		le.PutUint32(attr[8:], 1) // programmaticStreamSerializationAllowed
+		putEarlyLaunchConfig(cfg, grid, block, sharedBytes, sh, uint64(uintptr(unsafe.Pointer(&cfg[launchConfigBytes]))))
 		r := ccall(fn, uintptr(unsafe.Pointer(&cfg[0])), h, args, 0)
 		runtime.KeepAlive(ls)
 		runtime.KeepAlive(params)
 		return d.api.check(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, smem %d, programmatic)", f.name, grid, block, sharedBytes), r)
 	})
+}
+
+// putEarlyLaunchConfig writes into cfg (launchConfigBytes +
+// launchAttrBytes) a CUlaunchConfig for grid, block, sharedBytes and
+// stream sh whose one attribute, at device-visible address attrAddr (that
+// of cfg[launchConfigBytes:]), allows programmatic stream serialization.
+func putEarlyLaunchConfig(cfg []byte, grid, block [3]uint32, sharedBytes uint32, sh uintptr, attrAddr uint64) {
+	clear(cfg[:launchConfigBytes+launchAttrBytes])
+	le := binary.LittleEndian
+	for i, v := range []uint32{grid[0], grid[1], grid[2], block[0], block[1], block[2], sharedBytes} {
+		le.PutUint32(cfg[4*i:], v)
+	}
+	le.PutUint64(cfg[32:], uint64(sh)) // hStream, after 4 bytes of padding
+	le.PutUint64(cfg[40:], attrAddr)   // attrs
+	le.PutUint32(cfg[48:], 1)          // numAttrs
+	attr := cfg[launchConfigBytes:]
+	le.PutUint32(attr[0:], launchAttrProgrammaticSerialization) // id, then 4 bytes of padding
+	le.PutUint32(attr[8:], 1)                                   // value.programmaticStreamSerializationAllowed
 }
 
 // launchHandles checks a launch's dims and returns the driver handles of

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 )
 
@@ -81,5 +82,51 @@ func TestAsBytes(t *testing.T) {
 	}
 	if AsBytes([]uint64(nil)) != nil {
 		t.Error("AsBytes(nil) != nil")
+	}
+}
+
+// TestEarlyLaunchConfig checks the bytes LaunchEarly hands cuLaunchKernelEx
+// against cuda.h's layouts: CUlaunchConfig (seven 32-bit dims and sizes,
+// the stream at 32, the attribute array at 40, its count at 48: 56 bytes)
+// and one CUlaunchAttribute (the id, padding to 8, a 64-byte value union
+// whose first int is programmaticStreamSerializationAllowed).
+func TestEarlyLaunchConfig(t *testing.T) {
+	cfg := make([]byte, launchConfigBytes+launchAttrBytes)
+	for i := range cfg {
+		cfg[i] = 0xee // everything not written below must come out zero
+	}
+	putEarlyLaunchConfig(cfg, [3]uint32{7, 8, 9}, [3]uint32{256, 1, 2}, 4096, 0x1234, 0xabcdef)
+	le := binary.LittleEndian
+	want := map[int]uint64{0: 7, 4: 8, 8: 9, 12: 256, 16: 1, 20: 2, 24: 4096}
+	for off, v := range want {
+		if got := le.Uint32(cfg[off:]); uint64(got) != v {
+			t.Errorf("config word at %d = %d, want %d", off, got, v)
+		}
+	}
+	if got := le.Uint32(cfg[28:]); got != 0 {
+		t.Errorf("padding after sharedMemBytes = %#x", got)
+	}
+	if got := le.Uint64(cfg[32:]); got != 0x1234 {
+		t.Errorf("hStream = %#x", got)
+	}
+	if got := le.Uint64(cfg[40:]); got != 0xabcdef {
+		t.Errorf("attrs = %#x", got)
+	}
+	if got := le.Uint32(cfg[48:]); got != 1 {
+		t.Errorf("numAttrs = %d", got)
+	}
+	attr := cfg[launchConfigBytes:]
+	if got := le.Uint32(attr[0:]); got != launchAttrProgrammaticSerialization || launchAttrProgrammaticSerialization != 6 {
+		t.Errorf("attribute id = %d, want CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (6)", got)
+	}
+	if got := le.Uint32(attr[8:]); got != 1 {
+		t.Errorf("programmaticStreamSerializationAllowed = %d", got)
+	}
+	for i, b := range cfg {
+		if (i >= 52 && i < launchConfigBytes) || (i >= launchConfigBytes+4 && i < launchConfigBytes+8) || i >= launchConfigBytes+12 {
+			if b != 0 {
+				t.Fatalf("byte %d = %#x, want 0 (padding or the rest of the value union)", i, b)
+			}
+		}
 	}
 }
