@@ -16,7 +16,11 @@ import (
 // asynchronous copies. Given DeviceOptions.Staging, ForwardDevice first
 // copies such q, k and v (one pack launch for the three) into workspace rows
 // padded to a multiple of 16 elements (kernels.StagedDim) and runs the
-// 16-byte-copy kernel on the copies.
+// 16-byte-copy kernel on the copies. Where the Hopper forward reads most
+// heads in place over flat rows (kernels.Variant.FlatStaged: D = 59, two
+// heads in eight past the padded width), only the other heads are copied
+// (kernels.PackParams.HeadMask), and the forward starts alongside the copy
+// (cuda.Device.LaunchEarly), its staged heads' blocks waiting for it.
 
 // fwdStaging is the staging plan of one forward call: for q, k and v, the
 // view of its copy in the workspace and its slot of the pack launch
