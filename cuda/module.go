@@ -278,22 +278,13 @@ func (d *Device) LaunchEarly(f *Function, grid, block [3]uint32, sharedBytes uin
 	if fn == 0 {
 		return d.Launch(f, grid, block, sharedBytes, s, params)
 	}
-	h, sh, err := d.launchHandles(f, grid, block, s)
-	if err != nil {
-		return err
-	}
-	return d.do(func() error {
-		ls := d.launch
-		args := ls.setParams(params)
+	return d.launchVia(f, grid, block, sharedBytes, s, params, "cuLaunchKernelEx", func(ls *launchScratch, h, sh, args uintptr) uintptr {
 		if ls.cfg == nil {
 			ls.cfg = heapBytes(launchConfigBytes + launchAttrBytes)
 		}
 		cfg := ls.cfg
 		putEarlyLaunchConfig(cfg, grid, block, sharedBytes, sh, uint64(uintptr(unsafe.Pointer(&cfg[launchConfigBytes]))))
-		r := ccall(fn, uintptr(unsafe.Pointer(&cfg[0])), h, args, 0)
-		runtime.KeepAlive(ls)
-		runtime.KeepAlive(params)
-		return d.api.check(fmt.Sprintf("cuLaunchKernelEx(%s, grid %v, block %v, smem %d, programmatic)", f.name, grid, block, sharedBytes), r)
+		return ccall(fn, uintptr(unsafe.Pointer(&cfg[0])), h, args, 0)
 	})
 }
 
@@ -315,19 +306,35 @@ func putEarlyLaunchConfig(cfg []byte, grid, block [3]uint32, sharedBytes uint32,
 	le.PutUint32(attr[8:], 1)                                   // value.programmaticStreamSerializationAllowed
 }
 
-// launchHandles checks a launch's dims and returns the driver handles of
-// f and s.
-func (d *Device) launchHandles(f *Function, grid, block [3]uint32, s *Stream) (h, sh uintptr, err error) {
-	if h, err = f.handle(d); err != nil {
-		return 0, 0, err
+// launchVia checks a launch's dims, resolves the driver handles of f and s,
+// copies params into the scratch, and runs call (the driver's launch entry,
+// named op in errors) on the executor with them: the code Launch and
+// LaunchEarly share. The error message is formatted only on failure.
+func (d *Device) launchVia(f *Function, grid, block [3]uint32, sharedBytes uint32, s *Stream, params []byte, op string,
+	call func(ls *launchScratch, h, sh, args uintptr) uintptr) error {
+	h, err := f.handle(d)
+	if err != nil {
+		return err
 	}
 	for i := 0; i < 3; i++ {
 		if grid[i] == 0 || block[i] == 0 {
-			return 0, 0, argErrorf("launch of %s with grid %v, block %v", f.name, grid, block)
+			return argErrorf("launch of %s with grid %v, block %v", f.name, grid, block)
 		}
 	}
-	sh, err = d.streamHandle(s)
-	return h, sh, err
+	sh, err := d.streamHandle(s)
+	if err != nil {
+		return err
+	}
+	return d.do(func() error {
+		ls := d.launch
+		r := call(ls, h, sh, ls.setParams(params))
+		runtime.KeepAlive(ls)
+		runtime.KeepAlive(params)
+		if Result(int32(r)) == Success {
+			return nil
+		}
+		return d.api.check(fmt.Sprintf("%s(%s, grid %v, block %v, smem %d)", op, f.name, grid, block, sharedBytes), r)
+	})
 }
 
 // setParams copies a launch's parameter bytes into the scratch and returns
@@ -357,19 +364,10 @@ func (ls *launchScratch) setParams(params []byte) uintptr {
 // without parameters takes nil. Errors from the kernel's execution show up
 // at the next synchronizing call.
 func (d *Device) Launch(f *Function, grid, block [3]uint32, sharedBytes uint32, s *Stream, params []byte) error {
-	h, sh, err := d.launchHandles(f, grid, block, s)
-	if err != nil {
-		return err
-	}
-	return d.do(func() error {
-		ls := d.launch
-		args := ls.setParams(params)
-		r := ccall(d.api.cuLaunchKernel, h,
+	return d.launchVia(f, grid, block, sharedBytes, s, params, "cuLaunchKernel", func(_ *launchScratch, h, sh, args uintptr) uintptr {
+		return ccall(d.api.cuLaunchKernel, h,
 			uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),
 			uintptr(block[0]), uintptr(block[1]), uintptr(block[2]),
 			uintptr(sharedBytes), sh, args, 0)
-		runtime.KeepAlive(ls)
-		runtime.KeepAlive(params)
-		return d.api.check(fmt.Sprintf("cuLaunchKernel(%s, grid %v, block %v, smem %d)", f.name, grid, block, sharedBytes), r)
 	})
 }

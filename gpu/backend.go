@@ -305,7 +305,7 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 			return fmt.Errorf("gpu: %s: %w", l.v.Name(), err)
 		}
 		args = b.pbuf[:l.v.TMAParamsSize()]
-		kernels.PackTMA(args, &l.params, tensorMapBytes(maps)...)
+		kernels.PackTMA(args, &l.params, maps...)
 	} else {
 		l.params.PackInto(args)
 	}

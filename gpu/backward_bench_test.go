@@ -166,11 +166,7 @@ func TestBackwardBench(t *testing.T) {
 	}
 	b := fwdBackend(t)
 	dev := b.Device()
-	s, err := dev.NewStreamNonBlocking()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := testStream(t, dev)
 	start := time.Now()
 	var vs []kernels.BwdVariant
 	for _, d := range []int{64, 128, 256} {

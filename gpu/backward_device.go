@@ -588,7 +588,7 @@ func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, err
 // kernelArgs returns the argument of each of the plan's kernel launches:
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order) ahead of them.
-func (pl *bwdPlan) kernelArgs(maps []cuda.TensorMap) func(kernel string) []byte {
+func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
 	params := pl.params.Bytes()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cpu"
-	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 )
 
@@ -105,7 +104,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	for _, l := range pl.launches {
 		launches = append(launches, emuLaunch{l.kernel, l.grid, l.threads})
 	}
-	var maps []cuda.TensorMap
+	var maps [][128]byte
 	for _, x := range pl.tma {
 		maps = append(maps, emuTensorMap(x))
 	}

@@ -31,11 +31,7 @@ func bwdTestDevice(t testing.TB) (*cuda.Device, *cuda.Stream) {
 	if bwdDevErr != nil {
 		t.Skipf("no CUDA device: %v", bwdDevErr)
 	}
-	s, err := bwdDev.NewStreamNonBlocking()
-	if err != nil {
-		t.Fatalf("stream: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	s := testStream(t, bwdDev)
 	return bwdDev, s
 }
 
@@ -408,11 +404,7 @@ func TestBackwardDeterministic(t *testing.T) {
 // the gradient's scale).
 func TestBackwardAtomicUnderLoad(t *testing.T) {
 	dev, s := bwdTestDevice(t)
-	busy, err := dev.NewStreamNonBlocking()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer busy.Close()
+	busy := testStream(t, dev)
 	c := bwdCase{name: "atomic", b: 2, n: 512, m: 512, h: 8, hkv: 2, dk: 64, dv: 64, causal: true}
 	in := c.inputs(t, attn.BFloat16, 5)
 	ref := bwdRun(t, dev, s, in, DQAtomic)
@@ -586,11 +578,7 @@ func findBuf(bb *bwdBuffers, ptr uint64) *cuda.Buffer {
 func TestBackwardWholeStep(t *testing.T) {
 	b := fwdBackend(t)
 	dev := b.Device()
-	s, err := dev.NewStreamNonBlocking()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := testStream(t, dev)
 	c := bwdCase{name: "step", b: 2, n: 256, m: 256, h: 4, hkv: 2, dk: 64, dv: 64, causal: true, dropout: 0.1, deterministic: true}
 	in := c.inputs(t, attn.BFloat16, 21)
 	bufs := newTestBufs(t, b)

@@ -667,11 +667,7 @@ func TestHugeTensor(t *testing.T) {
 func TestForwardGraphFlatStaged(t *testing.T) {
 	b := fwdBackend(t)
 	dev := b.Device()
-	s, err := dev.NewStreamNonBlocking()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := testStream(t, dev)
 	pr := fwdProblem{name: "graph-d59", dt: attn.BFloat16, b: 2, n: 300, m: 260, h: 16, hkv: 16, dk: 59, dv: 59, opt: attn.Options{Causal: true}}
 	q, k, v, opt := pr.inputs(77)
 	p, err := attn.NewProblem(q, k, v, opt)
@@ -821,4 +817,15 @@ func (tb *testBufs) alloc(dt attn.DType, shape ...int) DeviceTensor {
 	}
 	tb.ts = append(tb.ts, d)
 	return d
+}
+
+// testStream returns a non-blocking stream on dev, closed when t ends.
+func testStream(t testing.TB, dev *cuda.Device) *cuda.Stream {
+	t.Helper()
+	s, err := dev.NewStreamNonBlocking()
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }

@@ -88,7 +88,7 @@ func clampWindow(x, n, m int) int32 {
 // zeros to kernels.StagedDim, so that a copy may straddle the head dim.
 // hopper allows the Hopper (WGMMA) kernel where it applies. part, when
 // set, holds staging copies of the heads that a flat-row kernel cannot
-// read in place (fwdStaging.heads): the plan is then a
+// read in place (stagingFor with head masks): the plan is then a
 // kernels.Variant.FlatStaged one where the kernel and layouts allow it.
 func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
 	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged, hopper, tma bool, part *fwdStaging) (launch, error) {
@@ -105,7 +105,7 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 		flat, flatOK = flatRows(p, dt, q, k, v)
 		// every head in place, or with part the heads that fit
 		fits := kernels.FlatStagedHeads(p.DK) == 0 && kernels.FlatStagedHeads(p.DV) == 0
-		flatOK = flatOK && (fits || part != nil && part.heads != nil)
+		flatOK = flatOK && (fits || part != nil)
 		if flatOK {
 			lb = 16 // the accelerator reads whole 16-byte units of every row
 		}
@@ -326,16 +326,16 @@ func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
 // again; a map depends on nothing but its TMATensor.
 type tensorMapCache struct {
 	key  []kernels.TMATensor
-	maps []cuda.TensorMap
+	maps [][128]byte // as kernels.PackTMA and BwdTMAArgs take them
 }
 
 // get returns the maps of the tensors described by key (names: theirs, for
 // errors), encoding them with encode unless they are the last ones encoded.
-func (c *tensorMapCache) get(key []kernels.TMATensor, names []string, encode func(kernels.TMATensor) (cuda.TensorMap, error)) ([]cuda.TensorMap, error) {
+func (c *tensorMapCache) get(key []kernels.TMATensor, names []string, encode func(kernels.TMATensor) (cuda.TensorMap, error)) ([][128]byte, error) {
 	if c.maps != nil && slices.Equal(c.key, key) {
 		return c.maps, nil
 	}
-	maps := make([]cuda.TensorMap, len(key))
+	maps := make([][128]byte, len(key))
 	for i, t := range key {
 		m, err := encode(t)
 		if err != nil {
@@ -362,13 +362,3 @@ func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
 
 // fwdTMANames names the forward's tensor maps in errors.
 var fwdTMANames = []string{"q", "k", "v", "q copy", "k copy", "v copy"}
-
-// tensorMapBytes returns encoded tensor maps as the byte arrays
-// kernels.PackTMA takes.
-func tensorMapBytes(maps []cuda.TensorMap) [][128]byte {
-	out := make([][128]byte, len(maps))
-	for i, m := range maps {
-		out[i] = m
-	}
-	return out
-}

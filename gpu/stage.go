@@ -30,10 +30,6 @@ type fwdStaging struct {
 	params [3]kernels.PackParams
 	grids  [3][3]uint32
 	bytes  int64 // workspace the copies take
-	// heads, when set, are the head masks of copies that hold only some
-	// heads (kernels.FlatStagedHeads; a zero mask: no copy of that tensor),
-	// for a kernels.Variant.FlatStaged launch that reads the rest in place
-	heads *[3]uint8
 }
 
 // stagingPlanBase stands in for the workspace address when a staging plan
@@ -43,7 +39,9 @@ const stagingPlanBase = 1 << 40
 
 // stagingFor lays out the staging copies of q, k and v of problem p in ws
 // (nil: at stagingPlanBase, for sizes and the kernel choice only): every
-// head, or with heads only those each mask selects.
+// head, or with heads only those each mask selects (kernels.FlatStagedHeads;
+// a zero mask: no copy of that tensor), for a kernels.Variant.FlatStaged
+// launch that reads the rest in place.
 func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, heads *[3]uint8) fwdStaging {
 	return stagingAt(p, q, k, v, ws, stagingPlanBase, heads)
 }
@@ -51,7 +49,7 @@ func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, heads *[
 // stagingAt is stagingFor with the copies at device address base when ws
 // is nil.
 func stagingAt(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, base uint64, heads *[3]uint8) fwdStaging {
-	st := fwdStaging{heads: heads}
+	var st fwdStaging
 	for i, t := range []DeviceTensor{q, k, v} {
 		d := t.Shape[len(t.Shape)-1]
 		ds := kernels.StagedDim(d)

@@ -82,7 +82,8 @@ func FlatWidth(d int) int { return roundUp(d, 16) }
 // read in place: bit r is set when heads h ≡ r (mod 8), whose tiles start
 // (h·d mod 8) columns into their 16-byte unit, would run past FlatWidth(d).
 // Zero: every head fits. A FlatStaged variant reads the heads it selects
-// from staging copies that hold only them (FlatStagedCount, in order of h).
+// from staging copies that hold only them (FlatStagedCount, in order of h:
+// head h sits at FlatStagedCount(h, mask) among them).
 func FlatStagedHeads(d int) uint8 {
 	var m uint8
 	for r := 0; r < 8; r++ {
@@ -100,28 +101,44 @@ func FlatStagedCount(heads int, mask uint8) int {
 	return n + bits.OnesCount8(mask&uint8(1<<(heads%8)-1))
 }
 
-// FlatStagedIndex returns the index of head h among the heads mask selects
-// (its position in their staging copies); h must be one of them.
-func FlatStagedIndex(h int, mask uint8) int {
-	return FlatStagedCount(h, mask)
+// selectedHeadsSource holds the device functions of a head selection by a
+// mask of head classes h mod 8 (FlatStagedHeads' selection): the pack
+// kernel's copies of the selected heads only, and the FlatStaged forward's
+// index of a staged head among them.
+const selectedHeadsSource = `// selected_head returns head j of those whose index mod 8 has its bit set in hmask, in order of index
+// (FlatStagedHeads' selection): heads 8q + r, r a set bit, the j-th of them
+__device__ __forceinline__ int selected_head(int j, unsigned hmask) {
+  const int per8 = __popc(hmask), q = j / per8;
+  int k = j - q * per8, r = 0;
+  for (; r < 8; r++)
+    if ((hmask >> r) & 1u) {
+      if (k == 0) break;
+      k--;
+    }
+  return 8 * q + r;
 }
 
-// flatStagedHeadSource is flat_staged_head, the kernel's FlatStagedIndex for
-// the heads FlatStagedHeads selects, and griddep_wait, with which the
+// selected_heads returns how many of heads 0 .. heads-1 hmask selects (all of them when hmask is 0):
+// for a selected head h, selected_heads(h, hmask) is its place among the selected (FlatStagedCount)
+__device__ __forceinline__ int selected_heads(int heads, unsigned hmask) {
+  return hmask ? (heads >> 3) * __popc(hmask) + __popc(hmask & ((1u << (heads & 7)) - 1u)) : heads;
+}
+`
+
+// flatStagedHeadSource is selectedHeadsSource and flat_staged_mask, the
+// kernel's FlatStagedHeads, with which the FlatStaged forward finds a
+// staged head's place in the copies, and griddep_wait, with which the
 // blocks of staged heads wait for the pack kernel when the forward was
 // launched early after it (cuda.Device.LaunchEarly).
-const flatStagedHeadSource = `// flat_staged_head returns the index of head h among the heads whose shift (h·d mod 8) runs past the
-// padded width w (h ≡ r mod 8 with (r·d mod 8) + d > w): their position in the staging copies, which
-// hold only them, in order of h
-DEV int flat_staged_head(int h, int d, int w) {
-  int per8 = 0, before = 0;
+const flatStagedHeadSource = selectedHeadsSource + `
+// flat_staged_mask returns the head classes h mod 8 whose shift (h·d mod 8) runs past the padded width
+// w: bit r set when (r·d mod 8) + d > w (FlatStagedHeads)
+DEV unsigned flat_staged_mask(int d, int w) {
+  unsigned m = 0u;
 #pragma unroll
-  for (int r = 0; r < 8; r++) {
-    const int st = ((r * d) & 7) + d > w ? 1 : 0;
-    per8 += st;
-    before += r < (h & 7) ? st : 0;
-  }
-  return (h >> 3) * per8 + before;
+  for (int r = 0; r < 8; r++)
+    if (((r * d) & 7) + d > w) m |= 1u << r;
+  return m;
 }
 
 // griddep_wait waits until the kernel this one was launched early after (a programmatic dependent launch

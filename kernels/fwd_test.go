@@ -468,7 +468,7 @@ func TestFlatStagedHeads(t *testing.T) {
 			if m>>(h%8)&1 == 0 {
 				continue
 			}
-			if got := FlatStagedIndex(h, m); got != idx {
+			if got := FlatStagedCount(h, m); got != idx { // head h's place among the staged
 				t.Errorf("d %d: head %d at %d among the staged, want %d", c.d, h, got, idx)
 			}
 			idx++

@@ -563,10 +563,11 @@ func (x *gen) tmaCoords() string {
 	return s + fmt.Sprintf(`  // ... unless the shift would run past the padded width (FlatWidth: %[1]d columns for q and k, %[2]d for
   // v): such a head comes from the staging copies, which hold only those heads, in order, zero past the
   // head dim (FlatStagedHeads)
-  const bool stk = ((h * p.d_k) & 7) + p.d_k > %[1]d, stv = ((kvh * p.d_v) & 7) + p.d_v > %[2]d;
+  const unsigned selk_ = flat_staged_mask(p.d_k, %[1]d), selv_ = flat_staged_mask(p.d_v, %[2]d);
+  const bool stk = (selk_ >> (h & 7)) & 1u, stv = (selv_ >> (kvh & 7)) & 1u;  // (h = kvh: one query head per key head)
   const TensorMap *mq_ = stk ? &tp.qs : &tp.q, *mk_ = stk ? &tp.ks : &tp.k, *mv_ = stv ? &tp.vs : &tp.v;
-  const int hq_ = stk ? flat_staged_head(h, p.d_k, %[1]d) : 0, hk_ = stk ? flat_staged_head(kvh, p.d_k, %[1]d) : 0;
-  const int hv_ = stv ? flat_staged_head(kvh, p.d_v, %[2]d) : 0;
+  const int hq_ = stk ? selected_heads(h, selk_) : 0, hk_ = stk ? selected_heads(kvh, selk_) : 0;
+  const int hv_ = stv ? selected_heads(kvh, selv_) : 0;
   const int sq_ = stk ? 0 : flat_shift(h, p.d_k, %[1]d), sk_ = stk ? 0 : flat_shift(kvh, p.d_k, %[1]d);
   const int sv_ = stv ? 0 : flat_shift(kvh, p.d_v, %[2]d);
   const int cq_ = stk ? 0 : h * p.d_k - sq_, ck_ = stk ? 0 : kvh * p.d_k - sk_, cv_ = stv ? 0 : kvh * p.d_v - sv_;

@@ -45,7 +45,7 @@ func StagedDim(d int) int { return roundUp(d, StagedRowBytes/2) }
 // never read except as part of an aligned block that ends within the row,
 // and the first block of a row starts at most 14 bytes before it, inside the
 // same 16-byte aligned block (allocations are at least 16-byte aligned).
-const stageSource = `// stage_block returns the 16 bytes at the 16-byte aligned address blk, zero from end on: one 16-byte
+const stageSource = selectedHeadsSource + `// stage_block returns the 16 bytes at the 16-byte aligned address blk, zero from end on: one 16-byte
 // load when the block ends at or before end, 2-byte loads of the bytes before end otherwise.
 __device__ __forceinline__ uint4 stage_block(const unsigned char* blk, const unsigned char* end) {
   if (blk + 16 <= end) return *reinterpret_cast<const uint4*>(blk);
@@ -124,24 +124,6 @@ __device__ __forceinline__ void stage_rows_by(Dst dst, Src src, int nrows, int n
     for (int u = 0; u < SU; u++)
       if (rs[u] < nrows) *reinterpret_cast<uint4*>(dst(rs[u]) + 16 * cs[u]) = x[u];
   }
-}
-
-// selected_head returns head j of those whose index mod 8 has its bit set in hmask, in order of index
-// (FlatStagedHeads' selection): heads 8q + r, r a set bit, the j-th of them
-__device__ __forceinline__ int selected_head(int j, unsigned hmask) {
-  const int per8 = __popc(hmask), q = j / per8;
-  int k = j - q * per8, r = 0;
-  for (; r < 8; r++)
-    if ((hmask >> r) & 1u) {
-      if (k == 0) break;
-      k--;
-    }
-  return 8 * q + r;
-}
-
-// selected_heads returns how many of heads 0 .. heads-1 hmask selects (all of them when hmask is 0)
-__device__ __forceinline__ int selected_heads(int heads, unsigned hmask) {
-  return hmask ? (heads >> 3) * __popc(hmask) + __popc(hmask & ((1u << (heads & 7)) - 1u)) : heads;
 }
 
 // stage_pairs copies n consecutive (row, head) pairs f0 .. f0+n-1 (f = row·kh + j, head j of the kh =

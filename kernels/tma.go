@@ -19,13 +19,8 @@ import "fmt"
 // batch) are encoded on the host (package gpu keeps the last launch's) and
 // passed by value in TMAParams, ahead of the usual Params.
 
-// TMAParamsSize is the size in bytes of the argument of a TMA kernel: three
-// 128-byte tensor maps, then Params, the whole a multiple of 64 bytes
-// (Variant.TMAParamsSize: that of a given variant).
-var TMAParamsSize = tmaParamsSize(3)
-
-// tmaParamsSize is the size of a TMA kernel's argument with maps tensor
-// maps ahead of Params.
+// tmaParamsSize is the size of a TMA kernel's argument with maps 128-byte
+// tensor maps ahead of Params, the whole a multiple of 64 bytes.
 func tmaParamsSize(maps int) int { return maps*128 + roundUp(ParamsSize, 64) }
 
 // TMAMaps returns the number of tensor maps a TMA variant's argument holds:

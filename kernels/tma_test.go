@@ -48,8 +48,8 @@ func TestPackTMA(t *testing.T) {
 			}
 		}
 	}
-	if TMAParamsSize != (Variant{}).TMAParamsSize() {
-		t.Errorf("TMAParamsSize %d, a three-map variant's %d", TMAParamsSize, (Variant{}).TMAParamsSize())
+	if want := 3*128 + roundUp(ParamsSize, 64); (Variant{}).TMAParamsSize() != want {
+		t.Errorf("a three-map variant's argument: %d bytes, want %d", (Variant{}).TMAParamsSize(), want)
 	}
 }
 
