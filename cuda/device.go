@@ -40,7 +40,8 @@ type Device struct {
 	api     *driverAPI
 	ordinal int
 	dev     int32   // CUdevice
-	ctx     uintptr // CUcontext (the device's primary context)
+	ctx     uintptr // CUcontext (the device's primary context, or the caller's: see OpenContext)
+	primary bool    // ctx is the primary context this Device retained (released at Close)
 
 	name         string
 	major, minor int
@@ -93,13 +94,14 @@ func Open(ordinal int) (*Device, error) {
 	if ordinal < 0 {
 		return nil, argErrorf("device ordinal %d", ordinal)
 	}
-	d := &Device{
-		api:     a,
-		ordinal: ordinal,
-		work:    make(chan func(), 64),
-		live:    make(map[resourceKey]func()),
-		launch:  new(launchScratch),
-	}
+	return start(&Device{api: a, ordinal: ordinal, primary: true})
+}
+
+// start starts d's executor and waits for its setup.
+func start(d *Device) (*Device, error) {
+	d.work = make(chan func(), 64)
+	d.live = make(map[resourceKey]func())
+	d.launch = new(launchScratch)
 	ready := make(chan error, 1)
 	go d.serve(ready)
 	if err := <-ready; err != nil {
@@ -159,10 +161,21 @@ func (d *Device) next(spin bool) (func(), bool) {
 	return f, ok
 }
 
-// setup runs on the executor thread: it retains the primary context, makes
-// it current and reads the device's properties.
+// setup runs on the executor thread: it retains the primary context (or,
+// for OpenContext, finds the device of the caller's context), makes the
+// context current and reads the device's properties.
 func (d *Device) setup() error {
 	a := d.api
+	if !d.primary {
+		if err := a.check("cuCtxSetCurrent(caller's context)", ccall(a.cuCtxSetCurrent, d.ctx)); err != nil {
+			return err
+		}
+		if err := a.check("cuCtxGetDevice", ccall(a.cuCtxGetDevice, uintptr(unsafe.Pointer(&d.dev)))); err != nil {
+			return err
+		}
+		d.ordinal = int(d.dev)
+		return d.readProperties()
+	}
 	if err := a.check(fmt.Sprintf("cuDeviceGet(%d)", d.ordinal),
 		ccall(a.cuDeviceGet, uintptr(unsafe.Pointer(&d.dev)), uintptr(d.ordinal))); err != nil {
 		err.(*Error).also = ErrNoDevice
@@ -297,8 +310,9 @@ func (d *Device) untrack(kind resourceKind, h uintptr) {
 }
 
 // Close destroys every resource still open on the device (graphs, modules,
-// events, streams, buffers), releases the primary context and stops the
-// executor. Later calls on the device or its objects fail with ErrClosed.
+// events, streams, buffers) that was created through it (not borrowed
+// ones), releases the primary context (not a context passed to
+// OpenContext) and stops the executor. Later calls on the device or its objects fail with ErrClosed.
 // Closing a closed device returns nil.
 func (d *Device) Close() error {
 	d.mu.Lock()
@@ -318,6 +332,10 @@ func (d *Device) Close() error {
 					delete(d.live, k)
 				}
 			}
+		}
+		if !d.primary {
+			errc <- nil // the caller's context stays the caller's
+			return
 		}
 		errc <- d.api.check("cuDevicePrimaryCtxRelease_v2", ccall(d.api.cuDevicePrimaryCtxRelease, uintptr(d.dev)))
 	}

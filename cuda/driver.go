@@ -15,6 +15,7 @@ type driverAPI struct {
 	cuInit, cuDriverGetVersion, cuGetErrorName, cuGetErrorString                           uintptr
 	cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceGetAttribute, cuDeviceTotalMem uintptr
 	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuCtxSetCurrent, cuCtxSynchronize uintptr
+	cuCtxGetDevice                                                                         uintptr
 	cuMemAlloc, cuMemFree, cuMemGetInfo, cuMemAllocHost, cuMemFreeHost                     uintptr
 	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyDtoD                                               uintptr
 	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync                                uintptr
@@ -44,6 +45,7 @@ func (a *driverAPI) symbolTable() map[string]*uintptr {
 		"cuDevicePrimaryCtxRelease_v2": &a.cuDevicePrimaryCtxRelease,
 		"cuCtxSetCurrent":              &a.cuCtxSetCurrent,
 		"cuCtxSynchronize":             &a.cuCtxSynchronize,
+		"cuCtxGetDevice":               &a.cuCtxGetDevice,
 		"cuMemAlloc_v2":                &a.cuMemAlloc,
 		"cuMemFree_v2":                 &a.cuMemFree,
 		"cuMemGetInfo_v2":              &a.cuMemGetInfo,

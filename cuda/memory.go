@@ -12,11 +12,12 @@ import (
 // that becomes unreachable unfreed is freed by a cleanup that hands the
 // cuMemFree to the device's executor, as a backstop only.
 type Buffer struct {
-	dev     *Device
-	ptr     uint64
-	size    int64
-	freed   atomic.Bool
-	cleanup runtime.Cleanup
+	dev      *Device
+	ptr      uint64
+	size     int64
+	freed    atomic.Bool
+	cleanup  runtime.Cleanup
+	borrowed bool // the caller's memory (BorrowBuffer): Free only forgets it
 }
 
 // Alloc allocates bytes of device memory (cuMemAlloc). The contents are
@@ -64,9 +65,15 @@ func (h freeHandle) free() {
 }
 
 // Free releases the device memory (cuMemFree). Freeing twice, or after the
-// device was closed (which freed it), returns nil.
+// device was closed (which freed it), returns nil. Freeing a borrowed buffer
+// (BorrowBuffer) only ends its use through b; the memory stays the
+// caller's.
 func (b *Buffer) Free() error {
 	if b == nil {
+		return nil
+	}
+	if b.borrowed {
+		b.freed.Store(true)
 		return nil
 	}
 	return b.dev.release(&b.freed, &b.cleanup, resBuffer, uintptr(b.ptr), "cuMemFree_v2", b.dev.api.cuMemFree)

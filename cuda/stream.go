@@ -10,9 +10,10 @@ import (
 // Stream is a CUDA stream: work enqueued on it runs in order. A nil *Stream
 // passed to an operation means the legacy default stream.
 type Stream struct {
-	dev    *Device
-	h      uintptr // CUstream
-	closed atomic.Bool
+	dev      *Device
+	h        uintptr // CUstream
+	closed   atomic.Bool
+	borrowed bool // the caller's stream (BorrowStream): Close only forgets it
 }
 
 // Stream creation flags.
@@ -90,9 +91,10 @@ func (s *Stream) WaitEvent(e *Event) error {
 }
 
 // Close destroys the stream (cuStreamDestroy) once its work has finished.
-// Closing twice returns nil.
+// Closing twice returns nil. Closing a borrowed stream (BorrowStream) only
+// ends its use through s; the stream stays the caller's.
 func (s *Stream) Close() error {
-	if s == nil || !s.closed.CompareAndSwap(false, true) {
+	if s == nil || !s.closed.CompareAndSwap(false, true) || s.borrowed {
 		return nil
 	}
 	d := s.dev

@@ -42,6 +42,10 @@ type Backend struct {
 	fill filler // the random-fill kernel
 	pack packer // the forward's staging-copy kernel
 
+	pool   *memPool   // the host path's device buffers, kept between calls
+	hostMu sync.Mutex // serializes host-path calls, which share copier
+	copier hostCopier // the host path's pinned staging
+
 	mu      sync.Mutex // guards kernels, pbuf and tmaps
 	kernels map[kernels.Variant]*kernel
 	pbuf    []byte         // packed kernel argument, reused by every launch
@@ -75,6 +79,8 @@ func New(dev *cuda.Device) (*Backend, error) {
 	return &Backend{
 		dev:       dev,
 		stream:    s,
+		pool:      newMemPool(dev),
+		copier:    hostCopier{dev: dev},
 		Speculate: true,
 		WGMMA:     hopper,
 		TMA:       hopper && !optedOut(os.Getenv(EnvNoTMA)),
@@ -84,9 +90,14 @@ func New(dev *cuda.Device) (*Backend, error) {
 	}, nil
 }
 
-// Close releases the backend's stream and, when Open created the device,
-// the device with every kernel and buffer on it.
+// Close releases the backend's stream, cached device memory and pinned
+// staging and, when Open created the device, the device with every kernel
+// and buffer on it.
 func (b *Backend) Close() error {
+	b.hostMu.Lock()
+	b.copier.close()
+	b.hostMu.Unlock()
+	b.pool.trim()
 	err := b.stream.Close()
 	if b.owns {
 		if e := b.dev.Close(); err == nil {
@@ -108,164 +119,21 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	return b.backward(q, k, v, o, lse, dO, opt)
 }
 
-// Forward computes O and LSE of host tensors on the GPU: it copies the
-// storage span of each input (caller strides kept; the feature dim must
-// have stride 1, else attn.ErrUnsupported), runs the kernel and copies O
-// ([B, N, H, DV] or packed [totalQ, H, DV], contiguous) and LSE back.
+// Forward computes O and LSE of host tensors on the GPU and returns them
+// contiguous: O [B, N, H, DV] in q's dtype (packed: [totalQ, H, DV]) and
+// float32 LSE [B, H, N] (packed: [H, totalQ]). Inputs keep their strides
+// on the device where their feature dim has stride 1 and are gathered
+// otherwise. ForwardInto writes into tensors the caller provides.
 func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
 		return attn.Result{}, err
 	}
-	for _, x := range []struct {
-		name string
-		t    attn.Tensor
-	}{{"q", q}, {"k", k}, {"v", v}} {
-		st := x.t.Strides
-		if last := len(x.t.Shape) - 1; st != nil && x.t.Shape[last] > 1 && st[last] != 1 {
-			return attn.Result{}, attn.Errorf(attn.ErrUnsupported, "cuda backend: %s has feature-dim stride %d (want 1)", x.name, st[last])
-		}
-	}
 	res := attn.Result{O: attn.New(q.DType, p.OutputShape()...), LSE: attn.New(attn.Float32, p.LSEShape()...)}
-	if res.O.NumElements() == 0 && res.LSE.NumElements() == 0 {
-		return res, nil
-	}
-	var bufs []DeviceTensor
-	defer func() {
-		for _, t := range bufs {
-			t.Free()
-		}
-	}()
-	up := func(t attn.Tensor) (DeviceTensor, error) {
-		d, err := b.upload(t)
-		if err == nil {
-			bufs = append(bufs, d)
-		}
-		return d, err
-	}
-	dq, err := up(q)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	dk, err := up(k)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	dv, err := up(v)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	dopt := DeviceOptions{Options: opt}
-	dopt.Options.Bias = nil
-	if opt.Bias != nil {
-		db, err := up(opt.Bias.Tensor)
-		if err != nil {
-			return attn.Result{}, err
-		}
-		dopt.Bias = &db
-	}
-	if p.Varlen {
-		for _, x := range []struct {
-			cu  []int32
-			dst **cuda.Buffer
-		}{{opt.CuSeqlensQ, &dopt.CuSeqlensQ}, {opt.CuSeqlensK, &dopt.CuSeqlensK}} {
-			buf, err := b.dev.Alloc(int64(4 * len(x.cu)))
-			if err != nil {
-				return attn.Result{}, fmt.Errorf("gpu: %w", err)
-			}
-			bufs = append(bufs, DeviceTensor{Buf: buf})
-			if err := b.dev.CopyToDevice(buf, 0, cuda.AsBytes(x.cu)); err != nil {
-				return attn.Result{}, fmt.Errorf("gpu: %w", err)
-			}
-			*x.dst = buf
-		}
-	}
-	do, err := NewDeviceTensor(b.dev, q.DType, p.OutputShape()...)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	bufs = append(bufs, do)
-	dl, err := NewDeviceTensor(b.dev, attn.Float32, p.LSEShape()...)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	bufs = append(bufs, dl)
-	need, err := b.PrepareForward(dq, dk, dv, do, dl, dopt)
-	if err != nil {
-		return attn.Result{}, err
-	}
-	if need > 0 {
-		ws, err := NewDeviceTensor(b.dev, attn.Float32, int(need/4))
-		if err != nil {
-			return attn.Result{}, err
-		}
-		bufs = append(bufs, ws)
-		dopt.Staging = ws.Buf
-	}
-	if err := b.ForwardDevice(b.stream, dq, dk, dv, do, dl, dopt); err != nil {
-		return attn.Result{}, err
-	}
-	if err := b.stream.Synchronize(); err != nil {
-		return attn.Result{}, fmt.Errorf("gpu: forward: %w", err)
-	}
-	if err := download(b.dev, res.O, do); err != nil {
-		return attn.Result{}, err
-	}
-	if err := download(b.dev, res.LSE, dl); err != nil {
+	if err := b.forwardHost(p, q, k, v, res, opt); err != nil {
 		return attn.Result{}, err
 	}
 	return res, nil
-}
-
-// upload copies the storage span of t (from its first to its last element)
-// to a new device buffer; the device tensor keeps t's strides.
-func (b *Backend) upload(t attn.Tensor) (DeviceTensor, error) {
-	st := t.Strides
-	if st == nil {
-		st = attn.ContiguousStrides(t.Shape)
-	}
-	d := DeviceTensor{DType: t.DType, Shape: append([]int(nil), t.Shape...), Strides: append([]int(nil), st...)}
-	if t.NumElements() == 0 {
-		return d, nil
-	}
-	last := t.Offset
-	for i, s := range t.Shape {
-		last += (s - 1) * st[i]
-	}
-	var src []byte
-	if t.DType == attn.Float32 {
-		src = cuda.AsBytes(t.F32[t.Offset : last+1])
-	} else {
-		src = cuda.AsBytes(t.Bits[t.Offset : last+1])
-	}
-	buf, err := b.dev.Alloc(int64(len(src)))
-	if err != nil {
-		return d, fmt.Errorf("gpu: %w", err)
-	}
-	if err := b.dev.CopyToDevice(buf, 0, src); err != nil {
-		buf.Free()
-		return d, fmt.Errorf("gpu: %w", err)
-	}
-	d.Buf = buf
-	return d, nil
-}
-
-// download copies a contiguous device tensor into a contiguous host tensor
-// of the same shape.
-func download(dev *cuda.Device, h attn.Tensor, d DeviceTensor) error {
-	if h.NumElements() == 0 {
-		return nil
-	}
-	var dst []byte
-	if h.DType == attn.Float32 {
-		dst = cuda.AsBytes(h.F32)
-	} else {
-		dst = cuda.AsBytes(h.Bits)
-	}
-	if err := dev.CopyFromDevice(dst, d.Buf, d.Offset*int64(d.DType.Size())); err != nil {
-		return fmt.Errorf("gpu: %w", err)
-	}
-	return nil
 }
 
 // ForwardDevice enqueues the forward pass on stream s (nil: the legacy

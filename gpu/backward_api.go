@@ -121,10 +121,23 @@ func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv
 	return enqueueBackward(b.dev, s, p, q.DType, a, algo)
 }
 
-// backward computes the gradients of host tensors on the GPU: inputs are
-// packed contiguous, copied, the kernels run on the backend's stream, and
-// dQ, dK, dV (and dBias) come back contiguous in the input shapes.
+// backward computes the gradients of host tensors on the GPU (see
+// BackwardInto) and returns them contiguous in the input shapes.
 func (b *Backend) backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
-	g, _, err := backwardHost(b.dev, b.stream, q, k, v, o, lse, dO, opt, DQAuto)
-	return g, err
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return attn.Gradients{}, err
+	}
+	if err := p.CheckBackward(q, o, lse, dO); err != nil {
+		return attn.Gradients{}, err
+	}
+	g := attn.Gradients{DQ: attn.New(q.DType, q.Shape...), DK: attn.New(q.DType, k.Shape...), DV: attn.New(q.DType, v.Shape...)}
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
+		db := attn.New(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape...)
+		g.DBias = &db
+	}
+	if err := b.backwardHost(p, q, k, v, o, lse, dO, g, opt); err != nil {
+		return attn.Gradients{}, err
+	}
+	return g, nil
 }

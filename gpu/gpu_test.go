@@ -226,7 +226,7 @@ func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn
 		}
 	}()
 	up := func(x attn.Tensor) DeviceTensor {
-		d, err := b.upload(x)
+		d, err := b.Upload(x)
 		if err != nil {
 			t.Fatalf("upload: %v", err)
 		}
@@ -800,7 +800,7 @@ func newTestBufs(t *testing.T, b *Backend) *testBufs {
 // upload copies x to the device.
 func (tb *testBufs) upload(x attn.Tensor) DeviceTensor {
 	tb.t.Helper()
-	d, err := tb.b.upload(x)
+	d, err := tb.b.Upload(x)
 	if err != nil {
 		tb.t.Fatal(err)
 	}

@@ -1,0 +1,412 @@
+package gpu
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+)
+
+// The host path: Forward, Backward and their Into forms take host tensors,
+// copy them to device buffers from the backend's caching allocator through
+// reused pinned staging, run the device path (ForwardDevice,
+// BackwardDevice) on the backend's stream and copy the outputs back.
+
+// hostCall holds the device buffers of one host-path call; release puts
+// them back in the pool once the stream has finished with them.
+type hostCall struct {
+	b    *Backend
+	bufs []*cuda.Buffer
+	// keep makes alloc take buffers from the driver, not the pool, for a
+	// caller to own (Upload)
+	keep bool
+}
+
+// hostOutput is a host output tensor and the device tensor that receives it.
+type hostOutput struct {
+	host attn.Tensor
+	dev  DeviceTensor
+	// scatter is set when dev is h's contiguous image rather than h's own
+	// layout (a host view whose elements are spread out with gaps).
+	scatter bool
+}
+
+// alloc returns a pool buffer of at least bytes bytes.
+func (c *hostCall) alloc(bytes int64) (*cuda.Buffer, error) {
+	get := c.b.pool.get
+	if c.keep {
+		get = c.b.dev.Alloc
+	}
+	buf, err := get(max(bytes, 1))
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	c.bufs = append(c.bufs, buf)
+	return buf, nil
+}
+
+// release returns the call's buffers to the pool. The stream must have
+// finished every use of them.
+func (c *hostCall) release() {
+	for _, buf := range c.bufs {
+		if c.keep {
+			_ = buf.Free()
+		} else {
+			c.b.pool.put(buf)
+		}
+	}
+	c.bufs = nil
+}
+
+// hostSpan returns the storage of t from its first to its last element, and
+// whether that span is dense: exactly as many elements as t has (its
+// strides permute a contiguous block, as a [B, H, N, D] buffer viewed as
+// [B, N, H, D] does). t must have passed CheckLayout and have elements.
+func hostSpan(t attn.Tensor) (span []byte, dense bool) {
+	st := t.Strides
+	if st == nil {
+		st = attn.ContiguousStrides(t.Shape)
+	}
+	last := t.Offset
+	for d, s := range t.Shape {
+		last += (s - 1) * st[d]
+	}
+	if t.DType == attn.Float32 {
+		span = cuda.AsBytes(t.F32[t.Offset : last+1])
+	} else {
+		span = cuda.AsBytes(t.Bits[t.Offset : last+1])
+	}
+	return span, last-t.Offset+1 == t.NumElements()
+}
+
+// hostStrides returns t's strides (contiguous ones for nil).
+func hostStrides(t attn.Tensor) []int {
+	if t.Strides == nil {
+		return attn.ContiguousStrides(t.Shape)
+	}
+	return slices.Clone(t.Strides)
+}
+
+// upload copies host tensor t to the device. A tensor whose feature (last)
+// dim has stride 1 and whose storage span is at most twice its elements
+// goes over as that span, keeping its strides (no gathering on the host);
+// any other goes over as its contiguous image.
+func (c *hostCall) upload(s *cuda.Stream, t attn.Tensor) (DeviceTensor, error) {
+	d := DeviceTensor{DType: t.DType, Shape: slices.Clone(t.Shape), Strides: hostStrides(t)}
+	n := t.NumElements()
+	if n == 0 {
+		return d, nil
+	}
+	span, _ := hostSpan(t)
+	last := len(t.Shape) - 1
+	if t.Shape[last] > 1 && d.Strides[last] != 1 || len(span) > 2*n*t.DType.Size() {
+		span = t.Bytes()
+		d.Strides = attn.ContiguousStrides(t.Shape)
+	}
+	buf, err := c.alloc(int64(len(span)))
+	if err != nil {
+		return d, err
+	}
+	d.Buf = buf
+	if err := c.b.copier.toDevice(s, buf, 0, span); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// uploadInt32 copies a small int32 array (cu_seqlens) to the device.
+func (c *hostCall) uploadInt32(s *cuda.Stream, x []int32) (*cuda.Buffer, error) {
+	buf, err := c.alloc(int64(4 * len(x)))
+	if err != nil {
+		return nil, err
+	}
+	return buf, c.b.copier.toDevice(s, buf, 0, cuda.AsBytes(x))
+}
+
+// output returns the device tensor that receives host output h: with h's
+// own strides when h's span is dense with a unit feature stride (the span
+// then comes back as it is), contiguous otherwise (the values are then
+// scattered into h element by element). contiguous forces the contiguous
+// device layout (dBias, which the kernels write contiguous).
+func (c *hostCall) output(h attn.Tensor, contiguous bool) (hostOutput, error) {
+	o := hostOutput{host: h, dev: DeviceTensor{DType: h.DType, Shape: slices.Clone(h.Shape), Strides: hostStrides(h)}}
+	n := h.NumElements()
+	if n == 0 {
+		return o, nil
+	}
+	_, dense := hostSpan(h)
+	last := len(h.Shape) - 1
+	if contiguous || !dense || h.Shape[last] > 1 && o.dev.Strides[last] != 1 {
+		contig := attn.ContiguousStrides(h.Shape)
+		o.scatter = !dense || !slices.Equal(contig, o.dev.Strides)
+		o.dev.Strides = contig
+	}
+	buf, err := c.alloc(int64(n * h.DType.Size()))
+	if err != nil {
+		return o, err
+	}
+	o.dev.Buf = buf
+	return o, nil
+}
+
+// download copies the output into its host tensor after the work enqueued
+// on s.
+func (c *hostCall) download(s *cuda.Stream, o hostOutput) error {
+	if o.host.NumElements() == 0 {
+		return nil
+	}
+	if o.scatter {
+		img := make([]byte, o.host.NumElements()*o.host.DType.Size())
+		if err := c.b.copier.fromDevice(s, img, o.dev.Buf, 0); err != nil {
+			return err
+		}
+		scatterImage(o.host, img)
+		return nil
+	}
+	span, _ := hostSpan(o.host)
+	return c.b.copier.fromDevice(s, span, o.dev.Buf, 0)
+}
+
+// scatterImage stores the row-major contiguous image img (the
+// little-endian storage bytes) into the elements of h, whatever its strides.
+func scatterImage(h attn.Tensor, img []byte) {
+	src := tensorFromBytes(h.DType, img, h.Shape)
+	idx := make([]int, len(h.Shape))
+	for lin := 0; lin < src.NumElements(); lin++ {
+		if h.DType == attn.Float32 {
+			h.F32[h.Index(idx...)] = src.F32[lin]
+		} else {
+			h.Bits[h.Index(idx...)] = src.Bits[lin]
+		}
+		for d := len(idx) - 1; d >= 0; d-- {
+			if idx[d]++; idx[d] < h.Shape[d] {
+				break
+			}
+			idx[d] = 0
+		}
+	}
+}
+
+// checkHostOutput validates a caller's output tensor: well formed, dtype dt,
+// shape want.
+func checkHostOutput(name string, t attn.Tensor, dt attn.DType, want []int) error {
+	if err := t.CheckLayout(name); err != nil {
+		return err
+	}
+	if t.DType != dt {
+		return attn.Errorf(attn.ErrDType, "%s: dtype %v, want %v", name, t.DType, dt)
+	}
+	if !slices.Equal(t.Shape, want) {
+		return attn.Errorf(attn.ErrShape, "%s: shape %v, want %v", name, t.Shape, want)
+	}
+	return nil
+}
+
+// ForwardInto computes O and LSE of host tensors on the GPU into res.O
+// ([B, N, H, DV] in q's dtype; packed: [totalQ, H, DV]) and res.LSE
+// (float32 [B, H, N]; packed: [H, totalQ]), tensors the caller allocated
+// with any layout, so that repeated calls allocate nothing on the host and,
+// after the first call of a shape, nothing on the device.
+func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Options) error {
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return err
+	}
+	if err := checkHostOutput("o", res.O, q.DType, p.OutputShape()); err != nil {
+		return err
+	}
+	if err := checkHostOutput("lse", res.LSE, attn.Float32, p.LSEShape()); err != nil {
+		return err
+	}
+	return b.forwardHost(p, q, k, v, res, opt)
+}
+
+// forwardHost runs a validated forward on host tensors.
+func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Result, opt attn.Options) error {
+	if res.O.NumElements() == 0 && res.LSE.NumElements() == 0 {
+		return nil
+	}
+	b.hostMu.Lock()
+	defer b.hostMu.Unlock()
+	s := b.stream
+	c := &hostCall{b: b}
+	defer c.release()
+	var ins [3]DeviceTensor
+	for i, t := range []attn.Tensor{q, k, v} {
+		d, err := c.upload(s, t)
+		if err != nil {
+			return err
+		}
+		ins[i] = d
+	}
+	dopt, err := c.deviceOptions(s, p, opt)
+	if err != nil {
+		return err
+	}
+	o, err := c.output(res.O, false)
+	if err != nil {
+		return err
+	}
+	lse, err := c.output(res.LSE, false)
+	if err != nil {
+		return err
+	}
+	need, err := b.PrepareForward(ins[0], ins[1], ins[2], o.dev, lse.dev, dopt)
+	if err != nil {
+		return err
+	}
+	if need > 0 {
+		if dopt.Staging, err = c.alloc(need); err != nil {
+			return err
+		}
+	}
+	if err := b.ForwardDevice(s, ins[0], ins[1], ins[2], o.dev, lse.dev, dopt); err != nil {
+		return err
+	}
+	for _, x := range []hostOutput{o, lse} {
+		if err := c.download(s, x); err != nil {
+			return fmt.Errorf("gpu: forward: %w", err)
+		}
+	}
+	return nil
+}
+
+// deviceOptions uploads the bias and cu_seqlens of opt and returns the
+// device options.
+func (c *hostCall) deviceOptions(s *cuda.Stream, p *attn.Problem, opt attn.Options) (DeviceOptions, error) {
+	dopt := DeviceOptions{Options: opt}
+	dopt.Options.Bias = nil
+	if opt.Bias != nil {
+		db, err := c.upload(s, opt.Bias.Tensor)
+		if err != nil {
+			return dopt, err
+		}
+		dopt.Bias = &db
+	}
+	if p.Varlen {
+		var err error
+		if dopt.CuSeqlensQ, err = c.uploadInt32(s, opt.CuSeqlensQ); err != nil {
+			return dopt, err
+		}
+		if dopt.CuSeqlensK, err = c.uploadInt32(s, opt.CuSeqlensK); err != nil {
+			return dopt, err
+		}
+	}
+	return dopt, nil
+}
+
+// BackwardInto computes dQ, dK, dV (and dBias when opt.Bias.RequiresGrad)
+// of host tensors on the GPU into g's tensors, which the caller allocated
+// in the shapes of q, k, v (and the bias) with any layout; opt must be the
+// forward's options, unchanged. Like ForwardInto it allocates nothing per
+// call once a shape has run.
+func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, opt attn.Options) error {
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return err
+	}
+	if err := p.CheckBackward(q, o, lse, dO); err != nil {
+		return err
+	}
+	for _, x := range []struct {
+		name string
+		t    attn.Tensor
+		like attn.Tensor
+	}{{"dq", g.DQ, q}, {"dk", g.DK, k}, {"dv", g.DV, v}} {
+		if err := checkHostOutput(x.name, x.t, q.DType, x.like.Shape); err != nil {
+			return err
+		}
+	}
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
+		if g.DBias == nil {
+			return attn.Errorf(attn.ErrOption, "dbias: the bias asks for its gradient but Gradients.DBias is nil")
+		}
+		if err := checkHostOutput("dbias", *g.DBias, opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape); err != nil {
+			return err
+		}
+	}
+	return b.backwardHost(p, q, k, v, o, lse, dO, g, opt)
+}
+
+// backwardHost runs a validated backward on host tensors.
+func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, opt attn.Options) error {
+	b.hostMu.Lock()
+	defer b.hostMu.Unlock()
+	s := b.stream
+	c := &hostCall{b: b}
+	defer c.release()
+	var ins [6]DeviceTensor
+	for i, t := range []attn.Tensor{q, k, v, o, lse, dO} {
+		d, err := c.upload(s, t)
+		if err != nil {
+			return err
+		}
+		ins[i] = d
+	}
+	dopt, err := c.deviceOptions(s, p, opt)
+	if err != nil {
+		return err
+	}
+	bopt := BackwardOptions{DeviceOptions: dopt}
+	var outs []hostOutput
+	var grads [3]DeviceTensor
+	for i, t := range []attn.Tensor{g.DQ, g.DK, g.DV} {
+		x, err := c.output(t, false)
+		if err != nil {
+			return err
+		}
+		outs, grads[i] = append(outs, x), x.dev
+	}
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
+		x, err := c.output(*g.DBias, true)
+		if err != nil {
+			return err
+		}
+		outs, bopt.DBias = append(outs, x), &x.dev
+	}
+	algo, need, err := b.PrepareBackward(ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt)
+	if err != nil {
+		return err
+	}
+	if b.Speculate {
+		if sp, a, err := bwdDeviceArgs(ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt); err == nil {
+			bwdSpeculate(b.dev, sp, q.DType, &a, algo)
+		}
+	}
+	if bopt.Workspace, err = c.alloc(need); err != nil {
+		return err
+	}
+	bopt.DQ = algo
+	if _, err := b.BackwardDevice(s, ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt); err != nil {
+		return err
+	}
+	for _, x := range outs {
+		if err := c.download(s, x); err != nil {
+			return fmt.Errorf("gpu: backward: %w", err)
+		}
+	}
+	return nil
+}
+
+// Upload copies host tensor t into newly allocated device memory and
+// returns the device tensor, which keeps t's strides where its feature dim
+// has stride 1 (the storage span from its first to its last element is
+// copied) and is contiguous otherwise. The caller frees it.
+func (b *Backend) Upload(t attn.Tensor) (DeviceTensor, error) {
+	if err := t.CheckLayout("upload"); err != nil {
+		return DeviceTensor{}, err
+	}
+	b.hostMu.Lock()
+	defer b.hostMu.Unlock()
+	c := &hostCall{b: b, keep: true}
+	d, err := c.upload(b.stream, t)
+	if err == nil {
+		err = b.stream.Synchronize()
+	}
+	if err != nil {
+		c.release()
+		return DeviceTensor{}, err
+	}
+	return d, nil
+}
