@@ -166,6 +166,16 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 		}
 		p.DV = v.Shape[3]
 	}
+	// The inputs' element counts fit an int; the outputs' may not (DV > DK,
+	// or sizes whose product is zero in q but not in O or the LSE).
+	for _, x := range []struct {
+		name  string
+		shape []int
+	}{{"o", p.OutputShape()}, {"lse", p.LSEShape()}} {
+		if _, err := CheckShape(x.name, x.shape); err != nil {
+			return nil, err
+		}
+	}
 	if p.H <= 0 || p.Hkv <= 0 {
 		return nil, Errorf(ErrShape, "heads H=%d, Hkv=%d must be positive", p.H, p.Hkv)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/flashattn/flashattn/half"
@@ -22,7 +23,9 @@ type Tensor struct {
 	Bits    []uint16
 }
 
-// ContiguousStrides returns the row-major strides of shape.
+// ContiguousStrides returns the row-major strides of shape. The shape must
+// be valid (CheckShape); the strides of one whose element count overflows
+// int are meaningless.
 func ContiguousStrides(shape []int) []int {
 	st := make([]int, len(shape))
 	n := 1
@@ -33,7 +36,8 @@ func ContiguousStrides(shape []int) []int {
 	return st
 }
 
-// NumElements returns the product of shape.
+// NumElements returns the product of shape. The shape must be valid
+// (CheckShape); for one that is not, the product is meaningless.
 func NumElements(shape []int) int {
 	n := 1
 	for _, s := range shape {
@@ -42,26 +46,140 @@ func NumElements(shape []int) int {
 	return n
 }
 
-// New returns a contiguous zero-filled tensor.
+// mulInt returns a·b for a, b ≥ 0, and false when the product overflows int.
+func mulInt(a, b int) (int, bool) {
+	if a != 0 && b > math.MaxInt/a {
+		return 0, false
+	}
+	return a * b, true
+}
+
+// addInt returns a+b for a, b ≥ 0, and false when the sum overflows int.
+func addInt(a, b int) (int, bool) {
+	if a > math.MaxInt-b {
+		return 0, false
+	}
+	return a + b, true
+}
+
+// CheckShape returns the number of elements of shape. It fails with an
+// error wrapping ErrShape when a size is negative or the product of the
+// sizes overflows int. name names the tensor in the message.
+func CheckShape(name string, shape []int) (int, error) {
+	for _, s := range shape {
+		if s < 0 {
+			return 0, Errorf(ErrShape, "%s: shape %v has a negative size", name, shape)
+		}
+	}
+	if slices.Contains(shape, 0) {
+		return 0, nil
+	}
+	n := 1
+	for _, s := range shape {
+		var ok bool
+		if n, ok = mulInt(n, s); !ok {
+			return 0, Errorf(ErrShape, "%s: shape %v has more elements than an int counts", name, shape)
+		}
+	}
+	return n, nil
+}
+
+// LayoutSpan returns end, the number of storage elements a strided view
+// needs: one past its largest storage index, offset + Σ (shape[d]−1)·strides[d],
+// or 0 when the view has no element. It fails with an error wrapping
+// ErrShape for a negative size or an element count that overflows int, and
+// ErrLayout for a strides slice whose length differs from the rank, a
+// negative stride or offset, or an end that overflows int. Every step is
+// overflow-checked. It does not check that elements are distinct (see
+// Tensor.CheckLayout). name names the tensor in the message.
+func LayoutSpan(name string, shape, strides []int, offset int) (end int, err error) {
+	if len(strides) != len(shape) {
+		return 0, Errorf(ErrLayout, "%s: %d strides for %d dims", name, len(strides), len(shape))
+	}
+	n, err := CheckShape(name, shape)
+	if err != nil {
+		return 0, err
+	}
+	for d, st := range strides {
+		if st < 0 {
+			return 0, Errorf(ErrLayout, "%s: negative stride %d in dim %d", name, st, d)
+		}
+	}
+	if offset < 0 {
+		return 0, Errorf(ErrLayout, "%s: negative offset %d", name, offset)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	end = offset
+	ok := true
+	for d, s := range shape {
+		var step int
+		if step, ok = mulInt(s-1, strides[d]); !ok {
+			break
+		}
+		if end, ok = addInt(end, step); !ok {
+			break
+		}
+	}
+	if ok {
+		end, ok = addInt(end, 1)
+	}
+	if !ok {
+		return 0, Errorf(ErrLayout, "%s: shape %v strides %v offset %d reach past the largest int index", name, shape, strides, offset)
+	}
+	return end, nil
+}
+
+// New returns a contiguous zero-filled tensor of dt and shape. It never
+// panics: when shape is invalid (a negative size, or more elements or bytes
+// than an int counts) or dt is, the tensor keeps dt and shape and has no
+// storage, so that CheckLayout, which every backend runs on its inputs,
+// fails with an error wrapping ErrShape (ErrDType). NewChecked returns that
+// error at once; use it for shapes that come from outside the program.
 func New(dt DType, shape ...int) Tensor {
+	t, err := NewChecked(dt, shape...)
+	if err != nil {
+		return Tensor{DType: dt, Shape: append([]int(nil), shape...)}
+	}
+	return t
+}
+
+// NewChecked returns a contiguous zero-filled tensor of dt and shape, or an
+// error wrapping ErrDType for an invalid dtype and ErrShape for a negative
+// size or an element or byte count that overflows int.
+func NewChecked(dt DType, shape ...int) (Tensor, error) {
+	if !dt.Valid() {
+		return Tensor{}, Errorf(ErrDType, "new tensor: dtype %d", int(dt))
+	}
+	n, err := CheckShape("new tensor", shape)
+	if err != nil {
+		return Tensor{}, err
+	}
+	if _, ok := mulInt(n, dt.Size()); !ok {
+		return Tensor{}, Errorf(ErrShape, "new tensor: shape %v has more bytes than an int counts", shape)
+	}
 	t := Tensor{DType: dt, Shape: append([]int(nil), shape...), Strides: ContiguousStrides(shape)}
-	n := NumElements(shape)
 	if dt == Float32 {
 		t.F32 = make([]float32, n)
 	} else {
 		t.Bits = make([]uint16, n)
 	}
-	return t
+	return t, nil
 }
 
 // FromFloat32 returns a contiguous tensor of type dt holding data (row-major
 // in shape), each value rounded to dt to nearest, ties to even. It panics if
-// len(data) differs from the number of elements, which is a programming error.
+// dt or shape is invalid or len(data) differs from the number of elements,
+// which are programming errors.
 func FromFloat32(dt DType, data []float32, shape ...int) Tensor {
-	if len(data) != NumElements(shape) {
+	t, err := NewChecked(dt, shape...)
+	if err != nil {
+		panic(fmt.Sprintf("attn.FromFloat32: %v", err))
+	}
+	if len(data) != t.storageLen() {
 		panic(fmt.Sprintf("attn.FromFloat32: %d values for shape %v", len(data), shape))
 	}
-	t := New(dt, shape...)
 	for i, x := range data {
 		t.setLinear(i, x)
 	}
@@ -71,7 +189,8 @@ func FromFloat32(dt DType, data []float32, shape ...int) Tensor {
 // Rank returns the number of dimensions.
 func (t Tensor) Rank() int { return len(t.Shape) }
 
-// NumElements returns the number of logical elements.
+// NumElements returns the number of logical elements. The shape must be
+// valid (CheckShape).
 func (t Tensor) NumElements() int { return NumElements(t.Shape) }
 
 // strides returns the effective strides.
@@ -133,22 +252,23 @@ func (t Tensor) Set(x float32, idx ...int) { t.Store(t.Index(idx...), x) }
 
 // Float32s returns the elements in row-major logical order as float32.
 func (t Tensor) Float32s() []float32 {
-	out := make([]float32, t.NumElements())
+	out := make([]float32, t.mustSpan())
 	t.each(func(lin, off int) { out[lin] = t.Load(off) })
 	return out
 }
 
 // Float64s returns the elements in row-major logical order as float64.
 func (t Tensor) Float64s() []float64 {
-	out := make([]float64, t.NumElements())
+	out := make([]float64, t.mustSpan())
 	t.each(func(lin, off int) { out[lin] = float64(t.Load(off)) })
 	return out
 }
 
 // each calls f with the row-major linear index and the storage offset of
-// every element.
+// every element. It panics with the error of checkSpan when t's elements
+// are not all inside its storage.
 func (t Tensor) each(f func(lin, off int)) {
-	n := t.NumElements()
+	n := t.mustSpan()
 	if n == 0 {
 		return
 	}
@@ -174,7 +294,7 @@ func (t Tensor) each(f func(lin, off int)) {
 // bf16 element): the contiguous image of the tensor, for copies to devices
 // and files.
 func (t Tensor) Bytes() []byte {
-	out := make([]byte, t.NumElements()*t.DType.Size())
+	out := make([]byte, t.mustSpan()*t.DType.Size())
 	if t.DType == Float32 {
 		t.each(func(lin, off int) { binary.LittleEndian.PutUint32(out[4*lin:], math.Float32bits(t.F32[off])) })
 	} else {
@@ -186,48 +306,73 @@ func (t Tensor) Bytes() []byte {
 // Fill sets every element to x (rounded to the dtype).
 func (t Tensor) Fill(x float32) { t.each(func(_, off int) { t.Store(off, x) }) }
 
-// CheckLayout reports whether the tensor is well formed: a valid dtype,
-// storage of that dtype, non-negative sizes and strides, no two elements
-// sharing storage, and every element inside the storage. name is used in the
-// error message.
-func (t Tensor) CheckLayout(name string) error {
+// mustSpan returns the number of elements of t, and panics with the error
+// of checkSpan when its elements are not all inside its storage.
+func (t Tensor) mustSpan() int {
+	n, err := t.checkSpan("tensor")
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// checkSpan returns the number of elements of t, and an error (wrapping
+// ErrDType, ErrShape or ErrLayout) unless t has a valid dtype, storage of
+// that dtype and every element inside the storage. It does not check that
+// the elements are distinct.
+func (t Tensor) checkSpan(name string) (int, error) {
 	if !t.DType.Valid() {
-		return Errorf(ErrDType, "%s: dtype %d", name, int(t.DType))
+		return 0, Errorf(ErrDType, "%s: dtype %d", name, int(t.DType))
 	}
 	if t.DType == Float32 && t.Bits != nil && t.F32 == nil {
-		return Errorf(ErrDType, "%s: dtype fp32 but storage holds 16-bit values", name)
+		return 0, Errorf(ErrDType, "%s: dtype fp32 but storage holds 16-bit values", name)
 	}
 	if t.DType != Float32 && t.F32 != nil && t.Bits == nil {
-		return Errorf(ErrDType, "%s: dtype %v but storage holds float32 values", name, t.DType)
+		return 0, Errorf(ErrDType, "%s: dtype %v but storage holds float32 values", name, t.DType)
 	}
+	n, err := CheckShape(name, t.Shape)
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := mulInt(n, t.DType.Size()); !ok {
+		return 0, Errorf(ErrShape, "%s: shape %v has more bytes than an int counts", name, t.Shape)
+	}
+	st := t.Strides
+	if st == nil {
+		st = ContiguousStrides(t.Shape) // the count fits an int: so do these
+	}
+	end, err := LayoutSpan(name, t.Shape, st, t.Offset)
+	if err != nil {
+		return 0, err
+	}
+	if end > t.storageLen() {
+		return 0, Errorf(ErrLayout, "%s: shape %v strides %v offset %d reach element %d of a storage of %d",
+			name, t.Shape, st, t.Offset, end-1, t.storageLen())
+	}
+	return n, nil
+}
+
+// CheckLayout reports whether the tensor is well formed: a valid dtype,
+// storage of that dtype, non-negative sizes whose product (in elements and
+// in bytes) fits an int,
+// non-negative strides and offset, no two elements sharing storage, and
+// every element inside the storage. Every step of the arithmetic is
+// overflow-checked. The error wraps ErrDType, ErrShape or ErrLayout; name
+// names the tensor in its message.
+//
+// The methods that read or write elements (At, Set, Index, Load, Store)
+// assume a tensor that passes CheckLayout; the bulk ones (Float32s,
+// Float64s, Bytes, Fill, IsFinite) panic with this error on one whose
+// elements are not all inside its storage.
+func (t Tensor) CheckLayout(name string) error {
+	n, err := t.checkSpan(name)
+	if err != nil || n == 0 {
+		return err
+	}
+	// Overlap: sorted by stride, each dim's stride must clear the span of
+	// the smaller ones. Each span is at most the storage length (checkSpan
+	// bounded the sum of all (size−1)·stride), so none of this overflows.
 	st := t.strides()
-	if len(st) != len(t.Shape) {
-		return Errorf(ErrLayout, "%s: %d strides for %d dims", name, len(st), len(t.Shape))
-	}
-	for d, s := range t.Shape {
-		if s < 0 {
-			return Errorf(ErrShape, "%s: shape %v has a negative size", name, t.Shape)
-		}
-		if st[d] < 0 {
-			return Errorf(ErrLayout, "%s: negative stride %d in dim %d", name, st[d], d)
-		}
-	}
-	if t.Offset < 0 {
-		return Errorf(ErrLayout, "%s: negative offset %d", name, t.Offset)
-	}
-	if t.NumElements() == 0 {
-		return nil
-	}
-	// Past the data: the largest storage index must exist.
-	last := t.Offset
-	for d, s := range t.Shape {
-		last += (s - 1) * st[d]
-	}
-	if last >= t.storageLen() {
-		return Errorf(ErrLayout, "%s: shape %v strides %v offset %d reach element %d of a storage of %d",
-			name, t.Shape, st, t.Offset, last, t.storageLen())
-	}
-	// Overlap: sorted by stride, each dim's stride must clear the span of the smaller ones.
 	dims := make([]int, 0, len(t.Shape))
 	for d, s := range t.Shape {
 		if s > 1 {
