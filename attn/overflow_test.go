@@ -3,6 +3,7 @@ package attn
 import (
 	"errors"
 	"math"
+	"math/big"
 	"strings"
 	"testing"
 )
@@ -180,6 +181,107 @@ func TestNewProblemOverflow(t *testing.T) {
 			_, err := NewProblem(tc.q, tc.k, tc.v, Options{})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("error %v, want one wrapping %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// visibleBig is the definition of the mask in exact arithmetic: key j is
+// visible to query i (n queries over m keys) when it lies within the window
+// around the diagonal and, with Causal, not after the diagonal.
+func visibleBig(opt Options, i, j, n, m int) bool {
+	d := big.NewInt(int64(i))
+	if opt.Align == AlignBottomRight {
+		d.Add(d, big.NewInt(int64(m-n)))
+	}
+	jb := big.NewInt(int64(j))
+	if opt.Window != nil {
+		if l := opt.Window.Left; l >= 0 && jb.Cmp(new(big.Int).Sub(d, big.NewInt(int64(l)))) < 0 {
+			return false
+		}
+		if r := opt.Window.Right; r >= 0 && jb.Cmp(new(big.Int).Add(d, big.NewInt(int64(r)))) > 0 {
+			return false
+		}
+	}
+	return !opt.Causal || jb.Cmp(d) <= 0
+}
+
+// TestWindowOverflow checks KeyRange against the exact definition for
+// window sides up to MaxInt, both with the sides resolved by NewProblem
+// and with the raw sides (a Problem built by hand), whose arithmetic must
+// saturate instead of wrapping.
+func TestWindowOverflow(t *testing.T) {
+	const mx = math.MaxInt
+	sides := []int{-1, math.MinInt, 0, 1, 5, 6, 7, 8, mx / 2, mx - 1, mx}
+	sizes := [][2]int{{1, 1}, {3, 7}, {7, 3}, {6, 6}, {0, 4}, {4, 0}}
+	for _, sz := range sizes {
+		n, m := sz[0], sz[1]
+		for _, align := range []Align{AlignBottomRight, AlignTopLeft} {
+			for _, causal := range []bool{false, true} {
+				for _, l := range sides {
+					for _, r := range sides {
+						opt := Options{Window: &Window{Left: l, Right: r}, Align: align, Causal: causal}
+						p, err := NewProblem(New(Float32, 1, n, 1, 4), New(Float32, 1, m, 1, 4), New(Float32, 1, m, 1, 4), opt)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if p.Left >= max(n, m) || p.Right >= max(n, m) {
+							t.Errorf("n=%d m=%d %+v: resolved sides %d, %d not below max(N, M)", n, m, *opt.Window, p.Left, p.Right)
+						}
+						raw := &Problem{N: n, M: m, Opt: opt}
+						raw.Left, raw.Right, raw.Masked = opt.MaskBounds()
+						for _, q := range []*Problem{p, raw} {
+							for i := 0; i < n; i++ {
+								for j := 0; j < m; j++ {
+									if got, want := q.Visible(i, j, n, m), visibleBig(opt, i, j, n, m); got != want {
+										t.Fatalf("n=%d m=%d %v causal=%v window %+v (resolved %d, %d): Visible(%d, %d) = %v, want %v",
+											n, m, align, causal, *opt.Window, q.Left, q.Right, i, j, got, want)
+									}
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestResolveMask(t *testing.T) {
+	const mx = math.MaxInt
+	tests := []struct {
+		name        string
+		n, m        int
+		opt         Options
+		left, right int
+		masked      bool
+	}{
+		{"window MaxInt both sides masks nothing", 16, 16, Options{Window: &Window{Left: mx, Right: mx}}, -1, -1, false},
+		{"right MaxInt", 16, 16, Options{Window: &Window{Left: 0, Right: mx}}, 0, -1, true},
+		{"left MaxInt is causal", 16, 16, Options{Window: &Window{Left: mx, Right: 0}}, -1, 0, true},
+		{"causal with window MaxInt", 16, 9, Options{Causal: true, Window: &Window{Left: mx, Right: mx}}, -1, 0, true},
+		{"side max(N, M) is unbounded", 5, 9, Options{Window: &Window{Left: 9, Right: 9}}, -1, -1, false},
+		{"side max(N, M)-1 stays", 5, 9, Options{Window: &Window{Left: 8, Right: 8}}, 8, 8, true},
+		{"varlen: longest segment", 0, 0, Options{Window: &Window{Left: 6, Right: 7}, CuSeqlensQ: []int32{0, 2, 9}, CuSeqlensK: []int32{0, 7, 10}}, 6, -1, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			q, k := New(Float32, 1, tc.n, 1, 4), New(Float32, 1, tc.m, 1, 4)
+			if tc.opt.CuSeqlensQ != nil {
+				q, k = New(Float32, 9, 1, 4), New(Float32, 10, 1, 4)
+			}
+			p, err := NewProblem(q, k, k, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Left != tc.left || p.Right != tc.right || p.Masked != tc.masked {
+				t.Fatalf("resolved to left %d right %d masked %v, want %d %d %v", p.Left, p.Right, p.Masked, tc.left, tc.right, tc.masked)
+			}
+			// ResolveMask is idempotent and what NewProblem applies.
+			again := *p
+			again.ResolveMask()
+			if again.Left != p.Left || again.Right != p.Right || again.Masked != p.Masked {
+				t.Fatalf("ResolveMask again: %d %d %v", again.Left, again.Right, again.Masked)
 			}
 		})
 	}

@@ -25,7 +25,8 @@ type Problem struct {
 	TotalQ, TotalK int
 	// Scale is the resolved scale (never 0).
 	Scale float64
-	// Left and Right are the effective window (negative: unbounded); Masked reports whether any mask applies.
+	// Left and Right are the effective window (negative: unbounded; see
+	// ResolveMask); Masked reports whether any mask applies.
 	Left, Right int
 	Masked      bool
 	// Opt are the options as given.
@@ -46,23 +47,70 @@ func (p *Problem) Segment(b int) (q0, n, k0, m int) {
 }
 
 // KeyRange returns the visible keys [lo, hi) of query i in a sequence of n
-// queries over m keys; lo ≥ hi means the row sees no key.
+// queries over m keys; lo ≥ hi means the row sees no key. Its arithmetic
+// saturates instead of wrapping, so it is right for any values of i, n, m
+// and the window sides.
 func (p *Problem) KeyRange(i, n, m int) (lo, hi int) {
 	if !p.Masked {
 		return 0, m
 	}
 	diag := i
 	if p.Opt.Align == AlignBottomRight {
-		diag = i + m - n
+		diag = satAdd(i, satSub(m, n))
 	}
 	lo, hi = 0, m
-	if p.Left >= 0 && diag-p.Left > lo {
-		lo = diag - p.Left
+	if p.Left >= 0 {
+		lo = max(lo, satSub(diag, p.Left))
 	}
-	if p.Right >= 0 && diag+p.Right+1 < hi {
-		hi = diag + p.Right + 1
+	if p.Right >= 0 {
+		hi = min(hi, satAdd(satAdd(diag, p.Right), 1))
 	}
 	return lo, hi
+}
+
+// satAdd returns a+b clamped to [math.MinInt, math.MaxInt].
+func satAdd(a, b int) int {
+	s := a + b
+	switch {
+	case b > 0 && s < a:
+		return math.MaxInt
+	case b < 0 && s > a:
+		return math.MinInt
+	}
+	return s
+}
+
+// satSub returns a−b clamped to [math.MinInt, math.MaxInt].
+func satSub(a, b int) int {
+	s := a - b
+	switch {
+	case b < 0 && s < a:
+		return math.MaxInt
+	case b > 0 && s > a:
+		return math.MinInt
+	}
+	return s
+}
+
+// ResolveMask sets Left, Right and Masked from Opt (Causal and Window) and
+// the sequence lengths N and M (the longest segments of a packed batch),
+// which must be set. A window side of at least W = max(N, M) reaches past
+// every key of every segment under either alignment, so it becomes
+// unbounded (−1): query i of n over m keys has its diagonal d at i or
+// i + m − n, so d − W < 0 and d + W ≥ m. A window whose sides are both
+// unbounded masks nothing. The sides that remain are below W, which keeps
+// the diagonal arithmetic of every backend and kernel far from overflow.
+// NewProblem calls it; so must any code that builds a Problem itself.
+func (p *Problem) ResolveMask() {
+	p.Left, p.Right, p.Masked = p.Opt.MaskBounds()
+	wide := max(p.N, p.M)
+	if p.Left >= wide {
+		p.Left = -1
+	}
+	if p.Right >= wide {
+		p.Right = -1
+	}
+	p.Masked = p.Left >= 0 || p.Right >= 0
 }
 
 // Visible reports whether key j is visible to query i (n queries, m keys).
@@ -204,7 +252,7 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 	if opt.Align != AlignBottomRight && opt.Align != AlignTopLeft {
 		return nil, Errorf(ErrOption, "align %d is neither bottom-right nor top-left", int(opt.Align))
 	}
-	p.Left, p.Right, p.Masked = opt.MaskBounds()
+	p.ResolveMask()
 	if opt.Bias != nil {
 		if err := p.checkBias(opt.Bias.Tensor); err != nil {
 			return nil, err

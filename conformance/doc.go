@@ -34,7 +34,8 @@
 //
 // Odd sequence lengths (1, 3, 113/203, 1023/1024), head dimensions 1 to 512
 // (59, 111, 127, 199, 257, 512), DK ≠ DV, GQA and MQA (6:1, 6:2, 8:1), N > M
-// and N < M under both causal alignments, sliding windows, rows that see no
+// and N < M under both causal alignments, sliding windows (sides up to
+// MaxInt, which mean unbounded), rows that see no
 // key, softcap, bias with every broadcast and its gradient, dropout (the
 // kept fraction, and forward and backward against the oracle's Philox
 // mask), packed variable-length batches with zero-length segments, strided

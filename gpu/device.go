@@ -197,7 +197,7 @@ func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, erro
 	if o.Align != attn.AlignBottomRight && o.Align != attn.AlignTopLeft {
 		return nil, attn.Errorf(attn.ErrOption, "align %d is neither bottom-right nor top-left", int(o.Align))
 	}
-	p.Left, p.Right, p.Masked = o.MaskBounds()
+	p.ResolveMask()
 	if opt.Bias != nil {
 		if p.Varlen {
 			return nil, attn.Errorf(attn.ErrUnsupported, "bias with a packed variable-length batch")
