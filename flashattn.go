@@ -47,12 +47,26 @@ const (
 	AlignTopLeft     = attn.AlignTopLeft     // query i's diagonal at key i
 )
 
-// Result is the output of a forward pass: O and the float32 log-sum-exp LSE.
+// Result is the output of a forward pass: O [B, N, H, DV] in q's dtype and
+// the float32 natural-log log-sum-exp LSE [B, H, N] (packed batches:
+// [totalQ, H, DV] and [H, totalQ]). Read them with res.O.Float32s() (all
+// elements in row-major order), res.O.At(b, i, h, d) and res.O.Shape; see
+// Tensor's methods in package attn.
 type Result = attn.Result
 
-// Gradients is the output of a backward pass: dQ, dK, dV and, when asked
-// for, dBias.
+// Gradients is the output of a backward pass: DQ, DK, DV in the shapes of
+// q, k, v and, when the bias asked for it, DBias. Read them like Result.
 type Gradients = attn.Gradients
+
+// Generator hands out the dropout (Seed, Offset) pair of successive calls,
+// as PyTorch's generator does, so that every call draws a mask of its own:
+// opt = gen.Draw(opt) before each forward (Next, State and SetState are its
+// other methods; see attn.Generator). The backward must reuse the forward's
+// pair, which Forwarded does.
+type Generator = attn.Generator
+
+// NewGenerator returns a dropout generator whose first pair is (seed, 0).
+func NewGenerator(seed uint64) *Generator { return attn.NewGenerator(seed) }
 
 // Backend computes attention forward and backward. Backends that hold
 // resources (the CUDA backend) also implement io.Closer.
@@ -79,6 +93,32 @@ func New(dt DType, shape ...int) Tensor { return attn.New(dt, shape...) }
 func FromFloat32(dt DType, data []float32, shape ...int) Tensor {
 	return attn.FromFloat32(dt, data, shape...)
 }
+
+// NewLike returns a zero-filled tensor of type dt with like's shape, laid
+// out densely in like's memory order (see attn.NewLike).
+func NewLike(dt DType, like Tensor) Tensor { return attn.NewLike(dt, like) }
+
+// BSHD returns t, a tensor in the native [B, S, H, D] order (flash_attn's),
+// after checking that its rank is 4 (otherwise the error wraps ErrShape).
+func BSHD(t Tensor) (Tensor, error) { return attn.BSHD(t) }
+
+// BHSD returns the [B, S, H, D] view of a tensor held as [B, H, S, D]
+// (PyTorch's scaled_dot_product_attention order), without copying. Without
+// it such a tensor is read as [B, S, H, D], heads and positions swapped. A
+// rank other than 4 wraps ErrShape.
+func BHSD(t Tensor) (Tensor, error) { return attn.BHSD(t) }
+
+// ToBHSD returns the [B, H, S, D] view of a [B, S, H, D] tensor such as O or
+// a gradient, without copying: results in PyTorch's order.
+func ToBHSD(t Tensor) (Tensor, error) { return attn.ToBHSD(t) }
+
+// THD returns t, a packed variable-length tensor [T, H, D], after checking
+// that its rank is 3 (otherwise the error wraps ErrShape).
+func THD(t Tensor) (Tensor, error) { return attn.THD(t) }
+
+// Permute returns the view of t whose dimension d is t's dimension perm[d],
+// without copying (see attn.Permute).
+func Permute(t Tensor, perm ...int) (Tensor, error) { return attn.Permute(t, perm...) }
 
 // ParseDType parses fp32, fp16 or bf16 (also float32, float16, bfloat16).
 func ParseDType(s string) (DType, error) { return attn.ParseDType(s) }
@@ -131,6 +171,12 @@ func Forward(q, k, v Tensor, opt Options) (Result, error) {
 // Backward computes dQ, dK, dV (and dBias when opt.Bias.RequiresGrad) from
 // the forward's inputs q, k, v, its outputs o and lse, and the output
 // gradient dO, on the automatically chosen backend (see Forward).
+//
+// opt must be the forward's options, unchanged: the same mask, alignment,
+// scale, softcap, bias, cu_seqlens and dropout probability, seed and
+// offset. Other options are not detected; they give wrong gradients. This
+// form is for callers that keep O and LSE themselves; ForwardOn returns a
+// Forwarded whose Backward takes only dO and cannot be given other options.
 func Backward(q, k, v, o, lse, dO Tensor, opt Options) (Gradients, error) {
 	return auto().Backward(q, k, v, o, lse, dO, opt)
 }

@@ -24,11 +24,13 @@ type bwd struct {
 	chunks int
 	dqp    []float32
 	g      attn.Gradients
+	// gq, gk, gv write the rows of g.DQ, g.DK, g.DV in their layout.
+	gq, gk, gv src
 }
 
 // Backward computes dQ, dK, dV (and dBias when the bias asks for it), each
-// contiguous in its input's dtype and shape, from the forward's inputs, its
-// outputs o and lse, and dO.
+// in its input's dtype, shape and memory order (attn.NewLike), from the
+// forward's inputs, its outputs o and lse, and dO.
 //
 // Q, dO, K and V are first packed as float32 (K and V also transposed, in
 // blocks of blockK keys). The work is then cut into fixed units,
@@ -49,7 +51,8 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 		return attn.Gradients{}, err
 	}
 	w := &bwd{call: c, do: newSrc(dO), o: newSrc(o)}
-	w.g = attn.Gradients{DQ: attn.New(q.DType, q.Shape...), DK: attn.New(k.DType, k.Shape...), DV: attn.New(v.DType, v.Shape...)}
+	w.g = attn.Gradients{DQ: attn.NewLike(q.DType, q), DK: attn.NewLike(k.DType, k), DV: attn.NewLike(v.DType, v)}
+	w.gq, w.gk, w.gv = newSrc(w.g.DQ), newSrc(w.g.DK), newSrc(w.g.DV)
 	units := c.queryUnits()
 
 	// Pass 1: pack Q, dO (with LSE and Delta) and the key blocks, and
@@ -248,8 +251,8 @@ func (w *bwd) keyUnit(sc *scratch, sg seg, kh, ch int) {
 			}
 		}
 		for j := 0; j < cols; j++ {
-			storeRow(w.g.DK, keyRow(p, sg, j0+j, kh, dk), accK[j*dk:(j+1)*dk], w.scale)
-			storeRow(w.g.DV, keyRow(p, sg, j0+j, kh, dv), accV[j*dv:(j+1)*dv], 1)
+			w.gk.store(sg.vb, sg.k0+j0+j, kh, accK[j*dk:(j+1)*dk], w.scale)
+			w.gv.store(sg.vb, sg.k0+j0+j, kh, accV[j*dv:(j+1)*dv], 1)
 		}
 	}
 }
@@ -268,7 +271,7 @@ func (w *bwd) sumDQ(u qunit) {
 				row[d] += x
 			}
 		}
-		storeRow(w.g.DQ, outRow(p, u.sg, u.i0+r, u.h, dk), row, w.scale)
+		w.gq.store(u.sg.vb, u.sg.q0+u.i0+r, u.h, row, w.scale)
 	}
 }
 

@@ -67,6 +67,19 @@ func (s src) loadBits(dst []uint16, b, i, h int) {
 	}
 }
 
+// store writes scale·row[d] to element (b, i, h, d) of s's tensor, rounded
+// to its dtype.
+func (s src) store(b, i, h int, row []float32, scale float32) {
+	o := s.off + b*s.sb + i*s.si + h*s.sh
+	if s.sd == 1 {
+		storeRow(s.t, o, row[:s.n], scale)
+		return
+	}
+	for d, x := range row[:s.n] {
+		s.t.Store(o+d*s.sd, x*scale)
+	}
+}
+
 // view is a float32 image of a bias [B, H, N, M] whose last dimension is
 // contiguous: element (b, h, i, j) is at data[off + b·sb + h·sh + i·si + j].
 type view struct {
@@ -141,11 +154,6 @@ func segments(p *attn.Problem) []seg {
 // like q or O ([B, N, H, d] or [T, H, d]) with head dimension d.
 func outRow(p *attn.Problem, sg seg, i, h, d int) int {
 	return ((sg.vb*p.N+sg.q0+i)*p.H + h) * d
-}
-
-// keyRow is outRow for tensors shaped like k or v.
-func keyRow(p *attn.Problem, sg seg, j, kh, d int) int {
-	return ((sg.vb*p.M+sg.k0+j)*p.Hkv + kh) * d
 }
 
 // lseIndex returns the index of row (i, h) of sg in a contiguous LSE. The
