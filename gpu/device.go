@@ -36,6 +36,46 @@ func NewDeviceTensor(dev *cuda.Device, dt attn.DType, shape ...int) (DeviceTenso
 	return t, nil
 }
 
+// TensorAt returns a device tensor viewing memory the caller owns, for
+// frameworks that keep their tensors in their own allocations: element
+// (i0, i1, …) of type dt lives at address ptr + (Σ i_d·strides[d])·size
+// (nil strides: contiguous row-major). ptr must be a device address in
+// dev's context (see cuda.OpenContext for a context of the caller's); the
+// memory is borrowed (cuda.Device.BorrowBuffer), so Free leaves it to the
+// caller, who keeps it alive while work enqueued on it runs. It fails with
+// errors wrapping attn.ErrLayout, attn.ErrShape or attn.ErrDType for a
+// layout that is not well formed (negative sizes or strides, extents that
+// overflow).
+func TensorAt(dev *cuda.Device, ptr uint64, dt attn.DType, shape, strides []int) (DeviceTensor, error) {
+	if !dt.Valid() {
+		return DeviceTensor{}, attn.Errorf(attn.ErrDType, "TensorAt: dtype %d", int(dt))
+	}
+	if strides == nil {
+		strides = attn.ContiguousStrides(shape)
+	}
+	t := DeviceTensor{DType: dt, Shape: append([]int(nil), shape...), Strides: append([]int(nil), strides...)}
+	end, err := attn.LayoutSpan("TensorAt", shape, strides, 0)
+	if err != nil {
+		return DeviceTensor{}, err
+	}
+	span := int64(end)
+	if span == 0 {
+		return t, nil
+	}
+	if ptr == 0 {
+		return DeviceTensor{}, attn.Errorf(attn.ErrLayout, "TensorAt: nil device pointer for %v", shape)
+	}
+	if span > math.MaxInt64/int64(dt.Size()) {
+		return DeviceTensor{}, attn.Errorf(attn.ErrLayout, "TensorAt: %d elements of %d bytes overflow", span, dt.Size())
+	}
+	buf, err := dev.BorrowBuffer(ptr, span*int64(dt.Size()))
+	if err != nil {
+		return DeviceTensor{}, attn.Errorf(attn.ErrLayout, "TensorAt: %v", err)
+	}
+	t.Buf = buf
+	return t, nil
+}
+
 // Free frees the tensor's buffer (if any).
 func (t DeviceTensor) Free() error {
 	if t.Buf == nil {
@@ -77,21 +117,17 @@ func (t DeviceTensor) check(name string, dt attn.DType, rank int, feat bool) err
 	if len(st) != rank {
 		return attn.Errorf(attn.ErrLayout, "%s: %d strides for %d dims", name, len(st), rank)
 	}
-	last := t.Offset
-	for d, s := range t.Shape {
-		if s < 0 || st[d] < 0 {
-			return attn.Errorf(attn.ErrLayout, "%s: shape %v strides %v: negative entry", name, t.Shape, st)
-		}
-		if s > 0 {
-			last += int64(s-1) * int64(st[d])
-		}
+	if t.Offset > math.MaxInt {
+		return attn.Errorf(attn.ErrLayout, "%s: offset %d past the largest int index", name, t.Offset)
 	}
-	if t.Offset < 0 {
-		return attn.Errorf(attn.ErrLayout, "%s: negative offset %d", name, t.Offset)
+	end, err := attn.LayoutSpan(name, t.Shape, st, int(t.Offset))
+	if err != nil {
+		return err
 	}
-	if t.NumElements() == 0 {
+	if end == 0 {
 		return nil
 	}
+	last := int64(end - 1)
 	if t.Buf == nil {
 		return attn.Errorf(attn.ErrLayout, "%s: no buffer for %v", name, t.Shape)
 	}

@@ -175,3 +175,60 @@ func parallelCopy(dst, src []byte) {
 	}
 	wg.Wait()
 }
+
+// LinkBandwidth measures the host↔device link in bytes per second, to the
+// device and from it, with CUDA events around repeated 64 MiB copies
+// between pinned host memory and device memory (the host path's staging
+// moves its data the same way).
+func (b *Backend) LinkBandwidth() (toDevice, fromDevice float64, err error) {
+	const size, reps = 64 << 20, 8
+	h, err := b.dev.AllocHost(size)
+	if err != nil {
+		return 0, 0, fmt.Errorf("gpu: link bandwidth: %w", err)
+	}
+	defer h.Free()
+	d, err := b.dev.Alloc(size)
+	if err != nil {
+		return 0, 0, fmt.Errorf("gpu: link bandwidth: %w", err)
+	}
+	defer d.Free()
+	var ev [2]*cuda.Event
+	for i := range ev {
+		if ev[i], err = b.dev.NewEvent(); err != nil {
+			return 0, 0, fmt.Errorf("gpu: link bandwidth: %w", err)
+		}
+		defer ev[i].Close()
+	}
+	s := b.stream
+	rate := func(copy func() error) (float64, error) {
+		if err := copy(); err != nil { // warm-up
+			return 0, err
+		}
+		if err := ev[0].Record(s); err != nil {
+			return 0, err
+		}
+		for range reps {
+			if err := copy(); err != nil {
+				return 0, err
+			}
+		}
+		if err := ev[1].Record(s); err != nil {
+			return 0, err
+		}
+		if err := ev[1].Synchronize(); err != nil {
+			return 0, err
+		}
+		ms, err := cuda.ElapsedMs(ev[0], ev[1])
+		if err != nil {
+			return 0, err
+		}
+		return float64(size) * reps / (float64(ms) / 1e3), nil
+	}
+	if toDevice, err = rate(func() error { return b.dev.CopyToDeviceAsync(d, 0, h.Bytes(), s) }); err != nil {
+		return 0, 0, fmt.Errorf("gpu: link bandwidth: %w", err)
+	}
+	if fromDevice, err = rate(func() error { return b.dev.CopyFromDeviceAsync(h.Bytes(), d, 0, s) }); err != nil {
+		return 0, 0, fmt.Errorf("gpu: link bandwidth: %w", err)
+	}
+	return toDevice, fromDevice, nil
+}

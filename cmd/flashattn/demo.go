@@ -99,9 +99,6 @@ func runDemo(args []string, stdout io.Writer) error {
 		}
 		err = demo(b, c, stdout)
 		closeBackend(b)
-		if err == nil {
-			deviceSpeed(c, stdout)
-		}
 		if !errors.Is(err, flashattn.ErrUnsupported) {
 			return err
 		}
@@ -119,21 +116,19 @@ func demoWith(name string, c demoConfig, stdout io.Writer) error {
 	}
 	err = demo(b, c, stdout)
 	closeBackend(b)
-	if err == nil && name == "cuda" {
-		deviceSpeed(c, stdout)
-	}
 	return err
 }
 
 // deviceSpeed times the demo's step again with the tensors resident on the
-// GPU (no host copies), through the benchmark's CUDA-event timing, and prints
-// one line. It reports problems as a note: the demo's verdict rests on the
-// check, not on this line.
-func deviceSpeed(c demoConfig, stdout io.Writer) {
+// GPU (no host copies), through the benchmark's CUDA-event timing, prints
+// one line and returns the forward and backward medians in ms (ok false
+// when it could not time them: it then prints a note instead; the demo's
+// verdict rests on the check, not on this line).
+func deviceSpeed(c demoConfig, stdout io.Writer) (fwdMs, bwdMs float64, fwdRate, bwdRate float64, ok bool) {
 	r, err := bench.OpenRunner("cuda")
 	if err != nil {
 		fmt.Fprintf(stdout, "note      no device-resident timing: %s\n", oneLine(err))
-		return
+		return 0, 0, 0, 0, false
 	}
 	defer r.Close()
 	c, dt := c.resolve(true)
@@ -145,15 +140,76 @@ func deviceSpeed(c demoConfig, stdout io.Writer) {
 		rec := bench.Run(r, bc, bench.DeviceTiming())
 		if !rec.OK() {
 			fmt.Fprintf(stdout, "note      no device-resident timing of %s: %s\n", pass, oneLine(errors.New(rec.Message)))
-			return
+			return 0, 0, 0, 0, false
 		}
 		line += fmt.Sprintf(" %s %.3f ms %.1f TFLOP/s", pass, rec.MedianMs, rec.TFLOPs)
 		if rec.DQAlgorithm != "" {
 			line += fmt.Sprintf(" (dQ %s)", rec.DQAlgorithm)
 		}
 		line += ";"
+		if pass == bench.Forward {
+			fwdMs, fwdRate = rec.MedianMs, rec.TFLOPs
+		} else {
+			bwdMs, bwdRate = rec.MedianMs, rec.TFLOPs
+		}
 	}
 	fmt.Fprintf(stdout, "%s device-resident tensors, CUDA events, median\n", line)
+	return fwdMs, bwdMs, fwdRate, bwdRate, true
+}
+
+// intoBackend is a backend that writes into caller-allocated outputs.
+type intoBackend interface {
+	ForwardInto(q, k, v flashattn.Tensor, res flashattn.Result, opt flashattn.Options) error
+	BackwardInto(q, k, v, o, lse, dO flashattn.Tensor, g flashattn.Gradients, opt flashattn.Options) error
+}
+
+// timeInto times the step again through the Into forms, writing into
+// outputs allocated once, and prints one line.
+func timeInto(b intoBackend, q, k, v, dO flashattn.Tensor, res flashattn.Result, grads flashattn.Gradients, opt flashattn.Options, iters int, flops float64, stdout io.Writer) error {
+	r := flashattn.Result{O: flashattn.New(res.O.DType, res.O.Shape...), LSE: flashattn.New(res.LSE.DType, res.LSE.Shape...)}
+	g := flashattn.Gradients{DQ: flashattn.New(grads.DQ.DType, grads.DQ.Shape...), DK: flashattn.New(grads.DK.DType, grads.DK.Shape...),
+		DV: flashattn.New(grads.DV.DType, grads.DV.Shape...)}
+	var tf, tb []time.Duration
+	for range iters {
+		t0 := time.Now()
+		if err := b.ForwardInto(q, k, v, r, opt); err != nil {
+			return fmt.Errorf("forward into: %w", err)
+		}
+		tf = append(tf, time.Since(t0))
+		t0 = time.Now()
+		if err := b.BackwardInto(q, k, v, r.O, r.LSE, dO, g, opt); err != nil {
+			return fmt.Errorf("backward into: %w", err)
+		}
+		tb = append(tb, time.Since(t0))
+	}
+	fwd, bwd := median(tf), median(tb)
+	fmt.Fprintf(stdout, "host into forward %.4f s %s, backward %.4f s %s: into outputs allocated once, median\n",
+		fwd.Seconds(), rate(flops, fwd), bwd.Seconds(), rate(2.5*flops, bwd))
+	return nil
+}
+
+// linkMeter is a backend that can measure its host↔device link.
+type linkMeter interface {
+	LinkBandwidth() (toDevice, fromDevice float64, err error)
+}
+
+// hostFloor prints how the host-tensor times compare with their floor: the
+// device-resident kernel time plus the bytes each call moves over the
+// measured host↔device link.
+func hostFloor(b flashattn.Backend, fwd, bwd time.Duration, fwdMs, bwdMs float64, in, out [2]float64, stdout io.Writer) {
+	lm, ok := b.(linkMeter)
+	if !ok {
+		return
+	}
+	h2d, d2h, err := lm.LinkBandwidth()
+	if err != nil {
+		fmt.Fprintf(stdout, "note      no link measurement: %s\n", oneLine(err))
+		return
+	}
+	floor := func(kernelMs, in, out float64) float64 { return kernelMs + 1e3*(in/h2d+out/d2h) }
+	ff, fb := floor(fwdMs, in[0], out[0]), floor(bwdMs, in[1], out[1])
+	fmt.Fprintf(stdout, "link      to device %.1f GB/s, from device %.1f GB/s (pinned, CUDA events); host-tensor forward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out), backward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out)\n",
+		h2d/1e9, d2h/1e9, fwd.Seconds()*1e3/ff, ff, in[0]/1e6, out[0]/1e6, bwd.Seconds()*1e3/fb, fb, in[1]/1e6, out[1]/1e6)
 }
 
 // closeBackend releases b's resources when it holds any.
@@ -273,12 +329,33 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 	}
 	fwd, bwd := median(tf), median(tb)
 	flops := p.FLOPs()
-	copies := ""
+	fwdRate, bwdRate := rate(flops, fwd), rate(2.5*flops, bwd)
 	if gpu {
-		copies = "  (host tensors: copies to and from the device included)"
+		fmt.Fprintf(stdout, "host      forward %.4f s %s, backward %.4f s %s: host tensors, copies to and from the device included, median\n",
+			fwd.Seconds(), fwdRate, bwd.Seconds(), bwdRate)
+		if ib, ok := b.(intoBackend); ok {
+			if err := timeInto(ib, q, k, v, dO, res, grads, opt, c.iters, flops, stdout); err != nil {
+				return err
+			}
+		}
+		if fms, bms, fr, br, ok := deviceSpeed(c, stdout); ok {
+			bytes := func(ts ...flashattn.Tensor) float64 {
+				n := 0
+				for _, t := range ts {
+					n += t.NumElements() * t.DType.Size()
+				}
+				return float64(n)
+			}
+			in := [2]float64{bytes(q, k, v), bytes(q, k, v, res.O, res.LSE, dO)}
+			out := [2]float64{bytes(res.O, res.LSE), bytes(grads.DQ, grads.DK, grads.DV)}
+			hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
+			fwdRate, bwdRate = fmt.Sprintf("%.1f TFLOP/s", fr), fmt.Sprintf("%.1f TFLOP/s", br)
+			fwdRate, bwdRate = fwdRate+" (device-resident)", bwdRate+" (device-resident)"
+		}
+	} else {
+		fmt.Fprintf(stdout, "forward   %8.4f s  %s\n", fwd.Seconds(), fwdRate)
+		fmt.Fprintf(stdout, "backward  %8.4f s  %s\n", bwd.Seconds(), bwdRate)
 	}
-	fmt.Fprintf(stdout, "forward   %8.4f s  %s%s\n", fwd.Seconds(), rate(flops, fwd), copies)
-	fmt.Fprintf(stdout, "backward  %8.4f s  %s%s\n", bwd.Seconds(), rate(2.5*flops, bwd), copies)
 
 	for _, x := range []namedTensor{{"O", res.O}, {"LSE", res.LSE}, {"dQ", grads.DQ}, {"dK", grads.DK}, {"dV", grads.DV}} {
 		if !x.t.IsFinite() {
@@ -312,7 +389,7 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 		verdict = "FAIL"
 	}
 	fmt.Fprintf(stdout, "%s      %s %v B=%d H=%d N=M=%d D=%d %s: forward %s, backward %s, max error %.1e\n",
-		verdict, b.Name(), dt, p.B, p.H, p.N, p.DK, mask, rate(flops, fwd), rate(2.5*flops, bwd), worst)
+		verdict, b.Name(), dt, p.B, p.H, p.N, p.DK, mask, fwdRate, bwdRate, worst)
 	if failed != "" {
 		return fmt.Errorf("check failed: %s error above its limit", failed)
 	}
