@@ -33,6 +33,43 @@
 // full semantics are in the documentation of package attn, whose types this
 // package re-exports.
 //
+// # Layouts
+//
+// The native order is flash_attn's [B, N, H, D]. A tensor held in PyTorch's
+// scaled_dot_product_attention order [B, H, N, D] must be passed through
+// BHSD, which returns a strided [B, N, H, D] view of it without copying;
+// passed as it is, it would be read with heads and positions swapped.
+// ToBHSD views O or a gradient back in that order. BSHD and THD (packed
+// [total, H, D]) check the rank of tensors already in the native orders.
+// The CPU backend returns each gradient laid out in memory like its input
+// (NewLike), so the gradients of a BHSD view are again a BHSD view.
+//
+// # Reading results
+//
+// Result, Gradients and Tensor are the types of package attn, re-exported;
+// go doc lists their fields and methods there. res.O.Shape gives the
+// sizes, res.O.At(b, i, h, d) one element, res.O.Float32s() every element
+// in row-major order of the shape (whatever the strides).
+//
+// # Forward and backward
+//
+// ForwardOn runs the forward on a backend and returns a Forwarded, which
+// keeps what the backward needs (inputs, O, LSE and the options, dropout
+// seed and offset included): its Backward takes only dO and cannot be
+// given options other than the forward's. The explicit Backward (and
+// Backend.Backward) takes q, k, v, O, LSE and the options again; they must
+// be the forward's options, unchanged — other options are not detected and
+// give wrong gradients.
+//
+// Dropout masks depend only on (Seed, Offset) and the position, so calls
+// with the same options draw the same mask. A Generator hands out a fresh
+// pair per call, as PyTorch's generator does:
+//
+//	gen := flashattn.NewGenerator(seed)
+//	fw, err := flashattn.ForwardOn(b, q, k, v, gen.Draw(opt))
+//	…
+//	g, err := fw.Backward(dO) // the forward's mask
+//
 // # Errors
 //
 // Bad input returns an error naming the field and the value; it wraps one of
