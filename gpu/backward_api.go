@@ -122,7 +122,9 @@ func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv
 }
 
 // backward computes the gradients of host tensors on the GPU (see
-// BackwardInto) and returns them contiguous in the input shapes.
+// BackwardInto) and returns them in the input shapes and memory orders
+// (attn.NewLike: the gradients of a [B, H, N, D] buffer viewed as
+// [B, N, H, D] come back in that memory order).
 func (b *Backend) backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
@@ -131,7 +133,7 @@ func (b *Backend) backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	if err := p.CheckBackward(q, o, lse, dO); err != nil {
 		return attn.Gradients{}, err
 	}
-	g := attn.Gradients{DQ: attn.New(q.DType, q.Shape...), DK: attn.New(q.DType, k.Shape...), DV: attn.New(q.DType, v.Shape...)}
+	g := attn.Gradients{DQ: attn.NewLike(q.DType, q), DK: attn.NewLike(q.DType, k), DV: attn.NewLike(q.DType, v)}
 	if opt.Bias != nil && opt.Bias.RequiresGrad {
 		db := attn.New(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape...)
 		g.DBias = &db

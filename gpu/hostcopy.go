@@ -154,11 +154,11 @@ func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, of
 }
 
 // parallelCopy copies src into dst (of equal length), split over several
-// goroutines when it is large: one core copies about 10 GB/s, less than a
-// host-to-device link carries.
+// goroutines when it is large: one core copies less than a host-to-device
+// link carries.
 func parallelCopy(dst, src []byte) {
 	const piece = 1 << 20
-	workers := min(runtime.GOMAXPROCS(0), 8, len(src)/piece)
+	workers := min(runtime.GOMAXPROCS(0), 16, len(src)/piece)
 	if workers < 2 {
 		copy(dst, src)
 		return
