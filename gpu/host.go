@@ -13,6 +13,9 @@ import (
 // reused pinned staging, run the device path (ForwardDevice,
 // BackwardDevice) on the backend's stream and copy the outputs back.
 
+// Backend writes into caller-allocated host outputs.
+var _ attn.IntoBackend = (*Backend)(nil)
+
 // hostCall holds the device buffers of one host-path call; release puts
 // them back in the pool once the stream has finished with them.
 type hostCall struct {
@@ -188,21 +191,6 @@ func scatterImage(h attn.Tensor, img []byte) {
 	}
 }
 
-// checkHostOutput validates a caller's output tensor: well formed, dtype dt,
-// shape want.
-func checkHostOutput(name string, t attn.Tensor, dt attn.DType, want []int) error {
-	if err := t.CheckLayout(name); err != nil {
-		return err
-	}
-	if t.DType != dt {
-		return attn.Errorf(attn.ErrDType, "%s: dtype %v, want %v", name, t.DType, dt)
-	}
-	if !slices.Equal(t.Shape, want) {
-		return attn.Errorf(attn.ErrShape, "%s: shape %v, want %v", name, t.Shape, want)
-	}
-	return nil
-}
-
 // ForwardInto computes O and LSE of host tensors on the GPU into res.O
 // ([B, N, H, DV] in q's dtype; packed: [totalQ, H, DV]) and res.LSE
 // (float32 [B, H, N]; packed: [H, totalQ]), tensors the caller allocated
@@ -213,10 +201,10 @@ func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Opt
 	if err != nil {
 		return err
 	}
-	if err := checkHostOutput("o", res.O, q.DType, p.OutputShape()); err != nil {
+	if err := attn.CheckOutput("o", res.O, q.DType, p.OutputShape()); err != nil {
 		return err
 	}
-	if err := checkHostOutput("lse", res.LSE, attn.Float32, p.LSEShape()); err != nil {
+	if err := attn.CheckOutput("lse", res.LSE, attn.Float32, p.LSEShape()); err != nil {
 		return err
 	}
 	return b.forwardHost(p, q, k, v, res, opt)
@@ -314,7 +302,7 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 		t    attn.Tensor
 		like attn.Tensor
 	}{{"dq", g.DQ, q}, {"dk", g.DK, k}, {"dv", g.DV, v}} {
-		if err := checkHostOutput(x.name, x.t, q.DType, x.like.Shape); err != nil {
+		if err := attn.CheckOutput(x.name, x.t, q.DType, x.like.Shape); err != nil {
 			return err
 		}
 	}
@@ -322,7 +310,7 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 		if g.DBias == nil {
 			return attn.Errorf(attn.ErrOption, "dbias: the bias asks for its gradient but Gradients.DBias is nil")
 		}
-		if err := checkHostOutput("dbias", *g.DBias, opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape); err != nil {
+		if err := attn.CheckOutput("dbias", *g.DBias, opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape); err != nil {
 			return err
 		}
 	}
