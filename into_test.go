@@ -101,8 +101,12 @@ func TestIntoFormErrors(t *testing.T) {
 		run  func() error
 		want error
 	}{
-		{"o shape", func() error { return ForwardInto(b, q, k, v, Result{O: New(Float32, 1, 8, 2, 5), LSE: good.LSE}, Options{}) }, ErrShape},
-		{"o dtype", func() error { return ForwardInto(b, q, k, v, Result{O: New(BFloat16, 1, 8, 2, 4), LSE: good.LSE}, Options{}) }, ErrDType},
+		{"o shape", func() error {
+			return ForwardInto(b, q, k, v, Result{O: New(Float32, 1, 8, 2, 5), LSE: good.LSE}, Options{})
+		}, ErrShape},
+		{"o dtype", func() error {
+			return ForwardInto(b, q, k, v, Result{O: New(BFloat16, 1, 8, 2, 4), LSE: good.LSE}, Options{})
+		}, ErrDType},
 		{"lse dtype", func() error { return ForwardInto(b, q, k, v, Result{O: good.O, LSE: New(Float16, 1, 2, 8)}, Options{}) }, ErrDType},
 		{"o storage too short", func() error { return ForwardInto(b, q, k, v, Result{O: short, LSE: good.LSE}, Options{}) }, ErrLayout},
 		{"nil backend", func() error { return ForwardInto(nil, q, k, v, good, Options{}) }, ErrOption},
