@@ -19,6 +19,10 @@ type memPool struct {
 	free   map[int64][]*cuda.Buffer // by size class
 	cached int64                    // bytes held in free
 	limit  int64                    // cached bytes kept at most
+	// poison makes get fill every buffer with 0xFF bytes (NaN in every
+	// float type), so that tests see outputs a kernel failed to write
+	// instead of an earlier call's values
+	poison bool
 }
 
 // newMemPool returns a pool on dev that keeps at most a quarter of the
@@ -38,6 +42,18 @@ func sizeClass(bytes int64) int64 {
 // get returns a buffer of at least bytes (positive) bytes, cached or new.
 // When the device is out of memory it frees the cache and tries once more.
 func (p *memPool) get(bytes int64) (*cuda.Buffer, error) {
+	b, err := p.take(bytes)
+	if err == nil && p.poison {
+		if err = p.dev.Memset8(b, 0xFF); err != nil {
+			p.put(b)
+			return nil, err
+		}
+	}
+	return b, err
+}
+
+// take returns a cached buffer of bytes' size class, or a new one.
+func (p *memPool) take(bytes int64) (*cuda.Buffer, error) {
 	c := sizeClass(bytes)
 	p.mu.Lock()
 	if l := p.free[c]; len(l) > 0 {

@@ -1,0 +1,113 @@
+package gpu
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// TestHostIntoLayouts checks the host path's outputs in every layout it
+// handles — contiguous, a dense permutation (a [B, H, N, D] buffer viewed
+// as [B, N, H, D]: copied back as a span) and a sparse view (a slice of a
+// larger buffer: scattered) — and inputs whose feature dim is not
+// innermost (gathered), against the allocating forms, bit for bit, over
+// pool buffers poisoned before every use.
+func TestHostIntoLayouts(t *testing.T) {
+	b := fwdBackend(t)
+	b.pool.poison = true
+	defer func() { b.pool.poison = false }()
+	rng := rand.New(rand.NewPCG(8, 9))
+	const dt = attn.BFloat16
+	const B, N, H, D = 2, 150, 4, 64
+	q, k, v, dO := randTensor(rng, dt, 1, B, N, H, D), randTensor(rng, dt, 1, B, N, H, D), randTensor(rng, dt, 1, B, N, H, D), randTensor(rng, dt, 1, B, N, H, D)
+	opt := attn.Options{Causal: true, Deterministic: true}
+	want, err := b.Forward(q, k, v, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantG, err := b.Backward(q, k, v, want.O, want.LSE, dO, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layouts := map[string]func(dt attn.DType, shape ...int) attn.Tensor{
+		"contiguous": func(dt attn.DType, shape ...int) attn.Tensor { return attn.New(dt, shape...) },
+		"dense permuted": func(dt attn.DType, shape ...int) attn.Tensor {
+			if len(shape) != 4 {
+				return attn.New(dt, shape...)
+			}
+			x, err := attn.BHSD(attn.New(dt, shape[0], shape[2], shape[1], shape[3]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return x
+		},
+		"sparse view": func(dt attn.DType, shape ...int) attn.Tensor {
+			// every other element of the last dim of a buffer twice as wide, offset by 3
+			big := append(append([]int(nil), shape[:len(shape)-1]...), 2*shape[len(shape)-1]+3)
+			x := attn.New(dt, big...)
+			x.Shape = append([]int(nil), shape...)
+			x.Strides = attn.ContiguousStrides(big)
+			x.Strides[len(x.Strides)-1] = 2
+			x.Offset = 3
+			return x
+		},
+	}
+	for name, alloc := range layouts {
+		t.Run(name, func(t *testing.T) {
+			res := attn.Result{O: alloc(dt, want.O.Shape...), LSE: alloc(attn.Float32, want.LSE.Shape...)}
+			res.O.Fill(float32(math.NaN()))
+			if err := b.ForwardInto(q, k, v, res, opt); err != nil {
+				t.Fatalf("ForwardInto: %v", err)
+			}
+			g := attn.Gradients{DQ: alloc(dt, q.Shape...), DK: alloc(dt, k.Shape...), DV: alloc(dt, v.Shape...)}
+			if err := b.BackwardInto(q, k, v, res.O, res.LSE, dO, g, opt); err != nil {
+				t.Fatalf("BackwardInto: %v", err)
+			}
+			for _, x := range []struct {
+				name      string
+				got, want attn.Tensor
+			}{{"O", res.O, want.O}, {"LSE", res.LSE, want.LSE}, {"dQ", g.DQ, wantG.DQ}, {"dK", g.DK, wantG.DK}, {"dV", g.DV, wantG.DV}} {
+				if !bytes.Equal(x.got.Bytes(), x.want.Bytes()) {
+					t.Errorf("%s differs from the allocating form's", x.name)
+				}
+			}
+		})
+	}
+	t.Run("feature dim outer inputs", func(t *testing.T) {
+		// q held as [B, N, D, H] and viewed as [B, N, H, D]: feature stride H
+		qt, err := attn.Permute(attn.New(dt, B, N, D, H), 0, 1, 3, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := attn.CopyInto(qt, q); err != nil {
+			t.Fatal(err)
+		}
+		got, err := b.Forward(qt, k, v, opt)
+		if err != nil {
+			t.Fatalf("Forward: %v", err)
+		}
+		if !bytes.Equal(got.O.Bytes(), want.O.Bytes()) || !bytes.Equal(got.LSE.Bytes(), want.LSE.Bytes()) {
+			t.Errorf("forward of a feature-outer q differs from the contiguous one")
+		}
+		gg, err := b.Backward(qt, k, v, got.O, got.LSE, dO, opt)
+		if err != nil {
+			t.Fatalf("Backward: %v", err)
+		}
+		if !bytes.Equal(gg.DQ.Bytes(), wantG.DQ.Bytes()) || !bytes.Equal(gg.DK.Bytes(), wantG.DK.Bytes()) {
+			t.Errorf("backward of a feature-outer q differs from the contiguous one")
+		}
+		if gg.DQ.Strides[3] != qt.Strides[3] {
+			t.Errorf("dQ strides %v, want q's memory order %v", gg.DQ.Strides, qt.Strides)
+		}
+	})
+	if b.CachedBytes() == 0 {
+		t.Errorf("the host path cached no device memory")
+	}
+	b.ReleaseCache()
+	if b.CachedBytes() != 0 {
+		t.Errorf("ReleaseCache left %d bytes cached", b.CachedBytes())
+	}
+}
