@@ -92,19 +92,32 @@ func THD(t Tensor) (Tensor, error) {
 // so that they come back in their input's layout.
 func NewLike(dt DType, like Tensor) Tensor {
 	t := New(dt, like.Shape...)
+	if t.storageLen() == 0 && t.NumElements() != 0 {
+		return t // an invalid shape (see New): no storage to lay out
+	}
+	t.Strides = StridesLike(like)
+	return t
+}
+
+// StridesLike returns the strides NewLike gives a tensor of like's shape:
+// dense, in like's memory order (contiguous ones when like's strides are
+// contiguous or malformed).
+func StridesLike(like Tensor) []int {
+	contig := ContiguousStrides(like.Shape)
 	st := like.strides()
-	if len(st) != len(like.Shape) || slices.Equal(st, t.Strides) {
-		return t
+	if len(st) != len(like.Shape) || slices.Equal(st, contig) {
+		return contig
 	}
 	order := make([]int, len(like.Shape)) // dims from innermost to outermost
 	for d := range order {
 		order[d] = len(order) - 1 - d
 	}
 	sort.SliceStable(order, func(a, b int) bool { return st[order[a]] < st[order[b]] })
+	out := make([]int, len(like.Shape))
 	n := 1
 	for _, d := range order {
-		t.Strides[d] = n
+		out[d] = n
 		n *= like.Shape[d]
 	}
-	return t
+	return out
 }

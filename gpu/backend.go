@@ -129,11 +129,13 @@ func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, e
 	if err != nil {
 		return attn.Result{}, err
 	}
-	res := attn.Result{O: attn.New(q.DType, p.OutputShape()...), LSE: attn.New(attn.Float32, p.LSEShape()...)}
-	if err := b.forwardHost(p, q, k, v, res, opt); err != nil {
+	res := attn.Result{O: header(q.DType, p.OutputShape()), LSE: header(attn.Float32, p.LSEShape())}
+	late := allocLate(res.O, res.LSE)
+	if err := b.forwardHost(p, q, k, v, res, late, opt); err != nil {
 		return attn.Result{}, err
 	}
-	return res, nil
+	ts := late.wait()
+	return attn.Result{O: ts[0], LSE: ts[1]}, nil
 }
 
 // ForwardDevice enqueues the forward pass on stream s (nil: the legacy

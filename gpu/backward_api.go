@@ -1,6 +1,8 @@
 package gpu
 
 import (
+	"slices"
+
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
 )
@@ -133,13 +135,26 @@ func (b *Backend) backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	if err := p.CheckBackward(q, o, lse, dO); err != nil {
 		return attn.Gradients{}, err
 	}
-	g := attn.Gradients{DQ: attn.NewLike(q.DType, q), DK: attn.NewLike(q.DType, k), DV: attn.NewLike(q.DType, v)}
-	if opt.Bias != nil && opt.Bias.RequiresGrad {
-		db := attn.New(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape...)
-		g.DBias = &db
+	// headers in the inputs' memory orders; the storage is allocated while
+	// the inputs go to the device
+	like := func(t attn.Tensor) attn.Tensor {
+		return attn.Tensor{DType: q.DType, Shape: slices.Clone(t.Shape), Strides: attn.StridesLike(t)}
 	}
-	if err := b.backwardHost(p, q, k, v, o, lse, dO, g, opt); err != nil {
+	g := attn.Gradients{DQ: like(q), DK: like(k), DV: like(v)}
+	hs := []attn.Tensor{g.DQ, g.DK, g.DV}
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
+		db := header(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape)
+		g.DBias = &db
+		hs = append(hs, db)
+	}
+	late := allocLate(hs...)
+	if err := b.backwardHost(p, q, k, v, o, lse, dO, g, late, opt); err != nil {
 		return attn.Gradients{}, err
+	}
+	ts := late.wait()
+	g = attn.Gradients{DQ: ts[0], DK: ts[1], DV: ts[2]}
+	if len(ts) > 3 {
+		g.DBias = &ts[3]
 	}
 	return g, nil
 }

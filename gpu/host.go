@@ -3,6 +3,7 @@ package gpu
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
@@ -63,24 +64,29 @@ func (c *hostCall) release() {
 }
 
 // hostSpan returns the storage of t from its first to its last element, and
-// whether that span is dense: exactly as many elements as t has (its
-// strides permute a contiguous block, as a [B, H, N, D] buffer viewed as
-// [B, N, H, D] does). t must have passed CheckLayout and have elements.
+// whether that span is dense (see denseLayout). t must have passed
+// CheckLayout and have elements.
 func hostSpan(t attn.Tensor) (span []byte, dense bool) {
-	st := t.Strides
-	if st == nil {
-		st = attn.ContiguousStrides(t.Shape)
-	}
-	last := t.Offset
-	for d, s := range t.Shape {
-		last += (s - 1) * st[d]
-	}
+	n, dense := denseLayout(t)
 	if t.DType == attn.Float32 {
-		span = cuda.AsBytes(t.F32[t.Offset : last+1])
+		span = cuda.AsBytes(t.F32[t.Offset : t.Offset+n])
 	} else {
-		span = cuda.AsBytes(t.Bits[t.Offset : last+1])
+		span = cuda.AsBytes(t.Bits[t.Offset : t.Offset+n])
 	}
-	return span, last-t.Offset+1 == t.NumElements()
+	return span, dense
+}
+
+// denseLayout returns the number of storage elements from t's first
+// element to its last, and whether that is exactly t's element count: its
+// strides then permute a contiguous block (as a [B, H, N, D] buffer viewed
+// as [B, N, H, D] does). It reads no storage: t may be a header alone.
+func denseLayout(t attn.Tensor) (span int, dense bool) {
+	st := hostStrides(t)
+	span = 1
+	for d, s := range t.Shape {
+		span += (s - 1) * st[d]
+	}
+	return span, span == t.NumElements()
 }
 
 // hostStrides returns t's strides (contiguous ones for nil).
@@ -138,7 +144,7 @@ func (c *hostCall) output(h attn.Tensor, contiguous bool) (hostOutput, error) {
 	if n == 0 {
 		return o, nil
 	}
-	_, dense := hostSpan(h)
+	_, dense := denseLayout(h)
 	last := len(h.Shape) - 1
 	if contiguous || !dense || h.Shape[last] > 1 && o.dev.Strides[last] != 1 {
 		contig := attn.ContiguousStrides(h.Shape)
@@ -207,11 +213,14 @@ func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Opt
 	if err := attn.CheckOutput("lse", res.LSE, attn.Float32, p.LSEShape()); err != nil {
 		return err
 	}
-	return b.forwardHost(p, q, k, v, res, opt)
+	return b.forwardHost(p, q, k, v, res, nil, opt)
 }
 
 // forwardHost runs a validated forward on host tensors.
-func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Result, opt attn.Options) error {
+//
+// With late set, res holds headers alone (shape and contiguous strides) and
+// late.wait returns the tensors with storage, allocated meanwhile.
+func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Result, late *lateTensors, opt attn.Options) error {
 	if res.O.NumElements() == 0 && res.LSE.NumElements() == 0 {
 		return nil
 	}
@@ -251,6 +260,10 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 	}
 	if err := b.ForwardDevice(s, ins[0], ins[1], ins[2], o.dev, lse.dev, dopt); err != nil {
 		return err
+	}
+	if late != nil {
+		ts := late.wait()
+		o.host, lse.host = ts[0], ts[1]
 	}
 	for _, x := range []hostOutput{o, lse} {
 		if err := c.download(s, x); err != nil {
@@ -314,11 +327,14 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 			return err
 		}
 	}
-	return b.backwardHost(p, q, k, v, o, lse, dO, g, opt)
+	return b.backwardHost(p, q, k, v, o, lse, dO, g, nil, opt)
 }
 
 // backwardHost runs a validated backward on host tensors.
-func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, opt attn.Options) error {
+//
+// With late set, g holds headers alone and late.wait returns dQ, dK, dV
+// (and dBias) with storage, allocated meanwhile.
+func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, late *lateTensors, opt attn.Options) error {
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
 	s := b.stream
@@ -369,6 +385,11 @@ func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor,
 	if _, err := b.BackwardDevice(s, ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt); err != nil {
 		return err
 	}
+	if late != nil {
+		for i, t := range late.wait() {
+			outs[i].host = t
+		}
+	}
 	for _, x := range outs {
 		if err := c.download(s, x); err != nil {
 			return fmt.Errorf("gpu: backward: %w", err)
@@ -397,4 +418,39 @@ func (b *Backend) Upload(t attn.Tensor) (DeviceTensor, error) {
 		return DeviceTensor{}, err
 	}
 	return d, nil
+}
+
+// lateTensors allocates host output tensors on goroutines of their own, one
+// each, while the host path uploads and the kernels run: Go zeroes the heap
+// memory it reuses for a new slice, about as long per byte as the copy to
+// the device takes, and this hides that behind the copies.
+type lateTensors struct {
+	ts []attn.Tensor
+	wg sync.WaitGroup
+}
+
+// allocLate starts allocating one tensor per header like (of its dtype,
+// shape and memory order: attn.NewLike).
+func allocLate(like ...attn.Tensor) *lateTensors {
+	l := &lateTensors{ts: make([]attn.Tensor, len(like))}
+	for i, h := range like {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.ts[i] = attn.NewLike(h.DType, h)
+		}()
+	}
+	return l
+}
+
+// wait returns the tensors once they are allocated.
+func (l *lateTensors) wait() []attn.Tensor {
+	l.wg.Wait()
+	return l.ts
+}
+
+// header returns a tensor of dt and shape with contiguous strides and no
+// storage, which stands for an output until its storage is allocated.
+func header(dt attn.DType, shape []int) attn.Tensor {
+	return attn.Tensor{DType: dt, Shape: slices.Clone(shape), Strides: attn.ContiguousStrides(shape)}
 }
