@@ -194,6 +194,7 @@ func emuCases() []bwdCase {
 		{name: "head-major-staged-gqa", b: 2, n: 37, m: 45, h: 4, hkv: 2, dk: 59, dv: 37, causal: true, headMajor: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "d199-gqa-causal", b: 1, n: 40, m: 70, h: 2, hkv: 1, dk: 199, dv: 199, causal: true, dtypes: bf},
 		{name: "gqa-d128", b: 1, n: 65, m: 130, h: 4, hkv: 2, dk: 128, dv: 128, dtypes: bf},
+		{name: "flat-d8-100-causal", b: 1, n: 128, m: 128, h: 2, hkv: 2, dk: 8, dv: 100, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "d256", b: 1, n: 65, m: 70, h: 1, hkv: 1, dk: 256, dv: 256, dropout: 0.1, dtypes: bf},
 		// odd head dims the Hopper kernels read in place with tensor maps (flat rows; eight heads or
 		// more take every shift); the emulator's other kernels run them staged
@@ -245,35 +246,86 @@ func emuBackwardCases(t *testing.T, kind emuKernels) int {
 			continue // rows read in place are for the Hopper kernels
 		}
 		for _, dt := range c.dtypes {
-			if kind != emuMMA && (dt.Size() != 2 || !kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: c.dk, DV: c.dv, Vector: true, WGMMA: true})) {
+			if kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
 				continue
 			}
 			if kind == emuHopperTMA && c.cuQ != nil {
 				continue // packed batches keep cp.async
 			}
-			in := c.inputs(t, dt, uint64(ci+100))
-			ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-				ran++
-				t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
-					g := emuRunOn(t, in, algo, c.headMajor, kind)
-					checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
-					checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
-					checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
-					if c.biasGrad {
-						checkGrad(t, "dBias", dt, *g.DBias, ref.DBias, naive.DBias)
-					}
-					checkMaskedRowsZero(t, in, g.DQ)
-				})
-			}
+			ran += emuCheckCase(t, c, dt, uint64(ci+100), kind)
 		}
 	}
 	return ran
+}
+
+// emuCheckCase runs case c in dt (inputs drawn with seed) with both dQ
+// algorithms on the kernels of kind against the float64 reference, one
+// subtest each, and returns how many ran.
+func emuCheckCase(t *testing.T, c bwdCase, dt attn.DType, seed uint64, kind emuKernels) int {
+	t.Helper()
+	in := c.inputs(t, dt, seed)
+	ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+		ran++
+		t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
+			g := emuRunOn(t, in, algo, c.headMajor, kind)
+			checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
+			checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
+			checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
+			if c.biasGrad {
+				checkGrad(t, "dBias", dt, *g.DBias, ref.DBias, naive.DBias)
+			}
+			checkMaskedRowsZero(t, in, g.DQ)
+		})
+	}
+	return ran
+}
+
+// TestBackwardEmulatedCross runs the cross product of bwdCrossCases — DK ≠
+// DV both ways, small against large, × every mask kind — with both dQ
+// algorithms on every kernel family the planner can pick for the case's
+// dims (the mma.sync kernels; the Hopper kernels with tiles by cp.async and
+// by tensor maps)
+// against the float64 reference (FLASHATTN_BWD_EMU=1; needs g++). Each
+// case runs in one 16-bit dtype, alternating so that every head-dim pair
+// and every mask kind sees both; TestBackwardGradientsCross runs both
+// dtypes of every case on the GPU. FLASHATTN_BWD_EMU_CASE selects cases by
+// name as in TestBackwardEmulated.
+func TestBackwardEmulatedCross(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	alt := func(di, mi int) []attn.DType {
+		if (di+mi)%2 == 0 {
+			return []attn.DType{attn.BFloat16}
+		}
+		return []attn.DType{attn.Float16}
+	}
+	only := os.Getenv("FLASHATTN_BWD_EMU_CASE")
+	for _, k := range []struct {
+		name  string
+		kind  emuKernels
+		noTMA string
+	}{{"mma.sync", emuMMA, ""}, {"hopper-cp.async", emuHopper, "1"}, {"hopper-tma", emuHopperTMA, ""}} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Setenv(EnvNoTMA, k.noTMA)
+			for ci, c := range bwdCrossCases(70, 150, alt) {
+				if only != "" && !strings.Contains(c.name, only) {
+					continue
+				}
+				for _, dt := range c.dtypes {
+					if k.kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
+						continue // the planner picks the mma.sync kernels
+					}
+					emuCheckCase(t, c, dt, uint64(ci+700), k.kind)
+				}
+			}
+		})
+	}
 }

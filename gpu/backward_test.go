@@ -45,7 +45,8 @@ type bwdCase struct {
 	align         attn.Align
 	window        *attn.Window
 	softcap       float64
-	bias          []int // bias shape [bB, bH] (N, M implied); nil: none
+	scale         float64 // Options.Scale (0: 1/sqrt(DK))
+	bias          []int   // bias shape [bB, bH] (N, M implied); nil: none
 	biasGrad      bool
 	biasF32       bool
 	dropout       float64
@@ -129,7 +130,7 @@ func (c bwdCase) inputs(t testing.TB, dt attn.DType, seed uint64) bwdInputs {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 7))
 	var in bwdInputs
-	in.opt = attn.Options{Softcap: c.softcap, Causal: c.causal, Align: c.align, Window: c.window, Dropout: c.dropout,
+	in.opt = attn.Options{Scale: c.scale, Softcap: c.softcap, Causal: c.causal, Align: c.align, Window: c.window, Dropout: c.dropout,
 		Seed: 0x1234_5678_9abc_def0 ^ seed, Offset: 3, CuSeqlensQ: c.cuQ, CuSeqlensK: c.cuK, Deterministic: c.deterministic}
 	if c.cuQ != nil {
 		tq, tk := int(c.cuQ[len(c.cuQ)-1]), int(c.cuK[len(c.cuK)-1])
@@ -766,4 +767,135 @@ func TestBackwardPlanTMA(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bwdCrossDims are the head dims of the cross-product tests: DK ≠ DV in
+// both directions, a small dim against a large one. DK = 8 with DV = 100
+// found an atomic dQ accumulator narrower than the columns the Flat Hopper
+// kernel adds into (K's shift within the 16-padded width).
+var bwdCrossDims = [][2]int{{8, 100}, {100, 8}, {16, 200}, {200, 16}}
+
+// bwdMaskKind is one kind of mask of the cross-product tests.
+type bwdMaskKind struct {
+	name   string
+	causal bool
+	align  attn.Align
+	window *attn.Window
+}
+
+// bwdMaskKinds are every kind of mask: none, causal under both
+// alignments, and a window with both sides bounded.
+var bwdMaskKinds = []bwdMaskKind{
+	{name: "nomask"},
+	{name: "causal-tl", causal: true, align: attn.AlignTopLeft},
+	{name: "causal-br", causal: true, align: attn.AlignBottomRight},
+	{name: "window", window: &attn.Window{Left: 40, Right: 9}},
+}
+
+// bwdCrossCases returns the cross product of bwdCrossDims and
+// bwdMaskKinds on n queries over m keys (two heads, one query head per key
+// head, so that odd dims take the Flat kernels), each case with the dtypes
+// dts(dims index, mask index). Cases whose dims the Flat Hopper kernels
+// read in place are named "flat-…".
+func bwdCrossCases(n, m int, dts func(di, mi int) []attn.DType) []bwdCase {
+	var cs []bwdCase
+	for di, d := range bwdCrossDims {
+		for mi, mk := range bwdMaskKinds {
+			name := fmt.Sprintf("d%d-%d-%s-%dx%d", d[0], d[1], mk.name, n, m)
+			if kernels.BwdNeedsStaging(attn.BFloat16, d[0], d[1]) && kernels.FlatFits(d[0], d[1]) {
+				name = "flat-" + name
+			}
+			cs = append(cs, bwdCase{name: name, b: 1, n: n, m: m, h: 2, hkv: 2, dk: d[0], dv: d[1],
+				causal: mk.causal, align: mk.align, window: mk.window, dtypes: dts(di, mi)})
+		}
+	}
+	return cs
+}
+
+// bwdFamily is a kernel family the backward planner can pick, and the
+// environment under which it picks it on an H200.
+type bwdFamily struct {
+	name           string
+	noWGMMA, noTMA string // EnvNoWGMMA, EnvNoTMA
+	hopper, tma    bool   // the plan's kernels: BwdVariant.WGMMA, BwdVariant.TMA
+}
+
+// bwdFamilies are the Hopper kernels with tiles by tensor maps (Flat for
+// odd dims) and by cp.async, and the mma.sync kernels. The Hopper kernels
+// take only some head dims (bwdHopperDims); the planner picks the mma.sync
+// kernels for the others.
+var bwdFamilies = []bwdFamily{
+	{name: "hopper-tma", hopper: true, tma: true},
+	{name: "hopper-cp.async", noTMA: "1", hopper: true},
+	{name: "mma.sync", noWGMMA: "1"},
+}
+
+// TestBackwardGradientsCross checks the gradients of the cross product
+// DK ≠ DV (both directions, small against large) × every mask kind × fp16
+// and bf16 × both dQ algorithms, on every kernel family the planner can
+// pick, at the shapes of issue 20's report (N = M = 128; N = 113, M = 300).
+func TestBackwardGradientsCross(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	both := func(int, int) []attn.DType { return []attn.DType{attn.BFloat16, attn.Float16} }
+	cases := append(bwdCrossCases(128, 128, both), bwdCrossCases(113, 300, both)...)
+	for _, fam := range bwdFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			t.Setenv(EnvNoWGMMA, fam.noWGMMA)
+			t.Setenv(EnvNoTMA, fam.noTMA)
+			if fam.hopper && !hopperCapable(dev) {
+				t.Skip("the Hopper kernels do not run on this device")
+			}
+			type item struct {
+				c  bwdCase
+				dt attn.DType
+				in bwdInputs
+			}
+			var items []item
+			var vs []kernels.BwdVariant
+			for ci, c := range cases {
+				for _, dt := range c.dtypes {
+					if fam.hopper && !bwdHopperDims(dt, c.dk, c.dv) {
+						continue // the planner picks the mma.sync kernels
+					}
+					in := c.inputs(t, dt, uint64(300+ci))
+					items = append(items, item{c, dt, in})
+					for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+						v := in.variant(t, algo, fam.hopper)
+						if v.WGMMA != fam.hopper || v.TMA != fam.tma {
+							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Key())
+						}
+						vs = append(vs, v)
+					}
+				}
+			}
+			bwdPrewarm(t, dev, vs)
+			for _, it := range items {
+				c, dt, in := it.c, it.dt, it.in
+				ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+				if err != nil {
+					t.Fatalf("%s: reference: %v", c.name, err)
+				}
+				naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
+				if err != nil {
+					t.Fatalf("%s: naive: %v", c.name, err)
+				}
+				for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+					t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
+						g := bwdRun(t, dev, s, in, algo)
+						checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
+						checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
+						checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
+						checkMaskedRowsZero(t, in, g.DQ)
+					})
+				}
+			}
+		})
+	}
+}
+
+// bwdHopperDims reports whether the Hopper backward kernels take head dims
+// dk, dv in dt (kernels.BwdHopperOK), so that the planner picks them on an
+// H200.
+func bwdHopperDims(dt attn.DType, dk, dv int) bool {
+	return kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: dk, DV: dv, Vector: true, WGMMA: true})
 }

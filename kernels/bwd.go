@@ -51,21 +51,22 @@ func BwdNeedsStaging(dt attn.DType, dk, dv int) bool {
 
 // BwdDQAccDim returns the row length in floats of the atomic dQ
 // accumulator for head dim dk: past 32, dk rounded up to a multiple of 32,
-// so that every row starts on a 128-byte line; up to 32, the power of two
-// from 4 that holds dk, so that no row straddles two lines (and every even
-// column starts an 8-byte aligned pair for the vector atomic adds). Rows of
-// 60 floats (D = 59) straddled lines: the atomic adds of a row touched
-// three lines, not two, and the dK/dV kernel with atomic dQ took 0.620 ms
-// against 0.534 at D = 64 (B = 1, H = 16, N = 4096, H200).
+// so that every row starts on a 128-byte line; up to 32, 16 or 32, so that
+// no row straddles two lines (and every even column starts an 8-byte
+// aligned pair for the vector atomic adds). Rows of 60 floats (D = 59)
+// straddled lines: the atomic adds of a row touched three lines, not two,
+// and the dK/dV kernel with atomic dQ took 0.620 ms against 0.534 at
+// D = 64 (B = 1, H = 16, N = 4096, H200).
+//
+// A row is never shorter than FlatWidth(dk): a Flat variant's dK/dV
+// kernel adds dQ at K's shifted columns, up to flat_shift + dk, which
+// reaches the 16-padded width (DK = 8: head 1 shifted by 8 adds columns
+// 8..15; rows of 8 floats put them into the next row's head 0).
 func BwdDQAccDim(dk int) int {
-	if dk > 32 {
+	if dk > 16 {
 		return roundUp(dk, 32)
 	}
-	n := 4
-	for n < dk {
-		n *= 2
-	}
-	return n
+	return 16
 }
 
 // BwdPreRows is the number of query rows one block of the preprocess and

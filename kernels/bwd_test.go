@@ -274,11 +274,18 @@ func TestBwdCompileMatrix(t *testing.T) {
 }
 
 // TestBwdDQAccDim checks the atomic dQ accumulator's row length: at least
-// the head dim, rows that never straddle a 128-byte line.
+// the head dim and the padded width a Flat variant adds into (FlatWidth:
+// K's shifted columns), rows that never straddle a 128-byte line.
 func TestBwdDQAccDim(t *testing.T) {
-	for _, c := range []struct{ dk, want int }{{1, 4}, {4, 4}, {5, 8}, {9, 16}, {17, 32}, {32, 32}, {33, 64}, {59, 64}, {64, 64}, {127, 128}, {199, 224}, {257, 288}, {512, 512}} {
+	for _, c := range []struct{ dk, want int }{{1, 16}, {4, 16}, {5, 16}, {8, 16}, {9, 16}, {16, 16}, {17, 32}, {32, 32}, {33, 64}, {59, 64}, {64, 64}, {127, 128}, {199, 224}, {257, 288}, {512, 512}} {
 		if got := BwdDQAccDim(c.dk); got != c.want {
 			t.Errorf("BwdDQAccDim(%d) = %d, want %d", c.dk, got, c.want)
+		}
+	}
+	for dk := 1; dk <= 512; dk++ {
+		n := BwdDQAccDim(dk)
+		if n < FlatWidth(dk) || (128%(4*n) != 0 && (4*n)%128 != 0) {
+			t.Errorf("BwdDQAccDim(%d) = %d: shorter than the flat width %d or straddling 128-byte lines", dk, n, FlatWidth(dk))
 		}
 	}
 }
