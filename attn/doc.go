@@ -34,6 +34,14 @@
 // A row that sees no key has O = 0, LSE = −inf and zero gradients; it never
 // produces NaN.
 //
+// A NaN in q, k, v, dO or the bias reaches exactly the outputs that a
+// visible (query, key) pair connects it to, as the formulas above say with
+// the sums taken over the visible keys only: a masked key contributes
+// nothing (not 0·NaN), forward and backward, and a query row holding a NaN
+// has O = LSE = NaN, not the answer of a row that sees no key. Dropout does
+// not hide a key: the NaN value of a dropped key still reaches the row, as
+// in dropout(P)·V.
+//
 // Dropout with probability p in [0, 1) acts on P after the LSE is taken; its
 // keep mask is the Philox4x32-10 mapping documented in package philox, a pure
 // function of (Seed, Offset, b, h, i, j), which the backward regenerates.

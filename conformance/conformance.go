@@ -52,6 +52,11 @@ func Run(t *testing.T, b attn.Backend, cfg Config) {
 			t.Run(dt.String(), func(t *testing.T) { dropoutFraction(t, b, dt, cfg) })
 		}
 	})
+	t.Run("nan", func(t *testing.T) {
+		for _, dt := range cfg.dtypes() {
+			t.Run(dt.String(), func(t *testing.T) { nanPropagation(t, b, dt, cfg) })
+		}
+	})
 	t.Run("repeat", func(t *testing.T) {
 		for _, dt := range cfg.dtypes() {
 			t.Run(dt.String(), func(t *testing.T) { repeatBitIdentical(t, b, dt, cfg) })

@@ -35,11 +35,22 @@
 // Odd sequence lengths (1, 3, 113/203, 1023/1024), head dimensions 1 to 512
 // (59, 111, 127, 199, 257, 512), DK ≠ DV, GQA and MQA (6:1, 6:2, 8:1), N > M
 // and N < M under both causal alignments, sliding windows (sides up to
-// MaxInt, which mean unbounded), rows that see no
-// key, softcap, bias with every broadcast and its gradient, dropout (the
-// kept fraction, and forward and backward against the oracle's Philox
-// mask), packed variable-length batches with zero-length segments, strided
-// inputs (the [B, H, N, D] layout, gaps, offsets and non-unit element
-// strides, with NaN in every gap), bit-identical repeats, and every class of
-// bad input checked with errors.Is against the sentinels of package attn.
+// MaxInt, which mean unbounded), rows that see no key, softcap, bias with
+// every broadcast and its gradient, dropout (the kept fraction, and forward
+// and backward against the oracle's Philox mask), packed variable-length
+// batches with zero-length segments, strided inputs (the [B, H, N, D]
+// layout, gaps, offsets and non-unit element strides, with NaN in every
+// gap), bit-identical repeats, and every class of bad input (layouts whose
+// arithmetic overflows included) checked with errors.Is against the
+// sentinels of package attn.
+//
+// # NaN and infinities
+//
+// A row of q, k, v or dO filled with NaN (or an infinity) under causal
+// masks and windows, on the diagonal and window-edge tiles and away from
+// them: the outputs a visible (query, key) pair connects it to must be NaN
+// (for a NaN; an infinity may give either) and every other element must
+// equal the backend's result on the clean inputs, within rounding. A masked key contributes nothing (not 0·NaN),
+// forward and backward; a NaN query row gives O = LSE = NaN; a NaN query
+// row that sees no key stays O = 0, LSE = −Inf, dQ = 0.
 package conformance

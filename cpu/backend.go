@@ -149,6 +149,14 @@ type call struct {
 	bf16          bool
 	dkp, dvp      int
 	ktb, vtb, vrb []uint16
+	// With a mask, a masked key's P (and dS) is 0, but 0 times a NaN or
+	// infinite operand is NaN. The forward scans V (scanV) and the
+	// backward K (scanK) while packing them, and nonfinite[blk] records a
+	// key block holding such a value; the masked tiles of that block then
+	// multiply by the visible keys only (visiblePV, visibleGrads). Finite
+	// inputs cost the scan alone.
+	scanK, scanV bool
+	nonfinite    []bool
 }
 
 func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
@@ -174,6 +182,7 @@ func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
 	for b, sg := range c.segs {
 		c.kblk[b+1] = c.kblk[b] + (sg.m+blockK-1)/blockK
 	}
+	c.nonfinite = make([]bool, c.kblk[p.B]*p.Hkv)
 	return c, nil
 }
 
@@ -190,6 +199,7 @@ type scratch struct {
 	m, l, alpha   []float32 // blockQ running max, sum and rescale factor
 	rows          []float32 // blockK×max(DK, DV) rows being packed
 	keep          []bool    // blockK dropout decisions
+	poisoned      []bool    // blockQ rows whose scores so far are all NaN or -Inf, with a NaN
 	qb, pb, kb    []uint16  // bfloat16 tiles: blockQ×dkp queries, blockQ×blockK P, blockK rows of keys or values
 	bits          []uint16  // two bfloat16 rows of max(DK, DV)
 }
@@ -204,7 +214,7 @@ func (c *call) newScratch() *scratch {
 		dk:  make([]float32, blockK*c.p.DK), dv: make([]float32, blockK*c.p.DV),
 		m: make([]float32, blockQ), l: make([]float32, blockQ), alpha: make([]float32, blockQ),
 		rows: make([]float32, blockK*d),
-		keep: make([]bool, blockK),
+		keep: make([]bool, blockK), poisoned: make([]bool, blockQ),
 	}
 	if c.bf16 {
 		sc.qb, sc.pb, sc.kb = make([]uint16, blockQ*c.dkp), make([]uint16, blockQ*blockK), make([]uint16, blockK*max(c.dkp, c.dvp))
@@ -262,7 +272,7 @@ func (c *call) packKeys(sc *scratch, sg seg, kh, jb int) {
 	j0 := jb * blockK
 	cols := min(blockK, sg.m-j0)
 	blk := c.block(sg, kh, jb)
-	pack := func(s src, d int, rowsOut, transOut []float32) {
+	pack := func(s src, d int, rowsOut, transOut []float32, scan bool) {
 		if rowsOut == nil && transOut == nil {
 			return
 		}
@@ -273,12 +283,15 @@ func (c *call) packKeys(sc *scratch, sg seg, kh, jb int) {
 		for j := 0; j < cols; j++ {
 			s.load(rows[j*d:(j+1)*d], sg.vb, sg.k0+j0+j, kh)
 		}
+		if scan && !finite(rows[:cols*d]) {
+			c.nonfinite[blk] = true
+		}
 		if transOut != nil {
 			vec.Transpose(cols, d, rows, d, transOut[blk*d*blockK:(blk+1)*d*blockK], blockK)
 		}
 	}
-	pack(c.k, p.DK, c.kr, c.kt)
-	pack(c.v, p.DV, c.vr, c.vt)
+	pack(c.k, p.DK, c.kr, c.kt, c.scanK)
+	pack(c.v, p.DV, c.vr, c.vt, c.scanV)
 	// Transposed in pairs: rows padded to an even length with a zero.
 	packPairs := func(s src, d, dp int, out []uint16) {
 		if out == nil {
@@ -308,7 +321,49 @@ func (c *call) packKeys(sc *scratch, sg seg, kh, jb int) {
 				vec.Interleave(vr[j*dv:(j+2)*dv], even, nil)
 			}
 		}
+		if c.scanV && !finiteBF16(vr[:cols*dv]) {
+			c.nonfinite[blk] = true
+		}
 	}
+}
+
+// finite reports whether every element of x is finite: v·0 is 0 for a
+// finite v and NaN for an infinity or NaN, summed in eight independent
+// chains.
+func finite(x []float32) bool {
+	var a, b, c, d, e, f, g, h float32
+	i := 0
+	for ; i+8 <= len(x); i += 8 {
+		y := x[i : i+8 : i+8]
+		a += y[0] * 0
+		b += y[1] * 0
+		c += y[2] * 0
+		d += y[3] * 0
+		e += y[4] * 0
+		f += y[5] * 0
+		g += y[6] * 0
+		h += y[7] * 0
+	}
+	for ; i < len(x); i++ {
+		a += x[i] * 0
+	}
+	return a+b+c+d+e+f+g+h == 0
+}
+
+// finiteBF16 reports whether every element of x, bfloat16 bit patterns, is
+// finite (its exponent is not all ones).
+func finiteBF16(x []uint16) bool {
+	const exp = 0x7f80
+	var a, b uint16 // exponent bits plus one in their lowest place carry into the sign bit when all ones
+	i := 0
+	for ; i+2 <= len(x); i += 2 {
+		a |= x[i]&exp + 0x80
+		b |= x[i+1]&exp + 0x80
+	}
+	for ; i < len(x); i++ {
+		a |= x[i]&exp + 0x80
+	}
+	return (a|b)&0x8000 == 0
 }
 
 // keyUnits returns the number of key blocks of every (segment, key head),
@@ -332,12 +387,25 @@ func (c *call) plainTile(sg seg, i0, rows, j0, cols int) bool {
 	if c.softcap > 0 || c.hasBias {
 		return false
 	}
+	return !c.maskedTile(sg, i0, rows, j0, cols)
+}
+
+// maskedTile reports whether the mask hides some key of j0 … j0+cols-1 of
+// sg from some query of i0 … i0+rows-1.
+func (c *call) maskedTile(sg seg, i0, rows, j0, cols int) bool {
 	if !c.p.Masked {
-		return true
+		return false
 	}
 	lo, _ := c.p.KeyRange(i0+rows-1, sg.n, sg.m)
 	_, hi := c.p.KeyRange(i0, sg.n, sg.m)
-	return lo <= j0 && hi >= j0+cols
+	return lo > j0 || hi < j0+cols
+}
+
+// visibleIn returns the keys [lo, hi) of j0 … j0+cols-1 that query i of sg
+// sees; lo ≥ hi when it sees none of them.
+func (c *call) visibleIn(sg seg, i, j0, cols int) (lo, hi int) {
+	lo, hi = c.p.KeyRange(i, sg.n, sg.m)
+	return max(lo, j0), min(hi, j0+cols)
 }
 
 // adjust turns the products q·k in the tile sc.s (leading dimension blockK)
@@ -406,6 +474,9 @@ type qunit struct {
 func (c *call) queryUnits() []qunit {
 	var units []qunit
 	for _, sg := range c.segs {
+		if sg.n == 0 {
+			continue
+		}
 		for h := 0; h < c.p.H; h++ {
 			for i0 := 0; i0 < sg.n; i0 += blockQ {
 				units = append(units, qunit{sg: sg, h: h, i0: i0, rows: min(blockQ, sg.n-i0)})
@@ -452,6 +523,7 @@ func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, e
 		npart = f.chunks * f.rowsTotal * (2 + p.DV)
 	}
 	c.bf16 = q.DType == attn.BFloat16 && vec.NativeBF16()
+	c.scanV = p.Masked
 	n32 := npart
 	if !c.bf16 {
 		n32 += nkt + nvr
@@ -509,8 +581,9 @@ func (f *fwd) unit(sc *scratch, u qunit, ch int) {
 	acc := sc.acc[:rows*dv]
 	clear(acc)
 	m, l, alpha := sc.m[:rows], sc.l[:rows], sc.alpha[:rows]
+	poisoned := sc.poisoned[:rows]
 	for r := range m {
-		m[r], l[r] = negInf, 0
+		m[r], l[r], poisoned[r] = negInf, 0, false
 	}
 	lo, hi := 0, sg.m
 	if p.Masked {
@@ -529,9 +602,26 @@ func (f *fwd) unit(sc *scratch, u qunit, ch int) {
 				vec.MatMulNN(rows, cols, dk, q, dk, f.kt[blk*dk*blockK:], blockK, sc.s, blockK, false)
 			}
 			scale := f.scale
-			if !f.plainTile(sg, i0, rows, j0, cols) {
+			plain := f.plainTile(sg, i0, rows, j0, cols)
+			if !plain {
 				f.adjust(sc, sg, h, i0, rows, j0, cols, false)
 				scale = 1
+			}
+			// SoftmaxOnline ignores NaN scores in its maximum, so a row
+			// whose scores so far are all NaN or -Inf would pass for one
+			// that sees no key: remember it is NaN. (Elsewhere a NaN
+			// reaches the row's sum.)
+			for r, mr := range m {
+				if mr != negInf || poisoned[r] {
+					continue
+				}
+				lo, hi := j0, j0+cols
+				if !plain {
+					lo, hi = f.visibleIn(sg, i0+r, j0, cols)
+				}
+				if lo < hi && lostNaN(sc.s[r*blockK+lo-j0:r*blockK+hi-j0]) {
+					poisoned[r] = true
+				}
 			}
 			vec.SoftmaxOnline(sc.s, blockK, rows, cols, scale, m, l, alpha)
 			for r, a := range alpha {
@@ -549,6 +639,7 @@ func (f *fwd) unit(sc *scratch, u qunit, ch int) {
 					}
 				}
 			}
+			careful := !plain && f.nonfinite[blk] && f.maskedTile(sg, i0, rows, j0, cols)
 			if f.bf16 {
 				// P is rounded to bfloat16 for the product with V;
 				// l keeps the float32 sum.
@@ -559,10 +650,23 @@ func (f *fwd) unit(sc *scratch, u qunit, ch int) {
 						sc.pb[r*blockK+cols] = 0
 					}
 				}
+				if careful {
+					f.visiblePV(sc, sg, i0, rows, j0, cols, blk, acc)
+					continue
+				}
 				vec.MatMulBF16(rows, dv, colsp, sc.pb, blockK, f.vrb[blk*blockK*dv:], 2*dv, acc, dv, true)
 				continue
 			}
+			if careful {
+				f.visiblePV(sc, sg, i0, rows, j0, cols, blk, acc)
+				continue
+			}
 			vec.MatMulNN(rows, dv, cols, sc.s, blockK, f.vr[blk*blockK*dv:], dv, acc, dv, true)
+		}
+	}
+	for r, bad := range poisoned {
+		if bad {
+			l[r] = nan
 		}
 	}
 	if f.chunks > 1 {
@@ -576,8 +680,54 @@ func (f *fwd) unit(sc *scratch, u qunit, ch int) {
 	f.finish(sg, h, i0, rows, m, l, acc)
 }
 
+// visiblePV adds P·V of key block blk to acc (rows×DV) as the matrix
+// product of unit does, but row by row over the keys each query sees: a
+// masked key's P is 0, and 0 times a NaN or infinite value would leak into
+// the row. P is sc.s, or sc.pb (rounded to bfloat16) on the bfloat16 path.
+func (f *fwd) visiblePV(sc *scratch, sg seg, i0, rows, j0, cols, blk int, acc []float32) {
+	dv := f.p.DV
+	for r := 0; r < rows; r++ {
+		a := acc[r*dv : (r+1)*dv]
+		lo, hi := f.visibleIn(sg, i0+r, j0, cols)
+		for j := lo; j < hi; j++ {
+			c := j - j0
+			if f.bf16 {
+				// Row c of V is interleaved with its pair: element d at 2d + c%2.
+				pj := bf16Float(sc.pb[r*blockK+c])
+				pair := f.vrb[blk*blockK*dv+(c&^1)*dv : blk*blockK*dv+(c&^1+2)*dv]
+				for d := range a {
+					a[d] += pj * bf16Float(pair[2*d+c&1])
+				}
+				continue
+			}
+			pj := sc.s[r*blockK+c]
+			for d, x := range f.vr[(blk*blockK+c)*dv : (blk*blockK+c+1)*dv] {
+				a[d] += pj * x
+			}
+		}
+	}
+}
+
+// bf16Float returns the bfloat16 bit pattern b as float32 (exactly).
+func bf16Float(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+// lostNaN reports whether the scores x hold a NaN but no value above -Inf:
+// SoftmaxOnline, whose maximum ignores NaN, would take them for a row that
+// sees no key. It stops at the first value above -Inf, usually the first.
+func lostNaN(x []float32) bool {
+	nan := false
+	for _, v := range x {
+		if v > negInf {
+			return false
+		}
+		nan = nan || v != v
+	}
+	return nan
+}
+
 // finish writes the LSE and O rows of queries i0 … i0+rows-1 of (sg, h)
-// from their maxima, sums and unnormalized outputs.
+// from their maxima, sums and unnormalized outputs. A NaN sum marks a row
+// that a NaN reached: its LSE and O are NaN.
 func (f *fwd) finish(sg seg, h, i0, rows int, m, l, acc []float32) {
 	p := f.p
 	dv := p.DV
@@ -585,6 +735,11 @@ func (f *fwd) finish(sg seg, h, i0, rows int, m, l, acc []float32) {
 		li := lseIndex(p, sg, i0+r, h)
 		o := outRow(p, sg, i0+r, h, dv)
 		row := acc[r*dv : (r+1)*dv]
+		if l[r] != l[r] {
+			f.res.LSE.F32[li] = nan
+			storeRow(f.res.O, o, row, nan)
+			continue
+		}
 		if l[r] == 0 || m[r] == negInf {
 			f.res.LSE.F32[li] = negInf
 			storeRow(f.res.O, o, row, 0)
@@ -597,7 +752,8 @@ func (f *fwd) finish(sg seg, h, i0, rows int, m, l, acc []float32) {
 
 // combine merges the chunk partials of the queries of u, in chunk order:
 // with M the largest chunk maximum, l = Σ l_c·exp(m_c − M) and
-// O = Σ O_c·exp(m_c − M) / l.
+// O = Σ O_c·exp(m_c − M) / l, the weight of a chunk whose maximum is -Inf
+// being 0 (so that its NaN, if any, still reaches l and O).
 func (f *fwd) combine(sc *scratch, u qunit) {
 	dv := f.p.DV
 	li := lseIndex(f.p, u.sg, u.i0, u.h)
@@ -611,15 +767,12 @@ func (f *fwd) combine(sc *scratch, u qunit) {
 		m[r], l[r] = mx, 0
 		row := acc[r*dv : (r+1)*dv]
 		clear(row)
-		if mx == negInf {
-			continue
-		}
 		for ch := 0; ch < f.chunks; ch++ {
 			o := ch*f.rowsTotal + li + r
-			if f.pm[o] == negInf {
-				continue
+			var w float32
+			if f.pm[o] != negInf {
+				w = float32(math.Exp(float64(f.pm[o] - mx)))
 			}
-			w := float32(math.Exp(float64(f.pm[o] - mx)))
 			l[r] += f.pl[o] * w
 			for d, x := range f.po[o*dv : (o+1)*dv] {
 				row[d] += x * w

@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"slices"
+
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/internal/vec"
 )
@@ -15,6 +17,10 @@ type bwd struct {
 	lse, delta []float32
 	qh, doh    []float32
 	rowsTotal  int
+	// rowbad[li] is set (with a mask) when the Q or dO row li holds a NaN
+	// or an infinity: the masked tiles of that row then multiply by the
+	// visible pairs only (see call.nonfinite and visibleGrads).
+	rowbad []bool
 	// With bf16 set, the rows of Q and dO are also kept as bfloat16, padded
 	// to dkp and dvp, for the products with Kᵀ and Vᵀ.
 	qb, dob []uint16
@@ -62,6 +68,10 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 	w.chunks = chunksFor(p.B*p.Hkv, (p.M+blockK-1)/blockK)
 	nblk := c.kblk[p.B] * p.Hkv
 	c.bf16 = q.DType == attn.BFloat16 && vec.NativeBF16()
+	c.scanK = p.Masked
+	if p.Masked {
+		w.rowbad = make([]bool, nl)
+	}
 	nkeys := nblk * blockK * (2*p.DK + p.DV) // kr, kt, vt
 	if c.bf16 {
 		nkeys = nblk * blockK * p.DK // kr; ktb and vtb are bfloat16
@@ -157,6 +167,12 @@ func (w *bwd) prepare(sc *scratch, u qunit, lse attn.Tensor) {
 		}
 		w.o.load(orow, u.sg.vb, u.sg.q0+i, u.h)
 		w.delta[li] = vec.Dot(do, orow)
+		if w.rowbad != nil {
+			// A NaN or infinity in dO makes Delta NaN or infinite (so does
+			// one in O, which is harmless here): dO needs no scan of its own.
+			d := w.delta[li]
+			w.rowbad[li] = d-d != 0 || !finite(w.qh[li*p.DK:(li+1)*p.DK])
+		}
 	}
 }
 
@@ -207,6 +223,7 @@ func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, jb, li int, deriv bool
 		}
 	}
 	vec.SoftmaxGrad(sc.s, blockK, sc.dp, blockK, rows, cols, delta)
+	masked := w.maskedTile(sg, i0, rows, j0, cols)
 	for r := 0; r < rows; r++ {
 		dp := sc.dp[r*blockK : r*blockK+cols]
 		if lse[r] == negInf {
@@ -218,8 +235,60 @@ func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, jb, li int, deriv bool
 				dp[j] *= 1 - t*t
 			}
 		}
+		if masked {
+			// A masked key's P and dS are 0 by definition; computed, they
+			// are NaN where the LSE, Delta or dP (a masked V) is. (V is
+			// not scanned: dS is its only way out.)
+			lo, hi := w.visibleIn(sg, i0+r, j0, cols)
+			for _, x := range [][]float32{sc.s[r*blockK : r*blockK+cols], pd[r*blockK : r*blockK+cols], dp} {
+				zeroOutside(x, lo-j0, hi-j0)
+			}
+		}
 	}
 	return pd
+}
+
+// zeroOutside sets the elements of x outside [lo, hi) to 0 (all of them
+// when lo ≥ hi).
+func zeroOutside(x []float32, lo, hi int) {
+	lo, hi = max(lo, 0), min(hi, len(x))
+	if lo >= hi {
+		clear(x)
+		return
+	}
+	clear(x[:lo])
+	clear(x[hi:])
+}
+
+// visibleGrads adds the tile's contributions to dV (accV += Pᵀ·dO), dK
+// (accK += dSᵀ·Q) and the dQ partial (dqp += dS·K) as the matrix products
+// of keyUnit do, but over the (query, key) pairs that the mask keeps only:
+// a masked pair's P and dS are 0, and 0 times a NaN or infinite Q, dO or K
+// row would leak into a gradient that the row or key cannot reach.
+func (w *bwd) visibleGrads(sc *scratch, sg seg, i0, rows, j0, cols, blk, li int, pd, accK, accV, dqp []float32) {
+	p := w.p
+	dk, dv := p.DK, p.DV
+	for r := 0; r < rows; r++ {
+		q := w.qh[(li+r)*dk : (li+r+1)*dk]
+		do := w.doh[(li+r)*dv : (li+r+1)*dv]
+		dq := dqp[(li+r)*dk : (li+r+1)*dk]
+		lo, hi := w.visibleIn(sg, i0+r, j0, cols)
+		for j := lo; j < hi; j++ {
+			c := j - j0
+			pj, ds := pd[r*blockK+c], sc.dp[r*blockK+c]
+			av := accV[c*dv : (c+1)*dv]
+			for e, x := range do {
+				av[e] += pj * x
+			}
+			ak := accK[c*dk : (c+1)*dk]
+			for e, x := range q {
+				ak[e] += ds * x
+			}
+			for e, x := range w.kr[(blk*blockK+c)*dk : (blk*blockK+c+1)*dk] {
+				dq[e] += ds * x
+			}
+		}
+	}
 }
 
 // keyUnit accumulates dK and dV of the key blocks of chunk ch of (sg, kh),
@@ -245,6 +314,10 @@ func (w *bwd) keyUnit(sc *scratch, sg seg, kh, ch int) {
 				rows := min(blockQ, qi1-i0)
 				li := lseIndex(p, sg, i0, h)
 				pd := w.tileGrads(sc, sg, h, i0, rows, kb, li, true)
+				if w.maskedTile(sg, i0, rows, j0, cols) && (w.nonfinite[blk] || slices.Contains(w.rowbad[li:li+rows], true)) {
+					w.visibleGrads(sc, sg, i0, rows, j0, cols, blk, li, pd, accK, accV, dqp)
+					continue
+				}
 				vec.MatMulTN(cols, dv, rows, pd, blockK, w.doh[li*dv:], dv, accV, dv, true)
 				vec.MatMulTN(cols, dk, rows, sc.dp, blockK, w.qh[li*dk:], dk, accK, dk, true)
 				vec.MatMulNN(rows, dk, cols, sc.dp, blockK, w.kr[blk*blockK*dk:], dk, dqp[li*dk:], dk, true)

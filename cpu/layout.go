@@ -194,4 +194,7 @@ func keySpan(p *attn.Problem, n, m, i0, i1 int) (lo, hi int) {
 	return max(lo, 0), min(hi, m)
 }
 
-var negInf = float32(math.Inf(-1))
+var (
+	negInf = float32(math.Inf(-1))
+	nan    = float32(math.NaN())
+)

@@ -17,7 +17,7 @@ type RefOutput struct {
 	// O is row-major in Problem.OutputShape(): [B, N, H, DV] or [totalQ, H, DV].
 	O []float64
 	// LSE is row-major in Problem.LSEShape(): [B, H, N] or [H, totalQ];
-	// -Inf for a row that sees no key.
+	// -Inf for a row that sees no key, NaN for a row that a NaN reaches.
 	LSE []float64
 }
 
@@ -228,7 +228,8 @@ func (e *engine) rowScores(b, h, i, lo, hi int, sPre, s []float64) {
 }
 
 // rowProbs turns the scores s into probabilities in place and returns the
-// LSE; it returns -Inf (and zeros s) when no key has a finite score.
+// LSE; it returns -Inf (and zeros s) when no key has a finite score, and
+// NaN (s all NaN) when a score is NaN or +Inf (Go's max keeps a NaN).
 func (e *engine) rowProbs(s []float64) float64 {
 	mx := math.Inf(-1)
 	for _, x := range s {
@@ -327,18 +328,20 @@ func (e *engine) forward() {
 				lse = float64(float32(lse))
 			}
 			e.lse[e.lseIndex(b, h, i)] = lse
+			if math.IsInf(lse, -1) {
+				continue // no key has a finite score: O = 0
+			}
 			e.rowKeep(b, h, i, lo, keep[:hi-lo])
 			clear(acc)
+			// Every visible key takes part, a dropped one with weight 0:
+			// a NaN or infinite value poisons the rows that see it.
 			for j := lo; j < hi; j++ {
-				if !keep[j-lo] {
-					continue
-				}
-				pd := s[j-lo]
-				if e.dropout > 0 {
-					pd = e.r(pd * inv)
-				}
-				if pd == 0 {
-					continue
+				var pd float64
+				if keep[j-lo] {
+					pd = s[j-lo]
+					if e.dropout > 0 {
+						pd = e.r(pd * inv)
+					}
 				}
 				vo := (e.kRow(b, j)*p.Hkv + kh) * p.DV
 				for d, x := range e.v[vo : vo+p.DV] {
