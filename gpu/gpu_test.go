@@ -15,6 +15,7 @@ import (
 	"github.com/flashattn/flashattn/conformance"
 	"github.com/flashattn/flashattn/cpu"
 	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
 	"github.com/flashattn/flashattn/philox"
 )
 
@@ -205,7 +206,7 @@ func TestShapes(t *testing.T) {
 
 // fwdDeviceRun uploads the inputs, runs ForwardDevice into NaN-poisoned
 // outputs surrounded by guard margins, and returns the outputs; it fails
-// the test if a guard byte changed or an output element stayed NaN.
+// the test if a guard byte changed or an output element kept the poison.
 func fwdDeviceRun(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options) attn.Result {
 	t.Helper()
 	return fwdDeviceRunStaging(t, b, q, k, v, opt, false)
@@ -322,12 +323,23 @@ func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn
 			copy(cuda.AsBytes(x.h.Bits), body)
 		}
 		for i := int64(0); i < x.n; i++ {
-			if f := x.h.Load(int(i)); f != f {
-				t.Fatalf("%s element %d was not written (still NaN)", x.name, i)
+			if poisonedAt(x.h, int(i)) {
+				t.Fatalf("%s element %d was not written (still the poison)", x.name, i)
 			}
 		}
 	}
 	return res
+}
+
+// poisonedAt reports whether element e (in storage order) of t still holds
+// the all-ones bytes the outputs are poisoned with, a NaN no kernel writes
+// (NaN results are 0x7fff, 0x7fffffff on the device; the emulator's have
+// other payloads).
+func poisonedAt(t attn.Tensor, e int) bool {
+	if t.DType == attn.Float32 {
+		return math.Float32bits(t.F32[e]) == 0xffffffff
+	}
+	return t.Bits[e] == 0xffff
 }
 
 // TestPoisonGuards runs the device API into NaN-poisoned, guarded outputs:
@@ -828,4 +840,227 @@ func testStream(t testing.TB, dev *cuda.Device) *cuda.Stream {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// fwdPoison plants a non-finite value in one row of an input of a
+// fwdProblem: tensor 'q', 'k' or 'v'; batch element b and sequence position
+// pos (packed batches: b 0 and pos the packed row); head (of that tensor);
+// element col, or the whole row when col < 0.
+type fwdPoison struct {
+	tensor            byte
+	b, pos, head, col int
+	val               float64
+}
+
+// fwdNaNCase is a fwdProblem with non-finite values planted in its inputs.
+type fwdNaNCase struct {
+	fwdProblem
+	poison []fwdPoison
+}
+
+// inputs returns the tensors and options of c, poisoned.
+func (c fwdNaNCase) inputs(seed uint64) (q, k, v attn.Tensor, opt attn.Options) {
+	q, k, v, opt = c.fwdProblem.inputs(seed)
+	for _, p := range c.poison {
+		x := map[byte]attn.Tensor{'q': q, 'k': k, 'v': v}[p.tensor]
+		idx := []int{p.b, p.pos, p.head, 0}
+		if c.segQ != nil {
+			idx = []int{p.pos, p.head, 0}
+		}
+		for e := 0; e < x.Shape[len(x.Shape)-1]; e++ {
+			if p.col < 0 || e == p.col {
+				idx[len(idx)-1] = e
+				x.Set(float32(p.val), idx...)
+			}
+		}
+	}
+	return q, k, v, opt
+}
+
+// fwdNaNCases are the non-finite inputs of the forward kernels (GUIDE.md: a
+// NaN gives NaN wherever it is visible and nowhere else; a NaN query row is
+// not a row that sees no key): NaN and ±Inf in query, key and value rows,
+// whole rows and single elements, where some query rows see them and where
+// none does (masked by causal or window masks, in the diagonal and
+// window-edge tiles and in tiles a CTA skips, or past a packed segment),
+// both causal alignments, one and several tiles, odd and wide head dims.
+func fwdNaNCases() []fwdNaNCase {
+	nan, inf := math.NaN(), math.Inf(1)
+	tl := attn.AlignTopLeft
+	causal := attn.Options{Causal: true}
+	// fwdProblem with b = 1 and one query head per key head
+	pr := func(name string, dt attn.DType, n, m, h, d int, opt attn.Options) fwdProblem {
+		return fwdProblem{name: name, dt: dt, b: 1, n: n, m: m, h: h, hkv: h, dk: d, dv: d, opt: opt}
+	}
+	mixed := []fwdPoison{
+		{'q', 0, 10, 0, -1, nan},  // a NaN query row
+		{'v', 0, 120, 0, -1, nan}, // a value row the early rows do not see
+		{'k', 0, 160, 1, -1, inf}, // a key row of infinities: NaN scores where seen
+		{'v', 0, 199, 1, 7, -inf}, // the last key: seen by the last rows only (bottom-right), by none (top-left)
+		{'k', 0, 60, 1, 3, inf},   // an infinite key element: scores +Inf or -Inf by the query's sign
+	}
+	return []fwdNaNCase{
+		// the shape: causal N = M = 16, one tile
+		{pr("d64-n16-q-nan", attn.BFloat16, 16, 16, 2, 64, causal), []fwdPoison{{'q', 0, 5, 0, -1, nan}}},
+		{pr("d64-n16-v12-nan", attn.BFloat16, 16, 16, 2, 64, causal), []fwdPoison{{'v', 0, 12, 0, -1, nan}}},
+		{pr("d64-n16-v12-inf", attn.Float16, 16, 16, 2, 64, causal), []fwdPoison{{'v', 0, 12, 1, -1, inf}}},
+		{pr("d64-n16-v12-elem-nan", attn.BFloat16, 16, 16, 2, 64, causal), []fwdPoison{{'v', 0, 12, 0, 5, nan}}},
+		{pr("d64-n16-k12-nan", attn.BFloat16, 16, 16, 2, 64, causal), []fwdPoison{{'k', 0, 12, 1, -1, nan}}},
+		{pr("d64-n16-q-inf-elem", attn.BFloat16, 16, 16, 2, 64, causal), []fwdPoison{{'q', 0, 9, 0, 2, inf}, {'k', 0, 3, 1, 0, -inf}}},
+		// several tiles, N < M, both alignments, a window
+		{pr("d64-150x200-causal", attn.BFloat16, 150, 200, 2, 64, causal), mixed},
+		{pr("d64-150x200-causal-top-left", attn.BFloat16, 150, 200, 2, 64, attn.Options{Causal: true, Align: tl}), mixed},
+		{pr("d64-200-window", attn.Float16, 200, 200, 2, 64, attn.Options{Window: &attn.Window{Left: 30, Right: 7}}), []fwdPoison{
+			{'v', 0, 50, 0, -1, nan}, {'k', 0, 100, 1, -1, nan}, {'v', 0, 150, 0, 9, inf}, {'q', 0, 199, 1, -1, nan}}},
+		{pr("d128-200-causal", attn.BFloat16, 200, 200, 2, 128, causal), []fwdPoison{
+			{'v', 0, 100, 0, -1, nan}, {'v', 0, 101, 1, 127, -inf}, {'k', 0, 180, 0, -1, nan}, {'q', 0, 3, 1, 4, nan}}},
+		// odd head dims (sixteen heads: the Hopper forward reads them in place, each head beside its
+		// neighbours in the row), wide ones (value columns split over warps), fp32
+		{pr("d59-200-causal", attn.BFloat16, 200, 200, 16, 59, causal), []fwdPoison{
+			{'v', 0, 120, 3, -1, nan}, {'v', 0, 121, 4, 0, inf}, {'k', 0, 130, 6, -1, nan}, {'q', 0, 20, 7, -1, nan}}},
+		{pr("d384-70-causal", attn.BFloat16, 70, 70, 1, 384, causal), []fwdPoison{{'v', 0, 40, 0, -1, nan}, {'k', 0, 50, 0, 100, nan}}},
+		{pr("fp32-d64-100-causal", attn.Float32, 100, 100, 2, 64, causal), []fwdPoison{
+			{'v', 0, 60, 0, -1, nan}, {'q', 0, 30, 1, -1, nan}, {'v', 0, 70, 1, 3, inf}}},
+		// a packed batch: the rows past a segment belong to the next one
+		{fwdProblem{name: "varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{30, 40}, segK: []int{35, 50}, opt: causal},
+			[]fwdPoison{{'v', 0, 35, 0, 5, nan}, {'k', 0, 34, 0, -1, nan}, {'v', 0, 36, 0, 2, inf}, {'v', 0, 80, 0, -1, nan}}},
+	}
+}
+
+// fwdCheckNonFinite checks a forward result of inputs with non-finite
+// values against the float64 oracle: NaN and ±Inf exactly where the oracle
+// has them (LSE: also −Inf), the finite elements within fwdCheck's bound.
+func fwdCheckNonFinite(t *testing.T, dt attn.DType, q, k, v attn.Tensor, opt attn.Options, res attn.Result) {
+	t.Helper()
+	ref, err := cpu.Reference(q, k, v, opt)
+	if err != nil {
+		t.Fatalf("Reference: %v", err)
+	}
+	naive := ref
+	if dt != attn.Float32 {
+		if naive, err = cpu.NaiveForward(dt, q, k, v, opt); err != nil {
+			t.Fatalf("NaiveForward: %v", err)
+		}
+	}
+	// bound gives the error bound from the naive computation's error ne and the magnitude mag
+	check := func(name string, got, want, base []float64, bound func(ne, mag float64) float64) {
+		t.Helper()
+		var e, ne, mag float64
+		at, bad, nonFinite := -1, 0, 0
+		for i, w := range want {
+			g := got[i]
+			switch {
+			case math.IsNaN(w) || math.IsInf(w, 0):
+				nonFinite++
+				if !(math.IsNaN(w) && math.IsNaN(g) || g == w) {
+					if bad++; bad <= 5 {
+						t.Errorf("%s[%d] = %v, oracle %v", name, i, g, w)
+					}
+				}
+			case math.IsNaN(g) || math.IsInf(g, 0):
+				if bad++; bad <= 5 {
+					t.Errorf("%s[%d] = %v, oracle %v", name, i, g, w)
+				}
+			default:
+				if d := math.Abs(g - w); d > e {
+					e, at = d, i
+				}
+				if b := base[i]; !math.IsNaN(b) && !math.IsInf(b, 0) {
+					ne = max(ne, math.Abs(b-w))
+				}
+				mag = max(mag, math.Abs(w))
+			}
+		}
+		if bad > 0 {
+			t.Fatalf("%s: %d of %d elements non-finite where the oracle is not or the other way round (%d non-finite in the oracle)", name, bad, len(want), nonFinite)
+		}
+		b := bound(ne, mag)
+		if e > b {
+			t.Errorf("%s: max error %.3g at %d (got %v, oracle %v) exceeds %.3g", name, e, at, got[at], want[at], b)
+		}
+		t.Logf("%s: %d non-finite elements as the oracle's, max error %.3g (bound %.3g)", name, nonFinite, e, b)
+	}
+	u := conformance.UnitRoundoff(dt)
+	check("O", res.O.Float64s(), ref.O, naive.O, func(ne, mag float64) float64 {
+		if dt == attn.Float32 {
+			return 1e-5 * max(mag, 1)
+		}
+		return 2*ne + u*max(mag, 1)
+	})
+	check("LSE", res.LSE.Float64s(), ref.LSE, naive.LSE, func(ne, mag float64) float64 {
+		if dt == attn.Float32 {
+			return 1e-5 * max(mag, 1)
+		}
+		return max(1e-5*max(mag, 1), 2*ne+u)
+	})
+}
+
+// TestForwardNonFinite runs fwdNaNCases on the device through every forward
+// kernel family the planner can pick there: the mma.sync kernels (odd head
+// dims with register-staged loads), the Hopper kernels with tiles by
+// cp.async and by tensor maps (odd head dims: from staging copies, and over
+// flat rows with the heads that do not fit staged), into poisoned, guarded
+// outputs; NaN and ±Inf must come out exactly where the float64 oracle has
+// them, every other element within the accuracy bound.
+func TestForwardNonFinite(t *testing.T) {
+	b := fwdBackend(t)
+	wgmma, tma := b.WGMMA, b.TMA
+	defer func() { b.WGMMA, b.TMA = wgmma, tma }()
+	families := []struct {
+		name       string
+		wgmma, tma bool
+	}{{"mma", false, false}, {"hopper-cp.async", true, false}, {"hopper-tensor-maps", true, true}}
+	for _, f := range families {
+		for i, c := range fwdNaNCases() {
+			t.Run(f.name+"/"+c.name, func(t *testing.T) {
+				switch {
+				case f.wgmma && !wgmma, f.tma && !tma:
+					t.Skip("not a kernel family of this device")
+				case f.wgmma && c.dt == attn.Float32:
+					t.Skip("the Hopper kernels take 16-bit types")
+				}
+				b.WGMMA, b.TMA = f.wgmma, f.tma
+				q, k, v, opt := c.inputs(uint64(1100 + i))
+				// odd head dims: the Hopper kernels read staging copies (with tensor maps only of the heads
+				// that do not fit in place), the mma.sync kernels the rows in place, 2 bytes at a time
+				staged := f.wgmma && c.dk%8 != 0
+				vr := fwdPlanned(t, b, q, k, v, opt, staged)
+				t.Logf("%s", vr.Name())
+				if vr.WGMMA != f.wgmma || vr.TMA != (f.tma && c.segQ == nil) || vr.Flat != (f.tma && staged) {
+					t.Fatalf("plan %s: not the %s kernels", vr.Name(), f.name)
+				}
+				res := fwdDeviceRunStaging(t, b, q, k, v, opt, staged)
+				fwdCheckNonFinite(t, c.dt, q, k, v, opt, res)
+			})
+		}
+	}
+}
+
+// fwdPlanned returns the kernel variant b plans for host tensors q, k, v
+// (on the device, contiguous; with staged, given a staging workspace).
+func fwdPlanned(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options, staged bool) kernels.Variant {
+	t.Helper()
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := func(dt attn.DType, shape []int) DeviceTensor {
+		return DeviceTensor{DType: dt, Shape: shape, base: 1 << 40}
+	}
+	fq, fk, fv := fake(q.DType, q.Shape), fake(k.DType, k.Shape), fake(v.DType, v.Shape)
+	fo, fl := fake(q.DType, p.OutputShape()), fake(attn.Float32, p.LSEShape())
+	var cuq, cuk uint64
+	if p.Varlen {
+		cuq, cuk = 1<<41, 1<<42
+	}
+	var l launch
+	if staged {
+		l, _, err = b.planStaging(p, fq, fk, fv, fo, fl, DeviceOptions{Options: opt}, nil)
+	} else {
+		l, err = plan(p, q.DType, fq, fk, fv, fo, fl, nil, cuq, cuk, nil, false, b.WGMMA, b.TMA, nil)
+	}
+	if err != nil {
+		t.Fatalf("plan: %v", err)
+	}
+	return l.v
 }

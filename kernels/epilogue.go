@@ -30,7 +30,9 @@ func (x *gen) outputBases(indent string) {
 
 // epilogue writes the final normalization and the stores of O and LSE:
 // O = acc / l (times 1/(1−p) under dropout), LSE = (max·SC + log2 l)·ln 2;
-// a row with l = 0 (no visible key) gets O = 0 and LSE = −inf.
+// a row with l = 0 (no visible key) gets O = 0 and LSE = −inf, a row with
+// a NaN score (a NaN in its query or in a key it sees: l is NaN) O = NaN
+// and LSE = NaN.
 func (x *gen) epilogue() {
 	v := x.v
 	x.raw("\n  // ---- epilogue: row sums over the quad (and the key halves), O = acc / l, LSE = ln(sum exp)\n")
@@ -82,7 +84,7 @@ func (x *gen) epilogue() {
     for (int hf = 0; hf < 2; ++hf) {
       const int r = wrow0 + mt * 16 + g + 8 * hf;  // row within the block
       const float l = row_sum[mt][hf];
-      const float inv = l > 0.f ? %s / l : 0.f;
+      const float inv = l == 0.f ? 0.f : %s / l;  // l = 0: no visible key; NaN: a NaN score
       if (r < rows) {
         char* orow = gO + r * o_rs;
 #pragma unroll
@@ -114,9 +116,10 @@ func (x *gen) lseWriter() string {
 
 // lseStore returns the statement storing row r's LSE (natural log) from
 // its maximum (row tile mt, half hf) and its sum l; −inf for a row that
-// saw no key.
+// saw no key (l = 0), NaN for a row with a NaN score (l is NaN: the
+// maximum ignores NaN, the sum does not).
 func lseStore(mt string) string {
-	return fmt.Sprintf("gL[r * p.lse_sn] = l > 0.f ? (row_max[%s][hf] * SC + log2f(l)) * LN2 : NEG_INF;", mt)
+	return fmt.Sprintf("gL[r * p.lse_sn] = l == 0.f ? NEG_INF : (row_max[%s][hf] * SC + log2f(l)) * LN2;", mt)
 }
 
 // epilogueViaShared writes, for the Hopper kernel, the store of O for rows
@@ -145,7 +148,7 @@ func (x *gen) epilogueViaShared(dscale string) {
     for (int hf = 0; hf < 2; ++hf) {
       const int r = wrow0 + g + 8 * hf;  // row within the block
       const float l = row_sum[0][hf];
-      const float inv = l > 0.f ? %s / l : 0.f;
+      const float inv = l == 0.f ? 0.f : %s / l;  // l = 0: no visible key; NaN: a NaN score
 #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt)
         *(u32*)(so + r * OP + dv0 + nt * 8 + 2 * c) = pack2(o[0][nt][2 * hf] * inv, o[0][nt][2 * hf + 1] * inv);%s

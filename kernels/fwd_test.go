@@ -475,3 +475,66 @@ func TestFlatStagedHeads(t *testing.T) {
 		}
 	}
 }
+
+// TestNonFiniteChecks checks which variants carry the checks for
+// non-finite values (mask.go): the V tiles of boundary blocks under a mask
+// kind, on every load path, with the CTA's vote and the rare path; the K
+// tiles of variants over flat rows. A variant with neither has none of it,
+// so that its source stays what it was.
+func TestNonFiniteChecks(t *testing.T) {
+	causal := func(v *Variant) { v.Mask = MaskWindow }
+	tma := func(f func(*Variant), flat, staged bool) func(*Variant) {
+		return func(v *Variant) {
+			if f != nil {
+				f(v)
+			}
+			v.TMA, v.Flat, v.FlatStaged = true, flat, staged
+		}
+	}
+	hopper := func(dt attn.DType, d int, f func(*Variant)) Variant {
+		v := hopperVariant(t, dt, d, d, nil)
+		if f != nil {
+			f(&v)
+		}
+		return v
+	}
+	cases := []struct {
+		name         string
+		v            Variant
+		wantV, wantK bool
+	}{
+		{"mma-cp.async-causal", fwdVariant(t, attn.BFloat16, 64, 64, 16, causal), true, false},
+		{"mma-8-byte-window-varlen", fwdVariant(t, attn.Float16, 128, 128, 8, func(v *Variant) { v.Mask, v.Varlen = MaskWindow, true }), true, false},
+		{"mma-registers-causal", fwdVariant(t, attn.BFloat16, 64, 64, 2, causal), true, false},
+		{"mma-fp32-causal-split", fwdVariant(t, attn.Float32, 512, 512, 4, causal), true, false},
+		{"mma-unmasked", fwdVariant(t, attn.BFloat16, 128, 128, 16, nil), false, false},
+		{"hopper-cp.async-causal", hopper(attn.BFloat16, 128, causal), true, false},
+		{"hopper-cp.async-unmasked", hopper(attn.Float16, 64, nil), false, false},
+		{"hopper-tma-causal-split", hopper(attn.BFloat16, 512, tma(causal, false, false)), true, false},
+		{"hopper-tma-unmasked", hopper(attn.BFloat16, 128, tma(nil, false, false)), false, false},
+		{"hopper-flat-unmasked", hopper(attn.BFloat16, 208, tma(nil, true, false)), false, true},
+		{"hopper-flatstaged-causal", hopper(attn.BFloat16, 64, tma(causal, true, true)), true, true},
+	}
+	for _, c := range cases {
+		src, err := c.v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		checks := map[string]bool{
+			"nf_add_keys(o, gV":  c.wantV,
+			"DEV bool nf_fix(":   c.wantV,
+			"__syncthreads_or(":  c.wantV || c.wantK,
+			"nf_kcols(smem":      c.wantK,
+			"zero_cols<BN>(smem": c.wantK,
+			"nf_acc(":            c.wantV || c.wantK,
+		}
+		for sub, want := range checks {
+			if got := strings.Contains(src, sub); got != want {
+				t.Errorf("%s (%s): source has %q: %v, want %v", c.name, c.v.Name(), sub, got, want)
+			}
+		}
+		if n := strings.Count(src, "nf_fix("); c.wantV && n < 2 {
+			t.Errorf("%s (%s): nf_fix defined but not called", c.name, c.v.Name())
+		}
+	}
+}

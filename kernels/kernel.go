@@ -244,15 +244,20 @@ func (x *gen) mainLoop() {
 	// Middle: V of this block ready; start the K (or V) transfer of the next block.
 	switch {
 	case reg:
+		x.nfCheck("nf_fix(stage)")
 		x.raw(`    sts_tile<BN, VCH>(sV, stage, tid);
     if (nb > nb_lo) ldg_tile<BN, KCH>(stage, gK + (i64)(nb - 1) * BN * k_rs, k_rs, m - n0 + BN, p.d_k, tid);
-    __syncthreads();  // V(nb) stored; every warp is done with K(nb)
 `)
+		x.nfBarrier("V(nb) stored; every warp is done with K(nb)")
 	case v.Stages == 1:
-		x.raw("    cp_wait<0>();\n    __syncthreads();  // V(nb) landed; every warp is done with K(nb)\n")
+		x.raw("    cp_wait<0>();\n")
+		x.nfCheck("nf_fix(smem + (sV - s_base), tid)")
+		x.nfBarrier("V(nb) landed; every warp is done with K(nb)")
 		x.p("    if (nb > nb_lo) {\n      %s\n      cp_commit();\n    }", x.loadK("0", "nb - 1"))
 	default:
-		x.raw("    cp_wait<1>();\n    __syncthreads();  // V(nb) landed (K(nb-1) may be in flight)\n")
+		x.raw("    cp_wait<1>();\n")
+		x.nfCheck("nf_fix(smem + (sV + buf * V_STAGE - s_base), tid)")
+		x.nfBarrier("V(nb) landed (K(nb-1) may be in flight)")
 		x.p("    if (nb > nb_lo) %s", x.loadV("buf ^ 1", "nb - 1"))
 		x.raw("    cp_commit();\n")
 	}
@@ -267,8 +272,28 @@ func (x *gen) mainLoop() {
 	} else {
 		x.p("    pv(o, s, sV + (%s) * V_STAGE, vo, dv0, lane);", buf)
 	}
+	x.nfAdd("    ", "n0")
 	if reg {
 		x.raw("    if (nb > nb_lo) sts_tile<BN, KCH>(sK, stage, tid);\n")
 	}
 	x.raw("  }\n")
+}
+
+// nfCheck writes, for variants that check V tiles (maskedValues), the
+// check of this thread's share of a boundary block's V tile by fix (an
+// nf_fix call) into vbad; nfBarrier the barrier after it, which takes the
+// CTA's vote on a boundary block. what says what the barrier waits for.
+func (x *gen) nfCheck(fix string) {
+	if x.v.maskedValues() {
+		x.p("    bool vbad = boundary && %s;  // ---- non-finite values in V(nb): zeroed (rare)", fix)
+	}
+}
+
+func (x *gen) nfBarrier(what string) {
+	if !x.v.maskedValues() {
+		x.p("    __syncthreads();  // %s", what)
+		return
+	}
+	x.p("    if (boundary) vbad = __syncthreads_or(vbad);  // %s; did any thread zero values?", what)
+	x.raw("    else __syncthreads();\n")
 }

@@ -1,5 +1,7 @@
 package kernels
 
+import "github.com/flashattn/flashattn/attn"
+
 // Masking. Query i (position in its sequence of n queries over m keys) sees
 // the keys [key_lo(i), key_hi(i)): with the diagonal at key i + diag (diag =
 // m − n bottom-right, 0 top-left), key_lo = max(0, i + diag − left) and
@@ -72,4 +74,241 @@ func (x *gen) maskApply() {
             if (%s) s[mt][nt][e] = NEG_INF;
           }
     }`, cond)
+}
+
+// Masked keys with non-finite values. A masked score is replaced by −inf
+// (maskApply selects, never adds), so a NaN or ±Inf in a key row nobody
+// sees gives P = 0 exactly; but O += P·V still multiplies that 0 by the
+// key's value row, and 0·NaN = 0·Inf = NaN would spread such a value to
+// rows that do not see it. Only boundary blocks have keys that some rows
+// see and others do not (the keys past the sequence end are zero-filled
+// by every loader), so the kernels check the V tiles of those blocks as
+// they land: each thread runs its share of the tile through nf_acc (x·0 +
+// acc per element: 0 while the elements are finite, NaN from the first one
+// that is not) and the CTA votes in the barrier that already follows the
+// tile's arrival. Only when some thread found one (rare) does it zero the
+// non-finite elements of its share before the vote, and after the P·V
+// product of the block nf_add_keys adds the zeroed values back to the O
+// elements of the rows that see them, read again from global memory
+// (NaN + x and Inf + x keep them, as the float64 reference's sums do).
+
+// maskedValues reports whether the variant checks V tiles for non-finite
+// values: it has a mask kind (without one, no key below the sequence end
+// is masked).
+func (v Variant) maskedValues() bool { return v.Mask != MaskNone }
+
+// nfChecks reports whether the variant checks tiles for non-finite values
+// at all: V tiles under a mask kind, K tiles over flat rows (a key tile's
+// columns outside its head hold the neighbouring heads' elements, which
+// Q's zeroed columns there multiply).
+func (v Variant) nfChecks() bool { return v.maskedValues() || v.Flat }
+
+// nfFuncs writes the device functions of the non-finite checks that do
+// not depend on the load path: the element test, the word scan and zeroing
+// and nf_add_keys. nf_acc is a primitive (ptx).
+func (x *gen) nfFuncs() {
+	v := x.v
+	if !v.nfChecks() {
+		return
+	}
+	// magnitude bits of a word of elements and of one element, the least non-finite magnitude, the
+	// element's value from its bits, its load
+	word, one, exp, elem, load := "0x7fff7fffu", "0x7fffu", "0x7f80u", "bf16_to_f32((u16)h)", "*(const u16*)p"
+	switch v.DType {
+	case attn.Float16:
+		exp, elem = "0x7c00u", "f16_to_f32((u16)h)"
+	case attn.Float32:
+		word, one, exp, elem, load = "0x7fffffffu", "0x7fffffffu", "0x7f800000u", "__uint_as_float(h)", "*(const u32*)p"
+	}
+	x.p(`// ---- non-finite values (NaN, ±Inf) in the V tiles of boundary blocks (see mask.go): the tile's
+// elements go through nf_acc, and only a tile that holds such values takes the rare path
+DEV bool nf_any(u32 acc) { return (acc & %s) != 0; }  // nf_acc saw a non-finite element
+DEV bool nf_bits(u32 h) { return (h & %s) >= %s; }  // one element's bits: exponent all ones
+DEV u32 nf_load(const char* p) { return %s; }  // one element's bits from global memory`, word, one, exp, load)
+	if v.DType == attn.Float32 {
+		x.raw("DEV u32 nf_zero_word(u32 w) { return nf_bits(w) ? 0u : w; }\n")
+	} else {
+		x.raw(`DEV u32 nf_zero_word(u32 w) {  // zero the non-finite halves of a word
+  const u32 lo = nf_bits(w & 0xffffu) ? 0u : w & 0xffffu, hi = nf_bits(w >> 16) ? 0u : w >> 16;
+  return lo | (hi << 16);
+}
+`)
+	}
+	x.p(`// NB bytes (4, 8 or 16) of a shared tile at p: scan into acc (the non-finite checks OR the scans of
+// their pieces, each from 0: finite elements leave ±0), and zero their non-finite elements
+template <int NB> DEV u32 nf_scan(const unsigned char* p, u32 acc) {
+  if constexpr (NB == 16) {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    return nf_acc(nf_acc(nf_acc(nf_acc(acc, w.x), w.y), w.z), w.w);
+  } else {
+#pragma unroll
+    for (int k = 0; k < NB / 4; ++k) acc = nf_acc(acc, reinterpret_cast<const u32*>(p)[k]);
+    return acc;
+  }
+}
+template <int NB> DEV void nf_zero(unsigned char* p) {
+#pragma unroll
+  for (int k = 0; k < NB / 4; ++k) reinterpret_cast<u32*>(p)[k] = nf_zero_word(reinterpret_cast<u32*>(p)[k]);
+}
+// ---- rare: V's keys n0 .. n0 + BN - 1 held non-finite values, zeroed in the shared tile before
+// O += P·V; afterwards each row adds the non-finite values of the keys it sees (key j - row i in
+// [dlo, dhi)), read from global memory: v is key 0's row (byte stride v_rs), row0 the sequence
+// position of the lane's first row, and O's column col0 + d of a lane holds V's column d
+DEV void nf_add_keys(float (&o)[MT][NT_O][4], const char* v, i64 v_rs, int n0, int m, int row0, int dlo, int dhi,
+                     int col0, int d_v, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  for (int w = 0; w < (BN + 31) / 32; ++w) {
+    const int j = n0 + 32 * w + lane;  // one key per lane: does its row hold a non-finite value?
+    bool bad = false;
+    if (32 * w + lane < BN && j < m)
+      for (int d = 0; d < d_v; ++d) bad |= nf_bits(nf_load(v + (i64)j * v_rs + (i64)d * ESZ));
+    for (u32 keys = __ballot_sync(FULL_MASK, bad); keys != 0; keys &= keys - 1) {
+      const int jb = n0 + 32 * w + __ffs(keys) - 1;
+      const char* row = v + (i64)jb * v_rs;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int dj = jb - (row0 + mt * 16 + g + 8 * hf);
+          if (dj < dlo || dj >= dhi) continue;  // this row does not see the key
+#pragma unroll
+          for (int nt = 0; nt < NT_O; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int d = col0 + nt * 8 + 2 * c + e;
+              if (d < 0 || d >= d_v) continue;
+              const u32 h = nf_load(row + (i64)d * ESZ);
+              if (nf_bits(h)) o[mt][nt][2 * hf + e] += %s;
+            }
+        }
+    }
+  }
+}
+`, elem)
+}
+
+// nfTileFuncs writes nf_fix, which scans the share of a landed V tile that
+// this thread may read before the barrier (what its own copies wrote; with
+// tensor maps, after the wait on the tile's barrier, any part) and zeroes
+// its non-finite elements when there are some, reporting whether there
+// were. It follows the tile's loader, so it comes after it.
+func (x *gen) nfTileFuncs() {
+	v := x.v
+	if v.Flat {
+		x.raw(`// ---- nf_kcols: does the landed K tile at t (flat rows: the head from column sh, d columns) hold non-finite
+// values in the 16-byte chunks that hold its neighbours' columns? (this thread's share: tensor maps)
+DEV bool nf_kcols(unsigned char* t, int sh, int d, int tid) {
+  const int cl = (sh + 7) >> 3, cr = (sh + d) >> 3;  // chunks [0, cl) and [cr, KCH) of a row
+  const int per = cl + KCH - cr;
+  u32 acc = 0;
+  for (int i = tid; i < BN * per; i += NTHREADS) {
+    const int r = i / per, k = i - r * per;
+    acc |= nf_scan<16>(t + sw_off<BN, KCH>(r, k < cl ? k : cr + k - cl), 0u);
+  }
+  return nf_any(acc);
+}
+`)
+	}
+	if !v.maskedValues() {
+		return
+	}
+	x.raw("// ---- nf_fix: this thread's share of a landed V tile [BN rows]: scan; zero its non-finite elements (rare)\n")
+	switch {
+	case v.WGMMA && v.TMA:
+		x.raw(`// (tensor maps: the tile has landed for every thread; thread tid takes its 16-byte chunks tid, tid + NTHREADS, ...)
+DEV bool nf_fix(unsigned char* t, int tid) {
+  constexpr int CHUNKS = V_STAGE / 16, PASSES = (CHUNKS + NTHREADS - 1) / NTHREADS;
+  u32 acc = 0;
+#pragma unroll
+  for (int k = 0; k < PASSES; ++k)
+    if (CHUNKS % NTHREADS == 0 || tid + k * NTHREADS < CHUNKS) acc |= nf_scan<16>(t + 16 * (tid + k * NTHREADS), 0u);
+  if (!nf_any(acc)) return false;
+  for (int i = tid; i < CHUNKS; i += NTHREADS) nf_zero<16>(t + 16 * i);
+  return true;
+}
+`)
+	case v.WGMMA:
+		x.raw(`// (cp.async: the chunks load_sw<BN, VCH> gave this thread, whose copies cp_wait completed)
+template <class F> DEV void sw_copies(int tid, F f) {
+  constexpr int CPR = VCH <= 4 ? 4 : VCH <= 8 ? 8 : VCH <= 16 ? 16 : VCH <= 32 ? 32 : 64;
+  constexpr int RSTEP = NTHREADS / CPR;
+  constexpr int PASSES = (BN + RSTEP - 1) / RSTEP;
+  const int r0 = tid / CPR, c = tid % CPR;
+  if (VCH < CPR && c >= VCH) return;
+#pragma unroll
+  for (int it = 0; it < PASSES; ++it) {
+    const int r = r0 + it * RSTEP;
+    if (BN % RSTEP == 0 || r < BN) f(sw_off<BN, VCH>(r, c));
+  }
+}
+DEV bool nf_fix(unsigned char* t, int tid) {
+  u32 acc = 0;
+  sw_copies(tid, [&](u32 off) { acc |= nf_scan<16>(t + off, 0u); });
+  if (!nf_any(acc)) return false;
+  sw_copies(tid, [&](u32 off) { nf_zero<16>(t + off); });
+  return true;
+}
+`)
+	case v.LoadBytes == 2:
+		x.raw(`// (register-staged: the element pairs ldg_tile<BN, VCH> put in this thread's staging registers, before
+// sts_tile stores them)
+DEV bool nf_fix(u32 (&r)[STAGE_REGS]) {
+  constexpr int N = (BN * VCH * 4 + NTHREADS - 1) / NTHREADS;  // the V tile's pairs per thread
+  u32 acc = 0;
+#pragma unroll
+  for (int it = 0; it < N; ++it) acc |= nf_acc(0u, r[2 * it] | (r[2 * it + 1] << 16));
+  if (!nf_any(acc)) return false;
+#pragma unroll
+  for (int k = 0; k < 2 * N; ++k) r[k] = nf_bits(r[k]) ? 0u : r[k];
+  return true;
+}
+`)
+	default:
+		x.raw(`// (cp.async: the LB-byte pieces load_tile<BN, VCH> gave this thread, whose copies cp_wait completed)
+template <class F> DEV void tile_copies(int tid, F f) {
+  constexpr int PER_ROW = VCH * 16 / LB;
+  if constexpr (NTHREADS % PER_ROW == 0) {
+    constexpr int RSTEP = NTHREADS / PER_ROW;
+    constexpr int PASSES = (BN + RSTEP - 1) / RSTEP;
+    const int r0 = tid / PER_ROW, cb = (tid % PER_ROW) * LB;
+#pragma unroll
+    for (int it = 0; it < PASSES; ++it)
+      if (BN % RSTEP == 0 || r0 + it * RSTEP < BN) f(toff<VCH>(r0 + it * RSTEP, cb >> 4) + (cb & 15));
+  } else {
+    constexpr int TOTAL = BN * PER_ROW;
+#pragma unroll 8
+    for (int it = 0; it < (TOTAL + NTHREADS - 1) / NTHREADS; ++it) {
+      const int idx = tid + it * NTHREADS;
+      const int r = idx / PER_ROW, cb = (idx % PER_ROW) * LB;
+      if (TOTAL % NTHREADS == 0 || idx < TOTAL) f(toff<VCH>(r, cb >> 4) + (cb & 15));
+    }
+  }
+}
+DEV bool nf_fix(unsigned char* t, int tid) {
+  u32 acc = 0;
+  tile_copies(tid, [&](u32 off) { acc |= nf_scan<LB>(t + off, 0u); });
+  if (!nf_any(acc)) return false;
+  tile_copies(tid, [&](u32 off) { nf_zero<LB>(t + off); });
+  return true;
+}
+`)
+	}
+	x.raw("\n")
+}
+
+// nfAdd writes the rare path after the P·V product of the block whose
+// first key is n0 (an expression): when vbad (the CTA's vote on its V
+// tile), nf_add_keys.
+func (x *gen) nfAdd(indent, n0 string) {
+	if !x.v.maskedValues() {
+		return
+	}
+	col := "dv0"
+	if x.v.Flat {
+		col = "dv0 - sv_" // the tile holds the head from column sv_
+	}
+	// the warp's first row from fresh special-register reads (mask kinds walk the query blocks last
+	// first), as maskApply does: m0 and wrow0 are not kept live through the loop for this
+	row0 := "(int)(gridDim.x - 1 - ctaid_x()) * BM + (int)((tid_x() >> 5) % WM) * MT * 16"
+	x.p("%sif (vbad) nf_add_keys(o, gV, v_rs, %s, m, %s, dlo, dhi, %s, p.d_v, lane);  // ---- rare: non-finite values of V's masked keys", indent, n0, row0, col)
 }

@@ -40,6 +40,8 @@ func (v Variant) Source() (string, error) {
 	x.constants()
 	x.ptx()
 	x.loaders()
+	x.nfFuncs()
+	x.nfTileFuncs()
 	x.qkProduct()
 	x.dropoutFuncs()
 	x.pvProduct()
@@ -187,6 +189,9 @@ DEV void store_pair(char* p, float a, float b) { *(u32*)p = pack2(a, b); }`, ty)
 DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b); }
 `)
 	}
+	if v.nfChecks() {
+		x.raw(nfAccSource(v.DType))
+	}
 	x.p("%s", PrimitivesEnd)
 	if v.DType == attn.Float32 {
 		x.raw(`DEV void split4(const u32 (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
@@ -197,4 +202,26 @@ DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b)
 		x.raw(mmaSplitTF32("mma3", "mma_tf32"))
 	}
 	x.p("")
+}
+
+// nfAccSource returns nf_acc(acc, w), the accumulation of the non-finite
+// checks (mask.go): x·0 + acc for each element x of the word w, in the
+// element type (fma.rn.bf16x2, fma.rn.f16x2, fp32 fma), so that acc stays
+// 0 while the elements are finite and is NaN from the first one that is
+// not (0·±Inf is NaN).
+func nfAccSource(dt attn.DType) string {
+	if dt == attn.Float32 {
+		return "DEV u32 nf_acc(u32 acc, u32 w) { return __float_as_uint(fmaf(__uint_as_float(w), 0.f, __uint_as_float(acc))); }\n"
+	}
+	ty := "bf16x2"
+	if dt == attn.Float16 {
+		ty = "f16x2"
+	}
+	return fmt.Sprintf(`// x·0 + acc on each 16-bit half of w: acc stays 0 while the elements are finite, NaN from the first that is not
+DEV u32 nf_acc(u32 acc, u32 w) {
+  u32 r;
+  asm("fma.rn.%s %%0, %%1, %%2, %%3;" : "=r"(r) : "r"(w), "r"(0u), "r"(acc));
+  return r;
+}
+`, ty)
 }

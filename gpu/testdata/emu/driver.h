@@ -30,6 +30,8 @@ static void emu_run(std::function<void()> body, emu_dim3 grid, unsigned threads)
       for (unsigned x = 0; x < grid.x; ++x) {
         blockIdx = emu_dim3{x, y, z};
         memset(smem, 0xFF, EMU_SMEM);
+        memset(emu_or_calls, 0, sizeof emu_or_calls);  // __syncthreads_or: every thread from call 0
+        memset(emu_or_acc, 0, sizeof emu_or_acc);
         emu_fibers.assign(threads, EmuFiber{});
         emu_cta_bar = EmuBarrier{0, (int)threads, 0, &emu_live_cta};
         emu_live_cta = threads;

@@ -68,3 +68,11 @@ inline void store_pair(char* p, float a, float b) {
     memcpy(p, &v, 4);
   }
 }
+// x·0 + acc per element of w (the non-finite checks' accumulation): fp32, or two 16-bit halves
+inline u32 nf_acc(u32 acc, u32 w) {
+  if (DT == 0) return __float_as_uint(fmaf(__uint_as_float(w), 0.f, __uint_as_float(acc)));
+  float a0, a1, w0, w1;
+  unpack2(acc, a0, a1);
+  unpack2(w, w0, w1);
+  return pack2(fmaf(w0, 0.f, a0), fmaf(w1, 0.f, a1));
+}

@@ -148,6 +148,32 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
   return r;
 }
 
+// __syncthreads_or(pred): a barrier that returns whether pred was set in any thread. Call k of a
+// thread uses accumulator k mod 3 and clears the one of call k + 1: every thread has read that one
+// (in call k - 2) before it reached call k - 1's barrier, which this thread has passed, and none adds
+// to it before call k's barrier completes, which needs this thread.
+static int emu_or_acc[3];
+static unsigned emu_or_calls[1024];
+inline int __syncthreads_or(int pred) {
+  const unsigned k = emu_or_calls[threadIdx.x]++;
+  emu_or_acc[(k + 1) % 3] = 0;
+  if (pred) emu_or_acc[k % 3] = 1;
+  emu_wait(emu_cta_bar);
+  return emu_or_acc[k % 3];
+}
+// __ballot_sync(mask, pred): bit i set when lane i's pred is (the whole warp takes part)
+inline unsigned __ballot_sync(unsigned, int pred) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.u[emu_lane()][0] = pred != 0;
+  emu_warp_sync();
+  unsigned r = 0;
+  for (int i = 0; i < 32; i++) r |= x.u[i][0] << i;
+  emu_warp_sync();
+  return r;
+}
+// __ffs(x): the position of the least significant bit set, from 1; 0 for 0
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+
 inline float atomicAdd(float* p, float v) {
   const float old = *p;  // fibers are cooperative: no interleaving inside
   *p = old + v;
