@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io/fs"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -51,17 +53,18 @@ func readOut(t *testing.T, dir, name string, shape []int) []float64 {
 	return x.Float64s()
 }
 
-// near fails unless got matches want within tol relative to want's largest magnitude.
+// near fails unless got matches want within tol relative to want's largest
+// magnitude, NaN where want is NaN.
 func near(t *testing.T, name string, got, want []float64, tol float64) {
 	t.Helper()
 	scale := 1.0
 	for _, w := range want {
-		if !math.IsInf(w, 0) {
+		if !math.IsInf(w, 0) && !math.IsNaN(w) {
 			scale = math.Max(scale, math.Abs(w))
 		}
 	}
 	for i := range want {
-		if got[i] == want[i] {
+		if got[i] == want[i] || (math.IsNaN(got[i]) && math.IsNaN(want[i])) {
 			continue
 		}
 		if d := math.Abs(got[i] - want[i]); !(d <= tol*scale) {
@@ -81,6 +84,7 @@ func TestRun(t *testing.T) {
 		bias    []int           // bias shape, nil for none
 		flags   []string
 		opt     flashattn.Options // the options the flags mean
+		nanV    int               // 1 + the row of v to fill with NaN (0: none)
 	}{
 		{name: "forward only", q: []int{2, 5, 2, 8}, k: []int{2, 7, 2, 8}, v: []int{2, 7, 2, 8},
 			fileDT: flashattn.Float32, dt: flashattn.Float32, flags: []string{"--backend", "cpu"}},
@@ -109,6 +113,23 @@ func TestRun(t *testing.T) {
 			fileDT: flashattn.Float32, dt: flashattn.BFloat16, grad: true, flags: []string{"--dtype", "bf16"}},
 		{name: "fp32 files computed in fp16", q: []int{1, 5, 2, 8}, k: []int{1, 5, 2, 8}, v: []int{1, 5, 2, 8},
 			fileDT: flashattn.Float32, dt: flashattn.Float16, flags: []string{"--dtype", "fp16", "--backend", "auto"}},
+		{name: "window MaxInt both sides is unmasked", q: []int{1, 9, 2, 8}, k: []int{1, 12, 1, 8}, v: []int{1, 12, 1, 8},
+			fileDT: flashattn.Float32, dt: flashattn.Float32, grad: true,
+			flags: []string{"--backend", "cpu", "--window", "9223372036854775807,9223372036854775807"}},
+		{name: "window 0,MaxInt", q: []int{1, 12, 2, 8}, k: []int{1, 9, 1, 8}, v: []int{1, 9, 1, 8},
+			fileDT: flashattn.Float32, dt: flashattn.Float32, grad: true,
+			flags: []string{"--backend", "cpu", "--window", "0,9223372036854775807", "--align", "top-left"},
+			opt:   flashattn.Options{Window: &flashattn.Window{Left: 0, Right: -1}, Align: flashattn.AlignTopLeft}},
+		{name: "causal with window MaxInt,MaxInt", q: []int{1, 10, 1, 8}, k: []int{1, 10, 1, 8}, v: []int{1, 10, 1, 8},
+			fileDT: flashattn.Float32, dt: flashattn.Float32, grad: true,
+			flags: []string{"--backend", "cpu", "--causal", "--window", "9223372036854775807,9223372036854775807"},
+			opt:   flashattn.Options{Causal: true}},
+		{name: "NaN value row under causal", q: []int{1, 16, 2, 8}, k: []int{1, 16, 1, 8}, v: []int{1, 16, 1, 8},
+			fileDT: flashattn.Float32, dt: flashattn.Float32, grad: true, flags: []string{"--backend", "cpu", "--causal"},
+			opt: flashattn.Options{Causal: true}, nanV: 1 + 12},
+		{name: "NaN value row under causal in bf16", q: []int{1, 16, 2, 8}, k: []int{1, 16, 1, 8}, v: []int{1, 16, 1, 8},
+			fileDT: flashattn.Float32, dt: flashattn.BFloat16, flags: []string{"--backend", "cpu", "--causal", "--dtype", "bf16"},
+			opt: flashattn.Options{Causal: true}, nanV: 1 + 3},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,6 +138,13 @@ func TestRun(t *testing.T) {
 			q := randomTensor(rng, tc.fileDT, tc.q...)
 			k := randomTensor(rng, tc.fileDT, tc.k...)
 			v := randomTensor(rng, tc.fileDT, tc.v...)
+			if tc.nanV > 0 {
+				for kh := 0; kh < tc.v[2]; kh++ {
+					for d := 0; d < tc.v[3]; d++ {
+						v.Set(float32(math.NaN()), 0, tc.nanV-1, kh, d)
+					}
+				}
+			}
 			args := []string{"run", "--q", writeNPY(t, dir, "q.npy", q), "--k", writeNPY(t, dir, "k.npy", k),
 				"--v", writeNPY(t, dir, "v.npy", v), "--out", out}
 			args = append(args, tc.flags...)
@@ -151,7 +179,17 @@ func TestRun(t *testing.T) {
 			if tc.dt != flashattn.Float32 {
 				tol = 1e-2
 			}
-			near(t, "o", readOut(t, out, "o", ref.Problem.OutputShape()), ref.O, tol)
+			o := readOut(t, out, "o", ref.Problem.OutputShape())
+			near(t, "o", o, ref.O, tol)
+			if tc.nanV > 0 {
+				// Causal, N = M: the rows before the poisoned value cannot see it.
+				rowLen := len(o) / tc.q[1]
+				for i, x := range o {
+					if math.IsNaN(x) != (i/rowLen >= tc.nanV-1) {
+						t.Fatalf("o row %d holds %v: only rows %d and later see the NaN", i/rowLen, x, tc.nanV-1)
+					}
+				}
+			}
 			near(t, "lse", readOut(t, out, "lse", ref.Problem.LSEShape()), ref.LSE, 1e-5)
 			for _, name := range []string{"dq", "dk", "dv", "dbias"} {
 				_, err := os.Stat(filepath.Join(out, name+".npy"))
@@ -227,6 +265,10 @@ func TestRunBadInput(t *testing.T) {
 		{"bad align", with("--align", "middle"), 1, `--align "middle"`},
 		{"window with one number", with("--window", "3"), 1, "--window"},
 		{"window not numbers", with("--window", "a,b"), 1, "--window"},
+		{"window side overflows", with("--window", "9223372036854775808,0"), 1, "--window"},
+		{"q is a directory", []string{"run", "--q", dir, "--k", k, "--v", v, "--out", out}, 1, "--q " + dir + " is a directory"},
+		{"k is a directory", []string{"run", "--q", q, "--k", dir, "--v", v, "--out", out}, 1, "--k " + dir + " is a directory"},
+		{"out under a file", []string{"run", "--q", q, "--k", k, "--v", v, "--out", filepath.Join(garbage, "sub")}, 1, "--out"},
 		{"dropout out of range", with("--dropout", "1.5"), 1, "dropout 1.5 outside [0, 1)"},
 		{"scale not finite", with("--scale", "NaN"), 1, "scale NaN is not finite"},
 		{"softcap negative", with("--softcap", "-1"), 1, "softcap -1"},
@@ -279,6 +321,9 @@ func TestRunBadInput(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(out, "o.npy")); err == nil {
 				t.Errorf("o.npy written despite the error")
 			}
+			if _, err := os.Stat(out); err == nil {
+				t.Errorf("--out %s created by a run that failed", out)
+			}
 		})
 	}
 }
@@ -296,6 +341,8 @@ func TestUsage(t *testing.T) {
 		{"top-level -h", []string{"-h"}, 0, "Commands:", "", true},
 		{"help", []string{"help"}, 0, "demo", "", true},
 		{"help run", []string{"help", "run"}, 0, "--cu-seqlens-q", "", true},
+		{"help run: no fallback", []string{"help", "run"}, 0, "never falls back to\n                            another backend", "", true},
+		{"help run: outputs moved into place", []string{"help", "run"}, 0, "moved into place only when all of them\nwere written", "", true},
 		{"run -h", []string{"run", "-h"}, 0, "--window L,R", "", true},
 		{"demo --help", []string{"demo", "--help"}, 0, "--check-rows", "", true},
 		{"help -h", []string{"help", "-h"}, 0, "Usage: flashattn help", "", true},
@@ -317,6 +364,10 @@ func TestUsage(t *testing.T) {
 				t.Errorf("stderr %q, want nothing", stderr)
 			}
 		})
+	}
+	// README and the library say that nothing falls back to another backend.
+	if _, stdout, _ := execute("help", "run"); strings.Contains(stdout, "run on the CPU") {
+		t.Errorf("help run still says that problems run on the CPU:\n%s", stdout)
 	}
 	for _, name := range []string{"run", "demo", "version", "help"} {
 		if c := commands[name]; c == nil || c.summary == "" || !strings.Contains(c.usage, "Usage: flashattn "+name) {
@@ -445,4 +496,194 @@ func TestOneLine(t *testing.T) {
 	if !errors.Is(err, attn.ErrShape) {
 		t.Error("sentinel lost")
 	}
+}
+
+// TestRunOutDir checks that run touches its output directory only when
+// every output was computed and written: a destination that cannot take an
+// output is refused before anything is computed, a failed write or move
+// leaves the directory as it was, and a run that succeeds leaves exactly
+// its own outputs (no stale gradients of an earlier run) and no temporary
+// directory.
+func TestRunOutDir(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	in := t.TempDir()
+	q := writeNPY(t, in, "q.npy", randomTensor(rng, flashattn.Float32, 1, 6, 2, 8))
+	k := writeNPY(t, in, "k.npy", randomTensor(rng, flashattn.Float32, 1, 7, 1, 8))
+	v := writeNPY(t, in, "v.npy", randomTensor(rng, flashattn.Float32, 1, 7, 1, 8))
+	do := writeNPY(t, in, "do.npy", randomTensor(rng, flashattn.Float32, 1, 6, 2, 8))
+	args := func(out string, extra ...string) []string {
+		return append([]string{"run", "--backend", "cpu", "--q", q, "--k", k, "--v", v, "--out", out}, extra...)
+	}
+	grads := []string{"o", "lse", "dq", "dk", "dv"}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, out string) // prepares the destination (a first run, a directory in the way)
+		args  func(out string) []string
+		hook  func() (restore func())
+		msg   string   // the error line must contain it; "" for success
+		want  []string // the outputs afterwards; nil: exactly as after setup
+	}{
+		{name: "lse.npy is a directory, checked before the backend opens",
+			setup: func(t *testing.T, out string) {
+				mustRun(t, args(out)...)
+				if err := os.Remove(filepath.Join(out, "lse.npy")); err != nil {
+					t.Fatal(err)
+				}
+				mkdir(t, filepath.Join(out, "lse.npy"))
+			},
+			args: func(out string) []string { return append(args(out, "--causal"), "--backend", "cuda") },
+			msg:  "lse.npy is a directory"},
+		{name: "dq.npy is a directory",
+			setup: func(t *testing.T, out string) { mkdir(t, filepath.Join(out, "dq.npy")) },
+			args:  func(out string) []string { return args(out, "--do", do) },
+			msg:   "dq.npy is a directory"},
+		{name: "a write fails",
+			setup: func(t *testing.T, out string) { mustRun(t, args(out, "--do", do)...) },
+			args:  func(out string) []string { return args(out, "--do", do, "--causal") },
+			hook: func() func() {
+				prev := writeOutput
+				writeOutput = func(path string, shape []int, data []float32) error {
+					if filepath.Base(path) == "dv.npy" {
+						return errors.New("disk full")
+					}
+					return prev(path, shape, data)
+				}
+				return func() { writeOutput = prev }
+			},
+			msg: "disk full"},
+		{name: "a move fails and the others are undone",
+			setup: func(t *testing.T, out string) { mustRun(t, args(out, "--do", do)...) },
+			args:  func(out string) []string { return args(out, "--causal") },
+			hook: func() func() {
+				prev := rename
+				rename = func(from, to string) error {
+					if filepath.Base(to) == "lse.npy" {
+						return errors.New("rename refused")
+					}
+					return prev(from, to)
+				}
+				return func() { rename = prev }
+			},
+			msg: "rename refused"},
+		{name: "stale gradients are removed",
+			setup: func(t *testing.T, out string) { mustRun(t, args(out, "--do", do)...) },
+			args:  func(out string) []string { return args(out, "--causal") },
+			want:  []string{"lse", "o"}},
+		{name: "gradients replace the earlier ones",
+			setup: func(t *testing.T, out string) { mustRun(t, args(out, "--do", do)...) },
+			args:  func(out string) []string { return args(out, "--do", do, "--causal") },
+			want:  grads},
+		{name: "a failed run removes the destination it created",
+			setup: func(t *testing.T, out string) { os.RemoveAll(out) },
+			args:  func(out string) []string { return args(filepath.Join(out, "a", "b")) },
+			hook: func() func() {
+				prev := writeOutput
+				writeOutput = func(string, []int, []float32) error { return errors.New("disk full") }
+				return func() { writeOutput = prev }
+			},
+			msg: "disk full"},
+		{name: "missing destination is created",
+			setup: func(t *testing.T, out string) { os.RemoveAll(out) },
+			args:  func(out string) []string { return args(filepath.Join(out, "a", "b")) },
+			want:  nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := t.TempDir()
+			out := filepath.Join(parent, "out")
+			mkdir(t, out)
+			tc.setup(t, out)
+			before := snapshotDir(t, parent)
+			if tc.hook != nil {
+				defer tc.hook()()
+			}
+			status, stdout, stderr := execute(tc.args(out)...)
+			if tc.msg != "" {
+				if status != 1 || stdout != "" || !strings.Contains(stderr, tc.msg) {
+					t.Fatalf("status %d, stdout %q, stderr %q; want 1 and an error containing %q", status, stdout, stderr, tc.msg)
+				}
+				if after := snapshotDir(t, parent); !maps.Equal(before, after) {
+					t.Fatalf("the destination changed:\nbefore %v\nafter  %v", keys(before), keys(after))
+				}
+				return
+			}
+			if status != 0 || stdout != "" || stderr != "" {
+				t.Fatalf("status %d, stdout %q, stderr %q", status, stdout, stderr)
+			}
+			after := snapshotDir(t, parent)
+			if tc.want == nil {
+				if _, ok := after["out/a/b/o.npy"]; !ok {
+					t.Fatalf("outputs %v, want out/a/b/o.npy among them", keys(after))
+				}
+				for p := range after {
+					if strings.Contains(p, ".flashattn") {
+						t.Fatalf("temporary file left: %s", p)
+					}
+				}
+				return
+			}
+			var want []string
+			for _, n := range tc.want {
+				want = append(want, "out/"+n+".npy")
+				if after["out/"+n+".npy"] == before["out/"+n+".npy"] {
+					t.Errorf("%s.npy was not replaced", n)
+				}
+			}
+			slices.Sort(want)
+			if got := keys(after); !slices.Equal(got, want) {
+				t.Fatalf("files %v, want %v (no stale outputs, no temporary files)", got, want)
+			}
+		})
+	}
+}
+
+// mustRun runs a command line that must succeed.
+func mustRun(t *testing.T, args ...string) {
+	t.Helper()
+	if status, _, stderr := execute(args...); status != 0 {
+		t.Fatalf("%v: status %d: %s", args, status, stderr)
+	}
+}
+
+func mkdir(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// snapshotDir returns every file and directory under root (hidden ones
+// included), by path relative to root, with the contents of the files.
+func snapshotDir(t *testing.T, root string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == root {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			m[rel+"/"] = ""
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		m[rel] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// keys returns the files of a snapshot (not the directories), sorted.
+func keys(m map[string]string) []string {
+	var ks []string
+	for k := range m {
+		if !strings.HasSuffix(k, "/") {
+			ks = append(ks, k)
+		}
+	}
+	slices.Sort(ks)
+	return ks
 }

@@ -21,6 +21,12 @@ float32 .npy files: DIR/o.npy [B, N, H, DV] and DIR/lse.npy [B, H, N]; with
 --do also DIR/dq.npy, DIR/dk.npy, DIR/dv.npy, and DIR/dbias.npy when --bias is
 given (the bias then takes part in the backward).
 
+DIR is checked before anything is computed. The outputs are written to a
+temporary directory beside DIR and moved into place only when all of them
+were written: a run that fails leaves DIR as it was, and one that succeeds
+leaves exactly its own outputs there (an earlier run's dq.npy, dk.npy,
+dv.npy or dbias.npy that this run does not produce is removed).
+
 Inputs are float32 or float16 .npy (float64 is read and rounded to float32),
 q [B, N, H, DK], k [B, M, Hkv, DK], v [B, M, Hkv, DV], do like o, bias
 [B or 1, H or 1, N, M]. With --cu-seqlens-q/-k the batch is packed:
@@ -28,8 +34,9 @@ q [totalQ, H, DK], k and v [totalK, Hkv, D], lse [H, totalQ].
 
 Flags:
   --backend cpu|cuda|auto   backend (default auto: the GPU when one works,
-                            otherwise the CPU; problems the GPU backend does
-                            not support run on the CPU)
+                            otherwise the CPU); a problem the chosen backend
+                            does not support fails, it never falls back to
+                            another backend
   --dtype fp32|fp16|bf16    compute precision; inputs are rounded to it (default fp32)
   --q, --k, --v FILE        query, key and value .npy files (required)
   --do FILE                 output gradient: also run the backward
@@ -37,7 +44,8 @@ Flags:
   --causal                  causal mask
   --align top-left|bottom-right
                             diagonal alignment when N != M (default bottom-right)
-  --window L,R              keep keys from diagonal-L to diagonal+R (negative: unbounded)
+  --window L,R              keep keys from diagonal-L to diagonal+R (a side that is
+                            negative or wider than the sequences is unbounded)
   --softcap X               softcap X*tanh(s/X) (default 0: off)
   --scale S                 score scale (default 0: 1/sqrt(DK))
   --dropout P               dropout probability in [0, 1)
@@ -169,6 +177,9 @@ func parseInts(s string) ([]int, error) {
 
 // readInput reads the .npy file named by flag and rounds it to dt.
 func readInput(flag, path string, dt flashattn.DType) (flashattn.Tensor, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return flashattn.Tensor{}, fmt.Errorf("--%s %s is a directory, not a .npy file", flag, path)
+	}
 	t, err := npy.ReadFile(path)
 	if err != nil {
 		return t, fmt.Errorf("--%s: %w", flag, err)
@@ -222,6 +233,18 @@ func (f *runFlags) execute() error {
 	if f.do != "" && !slices.Equal(dO.Shape, p.OutputShape()) {
 		return fmt.Errorf("--do has shape %v, want the output's %v", dO.Shape, p.OutputShape())
 	}
+	names := []string{"o", "lse"}
+	if f.do != "" {
+		names = append(names, "dq", "dk", "dv")
+		if opt.Bias != nil {
+			names = append(names, "dbias")
+		}
+	}
+	out, err := openOutDir(f.out, names)
+	if err != nil {
+		return err
+	}
+	defer out.discard()
 
 	forward, backward := flashattn.Forward, flashattn.Backward
 	if f.backend != "auto" {
@@ -238,9 +261,6 @@ func (f *runFlags) execute() error {
 	if err != nil {
 		return fmt.Errorf("forward: %w", err)
 	}
-	if err := os.MkdirAll(f.out, 0o755); err != nil {
-		return err
-	}
 	outputs := []namedTensor{{"o", res.O}, {"lse", res.LSE}}
 	if f.do != "" {
 		g, err := backward(q, k, v, res.O, res.LSE, dO, opt)
@@ -256,11 +276,139 @@ func (f *runFlags) execute() error {
 		}
 	}
 	for _, o := range outputs {
-		if err := npy.WriteFloat32File(filepath.Join(f.out, o.name+".npy"), o.t.Shape, o.t.Float32s()); err != nil {
+		if err := out.write(o.name, o.t); err != nil {
 			return err
 		}
 	}
+	return out.commit()
+}
+
+// runOutputs lists every output run may write, by base name.
+var runOutputs = []string{"o", "lse", "dq", "dk", "dv", "dbias"}
+
+// writeOutput writes one output file and rename moves one; tests replace
+// them to make a write or a move fail.
+var (
+	writeOutput = npy.WriteFloat32File
+	rename      = os.Rename
+)
+
+// outDir is the destination of run's outputs and the temporary directory
+// beside it that they are written to first.
+type outDir struct {
+	dir, tmp  string
+	names     []string // the outputs of this run
+	created   []string // the directories openOutDir created, deepest first
+	committed bool
+}
+
+// openOutDir checks the destination dir before anything is computed: it
+// must be a directory (created when missing, and removed again if the run
+// fails) in which files can be created, and none of the output names of this run may be a directory or
+// another non-regular file there. It then creates the temporary directory,
+// beside dir where its parent allows, else inside it (hidden), so that
+// moving the outputs into place is a rename on one file system.
+func openOutDir(dir string, names []string) (*outDir, error) {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("--out %s is not a directory", dir)
+	}
+	var created []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || filepath.Dir(d) == d {
+			break
+		}
+		created = append(created, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("--out: %w", err)
+	}
+	o := &outDir{dir: dir, names: names, created: created}
+	for _, n := range names {
+		path := filepath.Join(dir, n+".npy")
+		if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+			what := "not a regular file"
+			if fi.IsDir() {
+				what = "a directory"
+			}
+			o.discard()
+			return nil, fmt.Errorf("--out: %s is %s, so the output cannot be written there", path, what)
+		}
+	}
+	probe, err := os.CreateTemp(dir, ".flashattn-probe-*")
+	if err != nil {
+		o.discard()
+		return nil, fmt.Errorf("--out: %w", err)
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	pattern := "." + filepath.Base(filepath.Clean(dir)) + ".flashattn-run-*"
+	o.tmp, err = os.MkdirTemp(filepath.Dir(filepath.Clean(dir)), pattern)
+	if err != nil {
+		if o.tmp, err = os.MkdirTemp(dir, ".flashattn-run-*"); err != nil {
+			o.discard()
+			return nil, fmt.Errorf("--out: %w", err)
+		}
+	}
+	return o, nil
+}
+
+// write writes output name (one of o.names) to the temporary directory.
+func (o *outDir) write(name string, t flashattn.Tensor) error {
+	return writeOutput(filepath.Join(o.tmp, name+".npy"), t.Shape, t.Float32s())
+}
+
+// commit moves the written outputs into the destination, replacing the
+// files there, and removes the outputs of an earlier run that this one did
+// not produce. The files it replaces or removes are first set aside in the
+// temporary directory: if a move fails, every move is undone and the
+// destination is left as it was.
+func (o *outDir) commit() error {
+	type move struct{ from, to string }
+	var done []move
+	mv := func(from, to string) error {
+		if err := rename(from, to); err != nil {
+			for i := len(done) - 1; i >= 0; i-- {
+				os.Rename(done[i].to, done[i].from)
+			}
+			return fmt.Errorf("--out: %w", err)
+		}
+		done = append(done, move{from, to})
+		return nil
+	}
+	for _, n := range runOutputs {
+		path := filepath.Join(o.dir, n+".npy")
+		if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+			continue // absent, or not an output (openOutDir refused those of this run)
+		}
+		if err := mv(path, filepath.Join(o.tmp, n+".npy.old")); err != nil {
+			return err
+		}
+	}
+	for _, n := range o.names {
+		if err := mv(filepath.Join(o.tmp, n+".npy"), filepath.Join(o.dir, n+".npy")); err != nil {
+			return err
+		}
+	}
+	o.committed = true
 	return nil
+}
+
+// discard removes the temporary directory and what is left in it (the
+// outputs of a run that failed, or the files a commit replaced) and, unless
+// the outputs were committed, the directories openOutDir created (those
+// still empty).
+func (o *outDir) discard() {
+	if o.tmp != "" {
+		os.RemoveAll(o.tmp)
+	}
+	if o.committed {
+		return
+	}
+	for _, d := range o.created {
+		if os.Remove(d) != nil {
+			return
+		}
+	}
 }
 
 // namedTensor is an output and the base name of its file.
