@@ -84,8 +84,16 @@ var (
 	ErrUnsupported = attn.ErrUnsupported // a valid problem the backend cannot run
 )
 
-// New returns a contiguous zero-filled tensor of type dt.
+// New returns a contiguous zero-filled tensor of type dt. It never panics:
+// for an invalid shape (a negative size, more elements than an int counts)
+// it returns a tensor without storage, which every backend rejects with an
+// error wrapping ErrShape. NewChecked reports that error at once.
 func New(dt DType, shape ...int) Tensor { return attn.New(dt, shape...) }
+
+// NewChecked returns a contiguous zero-filled tensor of type dt, or an error
+// wrapping ErrShape or ErrDType for an invalid shape or dtype: use it for
+// shapes that come from outside the program.
+func NewChecked(dt DType, shape ...int) (Tensor, error) { return attn.NewChecked(dt, shape...) }
 
 // FromFloat32 returns a contiguous tensor of type dt holding data, row-major
 // in shape, each value rounded to dt (nearest, ties to even). It panics if

@@ -173,7 +173,7 @@ func (c Case) Problem() *attn.Problem {
 		B: c.Batch, N: c.SeqlenQ, M: c.SeqlenK, H: c.Heads, Hkv: c.KVHeads,
 		DK: c.HeadDim, DV: c.HeadDimV, Scale: 1 / math.Sqrt(float64(c.HeadDim)), Opt: opt,
 	}
-	p.Left, p.Right, p.Masked = opt.MaskBounds()
+	p.ResolveMask()
 	return p
 }
 
