@@ -11,13 +11,15 @@
 #   CGO_ENABLED=0 go test -c -o .bin/gpu.test ./gpu
 #   CGO_ENABLED=0 go test -c -o .bin/kernels.test ./kernels
 #   CGO_ENABLED=0 go build -o .bin/benchfwd ./gpu/internal/benchfwd
+#   CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn
 #
 # then, on the GPU machine, from the repository root with .bin carried:
 #
 #   bash bench/check-h200.sh
 #
 # Environment: STEPS (comma-separated: compile, sanitize, grad,
-# conformance, forward, bwdbench, fwdbench; default all; sanitize runs the staging
+# conformance, forward, demo, bwdbench, fwdbench; default all; demo runs
+# `flashattn demo` from .bin/flashattn when it was built; sanitize runs the staging
 # tests under compute-sanitizer's memcheck where it is installed), FWD_ONLY (benchfwd -only groups;
 # main,odd,big),
 # BWD_BENCH_ENV (extra variables for the backward benchmark, such as
@@ -27,7 +29,7 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.check-out}
-STEPS=${STEPS:-compile,sanitize,grad,conformance,forward,bwdbench,fwdbench}
+STEPS=${STEPS:-compile,sanitize,grad,conformance,forward,demo,bwdbench,fwdbench}
 FWD_ONLY=${FWD_ONLY:-main,odd,big}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -57,7 +59,8 @@ SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestForwardStaging|TestBackwardGradients/(d59|d111-127|d199-257)/'
 step grad 240 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|TestBackwardDeterministic|TestBackwardAtomicUnderLoad|TestBackwardWholeStep'
 step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards|TestForwardStaging'
-step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep'
+step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
+[ -x "$ROOT/.bin/flashattn" ] && step demo 240 "$ROOT/.bin/flashattn" demo
 step bwdbench 240 env FLASHATTN_BWD_BENCH=1 ${BWD_BENCH_ENV:-} "$ROOT/.bin/gpu.test" -test.v -test.run TestBackwardBench
 step fwdbench 180 "$ROOT/.bin/benchfwd" ${FWD_SWEEP:-} -only "$FWD_ONLY" -reps 20
 tar -czf "$OUT/cache.tgz" -C "$FLASHATTN_CACHE_DIR" . 2>/dev/null
@@ -65,6 +68,7 @@ echo "wall $(($(date +%s) - T0))s" | tee -a "$SUMMARY"
 for f in compile sanitize grad conformance forward; do
 	[ -f "$OUT/$f.log" ] && grep -E '^(--- FAIL|FAIL|ok|PASS)' "$OUT/$f.log" | head -20
 done
+[ -f "$OUT/demo.log" ] && cat "$OUT/demo.log"
 [ -f "$OUT/bwd_bench.md" ] && cat "$OUT/bwd_bench.md"
 [ -f "$OUT/fwdbench.log" ] && tail -n 40 "$OUT/fwdbench.log"
 cat "$SUMMARY"
