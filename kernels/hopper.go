@@ -621,12 +621,12 @@ func (x *gen) hopperLoopLoads() {
 	}
 	flat := x.v.Flat
 	if nf {
+		// (the fence in every thread: in a branch of some threads only, ptxas would serialize the
+		// warpgroup products)
 		x.raw(`    if (vb) {
       mbar_wait(barV + 8 * buf, (it >> 1) & 1);  // V(nb) landed
-      if (nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid)) {
-        vbad = true;
-        fence_proxy_async();  // the zeroed elements are read by the P·V product
-      }
+      vbad = nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid);
+      fence_proxy_async();  // zeroed elements are read by the P·V product
     }
 `)
 	}

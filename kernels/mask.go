@@ -162,24 +162,32 @@ DEV void nf_add_keys(float (&o)[MT][NT_O][4], const char* v, i64 v_rs, int n0, i
     bool bad = false;
     if (32 * w + lane < BN && j < m)
       for (int d = 0; d < d_v; ++d) bad |= nf_bits(nf_load(v + (i64)j * v_rs + (i64)d * ESZ));
+    // the keys the warp found, one at a time (uniform); the accumulators are updated by every lane,
+    // with 0 where there is nothing to add, never in a branch of some lanes only (a divergent write
+    // to them would have ptxas serialize the warpgroup products around it)
     for (u32 keys = __ballot_sync(FULL_MASK, bad); keys != 0; keys &= keys - 1) {
       const int jb = n0 + 32 * w + __ffs(keys) - 1;
       const char* row = v + (i64)jb * v_rs;
+      bool sees[MT][2];  // does row (mt, hf) see key jb?
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int dj = jb - (row0 + mt * 16 + g + 8 * hf);
-          if (dj < dlo || dj >= dhi) continue;  // this row does not see the key
+          sees[mt][hf] = dj >= dlo && dj < dhi;
+        }
 #pragma unroll
-          for (int nt = 0; nt < NT_O; ++nt)
+      for (int nt = 0; nt < NT_O; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int d = col0 + nt * 8 + 2 * c + e;
-              if (d < 0 || d >= d_v) continue;
-              const u32 h = nf_load(row + (i64)d * ESZ);
-              if (nf_bits(h)) o[mt][nt][2 * hf + e] += %s;
-            }
+        for (int e = 0; e < 2; ++e) {
+          const int d = col0 + nt * 8 + 2 * c + e;
+          const bool in = d >= 0 && d < d_v;
+          const u32 h = nf_load(row + (i64)(in ? d : 0) * ESZ);
+          const float x = in && nf_bits(h) ? %s : 0.f;
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) o[mt][nt][2 * hf + e] += sees[mt][hf] ? x : 0.f;
         }
     }
   }
@@ -264,19 +272,20 @@ DEV bool nf_fix(u32 (&r)[STAGE_REGS]) {
 }
 `)
 	default:
-		x.raw(`// (cp.async: the LB-byte pieces load_tile<BN, VCH> gave this thread, whose copies cp_wait completed)
+		x.raw(`// (cp.async: the LB-byte pieces load_tile<BN, VCH> gave this thread, whose copies cp_wait completed;
+// one at a time: the check runs where the scores and O fill the registers, most kernels at the limit)
 template <class F> DEV void tile_copies(int tid, F f) {
   constexpr int PER_ROW = VCH * 16 / LB;
   if constexpr (NTHREADS % PER_ROW == 0) {
     constexpr int RSTEP = NTHREADS / PER_ROW;
     constexpr int PASSES = (BN + RSTEP - 1) / RSTEP;
     const int r0 = tid / PER_ROW, cb = (tid % PER_ROW) * LB;
-#pragma unroll
+#pragma unroll 1
     for (int it = 0; it < PASSES; ++it)
       if (BN % RSTEP == 0 || r0 + it * RSTEP < BN) f(toff<VCH>(r0 + it * RSTEP, cb >> 4) + (cb & 15));
   } else {
     constexpr int TOTAL = BN * PER_ROW;
-#pragma unroll 8
+#pragma unroll 1
     for (int it = 0; it < (TOTAL + NTHREADS - 1) / NTHREADS; ++it) {
       const int idx = tid + it * NTHREADS;
       const int r = idx / PER_ROW, cb = (idx % PER_ROW) * LB;
