@@ -477,10 +477,9 @@ func TestFlatStagedHeads(t *testing.T) {
 }
 
 // TestNonFiniteChecks checks which variants carry the checks for
-// non-finite values (mask.go): the V tiles of boundary blocks under a mask
-// kind, on every load path, with the CTA's vote and the rare path; the K
-// tiles of variants over flat rows. A variant with neither has none of it,
-// so that its source stays what it was.
+// non-finite values in V (mask.go): those with a mask kind, on every load
+// path, with the rare path after the main loop; a variant without one has
+// none of it, so that its source stays what it was.
 func TestNonFiniteChecks(t *testing.T) {
 	causal := func(v *Variant) { v.Mask = MaskWindow }
 	tma := func(f func(*Variant), flat, staged bool) func(*Variant) {
@@ -499,42 +498,41 @@ func TestNonFiniteChecks(t *testing.T) {
 		return v
 	}
 	cases := []struct {
-		name         string
-		v            Variant
-		wantV, wantK bool
+		name string
+		v    Variant
+		want bool
 	}{
-		{"mma-cp.async-causal", fwdVariant(t, attn.BFloat16, 64, 64, 16, causal), true, false},
-		{"mma-8-byte-window-varlen", fwdVariant(t, attn.Float16, 128, 128, 8, func(v *Variant) { v.Mask, v.Varlen = MaskWindow, true }), true, false},
-		{"mma-registers-causal", fwdVariant(t, attn.BFloat16, 64, 64, 2, causal), true, false},
-		{"mma-fp32-causal-split", fwdVariant(t, attn.Float32, 512, 512, 4, causal), true, false},
-		{"mma-unmasked", fwdVariant(t, attn.BFloat16, 128, 128, 16, nil), false, false},
-		{"hopper-cp.async-causal", hopper(attn.BFloat16, 128, causal), true, false},
-		{"hopper-cp.async-unmasked", hopper(attn.Float16, 64, nil), false, false},
-		{"hopper-tma-causal-split", hopper(attn.BFloat16, 512, tma(causal, false, false)), true, false},
-		{"hopper-tma-unmasked", hopper(attn.BFloat16, 128, tma(nil, false, false)), false, false},
-		{"hopper-flat-unmasked", hopper(attn.BFloat16, 208, tma(nil, true, false)), false, true},
-		{"hopper-flatstaged-causal", hopper(attn.BFloat16, 64, tma(causal, true, true)), true, true},
+		{"mma-cp.async-causal", fwdVariant(t, attn.BFloat16, 64, 64, 16, causal), true},
+		{"mma-8-byte-window-varlen", fwdVariant(t, attn.Float16, 128, 128, 8, func(v *Variant) { v.Mask, v.Varlen = MaskWindow, true }), true},
+		{"mma-registers-causal", fwdVariant(t, attn.BFloat16, 64, 64, 2, causal), true},
+		{"mma-fp32-causal-split", fwdVariant(t, attn.Float32, 512, 512, 4, causal), true},
+		{"mma-unmasked", fwdVariant(t, attn.BFloat16, 128, 128, 16, nil), false},
+		{"hopper-cp.async-causal", hopper(attn.BFloat16, 128, causal), true},
+		{"hopper-cp.async-unmasked", hopper(attn.Float16, 64, nil), false},
+		{"hopper-tma-causal-split", hopper(attn.BFloat16, 512, tma(causal, false, false)), true},
+		{"hopper-tma-unmasked", hopper(attn.BFloat16, 128, tma(nil, false, false)), false},
+		{"hopper-flat-unmasked", hopper(attn.BFloat16, 208, tma(nil, true, false)), false},
+		{"hopper-flatstaged-causal", hopper(attn.BFloat16, 64, tma(causal, true, true)), true},
 	}
 	for _, c := range cases {
 		src, err := c.v.Source()
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		checks := map[string]bool{
-			"nf_add_keys(o, gV":  c.wantV,
-			"DEV bool nf_fix(":   c.wantV,
-			"__syncthreads_or(":  c.wantV || c.wantK,
-			"nf_kcols(smem":      c.wantK,
-			"zero_cols<BN>(smem": c.wantK,
-			"nf_acc(":            c.wantV || c.wantK,
-		}
-		for sub, want := range checks {
-			if got := strings.Contains(src, sub); got != want {
-				t.Errorf("%s (%s): source has %q: %v, want %v", c.name, c.v.Name(), sub, got, want)
+		for _, sub := range []string{"DEV bool nf_fix(", "nf_acc(", "__syncthreads_or(", "nf_add_keys(o, gV", "bool vany = false;"} {
+			if got := strings.Contains(src, sub); got != c.want {
+				t.Errorf("%s (%s): source has %q: %v, want %v", c.name, c.v.Name(), sub, got, c.want)
 			}
 		}
-		if n := strings.Count(src, "nf_fix("); c.wantV && n < 2 {
+		if !c.want {
+			continue
+		}
+		if strings.Count(src, "nf_fix(") < 2 {
 			t.Errorf("%s (%s): nf_fix defined but not called", c.name, c.v.Name())
+		}
+		// the rare path's writes to O come after the main loop, never inside it
+		if loop, add := strings.Index(src, "main loop over key blocks"), strings.Index(src, "nf_add_keys(o, gV"); add < strings.Index(src[loop:], "CTA coordinates again")+loop {
+			t.Errorf("%s (%s): nf_add_keys inside the main loop", c.name, c.v.Name())
 		}
 	}
 }

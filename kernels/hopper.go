@@ -362,8 +362,11 @@ func (x *gen) hopperKernel() {
 	} else {
 		x.raw("    pack_p(pf, s[0]);\n")
 	}
-	x.raw(`  }
-
+	x.raw("  }\n")
+	if x.v.maskedValues() {
+		x.raw("  bool vany = false;  // non-finite values were zeroed in a V tile (see mask.go)\n")
+	}
+	x.raw(`
   // ---- main loop over key blocks, last to first
   for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {
     const int buf = it & 1;  // buffer of K(nb) and V(nb)
@@ -377,6 +380,16 @@ func (x *gen) hopperKernel() {
 	if v.TMA {
 		waitK = "      mbar_wait(barK + 8 * (buf ^ 1), ((it + 1) >> 1) & 1);  // K(nb - 1) landed\n"
 		waitV = "      mbar_wait(barV + 8 * buf, (it >> 1) & 1);  // V(nb) landed\n"
+		if v.maskedValues() {
+			// between the products' issues, where S' = Q·K(nb - 1)ᵀ runs
+			waitV += `      if (!(lo_last <= nb * BN && hi_first >= nb * BN + BN)  // a boundary block: V(nb)'s non-finite values
+          && __syncthreads_or(nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid))) {  // zeroed (rare)
+        fence_proxy_async();  // the zeroed elements are read by the P·V product
+        __syncthreads();
+        vany = true;
+      }
+`
+		}
 	}
 	x.raw(`    fence_acc(o[0]);
     if (nb > nb_lo) {  // a next block exists (uniform over the CTA)
@@ -415,9 +428,9 @@ func (x *gen) hopperKernel() {
       fence_acc(o[0]);
     }
 `)
-	x.nfAdd("    ", "nb * BN")
 	x.raw("  }\n")
 	x.recomputeCoords()
+	x.nfEpilogue()
 	x.epilogue()
 	x.raw("}\n")
 }
@@ -528,15 +541,8 @@ func (x *gen) hopperPrologueLoads() {
 		x.raw(`  // ---- flat rows: Q's columns outside [sq_, sq_ + d_k) hold the neighbouring heads' elements (or
   // zeros); zero them, so that S = Q·Kᵀ takes nothing from K's columns there
   zero_cols<BM>(smem + (s_base - smem_addr(smem)) + SQ_OFF, sq_, p.d_k, DKP, tid, NTHREADS);
-  // K's hold its neighbours' too: Q's zeros make them count for nothing, unless they are not finite (0·NaN
-  // is NaN); such a tile (rare) has them zeroed as well (here the first; the others in the main loop)
-  const bool kbad0 = nf_kcols(smem + (sK - smem_addr(smem)), sk_, p.d_k, tid);
   fence_proxy_async();
-  if (__syncthreads_or(kbad0)) {
-    zero_cols<BN>(smem + (sK - smem_addr(smem)), sk_, p.d_k, DKP, tid, NTHREADS);
-    fence_proxy_async();
-    __syncthreads();
-  }
+  __syncthreads();
 `)
 	}
 }
@@ -592,24 +598,15 @@ func (x *gen) tmaCoords() string {
 // warpgroup is done with K(nb) and V(nb + 1), their buffers take K(nb - 2)
 // and V(nb - 1).
 func (x *gen) hopperLoopLoads() {
-	nf := x.v.maskedValues()
-	if nf {
-		x.raw(`    const bool vb = !(lo_last <= nb * BN && hi_first >= nb * BN + BN);  // block nb is a boundary block
-    bool vbad = false;  // ---- non-finite values in V(nb): zeroed (rare), see mask.go
-`)
-	}
 	if !x.v.TMA {
 		x.raw("    cp_wait<0>();            // V(nb) and K(nb - 1) landed\n")
-		if nf {
-			x.raw("    if (vb) vbad = nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid);\n")
+		if x.v.maskedValues() {
+			x.raw(`    if (!(lo_last <= nb * BN && hi_first >= nb * BN + BN))  // a boundary block: non-finite values in this
+      vany |= nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid);  // thread's share of V(nb) zeroed (rare)
+`)
 		}
-		x.raw("    fence_proxy_async();\n")
-		if nf {
-			x.raw("    if (vb) vbad = __syncthreads_or(vbad);  // did any thread zero values? (and as below)\n    else ")
-		} else {
-			x.raw("    ")
-		}
-		x.raw(`__syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
+		x.raw(`    fence_proxy_async();
+    __syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
 `)
 		if x.v.WarpsN == 2 {
 			x.raw("                             // (and with P(nb + 1)); P(nb) is whole\n")
@@ -619,45 +616,7 @@ func (x *gen) hopperLoopLoads() {
 		x.raw("    cp_commit();\n")
 		return
 	}
-	flat := x.v.Flat
-	if nf {
-		// (the fence in every thread: in a branch of some threads only, ptxas would serialize the
-		// warpgroup products)
-		x.raw(`    if (vb) {
-      mbar_wait(barV + 8 * buf, (it >> 1) & 1);  // V(nb) landed
-      vbad = nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid);
-      fence_proxy_async();  // zeroed elements are read by the P·V product
-    }
-`)
-	}
-	if flat {
-		x.raw(`    bool kbad = false;  // ---- flat rows: non-finite values in K(nb - 1)'s columns outside its head (rare)
-    if (nb > nb_lo) {
-      mbar_wait(barK + 8 * (buf ^ 1), ((it + 1) >> 1) & 1);  // K(nb - 1) landed
-      kbad = nf_kcols(smem + (sK + (buf ^ 1) * K_STAGE - smem_addr(smem)), sk_, p.d_k, tid);
-    }
-`)
-	}
-	zeroK := func(indent string) string {
-		return "{  // zero them\n" + indent + "  zero_cols<BN>(smem + (sK + (buf ^ 1) * K_STAGE - smem_addr(smem)), sk_, p.d_k, DKP, tid, NTHREADS);\n" +
-			indent + "  fence_proxy_async();\n" + indent + "  __syncthreads();\n" + indent + "}\n"
-	}
-	switch {
-	case nf && flat:
-		x.raw("    if (__syncthreads_or(vbad || kbad)) {  // did any thread find non-finite values? (and as below)\n")
-		x.raw("      vbad = __syncthreads_or(vbad);\n      if (__syncthreads_or(kbad)) " + zeroK("      ") + "    }\n")
-	case nf:
-		x.raw("    if (vb) vbad = __syncthreads_or(vbad);  // did any thread zero values? (and as below)\n    else ")
-	case flat:
-		x.raw("    if (__syncthreads_or(kbad)) " + zeroK("    "))
-	default:
-		x.raw("    ")
-	}
-	if flat {
-		x.raw("    // every warpgroup is done with K(nb) and V(nb + 1)")
-	} else {
-		x.raw(`__syncthreads();  // every warpgroup is done with K(nb) and V(nb + 1)`)
-	}
+	x.raw(`    __syncthreads();  // every warpgroup is done with K(nb) and V(nb + 1)`)
 	if x.v.WarpsN == 2 {
 		x.raw(" (and with P(nb + 1)); P(nb) is whole")
 	}

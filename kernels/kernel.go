@@ -46,6 +46,7 @@ func (x *gen) kernel() {
 	x.ctaSetup()
 	x.mainLoop()
 	x.recomputeCoords()
+	x.nfEpilogue()
 	x.epilogue()
 	x.raw("}\n")
 }
@@ -210,6 +211,9 @@ func (x *gen) mainLoop() {
 		buf = "buf"
 	}
 
+	if v.maskedValues() {
+		x.raw("  bool vany = false;  // this thread zeroed non-finite values in a V tile (see mask.go)\n")
+	}
 	x.raw("\n  // ---- main loop over key blocks, last to first\n")
 	x.raw("  for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {\n")
 	x.raw("    const int n0 = nb * BN;  // first key of the block\n")
@@ -247,17 +251,17 @@ func (x *gen) mainLoop() {
 		x.nfCheck("nf_fix(stage)")
 		x.raw(`    sts_tile<BN, VCH>(sV, stage, tid);
     if (nb > nb_lo) ldg_tile<BN, KCH>(stage, gK + (i64)(nb - 1) * BN * k_rs, k_rs, m - n0 + BN, p.d_k, tid);
+    __syncthreads();  // V(nb) stored; every warp is done with K(nb)
 `)
-		x.nfBarrier("V(nb) stored; every warp is done with K(nb)")
 	case v.Stages == 1:
 		x.raw("    cp_wait<0>();\n")
 		x.nfCheck("nf_fix(smem + (sV - s_base), tid)")
-		x.nfBarrier("V(nb) landed; every warp is done with K(nb)")
+		x.raw("    __syncthreads();  // V(nb) landed; every warp is done with K(nb)\n")
 		x.p("    if (nb > nb_lo) {\n      %s\n      cp_commit();\n    }", x.loadK("0", "nb - 1"))
 	default:
 		x.raw("    cp_wait<1>();\n")
 		x.nfCheck("nf_fix(smem + (sV + buf * V_STAGE - s_base), tid)")
-		x.nfBarrier("V(nb) landed (K(nb-1) may be in flight)")
+		x.raw("    __syncthreads();  // V(nb) landed (K(nb-1) may be in flight)\n")
 		x.p("    if (nb > nb_lo) %s", x.loadV("buf ^ 1", "nb - 1"))
 		x.raw("    cp_commit();\n")
 	}
@@ -272,7 +276,6 @@ func (x *gen) mainLoop() {
 	} else {
 		x.p("    pv(o, s, sV + (%s) * V_STAGE, vo, dv0, lane);", buf)
 	}
-	x.nfAdd("    ", "n0")
 	if reg {
 		x.raw("    if (nb > nb_lo) sts_tile<BN, KCH>(sK, stage, tid);\n")
 	}
@@ -281,19 +284,10 @@ func (x *gen) mainLoop() {
 
 // nfCheck writes, for variants that check V tiles (maskedValues), the
 // check of this thread's share of a boundary block's V tile by fix (an
-// nf_fix call) into vbad; nfBarrier the barrier after it, which takes the
-// CTA's vote on a boundary block. what says what the barrier waits for.
+// nf_fix call, which zeroes the share's non-finite values before the
+// barrier that makes the tile whole) into vany.
 func (x *gen) nfCheck(fix string) {
 	if x.v.maskedValues() {
-		x.p("    bool vbad = boundary && %s;  // ---- non-finite values in V(nb): zeroed (rare)", fix)
+		x.p("    if (boundary) vany |= %s;  // ---- non-finite values in V(nb): zeroed (rare)", fix)
 	}
-}
-
-func (x *gen) nfBarrier(what string) {
-	if !x.v.maskedValues() {
-		x.p("    __syncthreads();  // %s", what)
-		return
-	}
-	x.p("    if (boundary) vbad = __syncthreads_or(vbad);  // %s; did any thread zero values?", what)
-	x.raw("    else __syncthreads();\n")
 }

@@ -85,30 +85,33 @@ func (x *gen) maskApply() {
 // by every loader), so the kernels check the V tiles of those blocks as
 // they land: each thread runs its share of the tile through nf_acc (x·0 +
 // acc per element: 0 while the elements are finite, NaN from the first one
-// that is not) and the CTA votes in the barrier that already follows the
-// tile's arrival. Only when some thread found one (rare) does it zero the
-// non-finite elements of its share before the vote, and after the P·V
-// product of the block nf_add_keys adds the zeroed values back to the O
-// elements of the rows that see them, read again from global memory
-// (NaN + x and Inf + x keep them, as the float64 reference's sums do).
+// that is not) and, only when it found one (rare), zeroes the non-finite
+// elements of its share. With cp.async or register-staged loads a thread's
+// share is what its own copies wrote, checked before the barrier that
+// already makes the tile whole for the product; with tensor maps it is a
+// slice of the landed tile, checked between the issues of S' = Q·Kᵀ of the
+// next block and of O += P·V, with a vote (and, when some thread zeroed
+// values, a proxy fence and a barrier) there. After the main loop, a CTA in
+// which some thread zeroed values adds them back with nf_add_keys, read
+// again from global memory, to the O elements of the rows that see those
+// keys (NaN + x and Inf + x keep them, as the float64 reference's sums do;
+// the later rescales are by positive factors).
+//
+// Not covered: over flat rows (Variant.Flat) a key tile also holds the
+// neighbouring heads' columns, which Q's zeroed columns multiply; a NaN or
+// Inf there reaches the scores of the keys of that row (see NOTES.md).
 
 // maskedValues reports whether the variant checks V tiles for non-finite
 // values: it has a mask kind (without one, no key below the sequence end
 // is masked).
 func (v Variant) maskedValues() bool { return v.Mask != MaskNone }
 
-// nfChecks reports whether the variant checks tiles for non-finite values
-// at all: V tiles under a mask kind, K tiles over flat rows (a key tile's
-// columns outside its head hold the neighbouring heads' elements, which
-// Q's zeroed columns there multiply).
-func (v Variant) nfChecks() bool { return v.maskedValues() || v.Flat }
-
 // nfFuncs writes the device functions of the non-finite checks that do
 // not depend on the load path: the element test, the word scan and zeroing
 // and nf_add_keys. nf_acc is a primitive (ptx).
 func (x *gen) nfFuncs() {
 	v := x.v
-	if !v.nfChecks() {
+	if !v.maskedValues() {
 		return
 	}
 	// magnitude bits of a word of elements and of one element, the least non-finite magnitude, the
@@ -162,32 +165,24 @@ DEV void nf_add_keys(float (&o)[MT][NT_O][4], const char* v, i64 v_rs, int n0, i
     bool bad = false;
     if (32 * w + lane < BN && j < m)
       for (int d = 0; d < d_v; ++d) bad |= nf_bits(nf_load(v + (i64)j * v_rs + (i64)d * ESZ));
-    // the keys the warp found, one at a time (uniform); the accumulators are updated by every lane,
-    // with 0 where there is nothing to add, never in a branch of some lanes only (a divergent write
-    // to them would have ptxas serialize the warpgroup products around it)
     for (u32 keys = __ballot_sync(FULL_MASK, bad); keys != 0; keys &= keys - 1) {
       const int jb = n0 + 32 * w + __ffs(keys) - 1;
       const char* row = v + (i64)jb * v_rs;
-      bool sees[MT][2];  // does row (mt, hf) see key jb?
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int dj = jb - (row0 + mt * 16 + g + 8 * hf);
-          sees[mt][hf] = dj >= dlo && dj < dhi;
-        }
+          if (dj < dlo || dj >= dhi) continue;  // this row does not see the key
 #pragma unroll
-      for (int nt = 0; nt < NT_O; ++nt)
+          for (int nt = 0; nt < NT_O; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int d = col0 + nt * 8 + 2 * c + e;
-          const bool in = d >= 0 && d < d_v;
-          const u32 h = nf_load(row + (i64)(in ? d : 0) * ESZ);
-          const float x = in && nf_bits(h) ? %s : 0.f;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) o[mt][nt][2 * hf + e] += sees[mt][hf] ? x : 0.f;
+            for (int e = 0; e < 2; ++e) {
+              const int d = col0 + nt * 8 + 2 * c + e;
+              if (d < 0 || d >= d_v) continue;
+              const u32 h = nf_load(row + (i64)d * ESZ);
+              if (nf_bits(h)) o[mt][nt][2 * hf + e] += %s;
+            }
         }
     }
   }
@@ -202,32 +197,18 @@ DEV void nf_add_keys(float (&o)[MT][NT_O][4], const char* v, i64 v_rs, int n0, i
 // were. It follows the tile's loader, so it comes after it.
 func (x *gen) nfTileFuncs() {
 	v := x.v
-	if v.Flat {
-		x.raw(`// ---- nf_kcols: does the landed K tile at t (flat rows: the head from column sh, d columns) hold non-finite
-// values in the 16-byte chunks that hold its neighbours' columns? (this thread's share: tensor maps)
-DEV bool nf_kcols(unsigned char* t, int sh, int d, int tid) {
-  const int cl = (sh + 7) >> 3, cr = (sh + d) >> 3;  // chunks [0, cl) and [cr, KCH) of a row
-  const int per = cl + KCH - cr;
-  u32 acc = 0;
-  for (int i = tid; i < BN * per; i += NTHREADS) {
-    const int r = i / per, k = i - r * per;
-    acc |= nf_scan<16>(t + sw_off<BN, KCH>(r, k < cl ? k : cr + k - cl), 0u);
-  }
-  return nf_any(acc);
-}
-`)
-	}
 	if !v.maskedValues() {
 		return
 	}
 	x.raw("// ---- nf_fix: this thread's share of a landed V tile [BN rows]: scan; zero its non-finite elements (rare)\n")
 	switch {
 	case v.WGMMA && v.TMA:
-		x.raw(`// (tensor maps: the tile has landed for every thread; thread tid takes its 16-byte chunks tid, tid + NTHREADS, ...)
+		x.raw(`// (tensor maps: the tile has landed for every thread; thread tid takes its 16-byte chunks tid, tid + NTHREADS, ...,
+// one at a time: this runs while S' = Q·Kᵀ of the next block is in flight, its accumulators live)
 DEV bool nf_fix(unsigned char* t, int tid) {
   constexpr int CHUNKS = V_STAGE / 16, PASSES = (CHUNKS + NTHREADS - 1) / NTHREADS;
   u32 acc = 0;
-#pragma unroll
+#pragma unroll 1
   for (int k = 0; k < PASSES; ++k)
     if (CHUNKS % NTHREADS == 0 || tid + k * NTHREADS < CHUNKS) acc |= nf_scan<16>(t + 16 * (tid + k * NTHREADS), 0u);
   if (!nf_any(acc)) return false;
@@ -305,19 +286,30 @@ DEV bool nf_fix(unsigned char* t, int tid) {
 	x.raw("\n")
 }
 
-// nfAdd writes the rare path after the P·V product of the block whose
-// first key is n0 (an expression): when vbad (the CTA's vote on its V
-// tile), nf_add_keys.
-func (x *gen) nfAdd(indent, n0 string) {
-	if !x.v.maskedValues() {
+// nfEpilogue writes the rare path after the main loop: when some thread
+// zeroed values in a V tile (vany; the CTA votes here unless the loop's
+// votes made vany uniform already, with tensor maps), nf_add_keys for every
+// boundary block, before O is normalized. Adding them there rather than
+// after each block's product keeps the accumulators of the warpgroup
+// products out of the loop's rare path (writes to them in a branch made
+// ptxas serialize the products) and out of its registers; a non-finite
+// value stays one through the later rescales and the normalization.
+func (x *gen) nfEpilogue() {
+	v := x.v
+	if !v.maskedValues() {
 		return
 	}
+	cond := "__syncthreads_or(vany)"
+	if v.TMA {
+		cond = "vany"
+	}
 	col := "dv0"
-	if x.v.Flat {
+	if v.Flat {
 		col = "dv0 - sv_" // the tile holds the head from column sv_
 	}
-	// the warp's first row from fresh special-register reads (mask kinds walk the query blocks last
-	// first), as maskApply does: m0 and wrow0 are not kept live through the loop for this
-	row0 := "(int)(gridDim.x - 1 - ctaid_x()) * BM + (int)((tid_x() >> 5) % WM) * MT * 16"
-	x.p("%sif (vbad) nf_add_keys(o, gV, v_rs, %s, m, %s, dlo, dhi, %s, p.d_v, lane);  // ---- rare: non-finite values of V's masked keys", indent, n0, row0, col)
+	x.p(`
+  if (%s) {  // ---- rare: V's boundary blocks held non-finite values, zeroed in their tiles
+    for (int nb = nb_lo; nb < nb_hi; ++nb)
+      if (!(lo_last <= nb * BN && hi_first >= nb * BN + BN)) nf_add_keys(o, gV, v_rs, nb * BN, m, m0 + wrow0, dlo, dhi, %s, p.d_v, lane);
+  }`, cond, col)
 }

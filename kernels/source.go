@@ -189,7 +189,7 @@ DEV void store_pair(char* p, float a, float b) { *(u32*)p = pack2(a, b); }`, ty)
 DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b); }
 `)
 	}
-	if v.nfChecks() {
+	if v.maskedValues() {
 		x.raw(nfAccSource(v.DType))
 	}
 	x.p("%s", PrimitivesEnd)
