@@ -329,3 +329,36 @@ func TestBackwardEmulatedCross(t *testing.T) {
 		})
 	}
 }
+
+// TestBackwardEmulatedFP32LargeScale runs the fp32 forward and then the
+// backward with the forward's O and LSE on the host emulator, at head dims
+// 160 to 256 with a logit scale of 0.3, and checks the gradients against
+// FlashAttention's criterion with the float32 baseline (checkF32Criterion)
+// (FLASHATTN_BWD_EMU=1; needs g++). The backward recomputes P from the
+// forward's LSE, so it must compute S as the forward did, sum for sum
+// (d160, d256 fail otherwise); its Delta = rowsum(dO∘O) takes the
+// forward's O, which must not drift over the keys in the emulated tensor
+// cores' truncating accumulators (d192 over 512 keys fails otherwise).
+func TestBackwardEmulatedFP32LargeScale(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	for ci, c := range []bwdCase{
+		{name: "d160-causal", b: 1, n: 64, m: 96, h: 1, hkv: 1, dk: 160, dv: 160, scale: 0.3, causal: true},
+		{name: "d192-512keys", b: 1, n: 32, m: 512, h: 1, hkv: 1, dk: 192, dv: 192, scale: 0.3},
+		{name: "d256", b: 1, n: 64, m: 96, h: 1, hkv: 1, dk: 256, dv: 256, scale: 0.3},
+	} {
+		in := c.inputs(t, attn.Float32, uint64(ci+500))
+		res, _ := fwdEmuRun(t, in.q, in.k, in.v, in.opt)
+		in.o, in.lse = res.O, res.LSE
+		ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var naive [3][]float64
+		naive[0], naive[1], naive[2] = naiveF32Backward(in.p, in.q, in.k, in.v, in.dO)
+		for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+			t.Run(fmt.Sprintf("%s/%v", c.name, algo), func(t *testing.T) {
+				checkF32Criterion(t, emuRunOn(t, in, algo, false, emuMMA), ref, naive)
+			})
+		}
+	}
+}

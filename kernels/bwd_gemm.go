@@ -186,7 +186,10 @@ for (int nt = 0; nt < %d; ++nt) {
 `, t.NT, bIdx("nt * 8", "kk * 8"), bIdx("nt * 8", "kk * 8 + 4"))
 	// Each k step's three products go into a fresh accumulator that is then
 	// added with a rounded fp32 add: the tensor cores' own accumulation
-	// truncates, which over K/8 steps would bias long sums by ~K/8 ulps.
+	// truncates, which over K/8 steps would bias long sums by ~K/8 ulps. The
+	// fp32 forward sums its S = Q·Kᵀ the same way, in the same order
+	// (qkProduct), so that P recomputed here from its LSE sees the S the
+	// forward saw, bit for bit.
 	fmt.Fprintf(b, `#pragma unroll
 for (int mt = 0; mt < %d; ++mt)
 #pragma unroll

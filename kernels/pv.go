@@ -54,6 +54,10 @@ func (x *gen) pvProduct() {
 		if fromSmem {
 			r0, dr = "(lane & 3)", "4"
 		}
+		// Each k step's split products go into a fresh accumulator, added to O
+		// with a rounded fp32 add, as in qkProduct: chained through the tensor
+		// cores' truncating accumulators, O drifted toward zero over the keys,
+		// and with it the backward's Delta = rowsum(dO∘O).
 		x.p(`    u32 ah[MT][4], al[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) split4(a[mt], ah[mt], al[mt]);
@@ -67,7 +71,12 @@ func (x *gen) pvProduct() {
       split(b0, bh0, bl0);
       split(b1, bh1, bl1);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) mma3(o[mt][nt], ah[mt], al[mt], bh0, bh1, bl0, bl1);
+      for (int mt = 0; mt < MT; ++mt) {
+        float t[4] = {0.f, 0.f, 0.f, 0.f};  // this k step's sum, added rounded
+        mma3(t, ah[mt], al[mt], bh0, bh1, bl0, bl1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][nt][e] += t[e];
+      }
     }
   }
 }

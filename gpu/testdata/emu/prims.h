@@ -98,7 +98,9 @@ inline void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
   emu_warp_sync();
 }
 
-// mma.sync m16n8k8 tf32, fp32 accumulators.
+// mma.sync m16n8k8 tf32, fp32 accumulators: the products (exact) and the accumulator summed, then
+// truncated toward zero to fp32, as the tensor cores' accumulation truncates (a kernel that chains
+// long sums through it drifts toward zero; one that rounds each step's sum into its own does not).
 inline void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   EmuWarpX& x = emu_wx[emu_warp()];
   const int l = emu_lane();
@@ -116,9 +118,11 @@ inline void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
   const int g = l / 4, t = l % 4;
   for (int i = 0; i < 4; ++i) {
     const int row = g + (i / 2) * 8, col = 2 * t + (i % 2);
-    float s = d[i];
-    for (int k = 0; k < 8; ++k) s += A[row][k] * B[k][col];
-    d[i] = s;
+    double s = d[i];
+    for (int k = 0; k < 8; ++k) s += (double)A[row][k] * (double)B[k][col];
+    float f = (float)s;
+    if (fabs((double)f) > fabs(s)) f = nextafterf(f, 0.f);
+    d[i] = f;
   }
   emu_warp_sync();
 }
