@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -203,7 +204,8 @@ func TestForwardEmulatedHopper(t *testing.T) {
 	}
 }
 
-// TestForwardEmulatedNonFinite runs inputs with NaN and ±Inf (fwdNaNCases)
+// TestForwardEmulatedNonFinite runs inputs with NaN and ±Inf (fwdNaNCases,
+// and fwdNaNTransformCases with dropout, a bias, a softcap and flat rows)
 // through every forward kernel family on the host emulator: the mma.sync
 // kernels, and the Hopper kernels with tiles by cp.async and by tensor maps
 // (odd head dims there over flat rows, in place and staged).
@@ -213,8 +215,12 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 		name string
 		kind emuKernels
 	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}}
+	cases := fwdNaNTransformCases()
+	for _, c := range fwdNaNCases() {
+		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})
+	}
 	for _, kd := range kinds {
-		for i, c := range fwdNaNCases() {
+		for i, c := range cases {
 			t.Run(kd.name+"/"+c.name, func(t *testing.T) {
 				hopper := kd.kind != emuMMA
 				switch {
@@ -232,5 +238,60 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 				fwdCheckNonFinite(t, c.dt, q, k, v, opt, res)
 			})
 		}
+	}
+}
+
+// fwdNaNTransformCase is a fwdNaNCase whose bias, when biasRow >= 0, is
+// −inf for every key of query position biasRow of head 0: a row whose
+// scores are all −inf, which gets O = 0 and LSE = −inf whatever the values
+// of the keys it sees.
+type fwdNaNTransformCase struct {
+	fwdNaNCase
+	biasRow int
+}
+
+// inputs returns the tensors and options of c, poisoned.
+func (c fwdNaNTransformCase) inputs(seed uint64) (q, k, v attn.Tensor, opt attn.Options) {
+	q, k, v, opt = c.fwdNaNCase.inputs(seed)
+	if c.biasRow >= 0 && opt.Bias != nil {
+		bt := opt.Bias.Tensor
+		for j := 0; j < bt.Shape[3]; j++ {
+			bt.Set(float32(math.Inf(-1)), 0, 0, c.biasRow, j)
+		}
+	}
+	return q, k, v, opt
+}
+
+// fwdNaNTransformCases are non-finite inputs of the forward kernels with
+// the score transforms and dropout, which the kernels' slow path for
+// non-finite O (kernels/mask.go) recomputes: NaN and ±Inf in value rows
+// that the causal or window mask hides from some rows (in the diagonal and
+// window-edge blocks) under dropout (a visible key's NaN or Inf reaches
+// the row even where dropout drops it: 0·NaN, 0·Inf), a bias (with a row
+// whose scores are all −inf), a softcap; and, over flat rows, NaN in key
+// columns that a neighbouring head's tile holds.
+func fwdNaNTransformCases() []fwdNaNTransformCase {
+	nan, inf := math.NaN(), math.Inf(1)
+	pr := func(name string, dt attn.DType, n, m, h, d int, opt attn.Options, bias int) fwdProblem {
+		return fwdProblem{name: name, dt: dt, b: 1, n: n, m: m, h: h, hkv: h, dk: d, dv: d, opt: opt, biasB: 1, bias: bias}
+	}
+	win := &attn.Window{Left: 30, Right: 7}
+	return []fwdNaNTransformCase{
+		{fwdNaNCase{pr("d64-150x200-causal-dropout", attn.BFloat16, 150, 200, 2, 64, attn.Options{Causal: true, Dropout: 0.3, Seed: 11}, 0), []fwdPoison{
+			{'v', 0, 120, 0, -1, nan}, {'v', 0, 160, 1, 5, inf}, {'v', 0, 199, 0, 2, -inf}, {'q', 0, 10, 1, -1, nan}}}, -1},
+		// NaN query rows that see one to four keys (top-left): where dropout drops them all, O = 0·v
+		{fwdNaNCase{pr("d64-40-causal-top-left-dropout", attn.BFloat16, 40, 40, 2, 64, attn.Options{Causal: true, Align: attn.AlignTopLeft, Dropout: 0.5, Seed: 9}, 0), []fwdPoison{
+			{'q', 0, 0, 0, -1, nan}, {'q', 0, 1, 0, -1, nan}, {'q', 0, 2, 1, 0, nan}, {'q', 0, 3, 1, -1, nan}, {'v', 0, 1, 0, 3, inf}}}, -1},
+		{fwdNaNCase{pr("d128-200-window-dropout", attn.Float16, 200, 200, 2, 128, attn.Options{Window: win, Dropout: 0.2, Seed: 4, Offset: 3}, 0), []fwdPoison{
+			{'v', 0, 50, 0, -1, nan}, {'v', 0, 150, 1, 9, inf}, {'k', 0, 100, 1, -1, nan}}}, -1},
+		{fwdNaNCase{pr("d64-150x200-causal-bias", attn.BFloat16, 150, 200, 2, 64, attn.Options{Causal: true}, 2), []fwdPoison{
+			{'v', 0, 120, 0, -1, nan}, {'v', 0, 100, 0, 3, -inf}, {'v', 0, 190, 1, -1, inf}}}, 130},
+		{fwdNaNCase{pr("d64-100-causal-softcap-bias-dropout", attn.BFloat16, 100, 100, 2, 64, attn.Options{Causal: true, Softcap: 5, Dropout: 0.2, Seed: 7}, 2), []fwdPoison{
+			{'v', 0, 60, 0, -1, nan}, {'v', 0, 70, 1, 4, inf}, {'k', 0, 80, 0, -1, nan}}}, 50},
+		{fwdNaNCase{pr("d128-120-window-softcap", attn.Float16, 120, 120, 1, 128, attn.Options{Window: win, Softcap: 3}, 0), []fwdPoison{
+			{'v', 0, 40, 0, -1, nan}, {'v', 0, 90, 0, 100, -inf}}}, -1},
+		// the key NaNs sit in columns that the neighbouring heads' tiles hold (flat rows), and a value's
+		{fwdNaNCase{pr("d59-200-causal-neighbour-columns", attn.BFloat16, 200, 200, 16, 59, attn.Options{Causal: true}, 0), []fwdPoison{
+			{'k', 0, 130, 6, 58, nan}, {'k', 0, 70, 9, 0, inf}, {'v', 0, 90, 3, 0, nan}, {'v', 0, 100, 12, 58, -inf}}}, -1},
 	}
 }

@@ -32,7 +32,8 @@ func (x *gen) outputBases(indent string) {
 // O = acc / l (times 1/(1−p) under dropout), LSE = (max·SC + log2 l)·ln 2;
 // a row with l = 0 (no visible key) gets O = 0 and LSE = −inf, a row with
 // a NaN score (a NaN in its query or in a key it sees: l is NaN) O = NaN
-// and LSE = NaN.
+// and LSE = NaN. Each thread folds the O values it writes into nf_o, the
+// flag nfFixup votes on.
 func (x *gen) epilogue() {
 	v := x.v
 	x.raw("\n  // ---- epilogue: row sums over the quad (and the key halves), O = acc / l, LSE = ln(sum exp)\n")
@@ -75,10 +76,16 @@ func (x *gen) epilogue() {
 	if v.Dropout {
 		dscale = "p.drop_scale"
 	}
-	if v.WGMMA && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024 {
+	x.raw("  float nf_o = 0.f;  // x·0 summed over the O values this thread writes: NaN when one is not finite (mask.go)\n")
+	viaShared := v.WGMMA && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024
+	if viaShared {
 		x.epilogueViaShared(dscale)
+		if v.Flat {
+			return // O always goes through shared memory
+		}
 	}
-	x.p(`#pragma unroll
+	y := &gen{v: v, g: x.g}
+	y.p(`#pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -91,6 +98,7 @@ func (x *gen) epilogue() {
         for (int nt = 0; nt < NT_O; ++nt) {
           const int d = dv0 + nt * 8 + 2 * c;
           const float a0 = o[mt][nt][2 * hf] * inv, a1 = o[mt][nt][2 * hf + 1] * inv;
+          nf_o = fmaf(a0, 0.f, fmaf(a1, 0.f, nf_o));
           if (p.o_vec2 && d + 1 < p.d_v) {
             store_pair(orow + d * ESZ, a0, a1);
           } else {
@@ -99,9 +107,14 @@ func (x *gen) epilogue() {
           }
         }`, dscale)
 	if v.LSE {
-		x.p("        if (%s) %s", x.lseWriter(), lseStore("mt"))
+		y.p("        if (%s) %s", x.lseWriter(), lseStore("mt"))
 	}
-	x.raw("      }\n    }\n")
+	y.raw("      }\n    }\n")
+	if viaShared {
+		x.raw("  else {\n" + indentLines(y.b.String(), "  ") + "  }\n")
+		return
+	}
+	x.raw(y.b.String())
 }
 
 // lseWriter returns the condition that selects the one thread writing a
@@ -128,19 +141,20 @@ func lseStore(mt string) string {
 // rows as scattered 2-byte pieces, so O goes through shared memory (the
 // tiles' space, free after the loop) and each warp writes whole rows with
 // 4-byte stores, a 2-byte store at either end where the row's alignment
-// needs one. The caller checks that the staged tile fits the kernel's
-// shared memory.
+// needs one (over flat rows always). The caller checks that the staged
+// tile fits the kernel's shared memory, and writes the other stores as the
+// else branch of the block this leaves open to one.
 func (x *gen) epilogueViaShared(dscale string) {
 	lse := ""
 	if x.v.LSE {
 		lse = "\n        if (" + x.lseWriter() + " && r < rows) " + lseStore("0")
 	}
-	cond, shift := "!p.o_vec2", ""
+	cond, shift := "if (!p.o_vec2) ", ""
 	if x.v.Flat {
 		// O's columns sit shifted by V's: always through shared memory, read from column sv_
-		cond, shift = "true", " + sv_"
+		cond, shift = "", " + sv_"
 	}
-	x.p(`  if (%s) {  // ---- O through shared memory, rows written whole
+	x.p(`  %s{  // ---- O through shared memory, rows written whole
     constexpr int OP = DVP + 8;  // row pitch of the staged O tile (16-bit elements)
     u16* so = (u16*)(smem + (s_base - smem_addr(smem)));  // [BM][OP], over the Q/K/V tiles
     __syncthreads();  // every warp is done with the tiles
@@ -149,12 +163,16 @@ func (x *gen) epilogueViaShared(dscale string) {
       const int r = wrow0 + g + 8 * hf;  // row within the block
       const float l = row_sum[0][hf];
       const float inv = l == 0.f ? 0.f : %s / l;  // l = 0: no visible key; NaN: a NaN score
+      float nf = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < NT_O; ++nt)
-        *(u32*)(so + r * OP + dv0 + nt * 8 + 2 * c) = pack2(o[0][nt][2 * hf] * inv, o[0][nt][2 * hf + 1] * inv);%s
+      for (int nt = 0; nt < NT_O; ++nt) {
+        const float a0 = o[0][nt][2 * hf] * inv, a1 = o[0][nt][2 * hf + 1] * inv;
+        nf = fmaf(a0, 0.f, fmaf(a1, 0.f, nf));
+        *(u32*)(so + r * OP + dv0 + nt * 8 + 2 * c) = pack2(a0, a1);
+      }
+      if (r < rows) nf_o += nf;%s
     }
     __syncthreads();
     for (int r = warp; r < rows; r += NTHREADS / 32) row_out((unsigned char*)(gO + r * o_rs), so + r * OP%s, p.d_v, lane);
-    return;
   }`, cond, dscale, lse, shift)
 }

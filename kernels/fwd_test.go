@@ -476,10 +476,11 @@ func TestFlatStagedHeads(t *testing.T) {
 	}
 }
 
-// TestNonFiniteChecks checks which variants carry the checks for
-// non-finite values in V (mask.go): those with a mask kind, on every load
-// path, with the rare path after the main loop; a variant without one has
-// none of it, so that its source stays what it was.
+// TestNonFiniteChecks checks where the forward kernels handle non-finite
+// values (mask.go): every variant, of every family, flags its O values in
+// the epilogue and votes once after the stores, with the slow path nf_rows
+// behind the vote (over flat rows with nf_lse2 too); nothing of it runs in
+// the main loop, and no kernel checks or zeroes tiles any more.
 func TestNonFiniteChecks(t *testing.T) {
 	causal := func(v *Variant) { v.Mask = MaskWindow }
 	tma := func(f func(*Variant), flat, staged bool) func(*Variant) {
@@ -497,42 +498,68 @@ func TestNonFiniteChecks(t *testing.T) {
 		}
 		return v
 	}
+	extras := func(v *Variant) { v.Mask, v.Softcap, v.Bias, v.Dropout = MaskWindow, true, BiasBF16, true }
 	cases := []struct {
 		name string
 		v    Variant
-		want bool
 	}{
-		{"mma-cp.async-causal", fwdVariant(t, attn.BFloat16, 64, 64, 16, causal), true},
-		{"mma-8-byte-window-varlen", fwdVariant(t, attn.Float16, 128, 128, 8, func(v *Variant) { v.Mask, v.Varlen = MaskWindow, true }), true},
-		{"mma-registers-causal", fwdVariant(t, attn.BFloat16, 64, 64, 2, causal), true},
-		{"mma-fp32-causal-split", fwdVariant(t, attn.Float32, 512, 512, 4, causal), true},
-		{"mma-unmasked", fwdVariant(t, attn.BFloat16, 128, 128, 16, nil), false},
-		{"hopper-cp.async-causal", hopper(attn.BFloat16, 128, causal), true},
-		{"hopper-cp.async-unmasked", hopper(attn.Float16, 64, nil), false},
-		{"hopper-tma-causal-split", hopper(attn.BFloat16, 512, tma(causal, false, false)), true},
-		{"hopper-tma-unmasked", hopper(attn.BFloat16, 128, tma(nil, false, false)), false},
-		{"hopper-flat-unmasked", hopper(attn.BFloat16, 208, tma(nil, true, false)), false},
-		{"hopper-flatstaged-causal", hopper(attn.BFloat16, 64, tma(causal, true, true)), true},
+		{"mma-cp.async-causal", fwdVariant(t, attn.BFloat16, 64, 64, 16, causal)},
+		{"mma-8-byte-window-varlen", fwdVariant(t, attn.Float16, 128, 128, 8, func(v *Variant) { v.Mask, v.Varlen = MaskWindow, true })},
+		{"mma-registers-causal", fwdVariant(t, attn.BFloat16, 64, 64, 2, causal)},
+		{"mma-fp32-causal-split", fwdVariant(t, attn.Float32, 512, 512, 4, causal)},
+		{"mma-unmasked", fwdVariant(t, attn.BFloat16, 128, 128, 16, nil)},
+		{"mma-extras", fwdVariant(t, attn.BFloat16, 64, 64, 16, extras)},
+		{"hopper-cp.async-causal", hopper(attn.BFloat16, 128, causal)},
+		{"hopper-cp.async-unmasked", hopper(attn.Float16, 64, nil)},
+		{"hopper-tma-causal", hopper(attn.BFloat16, 128, tma(causal, false, false))},
+		{"hopper-tma-causal-d64", hopper(attn.BFloat16, 64, tma(causal, false, false))},
+		{"hopper-tma-causal-split", hopper(attn.BFloat16, 512, tma(causal, false, false))},
+		{"hopper-tma-unmasked", hopper(attn.BFloat16, 128, tma(nil, false, false))},
+		{"hopper-tma-extras", hopper(attn.BFloat16, 128, tma(extras, false, false))},
+		{"hopper-flat-unmasked", hopper(attn.BFloat16, 208, tma(nil, true, false))},
+		{"hopper-flatstaged-causal", hopper(attn.BFloat16, 64, tma(causal, true, true))},
 	}
 	for _, c := range cases {
 		src, err := c.v.Source()
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		for _, sub := range []string{"DEV bool nf_fix(", "nf_acc(", "__syncthreads_or(", "nf_add_keys(o, gV", "bool vany = false;"} {
-			if got := strings.Contains(src, sub); got != c.want {
-				t.Errorf("%s (%s): source has %q: %v, want %v", c.name, c.v.Name(), sub, got, c.want)
+		name := c.name + " (" + c.v.Name() + ")"
+		has := map[string]bool{
+			"DEV void nf_rows(":              true,
+			"__syncthreads_or(nf_o != nf_o)": true,
+			"nf_rows(p, l2s,":                true,
+			"DEV float nf_lse2(":             c.v.Flat,
+			"nf_fix(":                        false,
+			"nf_add_keys(":                   false,
+			"nf_acc(":                        false,
+			"vany":                           false,
+		}
+		for sub, want := range has {
+			if got := strings.Contains(src, sub); got != want {
+				t.Errorf("%s: source has %q: %v, want %v", name, sub, got, want)
 			}
 		}
-		if !c.want {
-			continue
+		// the main loop (to the coordinates' recomputation after it) does no non-finite work
+		lo := strings.Index(src, "main loop over key blocks")
+		hi := strings.Index(src, "CTA coordinates again")
+		if lo < 0 || hi < lo {
+			t.Fatalf("%s: main loop not found", name)
 		}
-		if strings.Count(src, "nf_fix(") < 2 {
-			t.Errorf("%s (%s): nf_fix defined but not called", c.name, c.v.Name())
+		for _, sub := range []string{"nf_", "__syncthreads_or(", "__ballot_sync("} {
+			if strings.Contains(src[lo:hi], sub) {
+				t.Errorf("%s: main loop has %q", name, sub)
+			}
 		}
-		// the rare path's writes to O come after the main loop, never inside it
-		if loop, add := strings.Index(src, "main loop over key blocks"), strings.Index(src, "nf_add_keys(o, gV"); add < strings.Index(src[loop:], "CTA coordinates again")+loop {
-			t.Errorf("%s (%s): nf_add_keys inside the main loop", c.name, c.v.Name())
+		// one vote, after the last store of O (and its flag)
+		vote := strings.Index(src, "__syncthreads_or(nf_o != nf_o)")
+		if strings.Count(src, "__syncthreads_or(") != 1 {
+			t.Errorf("%s: %d votes, want 1", name, strings.Count(src, "__syncthreads_or("))
+		}
+		for _, store := range []string{"store_pair(orow", "row_out((unsigned char*)(gO", "nf_o = fmaf(a0", "nf_o += nf"} {
+			if at := strings.LastIndex(src, store); at > vote {
+				t.Errorf("%s: %q after the vote", name, store)
+			}
 		}
 	}
 }

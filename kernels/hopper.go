@@ -117,8 +117,6 @@ func (x *gen) hopperSource() {
 		x.raw(tmaLoaders())
 	}
 	x.swizzledLoader()
-	x.nfFuncs()
-	x.nfTileFuncs()
 	x.raw(rowOutSource)
 	if x.v.Flat {
 		x.raw(zeroColsSource)
@@ -300,6 +298,7 @@ func (x *gen) hopperKernel() {
 	v := x.v
 	split := v.WarpsN == 2
 	x.raw(x.biasFuncs())
+	x.nfFixupFuncs()
 	if v.TMA {
 		x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const __grid_constant__ TmaParams tp) {", v.MinBlocks, KernelName)
 		x.raw("  const Params& p = tp.p;\n")
@@ -362,11 +361,8 @@ func (x *gen) hopperKernel() {
 	} else {
 		x.raw("    pack_p(pf, s[0]);\n")
 	}
-	x.raw("  }\n")
-	if x.v.maskedValues() {
-		x.raw("  bool vany = false;  // non-finite values were zeroed in a V tile (see mask.go)\n")
-	}
-	x.raw(`
+	x.raw(`  }
+
   // ---- main loop over key blocks, last to first
   for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {
     const int buf = it & 1;  // buffer of K(nb) and V(nb)
@@ -380,16 +376,6 @@ func (x *gen) hopperKernel() {
 	if v.TMA {
 		waitK = "      mbar_wait(barK + 8 * (buf ^ 1), ((it + 1) >> 1) & 1);  // K(nb - 1) landed\n"
 		waitV = "      mbar_wait(barV + 8 * buf, (it >> 1) & 1);  // V(nb) landed\n"
-		if v.maskedValues() {
-			// between the products' issues, where S' = Q·K(nb - 1)ᵀ runs
-			waitV += `      if (!(lo_last <= nb * BN && hi_first >= nb * BN + BN)  // a boundary block: V(nb)'s non-finite values
-          && __syncthreads_or(nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid))) {  // zeroed (rare)
-        fence_proxy_async();  // the zeroed elements are read by the P·V product
-        __syncthreads();
-        vany = true;
-      }
-`
-		}
 	}
 	x.raw(`    fence_acc(o[0]);
     if (nb > nb_lo) {  // a next block exists (uniform over the CTA)
@@ -427,11 +413,11 @@ func (x *gen) hopperKernel() {
       wgmma_wait<0>();
       fence_acc(o[0]);
     }
+  }
 `)
-	x.raw("  }\n")
 	x.recomputeCoords()
-	x.nfEpilogue()
 	x.epilogue()
+	x.nfFixup()
 	x.raw("}\n")
 }
 
@@ -599,13 +585,8 @@ func (x *gen) tmaCoords() string {
 // and V(nb - 1).
 func (x *gen) hopperLoopLoads() {
 	if !x.v.TMA {
-		x.raw("    cp_wait<0>();            // V(nb) and K(nb - 1) landed\n")
-		if x.v.maskedValues() {
-			x.raw(`    if (!(lo_last <= nb * BN && hi_first >= nb * BN + BN))  // a boundary block: non-finite values in this
-      vany |= nf_fix(smem + (sV + buf * V_STAGE - smem_addr(smem)), tid);  // thread's share of V(nb) zeroed (rare)
-`)
-		}
-		x.raw(`    fence_proxy_async();
+		x.raw(`    cp_wait<0>();            // V(nb) and K(nb - 1) landed
+    fence_proxy_async();
     __syncthreads();         // ... for every thread; and every warpgroup is done with K(nb), V(nb + 1)
 `)
 		if x.v.WarpsN == 2 {

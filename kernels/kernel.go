@@ -18,6 +18,7 @@ import "fmt"
 func (x *gen) kernel() {
 	v := x.v
 	x.raw(x.biasFuncs())
+	x.nfFixupFuncs()
 
 	x.p("extern \"C\" __global__ void __launch_bounds__(NTHREADS, %d) %s(const Params p) {", v.MinBlocks, KernelName)
 	x.raw(`  extern __shared__ __align__(128) unsigned char smem[];
@@ -46,8 +47,8 @@ func (x *gen) kernel() {
 	x.ctaSetup()
 	x.mainLoop()
 	x.recomputeCoords()
-	x.nfEpilogue()
 	x.epilogue()
+	x.nfFixup()
 	x.raw("}\n")
 }
 
@@ -211,9 +212,6 @@ func (x *gen) mainLoop() {
 		buf = "buf"
 	}
 
-	if v.maskedValues() {
-		x.raw("  bool vany = false;  // this thread zeroed non-finite values in a V tile (see mask.go)\n")
-	}
 	x.raw("\n  // ---- main loop over key blocks, last to first\n")
 	x.raw("  for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {\n")
 	x.raw("    const int n0 = nb * BN;  // first key of the block\n")
@@ -248,20 +246,15 @@ func (x *gen) mainLoop() {
 	// Middle: V of this block ready; start the K (or V) transfer of the next block.
 	switch {
 	case reg:
-		x.nfCheck("nf_fix(stage)")
 		x.raw(`    sts_tile<BN, VCH>(sV, stage, tid);
     if (nb > nb_lo) ldg_tile<BN, KCH>(stage, gK + (i64)(nb - 1) * BN * k_rs, k_rs, m - n0 + BN, p.d_k, tid);
     __syncthreads();  // V(nb) stored; every warp is done with K(nb)
 `)
 	case v.Stages == 1:
-		x.raw("    cp_wait<0>();\n")
-		x.nfCheck("nf_fix(smem + (sV - s_base), tid)")
-		x.raw("    __syncthreads();  // V(nb) landed; every warp is done with K(nb)\n")
+		x.raw("    cp_wait<0>();\n    __syncthreads();  // V(nb) landed; every warp is done with K(nb)\n")
 		x.p("    if (nb > nb_lo) {\n      %s\n      cp_commit();\n    }", x.loadK("0", "nb - 1"))
 	default:
-		x.raw("    cp_wait<1>();\n")
-		x.nfCheck("nf_fix(smem + (sV + buf * V_STAGE - s_base), tid)")
-		x.raw("    __syncthreads();  // V(nb) landed (K(nb-1) may be in flight)\n")
+		x.raw("    cp_wait<1>();\n    __syncthreads();  // V(nb) landed (K(nb-1) may be in flight)\n")
 		x.p("    if (nb > nb_lo) %s", x.loadV("buf ^ 1", "nb - 1"))
 		x.raw("    cp_commit();\n")
 	}
@@ -280,14 +273,4 @@ func (x *gen) mainLoop() {
 		x.raw("    if (nb > nb_lo) sts_tile<BN, KCH>(sK, stage, tid);\n")
 	}
 	x.raw("  }\n")
-}
-
-// nfCheck writes, for variants that check V tiles (maskedValues), the
-// check of this thread's share of a boundary block's V tile by fix (an
-// nf_fix call, which zeroes the share's non-finite values before the
-// barrier that makes the tile whole) into vany.
-func (x *gen) nfCheck(fix string) {
-	if x.v.maskedValues() {
-		x.p("    if (boundary) vany |= %s;  // ---- non-finite values in V(nb): zeroed (rare)", fix)
-	}
 }

@@ -76,240 +76,207 @@ func (x *gen) maskApply() {
     }`, cond)
 }
 
-// Masked keys with non-finite values. A masked score is replaced by −inf
+// Non-finite values (NaN, ±Inf). A masked score is replaced by −inf
 // (maskApply selects, never adds), so a NaN or ±Inf in a key row nobody
 // sees gives P = 0 exactly; but O += P·V still multiplies that 0 by the
-// key's value row, and 0·NaN = 0·Inf = NaN would spread such a value to
-// rows that do not see it. Only boundary blocks have keys that some rows
-// see and others do not (the keys past the sequence end are zero-filled
-// by every loader), so the kernels check the V tiles of those blocks as
-// they land: each thread runs its share of the tile through nf_acc (x·0 +
-// acc per element: 0 while the elements are finite, NaN from the first one
-// that is not) and, only when it found one (rare), zeroes the non-finite
-// elements of its share. With cp.async or register-staged loads a thread's
-// share is what its own copies wrote, checked before the barrier that
-// already makes the tile whole for the product; with tensor maps it is a
-// slice of the landed tile, checked between the issues of S' = Q·Kᵀ of the
-// next block and of O += P·V, with a vote (and, when some thread zeroed
-// values, a proxy fence and a barrier) there. After the main loop, a CTA in
-// which some thread zeroed values adds them back with nf_add_keys, read
-// again from global memory, to the O elements of the rows that see those
-// keys (NaN + x and Inf + x keep them, as the float64 reference's sums do;
-// the later rescales are by positive factors).
+// key's value row, and 0·NaN = 0·Inf = NaN spreads such a value to rows that
+// do not see it (in the diagonal and window-edge blocks). A row whose scores
+// are all −inf (l = 0: it gets O = 0) takes the same NaN from any value it
+// visits, and over flat rows (Variant.Flat) a key tile also holds the
+// neighbouring heads' columns, which Q's zeroed columns multiply, so that a
+// NaN there gives this head's row a NaN score.
 //
-// Not covered: over flat rows (Variant.Flat) a key tile also holds the
-// neighbouring heads' columns, which Q's zeroed columns multiply; a NaN or
-// Inf there reaches the scores of the keys of that row (see NOTES.md).
+// The main loop does none of this work: every such case leaves a
+// non-finite value in the row's O. The epilogue folds the O values each
+// thread writes into one flag (x·0 summed: NaN when one is not finite), and
+// after the stores (every product has completed) the CTA votes once
+// (__syncthreads_or). Only when some thread saw one (rare: a NaN or an
+// infinity reached some row of the block through P·V, visibly or not) does
+// the CTA take the slow path, nf_rows: each warp takes rows, reads the
+// row's O back from global memory and, where it holds a NaN or an infinity,
+// recomputes it exactly from q, k and v in global memory, with scalar
+// arithmetic (no accumulator registers, no tensor-core product): O_i = Σ_j
+// P_ij·v_j over the keys j row i sees, P_ij = exp2(t_ij − L_i) with t the
+// score in base-2 units (scale, softcap, bias) and L_i the row's base-2 LSE
+// as the main loop computed it (a masked V takes no part in m or l), times
+// dropout's keep mask and 1/(1−p). As in cpu.Reference, a visible key's NaN
+// or Inf reaches the row even when dropout drops the key (0·NaN), a row
+// with L = −inf gets O = 0 and one with L = NaN (a NaN score) keeps O = NaN
+// and LSE = NaN (under dropout its O is recomputed too: P = NaN at the kept
+// keys and 0 at the dropped ones, so that a row whose keys are all dropped
+// gets 0·v, as in the reference). Over flat rows a row with L = NaN has L recomputed as well (the NaN may
+// be a neighbouring head's), and LSE rewritten when it comes out otherwise.
 
-// maskedValues reports whether the variant checks V tiles for non-finite
-// values: it has a mask kind (without one, no key below the sequence end
-// is masked).
-func (v Variant) maskedValues() bool { return v.Mask != MaskNone }
-
-// nfFuncs writes the device functions of the non-finite checks that do
-// not depend on the load path: the element test, the word scan and zeroing
-// and nf_add_keys. nf_acc is a primitive (ptx).
-func (x *gen) nfFuncs() {
+// nfFixupFuncs writes nf_rows, the slow path of the non-finite fix-up
+// (and its helpers). It uses bias_load, philox4 and store_elem, so it
+// comes after them.
+func (x *gen) nfFixupFuncs() {
 	v := x.v
-	if !v.maskedValues() {
-		return
-	}
-	// magnitude bits of a word of elements and of one element, the least non-finite magnitude, the
-	// element's value from its bits, its load
-	word, one, exp, elem, load := "0x7fff7fffu", "0x7fffu", "0x7f80u", "bf16_to_f32((u16)h)", "*(const u16*)p"
+	ld := "bf16_to_f32(*(const u16*)p)"
 	switch v.DType {
 	case attn.Float16:
-		exp, elem = "0x7c00u", "f16_to_f32((u16)h)"
+		ld = "f16_to_f32(*(const u16*)p)"
 	case attn.Float32:
-		word, one, exp, elem, load = "0x7fffffffu", "0x7fffffffu", "0x7f800000u", "__uint_as_float(h)", "*(const u32*)p"
+		ld = "*(const float*)p"
 	}
-	x.p(`// ---- non-finite values (NaN, ±Inf) in the V tiles of boundary blocks (see mask.go): the tile's
-// elements go through nf_acc, and only a tile that holds such values takes the rare path
-DEV bool nf_any(u32 acc) { return (acc & %s) != 0; }  // nf_acc saw a non-finite element
-DEV bool nf_bits(u32 h) { return (h & %s) >= %s; }  // one element's bits: exponent all ones
-DEV u32 nf_load(const char* p) { return %s; }  // one element's bits from global memory`, word, one, exp, load)
-	if v.DType == attn.Float32 {
-		x.raw("DEV u32 nf_zero_word(u32 w) { return nf_bits(w) ? 0u : w; }\n")
+	x.p(`// ---- non-finite O (rare; see mask.go): rows whose O holds a NaN or an infinity, recomputed exactly
+DEV float nf_ld(const char* p) { return %s; }  // one element of q, k, v or O (global memory)
+DEV bool nf_bad(float x) { return !(fabsf(x) < __int_as_float(0x7f800000)); }  // NaN or ±Inf`, ld)
+	// the score of key j in base-2 units, as the main loop transforms it
+	x.raw(`// score of query row q with key row k (d elements), in base-2 units: the main loop's transform
+DEV float nf_score(const Params& p, const char* q, const char* k, const char* brow, int j) {
+  float s = 0.f;
+  for (int d = 0; d < p.d_k; ++d) s = fmaf(nf_ld(q + (i64)d * ESZ), nf_ld(k + (i64)d * ESZ), s);
+`)
+	if v.Softcap {
+		x.raw("  float t = tanhf(s * p.softcap_in) * p.softcap_out;\n")
 	} else {
-		x.raw(`DEV u32 nf_zero_word(u32 w) {  // zero the non-finite halves of a word
-  const u32 lo = nf_bits(w & 0xffffu) ? 0u : w & 0xffffu, hi = nf_bits(w >> 16) ? 0u : w >> 16;
-  return lo | (hi << 16);
-}
-`)
+		x.raw("  float t = s * p.scale_log2;\n")
 	}
-	x.p(`// NB bytes (4, 8 or 16) of a shared tile at p: scan into acc (the non-finite checks OR the scans of
-// their pieces, each from 0: finite elements leave ±0), and zero their non-finite elements
-template <int NB> DEV u32 nf_scan(const unsigned char* p, u32 acc) {
-  if constexpr (NB == 16) {
-    const uint4 w = *reinterpret_cast<const uint4*>(p);
-    return nf_acc(nf_acc(nf_acc(nf_acc(acc, w.x), w.y), w.z), w.w);
-  } else {
-#pragma unroll
-    for (int k = 0; k < NB / 4; ++k) acc = nf_acc(acc, reinterpret_cast<const u32*>(p)[k]);
-    return acc;
-  }
-}
-template <int NB> DEV void nf_zero(unsigned char* p) {
-#pragma unroll
-  for (int k = 0; k < NB / 4; ++k) reinterpret_cast<u32*>(p)[k] = nf_zero_word(reinterpret_cast<u32*>(p)[k]);
-}
-// ---- rare: V's keys n0 .. n0 + BN - 1 held non-finite values, zeroed in the shared tile before
-// O += P·V; afterwards each row adds the non-finite values of the keys it sees (key j - row i in
-// [dlo, dhi)), read from global memory: v is key 0's row (byte stride v_rs), row0 the sequence
-// position of the lane's first row, and O's column col0 + d of a lane holds V's column d
-DEV void nf_add_keys(float (&o)[MT][NT_O][4], const char* v, i64 v_rs, int n0, int m, int row0, int dlo, int dhi,
-                     int col0, int d_v, int lane) {
-  const int g = lane >> 2, c = lane & 3;
-  for (int w = 0; w < (BN + 31) / 32; ++w) {
-    const int j = n0 + 32 * w + lane;  // one key per lane: does its row hold a non-finite value?
-    bool bad = false;
-    if (32 * w + lane < BN && j < m)
-      for (int d = 0; d < d_v; ++d) bad |= nf_bits(nf_load(v + (i64)j * v_rs + (i64)d * ESZ));
-    for (u32 keys = __ballot_sync(FULL_MASK, bad); keys != 0; keys &= keys - 1) {
-      const int jb = n0 + 32 * w + __ffs(keys) - 1;
-      const char* row = v + (i64)jb * v_rs;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int dj = jb - (row0 + mt * 16 + g + 8 * hf);
-          if (dj < dlo || dj >= dhi) continue;  // this row does not see the key
-#pragma unroll
-          for (int nt = 0; nt < NT_O; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int d = col0 + nt * 8 + 2 * c + e;
-              if (d < 0 || d >= d_v) continue;
-              const u32 h = nf_load(row + (i64)d * ESZ);
-              if (nf_bits(h)) o[mt][nt][2 * hf + e] += %s;
-            }
-        }
-    }
-  }
-}
-`, elem)
-}
-
-// nfTileFuncs writes nf_fix, which scans the share of a landed V tile that
-// this thread may read before the barrier (what its own copies wrote; with
-// tensor maps, after the wait on the tile's barrier, any part) and zeroes
-// its non-finite elements when there are some, reporting whether there
-// were. It follows the tile's loader, so it comes after it.
-func (x *gen) nfTileFuncs() {
-	v := x.v
-	if !v.maskedValues() {
-		return
+	if v.Bias != BiasNone {
+		x.p("  t += bias_load(brow + (i64)j * p.bias_sm * %d) * LOG2E;", v.biasSize())
+	} else {
+		x.raw("  (void)brow; (void)j;\n")
 	}
-	x.raw("// ---- nf_fix: this thread's share of a landed V tile [BN rows]: scan; zero its non-finite elements (rare)\n")
-	switch {
-	case v.WGMMA && v.TMA:
-		x.raw(`// (tensor maps: the tile has landed for every thread; thread tid takes its 16-byte chunks tid, tid + NTHREADS, ...,
-// one at a time: this runs while S' = Q·Kᵀ of the next block is in flight, its accumulators live)
-DEV bool nf_fix(unsigned char* t, int tid) {
-  constexpr int CHUNKS = V_STAGE / 16, PASSES = (CHUNKS + NTHREADS - 1) / NTHREADS;
-  u32 acc = 0;
-#pragma unroll 1
-  for (int k = 0; k < PASSES; ++k)
-    if (CHUNKS % NTHREADS == 0 || tid + k * NTHREADS < CHUNKS) acc |= nf_scan<16>(t + 16 * (tid + k * NTHREADS), 0u);
-  if (!nf_any(acc)) return false;
-  for (int i = tid; i < CHUNKS; i += NTHREADS) nf_zero<16>(t + 16 * i);
-  return true;
-}
-`)
-	case v.WGMMA:
-		x.raw(`// (cp.async: the chunks load_sw<BN, VCH> gave this thread, whose copies cp_wait completed)
-template <class F> DEV void sw_copies(int tid, F f) {
-  constexpr int CPR = VCH <= 4 ? 4 : VCH <= 8 ? 8 : VCH <= 16 ? 16 : VCH <= 32 ? 32 : 64;
-  constexpr int RSTEP = NTHREADS / CPR;
-  constexpr int PASSES = (BN + RSTEP - 1) / RSTEP;
-  const int r0 = tid / CPR, c = tid % CPR;
-  if (VCH < CPR && c >= VCH) return;
-#pragma unroll
-  for (int it = 0; it < PASSES; ++it) {
-    const int r = r0 + it * RSTEP;
-    if (BN % RSTEP == 0 || r < BN) f(sw_off<BN, VCH>(r, c));
-  }
-}
-DEV bool nf_fix(unsigned char* t, int tid) {
-  u32 acc = 0;
-  sw_copies(tid, [&](u32 off) { acc |= nf_scan<16>(t + off, 0u); });
-  if (!nf_any(acc)) return false;
-  sw_copies(tid, [&](u32 off) { nf_zero<16>(t + off); });
-  return true;
-}
-`)
-	case v.LoadBytes == 2:
-		x.raw(`// (register-staged: the element pairs ldg_tile<BN, VCH> put in this thread's staging registers, before
-// sts_tile stores them)
-DEV bool nf_fix(u32 (&r)[STAGE_REGS]) {
-  constexpr int N = (BN * VCH * 4 + NTHREADS - 1) / NTHREADS;  // the V tile's pairs per thread
-  u32 acc = 0;
-#pragma unroll
-  for (int it = 0; it < N; ++it) acc |= nf_acc(0u, r[2 * it] | (r[2 * it + 1] << 16));
-  if (!nf_any(acc)) return false;
-#pragma unroll
-  for (int k = 0; k < 2 * N; ++k) r[k] = nf_bits(r[k]) ? 0u : r[k];
-  return true;
-}
-`)
-	default:
-		x.raw(`// (cp.async: the LB-byte pieces load_tile<BN, VCH> gave this thread, whose copies cp_wait completed;
-// one at a time: the check runs where the scores and O fill the registers, most kernels at the limit)
-template <class F> DEV void tile_copies(int tid, F f) {
-  constexpr int PER_ROW = VCH * 16 / LB;
-  if constexpr (NTHREADS % PER_ROW == 0) {
-    constexpr int RSTEP = NTHREADS / PER_ROW;
-    constexpr int PASSES = (BN + RSTEP - 1) / RSTEP;
-    const int r0 = tid / PER_ROW, cb = (tid % PER_ROW) * LB;
-#pragma unroll 1
-    for (int it = 0; it < PASSES; ++it)
-      if (BN % RSTEP == 0 || r0 + it * RSTEP < BN) f(toff<VCH>(r0 + it * RSTEP, cb >> 4) + (cb & 15));
-  } else {
-    constexpr int TOTAL = BN * PER_ROW;
-#pragma unroll 1
-    for (int it = 0; it < (TOTAL + NTHREADS - 1) / NTHREADS; ++it) {
-      const int idx = tid + it * NTHREADS;
-      const int r = idx / PER_ROW, cb = (idx % PER_ROW) * LB;
-      if (TOTAL % NTHREADS == 0 || idx < TOTAL) f(toff<VCH>(r, cb >> 4) + (cb & 15));
-    }
-  }
-}
-DEV bool nf_fix(unsigned char* t, int tid) {
-  u32 acc = 0;
-  tile_copies(tid, [&](u32 off) { acc |= nf_scan<LB>(t + off, 0u); });
-  if (!nf_any(acc)) return false;
-  tile_copies(tid, [&](u32 off) { nf_zero<LB>(t + off); });
-  return true;
-}
-`)
-	}
-	x.raw("\n")
-}
-
-// nfEpilogue writes the rare path after the main loop: when some thread
-// zeroed values in a V tile (vany; the CTA votes here unless the loop's
-// votes made vany uniform already, with tensor maps), nf_add_keys for every
-// boundary block, before O is normalized. Adding them there rather than
-// after each block's product keeps the accumulators of the warpgroup
-// products out of the loop's rare path (writes to them in a branch made
-// ptxas serialize the products) and out of its registers; a non-finite
-// value stays one through the later rescales and the normalization.
-func (x *gen) nfEpilogue() {
-	v := x.v
-	if !v.maskedValues() {
-		return
-	}
-	cond := "__syncthreads_or(vany)"
-	if v.TMA {
-		cond = "vany"
-	}
-	col := "dv0"
+	x.raw("  return t;\n}\n")
 	if v.Flat {
-		col = "dv0 - sv_" // the tile holds the head from column sv_
+		x.raw(`// base-2 LSE of a row over its keys [lo, hi) (lanes take keys): NaN when a score is NaN or +Inf, −inf when
+// none is finite; the same value in every lane
+DEV float nf_lse2(const Params& p, const char* q, const char* k0, i64 k_rs, const char* brow, int lo, int hi, int lane) {
+  float mx = NEG_INF, sum = 0.f;
+  bool bad = false;
+  for (int j = lo + lane; j < hi; j += 32) {
+    const float t = nf_score(p, q, k0 + (i64)j * k_rs, brow, j);
+    if (t != t || t == -NEG_INF) {
+      bad = true;
+    } else if (t > mx) {
+      sum = sum * exp2f(mx - t) + 1.f;
+      mx = t;
+    } else if (t != NEG_INF) {
+      sum += exp2f(t - mx);
+    }
+  }
+  for (int k = 1; k < 32; k <<= 1) {  // butterfly: every lane ends with the same sums
+    const float om = __shfl_xor_sync(FULL_MASK, mx, k), os = __shfl_xor_sync(FULL_MASK, sum, k);
+    const float nm = fmaxf(mx, om);
+    if (nm != NEG_INF) sum = sum * exp2f(mx - nm) + os * exp2f(om - nm);
+    mx = nm;
+  }
+  if (__ballot_sync(FULL_MASK, bad) != 0u) return __int_as_float(0x7fffffff);
+  return mx == NEG_INF ? NEG_INF : mx + log2f(sum);
+}
+`)
+	}
+	x.raw(`// The CTA's rows [0, rows) from sequence position m0 (batch element or segment b, head h; query row offset
+// qs of a packed batch), visible keys j of row i: dlo <= j - i < dhi; l2s[r]: row r's LSE in base 2. Warps
+// take rows, lanes value columns; the scores of 32 keys at a time, one key a lane. Everything from global
+// memory and the parameters (nothing of the main loop's registers but the arguments).
+DEV void nf_rows(const Params& p, const float* l2s, int b, int h, int m0, int rows, i64 qs, int dlo, int dhi, int tid) {
+  constexpr int NV = (DVP + 31) / 32;  // value columns per lane
+  const int lane = tid & 31, kvh = h / p.group;
+  int m = p.m;  // keys of the sequence
+  i64 ks = 0;   // first packed key row of the sequence
+`)
+	if v.Varlen {
+		x.raw("  ks = ((const int*)p.cu_k)[b];\n  m = ((const int*)p.cu_k)[b + 1] - (int)ks;\n")
+	}
+	x.raw(`  const i64 q_rs = p.q_sn * ESZ, k_rs = p.k_sn * ESZ, v_rs = p.v_sn * ESZ, o_rs = p.o_sn * ESZ;
+  const char* gQ = (const char*)p.q + ((i64)b * p.q_sb + (qs + m0) * p.q_sn + (i64)h * p.q_sh) * ESZ;
+  const char* gK = (const char*)p.k + ((i64)b * p.k_sb + ks * p.k_sn + (i64)kvh * p.k_sh) * ESZ;
+  const char* gV = (const char*)p.v + ((i64)b * p.v_sb + ks * p.v_sn + (i64)kvh * p.v_sh) * ESZ;
+  char* gO = (char*)p.o + ((i64)b * p.o_sb + (qs + m0) * p.o_sn + (i64)h * p.o_sh) * ESZ;
+  for (int r = tid >> 5; r < rows; r += NTHREADS / 32) {  // (uniform over the warp)
+    char* orow = gO + r * o_rs;
+    bool bad = false;
+    for (int d = lane; d < p.d_v; d += 32) bad |= nf_bad(nf_ld(orow + (i64)d * ESZ));
+    if (__ballot_sync(FULL_MASK, bad) == 0u) continue;  // this row's O is finite
+    const int i = m0 + r;                               // sequence position of the row
+    const i64 lo_ = (i64)i + dlo, hi_ = (i64)i + dhi;  // clamped to the sequence: the keys [lo, hi)
+    const int lo = lo_ < 0 ? 0 : lo_ > m ? m : (int)lo_, hi = hi_ > m ? m : hi_ < lo ? lo : (int)hi_;
+    const char* qrow = gQ + r * q_rs;
+`)
+	if v.Bias != BiasNone {
+		x.p("    const char* brow = (const char*)p.bias + ((i64)b * p.bias_sb + (i64)h * p.bias_sh + (i64)i * p.bias_sn) * %d;", v.biasSize())
+	} else {
+		x.raw("    const char* brow = nullptr;\n")
+	}
+	x.raw("    float l2 = l2s[r];\n")
+	if v.Flat {
+		x.raw(`    if (l2 != l2) {  // a NaN score, or a neighbouring head's NaN in a key tile's columns (flat rows): again
+      l2 = nf_lse2(p, qrow, gK, k_rs, brow, lo, hi, lane);
+`)
+		if v.LSE {
+			x.raw(`      if (lane == 0 && l2 == l2)
+        ((float*)p.lse)[(i64)b * p.lse_sb + (i64)h * p.lse_sh + (qs + i) * p.lse_sn] = l2 == NEG_INF ? NEG_INF : l2 * LN2;
+`)
+		}
+		x.raw("    }\n")
+	}
+	if v.Dropout {
+		// a NaN score makes every P NaN, and the sum runs over the kept keys' NaN and the dropped
+		// keys' 0·v, as the reference's does (O = 0 where dropout drops every key the row sees)
+		x.raw("    // (a NaN score, L = NaN: P = NaN at the kept keys, 0 at the dropped ones)\n")
+	} else {
+		x.raw("    if (l2 != l2) continue;  // a NaN score: O = LSE = NaN, as written\n")
+	}
+	x.raw(`    float acc[NV];
+#pragma unroll
+    for (int t = 0; t < NV; ++t) acc[t] = 0.f;
+    if (l2 != NEG_INF) {  // else no key has a finite score: O = 0
+      for (int j0 = lo; j0 < hi; j0 += 32) {
+        const int j = j0 + lane;  // this lane's key
+        float pr = 0.f;           // its probability (after dropout)
+        if (j < hi) {
+          pr = exp2f(nf_score(p, qrow, gK + (i64)j * k_rs, brow, j) - l2);
+`)
+	if v.Dropout {
+		x.raw(`          const uint4 w = philox4((u32)j >> 2, (u32)i, (u32)(b * p.h + h), p.drop_offset, p.seed_lo, p.seed_hi);
+          const u32 u = (j & 3) == 0 ? w.x : (j & 3) == 1 ? w.y : (j & 3) == 2 ? w.z : w.w;
+          pr = u < p.drop_threshold ? pr * p.drop_scale : 0.f;  // a dropped key still multiplies its value
+`)
+	}
+	x.raw(`        }
+        const int cnt = min(32, hi - j0);
+        for (int u = 0; u < cnt; ++u) {
+          const float pu = __shfl_sync(FULL_MASK, pr, u);
+          const char* vrow = gV + (i64)(j0 + u) * v_rs;
+#pragma unroll
+          for (int t = 0; t < NV; ++t)
+            if (lane + 32 * t < p.d_v) acc[t] = fmaf(pu, nf_ld(vrow + (i64)(lane + 32 * t) * ESZ), acc[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NV; ++t)
+      if (lane + 32 * t < p.d_v) store_elem(orow + (i64)(lane + 32 * t) * ESZ, acc[t]);
+  }
+}
+
+`)
+}
+
+// nfFixup writes, after the epilogue's stores, the CTA's vote on the
+// threads' flags of non-finite O values (nf_o) and the rare path: each
+// row's base-2 LSE into shared memory (the tiles' space, free once every
+// thread has voted), then nf_rows.
+func (x *gen) nfFixup() {
+	bounds := "dlo, dhi"
+	if x.v.Mask == MaskNone {
+		bounds = "(int)0x80000000, 0x7fffffff" // every key of the sequence
 	}
 	x.p(`
-  if (%s) {  // ---- rare: V's boundary blocks held non-finite values, zeroed in their tiles
-    for (int nb = nb_lo; nb < nb_hi; ++nb)
-      if (!(lo_last <= nb * BN && hi_first >= nb * BN + BN)) nf_add_keys(o, gV, v_rs, nb * BN, m, m0 + wrow0, dlo, dhi, %s, p.d_v, lane);
-  }`, cond, col)
+  // ---- non-finite O (rare; see mask.go): after every product and store, one vote
+  if (__syncthreads_or(nf_o != nf_o)) {
+    float* l2s = (float*)smem;  // [BM] each row's LSE in base 2 (over the tiles: every warp is done with them)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = wrow0 + mt * 16 + g + 8 * hf;
+        const float l = row_sum[mt][hf];
+        if (%s && r < rows) l2s[r] = l == 0.f ? NEG_INF : row_max[mt][hf] * SC + log2f(l);
+      }
+    __syncthreads();
+    nf_rows(p, l2s, b, h, m0, rows, qs, %s, tid);
+  }`, x.lseWriter(), bounds)
 }

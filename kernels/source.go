@@ -40,8 +40,6 @@ func (v Variant) Source() (string, error) {
 	x.constants()
 	x.ptx()
 	x.loaders()
-	x.nfFuncs()
-	x.nfTileFuncs()
 	x.qkProduct()
 	x.dropoutFuncs()
 	x.pvProduct()
@@ -189,9 +187,6 @@ DEV void store_pair(char* p, float a, float b) { *(u32*)p = pack2(a, b); }`, ty)
 DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b); }
 `)
 	}
-	if v.maskedValues() {
-		x.raw(nfAccSource(v.DType))
-	}
 	x.p("%s", PrimitivesEnd)
 	if v.DType == attn.Float32 {
 		x.raw(`DEV void split4(const u32 (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
@@ -204,8 +199,8 @@ DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b)
 	x.p("")
 }
 
-// nfAccSource returns nf_acc(acc, w), the accumulation of the non-finite
-// checks (mask.go): x·0 + acc for each element x of the word w, in the
+// nfAccSource returns nf_acc(acc, w), the accumulation of the backward's
+// non-finite checks (bwd_nan.go): x·0 + acc for each element x of the word w, in the
 // element type (fma.rn.bf16x2, fma.rn.f16x2, fp32 fma), so that acc stays
 // 0 while the elements are finite and is NaN from the first one that is
 // not (0·±Inf is NaN).

@@ -68,11 +68,12 @@ inline void store_pair(char* p, float a, float b) {
     memcpy(p, &v, 4);
   }
 }
-// x·0 + acc per element of w (the non-finite checks' accumulation): fp32, or two 16-bit halves
-inline u32 nf_acc(u32 acc, u32 w) {
-  if (DT == 0) return __float_as_uint(fmaf(__uint_as_float(w), 0.f, __uint_as_float(acc)));
-  float a0, a1, w0, w1;
-  unpack2(acc, a0, a1);
-  unpack2(w, w0, w1);
-  return pack2(fmaf(w0, 0.f, a0), fmaf(w1, 0.f, a1));
+// __shfl_sync(mask, v, src): lane src's v in every lane (the whole warp takes part)
+inline float __shfl_sync(unsigned, float v, int src) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.f[emu_lane()] = v;
+  emu_warp_sync();
+  const float r = x.f[src & 31];
+  emu_warp_sync();
+  return r;
 }
