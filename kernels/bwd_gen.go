@@ -238,6 +238,7 @@ __device__ __forceinline__ void load_stats(float* sl, float* sd, const float* gl
   }
 }
 `)
+	g.nfFuncs(b)
 }
 
 // vectorPairStore is the body storing (a, b_) at g[col], g[col+1].
@@ -359,7 +360,14 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
     if (i >= n) break;
     const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
-    for (int d = lane; d < %d; d += 32) gq[d] = t_from_f(gs[d%s] * p.scale);
+    bool bad = false;
+    for (int d = lane; d < %d; d += 32) {
+      const float x = gs[d%s] * p.scale;
+      bad |= nf_bad(x);
+      gq[d] = t_from_f(x);
+    }
+    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the row recomputed exactly
+    if (__ballot_sync(0xffffffffu, bad) != 0u) nf_query(p, b, h, qr0, kr0, n, m, i, lane);
   }
 }
 
@@ -780,6 +788,7 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 	b.WriteString("  T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;\n")
 	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
 	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
+	nfKeysCheck(b, "accdK", "accdV")
 	b.WriteString("}\n\n")
 }
 
@@ -824,6 +833,7 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 	b.WriteString("  }\n")
 	b.WriteString("  T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;\n")
 	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
+	nfQueryCheck(b)
 	b.WriteString("}\n")
 }
 

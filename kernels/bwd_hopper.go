@@ -480,6 +480,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 		bwdRowsOut(b, "sgk", "PK", "gdk", "p.dk_sr", "BN", "m - j0", "DK")
 		bwdRowsOut(b, "sgv", "PV", "gdv", "p.dv_sr", "BN", "m - j0", "DV")
 	}
+	nfKeysCheck(b, accA, accB)
 	b.WriteString("}\n\n")
 }
 
@@ -630,6 +631,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 `)
 	if v.Vector {
 		bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
+		nfQueryCheck(b)
 		b.WriteString("}\n")
 		return
 	}
@@ -643,6 +645,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 	bwdStoreAcc(b, tq, "accQ", "sgq", "PQ", "n - i0", "DK", "p.scale", bwdStoreOpt{Shift: g.flatName("sq_"), Shared: true})
 	b.WriteString("  __syncthreads();\n")
 	bwdRowsOut(b, "sgq", "PQ", "gq", "p.dq_sr", "BM", "n - i0", "DK")
+	nfQueryCheck(b)
 	b.WriteString("}\n")
 }
 

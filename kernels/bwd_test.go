@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -286,6 +287,143 @@ func TestBwdDQAccDim(t *testing.T) {
 		n := BwdDQAccDim(dk)
 		if n < FlatWidth(dk) || (128%(4*n) != 0 && (4*n)%128 != 0) {
 			t.Errorf("BwdDQAccDim(%d) = %d: shorter than the flat width %d or straddling 128-byte lines", dk, n, FlatWidth(dk))
+		}
+	}
+}
+
+// TestBwdNonFiniteChecks checks where the backward kernels handle
+// non-finite values (bwd_nan.go): in every variant, each main kernel folds
+// its accumulators after its last store and votes once, its main loop
+// holding none of it (no nf_ function, vote or ballot), the dK/dV kernel's
+// rare path is nf_keys, the dQ kernel's and the convert kernel's nf_query;
+// nf_pair takes the variant's transforms (softcap, bias, dropout) and
+// rewrites the dBias scratch only with BiasGrad.
+func TestBwdNonFiniteChecks(t *testing.T) {
+	vs := []BwdVariant{
+		{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, Masked: true, AtomicDQ: true},
+		{DType: attn.Float32, DK: 59, DV: 59, Staged: true, Masked: true, Softcap: true, Dropout: true},
+		{DType: attn.Float16, DK: 59, DV: 37, Bias: true, BiasDType: attn.Float32, BiasGrad: true},
+		{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, Masked: true},
+		{DType: attn.BFloat16, DK: 256, DV: 256, Vector: true, WGMMA: true, AtomicDQ: true},
+		{DType: attn.BFloat16, DK: 199, DV: 199, Flat: true, WGMMA: true, TMA: true, Masked: true, AtomicDQ: true},
+	}
+	for _, v := range vs {
+		src, err := BwdSource(v)
+		if err != nil {
+			t.Fatalf("%s: %v", v.Key(), err)
+		}
+		for sub, want := range map[string]bool{
+			"philox4((unsigned)(j >> 2)":   v.Dropout,
+			"tanhf(s * p.scale":            v.Softcap,
+			"sv += bt_to_f(p.bias":         v.Bias,
+			"if (use) p.dbias_scratch[":    v.BiasGrad,
+			"if (p.right >= 0) ilo = max(": v.Masked,
+		} {
+			if got := strings.Contains(src, sub); got != want {
+				t.Errorf("%s: source has %q: %v, want %v", v.Key(), sub, got, want)
+			}
+		}
+		for _, k := range []struct{ name, rare string }{
+			{BwdDKDVKernel, "nf_keys(p, b, kvh, qr0, kr0, n, m, j0, min(BN, m - j0), warp, NTH / 32, lane)"},
+			{BwdDQKernel, "nf_query(p, b, h, qr0, kr0, n, m, i0 + r, lane)"},
+			{BwdDQConvertKernel, "nf_query(p, b, h, qr0, kr0, n, m, i, lane)"},
+		} {
+			start := strings.Index(src, " "+k.name+"(")
+			if start < 0 {
+				t.Fatalf("%s: no kernel %s", v.Key(), k.name)
+			}
+			body := src[start:]
+			if end := strings.Index(body, "extern \"C\""); end >= 0 {
+				body = body[:end] // up to the next kernel
+			}
+			if !strings.Contains(body, k.rare) {
+				t.Errorf("%s %s: no %q", v.Key(), k.name, k.rare)
+			}
+			if k.name == BwdDQConvertKernel {
+				continue
+			}
+			vote := strings.Index(body, "__syncthreads_or(nfo)")
+			loop := strings.Index(body, "for (int it = 0; it <")
+			if vote < 0 || loop < 0 || strings.Count(body, "__syncthreads_or(") != 1 {
+				t.Errorf("%s %s: want one vote after a main loop", v.Key(), k.name)
+				continue
+			}
+			for _, store := range []string{"store_pair<", "stage_pair<", "row_out("} {
+				if last := strings.LastIndex(body, store); last > vote {
+					t.Errorf("%s %s: %s after the vote", v.Key(), k.name, store)
+				}
+			}
+			main := body[loop:strings.Index(body, "nf_fold(")]
+			for _, sub := range []string{"nf_", "__ballot_sync", "__syncthreads_or"} {
+				if strings.Contains(main, sub) {
+					t.Errorf("%s %s: the main loop holds %q", v.Key(), k.name, sub)
+				}
+			}
+		}
+	}
+}
+
+// TestBwdCompileNonFinite compiles the masked variants of the benchmark
+// shapes (bf16, D = 64 and 128, both dQ algorithms; the mma.sync kernels,
+// the Hopper kernels by cp.async and by tensor maps, and a flat one) with
+// NVRTC and checks ptxas's report on their dK/dV and dQ kernels, whose
+// epilogues hold the non-finite checks and their slow path: no serialized
+// warpgroup products, and no more spills than TestBwdCompileMain and
+// TestBwdCompileHopper allow.
+func TestBwdCompileNonFinite(t *testing.T) {
+	c := compilerOrSkip(t)
+	var vs []BwdVariant
+	for _, d := range []int{64, 128} {
+		for _, atomic := range []bool{true, false} {
+			for _, kind := range []struct{ wgmma, tma bool }{{false, false}, {true, false}, {true, true}} {
+				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: true, Masked: true, AtomicDQ: atomic, WGMMA: kind.wgmma, TMA: kind.tma})
+			}
+		}
+	}
+	vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: 121, DV: 121, Flat: true, Masked: true, AtomicDQ: true, WGMMA: true, TMA: true})
+	if major, _ := c.Version(); major < 12 {
+		vs = slices.DeleteFunc(vs, func(v BwdVariant) bool { return v.WGMMA })
+	}
+	var wg sync.WaitGroup
+	outs := make([]*cuda.Compiled, len(vs))
+	errs := make([]error, len(vs))
+	for i, v := range vs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src, err := BwdSource(v)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			arch := "sm_90"
+			if v.WGMMA {
+				arch = "sm_90a"
+			}
+			outs[i], errs[i] = c.Compile(cuda.CompileRequest{Name: v.Key() + ".cu", Source: src, Arch: arch, Verbose: true, NoCache: true})
+		}()
+	}
+	wg.Wait()
+	for i, v := range vs {
+		if errs[i] != nil {
+			t.Errorf("%s: %v", v.Key(), errs[i])
+			continue
+		}
+		limit := 16
+		if v.WGMMA {
+			limit = 32
+		}
+		for _, r := range outs[i].Stats.Resources {
+			if r.Name != BwdDKDVKernel && r.Name != BwdDQKernel {
+				continue
+			}
+			t.Logf("%s %s: %d registers, %d B stack, spills %d/%d", v.Key(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
+			if r.SpillStores > limit || r.SpillLoads > limit {
+				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Key(), r.Name, r.SpillStores, r.SpillLoads)
+			}
+		}
+		if strings.Contains(outs[i].Stats.Log, "wgmma.mma_async instructions are serialized") {
+			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Key(), grepLines(outs[i].Stats.Log, "serialized"))
 		}
 	}
 }
