@@ -66,8 +66,10 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
   const T* kr = %[2]s;
   const T* vr = %[3]s;
   const T* dor = %[4]s;
-  float s = 0.f, dp = 0.f;
+  float s = 0.f, dp = 0.f;  // (loops kept rolled: unrolled, their loads would raise the kernel's register count)
+#pragma unroll 4
   for (int d = 0; d < %[5]d; ++d) s = fmaf(t_to_f(qr[d]), t_to_f(kr[d]), s);
+#pragma unroll 4
   for (int d = 0; d < %[6]d; ++d) dp = fmaf(t_to_f(dor[d]), t_to_f(vr[d]), dp);
 `, q.at("i", "h"), k.at("j", "kvh"), vv.at("j", "kvh"), do.at("i", "h"), v.DK, v.DV)
 	switch {
