@@ -198,25 +198,3 @@ DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b)
 	}
 	x.p("")
 }
-
-// nfAccSource returns nf_acc(acc, w), the accumulation of the backward's
-// non-finite checks (bwd_nan.go): x·0 + acc for each element x of the word w, in the
-// element type (fma.rn.bf16x2, fma.rn.f16x2, fp32 fma), so that acc stays
-// 0 while the elements are finite and is NaN from the first one that is
-// not (0·±Inf is NaN).
-func nfAccSource(dt attn.DType) string {
-	if dt == attn.Float32 {
-		return "DEV u32 nf_acc(u32 acc, u32 w) { return __float_as_uint(fmaf(__uint_as_float(w), 0.f, __uint_as_float(acc))); }\n"
-	}
-	ty := "bf16x2"
-	if dt == attn.Float16 {
-		ty = "f16x2"
-	}
-	return fmt.Sprintf(`// x·0 + acc on each 16-bit half of w: acc stays 0 while the elements are finite, NaN from the first that is not
-DEV u32 nf_acc(u32 acc, u32 w) {
-  u32 r;
-  asm("fma.rn.%s %%0, %%1, %%2, %%3;" : "=r"(r) : "r"(w), "r"(0u), "r"(acc));
-  return r;
-}
-`, ty)
-}
