@@ -23,10 +23,7 @@ func ForwardInto(b Backend, q, k, v Tensor, res Result, opt Options) error {
 	if err != nil {
 		return err
 	}
-	if err := attn.CheckOutput("o", res.O, q.DType, p.OutputShape()); err != nil {
-		return err
-	}
-	if err := attn.CheckOutput("lse", res.LSE, attn.Float32, p.LSEShape()); err != nil {
+	if err := p.CheckResult(q.DType, res); err != nil {
 		return err
 	}
 	got, err := b.Forward(q, k, v, opt)
@@ -52,22 +49,12 @@ func BackwardInto(b Backend, q, k, v, o, lse, dO Tensor, g Gradients, opt Option
 	if ib, ok := b.(IntoBackend); ok {
 		return ib.BackwardInto(q, k, v, o, lse, dO, g, opt)
 	}
-	for _, x := range []struct {
-		name      string
-		dst, like Tensor
-	}{{"dq", g.DQ, q}, {"dk", g.DK, k}, {"dv", g.DV, v}} {
-		if err := attn.CheckOutput(x.name, x.dst, q.DType, x.like.Shape); err != nil {
-			return err
-		}
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return err
 	}
-	wantBias := opt.Bias != nil && opt.Bias.RequiresGrad
-	if wantBias {
-		if g.DBias == nil {
-			return attn.Errorf(attn.ErrOption, "dbias: the bias asks for its gradient but Gradients.DBias is nil")
-		}
-		if err := attn.CheckOutput("dbias", *g.DBias, opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape); err != nil {
-			return err
-		}
+	if err := p.CheckGradients(q, k, v, g); err != nil {
+		return err
 	}
 	got, err := b.Backward(q, k, v, o, lse, dO, opt)
 	if err != nil {
@@ -78,7 +65,7 @@ func BackwardInto(b Backend, q, k, v, o, lse, dO Tensor, g Gradients, opt Option
 			return err
 		}
 	}
-	if wantBias {
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
 		return attn.CopyInto(*g.DBias, *got.DBias)
 	}
 	return nil

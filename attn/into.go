@@ -69,3 +69,34 @@ func CopyInto(dst, src Tensor) error {
 	}
 	return nil
 }
+
+// CheckResult validates outputs a caller provides for p's forward: O of
+// dtype dt in p.OutputShape() and a float32 LSE in p.LSEShape().
+func (p *Problem) CheckResult(dt DType, res Result) error {
+	if err := CheckOutput("o", res.O, dt, p.OutputShape()); err != nil {
+		return err
+	}
+	return CheckOutput("lse", res.LSE, Float32, p.LSEShape())
+}
+
+// CheckGradients validates outputs a caller provides for p's backward: dQ,
+// dK, dV of q's dtype in the shapes of q, k, v, and dBias in the bias's
+// dtype and shape when the bias asks for its gradient (an error wrapping
+// ErrOption when g.DBias is nil then).
+func (p *Problem) CheckGradients(q, k, v Tensor, g Gradients) error {
+	for _, x := range []struct {
+		name      string
+		dst, like Tensor
+	}{{"dq", g.DQ, q}, {"dk", g.DK, k}, {"dv", g.DV, v}} {
+		if err := CheckOutput(x.name, x.dst, q.DType, x.like.Shape); err != nil {
+			return err
+		}
+	}
+	if b := p.Opt.Bias; b != nil && b.RequiresGrad {
+		if g.DBias == nil {
+			return Errorf(ErrOption, "dbias: the bias asks for its gradient but Gradients.DBias is nil")
+		}
+		return CheckOutput("dbias", *g.DBias, b.Tensor.DType, b.Tensor.Shape)
+	}
+	return nil
+}

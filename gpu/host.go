@@ -207,10 +207,7 @@ func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Opt
 	if err != nil {
 		return err
 	}
-	if err := attn.CheckOutput("o", res.O, q.DType, p.OutputShape()); err != nil {
-		return err
-	}
-	if err := attn.CheckOutput("lse", res.LSE, attn.Float32, p.LSEShape()); err != nil {
+	if err := p.CheckResult(q.DType, res); err != nil {
 		return err
 	}
 	return b.forwardHost(p, q, k, v, res, nil, opt)
@@ -229,15 +226,7 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 	s := b.stream
 	c := &hostCall{b: b}
 	defer c.release()
-	var ins [3]DeviceTensor
-	for i, t := range []attn.Tensor{q, k, v} {
-		d, err := c.upload(s, t)
-		if err != nil {
-			return err
-		}
-		ins[i] = d
-	}
-	dopt, err := c.deviceOptions(s, p, opt)
+	ins, dopt, err := c.inputs(s, p, opt, q, k, v)
 	if err != nil {
 		return err
 	}
@@ -271,6 +260,21 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 		}
 	}
 	return nil
+}
+
+// inputs uploads ts, then the bias and cu_seqlens of opt, and returns the
+// device tensors and the device options.
+func (c *hostCall) inputs(s *cuda.Stream, p *attn.Problem, opt attn.Options, ts ...attn.Tensor) ([]DeviceTensor, DeviceOptions, error) {
+	ins := make([]DeviceTensor, len(ts))
+	for i, t := range ts {
+		d, err := c.upload(s, t)
+		if err != nil {
+			return nil, DeviceOptions{}, err
+		}
+		ins[i] = d
+	}
+	dopt, err := c.deviceOptions(s, p, opt)
+	return ins, dopt, err
 }
 
 // deviceOptions uploads the bias and cu_seqlens of opt and returns the
@@ -310,22 +314,8 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 	if err := p.CheckBackward(q, o, lse, dO); err != nil {
 		return err
 	}
-	for _, x := range []struct {
-		name string
-		t    attn.Tensor
-		like attn.Tensor
-	}{{"dq", g.DQ, q}, {"dk", g.DK, k}, {"dv", g.DV, v}} {
-		if err := attn.CheckOutput(x.name, x.t, q.DType, x.like.Shape); err != nil {
-			return err
-		}
-	}
-	if opt.Bias != nil && opt.Bias.RequiresGrad {
-		if g.DBias == nil {
-			return attn.Errorf(attn.ErrOption, "dbias: the bias asks for its gradient but Gradients.DBias is nil")
-		}
-		if err := attn.CheckOutput("dbias", *g.DBias, opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape); err != nil {
-			return err
-		}
+	if err := p.CheckGradients(q, k, v, g); err != nil {
+		return err
 	}
 	return b.backwardHost(p, q, k, v, o, lse, dO, g, nil, opt)
 }
@@ -340,15 +330,7 @@ func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor,
 	s := b.stream
 	c := &hostCall{b: b}
 	defer c.release()
-	var ins [6]DeviceTensor
-	for i, t := range []attn.Tensor{q, k, v, o, lse, dO} {
-		d, err := c.upload(s, t)
-		if err != nil {
-			return err
-		}
-		ins[i] = d
-	}
-	dopt, err := c.deviceOptions(s, p, opt)
+	ins, dopt, err := c.inputs(s, p, opt, q, k, v, o, lse, dO)
 	if err != nil {
 		return err
 	}
