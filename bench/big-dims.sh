@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Times flashattn against PyTorch's mem_eff SDPA backend past D = 256, in one
-# call on a GPU machine: the headdim preset's shape (B = 1, H = 16, N = 4096,
+# run on a GPU machine: the headdim preset's shape (B = 1, H = 16, N = 4096,
 # not causal), forward and backward, for the head dims in DIMS. Binaries built
-# here first (CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn),
-# .bin carried. Logs under $OUT; the table (TFLOP/s and ratios) prints last.
+# first where Go is (CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn),
+# .bin copied along. Logs under $OUT; the table (TFLOP/s and ratios) prints last.
 #
 # Environment: DIMS (default "320 352 384 448 512"), PASSES (fwd bwd),
 # PEER (SDPA backend, default mem_eff).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Checks the backward on a GPU machine and times it against the mma.sync
-# kernels in one call: the gradient, determinism, atomic-under-load and
+# kernels in one go: the gradient, determinism, atomic-under-load and
 # whole-step tests, then `flashattn bench --pass bwd` at D = 64 and 128
 # (and DIMS), N = 4096, causal and not, with the Hopper kernels allowed
-# and with FLASHATTN_NO_WGMMA=1. Binaries built here first:
+# and with FLASHATTN_NO_WGMMA=1. Binaries built first where Go is:
 #
 #   CGO_ENABLED=0 go test -c -o .bin/gpu.test ./gpu
 #   CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Checks and times the CUDA kernels on a GPU machine in one call: the
+# Checks and times the CUDA kernels on a GPU machine in one go: the
 # backward's gradient, determinism and atomic-under-load tests, the
 # conformance suite (short), the backward benchmark (throughput table, head
 # dims, GQA contention) and the forward benchmark (odd head dims, tile
 # sweep with FWD_SWEEP=-sweep). Each step runs under a time limit and logs under $OUT; a summary
 # table prints last.
 #
-# Build the binaries here first (the GPU machine has no Go toolchain):
+# Build the binaries first where Go is (the GPU machine needs no Go toolchain):
 #
 #   CGO_ENABLED=0 go test -c -o .bin/gpu.test ./gpu
 #   CGO_ENABLED=0 go test -c -o .bin/kernels.test ./kernels
 #   CGO_ENABLED=0 go build -o .bin/benchfwd ./gpu/internal/benchfwd
 #   CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn
 #
-# then, on the GPU machine, from the repository root with .bin carried:
+# then, on the GPU machine, from the repository root with .bin copied along:
 #
 #   bash bench/check-h200.sh
 #
@@ -25,7 +25,7 @@
 # BWD_BENCH_ENV (extra variables for the backward benchmark, such as
 # FLASHATTN_BWD_BENCH_TILES=1). A compile cache archive at .bin/cache.tgz
 # is unpacked first, and the cache is packed into $OUT/cache.tgz at the end
-# so that the next call can carry it.
+# so that the next run can reuse it.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.check-out}

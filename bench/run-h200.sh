@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the whole comparison on a GPU machine in one call: flashattn's sweeps
+# Runs the whole comparison on a GPU machine in one go: flashattn's sweeps
 # on the cuda backend, PyTorch SDPA's backends on the same shapes and card,
 # then the comparison. Each stage runs under its own time limit and the next
 # one runs whatever happened before; everything is logged.
@@ -8,7 +8,7 @@
 #
 #   CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn
 #
-# then run this script from the repository root there, with .bin carried:
+# then run this script from the repository root there, with .bin copied along:
 #
 #   bash bench/run-h200.sh
 #
@@ -79,7 +79,7 @@ if [ -x "$BIN" ]; then
 	stage ours $((OURS_LIMIT + 40)) "${OURS[@]}" sweep --preset "$PRESETS" --dtype "$DTYPE" --backend cuda \
 		--out "$WORK/ours" --time-limit "${OURS_LIMIT}s"
 else
-	log "no flashattn binary at $BIN: build it with CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn and carry .bin"
+	log "no flashattn binary at $BIN: build it with CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn and copy .bin to the GPU machine"
 fi
 
 if [ -f "$WORK/shapes.json" ]; then
