@@ -63,17 +63,14 @@ func (c *hostCall) release() {
 	c.bufs = nil
 }
 
-// hostSpan returns the storage of t from its first to its last element, and
-// whether that span is dense (see denseLayout). t must have passed
-// CheckLayout and have elements.
-func hostSpan(t attn.Tensor) (span []byte, dense bool) {
-	n, dense := denseLayout(t)
+// hostSpan returns the storage of t from its first to its last element (see
+// denseLayout). t must have passed CheckLayout and have elements.
+func hostSpan(t attn.Tensor) []byte {
+	n, _ := denseLayout(t)
 	if t.DType == attn.Float32 {
-		span = cuda.AsBytes(t.F32[t.Offset : t.Offset+n])
-	} else {
-		span = cuda.AsBytes(t.Bits[t.Offset : t.Offset+n])
+		return cuda.AsBytes(t.F32[t.Offset : t.Offset+n])
 	}
-	return span, dense
+	return cuda.AsBytes(t.Bits[t.Offset : t.Offset+n])
 }
 
 // denseLayout returns the number of storage elements from t's first
@@ -107,7 +104,7 @@ func (c *hostCall) upload(s *cuda.Stream, t attn.Tensor) (DeviceTensor, error) {
 	if n == 0 {
 		return d, nil
 	}
-	span, _ := hostSpan(t)
+	span := hostSpan(t)
 	last := len(t.Shape) - 1
 	if t.Shape[last] > 1 && d.Strides[last] != 1 || len(span) > 2*n*t.DType.Size() {
 		span = t.Bytes()
@@ -170,31 +167,10 @@ func (c *hostCall) download(s *cuda.Stream, o hostOutput) error {
 		if err := c.b.copier.fromDevice(s, img, o.dev.Buf, 0); err != nil {
 			return err
 		}
-		scatterImage(o.host, img)
-		return nil
+		return attn.CopyInto(o.host, tensorFromBytes(o.host.DType, img, o.host.Shape))
 	}
-	span, _ := hostSpan(o.host)
+	span := hostSpan(o.host)
 	return c.b.copier.fromDevice(s, span, o.dev.Buf, 0)
-}
-
-// scatterImage stores the row-major contiguous image img (the
-// little-endian storage bytes) into the elements of h, whatever its strides.
-func scatterImage(h attn.Tensor, img []byte) {
-	src := tensorFromBytes(h.DType, img, h.Shape)
-	idx := make([]int, len(h.Shape))
-	for lin := 0; lin < src.NumElements(); lin++ {
-		if h.DType == attn.Float32 {
-			h.F32[h.Index(idx...)] = src.F32[lin]
-		} else {
-			h.Bits[h.Index(idx...)] = src.Bits[lin]
-		}
-		for d := len(idx) - 1; d >= 0; d-- {
-			if idx[d]++; idx[d] < h.Shape[d] {
-				break
-			}
-			idx[d] = 0
-		}
-	}
 }
 
 // ForwardInto computes O and LSE of host tensors on the GPU into res.O

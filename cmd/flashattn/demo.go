@@ -349,8 +349,7 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 			in := [2]float64{bytes(q, k, v), bytes(q, k, v, res.O, res.LSE, dO)}
 			out := [2]float64{bytes(res.O, res.LSE), bytes(grads.DQ, grads.DK, grads.DV)}
 			hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
-			fwdRate, bwdRate = fmt.Sprintf("%.1f TFLOP/s", fr), fmt.Sprintf("%.1f TFLOP/s", br)
-			fwdRate, bwdRate = fwdRate+" (device-resident)", bwdRate+" (device-resident)"
+			fwdRate, bwdRate = fmt.Sprintf("%.1f TFLOP/s (device-resident)", fr), fmt.Sprintf("%.1f TFLOP/s (device-resident)", br)
 		}
 	} else {
 		fmt.Fprintf(stdout, "forward   %8.4f s  %s\n", fwd.Seconds(), fwdRate)
