@@ -56,7 +56,7 @@ type dqRule struct {
 }
 
 // dqTable is the measured choice of dQ algorithm per shape class, first
-// matching row wins. See kernels/NOTES-bwd.md for the measurements.
+// matching row wins. See docs/kernels/backward.md for the measurements.
 var dqTable = []dqRule{
 	// bf16 on the H200 (2026-12-04, the tensor-map kernels), N = 1K, 4K, 16K
 	// with B·N = 16K and H·D = 2048: at D = 64 the atomic dQ is 1–6 % faster

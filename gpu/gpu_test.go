@@ -916,7 +916,7 @@ func fwdNaNCases() []fwdNaNCase {
 			{'v', 0, 100, 0, -1, nan}, {'v', 0, 101, 1, 127, -inf}, {'k', 0, 180, 0, -1, nan}, {'q', 0, 3, 1, 4, nan}}},
 		// odd head dims (sixteen heads: the Hopper forward reads them in place, each head beside its
 		// neighbours in the row; the key NaN sits in a column no neighbour's tile holds, see
-		// kernels/NOTES.md), wide ones (value columns split over warps), fp32
+		// docs/kernels/nonfinite.md), wide ones (value columns split over warps), fp32
 		{pr("d59-200-causal", attn.BFloat16, 200, 200, 16, 59, causal), []fwdPoison{
 			{'v', 0, 120, 3, -1, nan}, {'v', 0, 121, 4, 0, inf}, {'k', 0, 130, 6, 30, nan}, {'q', 0, 20, 7, -1, nan}}},
 		{pr("d384-70-causal", attn.BFloat16, 70, 70, 1, 384, causal), []fwdPoison{{'v', 0, 40, 0, -1, nan}, {'k', 0, 50, 0, 100, nan}}},

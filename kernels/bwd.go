@@ -203,7 +203,7 @@ func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
 			return BwdTiles{DKDV: BwdTile{32, 16, 4, 1, 1}, DQ: BwdTile{16, 32, 4, 1, 1}}
 		}
 	}
-	// Measured on the H200 (bf16, N=4096, see NOTES-bwd.md): each row is
+	// Measured on the H200 (bf16, N=4096, see docs/kernels/backward.md): each row is
 	// the fastest dK/dV and dQ tile of the candidates swept.
 	switch {
 	case d <= 64:

@@ -16,7 +16,7 @@
 // memory with cp.async (or register-staged narrow loads when rows are only
 // 2-byte aligned), in rows padded to an odd number of 16-byte chunks so that
 // ldmatrix reads are free of bank conflicts and every shared address is a
-// per-lane register plus an immediate (see load.go and NOTES.md).
+// per-lane register plus an immediate (see load.go and docs/kernels/forward.md).
 //
 // On Hopper (sm_90a) a Variant with WGMMA set generates the warpgroup
 // kernel instead (hopper.go, wgmma.go): one warpgroup per 64 query rows (two

@@ -25,7 +25,7 @@ type TuneRow struct {
 }
 
 // TuneTable holds the forward tiles, measured on an NVIDIA H200 (see
-// NOTES.md). Rows are searched in order; the first row of the dtype and
+// docs/kernels/forward.md). Rows are searched in order; the first row of the dtype and
 // load kind whose MaxD covers the head dims wins. fp16 uses the bf16 rows.
 var TuneTable = []TuneRow{
 	// bf16 / fp16, cp.async loads
@@ -90,7 +90,7 @@ func (t Tile) Apply(v Variant) Variant {
 // per-element extras (bias, softcap, dropout, prescaled scores) where one
 // warpgroup holds a row group's whole S: their extra live values do not fit
 // beside the full tile's registers (ptxas spilled). Measured on the H200
-// (kernels/NOTES.md).
+// (docs/kernels/forward.md).
 var HopperTable = []struct {
 	MaxD    int
 	ExtrasN int
