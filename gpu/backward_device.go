@@ -173,6 +173,7 @@ type bwdWorkspace struct {
 	// and their element strides.
 	pq, pk, pv, pdo     int64
 	pqS, pkS, pvS, pdoS kernels.BwdStrides
+	nf                  int64 // byte offset of the non-finite flag and the fix-up's done counter
 	total               int64
 }
 
@@ -217,9 +218,8 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 		w.dbias = w.total
 		w.total += align256(int64(p.B) * int64(p.H) * int64(p.N) * int64(p.M) * 4)
 	}
-	if w.total == 0 {
-		w.total = 256
-	}
+	w.nf = w.total
+	w.total += kernels.BwdNonFiniteFlagBytes
 	return w
 }
 
@@ -381,7 +381,7 @@ func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
 		QS: st(a.Q), KS: st(a.K), VS: st(a.V), OS: st(a.O), DOS: st(a.DO),
 		DQS: st(a.DQ), DKS: st(a.DK), DVS: st(a.DV),
 		LSEBatch: a.LSE.Batch, LSEHead: a.LSE.Head,
-		StatBatch: w.statBatch, StatHead: w.statHead,
+		StatBatch: w.statBatch, StatHead: w.statHead, NFFlag: a.Workspace + uint64(w.nf),
 		B: int32(p.B), N: int32(p.N), M: int32(p.M), H: int32(p.H), Hkv: int32(p.Hkv),
 		Left: clampWindow(p.Left, p.N, p.M), Right: clampWindow(p.Right, p.N, p.M),
 		Scale:     float32(p.Scale),
@@ -504,6 +504,8 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 	} else {
 		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, pl.v.DQSharedBytes())
 	}
+	// the non-finite fix-up (a flag test unless a main kernel raised it), before the dBias reduction
+	add(kernels.BwdNonFiniteKernel, [3]int{kernels.BwdNonFiniteBlocks(p.B, p.N, p.M, p.H, p.Hkv, sms), 1, 1}, kernels.BwdNonFiniteThreads, 0)
 	if a.DBias != nil && pl.params.DBiasElems > 0 {
 		blocks := min(int(cdiv64(pl.params.DBiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)

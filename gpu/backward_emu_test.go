@@ -20,7 +20,7 @@ import (
 
 // bwdEmuPointers are the device pointers of BwdParams.
 var bwdEmuPointers = []string{"q", "k", "v", "o", "dout", "lse", "dq", "dk", "dv", "dqacc", "delta", "lse2", "bias", "dbias_scratch", "dbias",
-	"cuq", "cuk", "pq", "pk", "pv", "pdo"}
+	"cuq", "cuk", "pq", "pk", "pv", "pdo", "nf_flag"}
 
 // bwdEmuDriver names the backward kernels' parameters and the kernels of
 // variant v for driver.h: with tensor maps, the dK/dV and dQ kernels take
@@ -117,6 +117,9 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 		}
 	}
 	emuExec(t, bin, pl.v.Key(), args(kernels.BwdPreKernel), ar, launches, params2)
+	if flag := ar.at(a.Workspace+uint64(pl.w.nf), 8); !slices.Equal(flag, make([]byte, 8)) {
+		t.Fatalf("non-finite flag and counter %v after the fix-up, want zero", flag)
+	}
 	if !in.p.Varlen {
 		checkDelta(t, ar.at(a.Workspace+uint64(pl.w.delta), 4*in.p.B*in.p.H*in.p.N), pl.w, in)
 	}

@@ -28,9 +28,9 @@ const (
 )
 
 // BwdKernelNames returns the names of the kernels v's module defines: the
-// five of every variant, and BwdPackKernel for Staged ones.
+// six of every variant, and BwdPackKernel for Staged ones.
 func BwdKernelNames(v BwdVariant) []string {
-	names := []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel}
+	names := []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel, BwdNonFiniteKernel}
 	if v.Staged {
 		names = append(names, BwdPackKernel)
 	}

@@ -260,6 +260,7 @@ func (g *bwdGen) source() string {
 	g.preKernel(&b)
 	g.convertKernel(&b)
 	g.dbiasKernel(&b)
+	g.nfFixupKernel(&b)
 	if g.v.WGMMA {
 		g.dkdvKernelHopper(&b)
 		g.dqKernelHopper(&b)
@@ -285,6 +286,7 @@ func (g *bwdGen) preKernel(b *strings.Builder) {
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, map[bool]string{true: ", zeroes the dQ accumulator", false: ""}[v.AtomicDQ], BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
+	nfZeroFlags(b)
 	g.segment(b)
 	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
@@ -355,20 +357,21 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdDQConvertKernel)
 	g.segment(b)
-	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
+	fmt.Fprintf(b, `  (void)m; (void)kr0;
+  bool bad = false;  // this thread stored a non-finite dQ element
+  for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
     if (i >= n) break;
     const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
-    bool bad = false;
     for (int d = lane; d < %d; d += 32) {
       const float x = gs[d%s] * p.scale;
       bad |= nf_bad(x);
       gq[d] = t_from_f(x);
     }
-    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the row recomputed exactly
-    if (__ballot_sync(0xffffffffu, bad) != 0u) nf_query(p, b, h, qr0, kr0, n, m, i, lane);
   }
+  {  // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the fix-up kernel recomputes the rows
+`+nfRaise("__syncthreads_or(bad)")+`  }
 }
 
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK, flatAccShift(v))

@@ -195,30 +195,22 @@ DEV void nf_query(const BwdParams& p, int b, int h, long long qr0, long long kr0
 }
 
 // nfKeysCheck writes the dK/dV kernels' check after their stores: the
-// accumulators accs folded into a flag, the block's vote, and the rare
-// nf_keys over the block's keys.
+// accumulators accs folded into a flag, the block's vote, and on a
+// positive vote the non-finite flag raised for the fix-up kernel.
 func nfKeysCheck(b *strings.Builder, accs ...string) {
 	b.WriteString("  {  // ---- non-finite dK or dV (rare: a NaN or an infinity in the inputs; see bwd_nan.go)\n    bool nfo = false;\n")
 	for _, a := range accs {
 		fmt.Fprintf(b, "    nf_fold(%s, nfo);\n", a)
 	}
-	b.WriteString("    if (__syncthreads_or(nfo)) nf_keys(p, b, kvh, qr0, kr0, n, m, j0, min(BN, m - j0), warp, NTH / 32, lane);\n  }\n")
+	b.WriteString(nfRaise("__syncthreads_or(nfo)"))
+	b.WriteString("  }\n")
 }
 
 // nfQueryCheck writes the separate dQ kernels' check after their stores:
-// accQ folded into a flag, the block's vote, and the rare recomputation
-// (nf_query) of each row of the block whose dQ holds a NaN or an infinity.
+// accQ folded into a flag, the block's vote, and on a positive vote the
+// non-finite flag raised for the fix-up kernel.
 func nfQueryCheck(b *strings.Builder) {
-	b.WriteString(`  {  // ---- non-finite dQ (rare: a NaN or an infinity in the inputs; see bwd_nan.go)
-    bool nfo = false;
-    nf_fold(accQ, nfo);
-    if (__syncthreads_or(nfo))
-      for (int r = warp; r < BM && i0 + r < n; r += NTH / 32) {  // (uniform over the warp)
-        const T* dq = p.dq + b * p.dq_sb + (qr0 + i0 + r) * p.dq_sr + h * p.dq_sh;
-        bool bad = false;
-        for (int d = lane; d < DK; d += 32) bad |= nf_bad(t_to_f(dq[d]));
-        if (__ballot_sync(0xffffffffu, bad) != 0u) nf_query(p, b, h, qr0, kr0, n, m, i0 + r, lane);
-      }
-  }
-`)
+	b.WriteString("  {  // ---- non-finite dQ (rare: a NaN or an infinity in the inputs; see bwd_nan.go)\n    bool nfo = false;\n    nf_fold(accQ, nfo);\n")
+	b.WriteString(nfRaise("__syncthreads_or(nfo)"))
+	b.WriteString("  }\n")
 }

@@ -28,6 +28,7 @@ type BwdParams struct {
 	DBias                    uint64 // dBias in BiasDType, contiguous in the bias's own shape
 	CuSeqlensQ, CuSeqlensK   uint64 // int32 [B+1] (Varlen)
 	PQ, PK, PV, PDO          uint64 // Staged: the padded copies of q, k, v and dO the main kernels read
+	NFFlag                   uint64 // uint32 [2] in the workspace: the non-finite flag and the fix-up's done counter
 	QS, KS, VS, OS, DOS      BwdStrides
 	PQS, PKS, PVS, PDOS      BwdStrides // strides of the padded copies
 	DQS, DKS, DVS, DQAccS    BwdStrides
@@ -95,6 +96,7 @@ func (p *BwdParams) fields() []bwdField {
 	ptr("T*", "pk", p.PK)
 	ptr("T*", "pv", p.PV)
 	ptr("T*", "pdo", p.PDO)
+	ptr("unsigned*", "nf_flag", p.NFFlag)
 	for _, s := range []struct {
 		n string
 		s BwdStrides

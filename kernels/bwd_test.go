@@ -62,7 +62,7 @@ func TestBwdSourceMatrix(t *testing.T) {
 			t.Errorf("%s: %v", v.Key(), err)
 			continue
 		}
-		for _, name := range []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel} {
+		for _, name := range []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel, BwdNonFiniteKernel} {
 			if !strings.Contains(src, "extern \"C\" __global__ void __launch_bounds__") || !strings.Contains(src, " "+name+"(const BwdParams p)") {
 				t.Errorf("%s: kernel %s missing", v.Key(), name)
 			}
@@ -73,7 +73,8 @@ func TestBwdSourceMatrix(t *testing.T) {
 		if v.Dropout != strings.Contains(src, "philox4((unsigned)") {
 			t.Errorf("%s: dropout code present = %v", v.Key(), !v.Dropout)
 		}
-		if v.AtomicDQ != strings.Contains(src, "atomicAdd(") {
+		// (the non-finite fix-up's done counter aside)
+		if v.AtomicDQ != strings.Contains(strings.Replace(src, "atomicAdd(p.nf_flag + 1, 1u)", "", 1), "atomicAdd(") {
 			t.Errorf("%s: atomic code present = %v", v.Key(), !v.AtomicDQ)
 		}
 		if v.Staged != strings.Contains(src, " "+BwdPackKernel+"(const BwdParams p)") {
@@ -293,9 +294,11 @@ func TestBwdDQAccDim(t *testing.T) {
 
 // TestBwdNonFiniteChecks checks where the backward kernels handle
 // non-finite values (bwd_nan.go): in every variant, each main kernel folds
-// its accumulators after its last store and votes once, its main loop
-// holding none of it (no nf_ function, vote or ballot), the dK/dV kernel's
-// rare path is nf_keys, the dQ kernel's and the convert kernel's nf_query;
+// its accumulators after its last store and votes once, a positive vote
+// raising the non-finite flag, its main loop holding none of it (no nf_
+// function, vote or ballot), and no main kernel (nor the convert kernel)
+// calls nf_keys or nf_query: the fix-up kernel does, behind a flag test,
+// and its last block clears the flag, which the preprocess zeroes first;
 // nf_pair takes the variant's transforms (softcap, bias, dropout) and
 // rewrites the dBias scratch only with BiasGrad.
 func TestBwdNonFiniteChecks(t *testing.T) {
@@ -323,21 +326,41 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 				t.Errorf("%s: source has %q: %v, want %v", v.Key(), sub, got, want)
 			}
 		}
-		for _, k := range []struct{ name, rare string }{
-			{BwdDKDVKernel, "nf_keys(p, b, kvh, qr0, kr0, n, m, j0, min(BN, m - j0), warp, NTH / 32, lane)"},
-			{BwdDQKernel, "nf_query(p, b, h, qr0, kr0, n, m, i0 + r, lane)"},
-			{BwdDQConvertKernel, "nf_query(p, b, h, qr0, kr0, n, m, i, lane)"},
-		} {
-			start := strings.Index(src, " "+k.name+"(")
+		kernel := func(name string) string {
+			start := strings.Index(src, " "+name+"(")
 			if start < 0 {
-				t.Fatalf("%s: no kernel %s", v.Key(), k.name)
+				t.Fatalf("%s: no kernel %s", v.Key(), name)
 			}
 			body := src[start:]
 			if end := strings.Index(body, "extern \"C\""); end >= 0 {
 				body = body[:end] // up to the next kernel
 			}
-			if !strings.Contains(body, k.rare) {
-				t.Errorf("%s %s: no %q", v.Key(), k.name, k.rare)
+			return body
+		}
+		fix := kernel(BwdNonFiniteKernel)
+		for _, sub := range []string{"if (*(volatile unsigned*)p.nf_flag == 0u) return;",
+			"nf_keys(p, b, hd, qr0, kr0, n, m, j0, min(KT, m - j0), warp, NW, lane)", "nf_query(p, b, hd, qr0, kr0, n, m, i0 + r, lane)",
+			"if (atomicAdd(p.nf_flag + 1, 1u) == gridDim.x - 1) {", "p.nf_flag[0] = 0u;"} {
+			if !strings.Contains(fix, sub) {
+				t.Errorf("%s %s: no %q", v.Key(), BwdNonFiniteKernel, sub)
+			}
+		}
+		if !strings.Contains(kernel(BwdPreKernel), "p.nf_flag[threadIdx.x] = 0u;") {
+			t.Errorf("%s: the preprocess does not zero the flag", v.Key())
+		}
+		for _, k := range []struct{ name, vote string }{
+			{BwdDKDVKernel, "__syncthreads_or(nfo)"},
+			{BwdDQKernel, "__syncthreads_or(nfo)"},
+			{BwdDQConvertKernel, "__syncthreads_or(bad)"},
+		} {
+			body := kernel(k.name)
+			for _, rare := range []string{"nf_keys(", "nf_query("} {
+				if strings.Contains(body, rare) {
+					t.Errorf("%s %s: calls %s", v.Key(), k.name, rare)
+				}
+			}
+			if !strings.Contains(body, k.vote+" && threadIdx.x == 0) atomicOr(p.nf_flag, 1u);") {
+				t.Errorf("%s %s: the vote does not raise the flag", v.Key(), k.name)
 			}
 			if k.name == BwdDQConvertKernel {
 				continue

@@ -179,3 +179,14 @@ inline float atomicAdd(float* p, float v) {
   *p = old + v;
   return old;
 }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned atomicOr(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  *p = old | v;
+  return old;
+}
+inline void __threadfence() {}  // blocks run one after another: every store is visible
