@@ -51,6 +51,8 @@ type Backend struct {
 	pbuf    []byte         // packed kernel argument, reused by every launch
 	tmaps   tensorMapCache // the tensor maps of the last TMA launch
 	sem     chan struct{}
+
+	nf nfArena // the forward's non-finite flags, one per stream (fwd_nonfinite.go)
 }
 
 // Open opens the first CUDA device and returns a backend on it. Errors wrap
@@ -76,7 +78,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	hopper := hopperCapable(dev)
-	return &Backend{
+	b := &Backend{
 		dev:       dev,
 		stream:    s,
 		pool:      newMemPool(dev),
@@ -87,7 +89,12 @@ func New(dev *cuda.Device) (*Backend, error) {
 		kernels:   make(map[kernels.Variant]*kernel),
 		pbuf:      make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
-	}, nil
+	}
+	if err := b.nf.init(dev); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("gpu: non-finite flags: %w", err)
+	}
+	return b, nil
 }
 
 // Close releases the backend's stream, cached device memory and pinned
@@ -98,6 +105,7 @@ func (b *Backend) Close() error {
 	b.copier.close()
 	b.hostMu.Unlock()
 	b.pool.trim()
+	b.nf.free()
 	err := b.stream.Close()
 	if b.owns {
 		if e := b.dev.Close(); err == nil {
@@ -158,6 +166,9 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	if err != nil {
 		return err
 	}
+	if l.params.NFFlag, err = b.nf.slot(b.dev, s); err != nil {
+		return err
+	}
 	packed := false
 	if st != nil {
 		if packed, err = b.enqueueStaging(s, st); err != nil {
@@ -188,7 +199,7 @@ func (b *Backend) ForwardDevice(s *cuda.Stream, q, k, v, o, lse DeviceTensor, op
 	if err := launch(kn.fn, l.grid, [3]uint32{uint32(l.v.Threads()), 1, 1}, uint32(l.v.SharedBytes()), s, args); err != nil {
 		return fmt.Errorf("gpu: launch %s: %w", l.v.Name(), err)
 	}
-	return nil
+	return b.launchNonFinite(kn, l, s, args)
 }
 
 // Variant returns the kernel variant ForwardDevice would launch for these

@@ -16,6 +16,7 @@ import (
 type kernel struct {
 	v     kernels.Variant
 	fn    *cuda.Function
+	fix   *cuda.Function // kernels.NonFiniteKernel, launched after fn
 	stats cuda.CompileStats
 	err   error
 	done  chan struct{}
@@ -127,6 +128,9 @@ func (b *Backend) build(k *kernel) {
 	}
 	k.stats = mod.Stats
 	fn, err := mod.Function(kernels.KernelName)
+	if err == nil {
+		k.fix, err = mod.Function(kernels.NonFiniteKernel)
+	}
 	if err == nil && k.v.SharedBytes() > 48<<10 {
 		err = fn.SetMaxDynamicSharedMemory(k.v.SharedBytes())
 	}

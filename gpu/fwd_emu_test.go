@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"strings"
@@ -15,10 +16,10 @@ import (
 // FLASHATTN_FWD_EMU is set.
 
 // fwdEmuPointers are the device pointers of Params.
-var fwdEmuPointers = []string{"q", "k", "v", "o", "lse", "bias", "cu_q", "cu_k"}
+var fwdEmuPointers = []string{"q", "k", "v", "o", "lse", "bias", "cu_q", "cu_k", "nf_flag"}
 
 // fwdEmuDriver names the forward kernel's parameters for driver.h.
-var fwdEmuDriver = emuDriver("Params", fwdEmuPointers, []string{kernels.KernelName})
+var fwdEmuDriver = emuDriver("Params", fwdEmuPointers, []string{kernels.KernelName, kernels.NonFiniteKernel})
 
 // fwdEmuTMADriver is fwdEmuDriver for a tensor-map kernel, which takes
 // TmaParams (the maps' addresses and the Params in it relocated; staged:
@@ -31,7 +32,7 @@ func fwdEmuTMADriver(staged bool) string {
 	for _, p := range fwdEmuPointers {
 		ptrs = append(ptrs, "p."+p)
 	}
-	return emuDriver("TmaParams", ptrs, []string{kernels.KernelName})
+	return emuDriver("TmaParams", ptrs, []string{kernels.KernelName, kernels.NonFiniteKernel})
 }
 
 // fwdEmuRun runs one forward call on the host emulator and returns O and
@@ -83,6 +84,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
+	l.params.NFFlag = ar.put(make([]byte, 8)) // the stream's non-finite flag and done counter, zero
 	if part != nil && !l.v.FlatStaged {
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
@@ -107,7 +109,12 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	}
 	bin := emuBinary(t, src, "fwd.h", driver, more...)
 	grid := [3]int{int(l.grid[0]), int(l.grid[1]), int(l.grid[2])}
-	emuExec(t, bin, l.v.Name(), params, ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}}, nil)
+	// the main kernel, then the non-finite fix-up on a few blocks (so that they stride over the CTAs)
+	fix := [3]int{int(kernels.NonFiniteBlocks(l.grid, 3)), 1, 1}
+	emuExec(t, bin, l.v.Name(), params, ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}, {kernels.NonFiniteKernel, fix, l.v.Threads()}}, nil)
+	if flag := ar.at(l.params.NFFlag, 8); !bytes.Equal(flag, make([]byte, 8)) {
+		t.Fatalf("non-finite flag and counter %v after the fix-up, want zero", flag)
+	}
 	var r attn.Result
 	for i, o := range outs {
 		tt := ar.read(t, i, o)

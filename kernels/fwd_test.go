@@ -478,9 +478,11 @@ func TestFlatStagedHeads(t *testing.T) {
 
 // TestNonFiniteChecks checks where the forward kernels handle non-finite
 // values (mask.go): every variant, of every family, flags its O values in
-// the epilogue and votes once after the stores, with the slow path nf_rows
-// behind the vote (over flat rows with nf_lse2 too); nothing of it runs in
-// the main loop, and no kernel checks or zeroes tiles any more.
+// the epilogue and votes once after the stores, a positive vote raising the
+// non-finite flag; the slow path nf_rows runs in the fix-up kernel only
+// (NonFiniteKernel: a flag test first, the flag cleared by its last block;
+// over flat rows with nf_lse2 too); nothing of it runs in the main loop, and
+// no kernel checks or zeroes tiles any more.
 func TestNonFiniteChecks(t *testing.T) {
 	causal := func(v *Variant) { v.Mask = MaskWindow }
 	tma := func(f func(*Variant), flat, staged bool) func(*Variant) {
@@ -509,6 +511,7 @@ func TestNonFiniteChecks(t *testing.T) {
 		{"mma-fp32-causal-split", fwdVariant(t, attn.Float32, 512, 512, 4, causal)},
 		{"mma-unmasked", fwdVariant(t, attn.BFloat16, 128, 128, 16, nil)},
 		{"mma-extras", fwdVariant(t, attn.BFloat16, 64, 64, 16, extras)},
+		{"mma-no-lse", fwdVariant(t, attn.BFloat16, 64, 64, 16, func(v *Variant) { v.Mask, v.LSE = MaskWindow, false })},
 		{"hopper-cp.async-causal", hopper(attn.BFloat16, 128, causal)},
 		{"hopper-cp.async-unmasked", hopper(attn.Float16, 64, nil)},
 		{"hopper-tma-causal", hopper(attn.BFloat16, 128, tma(causal, false, false))},
@@ -528,8 +531,8 @@ func TestNonFiniteChecks(t *testing.T) {
 		has := map[string]bool{
 			"DEV void nf_rows(":              true,
 			"__syncthreads_or(nf_o != nf_o)": true,
-			"nf_rows(p, l2s,":                true,
-			"DEV float nf_lse2(":             c.v.Flat,
+			"nf_rows(p, l2s,":                false,
+			"DEV float nf_lse2(":             c.v.Flat || !c.v.LSE,
 			"nf_fix(":                        false,
 			"nf_add_keys(":                   false,
 			"nf_acc(":                        false,
@@ -539,6 +542,21 @@ func TestNonFiniteChecks(t *testing.T) {
 			if got := strings.Contains(src, sub); got != want {
 				t.Errorf("%s: source has %q: %v, want %v", name, sub, got, want)
 			}
+		}
+		// the fix-up kernel ahead of the main kernel: a flag test, nf_rows over the CTAs, the flag cleared
+		fix := strings.Index(src, " "+NonFiniteKernel+"(")
+		mainAt := strings.Index(src, " "+KernelName+"(")
+		if fix < 0 || mainAt < fix {
+			t.Fatalf("%s: no fix-up kernel %s ahead of %s", name, NonFiniteKernel, KernelName)
+		}
+		for _, sub := range []string{"if (*(volatile u32*)flag == 0u) return;", "nf_rows(p, b, h, m0, min(BM, n - m0), qs, dlo, dhi, tid);",
+			"if (atomicAdd(flag + 1, 1u) == gridDim.x - 1) {", "flag[0] = 0u;"} {
+			if !strings.Contains(src[fix:mainAt], sub) {
+				t.Errorf("%s: fix-up kernel lacks %q", name, sub)
+			}
+		}
+		if strings.Contains(src[mainAt:], "nf_rows(") {
+			t.Errorf("%s: the main kernel calls nf_rows", name)
 		}
 		// the main loop (to the coordinates' recomputation after it) does no non-finite work
 		lo := strings.Index(src, "main loop over key blocks")
@@ -551,8 +569,11 @@ func TestNonFiniteChecks(t *testing.T) {
 				t.Errorf("%s: main loop has %q", name, sub)
 			}
 		}
-		// one vote, after the last store of O (and its flag)
+		// one vote, after the last store of O (and its flag), raising the flag
 		vote := strings.Index(src, "__syncthreads_or(nf_o != nf_o)")
+		if !strings.HasPrefix(src[vote:], "__syncthreads_or(nf_o != nf_o) && tid == 0) atomicOr((u32*)p.nf_flag, 1u);") {
+			t.Errorf("%s: the vote does not raise the flag", name)
+		}
 		if strings.Count(src, "__syncthreads_or(") != 1 {
 			t.Errorf("%s: %d votes, want 1", name, strings.Count(src, "__syncthreads_or("))
 		}

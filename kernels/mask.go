@@ -108,8 +108,8 @@ func (x *gen) maskApply() {
 // be a neighbouring head's), and LSE rewritten when it comes out otherwise.
 
 // nfFixupFuncs writes nf_rows, the slow path of the non-finite fix-up
-// (and its helpers). It uses bias_load, philox4 and store_elem, so it
-// comes after them.
+// (and its helpers), and the fix-up kernel that runs it (nfFixupKernel).
+// It uses bias_load, philox4 and store_elem, so it comes after them.
 func (x *gen) nfFixupFuncs() {
 	v := x.v
 	ld := "bf16_to_f32(*(const u16*)p)"
@@ -139,7 +139,7 @@ DEV float nf_score(const Params& p, const char* q, const char* k, const char* br
 		x.raw("  (void)brow; (void)j;\n")
 	}
 	x.raw("  return t;\n}\n")
-	if v.Flat {
+	if v.Flat || !v.LSE {
 		x.raw(`// base-2 LSE of a row over its keys [lo, hi) (lanes take keys): NaN when a score is NaN or +Inf, −inf when
 // none is finite; the same value in every lane
 DEV float nf_lse2(const Params& p, const char* q, const char* k0, i64 k_rs, const char* brow, int lo, int hi, int lane) {
@@ -168,10 +168,10 @@ DEV float nf_lse2(const Params& p, const char* q, const char* k0, i64 k_rs, cons
 `)
 	}
 	x.raw(`// The CTA's rows [0, rows) from sequence position m0 (batch element or segment b, head h; query row offset
-// qs of a packed batch), visible keys j of row i: dlo <= j - i < dhi; l2s[r]: row r's LSE in base 2. Warps
-// take rows, lanes value columns; the scores of 32 keys at a time, one key a lane. Everything from global
-// memory and the parameters (nothing of the main loop's registers but the arguments).
-DEV void nf_rows(const Params& p, const float* l2s, int b, int h, int m0, int rows, i64 qs, int dlo, int dhi, int tid) {
+// qs of a packed batch), visible keys j of row i: dlo <= j - i < dhi; a row's LSE read back from global
+// memory in base 2. Warps take rows, lanes value columns; the scores of 32 keys at a time, one key a lane.
+// Everything from global memory and the parameters (it runs in the fix-up kernel, after the main kernel).
+DEV void nf_rows(const Params& p, int b, int h, int m0, int rows, i64 qs, int dlo, int dhi, int tid) {
   constexpr int NV = (DVP + 31) / 32;  // value columns per lane
   const int lane = tid & 31, kvh = h / p.group;
   int m = p.m;  // keys of the sequence
@@ -200,7 +200,13 @@ DEV void nf_rows(const Params& p, const float* l2s, int b, int h, int m0, int ro
 	} else {
 		x.raw("    const char* brow = nullptr;\n")
 	}
-	x.raw("    float l2 = l2s[r];\n")
+	if v.LSE {
+		x.raw(`    float l2 = ((const float*)p.lse)[(i64)b * p.lse_sb + (i64)h * p.lse_sh + (qs + i) * p.lse_sn];  // as stored
+    l2 = l2 == NEG_INF ? NEG_INF : l2 * LOG2E;  // in base 2 (NaN stays NaN)
+`)
+	} else {
+		x.raw("    float l2 = nf_lse2(p, qrow, gK, k_rs, brow, lo, hi, lane);  // (no LSE output: computed again)\n")
+	}
 	if v.Flat {
 		x.raw(`    if (l2 != l2) {  // a NaN score, or a neighbouring head's NaN in a key tile's columns (flat rows): again
       l2 = nf_lse2(p, qrow, gK, k_rs, brow, lo, hi, lane);
@@ -253,30 +259,14 @@ DEV void nf_rows(const Params& p, const float* l2s, int b, int h, int m0, int ro
 }
 
 `)
+	x.nfFixupKernel()
 }
 
 // nfFixup writes, after the epilogue's stores, the CTA's vote on the
-// threads' flags of non-finite O values (nf_o) and the rare path: each
-// row's base-2 LSE into shared memory (the tiles' space, free once every
-// thread has voted), then nf_rows.
+// threads' flags of non-finite O values (nf_o) and, on a positive vote,
+// the non-finite flag raised for the fix-up kernel (fwd_nonfinite.go).
 func (x *gen) nfFixup() {
-	bounds := "dlo, dhi"
-	if x.v.Mask == MaskNone {
-		bounds = "(int)0x80000000, 0x7fffffff" // every key of the sequence
-	}
 	x.p(`
-  // ---- non-finite O (rare; see mask.go): after every product and store, one vote
-  if (__syncthreads_or(nf_o != nf_o)) {
-    float* l2s = (float*)smem;  // [BM] each row's LSE in base 2 (over the tiles: every warp is done with them)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = wrow0 + mt * 16 + g + 8 * hf;
-        const float l = row_sum[mt][hf];
-        if (%s && r < rows) l2s[r] = l == 0.f ? NEG_INF : row_max[mt][hf] * SC + log2f(l);
-      }
-    __syncthreads();
-    nf_rows(p, l2s, b, h, m0, rows, qs, %s, tid);
-  }`, x.lseWriter(), bounds)
+  // ---- non-finite O (rare; see mask.go): after every product and store, one vote; the fix-up kernel recomputes
+  if (__syncthreads_or(nf_o != nf_o) && tid == 0) atomicOr((u32*)p.nf_flag, 1u);`)
 }

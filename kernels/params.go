@@ -17,6 +17,7 @@ type Params struct {
 	Q, K, V, O, LSE, Bias uint64 // device pointers (LSE, Bias may be 0 when unused)
 	CuSeqlensQ            uint64 // device pointer to B+1 int32 offsets (Varlen)
 	CuSeqlensK            uint64
+	NFFlag                uint64 // device pointer to two uint32: the non-finite flag and the fix-up's done counter (zero between calls)
 
 	QStrideB, QStrideN, QStrideH int64
 	KStrideB, KStrideN, KStrideH int64
@@ -103,6 +104,7 @@ var paramTable = []field{
 	{"bias", cU64, "bias [B|1, H|1, N, M]", func(p *Params) uint64 { return p.Bias }},
 	{"cu_q", cU64, "B+1 query segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensQ }},
 	{"cu_k", cU64, "B+1 key segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensK }},
+	{"nf_flag", cU64, "u32[2]: non-finite flag, fix-up done counter", func(p *Params) uint64 { return p.NFFlag }},
 	{"q_sb", cI64, "q strides: batch", i64f(func(p *Params) int64 { return p.QStrideB })},
 	{"q_sn", cI64, "q strides: position", i64f(func(p *Params) int64 { return p.QStrideN })},
 	{"q_sh", cI64, "q strides: head", i64f(func(p *Params) int64 { return p.QStrideH })},

@@ -1,0 +1,103 @@
+package gpu
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// The forward's non-finite flags. Every forward launch is followed by the
+// fix-up kernel (kernels.NonFiniteKernel), which reads a flag that the main
+// kernel raises when a CTA stored a NaN or an infinity in O, and whose last
+// block clears it. The forward has no workspace of its own, so the flags
+// live in a small device arena of the backend: one slot (the flag and the
+// fix-up's done counter, two 32-bit words) per stream the backend has seen.
+// Calls on one stream run in order, so a slot the last fix-up cleared is
+// ready for the next call; a CUDA graph captured on a stream keeps that
+// stream's slot address, and its replays clear the slot the same way.
+
+// nfSlotBytes is the size of one stream's slot.
+const nfSlotBytes = 8
+
+// nfChunkSlots is the number of slots each chunk of the arena holds.
+const nfChunkSlots = 512
+
+// nfArena hands out the streams' slots. The chunks are never freed or
+// moved while the backend lives (captured graphs hold their addresses).
+type nfArena struct {
+	mu     sync.Mutex
+	chunks []*cuda.Buffer
+	used   int                // slots handed out from the last chunk
+	slots  map[uintptr]uint64 // stream handle (0: the legacy default stream) -> slot address
+}
+
+// grow adds a zeroed chunk of nfChunkSlots slots. It allocates and clears
+// device memory synchronously, so it fails during a stream capture.
+func (a *nfArena) grow(dev *cuda.Device) error {
+	buf, err := dev.Alloc(nfChunkSlots * nfSlotBytes)
+	if err != nil {
+		return err
+	}
+	if err := dev.Memset32(buf, 0); err != nil {
+		buf.Free()
+		return err
+	}
+	a.chunks = append(a.chunks, buf)
+	a.used = 0
+	return nil
+}
+
+// init allocates the first chunk (outside any capture: at New).
+func (a *nfArena) init(dev *cuda.Device) error {
+	a.slots = map[uintptr]uint64{}
+	return a.grow(dev)
+}
+
+// free releases the arena's chunks (Backend.Close).
+func (a *nfArena) free() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.chunks {
+		c.Free()
+	}
+	a.chunks, a.slots, a.used = nil, map[uintptr]uint64{}, 0
+}
+
+// slot returns the device address of stream s's slot (nil: the legacy
+// default stream), taking a fresh one on the first call on s. When every
+// slot is taken it grows the arena; where it cannot (during a stream
+// capture, or out of memory) it fails rather than share a slot between
+// streams, whose calls could then run at the same time.
+func (a *nfArena) slot(dev *cuda.Device, s *cuda.Stream) (uint64, error) {
+	var h uintptr
+	if s != nil {
+		h = s.Handle()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p, ok := a.slots[h]; ok {
+		return p, nil
+	}
+	if len(a.chunks) == 0 || a.used == nfChunkSlots {
+		if err := a.grow(dev); err != nil {
+			return 0, fmt.Errorf("gpu: forward: a non-finite flag for stream %#x (%d streams have one; the flags grow outside stream capture only): %w",
+				h, len(a.slots), err)
+		}
+	}
+	p := a.chunks[len(a.chunks)-1].Ptr() + uint64(a.used*nfSlotBytes)
+	a.used++
+	a.slots[h] = p
+	return p, nil
+}
+
+// launchNonFinite enqueues the forward's fix-up kernel after the main
+// kernel of l (argument args, already holding the flag's slot) on s.
+func (b *Backend) launchNonFinite(kn *kernel, l launch, s *cuda.Stream, args []byte) error {
+	g := [3]uint32{kernels.NonFiniteBlocks(l.grid, b.dev.SMCount()), 1, 1}
+	if err := b.dev.Launch(kn.fix, g, [3]uint32{uint32(l.v.Threads()), 1, 1}, 0, s, args); err != nil {
+		return fmt.Errorf("gpu: launch %s %s: %w", l.v.Name(), kernels.NonFiniteKernel, err)
+	}
+	return nil
+}
