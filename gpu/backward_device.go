@@ -227,7 +227,9 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 // in dtype dt with dQ algorithm algo needs (DQAuto: enough for either
 // algorithm, since the choice depends on the device's kernels); dbias says
 // whether the call computes dBias. Head dims that are not multiples of 16
-// bytes add padded copies of q, k, v and dO.
+// bytes add padded copies of q, k, v and dO. The last 16 bytes hold the
+// non-finite flag of the fix-up kernel (kernels.BwdNonFiniteKernel), which
+// the call zeroes itself.
 func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, dbias bool) int64 {
 	if algo == DQAuto && !p.Opt.Deterministic {
 		return max(backwardWorkspace(p, dt, DQAtomic, dbias).total, backwardWorkspace(p, dt, DQSeparate, dbias).total)

@@ -358,20 +358,21 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 `, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdDQConvertKernel)
 	g.segment(b)
 	fmt.Fprintf(b, `  (void)m; (void)kr0;
-  bool bad = false;  // this thread stored a non-finite dQ element
   for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
     if (i >= n) break;
     const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
+    bool bad = false;
     for (int d = lane; d < %d; d += 32) {
       const float x = gs[d%s] * p.scale;
       bad |= nf_bad(x);
       gq[d] = t_from_f(x);
     }
+    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
+    // kernel recomputes the row
+    if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
   }
-  {  // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the fix-up kernel recomputes the rows
-`+nfRaise("__syncthreads_or(bad)")+`  }
 }
 
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK, flatAccShift(v))

@@ -20,21 +20,30 @@ import (
 // infinity can have taken one.
 //
 // So the main loops do none of this work (checks and zeroing in the loop,
-// as a first version did, made the H200's backward 36-63% slower). Each
-// kernel's epilogue folds the accumulators it stores (dK and dV, or dQ)
-// into one flag, and the block votes once, after its stores. Only a block
-// that holds a NaN or an infinity takes the slow path: a warp a row, each
-// row of the block's gradient that holds one, read back from global memory,
-// is recomputed exactly in scalar fp32 from q, k, v, dO, LSE2 and Delta in
-// global memory, over the visible pairs only, and overwritten (nf_keys: dK
-// and dV of a key over the query rows of the group that see it, and the
-// dBias scratch of those pairs; nf_query: dQ of a query row over the keys
-// it sees). The atomic dQ is checked where it is finished, in the convert
-// kernel. As in cpu.ReferenceBackward, a row with LSE = −inf (it sees no
-// key with a finite score) contributes nothing, a visible NaN reaches what
-// it touches (0·NaN at a dropped key included), and the scores take the
-// main loop's transforms (scale, softcap, bias, dropout's keep mask and
-// 1/(1−p)).
+// as a first version did, made the H200's backward 36-63% slower), and
+// neither do the main kernels' epilogues beyond one flag. Each kernel's
+// epilogue folds the accumulators it stores (dK and dV, or dQ) into one
+// flag, the block votes once, after its stores (the convert kernel: a warp
+// on each dQ row it writes), and on a positive vote one thread raises the call's
+// non-finite flag (two words in the workspace: the flag and a done
+// counter, zeroed by the preprocess, which runs first). The slow path
+// lives in a kernel of its own, the fix-up (BwdNonFiniteKernel,
+// bwd_nonfinite.go), launched after the dQ or convert kernel and before
+// the dBias reduction: with the flag clear it returns at once (one small
+// launch; inlined into the main kernels, the slow path cost them
+// registers, spills and time); with the flag set its blocks
+// stride over key tiles and query row tiles, and a warp a row, each
+// gradient row that holds a NaN or an infinity, read back from global
+// memory, is recomputed exactly in scalar fp32 from q, k, v, dO, LSE2 and
+// Delta in global memory, over the visible pairs only, and overwritten
+// (nf_keys: dK and dV of a key over the query rows of the group that see
+// it, and the dBias scratch of those pairs, before the reduction reads it;
+// nf_query: dQ of a query row over the keys it sees). The last fix-up
+// block to finish clears the flag and the counter. As in
+// cpu.ReferenceBackward, a row with LSE = −inf (it sees no key with a
+// finite score) contributes nothing, a visible NaN reaches what it touches
+// (0·NaN at a dropped key included), and the scores take the main loop's
+// transforms (scale, softcap, bias, dropout's keep mask and 1/(1−p)).
 
 // nfFuncs writes the slow path's device functions: nf_bad, nf_pair (a
 // visible pair's P and dS), nf_keys and nf_query. It uses visible, philox4,

@@ -243,8 +243,9 @@ func TestBwdCompileMain(t *testing.T) {
 		for _, r := range res {
 			t.Logf("%s %s: %d regs, %d stack, spills %d/%d", v.Key(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
 			// NVRTC 13.0 spills 16 bytes in the D=128 separate dQ kernel (none
-			// under 11.8; the same speed on the H200)
-			if r.SpillStores > 16 || r.SpillLoads > 16 {
+			// under 11.8; the same speed on the H200); the non-finite fix-up
+			// does its work only after a main kernel raised the flag
+			if r.Name != BwdNonFiniteKernel && (r.SpillStores > 16 || r.SpillLoads > 16) {
 				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Key(), r.Name, r.SpillStores, r.SpillLoads)
 			}
 		}
@@ -351,7 +352,7 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 		for _, k := range []struct{ name, vote string }{
 			{BwdDKDVKernel, "__syncthreads_or(nfo)"},
 			{BwdDQKernel, "__syncthreads_or(nfo)"},
-			{BwdDQConvertKernel, "__syncthreads_or(bad)"},
+			{BwdDQConvertKernel, "__ballot_sync(0xffffffffu, bad) != 0u"},
 		} {
 			body := kernel(k.name)
 			for _, rare := range []string{"nf_keys(", "nf_query("} {
@@ -359,7 +360,8 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 					t.Errorf("%s %s: calls %s", v.Key(), k.name, rare)
 				}
 			}
-			if !strings.Contains(body, k.vote+" && threadIdx.x == 0) atomicOr(p.nf_flag, 1u);") {
+			if !strings.Contains(body, k.vote+" && threadIdx.x == 0) atomicOr(p.nf_flag, 1u);") &&
+				!strings.Contains(body, k.vote+" && lane == 0) atomicOr(p.nf_flag, 1u);") {
 				t.Errorf("%s %s: the vote does not raise the flag", v.Key(), k.name)
 			}
 			if k.name == BwdDQConvertKernel {

@@ -90,16 +90,23 @@ func (x *gen) maskApply() {
 // non-finite value in the row's O. The epilogue folds the O values each
 // thread writes into one flag (x·0 summed: NaN when one is not finite), and
 // after the stores (every product has completed) the CTA votes once
-// (__syncthreads_or). Only when some thread saw one (rare: a NaN or an
-// infinity reached some row of the block through P·V, visibly or not) does
-// the CTA take the slow path, nf_rows: each warp takes rows, reads the
-// row's O back from global memory and, where it holds a NaN or an infinity,
-// recomputes it exactly from q, k and v in global memory, with scalar
-// arithmetic (no accumulator registers, no tensor-core product): O_i = Σ_j
-// P_ij·v_j over the keys j row i sees, P_ij = exp2(t_ij − L_i) with t the
-// score in base-2 units (scale, softcap, bias) and L_i the row's base-2 LSE
-// as the main loop computed it (a masked V takes no part in m or l), times
-// dropout's keep mask and 1/(1−p). As in cpu.Reference, a visible key's NaN
+// (__syncthreads_or); on a positive vote (rare: a NaN or an infinity
+// reached some row of the block through P·V, visibly or not) one thread
+// raises the call's non-finite flag (Params.NFFlag). The slow path runs in
+// a kernel of its own, the fix-up (NonFiniteKernel, fwd_nonfinite.go), in
+// the same module and launched after the main kernel with its argument:
+// with the flag clear it returns at once (inlined into the main kernel,
+// the slow path cost it registers and time); with the flag set
+// its blocks stride over the main kernel's CTAs and nf_rows, a warp a row,
+// reads each row's O back from global memory and, where it holds a NaN or
+// an infinity, recomputes it exactly from q, k and v in global memory, with
+// scalar arithmetic (no accumulator registers, no tensor-core product):
+// O_i = Σ_j P_ij·v_j over the keys j row i sees, P_ij = exp2(t_ij − L_i)
+// with t the score in base-2 units (scale, softcap, bias) and L_i the
+// row's base-2 LSE, read back from the stored LSE (computed again with
+// nf_lse2 for a variant that stores none), times dropout's keep mask and
+// 1/(1−p). The last fix-up block to finish clears the flag and its done
+// counter. As in cpu.Reference, a visible key's NaN
 // or Inf reaches the row even when dropout drops the key (0·NaN), a row
 // with L = −inf gets O = 0 and one with L = NaN (a NaN score) keeps O = NaN
 // and LSE = NaN (under dropout its O is recomputed too: P = NaN at the kept
