@@ -81,7 +81,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
-	pl, err := planBackward(in.p, dt, &a, algo, 4, hopper)
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: kind == emuHopperTMA})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

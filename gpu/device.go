@@ -169,6 +169,16 @@ type DeviceOptions struct {
 	Staging *cuda.Buffer
 }
 
+// deviceProblemOf returns the problem of a device call made from the host
+// problem p (validated by attn.NewProblem) with device options opt: the
+// problem deviceProblem would return for the device copies of p's
+// tensors, without validating them again.
+func deviceProblemOf(p *attn.Problem, opt DeviceOptions) *attn.Problem {
+	dp := *p
+	dp.Opt = opt.Options
+	return &dp
+}
+
 // deviceProblem validates device tensors and options as attn.NewProblem
 // does for host tensors, and returns the problem.
 func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, error) {

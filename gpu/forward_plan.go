@@ -3,7 +3,6 @@ package gpu
 import (
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
@@ -82,58 +81,42 @@ func clampWindow(x, n, m int) int32 {
 	return int32(x)
 }
 
-// plan chooses the kernel variant and fills its parameters for a validated
-// problem on device tensors. tiles overrides the tuning table when not nil.
-// staged says that q, k and v are staging copies whose rows are padded with
-// zeros to kernels.StagedDim, so that a copy may straddle the head dim.
-// hopper allows the Hopper (WGMMA) kernel where it applies. part, when
-// set, holds staging copies of the heads that a flat-row kernel cannot
-// read in place (stagingFor with head masks): the plan is then a
-// kernels.Variant.FlatStaged one where the kernel and layouts allow it.
-func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *DeviceTensor, cuq, cuk uint64,
-	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), staged, hopper, tma bool, part *fwdStaging) (launch, error) {
+// fwdRequest is what the forward planner takes: a validated problem, its
+// device tensors and the backend's knobs.
+type fwdRequest struct {
+	p               *attn.Problem
+	dt              attn.DType
+	q, k, v, o, lse DeviceTensor
+	bias            *DeviceTensor
+	cuq, cuk        uint64 // device addresses of the packed batch's offsets
+	// tiles overrides the tuning table when not nil (Backend.Tiles).
+	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)
+	// staged says that q, k and v are staging copies whose rows are padded
+	// with zeros to kernels.StagedDim, so that a copy may straddle the head
+	// dim.
+	staged bool
+	// hopper allows the Hopper (WGMMA) kernel where it applies, tma its
+	// tensor-map loads (Backend.WGMMA, Backend.TMA).
+	hopper, tma bool
+	// part, when set, holds staging copies of the heads that a flat-row
+	// kernel cannot read in place (stagingFor with head masks): the plan is
+	// then a kernels.Variant.FlatStaged one where the kernel and layouts
+	// allow it.
+	part *fwdStaging
+}
+
+// plan chooses the kernel variant of r and fills its parameters.
+func plan(r fwdRequest) (launch, error) {
 	var l launch
-	opt := p.Opt
-	rowK, rowV := p.DK, p.DV
-	if staged {
-		rowK, rowV = kernels.StagedDim(p.DK), kernels.StagedDim(p.DV)
-	}
-	lb := loadWidth(dt, p.Varlen, rowK, rowV, q, k, v)
-	var flat [3][3]uint64 // byte strides of q, k, v read in place over flat rows (kernels.Variant.Flat)
-	flatOK := false
-	if lb < 16 && !staged && hopper && tma {
-		flat, flatOK = flatRows(p, dt, q, k, v)
-		// every head in place, or with part the heads that fit
-		fits := kernels.FlatStagedHeads(p.DK) == 0 && kernels.FlatStagedHeads(p.DV) == 0
-		flatOK = flatOK && (fits || part != nil)
-		if flatOK {
-			lb = 16 // the accelerator reads whole 16-byte units of every row
-		}
-	}
-	vr := kernels.Variant{
-		DType:     dt,
-		DK:        roundUp(p.DK, 16),
-		DV:        roundUp(p.DV, 16),
-		LoadBytes: lb,
-		Softcap:   opt.Softcap > 0,
-		PreScale:  p.Scale < 0,
-		Dropout:   opt.Dropout > 0,
-		Varlen:    p.Varlen,
-		LSE:       true,
-	}
-	if p.Masked {
-		vr.Mask = kernels.MaskWindow
-	}
-	if bias != nil {
-		vr.Bias = kernels.BiasFor(bias.DType)
-	}
+	p := r.p
+	vr, flat, flatOK := fwdVariant(r)
 	var tile kernels.Tile
 	var err error
 	ht, hok := kernels.HopperTile(vr)
 	switch {
-	case tiles != nil:
-		tile, err = tiles(dt, vr.DK, vr.DV, lb == 2)
-	case hopper && hok:
+	case r.tiles != nil:
+		tile, err = r.tiles(r.dt, vr.DK, vr.DV, vr.LoadBytes == 2)
+	case r.hopper && hok:
 		tile = ht
 	default:
 		tile, err = kernels.TileForVariant(vr)
@@ -146,14 +129,15 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	switch {
 	case flatOK:
 		vr.TMA, vr.Flat, tstr = true, true, flat
-		vr.FlatStaged = part != nil
+		vr.FlatStaged = r.part != nil
 		if !vr.WGMMA || vr.Validate() != nil {
 			// not a kernel that reads flat rows: the planner without them
-			return plan(p, dt, q, k, v, o, lse, bias, cuq, cuk, tiles, staged, hopper, false, nil)
+			r.tma, r.part = false, nil
+			return plan(r)
 		}
-	case tma && vr.WGMMA && !p.Varlen && lb == 16:
+	case r.tma && vr.WGMMA && !p.Varlen && vr.LoadBytes == 16:
 		var ok [3]bool
-		for i, t := range []DeviceTensor{q, k, v} {
+		for i, t := range []DeviceTensor{r.q, r.k, r.v} {
 			tstr[i], ok[i] = tmaStrides(t)
 		}
 		vr.TMA = ok[0] && ok[1] && ok[2]
@@ -164,10 +148,72 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	if p.H > 65535 || p.B > 65535 {
 		return l, attn.Errorf(attn.ErrUnsupported, "cuda backend: grid of %d heads x %d batch elements (at most 65535 each)", p.H, p.B)
 	}
+	pr := fwdParams(r)
+	l.v = vr
+	l.params = pr
+	switch {
+	case vr.Flat:
+		ts := vr.TMATensors(&pr, 0, 0, tstr[0], tstr[1], tstr[2])
+		l.tma = []kernels.TMATensor{ts[0].OverFlatRows(p.DK), ts[1].OverFlatRows(p.DK), ts[2].OverFlatRows(p.DV)}
+		if vr.FlatStaged {
+			l.tma = append(l.tma, stagedHeadMaps(p, vr, r.part, l.tma)...)
+		}
+	case vr.TMA:
+		ts := vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
+		l.tma = ts[:]
+	}
+	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
+	return l, nil
+}
 
+// fwdVariant returns the variant of r before its tile is chosen, and
+// whether (with the tensor maps' byte strides) the Hopper kernel may read
+// q, k and v in place over flat rows.
+func fwdVariant(r fwdRequest) (kernels.Variant, [3][3]uint64, bool) {
+	p, opt := r.p, r.p.Opt
+	rowK, rowV := p.DK, p.DV
+	if r.staged {
+		rowK, rowV = kernels.StagedDim(p.DK), kernels.StagedDim(p.DV)
+	}
+	lb := loadWidth(r.dt, p.Varlen, rowK, rowV, r.q, r.k, r.v)
+	var flat [3][3]uint64 // byte strides of q, k, v read in place over flat rows (kernels.Variant.Flat)
+	flatOK := false
+	if lb < 16 && !r.staged && r.hopper && r.tma {
+		flat, flatOK = flatRows(p, r.dt, r.q, r.k, r.v)
+		// every head in place, or with part the heads that fit
+		fits := kernels.FlatStagedHeads(p.DK) == 0 && kernels.FlatStagedHeads(p.DV) == 0
+		flatOK = flatOK && (fits || r.part != nil)
+		if flatOK {
+			lb = 16 // the accelerator reads whole 16-byte units of every row
+		}
+	}
+	vr := kernels.Variant{
+		DType:     r.dt,
+		DK:        roundUp(p.DK, 16),
+		DV:        roundUp(p.DV, 16),
+		LoadBytes: lb,
+		Softcap:   opt.Softcap > 0,
+		PreScale:  p.Scale < 0,
+		Dropout:   opt.Dropout > 0,
+		Varlen:    p.Varlen,
+		LSE:       true,
+	}
+	if p.Masked {
+		vr.Mask = kernels.MaskWindow
+	}
+	if r.bias != nil {
+		vr.Bias = kernels.BiasFor(r.bias.DType)
+	}
+	return vr, flat, flatOK
+}
+
+// fwdParams fills the kernel parameters of r.
+func fwdParams(r fwdRequest) kernels.Params {
+	p, opt := r.p, r.p.Opt
+	q, k, v, o, lse := r.q, r.k, r.v, r.o, r.lse
 	pr := kernels.Params{
 		Q: q.ptr(), K: k.ptr(), V: v.ptr(), O: o.ptr(), LSE: lse.ptr(),
-		CuSeqlensQ: cuq, CuSeqlensK: cuk,
+		CuSeqlensQ: r.cuq, CuSeqlensK: r.cuk,
 		B: int32(p.B), H: int32(p.H), Group: int32(p.H / p.Hkv),
 		N: int32(p.N), M: int32(p.M), DK: int32(p.DK), DV: int32(p.DV),
 		ScaleLog2: float32(p.Scale * math.Log2E),
@@ -187,11 +233,11 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 		pr.SoftcapOut = float32(opt.Softcap * math.Log2E)
 	}
 	osb, osn, osh := seqStrides(o, p.Varlen)
-	esz := int64(dt.Size())
+	esz := int64(r.dt.Size())
 	if int64(o.ptr())%(2*esz) == 0 && p.DV%2 == 0 && osb%2 == 0 && osn%2 == 0 && osh%2 == 0 {
 		pr.OVec2 = 1
 	}
-	if bias != nil {
+	if bias := r.bias; bias != nil {
 		pr.Bias = bias.ptr()
 		st := bias.strides()
 		z := func(d int) int64 {
@@ -208,21 +254,7 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 		pr.SeedLo, pr.SeedHi = uint32(opt.Seed), uint32(opt.Seed>>32)
 		pr.DropOffset = opt.Offset
 	}
-	l.v = vr
-	l.params = pr
-	switch {
-	case vr.Flat:
-		ts := vr.TMATensors(&pr, 0, 0, tstr[0], tstr[1], tstr[2])
-		l.tma = []kernels.TMATensor{ts[0].OverFlatRows(p.DK), ts[1].OverFlatRows(p.DK), ts[2].OverFlatRows(p.DV)}
-		if vr.FlatStaged {
-			l.tma = append(l.tma, stagedHeadMaps(p, vr, part, l.tma)...)
-		}
-	case vr.TMA:
-		ts := vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
-		l.tma = ts[:]
-	}
-	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
-	return l, nil
+	return pr
 }
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
@@ -256,11 +288,8 @@ func stagedHeadMaps(p *attn.Problem, vr kernels.Variant, part *fwdStaging, inPla
 // flatStagedHeads returns the head masks (kernels.FlatStagedHeads) with
 // which a kernels.Variant.FlatStaged forward reads q, k and v of p: the
 // layouts allow flat rows (flatRows), some heads do not fit in place, and
-// fewer than half of them (of q's and k's heads and of v's) do not.
-//
-// The half is measured (bf16, B = 1, H = 16, N = 4096, H200): at D = 59,
-// two heads in eight staged, the forward took 0.178 ms against 0.185 with
-// every head staged; at D = 127, six in eight, 0.307 against 0.303.
+// fewer than half of them (of q's and k's heads and of v's) do not (the
+// measured break-even: kernels/NOTES.md, "Moved from doc comments").
 func flatStagedHeads(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) (*[3]uint8, bool) {
 	mk, mv := kernels.FlatStagedHeads(p.DK), kernels.FlatStagedHeads(p.DV)
 	if mk == 0 && mv == 0 {
@@ -320,45 +349,122 @@ func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
 	return out, true
 }
 
-// tensorMapCache keeps the tensor maps of the last TMA launch. Each encode
-// is a driver call on the executor thread, three or four per launch, while
-// a training loop or a benchmark launches on the same buffers again and
-// again; a map depends on nothing but its TMATensor.
-type tensorMapCache struct {
-	key  []kernels.TMATensor
-	maps [][128]byte // as kernels.PackTMA and BwdTMAArgs take them
+// fwdCall is one validated forward call on device tensors.
+type fwdCall struct {
+	p               *attn.Problem
+	dt              attn.DType
+	q, k, v, o, lse DeviceTensor
+	opt             DeviceOptions
 }
 
-// get returns the maps of the tensors described by key (names: theirs, for
-// errors), encoding them with encode unless they are the last ones encoded.
-func (c *tensorMapCache) get(key []kernels.TMATensor, names []string, encode func(kernels.TMATensor) (cuda.TensorMap, error)) ([][128]byte, error) {
-	if c.maps != nil && slices.Equal(c.key, key) {
-		return c.maps, nil
+// fwdPlan is the plan of one forward call: its launch and, when q, k and
+// v are first copied into staging, the staging plan.
+type fwdPlan struct {
+	launch
+	p  *attn.Problem
+	st *fwdStaging // nil: no staging copies
+}
+
+// empty reports whether the call has nothing to compute (no query or no
+// batch element).
+func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
+
+// request returns the planner's request for c with the backend's knobs.
+func (b *Backend) request(c *fwdCall) fwdRequest {
+	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA}
+	if c.p.Varlen {
+		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}
-	maps := make([][128]byte, len(key))
-	for i, t := range key {
-		m, err := encode(t)
-		if err != nil {
-			return nil, fmt.Errorf("tensor map of %s: %w", names[i], err)
+	return r
+}
+
+// planForward plans call c once: the launch on the caller's tensors or,
+// when staging is wanted and they are 16-bit with rows that allow no
+// 16-byte copies, the launch on staging copies (planStaging) with their
+// staging plan. The copies go in ws; with ws nil they are laid out at
+// stagingPlanBase, for their size and the kernel choice, and
+// fwdPlan.relocate later moves them into a workspace.
+func (b *Backend) planForward(c *fwdCall, ws *cuda.Buffer, staging bool) (fwdPlan, error) {
+	countPlan()
+	r := b.request(c)
+	l, err := plan(r)
+	pl := fwdPlan{launch: l, p: c.p}
+	if err != nil || !staging || l.v.LoadBytes >= 16 || c.dt.Size() != 2 || pl.empty() {
+		return pl, err
+	}
+	ls, st, err := planStaging(r, ws, stagingPlanBase)
+	if err != nil {
+		return pl, err
+	}
+	if ws != nil && st.bytes > ws.Size() {
+		return pl, attn.Errorf(attn.ErrOption, "forward: staging workspace of %d bytes, %d needed", ws.Size(), st.bytes)
+	}
+	pl.launch, pl.st = ls, &st
+	return pl, nil
+}
+
+// planStaging plans the forward launch of r on staging copies in ws (nil:
+// at device address base, for sizes and the kernel choice only): of only
+// the heads a flat-row kernel cannot read in place where the Hopper
+// forward reads the others so (kernels.Variant.FlatStaged), else of every
+// head of q, k and v.
+func planStaging(r fwdRequest, ws *cuda.Buffer, base uint64) (launch, fwdStaging, error) {
+	p := r.p
+	if heads, ok := flatStagedHeads(p, r.dt, r.q, r.k, r.v); ok && r.hopper && r.tma {
+		st := stagingAt(p, r.q, r.k, r.v, ws, base, heads)
+		fr := r
+		fr.part = &st
+		l, err := plan(fr)
+		if err == nil && l.v.FlatStaged {
+			return l, st, nil
 		}
-		maps[i] = m
 	}
-	c.key, c.maps = slices.Clone(key), maps
-	return maps, nil
+	st := stagingAt(p, r.q, r.k, r.v, ws, base, nil)
+	sr := r
+	sr.q, sr.k, sr.v, sr.staged = st.views[0], st.views[1], st.views[2], true
+	l, err := plan(sr)
+	if err != nil {
+		return l, st, fmt.Errorf("gpu: forward on staging copies: %w", err)
+	}
+	return l, st, nil
 }
 
-// tensorMapSpec is the tensor map of one TMA tensor: boxes of 64 columns
-// (one 128-byte swizzle atom) by BoxRows positions of one head and batch
-// element, stored with the 128-byte swizzle.
-func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
-	return cuda.TensorMapSpec{
-		Addr:       t.Addr,
-		Dims:       []uint64{t.Cols, t.Rows, t.Heads, t.B},
-		Strides:    t.Strides[:],
-		Box:        []uint32{64, t.BoxRows, 1, 1},
-		Swizzle128: true,
+// relocate moves the staging copies of a plan made with them at
+// stagingPlanBase (planForward with ws nil) into workspace ws.
+func (pl *fwdPlan) relocate(ws *cuda.Buffer) { pl.moveStaging(ws, ws.Ptr()) }
+
+// moveStaging moves the staging copies from stagingPlanBase to device
+// address to (in ws; nil: in no buffer): their views, the pack launch's
+// destinations, and the kernel's addresses and tensor maps of them.
+func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
+	st := pl.st
+	if st == nil {
+		return
+	}
+	d := to - stagingPlanBase // modulo 2^64
+	for i := range st.views {
+		st.views[i].Buf = ws
+		st.views[i].base += d
+		if ws != nil {
+			st.views[i].base = 0
+		}
+		if st.params[i].Dst != 0 {
+			st.params[i].Dst += d
+		}
+	}
+	if pl.v.FlatStaged {
+		// q, k, v read in place; the maps after theirs are the copies' (or
+		// an in-place one for a tensor with no copy)
+		for i, sv := range st.views {
+			if sv.Shape[2] > 0 {
+				pl.tma[3+i].Addr += d
+			}
+		}
+		return
+	}
+	pl.params.Q, pl.params.K, pl.params.V = pl.params.Q+d, pl.params.K+d, pl.params.V+d
+	for i := range pl.tma {
+		pl.tma[i].Addr += d
 	}
 }
-
-// fwdTMANames names the forward's tensor maps in errors.
-var fwdTMANames = []string{"q", "k", "v", "q copy", "k copy", "v copy"}

@@ -125,31 +125,24 @@ func (c fwdRecordCase) tensors(t *testing.T) (*attn.Problem, [5]DeviceTensor, *D
 	return p, ts, bias, dopt
 }
 
-// fwdRecordLine plans c as ForwardDevice would (with staging: as a call
-// with DeviceOptions.Staging would, the copies at stagingPlanBase) and
+// fwdRecordLine plans c as ForwardDevice would (with staging: as
+// PrepareForward and the host path do, the copies at stagingPlanBase) and
 // describes the launch.
 func fwdRecordLine(t *testing.T, c fwdRecordCase) string {
 	t.Helper()
-	p, ts, bias, dopt := c.tensors(t)
+	p, ts, _, dopt := c.tensors(t)
 	b := &Backend{WGMMA: c.wgmma, TMA: c.tma}
 	if p.Varlen {
 		dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{} // at address 0
 	}
-	l, err := plan(p, c.dt, ts[0], ts[1], ts[2], ts[3], ts[4], bias, 0, 0, nil, false, b.WGMMA, b.TMA, nil)
+	call := &fwdCall{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], opt: dopt}
+	pl, err := b.planForward(call, nil, c.staging)
 	if err != nil {
 		return c.name + ": error " + err.Error()
 	}
-	var st *fwdStaging
-	if c.staging && l.v.LoadBytes < 16 && c.dt.Size() == 2 && p.N > 0 && p.B > 0 {
-		var s fwdStaging
-		l, s, err = b.planStaging(p, ts[0], ts[1], ts[2], ts[3], ts[4], dopt, nil)
-		if err != nil {
-			return c.name + ": staging error " + err.Error()
-		}
-		st = &s
-	}
+	l, st := pl.launch, pl.st
 	return fmt.Sprintf("%s: %s grid %v block %d smem %d params %d %s", c.name, l.v.Name(), l.grid, l.v.Threads(), l.v.SharedBytes(),
-		l.v.TMAParamsSize(), digest(l.params, l.tma, st))
+		l.v.TMAParamsSize(), digest(l.params, l.tma, stagingDesc(st)))
 }
 
 // bwdRecordLines plans every dtype of c with each dQ algorithm, on the
@@ -210,6 +203,11 @@ func bwdRecordInputs(t *testing.T, c bwdCase, dt attn.DType) bwdInputs {
 
 // tryPlan is plan returning the error.
 func (in bwdInputs) tryPlan(algo DQAlgorithm, hopper bool) (*bwdPlan, error) {
+	return in.tryPlanAt(algo, hopper, 0)
+}
+
+// tryPlanAt is tryPlan with the workspace at address ws.
+func (in bwdInputs) tryPlanAt(algo DQAlgorithm, hopper bool, ws uint64) (*bwdPlan, error) {
 	dt := in.q.DType
 	const fake = 1 << 30
 	var a bwdArgs
@@ -224,7 +222,8 @@ func (in bwdInputs) tryPlan(algo DQAlgorithm, hopper bool) (*bwdPlan, error) {
 			a.DBias = biasView(fake, bt.DType, bt.Shape)
 		}
 	}
-	return planBackward(in.p, dt, &a, algo, 132, hopper)
+	a.Workspace = ws
+	return planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: hopper, tma: !optedOut(os.Getenv(EnvNoTMA))})
 }
 
 // TestPlanRecord compares the plans of the forward and backward corpora
@@ -259,6 +258,76 @@ func TestPlanRecord(t *testing.T) {
 		if wl[i] != gl[i] && bad < 20 {
 			bad++
 			t.Errorf("plan %d:\n got %s\nwant %s", i, gl[i], wl[i])
+		}
+	}
+}
+
+// stagingDesc describes a staging plan by value (nil: none).
+func stagingDesc(st *fwdStaging) string {
+	if st == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%+v", *st)
+}
+
+// TestForwardRelocate checks that a forward plan made with its staging
+// copies at stagingPlanBase and moved to another address is the plan made
+// with the copies there: the host path plans before it allocates the
+// workspace.
+func TestForwardRelocate(t *testing.T) {
+	const at = 3<<40 + 256
+	moved := 0
+	for _, c := range fwdRecordCases() {
+		if !c.staging {
+			continue
+		}
+		p, ts, _, dopt := c.tensors(t)
+		if p.Varlen {
+			dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{}
+		}
+		b := &Backend{WGMMA: c.wgmma, TMA: c.tma}
+		call := &fwdCall{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], opt: dopt}
+		pl, err := b.planForward(call, nil, true)
+		if err != nil || pl.st == nil {
+			continue
+		}
+		pl.moveStaging(nil, at)
+		l, st, err := planStaging(b.request(call), nil, at)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got, want := digest(pl.launch, *pl.st), digest(l, st); got != want {
+			t.Errorf("%s: moved plan %s %+v\nwant %s %+v", c.name, pl.v.Name(), pl.tma, l.v.Name(), l.tma)
+		}
+		moved++
+	}
+	if moved == 0 {
+		t.Fatal("no plan with staging copies")
+	}
+}
+
+// TestBackwardBind checks that a backward plan made on a workspace at
+// address 0 and bound to another is the plan made on a workspace there:
+// the host path plans before it allocates the workspace.
+func TestBackwardBind(t *testing.T) {
+	const at = 5<<40 + 256
+	for _, c := range bwdCases() {
+		for _, dt := range c.dtypes {
+			in := bwdRecordInputs(t, c, dt)
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				pl, err := in.tryPlanAt(algo, true, 0)
+				if err != nil {
+					t.Fatalf("%s %v: %v", c.name, dt, err)
+				}
+				want, err := in.tryPlanAt(algo, true, at)
+				if err != nil {
+					t.Fatalf("%s %v: %v", c.name, dt, err)
+				}
+				pl.bind(at)
+				if got, w := digest(pl.v, pl.params.Bytes(), pl.tma, pl.launches), digest(want.v, want.params.Bytes(), want.tma, want.launches); got != w {
+					t.Errorf("%s %v %v: bound plan %s differs from %s", c.name, dt, algo, pl.v.Key(), want.v.Key())
+				}
+			}
 		}
 	}
 }
