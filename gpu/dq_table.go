@@ -49,28 +49,16 @@ type dqRule struct {
 }
 
 // dqTable is the measured choice of dQ algorithm per shape class, first
-// matching row wins. See kernels/NOTES-bwd.md for the measurements.
+// matching row wins. The measurements behind each row are in
+// kernels/NOTES-bwd.md ("Moved from doc comments": the dQ algorithm table).
 var dqTable = []dqRule{
-	// bf16 on the H200 (2026-12-04, the tensor-map kernels), N = 1K, 4K, 16K
-	// with B·N = 16K and H·D = 2048: at D = 64 the atomic dQ is 1–6 % faster
-	// everywhere; at D = 128 the separate one is 2–6 % faster without a mask
-	// (4K: 3.526 ms against 3.682) and 1–7 % slower with the causal one
-	// (4K: 2.349 against 2.269). Dims between 64 and 128 follow 128.
+	// the tensor-map Hopper kernels: atomic at D ≤ 64, separate at D ≤ 128 without a mask
 	{MaxDim: 64, Causal: -1, Hopper: 1, Algo: DQAtomic},
 	{MaxDim: 128, Causal: 0, Hopper: 1, FixedLength: true, Algo: DQSeparate},
-	// bf16 on the H200 (2026-12-03), the Hopper kernels with cp.async loads,
-	// N = 4K causal or not and the head-dim spectrum: the atomic dQ is 5–15 %
-	// faster up to D = 128; past it, where the dK/dV kernel's warpgroups
-	// split columns over 64 keys, its atomics cost more than the separate dQ
-	// kernel (D = 256: 4.74 ms separate, 5.61 atomic; with tensor maps 3.699
-	// against 5.006 at 4K).
+	// the Hopper kernels otherwise: atomic up to D = 128, separate beyond
 	{MaxDim: 128, Causal: -1, Hopper: 1, Algo: DQAtomic},
 	{MaxDim: 256, Causal: -1, Hopper: 1, Algo: DQSeparate},
-	// bf16 on the H200 (2026-12-02, second table), the mma.sync kernels, N =
-	// 1K…16K causal or not, and the head-dim spectrum 64…512 at N = 4K:
-	// since the atomic dQ adds accumulator pairs (8-byte vector atomics) it
-	// wins everywhere measured, by 10–23 % up to D=128, 1–11 % beyond.
-	// Options.Deterministic still picks DQSeparate.
+	// the mma.sync kernels: atomic everywhere (Options.Deterministic still picks DQSeparate)
 	{MaxDim: 512, Causal: -1, Hopper: -1, Algo: DQAtomic},
 }
 

@@ -191,7 +191,8 @@ func (c *hostCall) inputs(s *cuda.Stream, p *attn.Problem, opt attn.Options, ts 
 }
 
 // deviceOptions uploads the bias and cu_seqlens of opt and returns the
-// device options.
+// device options: opt with its bias moved into DeviceOptions.Bias (see
+// DeviceOptions).
 func (c *hostCall) deviceOptions(s *cuda.Stream, p *attn.Problem, opt attn.Options) (DeviceOptions, error) {
 	dopt := DeviceOptions{Options: opt}
 	dopt.Options.Bias = nil
