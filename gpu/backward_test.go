@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -702,21 +701,7 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels
 // 256-byte aligned device buffers.
 func (in bwdInputs) plan(t testing.TB, algo DQAlgorithm, hopper bool) *bwdPlan {
 	t.Helper()
-	dt := in.q.DType
-	const fake = 1 << 30
-	var a bwdArgs
-	a.Q, a.K, a.V = seqView(fake, dt, in.q.Shape), seqView(fake, dt, in.k.Shape), seqView(fake, dt, in.v.Shape)
-	a.O, a.DO = seqView(fake, dt, in.p.OutputShape()), seqView(fake, dt, in.p.OutputShape())
-	a.DQ, a.DK, a.DV = a.Q, a.K, a.V
-	a.LSE = lseView(fake, in.lse.Shape)
-	if in.opt.Bias != nil {
-		bt := in.opt.Bias.Tensor
-		a.Bias = biasView(fake, bt.DType, bt.Shape)
-		if in.opt.Bias.RequiresGrad {
-			a.DBias = biasView(fake, bt.DType, bt.Shape)
-		}
-	}
-	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: hopper, tma: !optedOut(os.Getenv(EnvNoTMA))})
+	pl, err := in.tryPlan(algo, hopper)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
