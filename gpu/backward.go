@@ -1,124 +1,328 @@
 package gpu
 
 import (
-	"encoding/binary"
-	"math"
-	"runtime"
+	"fmt"
+	"slices"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 )
 
-// tensorFromBytes returns a contiguous tensor of dt and shape holding b.
-func tensorFromBytes(dt attn.DType, b []byte, shape []int) attn.Tensor {
-	t := attn.New(dt, shape...)
-	if dt == attn.Float32 {
-		for i := range t.F32 {
-			t.F32[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+// The backward pass. As for the forward, every entry validates its call
+// once (attn.NewProblem and Problem.CheckBackward for host tensors,
+// bwdDeviceArgs for device tensors), plans it once (planBackward) and
+// enqueues the plan (enqueueBackward); the host forms upload their inputs
+// between the validation and the plan, and bind the plan to the workspace
+// they then allocate.
+
+// BackwardOptions are the options of BackwardDevice: the forward's device
+// options plus what only the backward needs.
+type BackwardOptions struct {
+	DeviceOptions
+	// DBias, when set, receives dBias: a contiguous [bB, bH, N, M] tensor in
+	// the bias's dtype and shape (DeviceOptions.Bias must be set).
+	DBias *DeviceTensor
+	// DQ selects the dQ algorithm; DQAuto uses SelectDQAlgorithmFor, and
+	// Options.Deterministic forces DQSeparate.
+	DQ DQAlgorithm
+	// Workspace is device scratch of at least BackwardWorkspaceBytes bytes
+	// (PrepareBackward returns the size).
+	Workspace *cuda.Buffer
+}
+
+// Backward computes dQ, dK, dV (and dBias) of host tensors on the GPU (see
+// BackwardInto) and returns them in the input shapes and memory orders
+// (attn.NewLike: the gradients of a [B, H, N, D] buffer viewed as
+// [B, N, H, D] come back in that memory order).
+func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	countValidation()
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return attn.Gradients{}, err
+	}
+	if err := p.CheckBackward(q, o, lse, dO); err != nil {
+		return attn.Gradients{}, err
+	}
+	// headers in the inputs' memory orders; the storage is allocated while
+	// the inputs go to the device
+	like := func(t attn.Tensor) attn.Tensor {
+		return attn.Tensor{DType: q.DType, Shape: slices.Clone(t.Shape), Strides: attn.StridesLike(t)}
+	}
+	g := attn.Gradients{DQ: like(q), DK: like(k), DV: like(v)}
+	hs := []attn.Tensor{g.DQ, g.DK, g.DV}
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
+		db := header(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape)
+		g.DBias = &db
+		hs = append(hs, db)
+	}
+	late := allocLate(hs...)
+	if err := b.backwardHost(p, q, k, v, o, lse, dO, g, late, opt); err != nil {
+		return attn.Gradients{}, err
+	}
+	ts := late.wait()
+	g = attn.Gradients{DQ: ts[0], DK: ts[1], DV: ts[2]}
+	if len(ts) > 3 {
+		g.DBias = &ts[3]
+	}
+	return g, nil
+}
+
+// BackwardInto computes dQ, dK, dV (and dBias when opt.Bias.RequiresGrad)
+// of host tensors on the GPU into g's tensors, which the caller allocated
+// in the shapes of q, k, v (and the bias) with any layout; opt must be the
+// forward's options, unchanged. Like ForwardInto it allocates nothing per
+// call once a shape has run.
+func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, opt attn.Options) error {
+	countValidation()
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return err
+	}
+	if err := p.CheckBackward(q, o, lse, dO); err != nil {
+		return err
+	}
+	if err := p.CheckGradients(q, k, v, g); err != nil {
+		return err
+	}
+	return b.backwardHost(p, q, k, v, o, lse, dO, g, nil, opt)
+}
+
+// backwardHost runs a validated backward on host tensors: it uploads them,
+// plans the call on the device copies, allocates the workspace the plan
+// needs, binds the plan to it and enqueues it as BackwardDevice does.
+//
+// With late set, g holds headers alone and late.wait returns dQ, dK, dV
+// (and dBias) with storage, allocated meanwhile.
+func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, late *lateTensors, opt attn.Options) error {
+	b.hostMu.Lock()
+	defer b.hostMu.Unlock()
+	s := b.stream
+	c := &hostCall{b: b}
+	defer c.release()
+	ins, dopt, err := c.inputs(s, p, opt, q, k, v, o, lse, dO)
+	if err != nil {
+		return err
+	}
+	bopt := BackwardOptions{DeviceOptions: dopt}
+	var outs []hostOutput
+	var grads [3]DeviceTensor
+	for i, t := range []attn.Tensor{g.DQ, g.DK, g.DV} {
+		x, err := c.output(t, false)
+		if err != nil {
+			return err
 		}
+		outs, grads[i] = append(outs, x), x.dev
+	}
+	if opt.Bias != nil && opt.Bias.RequiresGrad {
+		x, err := c.output(*g.DBias, true)
+		if err != nil {
+			return err
+		}
+		outs, bopt.DBias = append(outs, x), &x.dev
+	}
+	dp := deviceProblemOf(p, dopt)
+	a, err := bwdViews(dp, ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt)
+	if err != nil {
+		return err
+	}
+	pl, err := planBackward(b.bwdRequest(dp, q.DType, a, bopt.DQ))
+	if err != nil {
+		return err
+	}
+	if _, err := b.module(bwdModuleSpec(pl.v)); err != nil {
+		return err
+	}
+	if b.Speculate {
+		b.bwdSpeculate(pl.v)
+	}
+	ws, err := c.alloc(pl.w.total)
+	if err != nil {
+		return err
+	}
+	pl.bind(ws.Ptr())
+	if err := b.enqueueBackward(s, pl); err != nil {
+		return err
+	}
+	if late != nil {
+		for i, t := range late.wait() {
+			outs[i].host = t
+		}
+	}
+	for _, x := range outs {
+		if err := c.download(s, x); err != nil {
+			return fmt.Errorf("gpu: backward: %w", err)
+		}
+	}
+	return nil
+}
+
+// bwdDeviceArgs validates the device tensors of a backward call and
+// returns the problem and the views the kernels take.
+func bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (*attn.Problem, bwdArgs, error) {
+	countValidation()
+	var a bwdArgs
+	p, err := deviceProblem(q, k, v, opt.DeviceOptions)
+	if err != nil {
+		return nil, a, err
+	}
+	if err := checkOutputs(p, q.DType, o, lse); err != nil {
+		return nil, a, err
+	}
+	rank := len(p.OutputShape())
+	for _, x := range []struct {
+		name string
+		t    DeviceTensor
+		like []int
+	}{{"dO", dO, o.Shape}, {"dq", dq, q.Shape}, {"dk", dk, k.Shape}, {"dv", dv, v.Shape}} {
+		if err := x.t.check(x.name, q.DType, rank, true); err != nil {
+			return nil, a, err
+		}
+		for i := range x.like {
+			if x.t.Shape[i] != x.like[i] {
+				return nil, a, attn.Errorf(attn.ErrShape, "%s shape %v, want %v", x.name, x.t.Shape, x.like)
+			}
+		}
+	}
+	if a, err = bwdViews(p, q, k, v, o, lse, dO, dq, dk, dv, opt); err != nil {
+		return nil, a, err
+	}
+	if db := opt.DBias; db != nil {
+		if opt.Bias == nil {
+			return nil, a, attn.Errorf(attn.ErrOption, "dBias without a bias")
+		}
+		if err := db.check("dbias", opt.Bias.DType, 4, false); err != nil {
+			return nil, a, err
+		}
+		want := attn.ContiguousStrides(opt.Bias.Shape)
+		for i, s := range db.strides() {
+			if db.Shape[i] != opt.Bias.Shape[i] || (db.Shape[i] > 1 && s != want[i]) {
+				return nil, a, attn.Errorf(attn.ErrLayout, "dbias: shape %v strides %v, want contiguous %v", db.Shape, db.strides(), opt.Bias.Shape)
+			}
+		}
+	}
+	return p, a, nil
+}
+
+// bwdViews returns the views the backward kernels take of the device
+// tensors of a backward of p; it fails only for an LSE whose rows are not
+// contiguous.
+func bwdViews(p *attn.Problem, q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (bwdArgs, error) {
+	var a bwdArgs
+	view := func(t DeviceTensor) bwdView {
+		sb, sn, sh := seqStrides(t, p.Varlen)
+		return bwdView{Ptr: t.ptr(), DType: t.DType, Batch: sb, Row: sn, Head: sh}
+	}
+	a.Q, a.K, a.V, a.O, a.DO = view(q), view(k), view(v), view(o), view(dO)
+	a.DQ, a.DK, a.DV = view(dq), view(dk), view(dv)
+	lb, lh, ln := lseStrides(lse, p.Varlen)
+	if ln != 1 && lse.Shape[len(lse.Shape)-1] > 1 {
+		return a, attn.Errorf(attn.ErrUnsupported, "lse: position stride %d (the backward kernels need 1)", ln)
+	}
+	a.LSE = bwdView{Ptr: lse.ptr(), DType: attn.Float32, Batch: lb, Head: lh}
+	if bt := opt.Bias; bt != nil {
+		st := bt.strides()
+		a.Bias = &bwdBiasView{Ptr: bt.ptr(), DType: bt.DType, Batches: bt.Shape[0], Heads: bt.Shape[1],
+			Batch: int64(st[0]), Head: int64(st[1]), Query: int64(st[2]), Key: int64(st[3])}
+	}
+	if db := opt.DBias; db != nil {
+		a.DBias = &bwdBiasView{Ptr: db.ptr(), DType: db.DType, Batches: db.Shape[0], Heads: db.Shape[1]}
+	}
+	if p.Varlen {
+		a.CuSeqlensQ, a.CuSeqlensK = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
+	}
+	if opt.Workspace != nil {
+		a.Workspace = opt.Workspace.Ptr()
+	}
+	return a, nil
+}
+
+// PrepareBackward validates a BackwardDevice call, compiles its kernels
+// (so that the call itself only enqueues, as a CUDA graph capture needs)
+// and returns the dQ algorithm it will use and the workspace bytes it
+// needs. opt.Workspace is not read.
+func (b *Backend) PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (DQAlgorithm, int64, error) {
+	opt.Workspace = nil
+	p, a, err := bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv, opt)
+	if err != nil {
+		return opt.DQ, 0, err
+	}
+	pl, err := planBackward(b.bwdRequest(p, q.DType, a, opt.DQ))
+	if err != nil {
+		return resolveDQ(p, opt.DQ, bwdHopperRuns(p, q.DType, &a, b.WGMMA)), 0, err
+	}
+	if _, err := b.module(bwdModuleSpec(pl.v)); err != nil {
+		return pl.algo, 0, err
+	}
+	return pl.algo, pl.w.total, nil
+}
+
+// BackwardDevice enqueues the backward pass on stream s: dq, dk, dv (and
+// opt.DBias) from q, k, v, the forward's o and lse, and dO, all device
+// tensors with the layouts of ForwardDevice (feature dims with stride 1,
+// lse rows contiguous). It neither synchronizes nor allocates, so a
+// forward and backward enqueued on one stream can be captured in a CUDA
+// graph once PrepareBackward has compiled the kernels. It returns the dQ
+// algorithm used. Errors from the kernels' execution appear at the
+// stream's next synchronization.
+func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (DQAlgorithm, error) {
+	p, a, err := bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv, opt)
+	if err != nil {
+		return opt.DQ, err
+	}
+	pl, perr := planBackward(b.bwdRequest(p, q.DType, a, opt.DQ))
+	var algo DQAlgorithm
+	if perr == nil {
+		algo = pl.algo
 	} else {
-		for i := range t.Bits {
-			t.Bits[i] = binary.LittleEndian.Uint16(b[2*i:])
-		}
+		algo = resolveDQ(p, opt.DQ, bwdHopperRuns(p, q.DType, &a, b.WGMMA))
 	}
-	return t
+	need := BackwardWorkspaceBytes(p, q.DType, algo, a.DBias != nil)
+	if opt.Workspace == nil || opt.Workspace.Size() < need {
+		return algo, attn.Errorf(attn.ErrOption, "backward: workspace of %d bytes needed", need)
+	}
+	if perr != nil {
+		return algo, perr
+	}
+	return algo, b.enqueueBackward(s, pl)
 }
 
-// bwdBuffers tracks the device buffers of one host-level backward call.
-type bwdBuffers struct {
-	dev  *cuda.Device
-	bufs []*cuda.Buffer
-}
-
-func (bb *bwdBuffers) alloc(bytes int64) (*cuda.Buffer, error) {
-	b, err := bb.dev.Alloc(max(align256(bytes), 256))
+// enqueueBackward enqueues the launches of plan pl on stream s, compiling
+// its kernels on first use of the variant (PrepareBackward compiles
+// ahead). It only enqueues: no host synchronisation, no host arithmetic on
+// the data, so a caller may capture it in a CUDA graph.
+func (b *Backend) enqueueBackward(s *cuda.Stream, pl *bwdPlan) error {
+	m, err := b.module(bwdModuleSpec(pl.v))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	bb.bufs = append(bb.bufs, b)
-	return b, nil
-}
-
-func (bb *bwdBuffers) upload(data []byte) (*cuda.Buffer, error) {
-	b, err := bb.alloc(int64(len(data)))
+	args, err := b.bwdLaunchArgs(pl)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if len(data) > 0 {
-		if err := bb.dev.CopyToDevice(b, 0, data); err != nil {
-			return nil, err
+	for _, l := range pl.launches {
+		g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
+		if err := b.dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, args(l.kernel)); err != nil {
+			return fmt.Errorf("flashattn: backward %s %v: %w", l.kernel, l.grid, err)
 		}
 	}
-	return b, nil
+	return nil
 }
 
-func (bb *bwdBuffers) free() {
-	for _, b := range bb.bufs {
-		_ = b.Free()
+// bwdLaunchArgs returns the argument of each of the plan's kernel launches
+// (bwdPlan.kernelArgs), the TMA kernels' tensor maps encoded unless the
+// backend's last backward used the same tensors.
+func (b *Backend) bwdLaunchArgs(pl *bwdPlan) (func(kernel string) []byte, error) {
+	if !pl.v.TMA {
+		return pl.kernelArgs(nil), nil
 	}
-	bb.bufs = nil
-}
-
-// seqView returns the view of a contiguous [B, seq, heads, dim] (packed:
-// [total, heads, dim]) tensor at ptr.
-func seqView(ptr uint64, dt attn.DType, shape []int) bwdView {
-	if len(shape) == 3 {
-		return bwdView{Ptr: ptr, DType: dt, Row: int64(shape[1] * shape[2]), Head: int64(shape[2])}
-	}
-	return bwdView{Ptr: ptr, DType: dt, Batch: int64(shape[1] * shape[2] * shape[3]), Row: int64(shape[2] * shape[3]), Head: int64(shape[3])}
-}
-
-// lseView returns the view of a contiguous LSE ([B, H, N] or [H, totalQ]).
-func lseView(ptr uint64, shape []int) bwdView {
-	if len(shape) == 2 {
-		return bwdView{Ptr: ptr, DType: attn.Float32, Head: int64(shape[1])}
-	}
-	return bwdView{Ptr: ptr, DType: attn.Float32, Batch: int64(shape[1] * shape[2]), Head: int64(shape[2])}
-}
-
-// biasView returns the view of a contiguous [bB, bH, N, M] bias at ptr.
-func biasView(ptr uint64, dt attn.DType, shape []int) *bwdBiasView {
-	return &bwdBiasView{Ptr: ptr, DType: dt, Batches: shape[0], Heads: shape[1],
-		Batch: int64(shape[1] * shape[2] * shape[3]), Head: int64(shape[2] * shape[3]), Query: int64(shape[3]), Key: 1}
-}
-
-// bwdSpecSlots bounds the background compilations bwdSpeculate starts.
-var bwdSpecSlots = make(chan struct{}, max(1, runtime.NumCPU()-1))
-
-// bwdSpeculate starts, on idle cores, the compilation of the variants a
-// caller is likely to ask for next: the same problem in the other dtypes.
-// Each compiles once (bwdModuleFor); a later call waits for it.
-func bwdSpeculate(dev *cuda.Device, p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm) {
-	pl, err := planBackward(p, dt, a, algo, dev.SMCount(), hopperCapable(dev))
+	b.mu.Lock()
+	maps, err := b.bwdMaps.get(pl.tma, bwdTMANames, func(t kernels.TMATensor) (cuda.TensorMap, error) {
+		return b.dev.EncodeTensorMap(tensorMapSpec(t))
+	})
+	b.mu.Unlock()
 	if err != nil {
-		return
+		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Key(), err)
 	}
-	for _, other := range []attn.DType{attn.Float32, attn.Float16, attn.BFloat16} {
-		if other == dt {
-			continue
-		}
-		v := pl.v
-		v.DType = other
-		if v.Bias && v.BiasDType == dt {
-			v.BiasDType = other
-		}
-		g := 16 / other.Size()
-		v.Vector = v.Vector && v.DK%g == 0 && v.DV%g == 0
-		v.Flat = v.Flat && other.Size() == 2 // (rows read in place: 16-bit only)
-		v.Staged = !v.Vector && !v.Flat && kernels.BwdNeedsStaging(other, v.DK, v.DV)
-		v.WGMMA = v.WGMMA && kernels.BwdHopperOK(v)
-		v.TMA = v.TMA && v.WGMMA // (the same strides in bytes: still whole 16-byte units)
-		if v.Validate() != nil {
-			continue
-		}
-		select {
-		case bwdSpecSlots <- struct{}{}:
-			go func() {
-				defer func() { <-bwdSpecSlots }()
-				_, _ = bwdModuleFor(dev, v)
-			}()
-		default:
-		}
-	}
+	return pl.kernelArgs(maps), nil
 }

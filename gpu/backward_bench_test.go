@@ -101,15 +101,15 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 	}
 	a.Workspace = set.ws.Ptr()
 	a.Tiles = tiles
-	pl, err := planBackward(set.p, attn.BFloat16, &a, algo, dev.SMCount(), hopperCapable(dev))
+	pl, err := planBackward(b.bwdRequest(set.p, attn.BFloat16, a, algo))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := bwdModuleFor(dev, pl.v)
+	m, err := b.module(bwdModuleSpec(pl.v))
 	if err != nil {
 		t.Fatal(err)
 	}
-	args, err := pl.launchArgs(dev)
+	args, err := b.bwdLaunchArgs(pl)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ var bwdEmuTMAKernels = []string{kernels.BwdDKDVKernel, kernels.BwdDQKernel}
 
 // emuRunOn runs one backward call on the host emulator and returns the
 // gradients (with guard bands and NaN poisoning checked like bwdRun).
-// kind says which kernels (FLASHATTN_NO_TMA must be set or not to match);
+// kind says which kernels the plan must take;
 // headMajor stores the inputs [B, H, N, D].
 func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind emuKernels) attn.Gradients {
 	t.Helper()
@@ -81,7 +81,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
-	pl, err := planBackward(in.p, dt, &a, algo, 4, hopper)
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: kind == emuHopperTMA})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -221,13 +221,8 @@ func TestBackwardEmulated(t *testing.T) {
 // FLASHATTN_BWD_EMU=1; needs g++).
 func TestBackwardEmulatedHopper(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
-	for _, c := range []struct {
-		name  string
-		kind  emuKernels
-		noTMA string
-	}{{"cp.async", emuHopper, "1"}, {"tensor-maps", emuHopperTMA, ""}} {
+	for _, c := range bwdEmuFamilies[1:] {
 		t.Run(c.name, func(t *testing.T) {
-			t.Setenv(EnvNoTMA, c.noTMA)
 			if ran := emuBackwardCases(t, c.kind); ran == 0 && os.Getenv("FLASHATTN_BWD_EMU_CASE") == "" {
 				t.Fatal("no case ran")
 			}
@@ -311,13 +306,8 @@ func TestBackwardEmulatedCross(t *testing.T) {
 		return []attn.DType{attn.Float16}
 	}
 	only := os.Getenv("FLASHATTN_BWD_EMU_CASE")
-	for _, k := range []struct {
-		name  string
-		kind  emuKernels
-		noTMA string
-	}{{"mma.sync", emuMMA, ""}, {"hopper-cp.async", emuHopper, "1"}, {"hopper-tma", emuHopperTMA, ""}} {
+	for _, k := range bwdEmuFamilies {
 		t.Run(k.name, func(t *testing.T) {
-			t.Setenv(EnvNoTMA, k.noTMA)
 			for ci, c := range bwdCrossCases(70, 150, alt) {
 				if only != "" && !strings.Contains(c.name, only) {
 					continue
@@ -365,3 +355,11 @@ func TestBackwardEmulatedFP32LargeScale(t *testing.T) {
 		}
 	}
 }
+
+// bwdEmuFamilies are the backward kernel families the emulator runs: the
+// mma.sync kernels and the Hopper kernels with tiles by cp.async and by
+// tensor maps.
+var bwdEmuFamilies = []struct {
+	name string
+	kind emuKernels
+}{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}}

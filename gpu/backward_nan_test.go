@@ -214,13 +214,8 @@ func bwdCheckNonFinite(t *testing.T, in bwdInputs, g attn.Gradients, emulated bo
 func TestBackwardEmulatedNonFinite(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	only := os.Getenv("FLASHATTN_BWD_EMU_CASE")
-	for _, k := range []struct {
-		name  string
-		kind  emuKernels
-		noTMA string
-	}{{"mma.sync", emuMMA, ""}, {"hopper-cp.async", emuHopper, "1"}, {"hopper-tma", emuHopperTMA, ""}} {
+	for _, k := range bwdEmuFamilies {
 		t.Run(k.name, func(t *testing.T) {
-			t.Setenv(EnvNoTMA, k.noTMA)
 			for ci, c := range bwdNaNCases() {
 				if only != "" && !strings.Contains(c.name, only) {
 					continue

@@ -167,7 +167,7 @@ const bwdPoison = 0xFF
 // bwdGuard is the number of guard bytes on each side of an output.
 const bwdGuard = 512
 
-// bwdRun runs the backward through enqueueBackward with NaN-poisoned
+// bwdRun runs the backward through bwdEnqueue with NaN-poisoned
 // outputs surrounded by guard bands, checks the guards, and returns the
 // gradients.
 func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo DQAlgorithm) attn.Gradients {
@@ -230,8 +230,8 @@ func bwdRun(t testing.TB, dev *cuda.Device, s *cuda.Stream, in bwdInputs, algo D
 		t.Fatal(err)
 	}
 	a.Workspace = ws.Ptr()
-	if _, err := enqueueBackward(dev, s, in.p, dt, a, algo); err != nil {
-		t.Fatalf("enqueueBackward: %v", err)
+	if _, err := bwdEnqueue(t, dev, s, in.p, dt, a, algo); err != nil {
+		t.Fatalf("backward: %v", err)
 	}
 	if err := s.Synchronize(); err != nil {
 		t.Fatalf("backward: %v", err)
@@ -419,7 +419,7 @@ func TestBackwardAtomicUnderLoad(t *testing.T) {
 	for rep := 0; rep < 100; rep++ {
 		if rep%10 == 0 {
 			for i := 0; i < 3; i++ {
-				if _, err := enqueueBackward(dev, busy, lin.p, attn.BFloat16, la, DQAtomic); err != nil {
+				if _, err := bwdEnqueue(t, dev, busy, lin.p, attn.BFloat16, la, DQAtomic); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -500,13 +500,13 @@ func TestBackwardGraph(t *testing.T) {
 	for _, algo := range []DQAlgorithm{DQSeparate, DQAtomic} {
 		bb := &bwdBuffers{dev: dev}
 		a := bwdTestArgs(t, bb, in, algo)
-		if err := prepareBackward(dev, in.p, attn.BFloat16, a, algo); err != nil {
+		if err := bwdPrepare(t, dev, in.p, attn.BFloat16, a, algo); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.BeginCapture(cuda.CaptureThreadLocal); err != nil {
 			t.Fatal(err)
 		}
-		_, err := enqueueBackward(dev, s, in.p, attn.BFloat16, a, algo)
+		_, err := bwdEnqueue(t, dev, s, in.p, attn.BFloat16, a, algo)
 		graph, cerr := s.EndCapture()
 		if err != nil || cerr != nil {
 			t.Fatalf("capture: %v, %v", err, cerr)
@@ -662,6 +662,7 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 			uniq = append(uniq, v)
 		}
 	}
+	b := bwdTestBackend(t, dev)
 	errs := make([]error, len(uniq))
 	sem := make(chan struct{}, max(1, runtime.NumCPU()))
 	var wg sync.WaitGroup
@@ -671,7 +672,7 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			_, errs[i] = bwdModuleFor(dev, v)
+			_, errs[i] = b.module(bwdModuleSpec(v))
 		}()
 	}
 	wg.Wait()
@@ -700,21 +701,7 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels
 // 256-byte aligned device buffers.
 func (in bwdInputs) plan(t testing.TB, algo DQAlgorithm, hopper bool) *bwdPlan {
 	t.Helper()
-	dt := in.q.DType
-	const fake = 1 << 30
-	var a bwdArgs
-	a.Q, a.K, a.V = seqView(fake, dt, in.q.Shape), seqView(fake, dt, in.k.Shape), seqView(fake, dt, in.v.Shape)
-	a.O, a.DO = seqView(fake, dt, in.p.OutputShape()), seqView(fake, dt, in.p.OutputShape())
-	a.DQ, a.DK, a.DV = a.Q, a.K, a.V
-	a.LSE = lseView(fake, in.lse.Shape)
-	if in.opt.Bias != nil {
-		bt := in.opt.Bias.Tensor
-		a.Bias = biasView(fake, bt.DType, bt.Shape)
-		if in.opt.Bias.RequiresGrad {
-			a.DBias = biasView(fake, bt.DType, bt.Shape)
-		}
-	}
-	pl, err := planBackward(in.p, dt, &a, algo, 132, hopper)
+	pl, err := in.tryPlan(algo, hopper)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

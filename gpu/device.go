@@ -141,9 +141,17 @@ func (t DeviceTensor) check(name string, dt attn.DType, rank int, feat bool) err
 	return nil
 }
 
-// DeviceOptions are the options of ForwardDevice: the host options (whose
-// Bias must be nil and whose CuSeqlensQ/K, when set, give the segment
-// sizes), plus the device copies the kernel reads.
+// DeviceOptions are the options of ForwardDevice (and, embedded in
+// BackwardOptions, of BackwardDevice): the host options plus the device
+// copies the kernels read. Each setting has one source:
+//
+//   - the bias is DeviceOptions.Bias alone; Options.Bias must be nil (a call
+//     with it set fails with attn.ErrOption rather than ignore a host
+//     tensor), and the host forms move their Options.Bias to the device
+//     into DeviceOptions.Bias;
+//   - a packed batch's offsets are Options.CuSeqlensQ/K, read on the host
+//     for the batch's sizes and validated there; DeviceOptions.CuSeqlensQ/K
+//     must hold the same offsets on the device for the kernels.
 type DeviceOptions struct {
 	attn.Options
 	// Bias is the additive bias on the device, [B|1, H|1, N, M] in any dtype.
@@ -167,6 +175,16 @@ type DeviceOptions struct {
 	// (kernels.Variant.FlatStaged), and PrepareForward returns the smaller
 	// size. The backward does not read it.
 	Staging *cuda.Buffer
+}
+
+// deviceProblemOf returns the problem of a device call made from the host
+// problem p (validated by attn.NewProblem) with device options opt: the
+// problem deviceProblem would return for the device copies of p's
+// tensors, without validating them again.
+func deviceProblemOf(p *attn.Problem, opt DeviceOptions) *attn.Problem {
+	dp := *p
+	dp.Opt = opt.Options
+	return &dp
 }
 
 // deviceProblem validates device tensors and options as attn.NewProblem

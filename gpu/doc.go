@@ -22,22 +22,25 @@
 // contention.
 //
 // On sm_90 devices, when NVRTC can target sm_90a, the forward and the
-// backward's dK/dV and dQ kernels are the Hopper (wgmma) kernels wherever they apply
-// (16-bit types, rows read with 16-byte copies or staged, head dims up to 512
-// forward and 256 backward); elsewhere the mma.sync kernels run, and so they
-// do with FLASHATTN_NO_WGMMA set (read by New for the forward, at every call
-// for the backward) or, for the forward only, with Backend.WGMMA cleared.
-// The Hopper forward loads its tiles with the tensor memory accelerator
-// (tensor maps encoded on the host, the last launch's kept) for fixed-length batches whose q, k and v
-// rows and strides are whole 16-byte units (staging copies included), unless
-// FLASHATTN_NO_TMA is set or Backend.TMA cleared. So do the Hopper backward
-// kernels for their streamed tiles (q and dO in the dK/dV kernel, k and v in
-// the dQ kernel; the maps of a device's last backward kept), unless
-// FLASHATTN_NO_TMA is set at the call.
+// backward's dK/dV and dQ kernels are the Hopper (wgmma) kernels wherever
+// they apply (16-bit types, rows read with 16-byte copies or staged, head
+// dims up to 512 forward and 256 backward); elsewhere the mma.sync kernels
+// run, and so they do with FLASHATTN_NO_WGMMA set when New runs or with
+// Backend.WGMMA cleared. The Hopper kernels load their streamed tiles with
+// the tensor memory accelerator (tensor maps encoded on the host, the last
+// launch's kept) for fixed-length batches whose rows and strides are whole
+// 16-byte units (staging copies included): q, k and v in the forward, q and
+// dO in the backward's dK/dV kernel, k and v in its dQ kernel; unless
+// FLASHATTN_NO_TMA is set when New runs or Backend.TMA is cleared. New
+// reads the environment once; every knob is a field of Backend.
+//
+// Every call is validated once (attn.NewProblem for host tensors, the same
+// rules for device tensors) and planned once; the host forms upload their
+// tensors and then run the device forms' enqueue path.
 //
 // Kernels are chosen per problem (element type, head dims, load width,
 // mask, features) with the tuning table of package kernels, compiled by
-// NVRTC on first use (cached on disk by package cuda and in memory here),
-// and reused. Nothing falls back to the CPU: a problem the kernels cannot
+// NVRTC on first use (cached on disk by package cuda and in memory, one
+// module cache per Backend for every kernel), and reused. Nothing falls back to the CPU: a problem the kernels cannot
 // run returns an error wrapping attn.ErrUnsupported.
 package gpu

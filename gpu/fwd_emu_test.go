@@ -80,7 +80,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	l, err := plan(p, dt, dq, dk, dv, do, dl, bias, cuq, cuk, nil, false, kind != emuMMA, kind == emuHopperTMA, part)
+	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: kind == emuHopperTMA, part: part})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

@@ -93,11 +93,11 @@ func (a *nfArena) slot(dev *cuda.Device, s *cuda.Stream) (uint64, error) {
 }
 
 // launchNonFinite enqueues the forward's fix-up kernel after the main
-// kernel of l (argument args, already holding the flag's slot) on s.
-func (b *Backend) launchNonFinite(kn *kernel, l launch, s *cuda.Stream, args []byte) error {
-	g := [3]uint32{kernels.NonFiniteBlocks(l.grid, b.dev.SMCount()), 1, 1}
-	if err := b.dev.Launch(kn.fix, g, [3]uint32{uint32(l.v.Threads()), 1, 1}, 0, s, args); err != nil {
-		return fmt.Errorf("gpu: launch %s %s: %w", l.v.Name(), kernels.NonFiniteKernel, err)
+// kernel of pl (argument args, already holding the flag's slot) on s.
+func (b *Backend) launchNonFinite(kn *module, pl *fwdPlan, s *cuda.Stream, args []byte) error {
+	g := [3]uint32{kernels.NonFiniteBlocks(pl.grid, b.dev.SMCount()), 1, 1}
+	if err := b.dev.Launch(kn.function(kernels.NonFiniteKernel), g, [3]uint32{uint32(pl.v.Threads()), 1, 1}, 0, s, args); err != nil {
+		return fmt.Errorf("gpu: launch %s %s: %w", pl.v.Name(), kernels.NonFiniteKernel, err)
 	}
 	return nil
 }

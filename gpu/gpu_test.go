@@ -425,9 +425,9 @@ func TestForwardFlat(t *testing.T) {
 					bias := fake(opt.Bias.Tensor.DType, opt.Bias.Tensor.Shape)
 					dopt.Bias = &bias
 				}
-				l, _, err = b.planStaging(p, fq, fk, fv, fo, fl, dopt, nil)
+				l, _, err = b.planStagingFor(p, fq, fk, fv, fo, fl, dopt)
 			} else {
-				l, err = plan(p, pr.dt, fq, fk, fv, fo, fl, nil, 0, 0, nil, false, b.WGMMA, b.TMA, nil)
+				l, err = plan(fwdRequest{p: p, dt: pr.dt, q: fq, k: fk, v: fv, o: fo, lse: fl, hopper: b.WGMMA, tma: b.TMA})
 			}
 			if err != nil {
 				t.Fatalf("plan: %v", err)
@@ -1056,9 +1056,9 @@ func fwdPlanned(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options,
 	}
 	var l launch
 	if staged {
-		l, _, err = b.planStaging(p, fq, fk, fv, fo, fl, DeviceOptions{Options: opt}, nil)
+		l, _, err = b.planStagingFor(p, fq, fk, fv, fo, fl, DeviceOptions{Options: opt})
 	} else {
-		l, err = plan(p, q.DType, fq, fk, fv, fo, fl, nil, cuq, cuk, nil, false, b.WGMMA, b.TMA, nil)
+		l, err = plan(fwdRequest{p: p, dt: q.DType, q: fq, k: fk, v: fv, o: fo, lse: fl, cuq: cuq, cuk: cuk, hopper: b.WGMMA, tma: b.TMA})
 	}
 	if err != nil {
 		t.Fatalf("plan: %v", err)

@@ -1,7 +1,9 @@
 package gpu
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 
@@ -173,71 +175,6 @@ func (c *hostCall) download(s *cuda.Stream, o hostOutput) error {
 	return c.b.copier.fromDevice(s, span, o.dev.Buf, 0)
 }
 
-// ForwardInto computes O and LSE of host tensors on the GPU into res.O
-// ([B, N, H, DV] in q's dtype; packed: [totalQ, H, DV]) and res.LSE
-// (float32 [B, H, N]; packed: [H, totalQ]), tensors the caller allocated
-// with any layout, so that repeated calls allocate nothing on the host and,
-// after the first call of a shape, nothing on the device.
-func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Options) error {
-	p, err := attn.NewProblem(q, k, v, opt)
-	if err != nil {
-		return err
-	}
-	if err := p.CheckResult(q.DType, res); err != nil {
-		return err
-	}
-	return b.forwardHost(p, q, k, v, res, nil, opt)
-}
-
-// forwardHost runs a validated forward on host tensors.
-//
-// With late set, res holds headers alone (shape and contiguous strides) and
-// late.wait returns the tensors with storage, allocated meanwhile.
-func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Result, late *lateTensors, opt attn.Options) error {
-	if res.O.NumElements() == 0 && res.LSE.NumElements() == 0 {
-		return nil
-	}
-	b.hostMu.Lock()
-	defer b.hostMu.Unlock()
-	s := b.stream
-	c := &hostCall{b: b}
-	defer c.release()
-	ins, dopt, err := c.inputs(s, p, opt, q, k, v)
-	if err != nil {
-		return err
-	}
-	o, err := c.output(res.O, false)
-	if err != nil {
-		return err
-	}
-	lse, err := c.output(res.LSE, false)
-	if err != nil {
-		return err
-	}
-	need, err := b.PrepareForward(ins[0], ins[1], ins[2], o.dev, lse.dev, dopt)
-	if err != nil {
-		return err
-	}
-	if need > 0 {
-		if dopt.Staging, err = c.alloc(need); err != nil {
-			return err
-		}
-	}
-	if err := b.ForwardDevice(s, ins[0], ins[1], ins[2], o.dev, lse.dev, dopt); err != nil {
-		return err
-	}
-	if late != nil {
-		ts := late.wait()
-		o.host, lse.host = ts[0], ts[1]
-	}
-	for _, x := range []hostOutput{o, lse} {
-		if err := c.download(s, x); err != nil {
-			return fmt.Errorf("gpu: forward: %w", err)
-		}
-	}
-	return nil
-}
-
 // inputs uploads ts, then the bias and cu_seqlens of opt, and returns the
 // device tensors and the device options.
 func (c *hostCall) inputs(s *cuda.Stream, p *attn.Problem, opt attn.Options, ts ...attn.Tensor) ([]DeviceTensor, DeviceOptions, error) {
@@ -254,7 +191,8 @@ func (c *hostCall) inputs(s *cuda.Stream, p *attn.Problem, opt attn.Options, ts 
 }
 
 // deviceOptions uploads the bias and cu_seqlens of opt and returns the
-// device options.
+// device options: opt with its bias moved into DeviceOptions.Bias (see
+// DeviceOptions).
 func (c *hostCall) deviceOptions(s *cuda.Stream, p *attn.Problem, opt attn.Options) (DeviceOptions, error) {
 	dopt := DeviceOptions{Options: opt}
 	dopt.Options.Bias = nil
@@ -275,85 +213,6 @@ func (c *hostCall) deviceOptions(s *cuda.Stream, p *attn.Problem, opt attn.Optio
 		}
 	}
 	return dopt, nil
-}
-
-// BackwardInto computes dQ, dK, dV (and dBias when opt.Bias.RequiresGrad)
-// of host tensors on the GPU into g's tensors, which the caller allocated
-// in the shapes of q, k, v (and the bias) with any layout; opt must be the
-// forward's options, unchanged. Like ForwardInto it allocates nothing per
-// call once a shape has run.
-func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, opt attn.Options) error {
-	p, err := attn.NewProblem(q, k, v, opt)
-	if err != nil {
-		return err
-	}
-	if err := p.CheckBackward(q, o, lse, dO); err != nil {
-		return err
-	}
-	if err := p.CheckGradients(q, k, v, g); err != nil {
-		return err
-	}
-	return b.backwardHost(p, q, k, v, o, lse, dO, g, nil, opt)
-}
-
-// backwardHost runs a validated backward on host tensors.
-//
-// With late set, g holds headers alone and late.wait returns dQ, dK, dV
-// (and dBias) with storage, allocated meanwhile.
-func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, late *lateTensors, opt attn.Options) error {
-	b.hostMu.Lock()
-	defer b.hostMu.Unlock()
-	s := b.stream
-	c := &hostCall{b: b}
-	defer c.release()
-	ins, dopt, err := c.inputs(s, p, opt, q, k, v, o, lse, dO)
-	if err != nil {
-		return err
-	}
-	bopt := BackwardOptions{DeviceOptions: dopt}
-	var outs []hostOutput
-	var grads [3]DeviceTensor
-	for i, t := range []attn.Tensor{g.DQ, g.DK, g.DV} {
-		x, err := c.output(t, false)
-		if err != nil {
-			return err
-		}
-		outs, grads[i] = append(outs, x), x.dev
-	}
-	if opt.Bias != nil && opt.Bias.RequiresGrad {
-		x, err := c.output(*g.DBias, true)
-		if err != nil {
-			return err
-		}
-		outs, bopt.DBias = append(outs, x), &x.dev
-	}
-	algo, need, err := b.PrepareBackward(ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt)
-	if err != nil {
-		return err
-	}
-	if b.Speculate {
-		if sp, a, err := bwdDeviceArgs(ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt); err == nil {
-			bwdSpeculate(b.dev, sp, q.DType, &a, algo)
-		}
-	}
-	if bopt.Workspace, err = c.alloc(need); err != nil {
-		return err
-	}
-	bopt.DQ = algo
-	if _, err := b.BackwardDevice(s, ins[0], ins[1], ins[2], ins[3], ins[4], ins[5], grads[0], grads[1], grads[2], bopt); err != nil {
-		return err
-	}
-	if late != nil {
-		for i, t := range late.wait() {
-			outs[i].host = t
-		}
-	}
-	for _, x := range outs {
-		if err := c.download(s, x); err != nil {
-			return fmt.Errorf("gpu: backward: %w", err)
-		}
-	}
-	return nil
 }
 
 // Upload copies host tensor t into newly allocated device memory and
@@ -411,4 +270,19 @@ func (l *lateTensors) wait() []attn.Tensor {
 // storage, which stands for an output until its storage is allocated.
 func header(dt attn.DType, shape []int) attn.Tensor {
 	return attn.Tensor{DType: dt, Shape: slices.Clone(shape), Strides: attn.ContiguousStrides(shape)}
+}
+
+// tensorFromBytes returns a contiguous tensor of dt and shape holding b.
+func tensorFromBytes(dt attn.DType, b []byte, shape []int) attn.Tensor {
+	t := attn.New(dt, shape...)
+	if dt == attn.Float32 {
+		for i := range t.F32 {
+			t.F32[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+	} else {
+		for i := range t.Bits {
+			t.Bits[i] = binary.LittleEndian.Uint16(b[2*i:])
+		}
+	}
+	return t
 }

@@ -119,7 +119,7 @@ func TestPlanFlatRows(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			const bsz, n = 2, 100
 			p, q, k, v, o, lse := planTestTensors(t, bsz, n, c.h, c.hkv, c.dk, c.dv, c.headMajor)
-			l, err := plan(p, attn.BFloat16, q, k, v, o, lse, nil, 0, 0, nil, false, true, true, nil)
+			l, err := plan(fwdRequest{p: p, dt: attn.BFloat16, q: q, k: k, v: v, o: o, lse: lse, hopper: true, tma: true})
 			if err != nil {
 				t.Fatalf("plan: %v", err)
 			}
@@ -172,7 +172,7 @@ func TestPlanFlatStaged(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			const bsz, n = 2, 100
 			p, q, k, v, o, lse := planTestTensors(t, bsz, n, c.h, c.hkv, c.dk, c.dv, false)
-			l, st, err := b.planStaging(p, q, k, v, o, lse, DeviceOptions{}, nil)
+			l, st, err := b.planStagingFor(p, q, k, v, o, lse, DeviceOptions{})
 			if err != nil {
 				t.Fatalf("planStaging: %v", err)
 			}
@@ -248,4 +248,11 @@ func planTestTensors(t *testing.T, bsz, n, h, hkv, dk, dv int, headMajor bool) (
 	o = DeviceTensor{DType: attn.BFloat16, Shape: p.OutputShape(), base: 1 << 41}
 	lse = DeviceTensor{DType: attn.Float32, Shape: p.LSEShape(), base: 1 << 42}
 	return p, q, k, v, o, lse
+}
+
+// planStagingFor is planStaging of a call with the backend's knobs, the
+// copies at stagingPlanBase.
+func (b *Backend) planStagingFor(p *attn.Problem, q, k, v, o, lse DeviceTensor, opt DeviceOptions) (launch, fwdStaging, error) {
+	c := &fwdCall{p: p, dt: q.DType, q: q, k: k, v: v, o: o, lse: lse, opt: opt}
+	return planStaging(b.request(c), nil, stagingPlanBase)
 }

@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
@@ -91,101 +90,11 @@ func stagingAt(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, base uint
 	return st
 }
 
-// packer is the compiled pack kernel of a backend.
-type packer struct {
-	once sync.Once
-	fn   *cuda.Function
-	err  error
-}
-
-// packFunction returns the pack kernel, compiling it on first use.
-func (b *Backend) packFunction() (*cuda.Function, error) {
-	b.pack.once.Do(func() {
-		mod, err := b.dev.Compile(cuda.CompileRequest{Name: kernels.PackKernel + ".cu", Source: kernels.PackSource})
-		if err != nil {
-			b.pack.err = fmt.Errorf("gpu: compile pack kernel: %w", err)
-			return
-		}
-		b.pack.fn, b.pack.err = mod.Function(kernels.PackKernel)
-	})
-	return b.pack.fn, b.pack.err
-}
-
-// planForward plans a ForwardDevice call: the launch on the caller's
-// tensors or, when they are 16-bit with rows that allow no 16-byte copies
-// and opt.Staging is set, the launch on staging copies (planStaging)
-// together with the staging plan.
-func (b *Backend) planForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (launch, *attn.Problem, *fwdStaging, error) {
-	l, p, err := b.planDevice(q, k, v, o, lse, opt)
-	if err != nil || opt.Staging == nil || l.v.LoadBytes >= 16 || q.DType.Size() != 2 || p.N == 0 || p.B == 0 {
-		return l, p, nil, err
-	}
-	ls, st, err := b.planStaging(p, q, k, v, o, lse, opt, opt.Staging)
-	if err != nil {
-		return l, p, nil, err
-	}
-	if st.bytes > opt.Staging.Size() {
-		return l, p, nil, attn.Errorf(attn.ErrOption, "forward: staging workspace of %d bytes, %d needed", opt.Staging.Size(), st.bytes)
-	}
-	return ls, p, &st, nil
-}
-
-// planStaging plans the forward launch on staging copies in ws (nil: for
-// sizes and the kernel choice only): of only the heads a flat-row kernel
-// cannot read in place where the Hopper forward reads the others so
-// (kernels.Variant.FlatStaged), else of every head of q, k and v.
-func (b *Backend) planStaging(p *attn.Problem, q, k, v, o, lse DeviceTensor, opt DeviceOptions, ws *cuda.Buffer) (launch, fwdStaging, error) {
-	dt := q.DType
-	var cuq, cuk uint64
-	if p.Varlen {
-		cuq, cuk = opt.CuSeqlensQ.Ptr(), opt.CuSeqlensK.Ptr()
-	}
-	if heads, ok := flatStagedHeads(p, dt, q, k, v); ok && b.WGMMA && b.TMA {
-		st := stagingFor(p, q, k, v, ws, heads)
-		l, err := plan(p, dt, q, k, v, o, lse, opt.Bias, cuq, cuk, b.Tiles, false, b.WGMMA, b.TMA, &st)
-		if err == nil && l.v.FlatStaged {
-			return l, st, nil
-		}
-	}
-	st := stagingFor(p, q, k, v, ws, nil)
-	l, err := plan(p, dt, st.views[0], st.views[1], st.views[2], o, lse, opt.Bias, cuq, cuk, b.Tiles, true, b.WGMMA, b.TMA, nil)
-	if err != nil {
-		return l, st, fmt.Errorf("gpu: forward on staging copies: %w", err)
-	}
-	return l, st, nil
-}
-
-// PrepareForward validates a ForwardDevice call and returns the bytes of
-// DeviceOptions.Staging it can use: 0 when q, k and v load with 16-byte
-// copies as they are (or are fp32), otherwise the size of their staging
-// copies (planStaging), in which case it also compiles the pack kernel
-// and the forward kernel that reads the copies (so that a call with
-// Staging set only enqueues, as a CUDA graph capture needs). opt.Staging
-// is not read.
-func (b *Backend) PrepareForward(q, k, v, o, lse DeviceTensor, opt DeviceOptions) (int64, error) {
-	opt.Staging = nil
-	l, p, err := b.planDevice(q, k, v, o, lse, opt)
-	if err != nil || l.v.LoadBytes >= 16 || q.DType.Size() != 2 || p.N == 0 || p.B == 0 {
-		return 0, err
-	}
-	ls, st, err := b.planStaging(p, q, k, v, o, lse, opt, nil)
-	if err != nil {
-		return 0, err
-	}
-	if _, err := b.packFunction(); err != nil {
-		return 0, err
-	}
-	if _, err := b.lookup(ls.v); err != nil {
-		return 0, err
-	}
-	return st.bytes, nil
-}
-
 // enqueueStaging enqueues the pack launch of st on s (one for q, k and v)
 // and reports whether there was one (there is none when no tensor has rows
 // to copy).
 func (b *Backend) enqueueStaging(s *cuda.Stream, st *fwdStaging) (bool, error) {
-	fn, err := b.packFunction()
+	m, err := b.module(packModuleSpec)
 	if err != nil {
 		return false, err
 	}
@@ -193,7 +102,7 @@ func (b *Backend) enqueueStaging(s *cuda.Stream, st *fwdStaging) (bool, error) {
 	if g[0] == 0 || g[1] == 0 {
 		return false, nil
 	}
-	if err := b.dev.Launch(fn, g, [3]uint32{kernels.PackThreads, 1, 1}, kernels.PackSharedBytes, s, args); err != nil {
+	if err := b.dev.Launch(m.function(kernels.PackKernel), g, [3]uint32{kernels.PackThreads, 1, 1}, kernels.PackSharedBytes, s, args); err != nil {
 		return false, fmt.Errorf("gpu: launch %s: %w", kernels.PackKernel, err)
 	}
 	return true, nil

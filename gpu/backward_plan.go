@@ -3,129 +3,11 @@ package gpu
 import (
 	"fmt"
 	"math"
-	"os"
-	"sync"
 
 	"github.com/flashattn/flashattn/attn"
-	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 	"github.com/flashattn/flashattn/philox"
 )
-
-// DQAlgorithm selects how the backward pass computes dQ.
-type DQAlgorithm int
-
-const (
-	// DQAuto picks by the measured table (SelectDQAlgorithmFor); with
-	// Options.Deterministic it is always DQSeparate.
-	DQAuto DQAlgorithm = iota
-	// DQAtomic accumulates dQ in fp32 with atomic adds from the dK/dV
-	// kernel (five matrix products), then converts it. Not bit-for-bit
-	// deterministic.
-	DQAtomic
-	// DQSeparate computes dQ in its own kernel that recomputes S, P and dP
-	// per query block (seven matrix products in all). Deterministic.
-	DQSeparate
-)
-
-// String returns "auto", "atomic" or "separate".
-func (a DQAlgorithm) String() string {
-	switch a {
-	case DQAtomic:
-		return "atomic"
-	case DQSeparate:
-		return "separate"
-	}
-	return "auto"
-}
-
-// dqRule is one row of the dQ algorithm table: problems whose padded head
-// dimension is at most MaxDim and whose query length per head is at least
-// MinN (and below MaxN, 0 meaning unbounded) use Algo. Hopper says which
-// kernels the row is for: -1 any, 0 the mma.sync kernels, 1 the Hopper
-// (wgmma) kernels. FixedLength limits the row to fixed-length batches (the
-// Hopper kernels load their tiles by tensor maps there, and by cp.async for
-// packed batches).
-type dqRule struct {
-	MaxDim      int
-	Causal      int // -1 any, 0 not causal/windowed, 1 masked
-	MinN, MaxN  int
-	Hopper      int
-	FixedLength bool
-	Algo        DQAlgorithm
-}
-
-// dqTable is the measured choice of dQ algorithm per shape class, first
-// matching row wins. See docs/kernels/backward.md for the measurements.
-var dqTable = []dqRule{
-	// bf16 on the H200 (2026-12-04, the tensor-map kernels), N = 1K, 4K, 16K
-	// with B·N = 16K and H·D = 2048: at D = 64 the atomic dQ is 1–6 % faster
-	// everywhere; at D = 128 the separate one is 2–6 % faster without a mask
-	// (4K: 3.526 ms against 3.682) and 1–7 % slower with the causal one
-	// (4K: 2.349 against 2.269). Dims between 64 and 128 follow 128.
-	{MaxDim: 64, Causal: -1, Hopper: 1, Algo: DQAtomic},
-	{MaxDim: 128, Causal: 0, Hopper: 1, FixedLength: true, Algo: DQSeparate},
-	// bf16 on the H200 (2026-12-03), the Hopper kernels with cp.async loads,
-	// N = 4K causal or not and the head-dim spectrum: the atomic dQ is 5–15 %
-	// faster up to D = 128; past it, where the dK/dV kernel's warpgroups
-	// split columns over 64 keys, its atomics cost more than the separate dQ
-	// kernel (D = 256: 4.74 ms separate, 5.61 atomic; with tensor maps 3.699
-	// against 5.006 at 4K).
-	{MaxDim: 128, Causal: -1, Hopper: 1, Algo: DQAtomic},
-	{MaxDim: 256, Causal: -1, Hopper: 1, Algo: DQSeparate},
-	// bf16 on the H200 (2026-12-02, second table), the mma.sync kernels, N =
-	// 1K…16K causal or not, and the head-dim spectrum 64…512 at N = 4K:
-	// since the atomic dQ adds accumulator pairs (8-byte vector atomics) it
-	// wins everywhere measured, by 10–23 % up to D=128, 1–11 % beyond.
-	// Options.Deterministic still picks DQSeparate.
-	{MaxDim: 512, Causal: -1, Hopper: -1, Algo: DQAtomic},
-}
-
-// SelectDQAlgorithm returns the dQ algorithm the backward uses for p when
-// asked for DQAuto on the mma.sync kernels (SelectDQAlgorithmFor with
-// hopper false).
-func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm { return SelectDQAlgorithmFor(p, false) }
-
-// SelectDQAlgorithmFor returns the dQ algorithm the backward uses for p when
-// asked for DQAuto: DQSeparate when p.Opt.Deterministic is set, otherwise
-// the first matching row of the measured table; hopper says that the Hopper
-// kernels run p (see kernels.BwdHopperOK).
-func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
-	if p.Opt.Deterministic {
-		return DQSeparate
-	}
-	d := max(p.DK, p.DV)
-	for _, r := range dqTable {
-		if d > r.MaxDim || p.N < r.MinN || (r.MaxN > 0 && p.N >= r.MaxN) {
-			continue
-		}
-		if r.Causal >= 0 && (r.Causal == 1) != p.Masked {
-			continue
-		}
-		if r.Hopper >= 0 && (r.Hopper == 1) != hopper || r.FixedLength && p.Varlen {
-			continue
-		}
-		return r.Algo
-	}
-	return DQSeparate
-}
-
-// bwdHopperRuns reports whether the backward of p in dt with arguments a
-// runs the Hopper kernels on a device where they are available (hopper).
-// It decides both the kernels planBackward picks and the row of the dQ table
-// that applies, so the two cannot disagree.
-func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper bool) bool {
-	return hopper && kernels.BwdHopperOK(bwdVariantFor(p, dt, a, DQSeparate))
-}
-
-// resolveDQ turns DQAuto into a concrete algorithm (hopper: the Hopper
-// kernels run p); Deterministic always wins over an explicit DQAtomic.
-func resolveDQ(p *attn.Problem, a DQAlgorithm, hopper bool) DQAlgorithm {
-	if a == DQAuto || p.Opt.Deterministic {
-		return SelectDQAlgorithmFor(p, hopper)
-	}
-	return a
-}
 
 // bwdView is a tensor in device memory as the backward kernels read it:
 // the address of element 0, the dtype, and the element strides of the batch
@@ -237,102 +119,6 @@ func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, db
 	return backwardWorkspace(p, dt, resolveDQ(p, algo, false), dbias).total
 }
 
-// bwdModule is one compiled backward variant.
-type bwdModule struct {
-	v                kernels.BwdVariant
-	mod              *cuda.Module
-	fns              map[string]*cuda.Function // by kernels.BwdKernelNames
-	dkdvSmem, dqSmem int
-}
-
-// function returns the module's kernel of the given name (a kernels.Bwd*Kernel).
-func (m *bwdModule) function(name string) *cuda.Function { return m.fns[name] }
-
-// bwdCache holds the compiled backward variants of one device.
-type bwdCache struct {
-	mu  sync.Mutex
-	dev *cuda.Device
-	m   map[string]*bwdEntry
-
-	tmu   sync.Mutex     // guards tmaps
-	tmaps tensorMapCache // the tensor maps of the last TMA backward on dev
-}
-
-// bwdEntry is one variant's compilation, done once.
-type bwdEntry struct {
-	once sync.Once
-	m    *bwdModule
-	err  error
-}
-
-var bwdCaches sync.Map // *cuda.Device -> *bwdCache
-
-// bwdCacheFor returns dev's backward cache, made on first use.
-func bwdCacheFor(dev *cuda.Device) *bwdCache {
-	ci, _ := bwdCaches.LoadOrStore(dev, &bwdCache{dev: dev, m: map[string]*bwdEntry{}})
-	return ci.(*bwdCache)
-}
-
-// bwdModuleFor returns the compiled kernels of v on dev, compiling (NVRTC,
-// with the package cuda disk cache) on first use. Different variants
-// compile concurrently.
-func bwdModuleFor(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
-	c := bwdCacheFor(dev)
-	key := v.Key()
-	c.mu.Lock()
-	e, ok := c.m[key]
-	if !ok {
-		e = &bwdEntry{}
-		c.m[key] = e
-	}
-	c.mu.Unlock()
-	e.once.Do(func() { e.m, e.err = compileBwd(dev, v) })
-	return e.m, e.err
-}
-
-// compileBwd compiles and loads v's module and looks up its kernels.
-func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
-	key := v.Key()
-	src, err := kernels.BwdSource(v)
-	if err != nil {
-		return nil, err
-	}
-	mod, err := dev.Compile(cuda.CompileRequest{Name: key + ".cu", Source: src, ArchSpecific: v.WGMMA})
-	if err != nil {
-		return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
-	}
-	m := &bwdModule{v: v, mod: mod, fns: map[string]*cuda.Function{}, dkdvSmem: v.DKDVSharedBytes(), dqSmem: v.DQSharedBytes()}
-	for _, name := range kernels.BwdKernelNames(v) {
-		fn, err := mod.Function(name)
-		if err != nil {
-			mod.Close()
-			return nil, fmt.Errorf("flashattn: backward kernels %s: %w", key, err)
-		}
-		m.fns[name] = fn
-	}
-	if err := m.function(kernels.BwdDKDVKernel).SetMaxDynamicSharedMemory(m.dkdvSmem); err != nil {
-		mod.Close()
-		return nil, fmt.Errorf("flashattn: backward dK/dV kernel %s, %d bytes of shared memory: %w", key, m.dkdvSmem, err)
-	}
-	if err := m.function(kernels.BwdDQKernel).SetMaxDynamicSharedMemory(m.dqSmem); err != nil {
-		mod.Close()
-		return nil, fmt.Errorf("flashattn: backward dQ kernel %s, %d bytes of shared memory: %w", key, m.dqSmem, err)
-	}
-	return m, nil
-}
-
-// prepareBackward compiles (or loads from the cache) the kernels a
-// backward call of p with these arguments would use, so that a later
-// enqueueBackward only enqueues (as a CUDA graph capture requires).
-func prepareBackward(dev *cuda.Device, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) error {
-	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopperCapable(dev))
-	if err != nil {
-		return err
-	}
-	_, err = bwdModuleFor(dev, pl.v)
-	return err
-}
-
 // bwdVariantFor returns the kernel variant of a backward call.
 func bwdVariantFor(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm) kernels.BwdVariant {
 	v := kernels.BwdVariant{
@@ -441,9 +227,30 @@ type bwdLaunch struct {
 	smem    int
 }
 
+// bwdRequest is what the backward planner takes: a validated problem, the
+// device views of its tensors, the dQ algorithm asked for and the device's
+// and backend's settings.
+type bwdRequest struct {
+	p    *attn.Problem
+	dt   attn.DType
+	a    bwdArgs
+	algo DQAlgorithm // DQAuto: SelectDQAlgorithmFor
+	sms  int         // the device's multiprocessors
+	// hopper allows the Hopper dK/dV and dQ kernels where they apply, tma
+	// their tensor-map loads (Backend.WGMMA, Backend.TMA).
+	hopper, tma bool
+}
+
+// bwdRequest returns the planner's request for a backward of p in dt on
+// views a with the backend's knobs.
+func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) bwdRequest {
+	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA}
+}
+
 // bwdPlan is the launch sequence of a backward call: a pure function of
-// the problem, the variant and the device's multiprocessor count.
+// its request.
 type bwdPlan struct {
+	r        bwdRequest
 	v        kernels.BwdVariant
 	algo     DQAlgorithm
 	w        bwdWorkspace
@@ -452,12 +259,13 @@ type bwdPlan struct {
 	tma      []kernels.TMATensor // v.TMA: the tensors of the dK/dV kernel's maps (q, dO), then the dQ kernel's (k, v)
 }
 
-// planBackward validates a backward call and returns its launch sequence;
-// hopper allows the Hopper dK/dV and dQ kernels where they apply (sms: the device's
-// multiprocessors).
-func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, sms int, hopper bool) (*bwdPlan, error) {
-	run := bwdHopperRuns(p, dt, a, hopper)
-	algo = resolveDQ(p, algo, run)
+// planBackward validates the kernel choice of a backward call and returns
+// its launch sequence.
+func planBackward(r bwdRequest) (*bwdPlan, error) {
+	countPlan()
+	p, dt, a := r.p, r.dt, &r.a
+	run := bwdHopperRuns(p, dt, a, r.hopper)
+	algo := resolveDQ(p, r.algo, run)
 	if a.DBias != nil && a.Bias == nil {
 		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")
 	}
@@ -474,18 +282,26 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 	if err := v.Validate(); err != nil {
 		return nil, err
 	}
-	pl := &bwdPlan{v: v, algo: algo, w: backwardWorkspace(p, dt, algo, a.DBias != nil)}
+	pl := &bwdPlan{r: r, v: v, algo: algo, w: backwardWorkspace(p, dt, algo, a.DBias != nil)}
 	if v.Staged != (pl.w.pq != 0) {
 		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Key())
 	}
 	pl.params = bwdParams(p, a, pl.w)
-	if run && !p.Varlen && !optedOut(os.Getenv(EnvNoTMA)) {
+	if run && !p.Varlen && r.tma {
 		if !v.Staged || !pl.useFlat(p, dt, a) {
 			pl.useTMA()
 		}
 	}
-	v = pl.v
-	t := pl.v.ResolvedTiles()
+	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
+	return pl, nil
+}
+
+// bwdLaunches returns the kernel launches of a backward of p with variant
+// v and dQ algorithm algo (dbias: it computes dBias of dbiasElems
+// elements; sms: the device's multiprocessors).
+func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias bool, dbiasElems int64, sms int) []bwdLaunch {
+	var ls []bwdLaunch
+	t := v.ResolvedTiles()
 	cdiv := func(a, b int) int { return (a + b - 1) / b }
 	add := func(k string, grid [3]int, threads, smem int) {
 		for _, g := range grid {
@@ -493,26 +309,39 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 				return // an empty dimension: nothing to do
 			}
 		}
-		pl.launches = append(pl.launches, bwdLaunch{k, grid, threads, smem})
+		ls = append(ls, bwdLaunch{k, grid, threads, smem})
 	}
 	rowGrid := [3]int{cdiv(p.N, kernels.BwdPreRows), p.B, p.H}
 	if v.Staged {
 		add(kernels.BwdPackKernel, kernels.BwdPackGrid(p.B, p.N, p.M, p.H, p.Hkv), kernels.PackThreads, kernels.PackSharedBytes)
 	}
 	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
-	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, pl.v.DKDVSharedBytes())
+	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
 	if algo == DQAtomic {
 		add(kernels.BwdDQConvertKernel, rowGrid, kernels.BwdPreThreads, 0)
 	} else {
-		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, pl.v.DQSharedBytes())
+		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, v.DQSharedBytes())
 	}
 	// the non-finite fix-up (a flag test unless a main kernel raised it), before the dBias reduction
 	add(kernels.BwdNonFiniteKernel, [3]int{kernels.BwdNonFiniteBlocks(p.B, p.N, p.M, p.H, p.Hkv, sms), 1, 1}, kernels.BwdNonFiniteThreads, 0)
-	if a.DBias != nil && pl.params.DBiasElems > 0 {
-		blocks := min(int(cdiv64(pl.params.DBiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
+	if dbias && dbiasElems > 0 {
+		blocks := min(int(cdiv64(dbiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
 	}
-	return pl, nil
+	return ls
+}
+
+// bind points a plan made on a workspace at address 0 (the host path
+// plans before it allocates) at the workspace at address ws: the kernel
+// parameters and the tensor maps of the staging copies in it. The kernels
+// stay those planned (a workspace is 256-byte aligned wherever it lies).
+func (pl *bwdPlan) bind(ws uint64) {
+	pl.r.a.Workspace = ws
+	pl.params = bwdParams(pl.r.p, &pl.r.a, pl.w)
+	if pl.v.TMA {
+		dkdv, dq := pl.v.BwdTMATensors(&pl.params)
+		pl.tma = []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
+	}
 }
 
 // useTMA switches the plan's Hopper kernels to tensor-map loads of their
@@ -567,28 +396,6 @@ func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 	return pl.tryTMA(v)
 }
 
-// bwdTMANames names the tensors of bwdPlan.tma in errors.
-var bwdTMANames = []string{"q", "dO", "k", "v"}
-
-// launchArgs returns the argument of each of the plan's kernel launches
-// (kernelArgs), the TMA kernels' tensor maps encoded on dev unless the
-// device's last backward used the same tensors.
-func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, error) {
-	if !pl.v.TMA {
-		return pl.kernelArgs(nil), nil
-	}
-	c := bwdCacheFor(dev)
-	c.tmu.Lock()
-	maps, err := c.tmaps.get(pl.tma, bwdTMANames, func(t kernels.TMATensor) (cuda.TensorMap, error) {
-		return dev.EncodeTensorMap(tensorMapSpec(t))
-	})
-	c.tmu.Unlock()
-	if err != nil {
-		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Key(), err)
-	}
-	return pl.kernelArgs(maps), nil
-}
-
 // kernelArgs returns the argument of each of the plan's kernel launches:
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order) ahead of them.
@@ -607,35 +414,6 @@ func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
 		}
 		return params
 	}
-}
-
-// enqueueBackward enqueues the backward pass of p on stream s: dQ, dK, dV
-// (and dBias when a.DBias is set) from the device buffers of a, with dQ
-// algorithm algo (DQAuto: SelectDQAlgorithmFor). It only enqueues: no host
-// synchronisation, no host arithmetic on the data, so a caller may capture
-// it in a CUDA graph. The kernels compile on first use of a variant (call
-// prepareBackward before capturing). It returns the algorithm it used.
-func enqueueBackward(dev *cuda.Device, s *cuda.Stream, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) (DQAlgorithm, error) {
-	hopper := hopperCapable(dev)
-	pl, err := planBackward(p, dt, &a, algo, dev.SMCount(), hopper)
-	if err != nil {
-		return resolveDQ(p, algo, bwdHopperRuns(p, dt, &a, hopper)), err
-	}
-	m, err := bwdModuleFor(dev, pl.v)
-	if err != nil {
-		return pl.algo, err
-	}
-	args, err := pl.launchArgs(dev)
-	if err != nil {
-		return pl.algo, err
-	}
-	for _, l := range pl.launches {
-		g := [3]uint32{uint32(l.grid[0]), uint32(l.grid[1]), uint32(l.grid[2])}
-		if err := dev.Launch(m.function(l.kernel), g, [3]uint32{uint32(l.threads), 1, 1}, uint32(l.smem), s, args(l.kernel)); err != nil {
-			return pl.algo, fmt.Errorf("flashattn: backward %s %v: %w", l.kernel, l.grid, err)
-		}
-	}
-	return pl.algo, nil
 }
 
 func cdiv64(a, b int64) int64 { return (a + b - 1) / b }

@@ -1,0 +1,109 @@
+package gpu
+
+import (
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// DQAlgorithm selects how the backward pass computes dQ.
+type DQAlgorithm int
+
+const (
+	// DQAuto picks by the measured table (SelectDQAlgorithmFor); with
+	// Options.Deterministic it is always DQSeparate.
+	DQAuto DQAlgorithm = iota
+	// DQAtomic accumulates dQ in fp32 with atomic adds from the dK/dV
+	// kernel (five matrix products), then converts it. Not bit-for-bit
+	// deterministic.
+	DQAtomic
+	// DQSeparate computes dQ in its own kernel that recomputes S, P and dP
+	// per query block (seven matrix products in all). Deterministic.
+	DQSeparate
+)
+
+// String returns "auto", "atomic" or "separate".
+func (a DQAlgorithm) String() string {
+	switch a {
+	case DQAtomic:
+		return "atomic"
+	case DQSeparate:
+		return "separate"
+	}
+	return "auto"
+}
+
+// dqRule is one row of the dQ algorithm table: problems whose padded head
+// dimension is at most MaxDim and whose query length per head is at least
+// MinN (and below MaxN, 0 meaning unbounded) use Algo. Hopper says which
+// kernels the row is for: -1 any, 0 the mma.sync kernels, 1 the Hopper
+// (wgmma) kernels. FixedLength limits the row to fixed-length batches (the
+// Hopper kernels load their tiles by tensor maps there, and by cp.async for
+// packed batches).
+type dqRule struct {
+	MaxDim      int
+	Causal      int // -1 any, 0 not causal/windowed, 1 masked
+	MinN, MaxN  int
+	Hopper      int
+	FixedLength bool
+	Algo        DQAlgorithm
+}
+
+// dqTable is the measured choice of dQ algorithm per shape class, first
+// matching row wins. The measurements behind each row are in
+// kernels/NOTES-bwd.md ("Moved from doc comments": the dQ algorithm table).
+var dqTable = []dqRule{
+	// the tensor-map Hopper kernels: atomic at D ≤ 64, separate at D ≤ 128 without a mask
+	{MaxDim: 64, Causal: -1, Hopper: 1, Algo: DQAtomic},
+	{MaxDim: 128, Causal: 0, Hopper: 1, FixedLength: true, Algo: DQSeparate},
+	// the Hopper kernels otherwise: atomic up to D = 128, separate beyond
+	{MaxDim: 128, Causal: -1, Hopper: 1, Algo: DQAtomic},
+	{MaxDim: 256, Causal: -1, Hopper: 1, Algo: DQSeparate},
+	// the mma.sync kernels: atomic everywhere (Options.Deterministic still picks DQSeparate)
+	{MaxDim: 512, Causal: -1, Hopper: -1, Algo: DQAtomic},
+}
+
+// SelectDQAlgorithm returns the dQ algorithm the backward uses for p when
+// asked for DQAuto on the mma.sync kernels (SelectDQAlgorithmFor with
+// hopper false).
+func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm { return SelectDQAlgorithmFor(p, false) }
+
+// SelectDQAlgorithmFor returns the dQ algorithm the backward uses for p when
+// asked for DQAuto: DQSeparate when p.Opt.Deterministic is set, otherwise
+// the first matching row of the measured table; hopper says that the Hopper
+// kernels run p (see kernels.BwdHopperOK).
+func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
+	if p.Opt.Deterministic {
+		return DQSeparate
+	}
+	d := max(p.DK, p.DV)
+	for _, r := range dqTable {
+		if d > r.MaxDim || p.N < r.MinN || (r.MaxN > 0 && p.N >= r.MaxN) {
+			continue
+		}
+		if r.Causal >= 0 && (r.Causal == 1) != p.Masked {
+			continue
+		}
+		if r.Hopper >= 0 && (r.Hopper == 1) != hopper || r.FixedLength && p.Varlen {
+			continue
+		}
+		return r.Algo
+	}
+	return DQSeparate
+}
+
+// bwdHopperRuns reports whether the backward of p in dt with arguments a
+// runs the Hopper kernels on a device where they are available (hopper).
+// It decides both the kernels planBackward picks and the row of the dQ table
+// that applies, so the two cannot disagree.
+func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper bool) bool {
+	return hopper && kernels.BwdHopperOK(bwdVariantFor(p, dt, a, DQSeparate))
+}
+
+// resolveDQ turns DQAuto into a concrete algorithm (hopper: the Hopper
+// kernels run p); Deterministic always wins over an explicit DQAtomic.
+func resolveDQ(p *attn.Problem, a DQAlgorithm, hopper bool) DQAlgorithm {
+	if a == DQAuto || p.Opt.Deterministic {
+		return SelectDQAlgorithmFor(p, hopper)
+	}
+	return a
+}

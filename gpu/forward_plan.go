@@ -1,0 +1,470 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
+	"github.com/flashattn/flashattn/philox"
+)
+
+// launch is one planned forward kernel launch.
+type launch struct {
+	v      kernels.Variant
+	params kernels.Params
+	grid   [3]uint32
+	tma    []kernels.TMATensor // q, k, v for the tensor maps (v.TMA), then with v.FlatStaged their copies'
+}
+
+// seqStrides returns the (batch, position, head) strides of a q/k/v/o
+// tensor; a packed tensor has no batch dim (stride 0). Size-1 dims get
+// stride 0: they are never stepped over.
+func seqStrides(t DeviceTensor, varlen bool) (sb, sn, sh int64) {
+	st := t.strides()
+	z := func(d int) int64 {
+		if t.Shape[d] <= 1 {
+			return 0
+		}
+		return int64(st[d])
+	}
+	if varlen {
+		return 0, z(0), z(1)
+	}
+	return z(0), z(1), z(2)
+}
+
+// lseStrides returns the (batch, head, position) strides of the LSE.
+func lseStrides(t DeviceTensor, varlen bool) (sb, sh, sn int64) {
+	st := t.strides()
+	if varlen {
+		return 0, int64(st[0]), int64(st[1])
+	}
+	return int64(st[0]), int64(st[1]), int64(st[2])
+}
+
+// loadWidth returns the widest global load (bytes) that every row start of
+// q, k and v allows: 16, 8 or 4 (cp.async), or 2 (16-bit types whose rows
+// are only 2-byte aligned).
+func loadWidth(dt attn.DType, varlen bool, dk, dv int, ts ...DeviceTensor) int {
+	esz := int64(dt.Size())
+	for _, w := range []int64{16, 8, 4, 2} {
+		if w < esz {
+			break
+		}
+		ok := true
+		for i, t := range ts {
+			d := int64(dk)
+			if i == 2 {
+				d = int64(dv)
+			}
+			sb, sn, sh := seqStrides(t, varlen)
+			if int64(t.ptr())%w != 0 || (d*esz)%w != 0 || (sb*esz)%w != 0 || (sn*esz)%w != 0 || (sh*esz)%w != 0 {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return int(w)
+		}
+	}
+	return 2
+}
+
+// clampWindow maps a window extent larger than any distance in the problem
+// to unbounded (-1), keeping the kernel's int32 arithmetic in range.
+func clampWindow(x, n, m int) int32 {
+	if x < 0 || x > n+m+1 {
+		return -1
+	}
+	return int32(x)
+}
+
+// fwdRequest is what the forward planner takes: a validated problem, its
+// device tensors and the backend's knobs.
+type fwdRequest struct {
+	p               *attn.Problem
+	dt              attn.DType
+	q, k, v, o, lse DeviceTensor
+	bias            *DeviceTensor
+	cuq, cuk        uint64 // device addresses of the packed batch's offsets
+	// tiles overrides the tuning table when not nil (Backend.Tiles).
+	tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)
+	// staged says that q, k and v are staging copies whose rows are padded
+	// with zeros to kernels.StagedDim, so that a copy may straddle the head
+	// dim.
+	staged bool
+	// hopper allows the Hopper (WGMMA) kernel where it applies, tma its
+	// tensor-map loads (Backend.WGMMA, Backend.TMA).
+	hopper, tma bool
+	// part, when set, holds staging copies of the heads that a flat-row
+	// kernel cannot read in place (stagingFor with head masks): the plan is
+	// then a kernels.Variant.FlatStaged one where the kernel and layouts
+	// allow it.
+	part *fwdStaging
+}
+
+// plan chooses the kernel variant of r and fills its parameters.
+func plan(r fwdRequest) (launch, error) {
+	var l launch
+	p := r.p
+	vr, flat, flatOK := fwdVariant(r)
+	var tile kernels.Tile
+	var err error
+	ht, hok := kernels.HopperTile(vr)
+	switch {
+	case r.tiles != nil:
+		tile, err = r.tiles(r.dt, vr.DK, vr.DV, vr.LoadBytes == 2)
+	case r.hopper && hok:
+		tile = ht
+	default:
+		tile, err = kernels.TileForVariant(vr)
+	}
+	if err != nil {
+		return l, err
+	}
+	vr = tile.Apply(vr)
+	var tstr [3][3]uint64 // byte strides (position, head, batch) of q, k, v for tensor maps
+	switch {
+	case flatOK:
+		vr.TMA, vr.Flat, tstr = true, true, flat
+		vr.FlatStaged = r.part != nil
+		if !vr.WGMMA || vr.Validate() != nil {
+			// not a kernel that reads flat rows: the planner without them
+			r.tma, r.part = false, nil
+			return plan(r)
+		}
+	case r.tma && vr.WGMMA && !p.Varlen && vr.LoadBytes == 16:
+		var ok [3]bool
+		for i, t := range []DeviceTensor{r.q, r.k, r.v} {
+			tstr[i], ok[i] = tmaStrides(t)
+		}
+		vr.TMA = ok[0] && ok[1] && ok[2]
+	}
+	if err := vr.Validate(); err != nil {
+		return l, err
+	}
+	if p.H > 65535 || p.B > 65535 {
+		return l, attn.Errorf(attn.ErrUnsupported, "cuda backend: grid of %d heads x %d batch elements (at most 65535 each)", p.H, p.B)
+	}
+	pr := fwdParams(r)
+	l.v = vr
+	l.params = pr
+	switch {
+	case vr.Flat:
+		ts := vr.TMATensors(&pr, 0, 0, tstr[0], tstr[1], tstr[2])
+		l.tma = []kernels.TMATensor{ts[0].OverFlatRows(p.DK), ts[1].OverFlatRows(p.DK), ts[2].OverFlatRows(p.DV)}
+		if vr.FlatStaged {
+			l.tma = append(l.tma, stagedHeadMaps(p, vr, r.part, l.tma)...)
+		}
+	case vr.TMA:
+		ts := vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
+		l.tma = ts[:]
+	}
+	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
+	return l, nil
+}
+
+// fwdVariant returns the variant of r before its tile is chosen, and
+// whether (with the tensor maps' byte strides) the Hopper kernel may read
+// q, k and v in place over flat rows.
+func fwdVariant(r fwdRequest) (kernels.Variant, [3][3]uint64, bool) {
+	p, opt := r.p, r.p.Opt
+	rowK, rowV := p.DK, p.DV
+	if r.staged {
+		rowK, rowV = kernels.StagedDim(p.DK), kernels.StagedDim(p.DV)
+	}
+	lb := loadWidth(r.dt, p.Varlen, rowK, rowV, r.q, r.k, r.v)
+	var flat [3][3]uint64 // byte strides of q, k, v read in place over flat rows (kernels.Variant.Flat)
+	flatOK := false
+	if lb < 16 && !r.staged && r.hopper && r.tma {
+		flat, flatOK = flatRows(p, r.dt, r.q, r.k, r.v)
+		// every head in place, or with part the heads that fit
+		fits := kernels.FlatStagedHeads(p.DK) == 0 && kernels.FlatStagedHeads(p.DV) == 0
+		flatOK = flatOK && (fits || r.part != nil)
+		if flatOK {
+			lb = 16 // the accelerator reads whole 16-byte units of every row
+		}
+	}
+	vr := kernels.Variant{
+		DType:     r.dt,
+		DK:        roundUp(p.DK, 16),
+		DV:        roundUp(p.DV, 16),
+		LoadBytes: lb,
+		Softcap:   opt.Softcap > 0,
+		PreScale:  p.Scale < 0,
+		Dropout:   opt.Dropout > 0,
+		Varlen:    p.Varlen,
+		LSE:       true,
+	}
+	if p.Masked {
+		vr.Mask = kernels.MaskWindow
+	}
+	if r.bias != nil {
+		vr.Bias = kernels.BiasFor(r.bias.DType)
+	}
+	return vr, flat, flatOK
+}
+
+// fwdParams fills the kernel parameters of r.
+func fwdParams(r fwdRequest) kernels.Params {
+	p, opt := r.p, r.p.Opt
+	q, k, v, o, lse := r.q, r.k, r.v, r.o, r.lse
+	pr := kernels.Params{
+		Q: q.ptr(), K: k.ptr(), V: v.ptr(), O: o.ptr(), LSE: lse.ptr(),
+		CuSeqlensQ: r.cuq, CuSeqlensK: r.cuk,
+		B: int32(p.B), H: int32(p.H), Group: int32(p.H / p.Hkv),
+		N: int32(p.N), M: int32(p.M), DK: int32(p.DK), DV: int32(p.DV),
+		ScaleLog2: float32(p.Scale * math.Log2E),
+		WinLeft:   clampWindow(p.Left, p.N, p.M),
+		WinRight:  clampWindow(p.Right, p.N, p.M),
+	}
+	pr.QStrideB, pr.QStrideN, pr.QStrideH = seqStrides(q, p.Varlen)
+	pr.KStrideB, pr.KStrideN, pr.KStrideH = seqStrides(k, p.Varlen)
+	pr.VStrideB, pr.VStrideN, pr.VStrideH = seqStrides(v, p.Varlen)
+	pr.OStrideB, pr.OStrideN, pr.OStrideH = seqStrides(o, p.Varlen)
+	pr.LSEStrideB, pr.LSEStrideH, pr.LSEStrideN = lseStrides(lse, p.Varlen)
+	if opt.Align == attn.AlignBottomRight {
+		pr.AlignBR = 1
+	}
+	if opt.Softcap > 0 {
+		pr.SoftcapIn = float32(p.Scale / opt.Softcap)
+		pr.SoftcapOut = float32(opt.Softcap * math.Log2E)
+	}
+	osb, osn, osh := seqStrides(o, p.Varlen)
+	esz := int64(r.dt.Size())
+	if int64(o.ptr())%(2*esz) == 0 && p.DV%2 == 0 && osb%2 == 0 && osn%2 == 0 && osh%2 == 0 {
+		pr.OVec2 = 1
+	}
+	if bias := r.bias; bias != nil {
+		pr.Bias = bias.ptr()
+		st := bias.strides()
+		z := func(d int) int64 {
+			if bias.Shape[d] <= 1 {
+				return 0
+			}
+			return int64(st[d])
+		}
+		pr.BiasStrideB, pr.BiasStrideH, pr.BiasStrideN, pr.BiasStrideM = z(0), z(1), z(2), z(3)
+	}
+	if opt.Dropout > 0 {
+		pr.DropThreshold = philox.Threshold(opt.Dropout)
+		pr.DropScale = float32(1 / (1 - opt.Dropout))
+		pr.SeedLo, pr.SeedHi = uint32(opt.Seed), uint32(opt.Seed>>32)
+		pr.DropOffset = opt.Offset
+	}
+	return pr
+}
+
+func roundUp(x, m int) int { return (x + m - 1) / m * m }
+
+// stagedHeadMaps returns the tensor maps of a FlatStaged launch's staging
+// copies (part: q, k, v holding only the heads that do not fit in place);
+// a tensor with no such head gets its in-place map (inPlace), which the
+// kernel then never reads.
+func stagedHeadMaps(p *attn.Problem, vr kernels.Variant, part *fwdStaging, inPlace []kernels.TMATensor) []kernels.TMATensor {
+	out := make([]kernels.TMATensor, 3)
+	for i, sv := range part.views {
+		heads := sv.Shape[2]
+		if heads == 0 {
+			out[i] = inPlace[i]
+			continue
+		}
+		d, rows, box := p.DK, p.M, vr.BlockN
+		switch i {
+		case 0:
+			rows, box = p.N, vr.BlockM
+		case 2:
+			d = p.DV
+		}
+		st, _ := tmaStrides(sv) // contiguous copies: strides every encoder takes
+		out[i] = kernels.TMATensor{Addr: sv.ptr(), Cols: uint64(roundUp(d, 8)), Rows: uint64(rows), Heads: uint64(heads),
+			B: uint64(p.B), Strides: st, BoxRows: uint32(box)}
+	}
+	return out
+}
+
+// flatStagedHeads returns the head masks (kernels.FlatStagedHeads) with
+// which a kernels.Variant.FlatStaged forward reads q, k and v of p: the
+// layouts allow flat rows (flatRows), some heads do not fit in place, and
+// fewer than half of them (of q's and k's heads and of v's) do not (the
+// measured break-even: kernels/NOTES.md, "Moved from doc comments").
+func flatStagedHeads(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) (*[3]uint8, bool) {
+	mk, mv := kernels.FlatStagedHeads(p.DK), kernels.FlatStagedHeads(p.DV)
+	if mk == 0 && mv == 0 {
+		return nil, false
+	}
+	if 2*kernels.FlatStagedCount(p.H, mk) >= p.H || 2*kernels.FlatStagedCount(p.H, mv) >= p.H {
+		return nil, false
+	}
+	if _, ok := flatRows(p, dt, q, k, v); !ok {
+		return nil, false
+	}
+	return &[3]uint8{mk, mk, mv}, true
+}
+
+// flatRows reports whether the layouts of q, k and v of p let the Hopper
+// forward read them in place over flat rows (kernels.Variant.Flat): 16-bit,
+// fixed-length, one query head per key head, each tensor's layout one
+// kernels.FlatRowsOK takes, and strides the encoder takes. Whether each
+// head fits in place is kernels.FlatStagedHeads's to say. It returns the
+// tensor maps' byte strides (position, head: set by
+// TMATensor.OverFlatRows, batch).
+func flatRows(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) ([3][3]uint64, bool) {
+	var out [3][3]uint64
+	if dt.Size() != 2 || p.Varlen || p.H != p.Hkv {
+		return out, false
+	}
+	for i, t := range []DeviceTensor{q, k, v} {
+		d := p.DK
+		if i == 2 {
+			d = p.DV
+		}
+		sb, sn, sh := seqStrides(t, false)
+		if !kernels.FlatRowsOK(t.ptr(), t.Shape[2], d, sh, sn, sb, t.Shape[0]) {
+			return out, false
+		}
+		out[i] = [3]uint64{kernels.TMAStride(t.Shape[1], sn, 2), 0, kernels.TMAStride(t.Shape[0], sb, 2)}
+		if !cuda.TensorMapStrideOK(out[i][0]) || !cuda.TensorMapStrideOK(out[i][2]) {
+			return out, false
+		}
+	}
+	return out, true
+}
+
+// tmaStrides returns the byte strides (position, head, batch) of a
+// [B, N, H, D] 16-bit tensor for its tensor map (kernels.TMAStride), and
+// whether the tensor memory accelerator can read it: every stride one the
+// encoder takes (cuda.TensorMapStrideOK).
+func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
+	st := t.strides()
+	var out [3]uint64
+	for i, d := range [3]int{1, 2, 0} {
+		out[i] = kernels.TMAStride(t.Shape[d], int64(st[d]), t.DType.Size())
+		if !cuda.TensorMapStrideOK(out[i]) {
+			return out, false
+		}
+	}
+	return out, true
+}
+
+// fwdCall is one validated forward call on device tensors.
+type fwdCall struct {
+	p               *attn.Problem
+	dt              attn.DType
+	q, k, v, o, lse DeviceTensor
+	opt             DeviceOptions
+}
+
+// fwdPlan is the plan of one forward call: its launch and, when q, k and
+// v are first copied into staging, the staging plan.
+type fwdPlan struct {
+	launch
+	p  *attn.Problem
+	st *fwdStaging // nil: no staging copies
+}
+
+// empty reports whether the call has nothing to compute (no query or no
+// batch element).
+func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
+
+// request returns the planner's request for c with the backend's knobs.
+func (b *Backend) request(c *fwdCall) fwdRequest {
+	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA}
+	if c.p.Varlen {
+		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
+	}
+	return r
+}
+
+// planForward plans call c once: the launch on the caller's tensors or,
+// when staging is wanted and they are 16-bit with rows that allow no
+// 16-byte copies, the launch on staging copies (planStaging) with their
+// staging plan. The copies go in ws; with ws nil they are laid out at
+// stagingPlanBase, for their size and the kernel choice, and
+// fwdPlan.relocate later moves them into a workspace.
+func (b *Backend) planForward(c *fwdCall, ws *cuda.Buffer, staging bool) (fwdPlan, error) {
+	countPlan()
+	r := b.request(c)
+	l, err := plan(r)
+	pl := fwdPlan{launch: l, p: c.p}
+	if err != nil || !staging || l.v.LoadBytes >= 16 || c.dt.Size() != 2 || pl.empty() {
+		return pl, err
+	}
+	ls, st, err := planStaging(r, ws, stagingPlanBase)
+	if err != nil {
+		return pl, err
+	}
+	if ws != nil && st.bytes > ws.Size() {
+		return pl, attn.Errorf(attn.ErrOption, "forward: staging workspace of %d bytes, %d needed", ws.Size(), st.bytes)
+	}
+	pl.launch, pl.st = ls, &st
+	return pl, nil
+}
+
+// planStaging plans the forward launch of r on staging copies in ws (nil:
+// at device address base, for sizes and the kernel choice only): of only
+// the heads a flat-row kernel cannot read in place where the Hopper
+// forward reads the others so (kernels.Variant.FlatStaged), else of every
+// head of q, k and v.
+func planStaging(r fwdRequest, ws *cuda.Buffer, base uint64) (launch, fwdStaging, error) {
+	p := r.p
+	if heads, ok := flatStagedHeads(p, r.dt, r.q, r.k, r.v); ok && r.hopper && r.tma {
+		st := stagingAt(p, r.q, r.k, r.v, ws, base, heads)
+		fr := r
+		fr.part = &st
+		l, err := plan(fr)
+		if err == nil && l.v.FlatStaged {
+			return l, st, nil
+		}
+	}
+	st := stagingAt(p, r.q, r.k, r.v, ws, base, nil)
+	sr := r
+	sr.q, sr.k, sr.v, sr.staged = st.views[0], st.views[1], st.views[2], true
+	l, err := plan(sr)
+	if err != nil {
+		return l, st, fmt.Errorf("gpu: forward on staging copies: %w", err)
+	}
+	return l, st, nil
+}
+
+// relocate moves the staging copies of a plan made with them at
+// stagingPlanBase (planForward with ws nil) into workspace ws.
+func (pl *fwdPlan) relocate(ws *cuda.Buffer) { pl.moveStaging(ws, ws.Ptr()) }
+
+// moveStaging moves the staging copies from stagingPlanBase to device
+// address to (in ws; nil: in no buffer): their views, the pack launch's
+// destinations, and the kernel's addresses and tensor maps of them.
+func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
+	st := pl.st
+	if st == nil {
+		return
+	}
+	d := to - stagingPlanBase // modulo 2^64
+	for i := range st.views {
+		st.views[i].Buf = ws
+		st.views[i].base += d
+		if ws != nil {
+			st.views[i].base = 0
+		}
+		if st.params[i].Dst != 0 {
+			st.params[i].Dst += d
+		}
+	}
+	if pl.v.FlatStaged {
+		// q, k, v read in place; the maps after theirs are the copies' (or
+		// an in-place one for a tensor with no copy)
+		for i, sv := range st.views {
+			if sv.Shape[2] > 0 {
+				pl.tma[3+i].Addr += d
+			}
+		}
+		return
+	}
+	pl.params.Q, pl.params.K, pl.params.V = pl.params.Q+d, pl.params.K+d, pl.params.V+d
+	for i := range pl.tma {
+		pl.tma[i].Addr += d
+	}
+}

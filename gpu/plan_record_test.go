@@ -1,0 +1,333 @@
+package gpu
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+)
+
+// The plan record: for a corpus of forward and backward problems on fake
+// device addresses, the kernels the planners choose and a digest of
+// everything they would launch (grids, blocks, shared memory, kernel
+// arguments, tensor maps, staging copies). testdata/plans.txt holds the
+// record; FLASHATTN_PLAN_UPDATE=1 rewrites it. A change to it is a change
+// of what the backend launches.
+
+// planRecordFile is the stored record.
+var planRecordFile = filepath.Join("testdata", "plans.txt")
+
+// digest returns a short hash of the printed values.
+func digest(xs ...any) string {
+	h := sha256.Sum256([]byte(fmt.Sprintf("%+v", xs)))
+	return fmt.Sprintf("%x", h[:8])
+}
+
+// fwdRecordCase is one forward problem of the record.
+type fwdRecordCase struct {
+	name       string
+	dt         attn.DType
+	b, n, m    int
+	h, hkv     int
+	dk, dv     int
+	opt        attn.Options
+	headMajor  bool
+	misalign   int // elements q, k, v start past a 256-byte boundary
+	bias       []int
+	cuQ, cuK   []int32
+	staging    bool
+	wgmma, tma bool
+}
+
+// fwdRecordCases is the forward corpus: dtypes, head dims (aligned, odd,
+// flat-row and FlatStaged ones), layouts, masks, bias, packed batches, with
+// and without staging, on the three kernel families.
+func fwdRecordCases() []fwdRecordCase {
+	var cs []fwdRecordCase
+	dims := [][2]int{{64, 64}, {128, 128}, {59, 59}, {60, 60}, {123, 64}, {199, 199}, {256, 256}, {40, 72}, {512, 512}}
+	fams := [][2]bool{{false, false}, {true, false}, {true, true}}
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16, attn.Float32} {
+		for _, d := range dims {
+			for _, f := range fams {
+				for _, staging := range []bool{false, true} {
+					base := fwdRecordCase{dt: dt, b: 2, n: 100, m: 130, h: 16, hkv: 16, dk: d[0], dv: d[1], staging: staging, wgmma: f[0], tma: f[1]}
+					vs := []fwdRecordCase{base}
+					c := base
+					c.opt.Causal, c.h, c.hkv = true, 8, 2
+					vs = append(vs, c)
+					c = base
+					c.headMajor = true
+					vs = append(vs, c)
+					c = base
+					c.misalign = 1
+					vs = append(vs, c)
+					c = base
+					c.bias, c.opt.Softcap, c.opt.Dropout, c.opt.Seed = []int{1, 16}, 5, 0.1, 77
+					vs = append(vs, c)
+					c = base
+					c.cuQ, c.cuK, c.h, c.hkv = []int32{0, 5, 100, 170}, []int32{0, 30, 30, 200}, 4, 2
+					c.opt.Window = &attn.Window{Left: 20, Right: 3}
+					vs = append(vs, c)
+					for i, x := range vs {
+						x.name = fmt.Sprintf("fwd %v d%d-%d wgmma=%v tma=%v staging=%v #%d", dt, d[0], d[1], f[0], f[1], staging, i)
+						cs = append(cs, x)
+					}
+				}
+			}
+		}
+	}
+	return cs
+}
+
+// tensors returns the problem and fake device tensors of c.
+func (c fwdRecordCase) tensors(t *testing.T) (*attn.Problem, [5]DeviceTensor, *DeviceTensor, DeviceOptions) {
+	t.Helper()
+	opt := c.opt
+	opt.CuSeqlensQ, opt.CuSeqlensK = c.cuQ, c.cuK
+	shape := func(seq, h, d int) []int {
+		if c.cuQ != nil {
+			return []int{seq, h, d}
+		}
+		return []int{c.b, seq, h, d}
+	}
+	n, m := c.n, c.m
+	if c.cuQ != nil {
+		n, m = int(c.cuQ[len(c.cuQ)-1]), int(c.cuK[len(c.cuK)-1])
+	}
+	if c.bias != nil {
+		opt.Bias = &attn.Bias{Tensor: attn.New(c.dt, c.bias[0], c.bias[1], n, m)}
+	}
+	sq, sk, sv := shape(n, c.h, c.dk), shape(m, c.hkv, c.dk), shape(m, c.hkv, c.dv)
+	p, err := attn.NewProblem(attn.New(c.dt, sq...), attn.New(c.dt, sk...), attn.New(c.dt, sv...), opt)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	ten := func(i int, s []int) DeviceTensor {
+		x := DeviceTensor{DType: c.dt, Shape: s, base: uint64(1+i)<<36 + uint64(c.misalign*c.dt.Size())}
+		if c.headMajor && len(s) == 4 {
+			x.Strides = []int{s[2] * s[1] * s[3], s[3], s[1] * s[3], 1}
+		}
+		return x
+	}
+	ts := [5]DeviceTensor{ten(0, sq), ten(1, sk), ten(2, sv),
+		{DType: c.dt, Shape: p.OutputShape(), base: 4 << 36}, {DType: attn.Float32, Shape: p.LSEShape(), base: 5 << 36}}
+	var bias *DeviceTensor
+	if c.bias != nil {
+		bias = &DeviceTensor{DType: c.dt, Shape: opt.Bias.Tensor.Shape, base: 6 << 36}
+	}
+	dopt := DeviceOptions{Options: opt, Bias: bias}
+	dopt.Options.Bias = nil
+	return p, ts, bias, dopt
+}
+
+// fwdRecordLine plans c as ForwardDevice would (with staging: as
+// PrepareForward and the host path do, the copies at stagingPlanBase) and
+// describes the launch.
+func fwdRecordLine(t *testing.T, c fwdRecordCase) string {
+	t.Helper()
+	p, ts, _, dopt := c.tensors(t)
+	b := &Backend{WGMMA: c.wgmma, TMA: c.tma}
+	if p.Varlen {
+		dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{} // at address 0
+	}
+	call := &fwdCall{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], opt: dopt}
+	pl, err := b.planForward(call, nil, c.staging)
+	if err != nil {
+		return c.name + ": error " + err.Error()
+	}
+	l, st := pl.launch, pl.st
+	return fmt.Sprintf("%s: %s grid %v block %d smem %d params %d %s", c.name, l.v.Name(), l.grid, l.v.Threads(), l.v.SharedBytes(),
+		l.v.TMAParamsSize(), digest(l.params, l.tma, stagingDesc(st)))
+}
+
+// bwdRecordLines plans every dtype of c with each dQ algorithm, on the
+// mma.sync kernels and on the Hopper kernels with and without tensor maps.
+func bwdRecordLines(t *testing.T, c bwdCase) []string {
+	t.Helper()
+	var out []string
+	for _, dt := range c.dtypes {
+		in := bwdRecordInputs(t, c, dt)
+		for _, fam := range [][2]bool{{false, false}, {true, false}, {true, true}} {
+			t.Setenv(EnvNoTMA, map[bool]string{false: "1", true: ""}[fam[1]])
+			for _, algo := range []DQAlgorithm{DQAuto, DQAtomic, DQSeparate} {
+				name := fmt.Sprintf("bwd %s %v hopper=%v tma=%v %v", c.name, dt, fam[0], fam[1], algo)
+				pl, err := in.tryPlan(algo, fam[0])
+				if err != nil {
+					out = append(out, name+": error "+err.Error())
+					continue
+				}
+				var ls []string
+				for _, l := range pl.launches {
+					ls = append(ls, fmt.Sprintf("%s%v/%d/%d", l.kernel, l.grid, l.threads, l.smem))
+				}
+				out = append(out, fmt.Sprintf("%s: %s %v ws %d %s params %s", name, pl.v.Key(), pl.algo, pl.w.total,
+					strings.Join(ls, " "), digest(pl.params.Bytes(), pl.tma, pl.w)))
+			}
+		}
+	}
+	return out
+}
+
+// bwdRecordInputs is bwdCase.inputs without data: shapes and options only.
+func bwdRecordInputs(t *testing.T, c bwdCase, dt attn.DType) bwdInputs {
+	t.Helper()
+	var in bwdInputs
+	in.opt = attn.Options{Scale: c.scale, Softcap: c.softcap, Causal: c.causal, Align: c.align, Window: c.window, Dropout: c.dropout,
+		Seed: 0x1234, Offset: 3, CuSeqlensQ: c.cuQ, CuSeqlensK: c.cuK, Deterministic: c.deterministic}
+	if c.cuQ != nil {
+		tq, tk := int(c.cuQ[len(c.cuQ)-1]), int(c.cuK[len(c.cuK)-1])
+		in.q, in.k, in.v = attn.New(dt, tq, c.h, c.dk), attn.New(dt, tk, c.hkv, c.dk), attn.New(dt, tk, c.hkv, c.dv)
+	} else {
+		in.q, in.k, in.v = attn.New(dt, c.b, c.n, c.h, c.dk), attn.New(dt, c.b, c.m, c.hkv, c.dk), attn.New(dt, c.b, c.m, c.hkv, c.dv)
+	}
+	if c.bias != nil {
+		bdt := dt
+		if c.biasF32 {
+			bdt = attn.Float32
+		}
+		in.opt.Bias = &attn.Bias{Tensor: attn.New(bdt, c.bias[0], c.bias[1], c.n, c.m), RequiresGrad: c.biasGrad}
+	}
+	p, err := attn.NewProblem(in.q, in.k, in.v, in.opt)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	in.p = p
+	in.lse = attn.Tensor{DType: attn.Float32, Shape: p.LSEShape()}
+	return in
+}
+
+// tryPlan is plan returning the error.
+func (in bwdInputs) tryPlan(algo DQAlgorithm, hopper bool) (*bwdPlan, error) {
+	return in.tryPlanAt(algo, hopper, 0)
+}
+
+// tryPlanAt is tryPlan with the workspace at address ws.
+func (in bwdInputs) tryPlanAt(algo DQAlgorithm, hopper bool, ws uint64) (*bwdPlan, error) {
+	dt := in.q.DType
+	const fake = 1 << 30
+	var a bwdArgs
+	a.Q, a.K, a.V = seqView(fake, dt, in.q.Shape), seqView(fake, dt, in.k.Shape), seqView(fake, dt, in.v.Shape)
+	a.O, a.DO = seqView(fake, dt, in.p.OutputShape()), seqView(fake, dt, in.p.OutputShape())
+	a.DQ, a.DK, a.DV = a.Q, a.K, a.V
+	a.LSE = lseView(fake, in.lse.Shape)
+	if in.opt.Bias != nil {
+		bt := in.opt.Bias.Tensor
+		a.Bias = biasView(fake, bt.DType, bt.Shape)
+		if in.opt.Bias.RequiresGrad {
+			a.DBias = biasView(fake, bt.DType, bt.Shape)
+		}
+	}
+	a.Workspace = ws
+	return planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: hopper, tma: !optedOut(os.Getenv(EnvNoTMA))})
+}
+
+// TestPlanRecord compares the plans of the forward and backward corpora
+// with the stored record.
+func TestPlanRecord(t *testing.T) {
+	var lines []string
+	for _, c := range fwdRecordCases() {
+		lines = append(lines, fwdRecordLine(t, c))
+	}
+	both := func(int, int) []attn.DType { return []attn.DType{attn.BFloat16, attn.Float16} }
+	for _, c := range append(bwdCases(), bwdCrossCases(113, 300, both)...) {
+		lines = append(lines, bwdRecordLines(t, c)...)
+	}
+	got := strings.Join(lines, "\n") + "\n"
+	if os.Getenv("FLASHATTN_PLAN_UPDATE") != "" {
+		if err := os.WriteFile(planRecordFile, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(planRecordFile)
+	if err != nil {
+		t.Fatalf("%v (FLASHATTN_PLAN_UPDATE=1 writes it)", err)
+	}
+	wl := strings.Split(string(want), "\n")
+	gl := strings.Split(got, "\n")
+	if len(wl) != len(gl) {
+		t.Errorf("%d plans recorded, %d now", len(wl), len(gl))
+	}
+	bad := 0
+	for i := range min(len(wl), len(gl)) {
+		if wl[i] != gl[i] && bad < 20 {
+			bad++
+			t.Errorf("plan %d:\n got %s\nwant %s", i, gl[i], wl[i])
+		}
+	}
+}
+
+// stagingDesc describes a staging plan by value (nil: none).
+func stagingDesc(st *fwdStaging) string {
+	if st == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%+v", *st)
+}
+
+// TestForwardRelocate checks that a forward plan made with its staging
+// copies at stagingPlanBase and moved to another address is the plan made
+// with the copies there: the host path plans before it allocates the
+// workspace.
+func TestForwardRelocate(t *testing.T) {
+	const at = 3<<40 + 256
+	moved := 0
+	for _, c := range fwdRecordCases() {
+		if !c.staging {
+			continue
+		}
+		p, ts, _, dopt := c.tensors(t)
+		if p.Varlen {
+			dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{}
+		}
+		b := &Backend{WGMMA: c.wgmma, TMA: c.tma}
+		call := &fwdCall{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], opt: dopt}
+		pl, err := b.planForward(call, nil, true)
+		if err != nil || pl.st == nil {
+			continue
+		}
+		pl.moveStaging(nil, at)
+		l, st, err := planStaging(b.request(call), nil, at)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got, want := digest(pl.launch, *pl.st), digest(l, st); got != want {
+			t.Errorf("%s: moved plan %s %+v\nwant %s %+v", c.name, pl.v.Name(), pl.tma, l.v.Name(), l.tma)
+		}
+		moved++
+	}
+	if moved == 0 {
+		t.Fatal("no plan with staging copies")
+	}
+}
+
+// TestBackwardBind checks that a backward plan made on a workspace at
+// address 0 and bound to another is the plan made on a workspace there:
+// the host path plans before it allocates the workspace.
+func TestBackwardBind(t *testing.T) {
+	const at = 5<<40 + 256
+	for _, c := range bwdCases() {
+		for _, dt := range c.dtypes {
+			in := bwdRecordInputs(t, c, dt)
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				pl, err := in.tryPlanAt(algo, true, 0)
+				if err != nil {
+					t.Fatalf("%s %v: %v", c.name, dt, err)
+				}
+				want, err := in.tryPlanAt(algo, true, at)
+				if err != nil {
+					t.Fatalf("%s %v: %v", c.name, dt, err)
+				}
+				pl.bind(at)
+				if got, w := digest(pl.v, pl.params.Bytes(), pl.tma, pl.launches), digest(want.v, want.params.Bytes(), want.tma, want.launches); got != w {
+					t.Errorf("%s %v %v: bound plan %s differs from %s", c.name, dt, algo, pl.v.Key(), want.v.Key())
+				}
+			}
+		}
+	}
+}
