@@ -112,8 +112,8 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 	}
 	vr := kernels.Variant{
 		DType:     dt,
-		DK:        roundUp(p.DK, 16),
-		DV:        roundUp(p.DV, 16),
+		DK:        kernels.CapacityDim(p.DK),
+		DV:        kernels.CapacityDim(p.DV),
 		LoadBytes: lb,
 		Softcap:   opt.Softcap > 0,
 		PreScale:  p.Scale < 0,
@@ -218,7 +218,7 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 			l.tma = append(l.tma, stagedHeadMaps(p, vr, part, l.tma)...)
 		}
 	case vr.TMA:
-		ts := vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
+		ts := vr.TMATensors(&pr, uint64(kernels.TMACols(p.DK)), uint64(kernels.TMACols(p.DV)), tstr[0], tstr[1], tstr[2])
 		l.tma = ts[:]
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
@@ -247,7 +247,7 @@ func stagedHeadMaps(p *attn.Problem, vr kernels.Variant, part *fwdStaging, inPla
 			d = p.DV
 		}
 		st, _ := tmaStrides(sv) // contiguous copies: strides every encoder takes
-		out[i] = kernels.TMATensor{Addr: sv.ptr(), Cols: uint64(roundUp(d, 8)), Rows: uint64(rows), Heads: uint64(heads),
+		out[i] = kernels.TMATensor{Addr: sv.ptr(), Cols: uint64(kernels.TMACols(d)), Rows: uint64(rows), Heads: uint64(heads),
 			B: uint64(p.B), Strides: st, BoxRows: uint32(box)}
 	}
 	return out

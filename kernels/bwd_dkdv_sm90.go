@@ -75,7 +75,7 @@ func (v BwdVariant) bwdHopperTile() BwdTile {
 // columns past the head dim are never loaded; they only feed output
 // columns that are never stored).
 func (v BwdVariant) bwdHopperAtoms() (ka, va, vka int) {
-	ka, va, vka = (v.DKPad()+63)/64, (v.DVPad()+63)/64, (v.DVPad()+63)/64
+	ka, va, vka = swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), swizzleAtoms(v.DVPad())
 	if v.bwdHopperWide() {
 		ka, va = 4, 4
 	}
@@ -182,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
-`, (dkp+63)/64, (dvp+63)/64, g.tmaHead("hq", "DK"), g.tmaHead("hq", "DV"))
+`, swizzleAtoms(dkp), swizzleAtoms(dvp), g.tmaHead("hq", "DK"), g.tmaHead("hq", "DV"))
 	} else {
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {

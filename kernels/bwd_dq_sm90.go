@@ -20,7 +20,7 @@ func (v BwdVariant) bwdHopperDQTile() BwdTile {
 // bwdHopperDQLayout is the shared-memory map of the Hopper dQ kernel (every
 // tile 1024-byte aligned from a base the kernel aligns).
 func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
-	ka, va := (v.DKPad()+63)/64, (v.DVPad()+63)/64
+	ka, va := swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad())
 	t := v.bwdHopperDQTile()
 	var l bwdSmemLayout
 	add := l.addSwizzled
@@ -49,7 +49,7 @@ func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
 	t := v.bwdHopperDQTile()
 	l := v.bwdHopperDQLayout()
 	dkp, dvp := v.DKPad(), v.DVPad()
-	ka, va := (dkp+63)/64, (dvp+63)/64
+	ka, va := swizzleAtoms(dkp), swizzleAtoms(dvp)
 	fmt.Fprintf(b, `// dQ (separate algorithm, Hopper warpgroup products): one block per (query block of %[1]d rows,
 // batch, query head), warpgroup w owning rows 64w .. 64w+63; loops over the visible key blocks
 // recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.

@@ -38,7 +38,7 @@ func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
 // check (package gpu checks each map's cuda.TensorMapSpec).
 func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	esz := v.elem()
-	colsK, colsV := uint64(roundUp(v.DK, 8)), uint64(roundUp(v.DV, 8))
+	colsK, colsV := uint64(TMACols(v.DK)), uint64(TMACols(v.DV))
 	q, do, k, vv := p.Q, p.DO, p.K, p.V
 	qs, dos, ks, vs := p.QS, p.DOS, p.KS, p.VS
 	if v.Staged {

@@ -37,38 +37,6 @@ func BwdKernelNames(v BwdVariant) []string {
 	return names
 }
 
-// BwdStagedDim returns the row length in elements of a staging buffer for
-// head dim d in dtype dt: d rounded up to StagedRowBytes.
-func BwdStagedDim(dt attn.DType, d int) int { return roundUp(d, StagedRowBytes/dt.Size()) }
-
-// BwdNeedsStaging reports whether head dims dk, dv in dtype dt are not
-// multiples of 16 bytes, so that rows cannot move in 16-byte copies
-// without the staging copy of a Staged variant.
-func BwdNeedsStaging(dt attn.DType, dk, dv int) bool {
-	g := 16 / dt.Size()
-	return dk%g != 0 || dv%g != 0
-}
-
-// BwdDQAccDim returns the row length in floats of the atomic dQ
-// accumulator for head dim dk: past 32, dk rounded up to a multiple of 32,
-// so that every row starts on a 128-byte line; up to 32, 16 or 32, so that
-// no row straddles two lines (and every even column starts an 8-byte
-// aligned pair for the vector atomic adds). Rows of 60 floats (D = 59)
-// straddled lines: the atomic adds of a row touched three lines, not two,
-// and the dK/dV kernel with atomic dQ took 0.620 ms against 0.534 at
-// D = 64 (B = 1, H = 16, N = 4096, H200).
-//
-// A row is never shorter than FlatWidth(dk): a Flat variant's dK/dV
-// kernel adds dQ at K's shifted columns, up to flat_shift + dk, which
-// reaches the 16-padded width (DK = 8: head 1 shifted by 8 adds columns
-// 8..15; rows of 8 floats put them into the next row's head 0).
-func BwdDQAccDim(dk int) int {
-	if dk > 16 {
-		return roundUp(dk, 32)
-	}
-	return 16
-}
-
 // BwdPreRows is the number of query rows one block of the preprocess and
 // convert kernels handles (grid x = ceil(N / BwdPreRows)).
 const BwdPreRows = 16
@@ -159,16 +127,6 @@ type BwdTiles struct {
 // (227 KiB on sm_90).
 const BwdMaxSharedMemory = 227 * 1024
 
-// bwdPadDim rounds a head dimension up to the 16-element granule of the
-// matrix instructions, or to 32 elements above 64 so that eight warps can
-// split the wider products evenly.
-func bwdPadDim(d int) int {
-	if d <= 64 {
-		return (d + 15) / 16 * 16
-	}
-	return (d + 31) / 32 * 32
-}
-
 // elem returns the storage size in bytes of the variant's dtype.
 func (v BwdVariant) elem() int { return v.DType.Size() }
 
@@ -182,7 +140,7 @@ func (v BwdVariant) DVPad() int { return v.padDim(v.DV) }
 // padDim returns head dim d as padded inside v's kernels.
 func (v BwdVariant) padDim(d int) int {
 	if v.WGMMA {
-		return roundUp(d, 16)
+		return padMMA(d)
 	}
 	return bwdPadDim(d)
 }
@@ -325,11 +283,8 @@ func (v BwdVariant) Validate() error {
 	if v.Bias && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
 	}
-	if v.Vector {
-		g := 16 / v.elem()
-		if v.DK%g != 0 || v.DV%g != 0 {
-			return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, g)
-		}
+	if v.Vector && BwdNeedsStaging(v.DType, v.DK, v.DV) {
+		return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, 16/v.elem())
 	}
 	if v.Vector && v.Staged {
 		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")

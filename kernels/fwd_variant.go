@@ -184,14 +184,12 @@ type geom struct {
 	ka, va   int // WGMMA: 64-column swizzle atoms of a Q/K row and of a V row
 }
 
-func roundUp(x, m int) int { return (x + m - 1) / m * m }
-
 func (v Variant) geom() geom {
 	var g geom
 	g.esz = v.DType.Size()
 	wn := max(v.WarpsN, 1)
-	g.dkp = roundUp(v.DK, 16)
-	g.dvp = roundUp(v.DV, 16*wn)
+	g.dkp = padMMA(v.DK)
+	g.dvp = fwdPadDV(v.DV, wn)
 	g.warps = v.WarpsM * wn
 	g.threads = 32 * g.warps
 	if v.WarpsM > 0 {

@@ -26,18 +26,6 @@ const PackThreads = 256
 // kernel copies (see PackGrid).
 const PackRowsPerBlock = 128
 
-// StagedRowBytes is the granule of a staging copy's row, forward and
-// backward: one 32-byte L2 sector, so that every row starts on a sector.
-// Rows of a multiple of 16 bytes only would start mid-sector every other
-// row, and the kernel reading them moves a sector more per such row (the
-// forward at D = 200, 400-byte rows, took 7 % longer than at 208 with the
-// same kernel; ncu read the L2 at 46.6 % of its throughput against 35.9 %).
-const StagedRowBytes = 32
-
-// StagedDim returns the row length in elements of a staging copy of a
-// 16-bit tensor with head dim d: d rounded up to StagedRowBytes.
-func StagedDim(d int) int { return roundUp(d, StagedRowBytes/2) }
-
 // stageSource holds the device functions of every staging copy. A copy
 // moves 16-byte chunks: each comes out of the (at most two) aligned 16-byte
 // blocks of the source that it overlaps, so a row that starts only 2-byte

@@ -115,7 +115,7 @@ func HopperTile(v Variant) (Tile, bool) {
 	if (v.DType != attn.BFloat16 && v.DType != attn.Float16) || v.LoadBytes != 16 {
 		return Tile{}, false
 	}
-	d := max(roundUp(v.DK, 16), roundUp(v.DV, 16))
+	d := hopperTileDim(v.DK, v.DV)
 	for _, r := range HopperTable {
 		if d <= r.MaxD {
 			t := r.Tile
