@@ -1,12 +1,5 @@
 package kernels
 
-import (
-	"encoding/binary"
-	"fmt"
-	"math"
-	"strings"
-)
-
 // Params is the forward kernel's single argument. Strides are in elements
 // (64-bit) and name the dims of each tensor: q, k, v and o are indexed
 // (batch, position, head) plus a unit-stride feature dim; lse is indexed
@@ -48,157 +41,75 @@ type Params struct {
 	DropOffset    uint32
 }
 
-// ctype is the C type of one parameter field.
-type ctype int
-
-const (
-	cU64 ctype = iota // pointer, carried as unsigned long long
-	cI64
-	cI32
-	cU32
-	cF32
-)
-
-func (t ctype) size() int {
-	if t == cU64 || t == cI64 {
-		return 8
-	}
-	return 4
-}
-
-func (t ctype) decl() string {
-	return [...]string{"u64", "i64", "int", "u32", "float"}[t]
-}
-
-// field is one row of the parameter table: the C name, type, comment and
-// the Go accessor returning the raw bits.
-type field struct {
-	name string
-	typ  ctype
-	doc  string
-	bits func(*Params) uint64
-}
-
-func i64f(f func(*Params) int64) func(*Params) uint64 {
-	return func(p *Params) uint64 { return uint64(f(p)) }
-}
-func i32f(f func(*Params) int32) func(*Params) uint64 {
-	return func(p *Params) uint64 { return uint64(uint32(f(p))) }
-}
-func u32f(f func(*Params) uint32) func(*Params) uint64 {
-	return func(p *Params) uint64 { return uint64(f(p)) }
-}
-func f32f(f func(*Params) float32) func(*Params) uint64 {
-	return func(p *Params) uint64 { return uint64(math.Float32bits(f(p))) }
-}
-
-// paramTable is the single source of the kernel argument's layout: the C
+// paramsStruct is the single source of the kernel argument's layout: the C
 // struct and the Go packing are both generated from it.
-var paramTable = []field{
-	{"q", cU64, "q [B, N, H, DK]", func(p *Params) uint64 { return p.Q }},
-	{"k", cU64, "k [B, M, Hkv, DK]", func(p *Params) uint64 { return p.K }},
-	{"v", cU64, "v [B, M, Hkv, DV]", func(p *Params) uint64 { return p.V }},
-	{"o", cU64, "o [B, N, H, DV]", func(p *Params) uint64 { return p.O }},
-	{"lse", cU64, "lse [B, H, N] float32", func(p *Params) uint64 { return p.LSE }},
-	{"bias", cU64, "bias [B|1, H|1, N, M]", func(p *Params) uint64 { return p.Bias }},
-	{"cu_q", cU64, "B+1 query segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensQ }},
-	{"cu_k", cU64, "B+1 key segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensK }},
-	{"q_sb", cI64, "q strides: batch", i64f(func(p *Params) int64 { return p.QStrideB })},
-	{"q_sn", cI64, "q strides: position", i64f(func(p *Params) int64 { return p.QStrideN })},
-	{"q_sh", cI64, "q strides: head", i64f(func(p *Params) int64 { return p.QStrideH })},
-	{"k_sb", cI64, "k strides: batch", i64f(func(p *Params) int64 { return p.KStrideB })},
-	{"k_sn", cI64, "k strides: position", i64f(func(p *Params) int64 { return p.KStrideN })},
-	{"k_sh", cI64, "k strides: head", i64f(func(p *Params) int64 { return p.KStrideH })},
-	{"v_sb", cI64, "v strides: batch", i64f(func(p *Params) int64 { return p.VStrideB })},
-	{"v_sn", cI64, "v strides: position", i64f(func(p *Params) int64 { return p.VStrideN })},
-	{"v_sh", cI64, "v strides: head", i64f(func(p *Params) int64 { return p.VStrideH })},
-	{"o_sb", cI64, "o strides: batch", i64f(func(p *Params) int64 { return p.OStrideB })},
-	{"o_sn", cI64, "o strides: position", i64f(func(p *Params) int64 { return p.OStrideN })},
-	{"o_sh", cI64, "o strides: head", i64f(func(p *Params) int64 { return p.OStrideH })},
-	{"lse_sb", cI64, "lse strides: batch", i64f(func(p *Params) int64 { return p.LSEStrideB })},
-	{"lse_sh", cI64, "lse strides: head", i64f(func(p *Params) int64 { return p.LSEStrideH })},
-	{"lse_sn", cI64, "lse strides: position", i64f(func(p *Params) int64 { return p.LSEStrideN })},
-	{"bias_sb", cI64, "bias strides: batch (0: broadcast)", i64f(func(p *Params) int64 { return p.BiasStrideB })},
-	{"bias_sh", cI64, "bias strides: head (0: broadcast)", i64f(func(p *Params) int64 { return p.BiasStrideH })},
-	{"bias_sn", cI64, "bias strides: query", i64f(func(p *Params) int64 { return p.BiasStrideN })},
-	{"bias_sm", cI64, "bias strides: key", i64f(func(p *Params) int64 { return p.BiasStrideM })},
-	{"b", cI32, "batch size (segments when varlen)", i32f(func(p *Params) int32 { return p.B })},
-	{"h", cI32, "query heads", i32f(func(p *Params) int32 { return p.H })},
-	{"group", cI32, "query heads per key/value head", i32f(func(p *Params) int32 { return p.Group })},
-	{"n", cI32, "query length (padded batch)", i32f(func(p *Params) int32 { return p.N })},
-	{"m", cI32, "key length (padded batch)", i32f(func(p *Params) int32 { return p.M })},
-	{"d_k", cI32, "actual q/k head dim", i32f(func(p *Params) int32 { return p.DK })},
-	{"d_v", cI32, "actual v/o head dim", i32f(func(p *Params) int32 { return p.DV })},
-	{"scale_log2", cF32, "scale·log2(e)", f32f(func(p *Params) float32 { return p.ScaleLog2 })},
-	{"softcap_in", cF32, "scale/softcap", f32f(func(p *Params) float32 { return p.SoftcapIn })},
-	{"softcap_out", cF32, "softcap·log2(e)", f32f(func(p *Params) float32 { return p.SoftcapOut })},
-	{"win_left", cI32, "window: keys before the diagonal (-1 unbounded)", i32f(func(p *Params) int32 { return p.WinLeft })},
-	{"win_right", cI32, "window: keys after the diagonal (-1 unbounded)", i32f(func(p *Params) int32 { return p.WinRight })},
-	{"align_br", cI32, "1: diagonal aligned bottom-right", i32f(func(p *Params) int32 { return p.AlignBR })},
-	{"o_vec2", cI32, "1: O stores may pair two elements", i32f(func(p *Params) int32 { return p.OVec2 })},
-	{"drop_threshold", cU32, "dropout: keep iff word < threshold", u32f(func(p *Params) uint32 { return p.DropThreshold })},
-	{"drop_scale", cF32, "dropout: 1/(1-p)", f32f(func(p *Params) float32 { return p.DropScale })},
-	{"seed_lo", cU32, "philox key, low word of the seed", u32f(func(p *Params) uint32 { return p.SeedLo })},
-	{"seed_hi", cU32, "philox key, high word of the seed", u32f(func(p *Params) uint32 { return p.SeedHi })},
-	{"drop_offset", cU32, "philox counter word 3", u32f(func(p *Params) uint32 { return p.DropOffset })},
-}
-
-// layout returns the byte offset of each table field (natural alignment)
-// and the struct size (a multiple of 8).
-func layout() (offs []int, size int) {
-	offs = make([]int, len(paramTable))
-	off := 0
-	for i, f := range paramTable {
-		s := f.typ.size()
-		off = roundUp(off, s)
-		offs[i] = off
-		off += s
-	}
-	return offs, roundUp(off, 8)
-}
+var paramsStruct = func() *CStruct[Params] {
+	s := NewCStruct("Params", 8,
+		CPtr("u64", "q", "q [B, N, H, DK]", func(p *Params) uint64 { return p.Q }),
+		CPtr("u64", "k", "k [B, M, Hkv, DK]", func(p *Params) uint64 { return p.K }),
+		CPtr("u64", "v", "v [B, M, Hkv, DV]", func(p *Params) uint64 { return p.V }),
+		CPtr("u64", "o", "o [B, N, H, DV]", func(p *Params) uint64 { return p.O }),
+		CPtr("u64", "lse", "lse [B, H, N] float32", func(p *Params) uint64 { return p.LSE }),
+		CPtr("u64", "bias", "bias [B|1, H|1, N, M]", func(p *Params) uint64 { return p.Bias }),
+		CPtr("u64", "cu_q", "B+1 query segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensQ }),
+		CPtr("u64", "cu_k", "B+1 key segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensK }),
+		CI64("i64", "q_sb", "q strides: batch", func(p *Params) int64 { return p.QStrideB }),
+		CI64("i64", "q_sn", "q strides: position", func(p *Params) int64 { return p.QStrideN }),
+		CI64("i64", "q_sh", "q strides: head", func(p *Params) int64 { return p.QStrideH }),
+		CI64("i64", "k_sb", "k strides: batch", func(p *Params) int64 { return p.KStrideB }),
+		CI64("i64", "k_sn", "k strides: position", func(p *Params) int64 { return p.KStrideN }),
+		CI64("i64", "k_sh", "k strides: head", func(p *Params) int64 { return p.KStrideH }),
+		CI64("i64", "v_sb", "v strides: batch", func(p *Params) int64 { return p.VStrideB }),
+		CI64("i64", "v_sn", "v strides: position", func(p *Params) int64 { return p.VStrideN }),
+		CI64("i64", "v_sh", "v strides: head", func(p *Params) int64 { return p.VStrideH }),
+		CI64("i64", "o_sb", "o strides: batch", func(p *Params) int64 { return p.OStrideB }),
+		CI64("i64", "o_sn", "o strides: position", func(p *Params) int64 { return p.OStrideN }),
+		CI64("i64", "o_sh", "o strides: head", func(p *Params) int64 { return p.OStrideH }),
+		CI64("i64", "lse_sb", "lse strides: batch", func(p *Params) int64 { return p.LSEStrideB }),
+		CI64("i64", "lse_sh", "lse strides: head", func(p *Params) int64 { return p.LSEStrideH }),
+		CI64("i64", "lse_sn", "lse strides: position", func(p *Params) int64 { return p.LSEStrideN }),
+		CI64("i64", "bias_sb", "bias strides: batch (0: broadcast)", func(p *Params) int64 { return p.BiasStrideB }),
+		CI64("i64", "bias_sh", "bias strides: head (0: broadcast)", func(p *Params) int64 { return p.BiasStrideH }),
+		CI64("i64", "bias_sn", "bias strides: query", func(p *Params) int64 { return p.BiasStrideN }),
+		CI64("i64", "bias_sm", "bias strides: key", func(p *Params) int64 { return p.BiasStrideM }),
+		CI32("int", "b", "batch size (segments when varlen)", func(p *Params) int32 { return p.B }),
+		CI32("int", "h", "query heads", func(p *Params) int32 { return p.H }),
+		CI32("int", "group", "query heads per key/value head", func(p *Params) int32 { return p.Group }),
+		CI32("int", "n", "query length (padded batch)", func(p *Params) int32 { return p.N }),
+		CI32("int", "m", "key length (padded batch)", func(p *Params) int32 { return p.M }),
+		CI32("int", "d_k", "actual q/k head dim", func(p *Params) int32 { return p.DK }),
+		CI32("int", "d_v", "actual v/o head dim", func(p *Params) int32 { return p.DV }),
+		CF32("scale_log2", "scale·log2(e)", func(p *Params) float32 { return p.ScaleLog2 }),
+		CF32("softcap_in", "scale/softcap", func(p *Params) float32 { return p.SoftcapIn }),
+		CF32("softcap_out", "softcap·log2(e)", func(p *Params) float32 { return p.SoftcapOut }),
+		CI32("int", "win_left", "window: keys before the diagonal (-1 unbounded)", func(p *Params) int32 { return p.WinLeft }),
+		CI32("int", "win_right", "window: keys after the diagonal (-1 unbounded)", func(p *Params) int32 { return p.WinRight }),
+		CI32("int", "align_br", "1: diagonal aligned bottom-right", func(p *Params) int32 { return p.AlignBR }),
+		CI32("int", "o_vec2", "1: O stores may pair two elements", func(p *Params) int32 { return p.OVec2 }),
+		CU32("u32", "drop_threshold", "dropout: keep iff word < threshold", func(p *Params) uint32 { return p.DropThreshold }),
+		CF32("drop_scale", "dropout: 1/(1-p)", func(p *Params) float32 { return p.DropScale }),
+		CU32("u32", "seed_lo", "philox key, low word of the seed", func(p *Params) uint32 { return p.SeedLo }),
+		CU32("u32", "seed_hi", "philox key, high word of the seed", func(p *Params) uint32 { return p.SeedHi }),
+		CU32("u32", "drop_offset", "philox counter word 3", func(p *Params) uint32 { return p.DropOffset }),
+	)
+	s.TypeWidth, s.DocColumn = 6, 22
+	return s
+}()
 
 // ParamsSize is the size in bytes of the packed Params.
-var ParamsSize = func() int { _, s := layout(); return s }()
+var ParamsSize = paramsStruct.Size()
 
 // Pack returns the kernel argument bytes of p, laid out as the generated C
 // struct (little-endian).
-func (p *Params) Pack() []byte {
-	b := make([]byte, ParamsSize)
-	p.PackInto(b)
-	return b
-}
+func (p *Params) Pack() []byte { return paramsStruct.Pack(p) }
 
 // PackInto writes the kernel argument bytes of p into b, which must hold
 // ParamsSize bytes; it allocates nothing.
-func (p *Params) PackInto(b []byte) {
-	offs, _ := layout()
-	for i, f := range paramTable {
-		v := f.bits(p)
-		if f.typ.size() == 8 {
-			binary.LittleEndian.PutUint64(b[offs[i]:], v)
-		} else {
-			binary.LittleEndian.PutUint32(b[offs[i]:], uint32(v))
-		}
-	}
-}
+func (p *Params) PackInto(b []byte) { paramsStruct.PackInto(b, p) }
 
 // cParams returns the C declaration of the Params struct, followed by
 // static assertions that pin every offset to the Go layout.
 func cParams() string {
-	var s strings.Builder
-	offs, size := layout()
-	s.WriteString("// Kernel argument (one struct, passed by value). Strides are in elements.\n")
-	s.WriteString("struct __align__(8) Params {\n")
-	for _, f := range paramTable {
-		fmt.Fprintf(&s, "  %-6s %-15s // %s\n", f.typ.decl(), f.name+";", f.doc)
-	}
-	s.WriteString("};\n")
-	fmt.Fprintf(&s, "static_assert(sizeof(Params) == %d, \"Params size differs from the Go packing\");\n", size)
-	// NVRTC's front end lacks __builtin_offsetof; nvcc checks every offset.
-	s.WriteString("#ifndef __CUDACC_RTC__\n")
-	for i, f := range paramTable {
-		fmt.Fprintf(&s, "static_assert(__builtin_offsetof(Params, %s) == %d, \"Params.%s offset\");\n", f.name, offs[i], f.name)
-	}
-	s.WriteString("#endif\n")
-	return s.String()
+	return "// Kernel argument (one struct, passed by value). Strides are in elements.\n" +
+		paramsStruct.Decl() + paramsStruct.SizeAssert() + paramsStruct.OffsetAsserts()
 }

@@ -176,61 +176,41 @@ func TestTuneTable(t *testing.T) {
 }
 
 func TestParamsLayout(t *testing.T) {
-	offs, size := layout()
-	if size != ParamsSize || size%8 != 0 {
-		t.Fatalf("size %d (ParamsSize %d) not a multiple of 8", size, ParamsSize)
-	}
-	end := 0
-	names := map[string]bool{}
-	for i, f := range paramTable {
-		if offs[i]%f.typ.size() != 0 {
-			t.Errorf("%s at %d not aligned to %d", f.name, offs[i], f.typ.size())
-		}
-		if offs[i] < end {
-			t.Errorf("%s at %d overlaps the previous field ending at %d", f.name, offs[i], end)
-		}
-		end = offs[i] + f.typ.size()
-		if names[f.name] {
-			t.Errorf("duplicate field %s", f.name)
-		}
-		names[f.name] = true
+	if ParamsSize != 296 {
+		t.Fatalf("ParamsSize %d, want 296: 8 pointers, 19 strides, 19 four-byte fields, 4 bytes of tail padding", ParamsSize)
 	}
 	// Every field lands at its offset with its value.
 	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
 		ScaleLog2: 1.5, WinLeft: -1, DropThreshold: 0xfedcba98, DropOffset: 0x01020304}
 	b := p.Pack()
-	get := func(name string) uint64 {
-		for i, f := range paramTable {
-			if f.name == name {
-				if f.typ.size() == 8 {
-					return binary.LittleEndian.Uint64(b[offs[i]:])
-				}
-				return uint64(binary.LittleEndian.Uint32(b[offs[i]:]))
-			}
-		}
-		t.Fatalf("no field %s", name)
-		return 0
-	}
 	checks := []struct {
-		name string
-		want uint64
+		name      string
+		off, size int
+		want      uint64
 	}{
-		{"q", 0x1122334455667788}, {"cu_k", 0xabcdef}, {"q_sb", uint64(1<<64 - 3)}, {"bias_sm", 1 << 40},
-		{"b", 7}, {"d_v", 257}, {"scale_log2", uint64(math.Float32bits(1.5))}, {"win_left", 0xffffffff},
-		{"drop_threshold", 0xfedcba98}, {"drop_offset", 0x01020304}, {"k", 0},
-	}
-	for _, c := range checks {
-		if got := get(c.name); got != c.want {
-			t.Errorf("field %s = %#x, want %#x", c.name, got, c.want)
-		}
+		{"q", 0, 8, 0x1122334455667788}, {"cu_k", 56, 8, 0xabcdef}, {"q_sb", 64, 8, uint64(1<<64 - 3)}, {"bias_sm", 208, 8, 1 << 40},
+		{"b", 216, 4, 7}, {"d_v", 240, 4, 257}, {"scale_log2", 244, 4, uint64(math.Float32bits(1.5))}, {"win_left", 256, 4, 0xffffffff},
+		{"drop_threshold", 272, 4, 0xfedcba98}, {"drop_offset", 288, 4, 0x01020304}, {"k", 8, 8, 0},
 	}
 	decl := cParams()
-	for i, f := range paramTable {
-		if !strings.Contains(decl, " "+f.name+";") {
-			t.Errorf("C struct lacks %s", f.name)
+	for _, c := range checks {
+		off, ok := paramsStruct.Offset(c.name)
+		if !ok || off != c.off {
+			t.Errorf("field %s at %d (%v), want %d", c.name, off, ok, c.off)
+			continue
 		}
-		if !strings.Contains(decl, fmt.Sprintf("offsetof(Params, %s) == %d,", f.name, offs[i])) {
-			t.Errorf("C struct lacks the offset assertion of %s", f.name)
+		got := uint64(binary.LittleEndian.Uint32(b[off:]))
+		if c.size == 8 {
+			got = binary.LittleEndian.Uint64(b[off:])
+		}
+		if got != c.want {
+			t.Errorf("field %s = %#x, want %#x", c.name, got, c.want)
+		}
+		if !strings.Contains(decl, " "+c.name+";") {
+			t.Errorf("C struct lacks %s", c.name)
+		}
+		if !strings.Contains(decl, fmt.Sprintf("offsetof(Params, %s) == %d,", c.name, c.off)) {
+			t.Errorf("C struct lacks the offset assertion of %s", c.name)
 		}
 	}
 	var into [512]byte
