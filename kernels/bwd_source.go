@@ -95,7 +95,7 @@ func (g *bwdGen) prelude(b *strings.Builder) {
 	b.WriteString(`#define FA_INF __int_as_float(0x7f800000)
 #define FA_LOG2E 1.4426950408889634f
 `)
-	b.WriteString(bwdParamsStruct())
+	b.WriteString(bwdParamsStruct.Decl())
 	b.WriteString(PrimitivesBegin + "\n")
 	b.WriteString("DEV u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async16", bytes: 16, generic: true, zfill: true, memory: true}))

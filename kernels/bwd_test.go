@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -149,26 +150,36 @@ func TestBwdValidate(t *testing.T) {
 }
 
 func TestBwdParamsLayout(t *testing.T) {
-	p := BwdParams{Q: 0x1122334455667788, B: 3, DropOffs: 0xdeadbeef}
+	p := BwdParams{Q: 0x1122334455667788, PDO: 0x99, PDOS: BwdStrides{Head: -2}, LSEBatch: 5, DBiasElems: 1 << 33, B: 3, DropOffs: 0xdeadbeef}
 	b := p.Bytes()
-	if len(b)%8 != 0 {
-		t.Fatalf("params size %d not a multiple of 8", len(b))
+	if len(b) != 632 || bwdParamsStruct.Size() != 632 {
+		t.Fatalf("params of %d bytes, want 632: 21 pointers, 48 strides and counts, 19 four-byte fields, 4 bytes of padding", len(b))
 	}
-	if b[0] != 0x88 || b[7] != 0x11 {
-		t.Fatalf("q pointer bytes % x", b[:8])
-	}
-	if got := b[len(b)-8:]; got[4] != 0xef && got[0] != 0xef {
-		t.Fatalf("last field not at the end: % x", got)
-	}
-	decl := bwdParamsStruct()
-	n8, n4 := strings.Count(decl, "long long")+strings.Count(decl, "*"), 0
-	for _, f := range p.fields() {
-		if f.size == 4 {
-			n4++
+	decl := bwdParamsStruct.Decl()
+	for _, c := range []struct {
+		name      string
+		off, size int
+		want      uint64
+	}{
+		{"q", 0, 8, 0x1122334455667788}, {"lse", 40, 8, 0}, {"pdo", 160, 8, 0x99}, {"q_sb", 168, 8, 0},
+		{"pdo_sh", 472, 8, uint64(1<<64 - 2)}, {"lse_sb", 480, 8, 5}, {"dbias_elems", 544, 8, 1 << 33},
+		{"B", 552, 4, 3}, {"drop_offset", 624, 4, 0xdeadbeef},
+	} {
+		off, ok := bwdParamsStruct.Offset(c.name)
+		if !ok || off != c.off {
+			t.Errorf("%s at %d (%v), want %d", c.name, off, ok, c.off)
+			continue
 		}
-	}
-	if want := n8*8 + n4*4; (want+7)/8*8 != len(b) {
-		t.Fatalf("declared members make %d bytes, Bytes gives %d", want, len(b))
+		got := uint64(binary.LittleEndian.Uint32(b[off:]))
+		if c.size == 8 {
+			got = binary.LittleEndian.Uint64(b[off:])
+		}
+		if got != c.want {
+			t.Errorf("%s = %#x, want %#x", c.name, got, c.want)
+		}
+		if !strings.Contains(decl, " "+c.name+";") {
+			t.Errorf("C struct lacks %s", c.name)
+		}
 	}
 }
 
