@@ -121,8 +121,22 @@ func (v BwdVariant) bwdHopperCols() (nv, nk, nq int) {
 	return dvp, dkp, dkp
 }
 
-// dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants.
+// dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants, stage by
+// stage: the block's setup and its key tiles' loads, the dK/dV
+// accumulators, the matrix descriptors, one query block's step, and the
+// stores of dK and dV.
 func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
+	kl, vl := g.dkdvSM90Setup(b)
+	tdk, tdv, accA, accB := g.dkdvSM90Accumulators(b)
+	g.dkdvSM90Descriptors(b, kl, vl)
+	g.dkdvSM90Step(b)
+	g.dkdvSM90Store(b, tdk, tdv, accA, accB)
+}
+
+// dkdvSM90Setup writes the dK/dV kernel's header, shared-memory tiles,
+// query range and the addressing of its key tiles; it returns the row
+// limits of the k and v tile loads.
+func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 	v := g.v
 	t := v.bwdHopperTile()
 	l := v.bwdHopperLayout()
@@ -157,7 +171,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
 `, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
-	kl, vl := "", ""
 	if v.Flat {
 		b.WriteString(`  // flat rows: k and v tiles from flat_shift columns before the head's start, the head shifted
   // right by sk_ (k; with one query head per key head also q and dK) and sv_ (v, dO and dV) columns
@@ -194,16 +207,26 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   };
 `, g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
 	}
+	return kl, vl
+}
+
+// dkdvSM90Accumulators declares the dK and dV accumulators and returns
+// their layouts over the warps and the names of the two accumulators.
+func (g *bwdGen) dkdvSM90Accumulators(b *strings.Builder) (tdk, tdv bwdWarpTile, accA, accB string) {
+	v := g.v
+	dkp, dvp := v.DKPad(), v.DVPad()
+	wide := v.bwdHopperWide()
+	crossed := v.bwdHopperCrossed()
 	// dK and dV accumulators and their layouts over the warps (rows: keys)
-	tdk := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
-	tdv := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dvp, MT: 1, NT: dvp / 8, Warps: 8}
+	tdk = bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
+	tdv = bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dvp, MT: 1, NT: dvp / 8, Warps: 8}
 	if wide {
 		tdk = bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: 128, MT: 1, NT: 16, Warps: 8}
 		tdv = tdk
 	}
 	// the crossed split's accumulators: the 128-column share (accW: dV on warpgroup 0, dK on 1) and
 	// the rest (accR: dK's columns from 128 on warpgroup 0, dV's on 1)
-	accA, accB := "accdV", "accdK"
+	accA, accB = "accdV", "accdK"
 	if crossed {
 		accA, accB = "accW", "accR"
 		b.WriteString("  // accW: dV columns 0..127 (warpgroup 0) or dK columns 0..127 (warpgroup 1), keys x 128\n  ")
@@ -215,6 +238,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 		b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
 		b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
 	}
+	return tdk, tdv, accA, accB
+}
+
+// dkdvSM90Descriptors writes the first loads of the key tiles and the
+// matrix descriptors of the products.
+func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
+	v := g.v
+	dkp := v.DKPad()
+	wide := v.bwdHopperWide()
+	crossed := v.bwdHopperCrossed()
+	_, _, nq := v.bwdHopperCols()
+	split := nq < dkp // dQ columns split over the warpgroups
 	fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
     load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);
@@ -245,8 +280,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   const u64 dPt = sw128_desc(sPa + wg * BM * 128, 16, 1024), dSt = sw128_desc(sdSa + wg * BM * 128, 16, 1024);
 `)
 	}
-	nv, nk, nq := v.bwdHopperCols()
-	split := nq < dkp // dQ columns split over the warpgroups
 	if v.AtomicDQ {
 		if split {
 			fmt.Fprintf(b, `  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
@@ -261,6 +294,17 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 `)
 		}
 	}
+}
+
+// dkdvSM90Step writes the loop over query blocks: S and dP, P and dS,
+// dV += Pᵀ·dO and dK += dSᵀ·Q, and with AtomicDQ dQ += dS·K.
+func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
+	v := g.v
+	t := v.bwdHopperTile()
+	dkp := v.DKPad()
+	crossed := v.bwdHopperCrossed()
+	nv, nk, nq := v.bwdHopperCols()
+	split := nq < dkp // dQ columns split over the warpgroups
 	b.WriteString(`  for (int it = 0; it < iters; ++it) {
     const int st = it & 1;
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
@@ -358,6 +402,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     }
 `, nq/8, g.flatLimit("sk_", "DK"))
 	}
+}
+
+// dkdvSM90Store closes the loop and stores dK and dV (through shared
+// memory for odd head dims).
+func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, accB string) {
+	v := g.v
+	l := v.bwdHopperLayout()
+	dkp := v.DKPad()
+	crossed := v.bwdHopperCrossed()
 	fmt.Fprintf(b, `    wgmma_wait<0>();
     fence_acc(%[1]s[0]);
     fence_acc(%[2]s[0]);
