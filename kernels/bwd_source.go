@@ -72,7 +72,18 @@ func bwdConvFuncs(prefix string, dt attn.DType) string {
 		"__device__ __forceinline__ %s %s_from_f(float x) { return %s; }\n", prefix, ct, to, ct, prefix, from)
 }
 
+// prelude writes what every kernel of the module uses: types, device
+// primitives, tile loads and the non-finite checks.
 func (g *bwdGen) prelude(b *strings.Builder) {
+	g.preludeTypes(b)
+	g.preludePrimitives(b)
+	g.preludeLoads(b)
+	g.nfFuncs(b)
+}
+
+// preludeTypes writes the module's header, element types, conversions and
+// the params struct.
+func (g *bwdGen) preludeTypes(b *strings.Builder) {
 	v := g.v
 	fmt.Fprintf(b, "// flashattn backward kernels, variant %s\n", v.Key())
 	b.WriteString("// Layouts: q [B,N,H,DK], k [B,M,Hkv,DK], v [B,M,Hkv,DV], o/dO [B,N,H,DV] (packed: the batch\n" +
@@ -96,6 +107,12 @@ func (g *bwdGen) prelude(b *strings.Builder) {
 #define FA_LOG2E 1.4426950408889634f
 `)
 	b.WriteString(bwdParamsStruct.Decl())
+}
+
+// preludePrimitives writes the PTX wrappers, the matrix products' helpers,
+// the atomic adds, Philox and the mask's helpers.
+func (g *bwdGen) preludePrimitives(b *strings.Builder) {
+	v := g.v
 	b.WriteString(PrimitivesBegin + "\n")
 	b.WriteString("DEV u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async16", bytes: 16, generic: true, zfill: true, memory: true}))
@@ -146,6 +163,11 @@ __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, 
 	} else {
 		b.WriteString("__device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) { return j < m; }\n")
 	}
+}
+
+// preludeLoads writes the global tile loads and stores and load_stats.
+func (g *bwdGen) preludeLoads(b *strings.Builder) {
+	v := g.v
 	// Global tile loads: 16-byte copies when rows allow them (Vector) or
 	// come from the padded staging copies (Staged), element-wise otherwise.
 	epc := 16 / v.elem()
@@ -238,7 +260,6 @@ __device__ __forceinline__ void load_stats(float* sl, float* sd, const float* gl
   }
 }
 `)
-	g.nfFuncs(b)
 }
 
 // vectorPairStore is the body storing (a, b_) at g[col], g[col+1].
