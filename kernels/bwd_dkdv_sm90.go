@@ -43,7 +43,7 @@ import (
 //
 // Every product is a warpgroup instruction (wgmma.mma_async); dK and dV
 // stay in registers for the whole loop. Tiles in shared memory use the
-// forward's 128-byte swizzle (see hopper.go): rows of 64 elements, 16-byte
+// forward's 128-byte swizzle (see fwd_sm90.go): rows of 64 elements, 16-byte
 // chunk c of row r at chunk c ^ (r mod 8), wider rows as several such atoms.
 
 // bwdHopperBM is the number of query rows per step of the Hopper kernel.

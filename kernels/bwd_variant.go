@@ -7,7 +7,8 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// Names of the backward kernels; every backward module defines all six.
+// Names of the backward kernels: every backward module defines the first
+// five, Staged ones BwdPackKernel too (BwdKernelNames).
 const (
 	// BwdPreKernel computes Delta = rowsum(dO∘O), the base-2 LSE and, for the
 	// atomic dQ algorithm, zeroes the fp32 dQ accumulator.
@@ -96,8 +97,8 @@ type BwdVariant struct {
 	// Tiles overrides the default tile shapes when its fields are non-zero.
 	Tiles BwdTiles
 	// WGMMA selects the Hopper dK/dV and dQ kernels (sm_90a; see
-	// bwd_hopper.go and BwdHopperOK for what they take). The module then runs
-	// only on sm_90.
+	// bwd_dkdv_sm90.go, bwd_dq_sm90.go and BwdHopperOK for what they
+	// take). The module then runs only on sm_90.
 	WGMMA bool
 	// TMA (with WGMMA, not Varlen) loads the streamed tiles of the Hopper
 	// kernels with the tensor memory accelerator: q and dO in the dK/dV
@@ -348,7 +349,8 @@ func (v BwdVariant) Key() string {
 	return b.String()
 }
 
-// BwdSource returns the CUDA C++ source of the six backward kernels of v,
+// BwdSource returns the CUDA C++ source of the backward kernels of v
+// (BwdKernelNames),
 // each taking one BwdParams argument by value. It fails with
 // attn.ErrUnsupported (or another sentinel) when v cannot be generated.
 func BwdSource(v BwdVariant) (string, error) {

@@ -16,10 +16,10 @@
 // memory with cp.async (or register-staged narrow loads when rows are only
 // 2-byte aligned), in rows padded to an odd number of 16-byte chunks so that
 // ldmatrix reads are free of bank conflicts and every shared address is a
-// per-lane register plus an immediate (see load.go and NOTES.md).
+// per-lane register plus an immediate (see fwd_load.go and NOTES.md).
 //
 // On Hopper (sm_90a) a Variant with WGMMA set generates the warpgroup
-// kernel instead (hopper.go, wgmma.go): one warpgroup per 64 query rows (two
+// kernel instead (fwd_sm90.go, wgmma.go): one warpgroup per 64 query rows (two
 // past D = 320, splitting each key block and the value columns), both
 // products as wgmma.mma_async on shared tiles in the 128-byte swizzled layout
 // those instructions read (matrix descriptors), K and V double-buffered, and
@@ -28,7 +28,7 @@
 // tiles come from the tensor memory accelerator (tma.go): bulk tensor copies
 // described by tensor maps the host encodes, completing on
 // mbarriers, so the warps' own load path stays idle. The backward's dK/dV and dQ kernels
-// have the same counterparts (BwdVariant.WGMMA, bwd_hopper.go; with
+// have the same counterparts (BwdVariant.WGMMA, bwd_*_sm90.go; with
 // BwdVariant.TMA their streamed tiles come by tensor maps, bwd_tma.go). Both reuse the
 // element-wise code of the mma.sync kernels: the accumulator layout of a
 // warp is the same.

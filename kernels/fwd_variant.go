@@ -123,7 +123,7 @@ type Variant struct {
 	// MinBlocks is the number of CTAs per SM the register allocation must
 	// allow (__launch_bounds__).
 	MinBlocks int
-	// WGMMA selects the Hopper kernel (sm_90a only; see hopper.go): warpgroup
+	// WGMMA selects the Hopper kernel (sm_90a only; see fwd_sm90.go): warpgroup
 	// matrix products (wgmma.mma_async) on 128-byte-swizzled shared tiles,
 	// one warpgroup per 64 query rows, the P·V product of a key block
 	// overlapping the softmax of the next. It needs 16-bit elements, 16-byte
@@ -206,7 +206,7 @@ func (v Variant) geom() geom {
 	} else {
 		g.psteps = v.BlockN / 16
 	}
-	// tiles have a pitch of one extra 16-byte chunk per row (see load.go)
+	// tiles have a pitch of one extra 16-byte chunk per row (see fwd_load.go)
 	g.sq = v.BlockM * (g.kch + 1) * 16
 	g.sk = v.Stages * v.BlockN * (g.kch + 1) * 16
 	g.sv = v.Stages * v.BlockN * (g.vch + 1) * 16
