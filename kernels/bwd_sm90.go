@@ -46,8 +46,7 @@ func (v BwdVariant) HopperProducts() []WGMMAProduct {
 func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	v := g.v
 	if v.TMA {
-		var p BwdParams
-		b.WriteString(bwdTMADecl(len(p.Bytes())))
+		b.WriteString(bwdTMADecl())
 	}
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))

@@ -41,8 +41,8 @@ type CField[T any] struct {
 	// join declares the field on the line of the previous one (both of
 	// its type: "long long sb, sr, sh;").
 	join bool
-	bits func(*T) uint64 // scalars: the value's bits
-	blob func(*T) []byte // CBlob fields: the value's bytes
+	bits func(*T) uint64  // scalars: the value's bits
+	put  func(*T, []byte) // CBlob fields: writes the value's bytes
 }
 
 // CPtr is a device pointer of C type ctype ("const T*", "u64", ...).
@@ -76,10 +76,10 @@ func CF32[T any](name, doc string, get func(*T) float32) CField[T] {
 }
 
 // CBlob is a member of C type ctype held as size bytes with the given
-// alignment (a nested struct, a tensor map); get returns at most size
-// bytes, the rest are zero.
-func CBlob[T any](ctype, name, doc string, size, align int, get func(*T) []byte) CField[T] {
-	return CField[T]{ctype: ctype, name: name, doc: doc, size: size, align: align, blob: get}
+// alignment (a nested struct, a tensor map); put writes them into a slice
+// of size zeroed bytes.
+func CBlob[T any](ctype, name, doc string, size, align int, put func(*T, []byte)) CField[T] {
+	return CField[T]{ctype: ctype, name: name, doc: doc, size: size, align: align, put: put}
 }
 
 // Joined returns f declared on the line of the field before it, which must
@@ -127,15 +127,15 @@ func (s *CStruct[T]) Pack(p *T) []byte {
 
 // PackInto writes the struct's bytes for p into b, which must hold Size
 // bytes; padding bytes are zeroed. It allocates nothing beyond what CBlob
-// getters do.
+// fields' put functions do.
 func (s *CStruct[T]) PackInto(b []byte, p *T) {
 	b = b[:s.size]
 	clear(b)
 	for i, f := range s.fields {
 		at := b[s.offs[i] : s.offs[i]+f.size]
 		switch {
-		case f.blob != nil:
-			copy(at, f.blob(p))
+		case f.put != nil:
+			f.put(p, at)
 		case f.size == 8:
 			binary.LittleEndian.PutUint64(at, f.bits(p))
 		default:

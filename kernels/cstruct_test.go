@@ -37,7 +37,7 @@ func TestCStructLayout(t *testing.T) {
 		{
 			name: "declared alignment and a blob",
 			s: NewCStruct("T", 64,
-				CBlob("TensorMap", "m", "", 3, 4, func(p *mixed) []byte { return p.M[:] }),
+				CBlob("TensorMap", "m", "", 3, 4, func(p *mixed, b []byte) { copy(b, p.M[:]) }),
 				CI32("int", "x", "", func(p *mixed) int32 { return p.A }).Joined()),
 			offs:  map[string]int{"m": 0, "x": 4},
 			size:  64,
