@@ -100,8 +100,8 @@ func bwdSpeculate(dev *cuda.Device, p *attn.Problem, dt attn.DType, a *bwdArgs, 
 		}
 		v := pl.v
 		v.DType = other
-		if v.Bias && v.BiasDType == dt {
-			v.BiasDType = other
+		if v.Biased() && v.Bias.DType() == dt {
+			v.Bias = kernels.BiasFor(other)
 		}
 		g := 16 / other.Size()
 		v.Vector = v.Vector && v.DK%g == 0 && v.DV%g == 0

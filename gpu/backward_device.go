@@ -276,7 +276,7 @@ func bwdCacheFor(dev *cuda.Device) *bwdCache {
 // compile concurrently.
 func bwdModuleFor(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
 	c := bwdCacheFor(dev)
-	key := v.Key()
+	key := v.Name()
 	c.mu.Lock()
 	e, ok := c.m[key]
 	if !ok {
@@ -290,8 +290,8 @@ func bwdModuleFor(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
 
 // compileBwd compiles and loads v's module and looks up its kernels.
 func compileBwd(dev *cuda.Device, v kernels.BwdVariant) (*bwdModule, error) {
-	key := v.Key()
-	src, err := kernels.BwdSource(v)
+	key := v.Name()
+	src, err := v.Source()
 	if err != nil {
 		return nil, err
 	}
@@ -334,18 +334,20 @@ func prepareBackward(dev *cuda.Device, p *attn.Problem, dt attn.DType, a bwdArgs
 // bwdVariantFor returns the kernel variant of a backward call.
 func bwdVariantFor(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm) kernels.BwdVariant {
 	v := kernels.BwdVariant{
-		DType:    dt,
-		DK:       p.DK,
-		DV:       p.DV,
-		Masked:   p.Masked,
-		Softcap:  p.Opt.Softcap > 0,
-		Dropout:  p.Opt.Dropout > 0,
-		Varlen:   p.Varlen,
+		DType: dt,
+		DK:    p.DK,
+		DV:    p.DV,
+		Features: kernels.Features{
+			Mask:    kernels.MaskFor(p.Masked),
+			Softcap: p.Opt.Softcap > 0,
+			Dropout: p.Opt.Dropout > 0,
+			Varlen:  p.Varlen,
+		},
 		AtomicDQ: algo == DQAtomic,
 		Tiles:    a.Tiles,
 	}
 	if a.Bias != nil {
-		v.Bias, v.BiasDType = true, a.Bias.DType
+		v.Bias = kernels.BiasFor(a.Bias.DType)
 		v.BiasGrad = a.DBias != nil
 	}
 	v.Vector = vectorOK(dt, p, a)
@@ -474,7 +476,7 @@ func planBackward(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm, 
 	}
 	pl := &bwdPlan{v: v, algo: algo, w: backwardWorkspace(p, dt, algo, a.DBias != nil)}
 	if v.Staged != (pl.w.pq != 0) {
-		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Key())
+		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Name())
 	}
 	pl.params = bwdParams(p, a, pl.w)
 	if run && !p.Varlen && !optedOut(os.Getenv(EnvNoTMA)) {
@@ -525,7 +527,7 @@ func (pl *bwdPlan) useTMA() {
 // where it validates and the encoder would take its four maps, and reports
 // whether it did.
 func (pl *bwdPlan) tryTMA(v kernels.BwdVariant) bool {
-	dkdv, dq := v.BwdTMATensors(&pl.params)
+	dkdv, dq := v.TMATensors(&pl.params)
 	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 	for _, t := range ts {
 		if tensorMapSpec(t).Check() != nil {
@@ -580,7 +582,7 @@ func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, err
 	})
 	c.tmu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Key(), err)
+		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Name(), err)
 	}
 	return pl.kernelArgs(maps), nil
 }
@@ -589,7 +591,7 @@ func (pl *bwdPlan) launchArgs(dev *cuda.Device) (func(kernel string) []byte, err
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order) ahead of them.
 func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
-	params := pl.params.Bytes()
+	params := pl.params.Pack()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }
 	}

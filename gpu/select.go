@@ -115,11 +115,13 @@ func plan(p *attn.Problem, dt attn.DType, q, k, v, o, lse DeviceTensor, bias *De
 		DK:        kernels.CapacityDim(p.DK),
 		DV:        kernels.CapacityDim(p.DV),
 		LoadBytes: lb,
-		Softcap:   opt.Softcap > 0,
-		PreScale:  p.Scale < 0,
-		Dropout:   opt.Dropout > 0,
-		Varlen:    p.Varlen,
-		LSE:       true,
+		Features: kernels.Features{
+			Softcap: opt.Softcap > 0,
+			Dropout: opt.Dropout > 0,
+			Varlen:  p.Varlen,
+		},
+		PreScale: p.Scale < 0,
+		LSE:      true,
 	}
 	if p.Masked {
 		vr.Mask = kernels.MaskWindow

@@ -9,16 +9,16 @@ type BwdStrides struct {
 
 // BwdParams is the single argument of every backward kernel. Pointers are
 // device addresses (0 where unused); strides are in elements. Its byte form
-// (Bytes) matches the C struct the generator emits (bwdParamsStruct).
+// (Pack) matches the C struct the generator emits (bwdParamsStruct).
 type BwdParams struct {
 	Q, K, V, O, DO           uint64 // inputs: q, k, v, o, dO in the variant's dtype
 	LSE                      uint64 // float32 natural-log LSE
 	DQ, DK, DV               uint64 // outputs in the variant's dtype
 	DQAcc                    uint64 // float32 [rows, H, DK] accumulator (AtomicDQ)
 	Delta, LSE2              uint64 // float32 scratch in the LSE's layout: rowsum(dO∘O) and LSE·log2(e) (+inf for a row with no key)
-	Bias                     uint64 // bias in BiasDType
+	Bias                     uint64 // bias in the variant's Bias element type
 	DBiasScratch             uint64 // float32 [B, H, N, M] per-head dS (BiasGrad)
-	DBias                    uint64 // dBias in BiasDType, contiguous in the bias's own shape
+	DBias                    uint64 // dBias in the bias's element type, contiguous in the bias's own shape
 	CuSeqlensQ, CuSeqlensK   uint64 // int32 [B+1] (Varlen)
 	PQ, PK, PV, PDO          uint64 // Staged: the padded copies of q, k, v and dO the main kernels read
 	QS, KS, VS, OS, DOS      BwdStrides
@@ -127,5 +127,5 @@ var bwdParamsStruct = func() *CStruct[BwdParams] {
 	return NewCStruct("BwdParams", 8, fs...)
 }()
 
-// Bytes returns the params in the layout of the generated C struct.
-func (p *BwdParams) Bytes() []byte { return bwdParamsStruct.Pack(p) }
+// Pack returns the params in the layout of the generated C struct.
+func (p *BwdParams) Pack() []byte { return bwdParamsStruct.Pack(p) }

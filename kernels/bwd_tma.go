@@ -18,7 +18,7 @@ package kernels
 
 // BwdTMAArgs returns the argument of a TMA dK/dV or dQ kernel launch: the
 // tensor maps a and b (dK/dV: q, dO; dQ: k, v), then the bytes of
-// BwdParams (BwdParams.Bytes), the whole padded to 64 bytes as the C struct
+// BwdParams (BwdParams.Pack), the whole padded to 64 bytes as the C struct
 // BwdTmaParams is.
 func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
 	return bwdTMAStruct.Pack(&bwdTMAArgs{a: a, b: b, params: params})
@@ -27,7 +27,7 @@ func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
 // bwdTMAArgs holds the argument of a TMA dK/dV or dQ kernel.
 type bwdTMAArgs struct {
 	a, b   [128]byte
-	params []byte // BwdParams.Bytes
+	params []byte // BwdParams.Pack
 }
 
 // bwdTMAStruct is the layout of the C struct BwdTmaParams.
@@ -40,13 +40,13 @@ var bwdTMAStruct = func() *CStruct[bwdTMAArgs] {
 	return s
 }()
 
-// BwdTMATensors returns the tensors the TMA kernels of v read with tensor
+// TMATensors returns the tensors the TMA kernels of v read with tensor
 // maps, for a launch with params p: q and dO for the dK/dV kernel, k and v
 // for the dQ kernel (the staging copies for Staged variants). A dimension
 // of extent one gets a stride of 16 bytes (it is never stepped over);
 // whether every other stride suits the accelerator is for the caller to
 // check (package gpu checks each map's cuda.TensorMapSpec).
-func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
+func (v BwdVariant) TMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	esz := v.elem()
 	colsK, colsV := uint64(TMACols(v.DK)), uint64(TMACols(v.DV))
 	q, do, k, vv := p.Q, p.DO, p.K, p.V

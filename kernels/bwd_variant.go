@@ -55,20 +55,11 @@ type BwdVariant struct {
 	DType attn.DType
 	// DK and DV are the head dimensions (1..512).
 	DK, DV int
-	// Masked is set when a causal mask or window applies; its bounds and
-	// alignment are launch parameters.
-	Masked bool
-	// Softcap is set when the scores are soft-capped.
-	Softcap bool
-	// Bias is set when a bias is added; BiasDType is its storage type.
-	Bias      bool
-	BiasDType attn.DType
+	// Features: mask, softcap, bias (its element type also dBias's),
+	// dropout, varlen.
+	Features
 	// BiasGrad asks for dBias (requires Bias).
 	BiasGrad bool
-	// Dropout is set when dropout is on.
-	Dropout bool
-	// Varlen is set for packed variable-length batches.
-	Varlen bool
 	// AtomicDQ makes the dK/dV kernel accumulate dQ with fp32 atomic adds
 	// (then BwdDQConvertKernel finishes dQ); otherwise BwdDQKernel computes it.
 	AtomicDQ bool
@@ -123,10 +114,6 @@ type BwdTile struct {
 type BwdTiles struct {
 	DKDV, DQ BwdTile
 }
-
-// BwdMaxSharedMemory is the largest dynamic shared memory a block may use
-// (227 KiB on sm_90).
-const BwdMaxSharedMemory = 227 * 1024
 
 // elem returns the storage size in bytes of the variant's dtype.
 func (v BwdVariant) elem() int { return v.DType.Size() }
@@ -275,13 +262,16 @@ func (v BwdVariant) Validate() error {
 	if v.DK < 1 || v.DK > attn.MaxHeadDim || v.DV < 1 || v.DV > attn.MaxHeadDim {
 		return attn.Errorf(attn.ErrShape, "backward variant: head dims DK=%d DV=%d outside 1..%d", v.DK, v.DV, attn.MaxHeadDim)
 	}
-	if v.Bias && !v.BiasDType.Valid() {
-		return attn.Errorf(attn.ErrDType, "backward variant: bias dtype %d", int(v.BiasDType))
+	if v.Mask > MaskWindow {
+		return attn.Errorf(attn.ErrOption, "backward variant: mask kind %d", v.Mask)
 	}
-	if v.BiasGrad && !v.Bias {
+	if v.Bias > BiasBF16 {
+		return attn.Errorf(attn.ErrDType, "backward variant: bias kind %d", v.Bias)
+	}
+	if v.BiasGrad && !v.Biased() {
 		return attn.Errorf(attn.ErrOption, "backward variant: BiasGrad without Bias")
 	}
-	if v.Bias && v.Varlen {
+	if v.Biased() && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
 	}
 	if v.Vector && BwdNeedsStaging(v.DType, v.DK, v.DV) {
@@ -291,13 +281,13 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")
 	}
 	if v.Flat && (v.Vector || v.Staged || !v.WGMMA || !v.TMA || v.Varlen || !FlatFits(v.DK, v.DV)) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: rows read in place (Flat) need the Hopper kernels with tensor maps, a fixed-length batch and room for the shift, without Vector or Staged", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: rows read in place (Flat) need the Hopper kernels with tensor maps, a fixed-length batch and room for the shift, without Vector or Staged", v.Name())
 	}
 	if v.WGMMA && !BwdHopperOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Name())
 	}
 	if v.TMA && (!v.WGMMA || v.Varlen) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Name())
 	}
 	t := v.ResolvedTiles()
 	dkdvLayout, dqLayout := v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
@@ -316,9 +306,9 @@ func (v BwdVariant) Validate() error {
 		if tt.Warps <= 0 || tt.Warps > 16 || tt.Stages < 1 || tt.Stages > 2 || tt.MinBlocks < 1 {
 			return attn.Errorf(attn.ErrUnsupported, "backward %s tile: %d warps, %d stages, %d min blocks", x.name, tt.Warps, tt.Stages, tt.MinBlocks)
 		}
-		if x.l.total > BwdMaxSharedMemory {
+		if x.l.total > MaxSharedBytes {
 			return attn.Errorf(attn.ErrUnsupported, "backward %s kernel needs %d bytes of shared memory (DK=%d DV=%d %v), limit %d",
-				x.name, x.l.total, v.DK, v.DV, v.DType, BwdMaxSharedMemory)
+				x.name, x.l.total, v.DK, v.DV, v.DType, MaxSharedBytes)
 		}
 	}
 	for _, pr := range v.products() {
@@ -329,14 +319,15 @@ func (v BwdVariant) Validate() error {
 	return nil
 }
 
-// Key returns a short name of the variant, usable as a cache key or label.
-func (v BwdVariant) Key() string {
+// Name returns a short unique name of the variant, usable as a cache key,
+// label or file name.
+func (v BwdVariant) Name() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "bwd_%v_dk%d_dv%d", v.DType, v.DK, v.DV)
 	flags := []struct {
 		on   bool
 		name string
-	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
+	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
 		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}}
 	for _, f := range flags {
 		if f.on {
@@ -349,11 +340,14 @@ func (v BwdVariant) Key() string {
 	return b.String()
 }
 
-// BwdSource returns the CUDA C++ source of the backward kernels of v
-// (BwdKernelNames),
-// each taking one BwdParams argument by value. It fails with
-// attn.ErrUnsupported (or another sentinel) when v cannot be generated.
-func BwdSource(v BwdVariant) (string, error) {
+// String returns Name.
+func (v BwdVariant) String() string { return v.Name() }
+
+// Source returns the CUDA C++ source of the backward kernels of v
+// (BwdKernelNames), each taking one BwdParams argument by value. It fails
+// with attn.ErrUnsupported (or another sentinel) when v cannot be
+// generated.
+func (v BwdVariant) Source() (string, error) {
 	if err := v.Validate(); err != nil {
 		return "", err
 	}

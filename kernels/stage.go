@@ -202,7 +202,7 @@ func PackLaunch(ps []PackParams, grids [][3]uint32) ([3]uint32, []byte) {
 	return g, args
 }
 
-// PackParams are the arguments of the pack kernel for one tensor; Bytes
+// PackParams are the arguments of the pack kernel for one tensor; Pack
 // gives the C struct's layout.
 type PackParams struct {
 	Src, Dst                           uint64 // device addresses of the source tensor's element 0 and of the staging buffer
@@ -236,5 +236,5 @@ var packParamsStruct = func() *CStruct[PackParams] {
 	return s
 }()
 
-// Bytes returns the params in the layout of the C struct PackParams.
-func (p PackParams) Bytes() []byte { return packParamsStruct.Pack(&p) }
+// Pack returns the params in the layout of the C struct PackParams.
+func (p PackParams) Pack() []byte { return packParamsStruct.Pack(&p) }
