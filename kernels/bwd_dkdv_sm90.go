@@ -105,6 +105,13 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	return l
 }
 
+// bwdHopperSplitDQ reports whether the atomic dQ's columns are split over
+// the warpgroups (one warpgroup computes them all otherwise).
+func (v BwdVariant) bwdHopperSplitDQ() bool {
+	_, _, nq := v.bwdHopperCols()
+	return nq < v.DKPad()
+}
+
 // bwdHopperCols returns the columns of one warpgroup's products in the
 // dK/dV kernel: dV += Pᵀ·dO (nv), dK += dSᵀ·Q (nk) and the atomic dQ = dS·K
 // (nq; fewer than DKP when the warpgroups split dQ's columns). With split
@@ -245,11 +252,10 @@ func (g *bwdGen) dkdvSM90Accumulators(b *strings.Builder) (tdk, tdv bwdWarpTile,
 // matrix descriptors of the products.
 func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
 	v := g.v
-	dkp := v.DKPad()
 	wide := v.bwdHopperWide()
 	crossed := v.bwdHopperCrossed()
 	_, _, nq := v.bwdHopperCols()
-	split := nq < dkp // dQ columns split over the warpgroups
+	split := v.bwdHopperSplitDQ()
 	fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
     load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);
@@ -304,7 +310,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	dkp := v.DKPad()
 	crossed := v.bwdHopperCrossed()
 	nv, nk, nq := v.bwdHopperCols()
-	split := nq < dkp // dQ columns split over the warpgroups
+	split := v.bwdHopperSplitDQ()
 	b.WriteString(`  for (int it = 0; it < iters; ++it) {
     const int st = it & 1;
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -155,32 +154,11 @@ func TestBwdParamsLayout(t *testing.T) {
 	if len(b) != 632 || bwdParamsStruct.Size() != 632 {
 		t.Fatalf("params of %d bytes, want 632: 21 pointers, 48 strides and counts, 19 four-byte fields, 4 bytes of padding", len(b))
 	}
-	decl := bwdParamsStruct.Decl()
-	for _, c := range []struct {
-		name      string
-		off, size int
-		want      uint64
-	}{
+	checkLayout(t, bwdParamsStruct, b, []layoutCheck{
 		{"q", 0, 8, 0x1122334455667788}, {"lse", 40, 8, 0}, {"pdo", 160, 8, 0x99}, {"q_sb", 168, 8, 0},
 		{"pdo_sh", 472, 8, uint64(1<<64 - 2)}, {"lse_sb", 480, 8, 5}, {"dbias_elems", 544, 8, 1 << 33},
 		{"B", 552, 4, 3}, {"drop_offset", 624, 4, 0xdeadbeef},
-	} {
-		off, ok := bwdParamsStruct.Offset(c.name)
-		if !ok || off != c.off {
-			t.Errorf("%s at %d (%v), want %d", c.name, off, ok, c.off)
-			continue
-		}
-		got := uint64(binary.LittleEndian.Uint32(b[off:]))
-		if c.size == 8 {
-			got = binary.LittleEndian.Uint64(b[off:])
-		}
-		if got != c.want {
-			t.Errorf("%s = %#x, want %#x", c.name, got, c.want)
-		}
-		if !strings.Contains(decl, " "+c.name+";") {
-			t.Errorf("C struct lacks %s", c.name)
-		}
-	}
+	})
 }
 
 func TestBwdWarpGrid(t *testing.T) {
@@ -197,21 +175,6 @@ func TestBwdWarpGrid(t *testing.T) {
 	if _, _, err := bwdWarpGrid(8, 8, 4); err == nil {
 		t.Errorf("bwdWarpGrid(8,8,4) accepted")
 	}
-}
-
-var (
-	bwdNVRTCOnce sync.Once
-	bwdNVRTC     *cuda.Compiler
-	bwdNVRTCErr  error
-)
-
-func bwdCompilerOrSkip(t *testing.T) *cuda.Compiler {
-	t.Helper()
-	bwdNVRTCOnce.Do(func() { bwdNVRTC, bwdNVRTCErr = cuda.NewCompiler() })
-	if bwdNVRTCErr != nil {
-		t.Skipf("no NVRTC: %v", bwdNVRTCErr)
-	}
-	return bwdNVRTC
 }
 
 func bwdCompile(t *testing.T, c *cuda.Compiler, v BwdVariant) []cuda.KernelResources {
@@ -233,7 +196,7 @@ func bwdCompile(t *testing.T, c *cuda.Compiler, v BwdVariant) []cuda.KernelResou
 // TestBwdCompileMain compiles the main variants with NVRTC for sm_90 and
 // checks that ptxas reports no spills in the dK/dV and dQ kernels.
 func TestBwdCompileMain(t *testing.T) {
-	c := bwdCompilerOrSkip(t)
+	c := compilerOrSkip(t)
 	vs := mainBwdVariants()
 	switch {
 	case os.Getenv("FLASHATTN_BWD_MATRIX") != "":
@@ -268,7 +231,7 @@ func TestBwdCompileMatrix(t *testing.T) {
 	if s == "" {
 		t.Skip("compiling the backward variant matrix runs with FLASHATTN_BWD_MATRIX=1 (or =all)")
 	}
-	c := bwdCompilerOrSkip(t)
+	c := compilerOrSkip(t)
 	vs := bwdMatrix()
 	if s != "all" {
 		// A spread subset keeps the default run under a minute or two.

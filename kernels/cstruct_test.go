@@ -2,6 +2,8 @@ package kernels
 
 import (
 	"bytes"
+	"encoding/binary"
+	"strings"
 	"testing"
 )
 
@@ -66,6 +68,38 @@ func TestCStructLayout(t *testing.T) {
 				t.Errorf("bytes % x, want % x", b, tc.bytes)
 			}
 		})
+	}
+}
+
+// layoutCheck is one field's expected offset, size and value in a packed
+// struct.
+type layoutCheck struct {
+	name      string
+	off, size int
+	want      uint64
+}
+
+// checkLayout checks each field of checks in the bytes b that s packed: its
+// offset, its value, and its member in the declaration.
+func checkLayout[T any](t *testing.T, s *CStruct[T], b []byte, checks []layoutCheck) {
+	t.Helper()
+	decl := s.Decl()
+	for _, c := range checks {
+		off, ok := s.Offset(c.name)
+		if !ok || off != c.off {
+			t.Errorf("field %s at %d (%v), want %d", c.name, off, ok, c.off)
+			continue
+		}
+		got := uint64(binary.LittleEndian.Uint32(b[off:]))
+		if c.size == 8 {
+			got = binary.LittleEndian.Uint64(b[off:])
+		}
+		if got != c.want {
+			t.Errorf("field %s = %#x, want %#x", c.name, got, c.want)
+		}
+		if !strings.Contains(decl, " "+c.name+";") && !strings.Contains(decl, " "+c.name+",") {
+			t.Errorf("C struct lacks %s", c.name)
+		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -183,32 +182,14 @@ func TestParamsLayout(t *testing.T) {
 	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
 		ScaleLog2: 1.5, WinLeft: -1, DropThreshold: 0xfedcba98, DropOffset: 0x01020304}
 	b := p.Pack()
-	checks := []struct {
-		name      string
-		off, size int
-		want      uint64
-	}{
+	checks := []layoutCheck{
 		{"q", 0, 8, 0x1122334455667788}, {"cu_k", 56, 8, 0xabcdef}, {"q_sb", 64, 8, uint64(1<<64 - 3)}, {"bias_sm", 208, 8, 1 << 40},
 		{"b", 216, 4, 7}, {"d_v", 240, 4, 257}, {"scale_log2", 244, 4, uint64(math.Float32bits(1.5))}, {"win_left", 256, 4, 0xffffffff},
 		{"drop_threshold", 272, 4, 0xfedcba98}, {"drop_offset", 288, 4, 0x01020304}, {"k", 8, 8, 0},
 	}
+	checkLayout(t, paramsStruct, b, checks)
 	decl := cParams()
 	for _, c := range checks {
-		off, ok := paramsStruct.Offset(c.name)
-		if !ok || off != c.off {
-			t.Errorf("field %s at %d (%v), want %d", c.name, off, ok, c.off)
-			continue
-		}
-		got := uint64(binary.LittleEndian.Uint32(b[off:]))
-		if c.size == 8 {
-			got = binary.LittleEndian.Uint64(b[off:])
-		}
-		if got != c.want {
-			t.Errorf("field %s = %#x, want %#x", c.name, got, c.want)
-		}
-		if !strings.Contains(decl, " "+c.name+";") {
-			t.Errorf("C struct lacks %s", c.name)
-		}
 		if !strings.Contains(decl, fmt.Sprintf("offsetof(Params, %s) == %d,", c.name, c.off)) {
 			t.Errorf("C struct lacks the offset assertion of %s", c.name)
 		}
