@@ -101,6 +101,32 @@ func TestSourceMatrix(t *testing.T) {
 	}
 }
 
+// generated is what Variant and BwdVariant both are: a variant that
+// validates and generates its source.
+type generated interface {
+	Validate() error
+	Source() (string, error)
+}
+
+// checkValidate checks that v validates with an error wrapping want (nil:
+// none), and that Source fails alike.
+func checkValidate(t *testing.T, v generated, want error) {
+	t.Helper()
+	err := v.Validate()
+	if want == nil {
+		if err != nil {
+			t.Fatalf("Validate: %v", err)
+		}
+		return
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("Validate = %v, want %v", err, want)
+	}
+	if _, err := v.Source(); !errors.Is(err, want) {
+		t.Fatalf("Source error = %v, want %v", err, want)
+	}
+}
+
 func TestValidate(t *testing.T) {
 	ok := Variant{DType: attn.BFloat16, DK: 128, DV: 128, BlockM: 128, BlockN: 64, WarpsM: 4, WarpsN: 1, Stages: 2, LoadBytes: 16, MinBlocks: 1}
 	cases := []struct {
@@ -130,19 +156,7 @@ func TestValidate(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			v := ok
 			c.edit(&v)
-			err := v.Validate()
-			if c.want == nil {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, c.want) {
-				t.Fatalf("Validate = %v, want %v", err, c.want)
-			}
-			if _, err := v.Source(); !errors.Is(err, c.want) {
-				t.Fatalf("Source error = %v, want %v", err, c.want)
-			}
+			checkValidate(t, v, c.want)
 		})
 	}
 }
