@@ -37,9 +37,24 @@
 // in the generated source, so that a host emulator (package gpu's tests) can
 // replace them and run the kernels without a GPU.
 //
-// The kernel takes one struct parameter whose C declaration and Go packing
-// (Params.Pack) come from a single field table, so they cannot drift; the
-// generated source also asserts every field offset at compile time.
+// Every kernel takes one struct parameter whose C declaration and Go
+// packing come from one field list (CStruct: Params.Pack, BwdParams.Pack,
+// PackParams.Pack), so they cannot drift; the generated source also asserts
+// the struct's size (and, under nvcc, every field offset) at compile time.
+//
+// The forward's Variant and the backward's BwdVariant share one vocabulary:
+// both embed Features (mask, softcap, bias, dropout, varlen), both have
+// Validate, Source and Name.
+//
+// Files say pass, stage and architecture: fwd_*.go is the forward
+// (fwd_variant, fwd_source, fwd_mainloop, fwd_load, fwd_qk, fwd_softmax,
+// fwd_mask, fwd_pv, fwd_epilogue, fwd_dropout, fwd_params; fwd_sm90 the
+// Hopper kernel), bwd_*.go the backward (bwd_variant, bwd_source, bwd_mma,
+// bwd_stage, bwd_params, bwd_nan; bwd_dkdv_sm90, bwd_dq_sm90 and bwd_sm90
+// the Hopper kernels; bwd_tma). Shared by both: features.go, headdim.go
+// (every head-dim rounding rule), cstruct.go, tune.go (the tile tables),
+// stage.go (the staging copies), flat.go, tma.go, ptx.go, wgmma.go and
+// philox.go.
 //
 // Element types: bf16 and fp16 use mma.sync m16n8k16 with fp32
 // accumulation; fp32 uses split-tf32 (three m16n8k8 tf32 products per step:
