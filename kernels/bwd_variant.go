@@ -156,22 +156,23 @@ func (v BwdVariant) padRow(cols int) int { return cols + 16/v.elem() }
 
 // DKDVSharedBytes returns the dynamic shared memory of the dK/dV kernel.
 func (v BwdVariant) DKDVSharedBytes() int {
-	if v.WGMMA {
-		return v.bwdHopperLayout().total
-	}
-	t := v.ResolvedTiles().DKDV
-	l := v.dkdvLayout(t)
+	l, _ := v.layouts()
 	return l.total
 }
 
 // DQSharedBytes returns the dynamic shared memory of the dQ kernel.
 func (v BwdVariant) DQSharedBytes() int {
-	if v.WGMMA {
-		return v.bwdHopperDQLayout().total
-	}
-	t := v.ResolvedTiles().DQ
-	l := v.dqLayout(t)
+	_, l := v.layouts()
 	return l.total
+}
+
+// layouts returns the shared-memory maps of the dK/dV and dQ kernels.
+func (v BwdVariant) layouts() (dkdv, dq bwdSmemLayout) {
+	if v.WGMMA {
+		return v.bwdHopperLayout(), v.bwdHopperDQLayout()
+	}
+	t := v.ResolvedTiles()
+	return v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
 }
 
 // bwdSmemLayout is the byte offsets of the shared-memory tiles of a kernel.
@@ -256,10 +257,7 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Name())
 	}
 	t := v.ResolvedTiles()
-	dkdvLayout, dqLayout := v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
-	if v.WGMMA {
-		dkdvLayout, dqLayout = v.bwdHopperLayout(), v.bwdHopperDQLayout()
-	}
+	dkdvLayout, dqLayout := v.layouts()
 	for _, x := range []struct {
 		name string
 		t    BwdTile
