@@ -37,8 +37,8 @@
 // architecture (sm_XY, or sm_XYa with CompileRequest.ArchSpecific) and loads
 // it; Module.Function finds a kernel, and Device.Launch runs it. A kernel
 // takes one struct parameter whose bytes Launch passes with
-// CU_LAUNCH_PARAM_BUFFER_POINTER; ParamBuffer builds those bytes with the
-// C++ layout. Every compile gets --std=c++17, -default-device and -I for the
+// CU_LAUNCH_PARAM_BUFFER_POINTER; kernels.CStruct builds those bytes with
+// the C++ layout. Every compile gets --std=c++17, -default-device and -I for the
 // directory that holds cuda_fp16.h. A failed compile returns a *CompileError
 // with NVRTC's full log and the path of the saved source.
 //
@@ -105,10 +105,16 @@
 //	defer buf.Free()
 //	err = dev.CopyToDevice(buf, 0, cuda.AsBytes(x))
 //
-//	var p cuda.ParamBuffer
-//	p.Ptr(buf.Ptr())
-//	p.I32(int32(len(x)))
-//	p.F32(2)
-//	err = dev.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{256, 1, 1}, 0, nil, p.Bytes())
+//	type params struct {
+//		x uint64
+//		n int32
+//		s float32
+//	}
+//	args := kernels.NewCStruct("Params", 0,
+//		kernels.CPtr("float*", "x", "", func(p *params) uint64 { return p.x }),
+//		kernels.CI32("int", "n", "", func(p *params) int32 { return p.n }),
+//		kernels.CF32("s", "", func(p *params) float32 { return p.s }),
+//	).Pack(&params{x: buf.Ptr(), n: int32(len(x)), s: 2})
+//	err = dev.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{256, 1, 1}, 0, nil, args)
 //	err = dev.CopyFromDevice(cuda.AsBytes(x), buf, 0) // x is now 2, 4, 6
 package cuda

@@ -5,6 +5,7 @@ import (
 	"log"
 
 	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
 )
 
 // This example compiles a kernel with NVRTC, launches it on a buffer and
@@ -40,11 +41,18 @@ extern "C" __global__ void scale(Params p) {
 	if err := dev.CopyToDevice(buf, 0, cuda.AsBytes(x)); err != nil {
 		log.Fatal(err)
 	}
-	var p cuda.ParamBuffer
-	p.Ptr(buf.Ptr())
-	p.I32(int32(len(x)))
-	p.F32(2)
-	if err := dev.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{256, 1, 1}, 0, nil, p.Bytes()); err != nil {
+	// The argument's bytes, laid out as the C struct Params (kernels.CStruct).
+	type params struct {
+		x uint64
+		n int32
+		s float32
+	}
+	args := kernels.NewCStruct("Params", 0,
+		kernels.CPtr("float*", "x", "", func(p *params) uint64 { return p.x }),
+		kernels.CI32("int", "n", "", func(p *params) int32 { return p.n }),
+		kernels.CF32("s", "", func(p *params) float32 { return p.s }),
+	).Pack(&params{x: buf.Ptr(), n: int32(len(x)), s: 2})
+	if err := dev.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{256, 1, 1}, 0, nil, args); err != nil {
 		log.Fatal(err)
 	}
 	if err := dev.CopyFromDevice(cuda.AsBytes(x), buf, 0); err != nil {

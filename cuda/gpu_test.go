@@ -372,11 +372,9 @@ func TestDynamicSharedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer out.Free()
-	var p ParamBuffer
-	p.Ptr(out.Ptr())
-	p.I32(int32(n))
+	args := argsOf(1, false, true, false).Pack(&ptrsArgs{p: [3]uint64{out.Ptr()}, i32: int32(n)})
 	launch := func() error {
-		return d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{512, 1, 1}, uint32(smem), nil, p.Bytes())
+		return d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{512, 1, 1}, uint32(smem), nil, args)
 	}
 	if smem > d.SharedMemoryPerBlock() {
 		if err := launch(); !errors.Is(err, ErrCUDA) {
@@ -445,13 +443,11 @@ func TestEvents(t *testing.T) {
 		t.Logf("clock rate attribute: %d, %v; assuming 1.5 GHz", clock, err)
 		clock = 1500000
 	}
-	var p ParamBuffer
-	p.Ptr(counter.Ptr())
-	p.I64(int64(clock) * 2) // about 2 ms at the base clock
+	args := argsOf(1, true, false, false).Pack(&ptrsArgs{p: [3]uint64{counter.Ptr()}, i64: int64(clock) * 2}) // about 2 ms at the base clock
 	if err := start.Record(s); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Launch(f, [3]uint32{4, 1, 1}, [3]uint32{32, 1, 1}, 0, s, p.Bytes()); err != nil {
+	if err := d.Launch(f, [3]uint32{4, 1, 1}, [3]uint32{32, 1, 1}, 0, s, args); err != nil {
 		t.Fatal(err)
 	}
 	if err := end.Record(s); err != nil {
@@ -487,7 +483,7 @@ func TestEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if err := d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, s, p.Bytes()); err != nil {
+	if err := d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, s, args); err != nil {
 		t.Fatal(err)
 	}
 	if err := end.Record(s); err != nil {
@@ -533,11 +529,7 @@ func TestGraphReplay(t *testing.T) {
 	}
 	defer s.Close()
 	grid, block := [3]uint32{n / 256, 1, 1}, [3]uint32{256, 1, 1}
-	var ap ParamBuffer
-	ap.Ptr(da.Ptr())
-	ap.Ptr(dc.Ptr())
-	ap.I32(n)
-	ap.F32(2)
+	ap := argsOf(2, false, true, true).Pack(&ptrsArgs{p: [3]uint64{da.Ptr(), dc.Ptr()}, i32: n, f32: 2})
 	// The work: c = NaN; c = a + 0.5 b; c = 2 a + c; c = 2 a + c.
 	work := func() error {
 		if err := d.Memset32Async(dc, 0x7fc00000, s); err != nil {
@@ -547,7 +539,7 @@ func TestGraphReplay(t *testing.T) {
 			return err
 		}
 		for range 2 {
-			if err := d.Launch(axpy, grid, block, 0, s, ap.Bytes()); err != nil {
+			if err := d.Launch(axpy, grid, block, 0, s, ap); err != nil {
 				return err
 			}
 		}
@@ -930,10 +922,7 @@ func TestLaunchEarly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer buf.Free()
-	params := make([]byte, 24)
-	binary.LittleEndian.PutUint64(params[0:], buf.Ptr())
-	binary.LittleEndian.PutUint64(params[8:], 200000) // cycles: about 0.1 ms
-	binary.LittleEndian.PutUint32(params[16:], n)
+	params := argsOf(1, true, true, false).Pack(&ptrsArgs{p: [3]uint64{buf.Ptr()}, i64: 200000, i32: n}) // cycles: about 0.1 ms
 	grid, block := [3]uint32{n / 256, 1, 1}, [3]uint32{256, 1, 1}
 	for rep := 0; rep < 5; rep++ {
 		if err := d.Memset32(buf, 0); err != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/flashattn/flashattn/kernels"
 )
 
 // TestMain points the compile cache at a fresh temporary directory, so that
@@ -87,13 +89,36 @@ extern "C" __global__ void vecadd(VecAddParams p) {
 }
 `
 
+// ptrsArgs holds the arguments of the tests' kernels: up to three
+// pointers, then the 64-bit, 32-bit and float scalars their structs
+// declare (argsOf lists which).
+type ptrsArgs struct {
+	p   [3]uint64
+	i64 int64
+	i32 int32
+	f32 float32
+}
+
+// argsOf returns the CStruct of a test kernel's argument: nptr pointers,
+// then a long long if i64, an int if i32, a float if f32.
+func argsOf(nptr int, i64, i32, f32 bool) *kernels.CStruct[ptrsArgs] {
+	var fs []kernels.CField[ptrsArgs]
+	for i := range nptr {
+		fs = append(fs, kernels.CPtr("void*", fmt.Sprintf("p%d", i), "", func(a *ptrsArgs) uint64 { return a.p[i] }))
+	}
+	if i64 {
+		fs = append(fs, kernels.CI64("long long", "l", "", func(a *ptrsArgs) int64 { return a.i64 }))
+	}
+	if i32 {
+		fs = append(fs, kernels.CI32("int", "n", "", func(a *ptrsArgs) int32 { return a.i32 }))
+	}
+	if f32 {
+		fs = append(fs, kernels.CF32("f", "", func(a *ptrsArgs) float32 { return a.f32 }))
+	}
+	return kernels.NewCStruct("Args", 0, fs...)
+}
+
 // vecAddParams packs VecAddParams.
 func vecAddParams(a, b, c *Buffer, n int, alpha float32) []byte {
-	var p ParamBuffer
-	p.Ptr(a.Ptr())
-	p.Ptr(b.Ptr())
-	p.Ptr(c.Ptr())
-	p.I32(int32(n))
-	p.F32(alpha)
-	return p.Bytes()
+	return argsOf(3, false, true, true).Pack(&ptrsArgs{p: [3]uint64{a.Ptr(), b.Ptr(), c.Ptr()}, i32: int32(n), f32: alpha})
 }

@@ -359,7 +359,7 @@ func (ls *launchScratch) setParams(params []byte) uintptr {
 // Launch enqueues kernel f on stream s (nil: the legacy default stream)
 // with grid blocks of block threads and sharedBytes of dynamic shared
 // memory. params holds the bytes of the kernel's single parameter (a
-// struct, laid out as the C++ compiler lays it out; see ParamBuffer); it is
+// struct, laid out as the C++ compiler lays it out; see kernels.CStruct); it is
 // copied during the call, so the caller may reuse it on return. A kernel
 // without parameters takes nil. Errors from the kernel's execution show up
 // at the next synchronizing call.

@@ -322,7 +322,7 @@ func (b *Backend) bwdLaunchArgs(pl *bwdPlan) (func(kernel string) []byte, error)
 	})
 	b.mu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Key(), err)
+		return nil, fmt.Errorf("flashattn: backward %s: %w", pl.v.Name(), err)
 	}
 	return pl.kernelArgs(maps), nil
 }

@@ -135,7 +135,7 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 			t.Fatal(err)
 		}
 		if err := s.Synchronize(); err != nil {
-			t.Fatalf("%s: %v", pl.v.Key(), err)
+			t.Fatalf("%s: %v", pl.v.Name(), err)
 		}
 		if r < warm {
 			continue
@@ -156,7 +156,7 @@ func bwdKernelTimesTiles(t *testing.T, b *Backend, s *cuda.Stream, set *bwdBench
 		sort.Float64s(x)
 		med[k] = x[len(x)/2]
 	}
-	return med, pl.v.Key()
+	return med, pl.v.Name()
 }
 
 // TestBackwardBench prints the throughput table and the contention ratios.
@@ -172,7 +172,7 @@ func TestBackwardBench(t *testing.T) {
 	for _, d := range []int{64, 128, 256} {
 		for _, masked := range []bool{false, true} {
 			for _, atomic := range []bool{false, true} {
-				vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Masked: masked, AtomicDQ: atomic, Vector: true})
+				vs = append(vs, kernels.BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Features: kernels.Features{Mask: kernels.MaskFor(masked)}, AtomicDQ: atomic, Vector: true})
 			}
 		}
 	}

@@ -86,12 +86,12 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 		t.Fatalf("plan: %v", err)
 	}
 	if pl.v.WGMMA != hopper || pl.v.TMA != (kind == emuHopperTMA) {
-		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Key(), kind)
+		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Name(), kind)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && kind == emuHopperTMA; pl.v.Flat != want {
-		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Key(), pl.v.Flat, want)
+		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
 	}
-	src, err := kernels.BwdSource(pl.v)
+	src, err := pl.v.Source()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 			params2[k] = args(k)
 		}
 	}
-	emuExec(t, bin, pl.v.Key(), args(kernels.BwdPreKernel), ar, launches, params2)
+	emuExec(t, bin, pl.v.Name(), args(kernels.BwdPreKernel), ar, launches, params2)
 	if flag := ar.at(a.Workspace+uint64(pl.w.nf), 8); !slices.Equal(flag, make([]byte, 8)) {
 		t.Fatalf("non-finite flag and counter %v after the fix-up, want zero", flag)
 	}

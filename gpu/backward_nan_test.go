@@ -271,10 +271,10 @@ func TestBackwardNonFinite(t *testing.T) {
 					for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 						v := in.variant(t, algo, fam.hopper)
 						if v.WGMMA != fam.hopper || v.TMA != (fam.tma && c.cuQ == nil) {
-							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Key())
+							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
 						}
 						if want := fam.tma && strings.HasPrefix(c.name, "flat-") && dt != attn.Float32; v.Flat != want {
-							t.Fatalf("%s %v %v: plan %s: Flat = %v, want %v", c.name, dt, algo, v.Key(), v.Flat, want)
+							t.Fatalf("%s %v %v: plan %s: Flat = %v, want %v", c.name, dt, algo, v.Name(), v.Flat, want)
 						}
 						vs = append(vs, v)
 					}

@@ -122,18 +122,20 @@ func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, db
 // bwdVariantFor returns the kernel variant of a backward call.
 func bwdVariantFor(p *attn.Problem, dt attn.DType, a *bwdArgs, algo DQAlgorithm) kernels.BwdVariant {
 	v := kernels.BwdVariant{
-		DType:    dt,
-		DK:       p.DK,
-		DV:       p.DV,
-		Masked:   p.Masked,
-		Softcap:  p.Opt.Softcap > 0,
-		Dropout:  p.Opt.Dropout > 0,
-		Varlen:   p.Varlen,
+		DType: dt,
+		DK:    p.DK,
+		DV:    p.DV,
+		Features: kernels.Features{
+			Mask:    kernels.MaskFor(p.Masked),
+			Softcap: p.Opt.Softcap > 0,
+			Dropout: p.Opt.Dropout > 0,
+			Varlen:  p.Varlen,
+		},
 		AtomicDQ: algo == DQAtomic,
 		Tiles:    a.Tiles,
 	}
 	if a.Bias != nil {
-		v.Bias, v.BiasDType = true, a.Bias.DType
+		v.Bias = kernels.BiasFor(a.Bias.DType)
 		v.BiasGrad = a.DBias != nil
 	}
 	v.Vector = vectorOK(dt, p, a)
@@ -284,7 +286,7 @@ func planBackward(r bwdRequest) (*bwdPlan, error) {
 	}
 	pl := &bwdPlan{r: r, v: v, algo: algo, w: backwardWorkspace(p, dt, algo, a.DBias != nil)}
 	if v.Staged != (pl.w.pq != 0) {
-		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Key())
+		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Name())
 	}
 	pl.params = bwdParams(p, a, pl.w)
 	if run && !p.Varlen && r.tma {
@@ -339,7 +341,7 @@ func (pl *bwdPlan) bind(ws uint64) {
 	pl.r.a.Workspace = ws
 	pl.params = bwdParams(pl.r.p, &pl.r.a, pl.w)
 	if pl.v.TMA {
-		dkdv, dq := pl.v.BwdTMATensors(&pl.params)
+		dkdv, dq := pl.v.TMATensors(&pl.params)
 		pl.tma = []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 	}
 }
@@ -358,7 +360,7 @@ func (pl *bwdPlan) useTMA() {
 // where it validates and the encoder would take its four maps, and reports
 // whether it did.
 func (pl *bwdPlan) tryTMA(v kernels.BwdVariant) bool {
-	dkdv, dq := v.BwdTMATensors(&pl.params)
+	dkdv, dq := v.TMATensors(&pl.params)
 	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 	for _, t := range ts {
 		if tensorMapSpec(t).Check() != nil {
@@ -400,7 +402,7 @@ func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order) ahead of them.
 func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
-	params := pl.params.Bytes()
+	params := pl.params.Pack()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }
 	}

@@ -657,8 +657,8 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 	seen := map[string]bool{}
 	var uniq []kernels.BwdVariant
 	for _, v := range vs {
-		if !seen[v.Key()] {
-			seen[v.Key()] = true
+		if !seen[v.Name()] {
+			seen[v.Name()] = true
 			uniq = append(uniq, v)
 		}
 	}
@@ -678,7 +678,7 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 	wg.Wait()
 	for i, err := range errs {
 		if err != nil {
-			t.Errorf("compile %s: %v", uniq[i].Key(), err)
+			t.Errorf("compile %s: %v", uniq[i].Name(), err)
 		}
 	}
 	hopper := 0
@@ -734,7 +734,7 @@ func TestBackwardPlanTMA(t *testing.T) {
 			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 				pl := in.plan(t, algo, true)
 				if pl.v.TMA != c.want || (len(pl.tma) == 4) != c.want {
-					t.Fatalf("%v: variant %s, %d tensors; want tensor maps %v", algo, pl.v.Key(), len(pl.tma), c.want)
+					t.Fatalf("%v: variant %s, %d tensors; want tensor maps %v", algo, pl.v.Name(), len(pl.tma), c.want)
 				}
 				if !c.want {
 					continue
@@ -849,7 +849,7 @@ func TestBackwardGradientsCross(t *testing.T) {
 					for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 						v := in.variant(t, algo, fam.hopper)
 						if v.WGMMA != fam.hopper || v.TMA != fam.tma {
-							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Key())
+							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
 						}
 						vs = append(vs, v)
 					}

@@ -50,7 +50,7 @@ type dqRule struct {
 
 // dqTable is the measured choice of dQ algorithm per shape class, first
 // matching row wins. The measurements behind each row are in
-// kernels/NOTES-bwd.md ("Moved from doc comments": the dQ algorithm table).
+// docs/kernels/backward.md ("The dQ algorithm table").
 var dqTable = []dqRule{
 	// the tensor-map Hopper kernels: atomic at D ≤ 64, separate at D ≤ 128 without a mask
 	{MaxDim: 64, Causal: -1, Hopper: 1, Algo: DQAtomic},

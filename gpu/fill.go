@@ -1,21 +1,37 @@
 package gpu
 
 import (
-	"encoding/binary"
 	"fmt"
 	"sync"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// fillArgs is the fill kernel's argument: the span to fill, its element
+// count, the seed and the element type.
+type fillArgs struct {
+	p, n, seed uint64
+	dtype      attn.DType
+}
+
+// fillArgsStruct is the layout of fillArgs, declared in fillSource.
+var fillArgsStruct = kernels.NewCStruct("FillArgs", 0,
+	kernels.CU64("u64", "p", "", func(a *fillArgs) uint64 { return a.p }),
+	kernels.CU64("u64", "n", "", func(a *fillArgs) uint64 { return a.n }),
+	kernels.CU64("u64", "seed", "", func(a *fillArgs) uint64 { return a.seed }),
+	kernels.CI32("int", "dtype", "", func(a *fillArgs) int32 { return int32(a.dtype) }),
+	kernels.CI32("int", "pad", "", func(*fillArgs) int32 { return 0 }),
 )
 
 // fillSource fills device memory with the pseudo-random values of
 // FillValue (one thread per element, grid-stride).
-const fillSource = `
+var fillSource = `
 typedef unsigned long long u64;
 typedef unsigned int u32;
 typedef unsigned short u16;
-struct FillArgs { u64 p; u64 n; u64 seed; int dtype; int pad; };
+` + fillArgsStruct.OneLineDecl() + `
 static __device__ __forceinline__ float fill_value(u64 i, u64 seed, int bits) {
   u64 h = (i ^ seed) * 0x9E3779B97F4A7C15ull;
   h ^= h >> 29;
@@ -88,11 +104,7 @@ func (b *Backend) FillRandom(s *cuda.Stream, t DeviceTensor, seed uint64) error 
 	for d, sz := range t.Shape {
 		n += int64(sz-1) * int64(st[d])
 	}
-	var args [32]byte
-	binary.LittleEndian.PutUint64(args[0:], t.ptr())
-	binary.LittleEndian.PutUint64(args[8:], uint64(n))
-	binary.LittleEndian.PutUint64(args[16:], seed)
-	binary.LittleEndian.PutUint32(args[24:], uint32(t.DType))
+	args := fillArgsStruct.Pack(&fillArgs{p: t.ptr(), n: uint64(n), seed: seed, dtype: t.DType})
 	blocks := uint32(min((n+255)/256, 65535*4))
-	return b.dev.Launch(b.fill.fn, [3]uint32{blocks, 1, 1}, [3]uint32{256, 1, 1}, 0, s, args[:])
+	return b.dev.Launch(b.fill.fn, [3]uint32{blocks, 1, 1}, [3]uint32{256, 1, 1}, 0, s, args)
 }

@@ -159,7 +159,7 @@ func plan(r fwdRequest) (launch, error) {
 			l.tma = append(l.tma, stagedHeadMaps(p, vr, r.part, l.tma)...)
 		}
 	case vr.TMA:
-		ts := vr.TMATensors(&pr, uint64(roundUp(p.DK, 8)), uint64(roundUp(p.DV, 8)), tstr[0], tstr[1], tstr[2])
+		ts := vr.TMATensors(&pr, uint64(kernels.TMACols(p.DK)), uint64(kernels.TMACols(p.DV)), tstr[0], tstr[1], tstr[2])
 		l.tma = ts[:]
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
@@ -189,14 +189,16 @@ func fwdVariant(r fwdRequest) (kernels.Variant, [3][3]uint64, bool) {
 	}
 	vr := kernels.Variant{
 		DType:     r.dt,
-		DK:        roundUp(p.DK, 16),
-		DV:        roundUp(p.DV, 16),
+		DK:        kernels.CapacityDim(p.DK),
+		DV:        kernels.CapacityDim(p.DV),
 		LoadBytes: lb,
-		Softcap:   opt.Softcap > 0,
-		PreScale:  p.Scale < 0,
-		Dropout:   opt.Dropout > 0,
-		Varlen:    p.Varlen,
-		LSE:       true,
+		Features: kernels.Features{
+			Softcap: opt.Softcap > 0,
+			Dropout: opt.Dropout > 0,
+			Varlen:  p.Varlen,
+		},
+		PreScale: p.Scale < 0,
+		LSE:      true,
 	}
 	if p.Masked {
 		vr.Mask = kernels.MaskWindow
@@ -257,8 +259,6 @@ func fwdParams(r fwdRequest) kernels.Params {
 	return pr
 }
 
-func roundUp(x, m int) int { return (x + m - 1) / m * m }
-
 // stagedHeadMaps returns the tensor maps of a FlatStaged launch's staging
 // copies (part: q, k, v holding only the heads that do not fit in place);
 // a tensor with no such head gets its in-place map (inPlace), which the
@@ -279,7 +279,7 @@ func stagedHeadMaps(p *attn.Problem, vr kernels.Variant, part *fwdStaging, inPla
 			d = p.DV
 		}
 		st, _ := tmaStrides(sv) // contiguous copies: strides every encoder takes
-		out[i] = kernels.TMATensor{Addr: sv.ptr(), Cols: uint64(roundUp(d, 8)), Rows: uint64(rows), Heads: uint64(heads),
+		out[i] = kernels.TMATensor{Addr: sv.ptr(), Cols: uint64(kernels.TMACols(d)), Rows: uint64(rows), Heads: uint64(heads),
 			B: uint64(p.B), Strides: st, BoxRows: uint32(box)}
 	}
 	return out

@@ -59,7 +59,7 @@ func fwdModuleSpec(v kernels.Variant) moduleSpec {
 // bwdModuleSpec is the module of backward variant v: its preprocess,
 // dK/dV, dQ (or dQ conversion), dBias and pack kernels.
 func bwdModuleSpec(v kernels.BwdVariant) moduleSpec {
-	return moduleSpec{key: v.Key(), name: v.Key(), what: "backward kernels", source: func() (string, error) { return kernels.BwdSource(v) },
+	return moduleSpec{key: v.Name(), name: v.Name(), what: "backward kernels", source: func() (string, error) { return v.Source() },
 		arch: v.WGMMA, functions: kernels.BwdKernelNames(v),
 		smem: map[string]int{kernels.BwdDKDVKernel: v.DKDVSharedBytes(), kernels.BwdDQKernel: v.DQSharedBytes()}}
 }
@@ -217,8 +217,8 @@ func (b *Backend) bwdSpeculate(v kernels.BwdVariant) {
 		}
 		w := v
 		w.DType = other
-		if w.Bias && w.BiasDType == dt {
-			w.BiasDType = other
+		if w.Biased() && w.Bias.DType() == dt {
+			w.Bias = kernels.BiasFor(other)
 		}
 		g := 16 / other.Size()
 		w.Vector = w.Vector && w.DK%g == 0 && w.DV%g == 0

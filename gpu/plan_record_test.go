@@ -165,8 +165,8 @@ func bwdRecordLines(t *testing.T, c bwdCase) []string {
 				for _, l := range pl.launches {
 					ls = append(ls, fmt.Sprintf("%s%v/%d/%d", l.kernel, l.grid, l.threads, l.smem))
 				}
-				out = append(out, fmt.Sprintf("%s: %s %v ws %d %s params %s", name, pl.v.Key(), pl.algo, pl.w.total,
-					strings.Join(ls, " "), digest(pl.params.Bytes(), pl.tma, pl.w)))
+				out = append(out, fmt.Sprintf("%s: %s %v ws %d %s params %s", name, pl.v.Name(), pl.algo, pl.w.total,
+					strings.Join(ls, " "), digest(pl.params.Pack(), pl.tma, pl.w)))
 			}
 		}
 	}
@@ -324,8 +324,8 @@ func TestBackwardBind(t *testing.T) {
 					t.Fatalf("%s %v: %v", c.name, dt, err)
 				}
 				pl.bind(at)
-				if got, w := digest(pl.v, pl.params.Bytes(), pl.tma, pl.launches), digest(want.v, want.params.Bytes(), want.tma, want.launches); got != w {
-					t.Errorf("%s %v %v: bound plan %s differs from %s", c.name, dt, algo, pl.v.Key(), want.v.Key())
+				if got, w := digest(pl.v, pl.params.Pack(), pl.tma, pl.launches), digest(want.v, want.params.Pack(), want.tma, want.launches); got != w {
+					t.Errorf("%s %v %v: bound plan %s differs from %s", c.name, dt, algo, pl.v.Name(), want.v.Name())
 				}
 			}
 		}

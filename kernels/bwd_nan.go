@@ -82,7 +82,7 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
   for (int d = 0; d < %[6]d; ++d) dp = fmaf(t_to_f(dor[d]), t_to_f(vr[d]), dp);
 `, q.at("i", "h"), k.at("j", "kvh"), vv.at("j", "kvh"), do.at("i", "h"), v.DK, v.DV)
 	switch {
-	case !v.Softcap && !v.Bias:
+	case !v.Softcap && !v.Biased():
 		b.WriteString("  const float pr = ex2f(fmaf(s, p.scale_log2, -l2));\n")
 	default:
 		if v.Softcap {
@@ -90,7 +90,7 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
 		} else {
 			b.WriteString("  float sv = s * p.scale;\n")
 		}
-		if v.Bias {
+		if v.Biased() {
 			b.WriteString("  sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + i * p.bias_si + j * p.bias_sj]);\n")
 		}
 		b.WriteString("  const float pr = ex2f(fmaf(sv, FA_LOG2E, -l2));\n")
@@ -110,7 +110,7 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
 	b.WriteString("  return true;\n}\n")
 	// the visible ranges: query rows of key j, keys of query row i
 	rowsOf, keysOf := "", ""
-	if v.Masked {
+	if v.Masked() {
 		rowsOf = `  if (p.right >= 0) ilo = max(ilo, j - p.right - off);
     if (p.left >= 0) ihi = min(ihi, j + p.left - off + 1);
 `

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,11 +25,11 @@ func bwdMatrix() []BwdVariant {
 				v.Staged = !v.Vector
 				switch feat {
 				case 1:
-					v.Masked, v.AtomicDQ = true, true
+					v.Mask, v.AtomicDQ = MaskWindow, true
 				case 2:
-					v.Masked, v.Softcap, v.Dropout, v.Varlen = true, true, true, true
+					v.Mask, v.Softcap, v.Dropout, v.Varlen = MaskWindow, true, true, true
 				case 3:
-					v.Bias, v.BiasDType, v.BiasGrad, v.Softcap, v.AtomicDQ = true, dt, true, true, true
+					v.Bias, v.BiasGrad, v.Softcap, v.AtomicDQ = BiasFor(dt), true, true, true
 				}
 				out = append(out, v)
 			}
@@ -46,7 +45,7 @@ func mainBwdVariants() []BwdVariant {
 		for _, d := range []int{64, 128, 256} {
 			for _, atomic := range []bool{false, true} {
 				for _, masked := range []bool{false, true} {
-					out = append(out, BwdVariant{DType: dt, DK: d, DV: d, Vector: true, AtomicDQ: atomic, Masked: masked})
+					out = append(out, BwdVariant{DType: dt, DK: d, DV: d, Features: Features{Mask: MaskFor(masked)}, Vector: true, AtomicDQ: atomic})
 				}
 			}
 		}
@@ -57,39 +56,39 @@ func mainBwdVariants() []BwdVariant {
 func TestBwdSourceMatrix(t *testing.T) {
 	seen := map[string]bool{}
 	for _, v := range bwdMatrix() {
-		src, err := BwdSource(v)
+		src, err := v.Source()
 		if err != nil {
-			t.Errorf("%s: %v", v.Key(), err)
+			t.Errorf("%s: %v", v.Name(), err)
 			continue
 		}
 		for _, name := range []string{BwdPreKernel, BwdDKDVKernel, BwdDQKernel, BwdDQConvertKernel, BwdDBiasKernel, BwdNonFiniteKernel} {
 			if !strings.Contains(src, "extern \"C\" __global__ void __launch_bounds__") || !strings.Contains(src, " "+name+"(const BwdParams p)") {
-				t.Errorf("%s: kernel %s missing", v.Key(), name)
+				t.Errorf("%s: kernel %s missing", v.Name(), name)
 			}
 		}
 		if strings.Count(src, "{") != strings.Count(src, "}") {
-			t.Errorf("%s: unbalanced braces", v.Key())
+			t.Errorf("%s: unbalanced braces", v.Name())
 		}
 		if v.Dropout != strings.Contains(src, "philox4((unsigned)") {
-			t.Errorf("%s: dropout code present = %v", v.Key(), !v.Dropout)
+			t.Errorf("%s: dropout code present = %v", v.Name(), !v.Dropout)
 		}
 		// (the non-finite fix-up's done counter aside)
 		if v.AtomicDQ != strings.Contains(strings.Replace(src, "atomicAdd(p.nf_flag + 1, 1u)", "", 1), "atomicAdd(") {
-			t.Errorf("%s: atomic code present = %v", v.Key(), !v.AtomicDQ)
+			t.Errorf("%s: atomic code present = %v", v.Name(), !v.AtomicDQ)
 		}
 		if v.Staged != strings.Contains(src, " "+BwdPackKernel+"(const BwdParams p)") {
-			t.Errorf("%s: pack kernel present = %v", v.Key(), !v.Staged)
+			t.Errorf("%s: pack kernel present = %v", v.Name(), !v.Staged)
 		}
 		if v.Staged && strings.Contains(src, "cp_async16(s + r * LD + col, ok ? (const void*)(g + r * rs + col)") == false {
-			t.Errorf("%s: staged variant without 16-byte loads", v.Key())
+			t.Errorf("%s: staged variant without 16-byte loads", v.Name())
 		}
-		if seen[v.Key()] {
-			t.Errorf("duplicate key %s", v.Key())
+		if seen[v.Name()] {
+			t.Errorf("duplicate key %s", v.Name())
 		}
-		seen[v.Key()] = true
-		src2, _ := BwdSource(v)
+		seen[v.Name()] = true
+		src2, _ := v.Source()
 		if src2 != src {
-			t.Errorf("%s: source is not a pure function of the variant", v.Key())
+			t.Errorf("%s: source is not a pure function of the variant", v.Name())
 		}
 	}
 }
@@ -101,11 +100,11 @@ func TestBwdDefaultTilesEveryDim(t *testing.T) {
 		for d := 1; d <= attn.MaxHeadDim; d++ {
 			for _, dv := range []int{d, 1, attn.MaxHeadDim} {
 				for _, atomic := range []bool{false, true} {
-					v := BwdVariant{DType: dt, DK: d, DV: dv, AtomicDQ: atomic, Masked: true}
+					v := BwdVariant{DType: dt, DK: d, DV: dv, Features: Features{Mask: MaskWindow}, AtomicDQ: atomic}
 					v.Staged = BwdNeedsStaging(dt, d, dv)
 					v.Vector = !v.Staged
 					if err := v.Validate(); err != nil {
-						t.Fatalf("%s: %v", v.Key(), err)
+						t.Fatalf("%s: %v", v.Name(), err)
 					}
 				}
 			}
@@ -123,7 +122,7 @@ func TestBwdValidate(t *testing.T) {
 		{"dk0", BwdVariant{DType: attn.Float16, DK: 0, DV: 64}, attn.ErrShape},
 		{"dv513", BwdVariant{DType: attn.Float16, DK: 64, DV: 513}, attn.ErrShape},
 		{"dbias without bias", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, BiasGrad: true}, attn.ErrOption},
-		{"bias varlen", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Bias: true, BiasDType: attn.Float16, Varlen: true}, attn.ErrUnsupported},
+		{"bias varlen", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Features: Features{Bias: BiasF16, Varlen: true}}, attn.ErrUnsupported},
 		{"vector odd", BwdVariant{DType: attn.Float16, DK: 59, DV: 64, Vector: true}, attn.ErrLayout},
 		{"vector and staged", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Vector: true, Staged: true}, attn.ErrOption},
 		{"tile", BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Tiles: BwdTiles{DKDV: BwdTile{24, 64, 8, 2, 1}}}, attn.ErrUnsupported},
@@ -131,46 +130,21 @@ func TestBwdValidate(t *testing.T) {
 		{"ok", BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true}, nil},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			err := c.v.Validate()
-			if c.want == nil {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, c.want) {
-				t.Fatalf("Validate = %v, want %v", err, c.want)
-			}
-			if _, err := BwdSource(c.v); !errors.Is(err, c.want) {
-				t.Fatalf("BwdSource error = %v, want %v", err, c.want)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { checkValidate(t, c.v, c.want) })
 	}
 }
 
 func TestBwdParamsLayout(t *testing.T) {
-	p := BwdParams{Q: 0x1122334455667788, B: 3, DropOffs: 0xdeadbeef}
-	b := p.Bytes()
-	if len(b)%8 != 0 {
-		t.Fatalf("params size %d not a multiple of 8", len(b))
+	p := BwdParams{Q: 0x1122334455667788, PDO: 0x99, NFFlag: 0x77, PDOS: BwdStrides{Head: -2}, LSEBatch: 5, DBiasElems: 1 << 33, B: 3, DropOffs: 0xdeadbeef}
+	b := p.Pack()
+	if len(b) != 640 || bwdParamsStruct.Size() != 640 {
+		t.Fatalf("params of %d bytes, want 640: 22 pointers, 48 strides and counts, 19 four-byte fields, 4 bytes of padding", len(b))
 	}
-	if b[0] != 0x88 || b[7] != 0x11 {
-		t.Fatalf("q pointer bytes % x", b[:8])
-	}
-	if got := b[len(b)-8:]; got[4] != 0xef && got[0] != 0xef {
-		t.Fatalf("last field not at the end: % x", got)
-	}
-	decl := bwdParamsStruct()
-	n8, n4 := strings.Count(decl, "long long")+strings.Count(decl, "*"), 0
-	for _, f := range p.fields() {
-		if f.size == 4 {
-			n4++
-		}
-	}
-	if want := n8*8 + n4*4; (want+7)/8*8 != len(b) {
-		t.Fatalf("declared members make %d bytes, Bytes gives %d", want, len(b))
-	}
+	checkLayout(t, bwdParamsStruct, b, []layoutCheck{
+		{"q", 0, 8, 0x1122334455667788}, {"lse", 40, 8, 0}, {"pdo", 160, 8, 0x99}, {"nf_flag", 168, 8, 0x77}, {"q_sb", 176, 8, 0},
+		{"pdo_sh", 480, 8, uint64(1<<64 - 2)}, {"lse_sb", 488, 8, 5}, {"dbias_elems", 552, 8, 1 << 33},
+		{"B", 560, 4, 3}, {"drop_offset", 632, 4, 0xdeadbeef},
+	})
 }
 
 func TestBwdWarpGrid(t *testing.T) {
@@ -189,33 +163,18 @@ func TestBwdWarpGrid(t *testing.T) {
 	}
 }
 
-var (
-	bwdNVRTCOnce sync.Once
-	bwdNVRTC     *cuda.Compiler
-	bwdNVRTCErr  error
-)
-
-func bwdCompilerOrSkip(t *testing.T) *cuda.Compiler {
-	t.Helper()
-	bwdNVRTCOnce.Do(func() { bwdNVRTC, bwdNVRTCErr = cuda.NewCompiler() })
-	if bwdNVRTCErr != nil {
-		t.Skipf("no NVRTC: %v", bwdNVRTCErr)
-	}
-	return bwdNVRTC
-}
-
 func bwdCompile(t *testing.T, c *cuda.Compiler, v BwdVariant) []cuda.KernelResources {
 	t.Helper()
-	src, err := BwdSource(v)
+	src, err := v.Source()
 	if err != nil {
-		t.Fatalf("%s: %v", v.Key(), err)
+		t.Fatalf("%s: %v", v.Name(), err)
 	}
 	if dir := os.Getenv("FLASHATTN_DUMP_BWD"); dir != "" {
-		_ = os.WriteFile(filepath.Join(dir, v.Key()+".cu"), []byte(src), 0o644)
+		_ = os.WriteFile(filepath.Join(dir, v.Name()+".cu"), []byte(src), 0o644)
 	}
-	out, err := c.Compile(cuda.CompileRequest{Name: v.Key() + ".cu", Source: src, Arch: "sm_90", Verbose: true, NoCache: true})
+	out, err := c.Compile(cuda.CompileRequest{Name: v.Name() + ".cu", Source: src, Arch: "sm_90", Verbose: true, NoCache: true})
 	if err != nil {
-		t.Fatalf("%s: %v", v.Key(), err)
+		t.Fatalf("%s: %v", v.Name(), err)
 	}
 	return out.Stats.Resources
 }
@@ -223,7 +182,7 @@ func bwdCompile(t *testing.T, c *cuda.Compiler, v BwdVariant) []cuda.KernelResou
 // TestBwdCompileMain compiles the main variants with NVRTC for sm_90 and
 // checks that ptxas reports no spills in the dK/dV and dQ kernels.
 func TestBwdCompileMain(t *testing.T) {
-	c := bwdCompilerOrSkip(t)
+	c := compilerOrSkip(t)
 	vs := mainBwdVariants()
 	switch {
 	case os.Getenv("FLASHATTN_BWD_MATRIX") != "":
@@ -238,15 +197,15 @@ func TestBwdCompileMain(t *testing.T) {
 	for _, v := range vs {
 		res := bwdCompile(t, c, v)
 		if len(res) < 5 {
-			t.Fatalf("%s: ptxas reported %d kernels", v.Key(), len(res))
+			t.Fatalf("%s: ptxas reported %d kernels", v.Name(), len(res))
 		}
 		for _, r := range res {
-			t.Logf("%s %s: %d regs, %d stack, spills %d/%d", v.Key(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
+			t.Logf("%s %s: %d regs, %d stack, spills %d/%d", v.Name(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
 			// NVRTC 13.0 spills 16 bytes in the D=128 separate dQ kernel (none
 			// under 11.8; the same speed on the H200); the non-finite fix-up
 			// does its work only after a main kernel raised the flag
 			if r.Name != BwdNonFiniteKernel && (r.SpillStores > 16 || r.SpillLoads > 16) {
-				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Key(), r.Name, r.SpillStores, r.SpillLoads)
+				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Name(), r.Name, r.SpillStores, r.SpillLoads)
 			}
 		}
 	}
@@ -259,7 +218,7 @@ func TestBwdCompileMatrix(t *testing.T) {
 	if s == "" {
 		t.Skip("compiling the backward variant matrix runs with FLASHATTN_BWD_MATRIX=1 (or =all)")
 	}
-	c := bwdCompilerOrSkip(t)
+	c := compilerOrSkip(t)
 	vs := bwdMatrix()
 	if s != "all" {
 		// A spread subset keeps the default run under a minute or two.
@@ -272,7 +231,7 @@ func TestBwdCompileMatrix(t *testing.T) {
 		vs = sub
 	}
 	for _, v := range vs {
-		t.Run(fmt.Sprint(v.Key()), func(t *testing.T) { bwdCompile(t, c, v) })
+		t.Run(fmt.Sprint(v.Name()), func(t *testing.T) { bwdCompile(t, c, v) })
 	}
 }
 
@@ -304,33 +263,33 @@ func TestBwdDQAccDim(t *testing.T) {
 // rewrites the dBias scratch only with BiasGrad.
 func TestBwdNonFiniteChecks(t *testing.T) {
 	vs := []BwdVariant{
-		{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, Masked: true, AtomicDQ: true},
-		{DType: attn.Float32, DK: 59, DV: 59, Staged: true, Masked: true, Softcap: true, Dropout: true},
-		{DType: attn.Float16, DK: 59, DV: 37, Bias: true, BiasDType: attn.Float32, BiasGrad: true},
-		{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, Masked: true},
+		{DType: attn.BFloat16, DK: 64, DV: 64, Features: Features{Mask: MaskWindow}, Vector: true, AtomicDQ: true},
+		{DType: attn.Float32, DK: 59, DV: 59, Features: Features{Mask: MaskWindow, Softcap: true, Dropout: true}, Staged: true},
+		{DType: attn.Float16, DK: 59, DV: 37, Features: Features{Bias: BiasF32}, BiasGrad: true},
+		{DType: attn.BFloat16, DK: 128, DV: 128, Features: Features{Mask: MaskWindow}, Vector: true, WGMMA: true, TMA: true},
 		{DType: attn.BFloat16, DK: 256, DV: 256, Vector: true, WGMMA: true, AtomicDQ: true},
-		{DType: attn.BFloat16, DK: 199, DV: 199, Flat: true, WGMMA: true, TMA: true, Masked: true, AtomicDQ: true},
+		{DType: attn.BFloat16, DK: 199, DV: 199, Features: Features{Mask: MaskWindow}, Flat: true, WGMMA: true, TMA: true, AtomicDQ: true},
 	}
 	for _, v := range vs {
-		src, err := BwdSource(v)
+		src, err := v.Source()
 		if err != nil {
-			t.Fatalf("%s: %v", v.Key(), err)
+			t.Fatalf("%s: %v", v.Name(), err)
 		}
 		for sub, want := range map[string]bool{
 			"philox4((unsigned)(j >> 2)":   v.Dropout,
 			"tanhf(s * p.scale":            v.Softcap,
-			"sv += bt_to_f(p.bias":         v.Bias,
+			"sv += bt_to_f(p.bias":         v.Biased(),
 			"if (use) p.dbias_scratch[":    v.BiasGrad,
-			"if (p.right >= 0) ilo = max(": v.Masked,
+			"if (p.right >= 0) ilo = max(": v.Masked(),
 		} {
 			if got := strings.Contains(src, sub); got != want {
-				t.Errorf("%s: source has %q: %v, want %v", v.Key(), sub, got, want)
+				t.Errorf("%s: source has %q: %v, want %v", v.Name(), sub, got, want)
 			}
 		}
 		kernel := func(name string) string {
 			start := strings.Index(src, " "+name+"(")
 			if start < 0 {
-				t.Fatalf("%s: no kernel %s", v.Key(), name)
+				t.Fatalf("%s: no kernel %s", v.Name(), name)
 			}
 			body := src[start:]
 			if end := strings.Index(body, "extern \"C\""); end >= 0 {
@@ -343,11 +302,11 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 			"nf_keys(p, b, hd, qr0, kr0, n, m, j0, min(KT, m - j0), warp, NW, lane)", "nf_query(p, b, hd, qr0, kr0, n, m, i0 + r, lane)",
 			"if (atomicAdd(p.nf_flag + 1, 1u) == gridDim.x - 1) {", "p.nf_flag[0] = 0u;"} {
 			if !strings.Contains(fix, sub) {
-				t.Errorf("%s %s: no %q", v.Key(), BwdNonFiniteKernel, sub)
+				t.Errorf("%s %s: no %q", v.Name(), BwdNonFiniteKernel, sub)
 			}
 		}
 		if !strings.Contains(kernel(BwdPreKernel), "p.nf_flag[threadIdx.x] = 0u;") {
-			t.Errorf("%s: the preprocess does not zero the flag", v.Key())
+			t.Errorf("%s: the preprocess does not zero the flag", v.Name())
 		}
 		for _, k := range []struct{ name, vote string }{
 			{BwdDKDVKernel, "__syncthreads_or(nfo)"},
@@ -357,12 +316,12 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 			body := kernel(k.name)
 			for _, rare := range []string{"nf_keys(", "nf_query("} {
 				if strings.Contains(body, rare) {
-					t.Errorf("%s %s: calls %s", v.Key(), k.name, rare)
+					t.Errorf("%s %s: calls %s", v.Name(), k.name, rare)
 				}
 			}
 			if !strings.Contains(body, k.vote+" && threadIdx.x == 0) atomicOr(p.nf_flag, 1u);") &&
 				!strings.Contains(body, k.vote+" && lane == 0) atomicOr(p.nf_flag, 1u);") {
-				t.Errorf("%s %s: the vote does not raise the flag", v.Key(), k.name)
+				t.Errorf("%s %s: the vote does not raise the flag", v.Name(), k.name)
 			}
 			if k.name == BwdDQConvertKernel {
 				continue
@@ -370,18 +329,18 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 			vote := strings.Index(body, "__syncthreads_or(nfo)")
 			loop := strings.Index(body, "for (int it = 0; it <")
 			if vote < 0 || loop < 0 || strings.Count(body, "__syncthreads_or(") != 1 {
-				t.Errorf("%s %s: want one vote after a main loop", v.Key(), k.name)
+				t.Errorf("%s %s: want one vote after a main loop", v.Name(), k.name)
 				continue
 			}
 			for _, store := range []string{"store_pair<", "stage_pair<", "row_out("} {
 				if last := strings.LastIndex(body, store); last > vote {
-					t.Errorf("%s %s: %s after the vote", v.Key(), k.name, store)
+					t.Errorf("%s %s: %s after the vote", v.Name(), k.name, store)
 				}
 			}
 			main := body[loop:strings.Index(body, "nf_fold(")]
 			for _, sub := range []string{"nf_", "__ballot_sync", "__syncthreads_or"} {
 				if strings.Contains(main, sub) {
-					t.Errorf("%s %s: the main loop holds %q", v.Key(), k.name, sub)
+					t.Errorf("%s %s: the main loop holds %q", v.Name(), k.name, sub)
 				}
 			}
 		}
@@ -401,11 +360,11 @@ func TestBwdCompileNonFinite(t *testing.T) {
 	for _, d := range []int{64, 128} {
 		for _, atomic := range []bool{true, false} {
 			for _, kind := range []struct{ wgmma, tma bool }{{false, false}, {true, false}, {true, true}} {
-				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: true, Masked: true, AtomicDQ: atomic, WGMMA: kind.wgmma, TMA: kind.tma})
+				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Features: Features{Mask: MaskWindow}, Vector: true, AtomicDQ: atomic, WGMMA: kind.wgmma, TMA: kind.tma})
 			}
 		}
 	}
-	vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: 121, DV: 121, Flat: true, Masked: true, AtomicDQ: true, WGMMA: true, TMA: true})
+	vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: 121, DV: 121, Features: Features{Mask: MaskWindow}, Flat: true, AtomicDQ: true, WGMMA: true, TMA: true})
 	if major, _ := c.Version(); major < 12 {
 		vs = slices.DeleteFunc(vs, func(v BwdVariant) bool { return v.WGMMA })
 	}
@@ -416,7 +375,7 @@ func TestBwdCompileNonFinite(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			src, err := BwdSource(v)
+			src, err := v.Source()
 			if err != nil {
 				errs[i] = err
 				return
@@ -425,13 +384,13 @@ func TestBwdCompileNonFinite(t *testing.T) {
 			if v.WGMMA {
 				arch = "sm_90a"
 			}
-			outs[i], errs[i] = c.Compile(cuda.CompileRequest{Name: v.Key() + ".cu", Source: src, Arch: arch, Verbose: true, NoCache: true})
+			outs[i], errs[i] = c.Compile(cuda.CompileRequest{Name: v.Name() + ".cu", Source: src, Arch: arch, Verbose: true, NoCache: true})
 		}()
 	}
 	wg.Wait()
 	for i, v := range vs {
 		if errs[i] != nil {
-			t.Errorf("%s: %v", v.Key(), errs[i])
+			t.Errorf("%s: %v", v.Name(), errs[i])
 			continue
 		}
 		limit := 16
@@ -442,13 +401,13 @@ func TestBwdCompileNonFinite(t *testing.T) {
 			if r.Name != BwdDKDVKernel && r.Name != BwdDQKernel {
 				continue
 			}
-			t.Logf("%s %s: %d registers, %d B stack, spills %d/%d", v.Key(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
+			t.Logf("%s %s: %d registers, %d B stack, spills %d/%d", v.Name(), r.Name, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
 			if r.SpillStores > limit || r.SpillLoads > limit {
-				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Key(), r.Name, r.SpillStores, r.SpillLoads)
+				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Name(), r.Name, r.SpillStores, r.SpillLoads)
 			}
 		}
 		if strings.Contains(outs[i].Stats.Log, "wgmma.mma_async instructions are serialized") {
-			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Key(), grepLines(outs[i].Stats.Log, "serialized"))
+			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Name(), grepLines(outs[i].Stats.Log, "serialized"))
 		}
 	}
 }

@@ -1,7 +1,5 @@
 package kernels
 
-import "fmt"
-
 // The tensor memory accelerator in the Hopper backward kernels
 // (BwdVariant.TMA).
 //
@@ -20,25 +18,37 @@ import "fmt"
 
 // BwdTMAArgs returns the argument of a TMA dK/dV or dQ kernel launch: the
 // tensor maps a and b (dK/dV: q, dO; dQ: k, v), then the bytes of
-// BwdParams (BwdParams.Bytes), the whole padded to 64 bytes as the C struct
+// BwdParams (BwdParams.Pack), the whole padded to 64 bytes as the C struct
 // BwdTmaParams is.
 func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
-	out := make([]byte, roundUp(256+len(params), 64))
-	copy(out[0:], a[:])
-	copy(out[128:], b[:])
-	copy(out[256:], params)
-	return out
+	return bwdTMAStruct.Pack(&bwdTMAArgs{a: a, b: b, params: params})
 }
 
-// BwdTMATensors returns the tensors the TMA kernels of v read with tensor
+// bwdTMAArgs holds the argument of a TMA dK/dV or dQ kernel.
+type bwdTMAArgs struct {
+	a, b   [128]byte
+	params []byte // BwdParams.Pack
+}
+
+// bwdTMAStruct is the layout of the C struct BwdTmaParams.
+var bwdTMAStruct = func() *CStruct[bwdTMAArgs] {
+	s := NewCStruct("BwdTmaParams", 64,
+		tensorMapField("a", "dK/dV kernel: q; dQ kernel: k", func(x *bwdTMAArgs) *[128]byte { return &x.a }),
+		tensorMapField("b", "dK/dV kernel: dO; dQ kernel: v", func(x *bwdTMAArgs) *[128]byte { return &x.b }),
+		CBlob("BwdParams", "p", "", bwdParamsStruct.Size(), 8, func(x *bwdTMAArgs, b []byte) { copy(b, x.params) }))
+	s.DocColumn = 13
+	return s
+}()
+
+// TMATensors returns the tensors the TMA kernels of v read with tensor
 // maps, for a launch with params p: q and dO for the dK/dV kernel, k and v
 // for the dQ kernel (the staging copies for Staged variants). A dimension
 // of extent one gets a stride of 16 bytes (it is never stepped over);
 // whether every other stride suits the accelerator is for the caller to
 // check (package gpu checks each map's cuda.TensorMapSpec).
-func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
+func (v BwdVariant) TMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	esz := v.elem()
-	colsK, colsV := uint64(roundUp(v.DK, 8)), uint64(roundUp(v.DV, 8))
+	colsK, colsV := uint64(TMACols(v.DK)), uint64(TMACols(v.DV))
 	q, do, k, vv := p.Q, p.DO, p.K, p.V
 	qs, dos, ks, vs := p.QS, p.DOS, p.KS, p.VS
 	if v.Staged {
@@ -63,14 +73,8 @@ func (v BwdVariant) BwdTMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 
 // bwdTMADecl returns the C declaration of the TMA kernels' argument (the
 // accelerator's primitives, tmaPrimitives, go in the Hopper primitives).
-func bwdTMADecl(paramsSize int) string {
-	return fmt.Sprintf(`// ---- the TMA kernels' argument: tensor maps of the two streamed tensors (dims: head dim, position,
+func bwdTMADecl() string {
+	return `// ---- the TMA kernels' argument: tensor maps of the two streamed tensors (dims: head dim, position,
 // head, batch; encoded on the host), then the usual BwdParams
-%sstruct __align__(64) BwdTmaParams {
-  TensorMap a;  // dK/dV kernel: q; dQ kernel: k
-  TensorMap b;  // dK/dV kernel: dO; dQ kernel: v
-  BwdParams p;
-};
-static_assert(sizeof(BwdTmaParams) == %d, "BwdTmaParams size differs from the Go packing");
-`, cTensorMap, roundUp(256+paramsSize, 64))
+` + cTensorMap + bwdTMAStruct.Decl() + bwdTMAStruct.SizeAssert()
 }

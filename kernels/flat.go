@@ -8,13 +8,6 @@ import "math/bits"
 // columns outside its shifted head. The forward and the backward share
 // them.
 
-// FlatFits reports whether head dims dk and dv leave the room a Flat
-// variant needs past them in their 16-padded widths (seven columns: the
-// largest shift).
-func FlatFits(dk, dv int) bool {
-	return (dk+15)/16*16-dk >= 7 && (dv+15)/16*16-dv >= 7
-}
-
 // FlatRowsOK reports whether a 16-bit tensor of heads heads of d elements
 // (element strides head, row and batch; batches batch elements; element 0
 // at device address ptr) can be read over flat rows: heads contiguous
@@ -72,11 +65,6 @@ DEV void row_out(unsigned char* orow, const unsigned short* srow, int d, int lan
   if (((d - e0) & 1) && lane == 0) *reinterpret_cast<unsigned short*>(orow + 2 * (d - 1)) = srow[d - 1];
 }
 `
-
-// FlatWidth returns the padded width a Flat variant's tile gives head dim
-// d: d rounded up to 16 columns. A head whose shift s leaves s + d within it
-// is read in place.
-func FlatWidth(d int) int { return roundUp(d, 16) }
 
 // FlatStagedHeads returns which heads of head dim d a Flat variant cannot
 // read in place: bit r is set when heads h ≡ r (mod 8), whose tiles start

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -102,6 +101,32 @@ func TestSourceMatrix(t *testing.T) {
 	}
 }
 
+// generated is what Variant and BwdVariant both are: a variant that
+// validates and generates its source.
+type generated interface {
+	Validate() error
+	Source() (string, error)
+}
+
+// checkValidate checks that v validates with an error wrapping want (nil:
+// none), and that Source fails alike.
+func checkValidate(t *testing.T, v generated, want error) {
+	t.Helper()
+	err := v.Validate()
+	if want == nil {
+		if err != nil {
+			t.Fatalf("Validate: %v", err)
+		}
+		return
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("Validate = %v, want %v", err, want)
+	}
+	if _, err := v.Source(); !errors.Is(err, want) {
+		t.Fatalf("Source error = %v, want %v", err, want)
+	}
+}
+
 func TestValidate(t *testing.T) {
 	ok := Variant{DType: attn.BFloat16, DK: 128, DV: 128, BlockM: 128, BlockN: 64, WarpsM: 4, WarpsN: 1, Stages: 2, LoadBytes: 16, MinBlocks: 1}
 	cases := []struct {
@@ -131,19 +156,7 @@ func TestValidate(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			v := ok
 			c.edit(&v)
-			err := v.Validate()
-			if c.want == nil {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if !errors.Is(err, c.want) {
-				t.Fatalf("Validate = %v, want %v", err, c.want)
-			}
-			if _, err := v.Source(); !errors.Is(err, c.want) {
-				t.Fatalf("Source error = %v, want %v", err, c.want)
-			}
+			checkValidate(t, v, c.want)
 		})
 	}
 }
@@ -176,61 +189,23 @@ func TestTuneTable(t *testing.T) {
 }
 
 func TestParamsLayout(t *testing.T) {
-	offs, size := layout()
-	if size != ParamsSize || size%8 != 0 {
-		t.Fatalf("size %d (ParamsSize %d) not a multiple of 8", size, ParamsSize)
-	}
-	end := 0
-	names := map[string]bool{}
-	for i, f := range paramTable {
-		if offs[i]%f.typ.size() != 0 {
-			t.Errorf("%s at %d not aligned to %d", f.name, offs[i], f.typ.size())
-		}
-		if offs[i] < end {
-			t.Errorf("%s at %d overlaps the previous field ending at %d", f.name, offs[i], end)
-		}
-		end = offs[i] + f.typ.size()
-		if names[f.name] {
-			t.Errorf("duplicate field %s", f.name)
-		}
-		names[f.name] = true
+	if ParamsSize != 304 {
+		t.Fatalf("ParamsSize %d, want 304: 9 pointers, 19 strides, 19 four-byte fields, 4 bytes of tail padding", ParamsSize)
 	}
 	// Every field lands at its offset with its value.
-	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
+	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, NFFlag: 0x77, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
 		ScaleLog2: 1.5, WinLeft: -1, DropThreshold: 0xfedcba98, DropOffset: 0x01020304}
 	b := p.Pack()
-	get := func(name string) uint64 {
-		for i, f := range paramTable {
-			if f.name == name {
-				if f.typ.size() == 8 {
-					return binary.LittleEndian.Uint64(b[offs[i]:])
-				}
-				return uint64(binary.LittleEndian.Uint32(b[offs[i]:]))
-			}
-		}
-		t.Fatalf("no field %s", name)
-		return 0
+	checks := []layoutCheck{
+		{"q", 0, 8, 0x1122334455667788}, {"cu_k", 56, 8, 0xabcdef}, {"nf_flag", 64, 8, 0x77}, {"q_sb", 72, 8, uint64(1<<64 - 3)},
+		{"bias_sm", 216, 8, 1 << 40}, {"b", 224, 4, 7}, {"d_v", 248, 4, 257}, {"scale_log2", 252, 4, uint64(math.Float32bits(1.5))},
+		{"win_left", 264, 4, 0xffffffff}, {"drop_threshold", 280, 4, 0xfedcba98}, {"drop_offset", 296, 4, 0x01020304}, {"k", 8, 8, 0},
 	}
-	checks := []struct {
-		name string
-		want uint64
-	}{
-		{"q", 0x1122334455667788}, {"cu_k", 0xabcdef}, {"q_sb", uint64(1<<64 - 3)}, {"bias_sm", 1 << 40},
-		{"b", 7}, {"d_v", 257}, {"scale_log2", uint64(math.Float32bits(1.5))}, {"win_left", 0xffffffff},
-		{"drop_threshold", 0xfedcba98}, {"drop_offset", 0x01020304}, {"k", 0},
-	}
-	for _, c := range checks {
-		if got := get(c.name); got != c.want {
-			t.Errorf("field %s = %#x, want %#x", c.name, got, c.want)
-		}
-	}
+	checkLayout(t, paramsStruct, b, checks)
 	decl := cParams()
-	for i, f := range paramTable {
-		if !strings.Contains(decl, " "+f.name+";") {
-			t.Errorf("C struct lacks %s", f.name)
-		}
-		if !strings.Contains(decl, fmt.Sprintf("offsetof(Params, %s) == %d,", f.name, offs[i])) {
-			t.Errorf("C struct lacks the offset assertion of %s", f.name)
+	for _, c := range checks {
+		if !strings.Contains(decl, fmt.Sprintf("offsetof(Params, %s) == %d,", c.name, c.off)) {
+			t.Errorf("C struct lacks the offset assertion of %s", c.name)
 		}
 	}
 	var into [512]byte

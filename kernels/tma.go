@@ -1,7 +1,5 @@
 package kernels
 
-import "fmt"
-
 // The tensor memory accelerator path of the Hopper forward (Variant.TMA).
 //
 // Instead of every thread copying 16-byte chunks with cp.async, one thread
@@ -19,9 +17,35 @@ import "fmt"
 // batch) are encoded on the host (package gpu keeps the last launch's) and
 // passed by value in TMAParams, ahead of the usual Params.
 
-// tmaParamsSize is the size of a TMA kernel's argument with maps 128-byte
-// tensor maps ahead of Params, the whole a multiple of 64 bytes.
-func tmaParamsSize(maps int) int { return maps*128 + roundUp(ParamsSize, 64) }
+// tmaArgs holds the argument of a TMA kernel: its tensor maps, then Params.
+type tmaArgs struct {
+	maps [][128]byte
+	p    *Params
+}
+
+// tensorMapField is member i of a TMA argument: the tensor map maps[i]
+// (TensorMap, 128 bytes, 64-aligned).
+func tensorMapField[T any](name, doc string, get func(*T) *[128]byte) CField[T] {
+	return CBlob("TensorMap", name, doc, 128, 64, func(a *T, b []byte) { copy(b, get(a)[:]) })
+}
+
+// tmaStructs are the layouts of the C struct TmaParams: the tensor maps of
+// q, k and v, with FlatStaged those of their staging copies, then Params.
+var tmaStructs = func() map[int]*CStruct[tmaArgs] {
+	m := func(i int) func(a *tmaArgs) *[128]byte { return func(a *tmaArgs) *[128]byte { return &a.maps[i] } }
+	params := CBlob("Params", "p", "", ParamsSize, 8, func(a *tmaArgs, b []byte) { a.p.PackInto(b) })
+	three := []CField[tmaArgs]{tensorMapField("q", "", m(0)), tensorMapField("k", "", m(1)).Joined(), tensorMapField("v", "", m(2)).Joined()}
+	six := append(append([]CField[tmaArgs](nil), three...),
+		tensorMapField("qs", "", m(3)), tensorMapField("ks", "", m(4)).Joined(),
+		tensorMapField("vs", "FlatStaged: the staging copies of the heads that do not fit in place", m(5)).Joined())
+	s3, s6 := NewCStruct("TmaParams", 64, append(three, params)...), NewCStruct("TmaParams", 64, append(six, params)...)
+	s6.DocColumn = 22
+	return map[int]*CStruct[tmaArgs]{3: s3, 6: s6}
+}()
+
+// tmaParamsSize is the size of a TMA kernel's argument with maps (3 or 6)
+// 128-byte tensor maps ahead of Params, the whole a multiple of 64 bytes.
+func tmaParamsSize(maps int) int { return tmaStructs[maps].Size() }
 
 // TMAMaps returns the number of tensor maps a TMA variant's argument holds:
 // q, k and v, and with FlatStaged their staging copies'.
@@ -39,12 +63,7 @@ func (v Variant) TMAParamsSize() int { return tmaParamsSize(v.TMAMaps()) }
 // len(maps) bytes: Variant.TMAParamsSize): the tensor maps (q, k, v, then
 // with FlatStaged the copies' qs, ks, vs), then p.
 func PackTMA(b []byte, p *Params, maps ...[128]byte) {
-	for i, m := range maps {
-		copy(b[128*i:], m[:])
-	}
-	at := 128 * len(maps)
-	clear(b[at:tmaParamsSize(len(maps))])
-	p.PackInto(b[at : at+ParamsSize])
+	tmaStructs[len(maps)].PackInto(b, &tmaArgs{maps: maps, p: p})
 }
 
 // TMATensor describes one of q, k, v for its tensor map: the box is 64
@@ -87,18 +106,10 @@ const cTensorMap = "struct __align__(64) TensorMap { unsigned long long w[16]; }
 // tmaParamsDecl returns the C declaration of the TMA kernel's argument
 // (Variant.TMAParamsSize bytes).
 func (v Variant) tmaParamsDecl() string {
-	staged := ""
-	if v.FlatStaged {
-		staged = "  TensorMap qs, ks, vs;  // FlatStaged: the staging copies of the heads that do not fit in place\n"
-	}
-	return fmt.Sprintf(`// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
+	s := tmaStructs[v.TMAMaps()]
+	return `// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
 // encoded on the host), then the usual Params
-%sstruct __align__(64) TmaParams {
-  TensorMap q, k, v;
-%s  Params p;
-};
-static_assert(sizeof(TmaParams) == %d, "TmaParams size differs from the Go packing");
-`, cTensorMap, staged, v.TMAParamsSize())
+` + cTensorMap + s.Decl() + s.SizeAssert()
 }
 
 // tmaPrimitives returns the mbarrier and bulk tensor copy wrappers and

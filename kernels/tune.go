@@ -115,7 +115,7 @@ func HopperTile(v Variant) (Tile, bool) {
 	if (v.DType != attn.BFloat16 && v.DType != attn.Float16) || v.LoadBytes != 16 {
 		return Tile{}, false
 	}
-	d := max(roundUp(v.DK, 16), roundUp(v.DV, 16))
+	d := hopperTileDim(v.DK, v.DV)
 	for _, r := range HopperTable {
 		if d <= r.MaxD {
 			t := r.Tile
@@ -126,4 +126,38 @@ func HopperTile(v Variant) (Tile, bool) {
 		}
 	}
 	return Tile{}, false
+}
+
+// defaultBwdTiles returns the tile table row for the variant's dtype and
+// padded head dimensions. The table is data: one row per head-dim class.
+func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
+	d := max(dkp, dvp)
+	if dt == attn.Float32 {
+		switch {
+		case d <= 64:
+			return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{64, 64, 8, 2, 1}}
+		case d <= 128:
+			return BwdTiles{DKDV: BwdTile{32, 64, 8, 2, 1}, DQ: BwdTile{64, 32, 8, 2, 1}}
+		case d <= 256:
+			return BwdTiles{DKDV: BwdTile{32, 32, 8, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
+		default:
+			return BwdTiles{DKDV: BwdTile{32, 16, 4, 1, 1}, DQ: BwdTile{16, 32, 4, 1, 1}}
+		}
+	}
+	// Measured on the H200 (bf16, N=4096, see docs/kernels/backward.md): each row is
+	// the fastest dK/dV and dQ tile of the candidates swept.
+	switch {
+	case d <= 64:
+		return BwdTiles{DKDV: BwdTile{128, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 2}}
+	case d <= 128:
+		return BwdTiles{DKDV: BwdTile{64, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 1}}
+	case d <= 256:
+		return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{128, 32, 8, 2, 1}}
+	default:
+		// 32 query rows and 64 keys, one stage (atomic dQ, B = 4, N = 4096, H·D = 2048): against
+		// 16×32 two stages, 9.58 against 12.26 ms at D = 257 (padded 272), 8.86 against 11.31 at
+		// 288, 8.93 against 11.41 at 320, 8.39 against 10.64 at 384; against 64×32, 10.73 against
+		// 11.85 at 512
+		return BwdTiles{DKDV: BwdTile{32, 64, 8, 1, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
+	}
 }

@@ -171,16 +171,15 @@ func bwdHopperVariants() []BwdVariant {
 	for _, d := range [][2]int{{64, 64}, {128, 128}, {96, 96}, {32, 128}, {256, 256}, {192, 192}, {160, 256}, {208, 208}, {144, 224}, {80, 112}} {
 		for _, atomic := range []bool{true, false} {
 			for _, masked := range []bool{false, true} {
-				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d[0], DV: d[1], Vector: true, AtomicDQ: atomic, Masked: masked, WGMMA: true})
+				vs = append(vs, BwdVariant{DType: attn.BFloat16, DK: d[0], DV: d[1], Features: Features{Mask: MaskFor(masked)}, Vector: true, AtomicDQ: atomic, WGMMA: true})
 			}
 		}
 	}
 	return append(vs,
 		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Staged: true, AtomicDQ: true, WGMMA: true},
-		BwdVariant{DType: attn.Float16, DK: 127, DV: 127, Staged: true, Masked: true, WGMMA: true},
-		BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Vector: true, AtomicDQ: true, Masked: true, Softcap: true, Dropout: true,
-			Bias: true, BiasDType: attn.Float32, BiasGrad: true, WGMMA: true},
-		BwdVariant{DType: attn.BFloat16, DK: 256, DV: 256, Vector: true, AtomicDQ: true, Varlen: true, Softcap: true, Dropout: true, WGMMA: true},
+		BwdVariant{DType: attn.Float16, DK: 127, DV: 127, Features: Features{Mask: MaskWindow}, Staged: true, WGMMA: true},
+		BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Features: Features{Mask: MaskWindow, Softcap: true, Bias: BiasF32, Dropout: true}, Vector: true, AtomicDQ: true, BiasGrad: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 256, DV: 256, Features: Features{Softcap: true, Dropout: true, Varlen: true}, Vector: true, AtomicDQ: true, WGMMA: true},
 	)
 }
 
@@ -197,9 +196,8 @@ func bwdHopperTMAVariants() []BwdVariant {
 	// odd head dims read in place (flat rows): both warpgroup splits, crossed and not
 	return append(vs,
 		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Flat: true, WGMMA: true, TMA: true},
-		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Flat: true, AtomicDQ: true, Masked: true, WGMMA: true, TMA: true},
-		BwdVariant{DType: attn.Float16, DK: 201, DV: 185, Flat: true, Masked: true, Softcap: true, Dropout: true,
-			Bias: true, BiasDType: attn.Float16, BiasGrad: true, WGMMA: true, TMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Features: Features{Mask: MaskWindow}, Flat: true, AtomicDQ: true, WGMMA: true, TMA: true},
+		BwdVariant{DType: attn.Float16, DK: 201, DV: 185, Features: Features{Mask: MaskWindow, Softcap: true, Bias: BiasF16, Dropout: true}, Flat: true, BiasGrad: true, WGMMA: true, TMA: true},
 		BwdVariant{DType: attn.BFloat16, DK: 121, DV: 121, Flat: true, AtomicDQ: true, WGMMA: true, TMA: true},
 	)
 }
@@ -209,9 +207,9 @@ func bwdHopperTMAVariants() []BwdVariant {
 // them), the stage barriers, and the refusal of packed batches.
 func TestBwdTMASource(t *testing.T) {
 	for _, v := range bwdHopperTMAVariants() {
-		src, err := BwdSource(v)
+		src, err := v.Source()
 		if err != nil {
-			t.Fatalf("%s: %v", v.Key(), err)
+			t.Fatalf("%s: %v", v.Name(), err)
 		}
 		for _, want := range []string{
 			BwdDKDVKernel + "(const __grid_constant__ BwdTmaParams tp)", BwdDQKernel + "(const __grid_constant__ BwdTmaParams tp)",
@@ -220,19 +218,19 @@ func TestBwdTMASource(t *testing.T) {
 			BwdPreKernel + "(const BwdParams p)",
 		} {
 			if !strings.Contains(src, want) {
-				t.Errorf("%s: source lacks %q", v.Key(), want)
+				t.Errorf("%s: source lacks %q", v.Name(), want)
 			}
 		}
 		for _, not := range []string{"load_sw<BM, KCH, DK, NTH>(sQ + s * Q_STAGE", "load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE"} {
 			if strings.Contains(src, not) {
-				t.Errorf("%s: source still copies a streamed tile by the threads (%q)", v.Key(), not)
+				t.Errorf("%s: source still copies a streamed tile by the threads (%q)", v.Name(), not)
 			}
 		}
-		if !strings.Contains(v.Key(), "_tma_") {
-			t.Errorf("key %s lacks _tma", v.Key())
+		if !strings.Contains(v.Name(), "_tma_") {
+			t.Errorf("key %s lacks _tma", v.Name())
 		}
 	}
-	v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, Varlen: true, WGMMA: true, TMA: true}
+	v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Features: Features{Varlen: true}, Vector: true, WGMMA: true, TMA: true}
 	if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
 		t.Errorf("packed batch with tensor maps: Validate = %v, want ErrUnsupported", err)
 	}
@@ -252,13 +250,13 @@ func TestBwdTMAArgs(t *testing.T) {
 		B: 1, N: 300, M: 200, H: 8, Hkv: 2,
 		QS: BwdStrides{Batch: 0, Row: 8 * 64, Head: 64}, DOS: BwdStrides{Row: 8 * 64, Head: 64},
 		KS: BwdStrides{Row: 2 * 64, Head: 64}, VS: BwdStrides{Row: 2 * 64, Head: 64}}
-	params := p.Bytes()
+	params := p.Pack()
 	args := BwdTMAArgs(a, b, params)
 	if len(args)%64 != 0 || len(args) < 256+len(params) || args[0] != 1 || args[255] != 2 || !bytes.Equal(args[256:256+len(params)], params) {
 		t.Fatalf("argument of %d bytes: maps or params misplaced", len(args))
 	}
 	v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, WGMMA: true, TMA: true}
-	dkdv, dq := v.BwdTMATensors(&p)
+	dkdv, dq := v.TMATensors(&p)
 	tl := v.ResolvedTiles()
 	want := TMATensor{Addr: 0x1000, Cols: 64, Rows: 300, Heads: 8, B: 1, Strides: [3]uint64{1024, 128, 16}, BoxRows: uint32(tl.DKDV.BlockM)}
 	if dkdv[0] != want {
@@ -277,7 +275,7 @@ func TestBwdTMAArgs(t *testing.T) {
 	}
 	v = BwdVariant{DType: attn.BFloat16, DK: 199, DV: 199, Staged: true, WGMMA: true, TMA: true}
 	p.PKS = BwdStrides{Row: 2 * 208, Head: 208}
-	_, dq = v.BwdTMATensors(&p)
+	_, dq = v.TMATensors(&p)
 	if dq[0].Addr != 0x7000 || dq[0].Cols != 208 || dq[0].Strides[0] != 2*208*2 {
 		t.Errorf("staged k: %+v, want the copy at 0x7000, 208 columns, rows 832 bytes apart", dq[0])
 	}
@@ -285,17 +283,17 @@ func TestBwdTMAArgs(t *testing.T) {
 
 func TestBwdHopperSource(t *testing.T) {
 	for _, v := range bwdHopperVariants() {
-		src, err := BwdSource(v)
+		src, err := v.Source()
 		if err != nil {
-			t.Fatalf("%s: %v", v.Key(), err)
+			t.Fatalf("%s: %v", v.Name(), err)
 		}
 		for _, want := range []string{"wgmma.mma_async.sync.aligned.m64n", "fence.proxy.async", "sw_elem<BM>(il, jl)", BwdDKDVKernel, BwdDQKernel} {
 			if !strings.Contains(src, want) {
-				t.Fatalf("%s: source lacks %q", v.Key(), want)
+				t.Fatalf("%s: source lacks %q", v.Name(), want)
 			}
 		}
-		if s := v.DKDVSharedBytes(); s > BwdMaxSharedMemory {
-			t.Errorf("%s: %d bytes of shared memory", v.Key(), s)
+		if s := v.DKDVSharedBytes(); s > MaxSharedBytes {
+			t.Errorf("%s: %d bytes of shared memory", v.Name(), s)
 		}
 	}
 }
@@ -345,26 +343,26 @@ func TestBwdCompileHopper(t *testing.T) {
 		tma = []BwdVariant{tma[1], tma[9], tma[len(tma)-3]}
 	}
 	for _, v := range append(vs, tma...) {
-		src, err := BwdSource(v)
+		src, err := v.Source()
 		if err != nil {
-			t.Fatalf("%s: %v", v.Key(), err)
+			t.Fatalf("%s: %v", v.Name(), err)
 		}
-		out, err := c.Compile(cuda.CompileRequest{Name: v.Key() + ".cu", Source: src, Arch: "sm_90a", Verbose: true, NoCache: true})
+		out, err := c.Compile(cuda.CompileRequest{Name: v.Name() + ".cu", Source: src, Arch: "sm_90a", Verbose: true, NoCache: true})
 		if err != nil {
-			t.Errorf("%s: %v", v.Key(), err)
+			t.Errorf("%s: %v", v.Name(), err)
 			continue
 		}
 		for _, r := range out.Stats.Resources {
 			if r.Name != BwdDKDVKernel && r.Name != BwdDQKernel {
 				continue
 			}
-			t.Logf("%s %s: %d registers, spills %d/%d", v.Key(), r.Name, r.Registers, r.SpillStores, r.SpillLoads)
+			t.Logf("%s %s: %d registers, spills %d/%d", v.Name(), r.Name, r.Registers, r.SpillStores, r.SpillLoads)
 			if r.SpillStores > 32 {
-				t.Errorf("%s spills %d bytes", v.Key(), r.SpillStores)
+				t.Errorf("%s spills %d bytes", v.Name(), r.SpillStores)
 			}
 		}
 		if strings.Contains(out.Stats.Log, "wgmma.mma_async instructions are serialized") {
-			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Key(), grepLines(out.Stats.Log, "serialized"))
+			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Name(), grepLines(out.Stats.Log, "serialized"))
 		}
 	}
 }
@@ -399,8 +397,7 @@ func TestHopperTable(t *testing.T) {
 func TestBwdHopperValidAll(t *testing.T) {
 	for d := 1; d <= 256; d++ {
 		for _, atomic := range []bool{false, true} {
-			v := BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic, Masked: true,
-				Softcap: true, Dropout: true, Bias: true, BiasDType: attn.BFloat16, BiasGrad: true, WGMMA: true}
+			v := BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Features: Features{Mask: MaskWindow, Softcap: true, Bias: BiasBF16, Dropout: true}, Vector: d%8 == 0, Staged: d%8 != 0, AtomicDQ: atomic, BiasGrad: true, WGMMA: true}
 			if !BwdHopperOK(v) {
 				t.Fatalf("BwdHopperOK refused D=%d", d)
 			}

@@ -3,12 +3,11 @@ package kernels
 import (
 	"fmt"
 	"strings"
-
-	"github.com/flashattn/flashattn/attn"
 )
 
-// The Hopper backward kernels (BwdVariant.WGMMA, sm_90a): dK/dV below, the
-// separate dQ kernel at dqKernelHopper.
+// The Hopper backward kernels (BwdVariant.WGMMA, sm_90a): the dK/dV kernel
+// here, the separate dQ kernel in bwd_dq_sm90.go, what both share in
+// bwd_sm90.go.
 //
 // The dK/dV kernel.
 //
@@ -44,7 +43,7 @@ import (
 //
 // Every product is a warpgroup instruction (wgmma.mma_async); dK and dV
 // stay in registers for the whole loop. Tiles in shared memory use the
-// forward's 128-byte swizzle (see hopper.go): rows of 64 elements, 16-byte
+// forward's 128-byte swizzle (see fwd_sm90.go): rows of 64 elements, 16-byte
 // chunk c of row r at chunk c ^ (r mod 8), wider rows as several such atoms.
 
 // bwdHopperBM is the number of query rows per step of the Hopper kernel.
@@ -70,23 +69,13 @@ func (v BwdVariant) bwdHopperTile() BwdTile {
 	return BwdTile{BlockM: bwdHopperBM, BlockN: bn, Warps: 8, Stages: 2, MinBlocks: 1}
 }
 
-// BwdHopperOK reports whether the Hopper backward kernels can run a backward
-// of v's dtype, head dims and load kind (ignoring v.WGMMA itself): 16-bit
-// elements, rows read with 16-byte copies (Vector, Staged or Flat), padded head
-// dims both at most 128 or both from 129 to 256, and no tile override.
-func BwdHopperOK(v BwdVariant) bool {
-	dk, dv := v.DKPad(), v.DVPad()
-	dims := dk <= 128 && dv <= 128 || dk > 128 && dv > 128 && dk <= 256 && dv <= 256
-	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged || v.Flat) && dims && v.Tiles.DKDV.BlockM == 0
-}
-
 // bwdHopperAtoms returns the 64-column atoms of the q and k tiles (ka), of
 // the dO tile (va) and of the v tile (vka). With split columns every
 // warpgroup's products span 128 columns, so q, k and dO hold 256 (the
 // columns past the head dim are never loaded; they only feed output
 // columns that are never stored).
 func (v BwdVariant) bwdHopperAtoms() (ka, va, vka int) {
-	ka, va, vka = (v.DKPad()+63)/64, (v.DVPad()+63)/64, (v.DVPad()+63)/64
+	ka, va, vka = swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), swizzleAtoms(v.DVPad())
 	if v.bwdHopperWide() {
 		ka, va = 4, 4
 	}
@@ -116,6 +105,13 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	return l
 }
 
+// bwdHopperSplitDQ reports whether the atomic dQ's columns are split over
+// the warpgroups (one warpgroup computes them all otherwise).
+func (v BwdVariant) bwdHopperSplitDQ() bool {
+	_, _, nq := v.bwdHopperCols()
+	return nq < v.DKPad()
+}
+
 // bwdHopperCols returns the columns of one warpgroup's products in the
 // dK/dV kernel: dV += Pᵀ·dO (nv), dK += dSᵀ·Q (nk) and the atomic dQ = dS·K
 // (nq; fewer than DKP when the warpgroups split dQ's columns). With split
@@ -132,78 +128,22 @@ func (v BwdVariant) bwdHopperCols() (nv, nk, nq int) {
 	return dvp, dkp, dkp
 }
 
-// HopperProducts returns the warpgroup product wrappers of v's Hopper
-// kernels (v.WGMMA): S and dP (wg_s: 64 queries x BN/2 keys in the dK/dV
-// kernel, x BN keys in the dQ kernel, the same count), dV += Pᵀ·dO and
-// dK += dSᵀ·Q (wg_tN), the atomic dQ = dS·K (wg_nN) and the separate
-// dQ += dS·K with dS from registers (wg_rq).
-func (v BwdVariant) HopperProducts() []WGMMAProduct {
-	dkp, bn := v.DKPad(), v.bwdHopperTile().BlockN
-	nv, nk, nq := v.bwdHopperCols()
-	ps := []WGMMAProduct{{Name: "wg_s", N: bn / 2}, {Name: fmt.Sprintf("wg_t%d", nv), N: nv, TA: true, TB: true}}
-	if nk != nv {
-		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", nk), N: nk, TA: true, TB: true})
-	}
-	if r := dkp - 128; v.bwdHopperCrossed() && r != 128 {
-		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", r), N: r, TA: true, TB: true})
-	}
-	if v.AtomicDQ {
-		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
-	}
-	return append(ps, WGMMAProduct{Name: "wg_rq", N: dkp, TB: true, RegA: true})
-}
-
-// hopperPrelude writes the device functions only the Hopper kernel uses.
-func (g *bwdGen) hopperPrelude(b *strings.Builder) {
-	v := g.v
-	if v.TMA {
-		var p BwdParams
-		b.WriteString(bwdTMADecl(len(p.Bytes())))
-	}
-	b.WriteString(PrimitivesBegin + " (Hopper)\n")
-	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
-	b.WriteString(wgmmaPrimitives())
-	for _, pr := range v.HopperProducts() {
-		b.WriteString(pr.source(v.DType))
-	}
-	if v.TMA {
-		b.WriteString(tmaPrimitives())
-	}
-	b.WriteString(PrimitivesEnd + "\n")
-	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
-// atom c/8, row r, chunk (c mod 8) ^ (r mod 8).
-template <int ROWS>
-DEV u32 sw_off(int r, int c) { return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)); }
-// sw_elem is the element offset of (row i, column j) in a swizzled 16-bit tile of ROWS rows.
-template <int ROWS>
-DEV int sw_elem(int i, int j) { return (j >> 6) * ROWS * 64 + i * 64 + ((((j & 63) >> 3) ^ (i & 7)) << 3) + (j & 7); }
-// load_sw copies rows [0, R) of a head slice (row r at g + r*rs) into the swizzled tile at shared
-// address s; rows >= rlim and chunks from column dlim (D, or a flat row's shift + D) on read as zero
-// (16-byte copies, CH chunks a row).
-template <int R, int CH, int D, int NTH>
-DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
-  constexpr int TOT = R * CH;
-#pragma unroll
-  for (int it = 0; it < (TOT + NTH - 1) / NTH; ++it) {
-    const int c = it * NTH + threadIdx.x;
-    if (TOT % NTH == 0 || c < TOT) {
-      const int r = c / CH, ch = c % CH;
-      const bool ok = r < rlim && ch * 8 < dlim;
-      cp_async_sw(s + sw_off<R>(r, ch), ok ? (const void*)(g + r * rs + ch * 8) : (const void*)g, ok ? 16 : 0);
-    }
-  }
-}
-`)
-	if !v.Vector {
-		b.WriteString(rowOutSource)
-	}
-	if v.Flat {
-		b.WriteString(zeroColsSource)
-	}
-}
-
-// dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants.
+// dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants, stage by
+// stage: the block's setup and its key tiles' loads, the dK/dV
+// accumulators, the matrix descriptors, one query block's step, and the
+// stores of dK and dV.
 func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
+	kl, vl := g.dkdvSM90Setup(b)
+	tdk, tdv, accA, accB := g.dkdvSM90Accumulators(b)
+	g.dkdvSM90Descriptors(b, kl, vl)
+	g.dkdvSM90Step(b)
+	g.dkdvSM90Store(b, tdk, tdv, accA, accB)
+}
+
+// dkdvSM90Setup writes the dK/dV kernel's header, shared-memory tiles,
+// query range and the addressing of its key tiles; it returns the row
+// limits of the k and v tile loads.
+func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 	v := g.v
 	t := v.bwdHopperTile()
 	l := v.bwdHopperLayout()
@@ -238,7 +178,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
 `, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
-	kl, vl := "", ""
 	if v.Flat {
 		b.WriteString(`  // flat rows: k and v tiles from flat_shift columns before the head's start, the head shifted
   // right by sk_ (k; with one query head per key head also q and dK) and sv_ (v, dO and dV) columns
@@ -263,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
-`, (dkp+63)/64, (dvp+63)/64, g.tmaHead("hq", "DK"), g.tmaHead("hq", "DV"))
+`, swizzleAtoms(dkp), swizzleAtoms(dvp), g.tmaHead("hq", "DK"), g.tmaHead("hq", "DV"))
 	} else {
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {
@@ -275,16 +214,26 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   };
 `, g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
 	}
+	return kl, vl
+}
+
+// dkdvSM90Accumulators declares the dK and dV accumulators and returns
+// their layouts over the warps and the names of the two accumulators.
+func (g *bwdGen) dkdvSM90Accumulators(b *strings.Builder) (tdk, tdv bwdWarpTile, accA, accB string) {
+	v := g.v
+	dkp, dvp := v.DKPad(), v.DVPad()
+	wide := v.bwdHopperWide()
+	crossed := v.bwdHopperCrossed()
 	// dK and dV accumulators and their layouts over the warps (rows: keys)
-	tdk := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
-	tdv := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dvp, MT: 1, NT: dvp / 8, Warps: 8}
+	tdk = bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
+	tdv = bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dvp, MT: 1, NT: dvp / 8, Warps: 8}
 	if wide {
 		tdk = bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: 128, MT: 1, NT: 16, Warps: 8}
 		tdv = tdk
 	}
 	// the crossed split's accumulators: the 128-column share (accW: dV on warpgroup 0, dK on 1) and
 	// the rest (accR: dK's columns from 128 on warpgroup 0, dV's on 1)
-	accA, accB := "accdV", "accdK"
+	accA, accB = "accdV", "accdK"
 	if crossed {
 		accA, accB = "accW", "accR"
 		b.WriteString("  // accW: dV columns 0..127 (warpgroup 0) or dK columns 0..127 (warpgroup 1), keys x 128\n  ")
@@ -296,6 +245,17 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 		b.WriteString("  " + strings.ReplaceAll(tdk.accDecl("accdK"), "\n", "\n  "))
 		b.WriteString(strings.ReplaceAll(tdv.accDecl("accdV"), "\n", "\n  "))
 	}
+	return tdk, tdv, accA, accB
+}
+
+// dkdvSM90Descriptors writes the first loads of the key tiles and the
+// matrix descriptors of the products.
+func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
+	v := g.v
+	wide := v.bwdHopperWide()
+	crossed := v.bwdHopperCrossed()
+	_, _, nq := v.bwdHopperCols()
+	split := v.bwdHopperSplitDQ()
 	fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
     load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);
@@ -326,8 +286,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   const u64 dPt = sw128_desc(sPa + wg * BM * 128, 16, 1024), dSt = sw128_desc(sdSa + wg * BM * 128, 16, 1024);
 `)
 	}
-	nv, nk, nq := v.bwdHopperCols()
-	split := nq < dkp // dQ columns split over the warpgroups
 	if v.AtomicDQ {
 		if split {
 			fmt.Fprintf(b, `  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
@@ -342,6 +300,17 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 `)
 		}
 	}
+}
+
+// dkdvSM90Step writes the loop over query blocks: S and dP, P and dS,
+// dV += Pᵀ·dO and dK += dSᵀ·Q, and with AtomicDQ dQ += dS·K.
+func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
+	v := g.v
+	t := v.bwdHopperTile()
+	dkp := v.DKPad()
+	crossed := v.bwdHopperCrossed()
+	nv, nk, nq := v.bwdHopperCols()
+	split := v.bwdHopperSplitDQ()
 	b.WriteString(`  for (int it = 0; it < iters; ++it) {
     const int st = it & 1;
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
@@ -439,6 +408,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     }
 `, nq/8, g.flatLimit("sk_", "DK"))
 	}
+}
+
+// dkdvSM90Store closes the loop and stores dK and dV (through shared
+// memory for odd head dims).
+func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, accB string) {
+	v := g.v
+	l := v.bwdHopperLayout()
+	dkp := v.DKPad()
+	crossed := v.bwdHopperCrossed()
 	fmt.Fprintf(b, `    wgmma_wait<0>();
     fence_acc(%[1]s[0]);
     fence_acc(%[2]s[0]);
@@ -482,283 +460,4 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 	}
 	nfKeysCheck(b, accA, accB)
 	b.WriteString("}\n\n")
-}
-
-// bwdHopperDQTile returns the tile of the Hopper dQ kernel (the separate
-// algorithm): two warpgroups of 64 query rows, BN keys a step (fewer past
-// head dim 128, where q, dO and two stages of k and v fill shared memory).
-func (v BwdVariant) bwdHopperDQTile() BwdTile {
-	// as many keys as one warpgroup of the dK/dV kernel: 64, or 32 past 128
-	return BwdTile{BlockM: 128, BlockN: v.bwdHopperTile().BlockN / 2, Warps: 8, Stages: 2, MinBlocks: 1}
-}
-
-// bwdHopperDQLayout is the shared-memory map of the Hopper dQ kernel (every
-// tile 1024-byte aligned from a base the kernel aligns).
-func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
-	ka, va := (v.DKPad()+63)/64, (v.DVPad()+63)/64
-	t := v.bwdHopperDQTile()
-	var l bwdSmemLayout
-	add := l.addSwizzled
-	add("sQ", ka*t.BlockM*128)   // [KATOMS][BM][64]
-	add("sdO", va*t.BlockM*128)  // [VATOMS][BM][64]
-	add("sK", 2*ka*t.BlockN*128) // [2][KATOMS][BN][64]
-	add("sV", 2*va*t.BlockN*128) // [2][VATOMS][BN][64]
-	add("sL", t.BlockM*4)        // [BM] LSE2
-	add("sD", t.BlockM*4)        // [BM] Delta
-	if v.TMA {
-		l.add("bar", 16) // [2] mbarriers: stage s of k and v landed
-	}
-	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
-	return l
-}
-
-// dqKernelHopper writes BwdDQKernel for WGMMA variants: the separate dQ
-// algorithm with warpgroup products. Warpgroup w owns query rows 64w ..
-// 64w+63 of the block; for every visible key block it recomputes S and dP
-// (both operands from shared memory), P and dS with the element-wise code of
-// the other kernels, and adds dS·K with dS straight from registers (the
-// accumulator of two 8-key blocks is the A operand of one k16 step). No
-// atomics: bit-for-bit deterministic.
-func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
-	v := g.v
-	t := v.bwdHopperDQTile()
-	l := v.bwdHopperDQLayout()
-	dkp, dvp := v.DKPad(), v.DVPad()
-	ka, va := (dkp+63)/64, (dvp+63)/64
-	fmt.Fprintf(b, `// dQ (separate algorithm, Hopper warpgroup products): one block per (query block of %[1]d rows,
-// batch, query head), warpgroup w owning rows 64w .. 64w+63; loops over the visible key blocks
-// recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.
-// grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
-%[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias())
-	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
-	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
-  float* sL = reinterpret_cast<float*>(smem + %d);
-  float* sD = reinterpret_cast<float*>(smem + %d);
-`, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
-	g.tmaBarriers(b, l, "k and v")
-	g.dqKeyRange(b)
-	if v.TMA {
-		fmt.Fprintf(b, `  // stage s of the key-side tiles for step it: k and v by the tensor memory accelerator (one thread;
-  // rows past the sequence and columns past the head dim come as zeros)
-  auto load_kv = [&](int it, int s) {
-    const int jk = (jb0 + it) * BN;
-    if (tid == 0) {
-      mbar_expect_tx(bar + 8 * s, (%[1]d + %[2]d) * BN * 128);
-      tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, jk, %[3]s);
-      tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, jk, %[4]s);
-    }
-  };
-`, ka, va, g.tmaHead("kvh", "DK"), g.tmaHead("kvh", "DV"))
-	} else {
-		fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
-    const int jk = (jb0 + it) * BN;
-    load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE, %s, %s, m - jk);
-    load_sw<BN, VCH, DV, NTH>(sV + s * V_STAGE, %s, %s, m - jk);
-  };
-`, g.in("k").at("jk", "kvh"), g.in("k").sr, g.in("v").at("jk", "kvh"), g.in("v").sr)
-	}
-	tq := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
-	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
-	qa, da, ql, dl := g.in("q").at("i0", "h"), g.in("do").at("i0", "h"), "", ""
-	if v.Flat {
-		b.WriteString(`// flat rows: q and dO tiles from flat_shift columns before the head's start, the head shifted right
-  // by sq_ (q; with one query head per key head also k and dQ) and sdo_ (dO, v) columns
-  const int sq_ = flat_shift(h, DK, DKP), sdo_ = flat_shift(h, DV, DVP);
-  `)
-		qa, da, ql, dl = "("+qa+") - sq_", "("+da+") - sdo_", ", sq_ + DK", ", sdo_ + DV"
-	}
-	fmt.Fprintf(b, `if (njb > 0) {
-    load_sw<BM, KCH, DK, NTH>(sQ, %s, %s, n - i0%s);
-    load_sw<BM, VCH, DV, NTH>(sdO, %s, %s, n - i0%s);
-    const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
-    load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);
-    load_kv(0, 0);
-    cp_async_commit();%s
-  }
-  // ---- matrix descriptors: this warpgroup's 64 rows of q and dO (K-major)
-  const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024), ddo = sw128_desc(sdO + wg * 64 * 128, 16, 1024);
-  for (int it = 0; it < njb; ++it) {
-    const int st = it & 1;
-    const int j0 = (jb0 + it) * BN;
-    cp_async_wait0();
-`, qa, g.in("q").sr, ql, da, g.in("do").sr, dl, g.flatZero("sQ", "BM", "DKP", "sq_", "DK", "sdO", "BM", "DVP", "sdo_", "DV"))
-	g.tmaStageWait(b)
-	b.WriteString(`    fence_proxy_async();
-    __syncthreads();  // tile it landed for every thread; every warpgroup is done with tile it-1
-    if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }
-`)
-	g.fullMask(b)
-	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: this warpgroup's 64 queries x BN keys (K and V K-major)
-    float accS[1][%[1]d][4], accP[1][%[1]d][4];
-    {
-      const u64 dk = sw128_desc(sK + st * K_STAGE, 16, 1024), dv = sw128_desc(sV + st * V_STAGE, 16, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < DKP / 16; ++kk)
-        wg_s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-#pragma unroll
-      for (int kk = 0; kk < DVP / 16; ++kk)
-        wg_s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dv + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(accS[0]);
-      fence_acc(accP[0]);
-    }
-    u32 dsp[1][%[1]d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K
-`, t.BlockN/8)
-	st := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: t.BlockN, MT: 1, NT: t.BlockN / 8, Warps: 8}
-	g.probs(b, st, "sL", "sD", false)
-	g.dsRegs = true
-	g.dsFromDP(b, st, false)
-	g.dsRegs = false
-	b.WriteString(`    // ---- dQ += dS·K over the BN keys: K read N-major (the next 64 columns BN·128 bytes further)
-    {
-      const u64 dkn = sw128_desc(sK + st * K_STAGE, BN * 128, 1024);
-      fence_acc(accQ[0]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        const u32 a[4] = {dsp[0][2 * kk][0], dsp[0][2 * kk][1], dsp[0][2 * kk + 1][0], dsp[0][2 * kk + 1][1]};
-        wg_rq(accQ[0], a, dkn + (u64)((kk * 2048) >> 4));
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(accQ[0]);
-    }
-  }
-  T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;
-`)
-	if v.Vector {
-		bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
-		nfQueryCheck(b)
-		b.WriteString("}\n")
-		return
-	}
-	fmt.Fprintf(b, `  // ---- dQ through shared memory (rows of an odd head dim allow no paired stores): a row-major tile
-  // [BM][DKP + 8] over the free tiles, then one warp a row
-  constexpr int PQ = DKP + 8;
-  T* sgq = reinterpret_cast<T*>(smem);
-  static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
-  __syncthreads();  // every warpgroup is done with the tiles
-`, l.total-1024)
-	bwdStoreAcc(b, tq, "accQ", "sgq", "PQ", "n - i0", "DK", "p.scale", bwdStoreOpt{Shift: g.flatName("sq_"), Shared: true})
-	b.WriteString("  __syncthreads();\n")
-	bwdRowsOut(b, "sgq", "PQ", "gq", "p.dq_sr", "BM", "n - i0", "DK")
-	nfQueryCheck(b)
-	b.WriteString("}\n")
-}
-
-// flatName returns name for Flat variants and "" otherwise.
-func (g *bwdGen) flatName(name string) string {
-	if g.v.Flat {
-		return name
-	}
-	return ""
-}
-
-// flatLimit returns the end of a tile's valid columns: d, or for Flat
-// variants the shift sh plus d.
-func (g *bwdGen) flatLimit(sh, d string) string {
-	if g.v.Flat {
-		return "(" + sh + " + " + d + ")"
-	}
-	return d
-}
-
-// tmaHead returns the head and column arguments (head, batch, first column)
-// of a streamed tile's boxes for head h of a tensor with head dim d (a
-// constant of the kernel, its padded width d + "P"): head h from column 0,
-// or with Flat head 0 from flat_shift columns before h·d.
-func (g *bwdGen) tmaHead(h, d string) string {
-	if g.v.Flat {
-		return fmt.Sprintf("0, b, %[1]s * %[2]s - flat_shift(%[1]s, %[2]s, %[2]sP)", h, d)
-	}
-	return h + ", b"
-}
-
-// flatZero returns, for Flat variants, the code run once the tiles loaded
-// once per block have landed: their columns outside the shifted head (tile
-// a: rows ra, padded width pa, shift sa, head dim da; likewise b) zeroed.
-func (g *bwdGen) flatZero(a, ra, pa, sa, da, b, rb, pb, sb, db string) string {
-	if !g.v.Flat {
-		return ""
-	}
-	return fmt.Sprintf(`
-    // flat rows: the neighbouring heads' columns of the %[1]s and %[6]s tiles zeroed once they landed
-    cp_async_wait0();
-    __syncthreads();
-    zero_cols<%[2]s>(smem + (%[1]s - s0), %[4]s, %[5]s, %[3]s, tid, NTH);
-    zero_cols<%[7]s>(smem + (%[6]s - s0), %[9]s, %[10]s, %[8]s, tid, NTH);`, a, ra, pa, sa, da, b, rb, pb, sb, db)
-}
-
-// hopperArg returns the parameter list of a Hopper dK/dV or dQ kernel:
-// BwdParams, or with TMA the tensor maps ahead of them.
-func (g *bwdGen) hopperArg() string {
-	if g.v.TMA {
-		return "const __grid_constant__ BwdTmaParams tp"
-	}
-	return "const BwdParams p"
-}
-
-// hopperArgAlias returns the line naming the BwdParams of a TMA kernel p.
-func (g *bwdGen) hopperArgAlias() string {
-	if g.v.TMA {
-		return "  const BwdParams& p = tp.p;\n"
-	}
-	return ""
-}
-
-// tmaBarriers writes, for TMA variants, the two stage barriers of the
-// streamed tiles (what: which) at the layout's "bar" and their
-// initialization.
-func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string) {
-	if !g.v.TMA {
-		return
-	}
-	fmt.Fprintf(b, `  // ---- mbarriers: stage s of %s landed (one arrival with the byte count, then the copies); the
-  // k-th fill of stage s completes phase k, so step it waits for parity (it >> 1) & 1
-  const u32 bar = s0 + %d;
-  if (tid == 0) {
-    mbar_init(bar, 1);
-    mbar_init(bar + 8, 1);
-    mbar_fence_init();
-  }
-  __syncthreads();
-`, what, l.off["bar"])
-}
-
-// tmaStageWait writes, for TMA variants, the wait for the streamed tiles
-// of step it (stage st).
-func (g *bwdGen) tmaStageWait(b *strings.Builder) {
-	if g.v.TMA {
-		b.WriteString("    mbar_wait(bar + 8 * st, (it >> 1) & 1);  // the streamed tiles of step it\n")
-	}
-}
-
-// hopperPreamble writes the opening of a Hopper backward kernel: its tile
-// constants (with the byte sizes of one stage of its two streamed tiles,
-// named s1 and s2, which hold what), the thread's coordinates (warpgroup
-// wg), and the shared base aligned to the swizzle's 1024-byte period (s0).
-func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, s1 string, b1 int, s2 string, b2 int, what string) {
-	v := g.v
-	fmt.Fprintf(b, `  constexpr int BM = %d, BN = %d, NTH = 256;
-  constexpr int DK = %d, DV = %d, DKP = %d, DVP = %d;
-  constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
-  constexpr int %s = %d, %s = %d;  // bytes of one stage of the %s tiles
-  (void)DK; (void)DV;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int wg = warp >> 2;  // warpgroup
-  (void)tid; (void)g; (void)t4;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
-  unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
-  const u32 s0 = smem_u32(smem);
-`, t.BlockM, t.BlockN, v.DK, v.DV, v.DKPad(), v.DVPad(), s1, b1, s2, b2, what)
-}
-
-// addSwizzled adds a tile in the 128-byte swizzled layout: it starts on the
-// swizzle's 1024-byte period (from a base the kernel aligns).
-func (l *bwdSmemLayout) addSwizzled(name string, bytes int) {
-	l.add(name, (bytes+1023)/1024*1024)
 }

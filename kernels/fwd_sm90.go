@@ -50,15 +50,15 @@ func (g *geom) hopperGeom(v Variant) {
 	g.ntS = v.BlockN / 8
 	g.sp, g.red = 0, 0
 	if v.WarpsN == 2 {
-		g.dvp = roundUp(v.DV, 128)
+		g.dvp = fwdHopperSplitDV(v.DV)
 		g.ntO = g.dvp / 16
 		g.ntS = v.BlockN / 16
 		g.sp = 2 * 64 * 128
 		g.red = 2 * v.BlockM * 4
 	}
 	g.vch = g.dvp * g.esz / 16
-	g.ka = (g.dkp + 63) / 64
-	g.va = (g.dvp + 63) / 64
+	g.ka = swizzleAtoms(g.dkp)
+	g.va = swizzleAtoms(g.dvp)
 	g.sq = g.ka * v.BlockM * 128
 	g.sk = 2 * g.ka * v.BlockN * 128
 	g.sv = 2 * g.va * v.BlockN * 128

@@ -7,7 +7,8 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// Names of the backward kernels; every backward module defines all six.
+// Names of the backward kernels: every backward module defines the first
+// five, Staged ones BwdPackKernel too (BwdKernelNames).
 const (
 	// BwdPreKernel computes Delta = rowsum(dO∘O), the base-2 LSE and, for the
 	// atomic dQ algorithm, zeroes the fp32 dQ accumulator.
@@ -37,38 +38,6 @@ func BwdKernelNames(v BwdVariant) []string {
 	return names
 }
 
-// BwdStagedDim returns the row length in elements of a staging buffer for
-// head dim d in dtype dt: d rounded up to StagedRowBytes.
-func BwdStagedDim(dt attn.DType, d int) int { return roundUp(d, StagedRowBytes/dt.Size()) }
-
-// BwdNeedsStaging reports whether head dims dk, dv in dtype dt are not
-// multiples of 16 bytes, so that rows cannot move in 16-byte copies
-// without the staging copy of a Staged variant.
-func BwdNeedsStaging(dt attn.DType, dk, dv int) bool {
-	g := 16 / dt.Size()
-	return dk%g != 0 || dv%g != 0
-}
-
-// BwdDQAccDim returns the row length in floats of the atomic dQ
-// accumulator for head dim dk: past 32, dk rounded up to a multiple of 32,
-// so that every row starts on a 128-byte line; up to 32, 16 or 32, so that
-// no row straddles two lines (and every even column starts an 8-byte
-// aligned pair for the vector atomic adds). Rows of 60 floats (D = 59)
-// straddled lines: the atomic adds of a row touched three lines, not two,
-// and the dK/dV kernel with atomic dQ took 0.620 ms against 0.534 at
-// D = 64 (B = 1, H = 16, N = 4096, H200).
-//
-// A row is never shorter than FlatWidth(dk): a Flat variant's dK/dV
-// kernel adds dQ at K's shifted columns, up to flat_shift + dk, which
-// reaches the 16-padded width (DK = 8: head 1 shifted by 8 adds columns
-// 8..15; rows of 8 floats put them into the next row's head 0).
-func BwdDQAccDim(dk int) int {
-	if dk > 16 {
-		return roundUp(dk, 32)
-	}
-	return 16
-}
-
 // BwdPreRows is the number of query rows one block of the preprocess and
 // convert kernels handles (grid x = ceil(N / BwdPreRows)).
 const BwdPreRows = 16
@@ -86,20 +55,11 @@ type BwdVariant struct {
 	DType attn.DType
 	// DK and DV are the head dimensions (1..512).
 	DK, DV int
-	// Masked is set when a causal mask or window applies; its bounds and
-	// alignment are launch parameters.
-	Masked bool
-	// Softcap is set when the scores are soft-capped.
-	Softcap bool
-	// Bias is set when a bias is added; BiasDType is its storage type.
-	Bias      bool
-	BiasDType attn.DType
+	// Features: mask, softcap, bias (its element type also dBias's),
+	// dropout, varlen.
+	Features
 	// BiasGrad asks for dBias (requires Bias).
 	BiasGrad bool
-	// Dropout is set when dropout is on.
-	Dropout bool
-	// Varlen is set for packed variable-length batches.
-	Varlen bool
 	// AtomicDQ makes the dK/dV kernel accumulate dQ with fp32 atomic adds
 	// (then BwdDQConvertKernel finishes dQ); otherwise BwdDQKernel computes it.
 	AtomicDQ bool
@@ -128,8 +88,8 @@ type BwdVariant struct {
 	// Tiles overrides the default tile shapes when its fields are non-zero.
 	Tiles BwdTiles
 	// WGMMA selects the Hopper dK/dV and dQ kernels (sm_90a; see
-	// bwd_hopper.go and BwdHopperOK for what they take). The module then runs
-	// only on sm_90.
+	// bwd_dkdv_sm90.go, bwd_dq_sm90.go and BwdHopperOK for what they
+	// take). The module then runs only on sm_90.
 	WGMMA bool
 	// TMA (with WGMMA, not Varlen) loads the streamed tiles of the Hopper
 	// kernels with the tensor memory accelerator: q and dO in the dK/dV
@@ -155,20 +115,6 @@ type BwdTiles struct {
 	DKDV, DQ BwdTile
 }
 
-// BwdMaxSharedMemory is the largest dynamic shared memory a block may use
-// (227 KiB on sm_90).
-const BwdMaxSharedMemory = 227 * 1024
-
-// bwdPadDim rounds a head dimension up to the 16-element granule of the
-// matrix instructions, or to 32 elements above 64 so that eight warps can
-// split the wider products evenly.
-func bwdPadDim(d int) int {
-	if d <= 64 {
-		return (d + 15) / 16 * 16
-	}
-	return (d + 31) / 32 * 32
-}
-
 // elem returns the storage size in bytes of the variant's dtype.
 func (v BwdVariant) elem() int { return v.DType.Size() }
 
@@ -182,43 +128,9 @@ func (v BwdVariant) DVPad() int { return v.padDim(v.DV) }
 // padDim returns head dim d as padded inside v's kernels.
 func (v BwdVariant) padDim(d int) int {
 	if v.WGMMA {
-		return roundUp(d, 16)
+		return padMMA(d)
 	}
 	return bwdPadDim(d)
-}
-
-// defaultBwdTiles returns the tile table row for the variant's dtype and
-// padded head dimensions. The table is data: one row per head-dim class.
-func defaultBwdTiles(dt attn.DType, dkp, dvp int) BwdTiles {
-	d := max(dkp, dvp)
-	if dt == attn.Float32 {
-		switch {
-		case d <= 64:
-			return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{64, 64, 8, 2, 1}}
-		case d <= 128:
-			return BwdTiles{DKDV: BwdTile{32, 64, 8, 2, 1}, DQ: BwdTile{64, 32, 8, 2, 1}}
-		case d <= 256:
-			return BwdTiles{DKDV: BwdTile{32, 32, 8, 2, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
-		default:
-			return BwdTiles{DKDV: BwdTile{32, 16, 4, 1, 1}, DQ: BwdTile{16, 32, 4, 1, 1}}
-		}
-	}
-	// Measured on the H200 (bf16, N=4096, see docs/kernels/backward.md): each row is
-	// the fastest dK/dV and dQ tile of the candidates swept.
-	switch {
-	case d <= 64:
-		return BwdTiles{DKDV: BwdTile{128, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 2}}
-	case d <= 128:
-		return BwdTiles{DKDV: BwdTile{64, 128, 8, 2, 1}, DQ: BwdTile{64, 64, 4, 2, 1}}
-	case d <= 256:
-		return BwdTiles{DKDV: BwdTile{64, 64, 8, 2, 1}, DQ: BwdTile{128, 32, 8, 2, 1}}
-	default:
-		// 32 query rows and 64 keys, one stage (atomic dQ, B = 4, N = 4096, H·D = 2048): against
-		// 16×32 two stages, 9.58 against 12.26 ms at D = 257 (padded 272), 8.86 against 11.31 at
-		// 288, 8.93 against 11.41 at 320, 8.39 against 10.64 at 384; against 64×32, 10.73 against
-		// 11.85 at 512
-		return BwdTiles{DKDV: BwdTile{32, 64, 8, 1, 1}, DQ: BwdTile{32, 32, 8, 2, 1}}
-	}
 }
 
 // ResolvedTiles returns the tiles the variant's kernels use: Tiles where
@@ -244,22 +156,23 @@ func (v BwdVariant) padRow(cols int) int { return cols + 16/v.elem() }
 
 // DKDVSharedBytes returns the dynamic shared memory of the dK/dV kernel.
 func (v BwdVariant) DKDVSharedBytes() int {
-	if v.WGMMA {
-		return v.bwdHopperLayout().total
-	}
-	t := v.ResolvedTiles().DKDV
-	l := v.dkdvLayout(t)
+	l, _ := v.layouts()
 	return l.total
 }
 
 // DQSharedBytes returns the dynamic shared memory of the dQ kernel.
 func (v BwdVariant) DQSharedBytes() int {
-	if v.WGMMA {
-		return v.bwdHopperDQLayout().total
-	}
-	t := v.ResolvedTiles().DQ
-	l := v.dqLayout(t)
+	_, l := v.layouts()
 	return l.total
+}
+
+// layouts returns the shared-memory maps of the dK/dV and dQ kernels.
+func (v BwdVariant) layouts() (dkdv, dq bwdSmemLayout) {
+	if v.WGMMA {
+		return v.bwdHopperLayout(), v.bwdHopperDQLayout()
+	}
+	t := v.ResolvedTiles()
+	return v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
 }
 
 // bwdSmemLayout is the byte offsets of the shared-memory tiles of a kernel.
@@ -316,38 +229,35 @@ func (v BwdVariant) Validate() error {
 	if v.DK < 1 || v.DK > attn.MaxHeadDim || v.DV < 1 || v.DV > attn.MaxHeadDim {
 		return attn.Errorf(attn.ErrShape, "backward variant: head dims DK=%d DV=%d outside 1..%d", v.DK, v.DV, attn.MaxHeadDim)
 	}
-	if v.Bias && !v.BiasDType.Valid() {
-		return attn.Errorf(attn.ErrDType, "backward variant: bias dtype %d", int(v.BiasDType))
+	if v.Mask > MaskWindow {
+		return attn.Errorf(attn.ErrOption, "backward variant: mask kind %d", v.Mask)
 	}
-	if v.BiasGrad && !v.Bias {
+	if v.Bias > BiasBF16 {
+		return attn.Errorf(attn.ErrDType, "backward variant: bias kind %d", v.Bias)
+	}
+	if v.BiasGrad && !v.Biased() {
 		return attn.Errorf(attn.ErrOption, "backward variant: BiasGrad without Bias")
 	}
-	if v.Bias && v.Varlen {
+	if v.Biased() && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
 	}
-	if v.Vector {
-		g := 16 / v.elem()
-		if v.DK%g != 0 || v.DV%g != 0 {
-			return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, g)
-		}
+	if v.Vector && BwdNeedsStaging(v.DType, v.DK, v.DV) {
+		return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, 16/v.elem())
 	}
 	if v.Vector && v.Staged {
 		return attn.Errorf(attn.ErrOption, "backward variant: Vector and Staged are exclusive")
 	}
 	if v.Flat && (v.Vector || v.Staged || !v.WGMMA || !v.TMA || v.Varlen || !FlatFits(v.DK, v.DV)) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: rows read in place (Flat) need the Hopper kernels with tensor maps, a fixed-length batch and room for the shift, without Vector or Staged", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: rows read in place (Flat) need the Hopper kernels with tensor maps, a fixed-length batch and room for the shift, without Vector or Staged", v.Name())
 	}
 	if v.WGMMA && !BwdHopperOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Name())
 	}
 	if v.TMA && (!v.WGMMA || v.Varlen) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Key())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Name())
 	}
 	t := v.ResolvedTiles()
-	dkdvLayout, dqLayout := v.dkdvLayout(t.DKDV), v.dqLayout(t.DQ)
-	if v.WGMMA {
-		dkdvLayout, dqLayout = v.bwdHopperLayout(), v.bwdHopperDQLayout()
-	}
+	dkdvLayout, dqLayout := v.layouts()
 	for _, x := range []struct {
 		name string
 		t    BwdTile
@@ -360,9 +270,9 @@ func (v BwdVariant) Validate() error {
 		if tt.Warps <= 0 || tt.Warps > 16 || tt.Stages < 1 || tt.Stages > 2 || tt.MinBlocks < 1 {
 			return attn.Errorf(attn.ErrUnsupported, "backward %s tile: %d warps, %d stages, %d min blocks", x.name, tt.Warps, tt.Stages, tt.MinBlocks)
 		}
-		if x.l.total > BwdMaxSharedMemory {
+		if x.l.total > MaxSharedBytes {
 			return attn.Errorf(attn.ErrUnsupported, "backward %s kernel needs %d bytes of shared memory (DK=%d DV=%d %v), limit %d",
-				x.name, x.l.total, v.DK, v.DV, v.DType, BwdMaxSharedMemory)
+				x.name, x.l.total, v.DK, v.DV, v.DType, MaxSharedBytes)
 		}
 	}
 	for _, pr := range v.products() {
@@ -373,14 +283,15 @@ func (v BwdVariant) Validate() error {
 	return nil
 }
 
-// Key returns a short name of the variant, usable as a cache key or label.
-func (v BwdVariant) Key() string {
+// Name returns a short unique name of the variant, usable as a cache key,
+// label or file name.
+func (v BwdVariant) Name() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "bwd_%v_dk%d_dv%d", v.DType, v.DK, v.DV)
 	flags := []struct {
 		on   bool
 		name string
-	}{{v.Masked, "mask"}, {v.Softcap, "cap"}, {v.Bias, "bias" + v.BiasDType.String()}, {v.BiasGrad, "dbias"},
+	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
 		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}}
 	for _, f := range flags {
 		if f.on {
@@ -393,10 +304,14 @@ func (v BwdVariant) Key() string {
 	return b.String()
 }
 
-// BwdSource returns the CUDA C++ source of the six backward kernels of v,
-// each taking one BwdParams argument by value. It fails with
-// attn.ErrUnsupported (or another sentinel) when v cannot be generated.
-func BwdSource(v BwdVariant) (string, error) {
+// String returns Name.
+func (v BwdVariant) String() string { return v.Name() }
+
+// Source returns the CUDA C++ source of the backward kernels of v
+// (BwdKernelNames), each taking one BwdParams argument by value. It fails
+// with attn.ErrUnsupported (or another sentinel) when v cannot be
+// generated.
+func (v BwdVariant) Source() (string, error) {
 	if err := v.Validate(); err != nil {
 		return "", err
 	}

@@ -28,6 +28,17 @@ func (x *gen) outputBases(indent string) {
 	}
 }
 
+// quadRowSum opens the loop over a thread's rows that sums each row's l
+// over its quad (the four lanes that hold the row).
+const quadRowSum = `#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += __shfl_xor_sync(FULL_MASK, l, 1);
+      l += __shfl_xor_sync(FULL_MASK, l, 2);
+`
+
 // epilogue writes the final normalization and the stores of O and LSE:
 // O = acc / l (times 1/(1−p) under dropout), LSE = (max·SC + log2 l)·ln 2;
 // a row with l = 0 (no visible key) gets O = 0 and LSE = −inf, a row with
@@ -39,15 +50,7 @@ func (x *gen) epilogue() {
 	x.raw("\n  // ---- epilogue: row sums over the quad (and the key halves), O = acc / l, LSE = ln(sum exp)\n")
 	x.outputBases("  ")
 	if v.splitKeys() {
-		x.raw(`  __syncthreads();  // every warp is done with the row-maximum exchange
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float l = row_sum[mt][hf];
-      l += __shfl_xor_sync(FULL_MASK, l, 1);
-      l += __shfl_xor_sync(FULL_MASK, l, 2);
-      if (c == 0) red[wn * BM + wrow0 + mt * 16 + g + 8 * hf] = l;
+		x.raw("  __syncthreads();  // every warp is done with the row-maximum exchange\n" + quadRowSum + `      if (c == 0) red[wn * BM + wrow0 + mt * 16 + g + 8 * hf] = l;
     }
   __syncthreads();
 #pragma unroll
@@ -61,14 +64,7 @@ func (x *gen) epilogue() {
     }
 `)
 	} else {
-		x.raw(`#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float l = row_sum[mt][hf];
-      l += __shfl_xor_sync(FULL_MASK, l, 1);
-      l += __shfl_xor_sync(FULL_MASK, l, 2);
-      row_sum[mt][hf] = l;
+		x.raw(quadRowSum + `      row_sum[mt][hf] = l;
     }
 `)
 	}

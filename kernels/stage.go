@@ -1,9 +1,6 @@
 package kernels
 
-import (
-	"encoding/binary"
-	"fmt"
-)
+import "fmt"
 
 // The staging copies: rows of 16-bit tensors whose head dim is not a
 // multiple of 8 elements start only 2-byte aligned, so the kernels would
@@ -25,18 +22,6 @@ const PackThreads = 256
 // PackRowsPerBlock is the number of (row, head) pairs one block of the pack
 // kernel copies (see PackGrid).
 const PackRowsPerBlock = 128
-
-// StagedRowBytes is the granule of a staging copy's row, forward and
-// backward: one 32-byte L2 sector, so that every row starts on a sector.
-// Rows of a multiple of 16 bytes only would start mid-sector every other
-// row, and the kernel reading them moves a sector more per such row (the
-// forward at D = 200, 400-byte rows, took 7 % longer than at 208 with the
-// same kernel; ncu read the L2 at 46.6 % of its throughput against 35.9 %).
-const StagedRowBytes = 32
-
-// StagedDim returns the row length in elements of a staging copy of a
-// 16-bit tensor with head dim d: d rounded up to StagedRowBytes.
-func StagedDim(d int) int { return roundUp(d, StagedRowBytes/2) }
 
 // stageSource holds the device functions of every staging copy. A copy
 // moves 16-byte chunks: each comes out of the (at most two) aligned 16-byte
@@ -173,17 +158,7 @@ var PackSource = fmt.Sprintf(`// Staging copies of up to three 16-bit [B, rows, 
 // and, for the usual contiguous layout, in the source too, so that both sides stream whole cache
 // lines. Its threads take 16-byte chunks.
 typedef unsigned short u16;
-struct PackParams {
-  const u16* src;            // element (b, r, h, 0) at src + b*sb + r*sr + h*sh
-  u16* dst;                  // element (b, r, h, 0) at dst + ((b*rows + r)*heads + h)*ds
-  const unsigned char* lim;  // the end of the source's bytes (its last element + 1)
-  long long sb, sr, sh;      // source strides in elements
-  int rows, heads, d, ds;    // rows = 0: no copy
-  unsigned hmask;            // 0: every head; else only heads h with bit h mod 8 set, back to back
-  int pad_;
-};
-static_assert(sizeof(PackParams) == %[5]d, "PackParams size differs from the Go packing");
-struct PackArgs { PackParams t[3]; };
+%[5]sstruct PackArgs { PackParams t[3]; };
 %[3]s
 extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -203,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(%[2]d) %[4]s(const PackArgs a) {
   stage_pairs<%[2]d>(reinterpret_cast<unsigned char*>(p.dst + (b * nf + f0) * p.ds), reinterpret_cast<const unsigned char*>(p.src + b * p.sb),
                      p.sr, p.sh, p.heads, p.hmask, p.d, p.ds, 2, f0, n, nf, p.lim, reinterpret_cast<const unsigned char**>(smem));
 }
-`, PackRowsPerBlock, PackThreads, stageSource, PackKernel, packParamsSize)
+`, PackRowsPerBlock, PackThreads, stageSource, PackKernel, packParamsStruct.Decl()+packParamsStruct.SizeAssert())
 
 // PackGrid returns the grid of the pack kernel for a tensor of batch
 // elements of rows × heads rows each (z: one tensor); with a head mask,
@@ -217,16 +192,17 @@ func PackGrid(rows, heads, batch int) [3]uint32 {
 // every tensor of ps (at most 3; Rows = 0: none) whose grids are grids.
 func PackLaunch(ps []PackParams, grids [][3]uint32) ([3]uint32, []byte) {
 	var g [3]uint32
-	args := make([]byte, 3*packParamsSize)
+	n := packParamsStruct.Size()
+	args := make([]byte, 3*n)
 	for i, p := range ps {
 		g[0], g[1] = max(g[0], grids[i][0]), max(g[1], grids[i][1])
-		copy(args[i*packParamsSize:], p.Bytes())
+		packParamsStruct.PackInto(args[i*n:], &p)
 	}
 	g[2] = 3
 	return g, args
 }
 
-// PackParams are the arguments of the pack kernel for one tensor; Bytes
+// PackParams are the arguments of the pack kernel for one tensor; Pack
 // gives the C struct's layout.
 type PackParams struct {
 	Src, Dst                           uint64 // device addresses of the source tensor's element 0 and of the staging buffer
@@ -239,23 +215,26 @@ type PackParams struct {
 	HeadMask uint8
 }
 
-// packParamsSize is the size of the C struct PackParams.
-const packParamsSize = 72
+// packParamsStruct is the layout of the C struct PackParams.
+var packParamsStruct = func() *CStruct[PackParams] {
+	type P = PackParams
+	s := NewCStruct("PackParams", 0,
+		CPtr("const u16*", "src", "element (b, r, h, 0) at src + b*sb + r*sr + h*sh", func(p *P) uint64 { return p.Src }),
+		CPtr("u16*", "dst", "element (b, r, h, 0) at dst + ((b*rows + r)*heads + h)*ds", func(p *P) uint64 { return p.Dst }),
+		CPtr("const unsigned char*", "lim", "the end of the source's bytes (its last element + 1)", func(p *P) uint64 { return p.Lim }),
+		CI64("long long", "sb", "", func(p *P) int64 { return p.BatchStride }),
+		CI64("long long", "sr", "", func(p *P) int64 { return p.RowStride }).Joined(),
+		CI64("long long", "sh", "source strides in elements", func(p *P) int64 { return p.HeadStride }).Joined(),
+		CI32("int", "rows", "", func(p *P) int32 { return p.Rows }),
+		CI32("int", "heads", "", func(p *P) int32 { return p.Heads }).Joined(),
+		CI32("int", "d", "", func(p *P) int32 { return p.D }).Joined(),
+		CI32("int", "ds", "rows = 0: no copy", func(p *P) int32 { return p.DS }).Joined(),
+		CU32("unsigned", "hmask", "0: every head; else only heads h with bit h mod 8 set, back to back", func(p *P) uint32 { return uint32(p.HeadMask) }),
+		CI32("int", "pad_", "", func(*P) int32 { return 0 }),
+	)
+	s.DocColumn = 26
+	return s
+}()
 
-// Bytes returns the params in the layout of the C struct PackParams.
-func (p PackParams) Bytes() []byte {
-	b := make([]byte, packParamsSize)
-	le := binary.LittleEndian
-	le.PutUint64(b[0:], p.Src)
-	le.PutUint64(b[8:], p.Dst)
-	le.PutUint64(b[16:], p.Lim)
-	le.PutUint64(b[24:], uint64(p.BatchStride))
-	le.PutUint64(b[32:], uint64(p.RowStride))
-	le.PutUint64(b[40:], uint64(p.HeadStride))
-	le.PutUint32(b[48:], uint32(p.Rows))
-	le.PutUint32(b[52:], uint32(p.Heads))
-	le.PutUint32(b[56:], uint32(p.D))
-	le.PutUint32(b[60:], uint32(p.DS))
-	le.PutUint32(b[64:], uint32(p.HeadMask))
-	return b
-}
+// Pack returns the params in the layout of the C struct PackParams.
+func (p PackParams) Pack() []byte { return packParamsStruct.Pack(&p) }

@@ -10,69 +10,6 @@ import (
 // generated module.
 const KernelName = "flash_fwd"
 
-// MaxSharedBytes is the most dynamic shared memory one CTA may use on the
-// devices the kernels target (sm_80 and sm_90: 227 KiB).
-const MaxSharedBytes = 227 << 10
-
-// MaskKind says whether a kernel applies a causal mask or window.
-type MaskKind uint8
-
-const (
-	// MaskNone: every key of the sequence is visible (only the sequence
-	// end is masked).
-	MaskNone MaskKind = iota
-	// MaskWindow: causal masks and sliding windows, given at run time as
-	// the window's left and right extents and the diagonal's alignment.
-	MaskWindow
-)
-
-// String returns "none" or "window".
-func (k MaskKind) String() string {
-	if k == MaskWindow {
-		return "window"
-	}
-	return "none"
-}
-
-// BiasKind says whether a kernel adds a bias to the scores and in which
-// element type the bias is stored.
-type BiasKind uint8
-
-const (
-	// BiasNone: no bias.
-	BiasNone BiasKind = iota
-	// BiasF32: a float32 bias.
-	BiasF32
-	// BiasF16: a float16 bias.
-	BiasF16
-	// BiasBF16: a bfloat16 bias.
-	BiasBF16
-)
-
-// BiasFor returns the BiasKind of a bias stored in dt.
-func BiasFor(dt attn.DType) BiasKind {
-	switch dt {
-	case attn.Float16:
-		return BiasF16
-	case attn.BFloat16:
-		return BiasBF16
-	}
-	return BiasF32
-}
-
-// String returns "none", "fp32", "fp16" or "bf16".
-func (k BiasKind) String() string {
-	switch k {
-	case BiasF32:
-		return "fp32"
-	case BiasF16:
-		return "fp16"
-	case BiasBF16:
-		return "bf16"
-	}
-	return "none"
-}
-
 // Variant describes one forward kernel. Its zero value is not valid; fill
 // every tile field (Tile does it from the tuning table). The source of the
 // kernel is a pure function of the Variant.
@@ -104,26 +41,18 @@ type Variant struct {
 	// QInRegs keeps the Q fragments in registers for the whole kernel
 	// instead of reading them from shared memory at every key block.
 	QInRegs bool
-	// Mask selects causal/window masking.
-	Mask MaskKind
-	// Softcap applies s = c·tanh(s/c).
-	Softcap bool
+	// Features: mask, softcap, bias, dropout, varlen.
+	Features
 	// PreScale multiplies the scores by scale·log2(e) before the row
 	// maximum (needed when the scale is negative; implied by Softcap and
 	// Bias, which transform the scores anyway).
 	PreScale bool
-	// Bias adds a bias of the given element type to the scores.
-	Bias BiasKind
-	// Dropout drops probabilities with the philox keep mask.
-	Dropout bool
-	// Varlen reads segment offsets from cu_seqlens (packed batches).
-	Varlen bool
 	// LSE writes the log-sum-exp.
 	LSE bool
 	// MinBlocks is the number of CTAs per SM the register allocation must
 	// allow (__launch_bounds__).
 	MinBlocks int
-	// WGMMA selects the Hopper kernel (sm_90a only; see hopper.go): warpgroup
+	// WGMMA selects the Hopper kernel (sm_90a only; see fwd_sm90.go): warpgroup
 	// matrix products (wgmma.mma_async) on 128-byte-swizzled shared tiles,
 	// one warpgroup per 64 query rows, the P·V product of a key block
 	// overlapping the softmax of the next. It needs 16-bit elements, 16-byte
@@ -184,14 +113,12 @@ type geom struct {
 	ka, va   int // WGMMA: 64-column swizzle atoms of a Q/K row and of a V row
 }
 
-func roundUp(x, m int) int { return (x + m - 1) / m * m }
-
 func (v Variant) geom() geom {
 	var g geom
 	g.esz = v.DType.Size()
 	wn := max(v.WarpsN, 1)
-	g.dkp = roundUp(v.DK, 16)
-	g.dvp = roundUp(v.DV, 16*wn)
+	g.dkp = padMMA(v.DK)
+	g.dvp = fwdPadDV(v.DV, wn)
 	g.warps = v.WarpsM * wn
 	g.threads = 32 * g.warps
 	if v.WarpsM > 0 {
@@ -208,7 +135,7 @@ func (v Variant) geom() geom {
 	} else {
 		g.psteps = v.BlockN / 16
 	}
-	// tiles have a pitch of one extra 16-byte chunk per row (see load.go)
+	// tiles have a pitch of one extra 16-byte chunk per row (see fwd_load.go)
 	g.sq = v.BlockM * (g.kch + 1) * 16
 	g.sk = v.Stages * v.BlockN * (g.kch + 1) * 16
 	g.sv = v.Stages * v.BlockN * (g.vch + 1) * 16

@@ -1,6 +1,7 @@
 package kernels
 
-// loaders writes the swizzle functions and the global → shared tile loaders.
+// loaders writes the shared tiles' addressing (a padded pitch, no swizzle)
+// and the global → shared tile loaders.
 //
 // Shared tiles are rows of CH 16-byte chunks with a pitch of CH+1 chunks. An
 // XOR swizzle (chunk c of row r at c ^ (r mod 8)) is also conflict free, but

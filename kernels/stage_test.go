@@ -78,12 +78,12 @@ func TestPackLaunch(t *testing.T) {
 	if want := [3]uint32{(300*8 + PackRowsPerBlock - 1) / PackRowsPerBlock, 2, 3}; g != want {
 		t.Errorf("grid %v, want %v", g, want)
 	}
-	if len(args) != 3*packParamsSize {
-		t.Fatalf("argument of %d bytes, want %d", len(args), 3*packParamsSize)
+	if len(args) != 3*packParamsStruct.Size() {
+		t.Fatalf("argument of %d bytes, want %d", len(args), 3*packParamsStruct.Size())
 	}
 	le := binary.LittleEndian
 	for i, p := range ps {
-		b := args[i*packParamsSize : (i+1)*packParamsSize]
+		b := args[i*packParamsStruct.Size() : (i+1)*packParamsStruct.Size()]
 		if le.Uint64(b[0:]) != p.Src || le.Uint64(b[8:]) != p.Dst || le.Uint64(b[16:]) != p.Lim ||
 			int64(le.Uint64(b[32:])) != p.RowStride || int32(le.Uint32(b[48:])) != p.Rows || int32(le.Uint32(b[60:])) != p.DS {
 			t.Errorf("slot %d: % x does not hold %+v", i, b, p)

@@ -72,22 +72,33 @@ func bwdConvFuncs(prefix string, dt attn.DType) string {
 		"__device__ __forceinline__ %s %s_from_f(float x) { return %s; }\n", prefix, ct, to, ct, prefix, from)
 }
 
+// prelude writes what every kernel of the module uses: types, device
+// primitives, tile loads and the non-finite checks.
 func (g *bwdGen) prelude(b *strings.Builder) {
+	g.preludeTypes(b)
+	g.preludePrimitives(b)
+	g.preludeLoads(b)
+	g.nfFuncs(b)
+}
+
+// preludeTypes writes the module's header, element types, conversions and
+// the params struct.
+func (g *bwdGen) preludeTypes(b *strings.Builder) {
 	v := g.v
-	fmt.Fprintf(b, "// flashattn backward kernels, variant %s\n", v.Key())
+	fmt.Fprintf(b, "// flashattn backward kernels, variant %s\n", v.Name())
 	b.WriteString("// Layouts: q [B,N,H,DK], k [B,M,Hkv,DK], v [B,M,Hkv,DV], o/dO [B,N,H,DV] (packed: the batch\n" +
 		"// dimension dropped, rows offset by cu_seqlens); LSE, Delta, LSE2 [B,H,N] (packed [H,totalQ]).\n")
-	if v.DType == attn.Float16 || (v.Bias && v.BiasDType == attn.Float16) {
+	if v.DType == attn.Float16 || (v.Biased() && v.Bias.DType() == attn.Float16) {
 		b.WriteString("#include <cuda_fp16.h>\n")
 	}
-	if v.DType == attn.BFloat16 || (v.Bias && v.BiasDType == attn.BFloat16) {
+	if v.DType == attn.BFloat16 || (v.Biased() && v.Bias.DType() == attn.BFloat16) {
 		b.WriteString("#include <cuda_bf16.h>\n")
 	}
 	b.WriteString(cTypes)
 	fmt.Fprintf(b, "typedef %s T;\n", bwdCType(v.DType))
 	bt := v.DType
-	if v.Bias {
-		bt = v.BiasDType
+	if v.Biased() {
+		bt = v.Bias.DType()
 	}
 	fmt.Fprintf(b, "typedef %s BT;\n", bwdCType(bt))
 	b.WriteString(bwdConvFuncs("t", v.DType))
@@ -95,7 +106,13 @@ func (g *bwdGen) prelude(b *strings.Builder) {
 	b.WriteString(`#define FA_INF __int_as_float(0x7f800000)
 #define FA_LOG2E 1.4426950408889634f
 `)
-	b.WriteString(bwdParamsStruct())
+	b.WriteString(bwdParamsStruct.Decl())
+}
+
+// preludePrimitives writes the PTX wrappers, the matrix products' helpers,
+// the atomic adds, Philox and the mask's helpers.
+func (g *bwdGen) preludePrimitives(b *strings.Builder) {
+	v := g.v
 	b.WriteString(PrimitivesBegin + "\n")
 	b.WriteString("DEV u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async16", bytes: 16, generic: true, zfill: true, memory: true}))
@@ -136,7 +153,7 @@ DEV void unpack2(u32 x, float& a, float& b_) { %s }
 		b.WriteString(redAddPair)
 	}
 	b.WriteString(philoxFunc)
-	if v.Masked {
+	if v.Masked() {
 		b.WriteString(`// visible reports whether key j (of m) is in the window of query i; off places the diagonal.
 __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) {
   const int d = i + off;
@@ -146,6 +163,11 @@ __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, 
 	} else {
 		b.WriteString("__device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) { return j < m; }\n")
 	}
+}
+
+// preludeLoads writes the global tile loads and stores and load_stats.
+func (g *bwdGen) preludeLoads(b *strings.Builder) {
+	v := g.v
 	// Global tile loads: 16-byte copies when rows allow them (Vector) or
 	// come from the padded staging copies (Staged), element-wise otherwise.
 	epc := 16 / v.elem()
@@ -238,7 +260,6 @@ __device__ __forceinline__ void load_stats(float* sl, float* sd, const float* gl
   }
 }
 `)
-	g.nfFuncs(b)
 }
 
 // vectorPairStore is the body storing (a, b_) at g[col], g[col+1].
@@ -432,7 +453,7 @@ func (g *bwdGen) sTile(t BwdTile) bwdWarpTile { return bwdTileOf(t.BlockM, t.Blo
 // fullMask writes the computation of `full`: the tile (rows i0.., keys j0..) needs no mask.
 func (g *bwdGen) fullMask(b *strings.Builder) {
 	b.WriteString("    bool full = j0 + BN <= m;\n")
-	if g.v.Masked {
+	if g.v.Masked() {
 		b.WriteString(`    {
       const int il = min(i0 + BM, n) - 1;
       if (p.left >= 0 && j0 < il + off - p.left) full = false;
@@ -469,7 +490,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
         const float s = accS[mt][nt][hh * 2 + c];
 `)
 	switch {
-	case !v.Softcap && !v.Bias:
+	case !v.Softcap && !v.Biased():
 		b.WriteString("        x[c] = fmaf(s, p.scale_log2, -lr[mt][hh]);\n")
 	default:
 		if v.Softcap {
@@ -479,7 +500,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 		} else {
 			b.WriteString("        float sv = s * p.scale;\n")
 		}
-		if v.Bias {
+		if v.Biased() {
 			b.WriteString("        if (qi < n && kj + c < m) sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + qi * p.bias_si + (kj + c) * p.bias_sj]);\n")
 		}
 		b.WriteString("        x[c] = fmaf(sv, FA_LOG2E, -lr[mt][hh]);\n")
@@ -854,7 +875,7 @@ func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
   const int jend = min(j0 + BN, m);
   int ilo = 0, ihi = n;
 `)
-	if g.v.Masked {
+	if g.v.Masked() {
 		b.WriteString(`  if (p.right >= 0) ilo = max(ilo, j0 - p.right - off);
   if (p.left >= 0) ihi = min(ihi, jend - 1 + p.left - off + 1);
 `)
@@ -879,7 +900,7 @@ func (g *bwdGen) dqKeyRange(b *strings.Builder) {
   const int iend = min(i0 + BM, n);
   int jlo = 0, jhi = m;
 `)
-	if g.v.Masked {
+	if g.v.Masked() {
 		b.WriteString(`  if (p.left >= 0) jlo = max(jlo, i0 + off - p.left);
   if (p.right >= 0) jhi = min(jhi, iend - 1 + off + p.right + 1);
 `)

@@ -1,0 +1,205 @@
+package kernels
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// What the Hopper backward kernels share: which variants they take, their
+// warpgroup products, the device functions only they use, and the helpers
+// of flat rows, tensor maps and barriers.
+
+// BwdHopperOK reports whether the Hopper backward kernels can run a backward
+// of v's dtype, head dims and load kind (ignoring v.WGMMA itself): 16-bit
+// elements, rows read with 16-byte copies (Vector, Staged or Flat), padded head
+// dims both at most 128 or both from 129 to 256, and no tile override.
+func BwdHopperOK(v BwdVariant) bool {
+	dk, dv := v.DKPad(), v.DVPad()
+	dims := dk <= 128 && dv <= 128 || dk > 128 && dv > 128 && dk <= 256 && dv <= 256
+	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged || v.Flat) && dims && v.Tiles.DKDV.BlockM == 0
+}
+
+// HopperProducts returns the warpgroup product wrappers of v's Hopper
+// kernels (v.WGMMA): S and dP (wg_s: 64 queries x BN/2 keys in the dK/dV
+// kernel, x BN keys in the dQ kernel, the same count), dV += Pᵀ·dO and
+// dK += dSᵀ·Q (wg_tN), the atomic dQ = dS·K (wg_nN) and the separate
+// dQ += dS·K with dS from registers (wg_rq).
+func (v BwdVariant) HopperProducts() []WGMMAProduct {
+	dkp, bn := v.DKPad(), v.bwdHopperTile().BlockN
+	nv, nk, nq := v.bwdHopperCols()
+	ps := []WGMMAProduct{{Name: "wg_s", N: bn / 2}, {Name: fmt.Sprintf("wg_t%d", nv), N: nv, TA: true, TB: true}}
+	if nk != nv {
+		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", nk), N: nk, TA: true, TB: true})
+	}
+	if r := dkp - 128; v.bwdHopperCrossed() && r != 128 {
+		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", r), N: r, TA: true, TB: true})
+	}
+	if v.AtomicDQ {
+		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
+	}
+	return append(ps, WGMMAProduct{Name: "wg_rq", N: dkp, TB: true, RegA: true})
+}
+
+// hopperPrelude writes the device functions only the Hopper kernel uses.
+func (g *bwdGen) hopperPrelude(b *strings.Builder) {
+	v := g.v
+	if v.TMA {
+		b.WriteString(bwdTMADecl())
+	}
+	b.WriteString(PrimitivesBegin + " (Hopper)\n")
+	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
+	b.WriteString(wgmmaPrimitives())
+	for _, pr := range v.HopperProducts() {
+		b.WriteString(pr.source(v.DType))
+	}
+	if v.TMA {
+		b.WriteString(tmaPrimitives())
+	}
+	b.WriteString(PrimitivesEnd + "\n")
+	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
+// atom c/8, row r, chunk (c mod 8) ^ (r mod 8).
+template <int ROWS>
+DEV u32 sw_off(int r, int c) { return (u32)((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4)); }
+// sw_elem is the element offset of (row i, column j) in a swizzled 16-bit tile of ROWS rows.
+template <int ROWS>
+DEV int sw_elem(int i, int j) { return (j >> 6) * ROWS * 64 + i * 64 + ((((j & 63) >> 3) ^ (i & 7)) << 3) + (j & 7); }
+// load_sw copies rows [0, R) of a head slice (row r at g + r*rs) into the swizzled tile at shared
+// address s; rows >= rlim and chunks from column dlim (D, or a flat row's shift + D) on read as zero
+// (16-byte copies, CH chunks a row).
+template <int R, int CH, int D, int NTH>
+DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
+  constexpr int TOT = R * CH;
+#pragma unroll
+  for (int it = 0; it < (TOT + NTH - 1) / NTH; ++it) {
+    const int c = it * NTH + threadIdx.x;
+    if (TOT % NTH == 0 || c < TOT) {
+      const int r = c / CH, ch = c % CH;
+      const bool ok = r < rlim && ch * 8 < dlim;
+      cp_async_sw(s + sw_off<R>(r, ch), ok ? (const void*)(g + r * rs + ch * 8) : (const void*)g, ok ? 16 : 0);
+    }
+  }
+}
+`)
+	if !v.Vector {
+		b.WriteString(rowOutSource)
+	}
+	if v.Flat {
+		b.WriteString(zeroColsSource)
+	}
+}
+
+// flatName returns name for Flat variants and "" otherwise.
+func (g *bwdGen) flatName(name string) string {
+	if g.v.Flat {
+		return name
+	}
+	return ""
+}
+
+// flatLimit returns the end of a tile's valid columns: d, or for Flat
+// variants the shift sh plus d.
+func (g *bwdGen) flatLimit(sh, d string) string {
+	if g.v.Flat {
+		return "(" + sh + " + " + d + ")"
+	}
+	return d
+}
+
+// tmaHead returns the head and column arguments (head, batch, first column)
+// of a streamed tile's boxes for head h of a tensor with head dim d (a
+// constant of the kernel, its padded width d + "P"): head h from column 0,
+// or with Flat head 0 from flat_shift columns before h·d.
+func (g *bwdGen) tmaHead(h, d string) string {
+	if g.v.Flat {
+		return fmt.Sprintf("0, b, %[1]s * %[2]s - flat_shift(%[1]s, %[2]s, %[2]sP)", h, d)
+	}
+	return h + ", b"
+}
+
+// flatZero returns, for Flat variants, the code run once the tiles loaded
+// once per block have landed: their columns outside the shifted head (tile
+// a: rows ra, padded width pa, shift sa, head dim da; likewise b) zeroed.
+func (g *bwdGen) flatZero(a, ra, pa, sa, da, b, rb, pb, sb, db string) string {
+	if !g.v.Flat {
+		return ""
+	}
+	return fmt.Sprintf(`
+    // flat rows: the neighbouring heads' columns of the %[1]s and %[6]s tiles zeroed once they landed
+    cp_async_wait0();
+    __syncthreads();
+    zero_cols<%[2]s>(smem + (%[1]s - s0), %[4]s, %[5]s, %[3]s, tid, NTH);
+    zero_cols<%[7]s>(smem + (%[6]s - s0), %[9]s, %[10]s, %[8]s, tid, NTH);`, a, ra, pa, sa, da, b, rb, pb, sb, db)
+}
+
+// hopperArg returns the parameter list of a Hopper dK/dV or dQ kernel:
+// BwdParams, or with TMA the tensor maps ahead of them.
+func (g *bwdGen) hopperArg() string {
+	if g.v.TMA {
+		return "const __grid_constant__ BwdTmaParams tp"
+	}
+	return "const BwdParams p"
+}
+
+// hopperArgAlias returns the line naming the BwdParams of a TMA kernel p.
+func (g *bwdGen) hopperArgAlias() string {
+	if g.v.TMA {
+		return "  const BwdParams& p = tp.p;\n"
+	}
+	return ""
+}
+
+// tmaBarriers writes, for TMA variants, the two stage barriers of the
+// streamed tiles (what: which) at the layout's "bar" and their
+// initialization.
+func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string) {
+	if !g.v.TMA {
+		return
+	}
+	fmt.Fprintf(b, `  // ---- mbarriers: stage s of %s landed (one arrival with the byte count, then the copies); the
+  // k-th fill of stage s completes phase k, so step it waits for parity (it >> 1) & 1
+  const u32 bar = s0 + %d;
+  if (tid == 0) {
+    mbar_init(bar, 1);
+    mbar_init(bar + 8, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+`, what, l.off["bar"])
+}
+
+// tmaStageWait writes, for TMA variants, the wait for the streamed tiles
+// of step it (stage st).
+func (g *bwdGen) tmaStageWait(b *strings.Builder) {
+	if g.v.TMA {
+		b.WriteString("    mbar_wait(bar + 8 * st, (it >> 1) & 1);  // the streamed tiles of step it\n")
+	}
+}
+
+// hopperPreamble writes the opening of a Hopper backward kernel: its tile
+// constants (with the byte sizes of one stage of its two streamed tiles,
+// named s1 and s2, which hold what), the thread's coordinates (warpgroup
+// wg), and the shared base aligned to the swizzle's 1024-byte period (s0).
+func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, s1 string, b1 int, s2 string, b2 int, what string) {
+	v := g.v
+	fmt.Fprintf(b, `  constexpr int BM = %d, BN = %d, NTH = 256;
+  constexpr int DK = %d, DV = %d, DKP = %d, DVP = %d;
+  constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
+  constexpr int %s = %d, %s = %d;  // bytes of one stage of the %s tiles
+  (void)DK; (void)DV;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wg = warp >> 2;  // warpgroup
+  (void)tid; (void)g; (void)t4;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
+  unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
+  const u32 s0 = smem_u32(smem);
+`, t.BlockM, t.BlockN, v.DK, v.DV, v.DKPad(), v.DVPad(), s1, b1, s2, b2, what)
+}
+
+// addSwizzled adds a tile in the 128-byte swizzled layout: it starts on the
+// swizzle's 1024-byte period (from a base the kernel aligns).
+func (l *bwdSmemLayout) addSwizzled(name string, bytes int) {
+	l.add(name, (bytes+1023)/1024*1024)
+}
