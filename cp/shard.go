@@ -2,7 +2,6 @@ package cp
 
 import (
 	"slices"
-	"strconv"
 
 	"github.com/flashattn/flashattn/attn"
 )
@@ -21,15 +20,7 @@ const (
 )
 
 // String returns "contiguous" or "zigzag".
-func (l Layout) String() string {
-	switch l {
-	case Contiguous:
-		return "contiguous"
-	case Zigzag:
-		return "zigzag"
-	}
-	return "Layout(" + strconv.Itoa(int(l)) + ")"
-}
+func (l Layout) String() string { return name([]string{"contiguous", "zigzag"}, "Layout", int(l)) }
 
 // numChunks returns the number of chunks a sequence is cut into for p ranks.
 func (l Layout) numChunks(p int) int {
