@@ -17,8 +17,11 @@ import (
 // refer to global positions). The results are this rank's shards of the
 // global results, equal to single-device attention within rounding.
 //
-// Not supported yet (an error wrapping attn.ErrUnsupported): an additive
-// bias, dropout and packed variable-length batches.
+// Dropout draws the mask of the global problem (keyed by global positions
+// and heads through attn.Options.DropoutAt), so it needs a backend that
+// implements DropoutAt, such as the CPU backend. Not supported yet (an
+// error wrapping attn.ErrUnsupported): an additive bias and packed
+// variable-length batches.
 type Attention struct {
 	// Backend computes each rank's local attention blocks.
 	Backend attn.Backend
@@ -70,8 +73,6 @@ func unsupported(opt attn.Options) error {
 	switch {
 	case opt.Bias != nil:
 		return attn.Errorf(attn.ErrUnsupported, "cp: an additive bias with context parallelism")
-	case opt.Dropout != 0:
-		return attn.Errorf(attn.ErrUnsupported, "cp: dropout with context parallelism")
 	case opt.CuSeqlensQ != nil || opt.CuSeqlensK != nil:
 		return attn.Errorf(attn.ErrUnsupported, "cp: packed variable-length batches with context parallelism")
 	}
@@ -125,11 +126,33 @@ func (a *Attention) Backward(ctx context.Context, q, k, v, o, lse, dO attn.Tenso
 	return g, a.abort(err)
 }
 
-// taskOptions returns the backend options of one block: the global scale
-// and softcap, the block's window aligned top-left.
+// taskOptions returns the backend options of one block: the global scale,
+// softcap and dropout, the block's window aligned top-left, and under
+// dropout the block's place in the global problem.
 func taskOptions(gp *attn.Problem, t task) attn.Options {
-	return attn.Options{Scale: gp.Scale, Softcap: gp.Opt.Softcap, Align: attn.AlignTopLeft, Window: t.window,
-		Deterministic: gp.Opt.Deterministic}
+	o := gp.Opt
+	opt := attn.Options{Scale: gp.Scale, Softcap: o.Softcap, Align: attn.AlignTopLeft, Window: t.window,
+		Deterministic: o.Deterministic, Dropout: o.Dropout, Seed: o.Seed, Offset: o.Offset}
+	if o.Dropout > 0 {
+		opt.DropoutAt = dropoutOrigin(o, t.gq0, t.gk0, 0, 0)
+	}
+	return opt
+}
+
+// dropoutOrigin returns the dropout origin of a call whose first query,
+// key and head are at query, key and head of the global problem of heads
+// query heads (0: the call's own), itself placed by o.DropoutAt.
+func dropoutOrigin(o attn.Options, query, key, head, heads int) *attn.DropoutOrigin {
+	d := attn.DropoutOrigin{Query: query, Key: key, Head: head, Heads: heads}
+	if b := o.DropoutAt; b != nil {
+		d.Query += b.Query
+		d.Key += b.Key
+		d.Head += b.Head
+		if b.Heads != 0 {
+			d.Heads = b.Heads
+		}
+	}
+	return &d
 }
 
 // Scheme is the way the ranks share the work of one attention call.

@@ -93,6 +93,9 @@ var (
 		{"window-mqa", 1, 48, 48, 4, 1, 16, 16, attn.Options{Window: &attn.Window{Left: 5, Right: 3}}},
 		{"causal-window-softcap", 1, 48, 96, 2, 2, 16, 16, attn.Options{Causal: true, Window: &attn.Window{Left: 7, Right: -1}, Softcap: 5}},
 		{"causal-24-heads", 1, 48, 48, 24, 24, 8, 8, attn.Options{Causal: true, Align: attn.AlignTopLeft}},
+		{"dropout-causal", 2, 48, 48, 4, 4, 16, 16, attn.Options{Causal: true, Dropout: 0.2, Seed: 7, Offset: 3}},
+		{"dropout-placed-window-gqa", 1, 48, 96, 8, 8, 8, 16, attn.Options{Window: &attn.Window{Left: 20, Right: 2},
+			Dropout: 0.3, Seed: 11, DropoutAt: &attn.DropoutOrigin{Query: 5, Key: 3, Head: 2, Heads: 12}}},
 	}
 )
 
@@ -179,7 +182,7 @@ func TestRefused(t *testing.T) {
 		{"zigzag uneven keys", Sim{P: 2, Layout: Zigzag}, q, odd, odd, attn.Options{}, attn.ErrShape},
 		{"all-to-all beyond the key heads", Sim{P: 4, Scheme: AllToAll}, q, k, v, attn.Options{}, attn.ErrUnsupported},
 		{"bias", Sim{P: 2}, q, k, v, attn.Options{Bias: &bias}, attn.ErrUnsupported},
-		{"dropout", Sim{P: 2}, q, k, v, attn.Options{Dropout: 0.1}, attn.ErrUnsupported},
+		{"dropout origin out of range", Sim{P: 2}, q, k, v, attn.Options{Dropout: 0.1, DropoutAt: &attn.DropoutOrigin{Head: 1, Heads: 2}}, attn.ErrOption},
 		{"varlen", Sim{P: 2}, packed, packed, packed, attn.Options{CuSeqlensQ: cu, CuSeqlensK: cu}, attn.ErrUnsupported},
 		{"no ranks", Sim{P: 0}, q, k, v, attn.Options{}, attn.ErrOption},
 		{"bad layout", Sim{P: 2, Layout: 9}, q, k, v, attn.Options{}, attn.ErrOption},

@@ -26,6 +26,16 @@ func (a *Attention) newHeads(lp *attn.Problem) (*heads, error) {
 	return &heads{a: a, p: p, r: a.Transport.Rank()}, nil
 }
 
+// options returns the global options for this rank's heads: under
+// dropout its heads draw their part of the global problem's mask.
+func (h *heads) options(gp *attn.Problem) attn.Options {
+	o := gp.Opt
+	if o.Dropout > 0 {
+		o.DropoutAt = dropoutOrigin(gp.Opt, 0, 0, h.r*(gp.H/h.p), gp.H)
+	}
+	return o
+}
+
 // segments returns a contiguous tensor of P segments of shape seg and the
 // view of each segment.
 func segments(dt attn.DType, seg []int, p int) (attn.Tensor, []attn.Tensor, error) {
@@ -163,7 +173,7 @@ func (a *Attention) headsForward(ctx context.Context, lp, gp *attn.Problem, q, k
 	if err != nil {
 		return attn.Result{}, err
 	}
-	res, err := a.Backend.Forward(in[0], in[1], in[2], gp.Opt)
+	res, err := a.Backend.Forward(in[0], in[1], in[2], h.options(gp))
 	if err != nil {
 		return attn.Result{}, err
 	}
@@ -188,7 +198,7 @@ func (a *Attention) headsBackward(ctx context.Context, lp, gp *attn.Problem, q, 
 	if err != nil {
 		return attn.Gradients{}, err
 	}
-	g, err := a.Backend.Backward(in[0], in[1], in[2], in[3], in[4], in[5], gp.Opt)
+	g, err := a.Backend.Backward(in[0], in[1], in[2], in[3], in[4], in[5], h.options(gp))
 	if err != nil {
 		return attn.Gradients{}, err
 	}

@@ -20,9 +20,13 @@ func chunksFor(l Layout, p, r, c int) []chunk {
 
 // task is one backend call of a ring step: local query rows [q0, q0+nq)
 // against the visiting keys [k0, k0+nk), under window (nil: every pair
-// visible), with the diagonal aligned top-left.
+// visible), with the diagonal aligned top-left. gq0 and gk0 are the
+// global positions of its first query and first key; under dropout its
+// rows and keys are consecutive in the global sequence too, so that they
+// place its dropout mask.
 type task struct {
 	q0, nq, k0, nk int
+	gq0, gk0       int
 	window         *attn.Window
 }
 
@@ -66,7 +70,7 @@ func planBlock(gp *attn.Problem, qc, kc chunk) (t task, ok bool, err error) {
 	if r0 < 0 {
 		return task{}, false, nil
 	}
-	t = task{q0: qc.local + r0, nq: r1 + 1 - r0, k0: kc.local + k0, nk: k1 - k0}
+	t = task{q0: qc.local + r0, nq: r1 + 1 - r0, k0: kc.local + k0, nk: k1 - k0, gq0: qc.global + r0, gk0: kc.global + k0}
 	if full {
 		return t, true, nil
 	}
@@ -106,7 +110,8 @@ func planBlock(gp *attn.Problem, qc, kc chunk) (t task, ok bool, err error) {
 // plan returns the backend calls of one ring step: the local query chunks
 // qs against the visiting key chunks ks. Blocks with no visible pair are
 // skipped; when the visible blocks are all wholly visible and form one
-// rectangle of consecutive local chunks, they become one call.
+// rectangle of consecutive local chunks, they become one call (under
+// dropout only when the chunks are consecutive globally too).
 func plan(gp *attn.Problem, qs, ks []chunk) ([]task, error) {
 	var blocks []block
 	for qi, qc := range qs {
@@ -121,7 +126,7 @@ func plan(gp *attn.Problem, qs, ks []chunk) ([]task, error) {
 			}
 		}
 	}
-	if t, ok := rectangle(blocks, qs, ks); ok {
+	if t, ok := rectangle(blocks, qs, ks, gp.Opt.Dropout > 0); ok {
 		return []task{t}, nil
 	}
 	tasks := make([]task, len(blocks))
@@ -132,9 +137,10 @@ func plan(gp *attn.Problem, qs, ks []chunk) ([]task, error) {
 }
 
 // rectangle reports whether blocks, all whole, are exactly the pairs of a
-// run of consecutive query chunks and a run of consecutive key chunks, and
-// returns the one task covering them.
-func rectangle(blocks []block, qs, ks []chunk) (task, bool) {
+// run of consecutive query chunks and a run of consecutive key chunks
+// (consecutive globally too when global is set), and returns the one task
+// covering them.
+func rectangle(blocks []block, qs, ks []chunk, global bool) (task, bool) {
 	if len(blocks) < 2 {
 		return task{}, false
 	}
@@ -149,12 +155,27 @@ func rectangle(blocks []block, qs, ks []chunk) (task, bool) {
 	if len(blocks) != (qhi-qlo+1)*(khi-klo+1) {
 		return task{}, false
 	}
-	t := task{q0: qs[qlo].local, k0: ks[klo].local}
-	for i := qlo; i <= qhi; i++ {
-		t.nq += qs[i].n
+	t := task{q0: qs[qlo].local, k0: ks[klo].local, gq0: qs[qlo].global, gk0: ks[klo].global}
+	var ok bool
+	if t.nq, ok = span(qs[qlo:qhi+1], global); !ok {
+		return task{}, false
 	}
-	for i := klo; i <= khi; i++ {
-		t.nk += ks[i].n
+	if t.nk, ok = span(ks[klo:khi+1], global); !ok {
+		return task{}, false
 	}
 	return t, true
+}
+
+// span returns the length of a run of chunks, and, when global is set,
+// whether each follows the previous one in the global sequence as well as
+// locally.
+func span(cs []chunk, global bool) (int, bool) {
+	n := 0
+	for i, c := range cs {
+		if global && i > 0 && c.global != cs[i-1].global+cs[i-1].n {
+			return 0, false
+		}
+		n += c.n
+	}
+	return n, true
 }
