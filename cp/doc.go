@@ -49,8 +49,15 @@
 // attn.Backend interface returns O and gradients in q's dtype); everything
 // summed across blocks is kept in float32 or wider.
 //
-// Not supported yet, refused with attn.ErrUnsupported: an additive bias,
-// dropout, and packed variable-length batches.
+// Dropout draws the global problem's mask: each call is placed in it with
+// attn.Options.DropoutAt (global query and key positions for a ring block,
+// the head offset for all-to-all), so the kept elements are those of
+// single-device attention. It needs a backend that implements DropoutAt:
+// the CPU backend does; the CUDA backend refuses it with
+// attn.ErrUnsupported for now.
+//
+// Not supported yet, refused with attn.ErrUnsupported: an additive bias
+// and packed variable-length batches.
 //
 // # Transports
 //
