@@ -45,6 +45,8 @@
 // Dropout with probability p in [0, 1) acts on P after the LSE is taken; its
 // keep mask is the Philox4x32-10 mapping documented in package philox, a pure
 // function of (Seed, Offset, b, h, i, j), which the backward regenerates.
+// Options.DropoutAt shifts h, i and j to a place in a larger problem, so
+// that a call over one block of it draws that block's part of its mask.
 //
 // The backward returns dQ, dK, dV (summed over the query heads that share a
 // key head) and, when the bias has RequiresGrad set, dBias in the bias's own

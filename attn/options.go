@@ -34,6 +34,14 @@ type Bias struct {
 	RequiresGrad bool
 }
 
+// DropoutOrigin places a call inside a larger problem of Heads query heads
+// for the dropout mask: element (b, h, i, j) of the call (query head h,
+// query i, key j) draws the keep decision of element (b, Head+h, Query+i,
+// Key+j) of that problem. Heads 0 means the call's own number of heads.
+type DropoutOrigin struct {
+	Query, Key, Head, Heads int
+}
+
 // Options are the knobs of one attention call. The zero value is plain,
 // unmasked attention with scale 1/sqrt(DK).
 type Options struct {
@@ -54,6 +62,12 @@ type Options struct {
 	// Seed and Offset select the dropout mask (see package philox).
 	Seed   uint64
 	Offset uint32
+	// DropoutAt, when non-nil, places this call inside a larger problem
+	// for the dropout mask (see DropoutOrigin), so that a call over a block
+	// of that problem draws the block's part of its mask. Context
+	// parallelism sets it. The CPU backend implements it; the CUDA backend
+	// refuses it with ErrUnsupported when Dropout > 0.
+	DropoutAt *DropoutOrigin
 	// CuSeqlensQ and CuSeqlensK, when set, are the B+1 cumulative segment
 	// offsets of a packed variable-length batch (both or neither).
 	CuSeqlensQ, CuSeqlensK []int32

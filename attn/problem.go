@@ -252,6 +252,9 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 	if opt.Align != AlignBottomRight && opt.Align != AlignTopLeft {
 		return nil, Errorf(ErrOption, "align %d is neither bottom-right nor top-left", int(opt.Align))
 	}
+	if err := p.checkDropoutAt(); err != nil {
+		return nil, err
+	}
 	p.ResolveMask()
 	if opt.Bias != nil {
 		if err := p.checkBias(opt.Bias.Tensor); err != nil {
@@ -259,6 +262,41 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 		}
 	}
 	return p, nil
+}
+
+// checkDropoutAt validates Opt.DropoutAt: offsets ≥ 0, and the call's
+// heads inside the larger problem's.
+func (p *Problem) checkDropoutAt() error {
+	d := p.Opt.DropoutAt
+	if d == nil {
+		return nil
+	}
+	if d.Query < 0 || d.Key < 0 || d.Head < 0 || d.Heads < 0 {
+		return Errorf(ErrOption, "dropout origin %+v has a negative field", *d)
+	}
+	if d.Heads != 0 && d.Head > d.Heads-p.H {
+		return Errorf(ErrOption, "dropout origin: heads %d..%d outside the %d heads of the larger problem", d.Head, d.Head+p.H-1, d.Heads)
+	}
+	if d.Heads == 0 && d.Head != 0 {
+		return Errorf(ErrOption, "dropout origin: head offset %d needs the larger problem's head count", d.Head)
+	}
+	return nil
+}
+
+// DropoutPlace returns where query head h of this call draws its dropout
+// mask: the head index and head count to key the mask with and the
+// offsets to add to query and key positions (Opt.DropoutAt applied; h,
+// H, 0, 0 without it).
+func (p *Problem) DropoutPlace(h int) (head, heads, qoff, koff int) {
+	d := p.Opt.DropoutAt
+	if d == nil {
+		return h, p.H, 0, 0
+	}
+	heads = d.Heads
+	if heads == 0 {
+		heads = p.H
+	}
+	return d.Head + h, heads, d.Query, d.Key
 }
 
 func (p *Problem) checkCuSeqlens() error {

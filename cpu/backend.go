@@ -460,7 +460,8 @@ func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh b
 // dropMask fills sc.keep[:cols] for row i of (sg, h) from key j0.
 func (c *call) dropMask(sc *scratch, sg seg, h, i, j0, cols int) []bool {
 	o := c.p.Opt
-	philox.NewMask(o.Seed, o.Offset, o.Dropout, sg.b, h, c.p.H).KeepRow(i, j0, sc.keep[:cols])
+	head, heads, qo, ko := c.p.DropoutPlace(h)
+	philox.NewMask(o.Seed, o.Offset, o.Dropout, sg.b, head, heads).KeepRow(i+qo, j0+ko, sc.keep[:cols])
 	return sc.keep[:cols]
 }
 

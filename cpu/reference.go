@@ -262,7 +262,8 @@ func (e *engine) rowKeep(b, h, i, lo int, keep []bool) {
 		}
 		return
 	}
-	philox.NewMask(e.p.Opt.Seed, e.p.Opt.Offset, e.dropout, b, h, e.p.H).KeepRow(i, lo, keep)
+	head, heads, qo, ko := e.p.DropoutPlace(h)
+	philox.NewMask(e.p.Opt.Seed, e.p.Opt.Offset, e.dropout, b, head, heads).KeepRow(i+qo, lo+ko, keep)
 }
 
 // parallel runs f(t) for t in [0, n) on up to GOMAXPROCS goroutines. Each

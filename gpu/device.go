@@ -248,6 +248,9 @@ func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, erro
 	if !(o.Dropout >= 0 && o.Dropout < 1) {
 		return nil, attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", o.Dropout)
 	}
+	if o.DropoutAt != nil && o.Dropout > 0 {
+		return nil, attn.Errorf(attn.ErrUnsupported, "cuda backend: dropout placed inside a larger problem (Options.DropoutAt)")
+	}
 	if o.Align != attn.AlignBottomRight && o.Align != attn.AlignTopLeft {
 		return nil, attn.Errorf(attn.ErrOption, "align %d is neither bottom-right nor top-left", int(o.Align))
 	}

@@ -1,0 +1,74 @@
+// Package cp runs attention with context parallelism: the sequence of one
+// attention problem is split across the P ranks of a communication group,
+// each rank holding a shard of Q, K and V, and the ranks exchange K/V blocks
+// or heads so that together they compute what one device computes, within
+// rounding, forward and backward.
+//
+// # Shards
+//
+// A Layout cuts a sequence into equal chunks: Contiguous gives rank r chunk
+// r of P; Zigzag gives it chunks r and 2P−1−r of 2P, which balances a
+// causal mask. Shard, Unshard and Positions cut and reassemble tensors and
+// give each local token's global position. A sequence whose length is not
+// a multiple of the number of chunks is refused with an error wrapping
+// attn.ErrShape: shards are never uneven. Queries and keys are cut alike,
+// so N ≠ M works under either causal alignment.
+//
+// # Schemes
+//
+// Attention runs one rank's part of a call on any attn.Backend.
+//
+// Ring: the queries stay; the K/V blocks travel the ring of ranks, one
+// hop per step, the next block in flight while the current one computes.
+// For each pair of a local query chunk and a visiting key chunk the step
+// plans one backend call from the global mask: a wholly masked pair is
+// skipped, a partly masked one is trimmed to the rectangle of its visible
+// pairs and run with the top-left window that reproduces the global mask
+// there (any causal alignment or window of the global problem is a window
+// of such a rectangle), and wholly visible pairs that tile one rectangle
+// run as one call. Under a causal mask with the Zigzag layout every rank
+// computes the same number of pairs at every step. The partial outputs
+// merge through their LSE in float32 (the LSE in float64) with the
+// overflow-safe formula O = Σ exp(LSE_s − LSE)·O_s, LSE = m + log Σ
+// exp(LSE_s − m); a block whose rows see no key contributes nothing. O is
+// rounded to the input dtype once, at the end. The backward sends K/V
+// round again; each block's backward gets the final O and LSE, so it
+// recomputes the exact probabilities and Delta = rowsum(dO∘O), and its
+// gradients are that block's exact share. dQ accumulates locally; dK and
+// dV accumulate in float32 buffers that travel with their block and reach
+// its owner one hop after the last step.
+//
+// AllToAll (Ulysses): one all-to-all per tensor trades each rank's sequence
+// shard of every head for the whole sequence of 1/P of the heads; the rank
+// runs the global problem on those heads and trades the results back. Its
+// degree is capped by the key/value heads: P must divide Hkv (under GQA the
+// query heads of a group stay with their key head), otherwise it fails with
+// attn.ErrUnsupported; use the ring there.
+//
+// Each partial result a backend returns is in the input dtype (the
+// attn.Backend interface returns O and gradients in q's dtype); everything
+// summed across blocks is kept in float32 or wider.
+//
+// Dropout draws the global problem's mask: each call is placed in it with
+// attn.Options.DropoutAt (global query and key positions for a ring block,
+// the head offset for all-to-all), so the kept elements are those of
+// single-device attention. It needs a backend that implements DropoutAt:
+// the CPU backend does; the CUDA backend refuses it with
+// attn.ErrUnsupported for now.
+//
+// Not supported yet, refused with attn.ErrUnsupported: an additive bias
+// and packed variable-length batches.
+//
+// # Transports
+//
+// A Transport moves bytes between ranks with the operations NCCL offers:
+// grouped sends and receives, all-to-all, all-gather and a barrier, called
+// by every rank in the same order. NewLocal and Run give an in-process
+// group, P ranks as goroutines exchanging host memory. Every operation
+// takes a context. Any error aborts the group, so that the other ranks
+// fail with an error wrapping ErrAborted instead of waiting: a failing
+// rank never leaves the others hanging.
+//
+// Sim wraps all of this as an attn.Backend that runs each call on P
+// in-process ranks, for tests and for measuring the cost of splitting.
+package cp

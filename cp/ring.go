@@ -1,0 +1,195 @@
+package cp
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// kvPair is one K/V block in flight: contiguous [B, m, Hkv, DK] and
+// [B, m, Hkv, DV] tensors.
+type kvPair struct{ k, v attn.Tensor }
+
+// newKV returns zero-filled K/V buffers shaped like k and v.
+func newKV(k, v attn.Tensor) (kvPair, error) {
+	kb, err := attn.NewChecked(k.DType, k.Shape...)
+	if err != nil {
+		return kvPair{}, err
+	}
+	vb, err := attn.NewChecked(v.DType, v.Shape...)
+	return kvPair{kb, vb}, err
+}
+
+// ring holds what the steps of one ring call share.
+type ring struct {
+	a      *Attention
+	gp     *attn.Problem
+	p, r   int
+	qs     []chunk // this rank's query chunks
+	kchunk int     // keys per chunk
+}
+
+func (a *Attention) newRing(lp, gp *attn.Problem) *ring {
+	p, r := a.Transport.Size(), a.Transport.Rank()
+	c := a.Layout.numChunks(p)
+	return &ring{a: a, gp: gp, p: p, r: r, qs: chunksFor(a.Layout, p, r, gp.N/c), kchunk: gp.M / c}
+}
+
+// owner returns the rank whose K/V block this rank holds at step s.
+func (g *ring) owner(s int) int { return (g.r - s + g.p) % g.p }
+
+// tasks returns the backend calls of step s.
+func (g *ring) tasks(s int) ([]task, error) {
+	return plan(g.gp, g.qs, chunksFor(g.a.Layout, g.p, g.owner(s), g.kchunk))
+}
+
+// exchange sends the given buffers to the next rank of the ring and fills
+// the receive buffers from the previous one, as one group.
+func (g *ring) exchange(ctx context.Context, send, recv [][]byte) error {
+	next, prev := (g.r+1)%g.p, (g.r+g.p-1)%g.p
+	sends, recvs := make([]Send, len(send)), make([]Recv, len(recv))
+	for i := range send {
+		sends[i] = Send{Peer: next, Data: send[i]}
+	}
+	for i := range recv {
+		recvs[i] = Recv{Peer: prev, Data: recv[i]}
+	}
+	return g.a.Transport.Exchange(ctx, sends, recvs)
+}
+
+// startKV starts passing cur to the next rank and receiving the previous
+// rank's block into next, while the caller computes on cur; the returned
+// function waits for the exchange. cur is only read meanwhile.
+func (g *ring) startKV(ctx context.Context, cur, next kvPair) func() error {
+	done := make(chan error, 1)
+	go func() {
+		done <- g.exchange(ctx, [][]byte{bytesOf(cur.k), bytesOf(cur.v)}, [][]byte{bytesOf(next.k), bytesOf(next.v)})
+	}()
+	return func() error { return <-done }
+}
+
+// steps runs the P steps of a ring: at step s it calls work for each task
+// of the step with the K/V block of rank owner(s), while that block
+// travels on to the next rank, then, once the block has gone, after (when
+// not nil), which may use the transport. On an error it aborts the group
+// before waiting for the exchange in flight, so that the exchange cannot
+// wait forever.
+func (g *ring) steps(ctx context.Context, k, v attn.Tensor, work func(t task, kv kvPair) error, after func() error) error {
+	cur, err := newKV(k, v)
+	if err != nil {
+		return err
+	}
+	if err := attn.CopyInto(cur.k, k); err != nil {
+		return err
+	}
+	if err := attn.CopyInto(cur.v, v); err != nil {
+		return err
+	}
+	next := kvPair{}
+	if g.p > 1 {
+		if next, err = newKV(k, v); err != nil {
+			return err
+		}
+	}
+	for s := range g.p {
+		wait := func() error { return nil }
+		if s < g.p-1 {
+			wait = g.startKV(ctx, cur, next)
+		}
+		if err := g.step(s, cur, work); err != nil {
+			g.a.Transport.Abort(err)
+			wait()
+			return fmt.Errorf("cp: rank %d, ring step %d: %w", g.r, s, err)
+		}
+		if err := wait(); err != nil {
+			return err
+		}
+		if after != nil {
+			if err := after(); err != nil {
+				return fmt.Errorf("cp: rank %d, ring step %d: %w", g.r, s, err)
+			}
+		}
+		cur, next = next, cur
+	}
+	return nil
+}
+
+// step calls work for each task of step s.
+func (g *ring) step(s int, kv kvPair, work func(t task, kv kvPair) error) error {
+	tasks, err := g.tasks(s)
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		if err := work(t, kv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ringForward runs the ring forward: the partial results of every step's
+// blocks merge into a float32 accumulator, rounded to q's dtype once.
+func (a *Attention) ringForward(ctx context.Context, lp, gp *attn.Problem, q, k, v attn.Tensor) (attn.Result, error) {
+	g := a.newRing(lp, gp)
+	acc := newAccum(lp.B, lp.N, lp.H, lp.DV)
+	err := g.steps(ctx, k, v, func(t task, kv kvPair) error {
+		res, err := a.Backend.Forward(narrow(q, 1, t.q0, t.nq), narrow(kv.k, 1, t.k0, t.nk), narrow(kv.v, 1, t.k0, t.nk),
+			taskOptions(gp, t))
+		if err == nil {
+			acc.merge(res, t.q0)
+		}
+		return err
+	}, nil)
+	if err != nil {
+		return attn.Result{}, err
+	}
+	return acc.result(q.DType)
+}
+
+// ringBackward runs the ring backward. K/V travel the ring again; each
+// block's backward uses the final O and LSE, so that it recomputes the
+// exact probabilities and Delta = rowsum(dO∘O) of the whole problem, and
+// returns that block's exact share of the gradients. dQ accumulates here;
+// dK and dV accumulate in float32 buffers that travel with their block and
+// reach its owner one hop after the last step.
+func (a *Attention) ringBackward(ctx context.Context, lp, gp *attn.Problem, q, k, v, o, lse, dO attn.Tensor) (attn.Gradients, error) {
+	g := a.newRing(lp, gp)
+	dq := make([]float32, lp.B*lp.N*lp.H*lp.DK)
+	nk, nv := lp.B*lp.M*lp.Hkv*lp.DK, lp.B*lp.M*lp.Hkv*lp.DV
+	dkv, dkvNext := make([]float32, nk+nv), make([]float32, nk+nv)
+	err := g.steps(ctx, k, v, func(t task, kv kvPair) error {
+		gr, err := a.Backend.Backward(narrow(q, 1, t.q0, t.nq), narrow(kv.k, 1, t.k0, t.nk), narrow(kv.v, 1, t.k0, t.nk),
+			narrow(o, 1, t.q0, t.nq), narrow(lse, 2, t.q0, t.nq), narrow(dO, 1, t.q0, t.nq), taskOptions(gp, t))
+		if err != nil {
+			return err
+		}
+		addRows(dq, lp.N, t.q0, gr.DQ)
+		addRows(dkv[:nk], lp.M, t.k0, gr.DK)
+		addRows(dkv[nk:], lp.M, t.k0, gr.DV)
+		return nil
+	}, func() error {
+		if g.p == 1 {
+			return nil
+		}
+		if err := g.exchange(ctx, [][]byte{f32Bytes(dkv)}, [][]byte{f32Bytes(dkvNext)}); err != nil {
+			return err
+		}
+		dkv, dkvNext = dkvNext, dkv
+		return nil
+	})
+	if err != nil {
+		return attn.Gradients{}, err
+	}
+	dt := q.DType
+	var gr attn.Gradients
+	if gr.DQ, err = fromF32(dt, dq, q.Shape...); err != nil {
+		return attn.Gradients{}, err
+	}
+	if gr.DK, err = fromF32(dt, dkv[:nk], k.Shape...); err != nil {
+		return attn.Gradients{}, err
+	}
+	gr.DV, err = fromF32(dt, dkv[nk:], v.Shape...)
+	return gr, err
+}

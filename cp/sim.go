@@ -1,0 +1,133 @@
+package cp
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// Sim is an attn.Backend that runs each call through P in-process ranks
+// (Run): it shards the global inputs with Layout, runs Attention with
+// Scheme on every rank, and reassembles the global outputs. It computes
+// what Backend computes alone, within rounding, and exists to test and
+// measure context parallelism on one machine. Backend must be safe for
+// concurrent use.
+type Sim struct {
+	// Backend computes the local blocks of every rank.
+	Backend attn.Backend
+	// P is the number of ranks.
+	P int
+	// Layout and Scheme are those of every rank's Attention.
+	Layout Layout
+	Scheme Scheme
+	// Timeout, when positive, bounds each call.
+	Timeout time.Duration
+}
+
+var _ attn.Backend = (*Sim)(nil)
+
+// Name returns a name such as "cp-ring-zigzag-4/cpu".
+func (s *Sim) Name() string {
+	name := "?"
+	if s.Backend != nil {
+		name = s.Backend.Name()
+	}
+	return fmt.Sprintf("cp-%v-%v-%d/%s", s.Scheme, s.Layout, s.P, name)
+}
+
+// run validates the global inputs, shards each (tensor, sequence axis)
+// pair of ins and calls fn on every rank with its shards.
+func (s *Sim) run(q, k, v attn.Tensor, opt attn.Options, ins []sharded, fn func(ctx context.Context, a *Attention, shards []attn.Tensor) error) error {
+	if s.Backend == nil {
+		return attn.Errorf(attn.ErrOption, "cp: Sim needs a Backend")
+	}
+	if err := unsupported(opt); err != nil {
+		return err
+	}
+	if _, err := attn.NewProblem(q, k, v, opt); err != nil {
+		return err
+	}
+	if err := s.Layout.check(s.P, 0); err != nil {
+		return err
+	}
+	shards := make([][]attn.Tensor, s.P)
+	for r := range s.P {
+		for _, in := range ins {
+			sh, err := Shard(in.t, in.axis, s.Layout, s.P, r)
+			if err != nil {
+				return fmt.Errorf("cp: %s: %w", in.name, err)
+			}
+			shards[r] = append(shards[r], sh)
+		}
+	}
+	ctx := context.Background()
+	if s.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.Timeout)
+		defer cancel()
+	}
+	return Run(ctx, s.P, func(ctx context.Context, t Transport) error {
+		a := &Attention{Backend: s.Backend, Transport: t, Layout: s.Layout, Scheme: s.Scheme}
+		return fn(ctx, a, shards[t.Rank()])
+	})
+}
+
+// sharded is a global input and the axis its sequence runs along.
+type sharded struct {
+	name string
+	t    attn.Tensor
+	axis int
+}
+
+// Forward computes O and the LSE of the global problem with P ranks.
+func (s *Sim) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	os, lses := make([]attn.Tensor, s.P), make([]attn.Tensor, s.P)
+	err := s.run(q, k, v, opt, []sharded{{"q", q, 1}, {"k", k, 1}, {"v", v, 1}},
+		func(ctx context.Context, a *Attention, in []attn.Tensor) error {
+			res, err := a.Forward(ctx, in[0], in[1], in[2], opt)
+			os[a.Transport.Rank()], lses[a.Transport.Rank()] = res.O, res.LSE
+			return err
+		})
+	if err != nil {
+		return attn.Result{}, err
+	}
+	out, err := s.unshard([][]attn.Tensor{os, lses}, []int{1, 2})
+	if err != nil {
+		return attn.Result{}, err
+	}
+	return attn.Result{O: out[0], LSE: out[1]}, nil
+}
+
+// unshard reassembles each list of shards along its axis.
+func (s *Sim) unshard(parts [][]attn.Tensor, axes []int) ([]attn.Tensor, error) {
+	out := make([]attn.Tensor, len(parts))
+	for i, shards := range parts {
+		var err error
+		if out[i], err = Unshard(shards, axes[i], s.Layout); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Backward computes the gradients of the global problem with P ranks.
+func (s *Sim) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	dqs, dks, dvs := make([]attn.Tensor, s.P), make([]attn.Tensor, s.P), make([]attn.Tensor, s.P)
+	err := s.run(q, k, v, opt, []sharded{{"q", q, 1}, {"k", k, 1}, {"v", v, 1}, {"o", o, 1}, {"lse", lse, 2}, {"dO", dO, 1}},
+		func(ctx context.Context, a *Attention, in []attn.Tensor) error {
+			g, err := a.Backward(ctx, in[0], in[1], in[2], in[3], in[4], in[5], opt)
+			r := a.Transport.Rank()
+			dqs[r], dks[r], dvs[r] = g.DQ, g.DK, g.DV
+			return err
+		})
+	if err != nil {
+		return attn.Gradients{}, err
+	}
+	out, err := s.unshard([][]attn.Tensor{dqs, dks, dvs}, []int{1, 1, 1})
+	if err != nil {
+		return attn.Gradients{}, err
+	}
+	return attn.Gradients{DQ: out[0], DK: out[1], DV: out[2]}, nil
+}
