@@ -331,28 +331,36 @@ func TestBackwardEmulatedCross(t *testing.T) {
 // forward's LSE, so it must compute S as the forward did, sum for sum
 // (d160, d256 fail otherwise); its Delta = rowsum(dO∘O) takes the
 // forward's O, which must not drift over the keys in the emulated tensor
-// cores' truncating accumulators (d192 over 512 keys fails otherwise).
+// cores' truncating accumulators (d192 over 512 keys fails otherwise), and
+// its LSE must not drift by the online softmax's rescale factors (the
+// 64x1024 cases fail if the compiler fuses max·SC − ms into one FMA, which
+// the emulator does as the device compiler does: emuCXXFlags).
 func TestBackwardEmulatedFP32LargeScale(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	for ci, c := range []bwdCase{
 		{name: "d160-causal", b: 1, n: 64, m: 96, h: 1, hkv: 1, dk: 160, dv: 160, scale: 0.3, causal: true},
 		{name: "d192-512keys", b: 1, n: 32, m: 512, h: 1, hkv: 1, dk: 192, dv: 192, scale: 0.3},
 		{name: "d256", b: 1, n: 64, m: 96, h: 1, hkv: 1, dk: 256, dv: 256, scale: 0.3},
+		{name: "d160-64x1024", b: 1, n: 64, m: 1024, h: 1, hkv: 1, dk: 160, dv: 160, scale: 0.3},
+		{name: "d192-64x1024", b: 1, n: 64, m: 1024, h: 1, hkv: 1, dk: 192, dv: 192, scale: 0.3},
+		{name: "d256-64x1024", b: 1, n: 64, m: 1024, h: 1, hkv: 1, dk: 256, dv: 256, scale: 0.3},
 	} {
-		in := c.inputs(t, attn.Float32, uint64(ci+500))
-		res, _ := fwdEmuRun(t, in.q, in.k, in.v, in.opt)
-		in.o, in.lse = res.O, res.LSE
-		ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var naive [3][]float64
-		naive[0], naive[1], naive[2] = naiveF32Backward(in.p, in.q, in.k, in.v, in.dO)
-		for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-			t.Run(fmt.Sprintf("%s/%v", c.name, algo), func(t *testing.T) {
-				checkF32Criterion(t, emuRunOn(t, in, algo, false, emuMMA), ref, naive)
-			})
-		}
+		t.Run(c.name, func(t *testing.T) {
+			in := c.inputs(t, attn.Float32, uint64(ci+500))
+			res, _ := fwdEmuRun(t, in.q, in.k, in.v, in.opt)
+			in.o, in.lse = res.O, res.LSE
+			ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var naive [3][]float64
+			naive[0], naive[1], naive[2] = naiveF32Backward(in.p, in.q, in.k, in.v, in.dO)
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				t.Run(algo.String(), func(t *testing.T) {
+					checkF32Criterion(t, emuRunOn(t, in, algo, false, emuMMA), ref, naive)
+				})
+			}
+		})
 	}
 }
 

@@ -140,6 +140,7 @@ func emuBinary(t *testing.T, src, header, driver string, more ...string) string 
 		t.Fatalf("emulator headers: %v", err)
 	}
 	h := sha256.New()
+	fmt.Fprintf(h, "%q\n", emuCXXFlags)
 	headers := map[string][]byte{}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -191,7 +192,8 @@ func emuBinary(t *testing.T, src, header, driver string, more ...string) string 
 	if err := os.WriteFile(cc, []byte(full), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("g++", "-std=c++20", "-O1", "-w", "-I", inc, "-o", bin+".tmp", cc).CombinedOutput()
+	args := append(append([]string{}, emuCXXFlags...), "-I", inc, "-o", bin+".tmp", cc)
+	out, err := exec.Command("g++", args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("g++: %v\n%s", err, out)
 	}
@@ -200,6 +202,16 @@ func emuBinary(t *testing.T, src, header, driver string, more ...string) string 
 	}
 	return bin
 }
+
+// emuCXXFlags are g++'s flags for the emulator binaries. The device
+// compiler contracts a·b + c into one fused multiply-add wherever the source
+// allows (nvcc and NVRTC default to --fmad=true); -mfma -ffp-contract=fast
+// (with -fexpensive-optimizations, which runs the pass that fuses at -O1)
+// make g++ do the same, so that an expression whose value depends on the
+// contraction (a·b − c with c = a·b rounded is 0 unfused, the product's
+// rounding error fused) computes on the host as on the GPU. The host needs
+// FMA instructions (x86-64 since Haswell).
+var emuCXXFlags = []string{"-std=c++20", "-O1", "-fexpensive-optimizations", "-w", "-mfma", "-ffp-contract=fast"}
 
 // emuExec runs launches of the emulator binary bin with params on the
 // arena's contents and replaces them with the arena after the run; name

@@ -135,7 +135,10 @@ func (x *gen) softmaxUpdate(deferred bool) {
 `)
 	}
 	x.raw(`        const float ms = mx == NEG_INF ? 0.f : mx * SC;      // subtrahend, base-2 units
-        const float alpha = ex2(row_max[mt][hf] * SC - ms);  // rescale of the old sums (0 on the first block)
+        // rescale of the old sums (0 on the first block): 2^(old subtrahend − new), the old one
+        // rounded as ms was (__fmul_rn: not fused into the subtraction, which would give the
+        // product's rounding error instead of 0 when the maximum holds, and alpha ≠ 1 every block)
+        const float alpha = ex2(__fmul_rn(row_max[mt][hf], SC) - ms);
         row_max[mt][hf] = mx;
         float sum = 0.f;
 #pragma unroll

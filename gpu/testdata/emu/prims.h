@@ -4,6 +4,9 @@
 // including per-direction header (fwd.h, bwd.h) defines: whether 16-bit
 // elements are bf16 (else fp16).
 
+#include <algorithm>
+#include <climits>
+
 inline unsigned emu_smem_addr(const void* p) {
   const long d = (const unsigned char*)p - smem;
   if (d < 0 || d >= (long)EMU_SMEM) emu_fail("shared address out of range");
@@ -98,9 +101,76 @@ inline void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigne
   emu_warp_sync();
 }
 
-// mma.sync m16n8k8 tf32, fp32 accumulators: the products (exact) and the accumulator summed, then
-// truncated toward zero to fp32, as the tensor cores' accumulation truncates (a kernel that chains
-// long sums through it drifts toward zero; one that rounds each step's sum into its own does not).
+// The tf32 tensor-core model, chosen by FLASHATTN_EMU_TF32 when the
+// emulator starts:
+//   block (the default): Hopper's block FMA (Khattak and Mikaitis, models of
+//     NVIDIA tensor cores, github.com/north-numerical-computing/MATLAB-tensor-core,
+//     H100TC/H200TC: tf32 in blocks of 8 products, 2 extra alignment bits,
+//     truncation, round toward zero). The 8 exact products and the
+//     accumulator are aligned to the largest exponent among them (a product's
+//     exponent taken as the sum of its factors' exponents, the accumulator's
+//     its own), each truncated toward zero to 24 + 2 bits below it, summed
+//     exactly, and the sum truncated toward zero to fp32.
+//   block:<bits>[:rn]: the same with <bits> extra alignment bits (0..8), the
+//     aligned addends rounded to nearest instead of truncated with :rn.
+//   exact: the products and the accumulator summed exactly, the sum truncated
+//     toward zero to fp32 (no alignment loss).
+struct EmuTF32Model {
+  bool exact = false;
+  int bits = 2;
+  bool rn = false;
+};
+inline const EmuTF32Model& emu_tf32_model() {
+  static const EmuTF32Model m = [] {
+    EmuTF32Model m;
+    const char* e = getenv("FLASHATTN_EMU_TF32");
+    if (e == nullptr || *e == 0 || strcmp(e, "block") == 0) return m;
+    if (strcmp(e, "exact") == 0) {
+      m.exact = true;
+      return m;
+    }
+    char mode[8] = "";
+    if (sscanf(e, "block:%d:%7s", &m.bits, mode) < 1 || m.bits < 0 || m.bits > 8 || (*mode && strcmp(mode, "rn") != 0))
+      emu_fail("FLASHATTN_EMU_TF32: want block, block:<bits>[:rn] or exact");
+    m.rn = *mode != 0;
+    return m;
+  }();
+  return m;
+}
+
+// emu_tf32_dot returns c + sum a[k]·b[k] over 8 tf32 pairs as the model
+// emu_tf32_model says.
+inline float emu_tf32_dot(float c, const float (&a)[8], const float (&b)[8]) {
+  const EmuTF32Model& m = emu_tf32_model();
+  double x[9];
+  bool any = c != 0.f;
+  int emax = c != 0.f ? ilogbf(c) : INT_MIN;
+  for (int k = 0; k < 8; ++k) {
+    x[k] = (double)a[k] * (double)b[k];  // exact: 11-bit by 11-bit significands
+    if (x[k] != 0) {
+      any = true;
+      emax = std::max(emax, ilogbf(a[k]) + ilogbf(b[k]));
+    }
+  }
+  x[8] = c;
+  if (!any) return c + 0.f * a[0];  // zeros (keeps the sign rules of 0 + 0)
+  double s = 0;
+  if (m.exact) {
+    for (double v : x) s += v;
+  } else {
+    // Every addend is a multiple of 2^-149 times at most 2^256, so the
+    // aligned sum of 9 of them fits a double exactly.
+    const double q = ldexp(1.0, emax - 23 - m.bits);
+    for (double v : x) s += (m.rn ? nearbyint(v / q) : trunc(v / q)) * q;
+  }
+  float f = (float)s;
+  if (fabs((double)f) > fabs(s)) f = nextafterf(f, 0.f);
+  return f;
+}
+
+// mma.sync m16n8k8 tf32, fp32 accumulators, as emu_tf32_dot models the
+// tensor cores (a kernel that chains long sums through the accumulator
+// drifts toward zero; one that rounds each step's sum into its own does not).
 inline void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   EmuWarpX& x = emu_wx[emu_warp()];
   const int l = emu_lane();
@@ -118,11 +188,9 @@ inline void mma1688(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned
   const int g = l / 4, t = l % 4;
   for (int i = 0; i < 4; ++i) {
     const int row = g + (i / 2) * 8, col = 2 * t + (i % 2);
-    double s = d[i];
-    for (int k = 0; k < 8; ++k) s += (double)A[row][k] * (double)B[k][col];
-    float f = (float)s;
-    if (fabs((double)f) > fabs(s)) f = nextafterf(f, 0.f);
-    d[i] = f;
+    float bc[8];
+    for (int k = 0; k < 8; ++k) bc[k] = B[k][col];
+    d[i] = emu_tf32_dot(d[i], A[row], bc);
   }
   emu_warp_sync();
 }

@@ -53,6 +53,13 @@ inline float __bfloat162float(__nv_bfloat16 h) { return emu_bf2f(h.x); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{emu_f2bf(f)}; }
 
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+// __fmul_rn: a product rounded on its own, never fused into a following add
+// (the empty asm keeps the compiler from contracting through it).
+inline float __fmul_rn(float a, float b) {
+  float r = a * b;
+  asm("" : "+x"(r));
+  return r;
+}
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
