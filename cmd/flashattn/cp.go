@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 
+	"github.com/flashattn/flashattn"
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/bench"
 	"github.com/flashattn/flashattn/cp"
@@ -115,3 +117,65 @@ func cpProfile(b attn.Backend, gp *attn.Problem, dt attn.DType) (*cp.Profile, er
 	}
 	return pr, err
 }
+
+// benchCP measures case c split over the flags' virtual ranks on backend
+// (host tensors) and prints the result.
+func benchCP(w io.Writer, backend string, c bench.Case, f *cpFlags, timing timingFlags, asJSON bool) error {
+	b, err := flashattn.Open(backend)
+	if err != nil {
+		return err
+	}
+	if cl, ok := b.(io.Closer); ok {
+		defer cl.Close()
+	}
+	pol := bench.HostTiming()
+	if timing.warmup < 0 || timing.budget < 0 || timing.repeats < 0 {
+		return usageErrorf("--warmup, --budget and --repeats must not be negative")
+	}
+	if timing.budget > 0 {
+		pol.Budget = timing.budget
+	}
+	if timing.repeats > 0 {
+		pol.MinRepeats, pol.MaxRepeats = timing.repeats, timing.repeats
+	}
+	dt, _ := c.DTypeValue()
+	explain := w
+	if asJSON {
+		explain = io.Discard
+	}
+	s, err := f.strategy(explain, b, c.Problem(), dt, c.Pass != bench.Forward)
+	if err != nil {
+		return fmt.Errorf("--cp %d: %w", f.ranks, err)
+	}
+	r, err := bench.MeasureCP(b, c, s, f.ranks, pol)
+	if err != nil {
+		return fmt.Errorf("--cp %d: %w", f.ranks, err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		out := struct {
+			bench.Case
+			Backend string         `json:"backend"`
+			Device  string         `json:"device"`
+			CP      bench.CPResult `json:"cp"`
+		}{c, b.Name(), bench.HostDevice(), r}
+		if err := enc.Encode(out); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		return nil
+	}
+	fmt.Fprintf(w, "backend  %s · host tensors\n", b.Name())
+	fmt.Fprintf(w, "case     %s\n", c.String())
+	fmt.Fprintf(w, "cp       %s on %d virtual ranks, their calls one after another (medians of %d repeats)\n", r.Scheme, r.Ranks, r.Repeats)
+	fmt.Fprintf(w, "single   %.4g ms (one call)\n", r.SingleMs)
+	fmt.Fprintf(w, "step     %.4g ms per step × %d steps = %.4g ms (the slowest rank at each step); speedup %.2f× over one device, communication hidden\n",
+		r.StepMs, r.Steps, r.CriticalMs, r.Speedup)
+	fmt.Fprintf(w, "kernels  %d calls over all steps and ranks: %.4g ms = %.3f× the single call (the cost of splitting)\n", r.Calls, r.WorkMs, r.SplitCost)
+	fmt.Fprintf(w, "wall     %.4g ms for the simulated call (kernels, merges, copies, in-process exchanges)\n", r.WallMs)
+	fmt.Fprintf(w, "comm     %s sent per rank at most, in %d messages\n", mib(r.SentBytes), r.Messages)
+	return nil
+}
+
+// mib formats a byte count in MiB.
+func mib(n int64) string { return fmt.Sprintf("%.3f MiB", float64(n)/(1<<20)) }

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/flashattn/flashattn"
+	"github.com/flashattn/flashattn/bench"
 )
 
 // TestRunRingSim checks that run --ring-sim P writes the outputs and
@@ -100,5 +102,70 @@ func TestRunRingSimErrors(t *testing.T) {
 				t.Errorf("status %d, stderr %q; want %d and %q", status, stderr, tc.status, tc.msg)
 			}
 		})
+	}
+}
+
+// TestBenchCP checks that bench --cp measures a split case on the CPU
+// backend and reports what it planned: the steps of each scheme, the calls
+// and the bytes a rank sends.
+func TestBenchCP(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	for _, tc := range []struct {
+		name         string
+		flags        []string
+		scheme       string
+		steps, calls int
+		sent         int64
+	}{
+		// K/V of 16 keys × 2 heads × (16+16) fp32 per hop, 3 hops.
+		{"ring fwd", []string{"--cp", "4", "--cp-scheme", "ring"}, "ring", 4, 16, 3 * 16 * 2 * 32 * 4},
+		{"zigzag causal fwdbwd", []string{"--cp", "2", "--causal", "--pass", "fwdbwd"}, "zigzag", 4, 0, 0},
+		{"a2a bwd", []string{"--cp", "2", "--cp-scheme", "a2a", "--pass", "bwd"}, "a2a", 1, 2, 0},
+		{"auto", []string{"--cp", "2", "--cp-scheme", "auto", "--causal"}, "", 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"bench", "--backend", "cpu", "--dtype", "fp32", "--seqlen-q", "64", "--heads", "2",
+				"--head-dim", "16", "--repeats", "2", "--json"}, tc.flags...)
+			status, out, errOut := execute(args...)
+			if status != 0 {
+				t.Fatalf("status %d: %s", status, errOut)
+			}
+			var r struct {
+				CP bench.CPResult `json:"cp"`
+			}
+			if err := json.Unmarshal([]byte(out), &r); err != nil {
+				t.Fatalf("%v:\n%s", err, out)
+			}
+			c := r.CP
+			if tc.scheme != "" && c.Scheme != tc.scheme || tc.steps > 0 && c.Steps != tc.steps || tc.calls > 0 && c.Calls != tc.calls ||
+				tc.sent > 0 && c.SentBytes != tc.sent {
+				t.Errorf("got %+v, want scheme %q, %d steps, %d calls, %d bytes", c, tc.scheme, tc.steps, tc.calls, tc.sent)
+			}
+			if c.Repeats != 2 || !(c.SingleMs > 0 && c.CriticalMs > 0 && c.WorkMs >= c.CriticalMs && c.Speedup > 0 && c.SplitCost > 0) {
+				t.Errorf("implausible measurement %+v", c)
+			}
+		})
+	}
+	status, out, errOut := execute("bench", "--backend", "cpu", "--seqlen-q", "32", "--heads", "2", "--head-dim", "16",
+		"--causal", "--repeats", "1", "--cp", "2", "--cp-explain")
+	for _, want := range []string{"cp cost model, forward on 2 ranks", "* zigzag", "cp       zigzag on 2 virtual ranks",
+		"speedup ", "× the single call", "sent per rank"} {
+		if status != 0 || !strings.Contains(out, want) {
+			t.Errorf("status %d, output lacks %q:\n%s%s", status, want, out, errOut)
+		}
+	}
+	for _, bad := range []struct {
+		flags []string
+		msg   string
+	}{
+		{[]string{"--cp", "0"}, "--cp 0: the number of virtual ranks must be at least 1"},
+		{[]string{"--cp", "3", "--seqlen-q", "32"}, "uneven shards"},
+		{[]string{"--cp", "4", "--cp-scheme", "a2a", "--heads", "2"}, "needs the 2 key/value heads to split evenly"},
+		{[]string{"--cp-explain"}, "need --cp"},
+	} {
+		status, _, errOut := execute(append([]string{"bench", "--backend", "cpu", "--repeats", "1"}, bad.flags...)...)
+		if status == 0 || !strings.Contains(errOut, bad.msg) {
+			t.Errorf("%v: status %d, %q; want %q", bad.flags, status, errOut, bad.msg)
+		}
 	}
 }
