@@ -69,6 +69,20 @@
 // fail with an error wrapping ErrAborted instead of waiting: a failing
 // rank never leaves the others hanging.
 //
+// # Choosing a strategy
+//
+// A Strategy is a layout and a scheme: "ring", "zigzag" or "a2a";
+// Strategy.Check names what keeps one from splitting a problem. A Profile
+// holds a machine's measured kernel rates (forward and backward, by block
+// shape) and its link's bandwidth and latency; Calibrate measures one,
+// and CachedProfile keeps it in a JSON file under the user cache
+// directory, keyed by machine. Profile.Estimate models each step of a
+// strategy from the exact calls the ring plans (or the all-to-alls and
+// the one call per rank), Choose picks the least modelled time, and
+// Explain prints the reasoning. MeasureSplit measures the same
+// quantities: every rank's backend time per step, run one call at a time
+// as on one device, and the bytes each rank sends.
+//
 // Sim wraps all of this as an attn.Backend that runs each call on P
 // in-process ranks, for tests and for measuring the cost of splitting.
 package cp

@@ -7,21 +7,6 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
-// visiblePairs counts the (query, key) pairs a task computes.
-func visiblePairs(t task) int {
-	if t.window == nil {
-		return t.nq * t.nk
-	}
-	lp := attn.Problem{N: t.nq, M: t.nk, Opt: attn.Options{Align: attn.AlignTopLeft, Window: t.window}}
-	lp.ResolveMask()
-	n := 0
-	for i := range t.nq {
-		lo, hi := lp.KeyRange(i, t.nq, t.nk)
-		n += max(0, min(hi, t.nk)-max(lo, 0))
-	}
-	return n
-}
-
 // TestPlanCoversMask checks that the tasks of every rank over every step
 // compute each visible pair of the global mask exactly once and nothing
 // else, and that under a causal mask the zigzag layout gives every rank
@@ -58,7 +43,7 @@ func TestPlanCoversMask(t *testing.T) {
 								t.Fatal(err)
 							}
 							for _, tk := range tasks {
-								work[r] += visiblePairs(tk)
+								work[r] += taskPairs(tk)
 							}
 							if l == Zigzag && tc.name == "causal" && s > 0 && len(tasks) != 1 {
 								t.Errorf("step %d, rank %d: %d calls, want 1", s, r, len(tasks))

@@ -24,6 +24,10 @@ type Sim struct {
 	Scheme Scheme
 	// Timeout, when positive, bounds each call.
 	Timeout time.Duration
+
+	// wrap, when set, replaces each rank's backend and transport (used to
+	// meter them, see MeasureSplit).
+	wrap func(rank int, b attn.Backend, t Transport) (attn.Backend, Transport)
 }
 
 var _ attn.Backend = (*Sim)(nil)
@@ -70,6 +74,9 @@ func (s *Sim) run(q, k, v attn.Tensor, opt attn.Options, ins []sharded, fn func(
 	}
 	return Run(ctx, s.P, func(ctx context.Context, t Transport) error {
 		a := &Attention{Backend: s.Backend, Transport: t, Layout: s.Layout, Scheme: s.Scheme}
+		if s.wrap != nil {
+			a.Backend, a.Transport = s.wrap(t.Rank(), s.Backend, t)
+		}
 		return fn(ctx, a, shards[t.Rank()])
 	})
 }

@@ -50,6 +50,18 @@ Flags:
                             300ms on the CPU, 100ms on a GPU)
   --repeats N               exactly N timed repeats (default 0: from --budget)
   --json                    print the result record as JSON instead
+  --cp P                    measure the cost of splitting the case over P virtual
+                            ranks with context parallelism (cp.Sim on host
+                            tensors, the ranks' backend calls one after another
+                            on this device) against the single call: per-step
+                            time, speedup over one device with communication
+                            hidden, the sum of all ranks' per-step calls over the
+                            single call, and the bytes each rank sends
+  --cp-scheme ring|zigzag|a2a|auto
+                            how --cp splits the case (default: zigzag under
+                            --causal, ring otherwise); auto asks the cost model,
+                            which measures this machine once and caches it
+  --cp-explain              print the cost model's reasoning for --cp
 `
 
 func init() {
@@ -118,6 +130,7 @@ func runBench(args []string, stdout io.Writer) error {
 		timing                     timingFlags
 		asJSON                     bool
 		seqlenK, kvHeads, headDimV int
+		cpf                        cpFlags
 	)
 	fs := newFlagSet(commands["bench"])
 	fs.StringVar(&backend, "backend", "auto", "")
@@ -138,9 +151,13 @@ func runBench(args []string, stdout io.Writer) error {
 	fs.BoolVar(&c.Deterministic, "deterministic", false, "")
 	fs.BoolVar(&asJSON, "json", false, "")
 	timing.register(fs, true)
+	fs.IntVar(&cpf.ranks, "cp", 0, "")
+	fs.StringVar(&cpf.scheme, "cp-scheme", "", "")
+	fs.BoolVar(&cpf.explain, "cp-explain", false, "")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	cpf.set = isSet(fs, "cp")
 	c.SeqlenK, c.KVHeads, c.HeadDimV = seqlenK, kvHeads, headDimV
 	p, err := bench.ParsePass(pass)
 	if err != nil {
@@ -160,6 +177,12 @@ func runBench(args []string, stdout io.Writer) error {
 	c.Normalize()
 	if err := c.Validate(); err != nil {
 		return err
+	}
+	if err := cpf.check("--cp", c.SeqlenQ, c.SeqlenK, c.KVHeads); err != nil {
+		return err
+	}
+	if cpf.set {
+		return benchCP(stdout, backend, c, &cpf, timing, asJSON)
 	}
 	r, pol, err := timing.open(backend)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -55,6 +56,19 @@ Flags:
   --cu-seqlens-k LIST       cumulative key offsets, e.g. 0,7,9,9
   --deterministic           demand bit-identical results on repeat
   --out DIR                 output directory, created when missing (required)
+  --ring-sim P              run the call with context parallelism on P in-process
+                            virtual ranks over the backend (cp.Sim): the sequence
+                            is sharded, the ranks exchange K/V blocks or heads, and
+                            the outputs are reassembled; they equal the plain run's
+                            within rounding. N and M must cut into equal shards
+                            (P chunks, 2P for zigzag); not with --bias or
+                            --cu-seqlens-q/-k
+  --cp-scheme ring|zigzag|a2a|auto
+                            how --ring-sim splits the call (default: zigzag under
+                            --causal, ring otherwise); a2a needs P to divide the
+                            key/value heads; auto asks the cost model, which
+                            measures this machine once and caches the result
+  --cp-explain              print the cost model's reasoning for --ring-sim
 `
 
 func init() {
@@ -76,6 +90,8 @@ type runFlags struct {
 	seed                    uint64
 	offset                  uint
 	cuSeqlensQ, cuSeqlensK  string
+	cp                      cpFlags
+	stdout                  io.Writer
 }
 
 func runRun(args []string, stdout io.Writer) error {
@@ -100,9 +116,14 @@ func runRun(args []string, stdout io.Writer) error {
 	fs.UintVar(&f.offset, "offset", 0, "")
 	fs.StringVar(&f.cuSeqlensQ, "cu-seqlens-q", "", "")
 	fs.StringVar(&f.cuSeqlensK, "cu-seqlens-k", "", "")
+	fs.IntVar(&f.cp.ranks, "ring-sim", 0, "")
+	fs.StringVar(&f.cp.scheme, "cp-scheme", "", "")
+	fs.BoolVar(&f.cp.explain, "cp-explain", false, "")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	f.cp.set = isSet(fs, "ring-sim")
+	f.stdout = stdout
 	for _, req := range []struct{ name, val string }{{"q", f.q}, {"k", f.k}, {"v", f.v}, {"out", f.out}} {
 		if req.val == "" {
 			return usageErrorf("missing --%s", req.name)
@@ -159,6 +180,13 @@ func (f *runFlags) options() (flashattn.Options, error) {
 		return opt, fmt.Errorf("--cu-seqlens-q and --cu-seqlens-k go together")
 	}
 	return opt, nil
+}
+
+// isSet reports whether the flag called name was given.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // parseInts parses a comma-separated list of integers.
@@ -233,6 +261,12 @@ func (f *runFlags) execute() error {
 	if f.do != "" && !slices.Equal(dO.Shape, p.OutputShape()) {
 		return fmt.Errorf("--do has shape %v, want the output's %v", dO.Shape, p.OutputShape())
 	}
+	if f.cp.set && (opt.Bias != nil || p.Varlen) {
+		return usageErrorf("--ring-sim does not run --bias or --cu-seqlens-q/-k yet")
+	}
+	if err := f.cp.check("--ring-sim", p.N, p.M, p.Hkv); err != nil {
+		return err
+	}
 	names := []string{"o", "lse"}
 	if f.do != "" {
 		names = append(names, "dq", "dk", "dv")
@@ -247,13 +281,20 @@ func (f *runFlags) execute() error {
 	defer out.discard()
 
 	forward, backward := flashattn.Forward, flashattn.Backward
-	if f.backend != "auto" {
+	if f.backend != "auto" || f.cp.set {
 		b, err := flashattn.Open(f.backend)
 		if err != nil {
 			return err
 		}
 		if c, ok := b.(io.Closer); ok {
 			defer c.Close()
+		}
+		if f.cp.set {
+			s, err := f.cp.strategy(f.stdout, b, p, dt, f.do != "")
+			if err != nil {
+				return fmt.Errorf("--ring-sim %d: %w", f.cp.ranks, err)
+			}
+			b = s.Sim(b, f.cp.ranks)
 		}
 		forward, backward = b.Forward, b.Backward
 	}
