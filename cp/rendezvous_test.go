@@ -136,8 +136,9 @@ func TestParseEnv(t *testing.T) {
 }
 
 // shareAll runs Share on ranks of a group of size on goroutines (ranks
-// lists which ranks take part) and returns each rank's blob and error.
-func shareAll(t *testing.T, size int, ranks []int, timeout time.Duration, env func(r int) Env) ([][]byte, []error) {
+// lists which ranks take part; rank late starts 300 ms after the others,
+// -1 for none) and returns each rank's blob and error.
+func shareAll(t *testing.T, size int, ranks []int, late int, timeout time.Duration, env func(r int) Env) ([][]byte, []error) {
 	t.Helper()
 	blobs := make([][]byte, size)
 	errs := make([]error, size)
@@ -148,6 +149,9 @@ func shareAll(t *testing.T, size int, ranks []int, timeout time.Duration, env fu
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
+			if r == late {
+				time.Sleep(300 * time.Millisecond)
+			}
 			var blob []byte
 			if r == 0 {
 				blob = testBlob
@@ -167,7 +171,7 @@ func TestShareInProcess(t *testing.T) {
 			for r := range ranks {
 				ranks[r] = r
 			}
-			blobs, errs := shareAll(t, p, ranks, 10*time.Second, func(r int) Env { return Env{Rank: r, Size: p, Addr: addr} })
+			blobs, errs := shareAll(t, p, ranks, -1, 10*time.Second, func(r int) Env { return Env{Rank: r, Size: p, Addr: addr} })
 			for r := range p {
 				if errs[r] != nil || !bytes.Equal(blobs[r], testBlob) {
 					t.Errorf("rank %d: got %x, %v", r, blobs[r], errs[r])
@@ -188,6 +192,8 @@ func TestShareFailures(t *testing.T) {
 	}{
 		{"missing rank times out", 3, []int{0, 1}, func(addr string, r int) Env { return Env{Rank: r, Size: 3, Addr: addr} },
 			[]string{"[2]", "did not arrive"}, context.DeadlineExceeded},
+		// Rank 2 comes late, after rank 1 is waiting, so that rank 0 can
+		// tell rank 1 why it gives up.
 		{"sizes disagree", 3, []int{0, 1, 2}, func(addr string, r int) Env {
 			if r == 2 {
 				return Env{Rank: r, Size: 4, Addr: addr}
@@ -199,7 +205,7 @@ func TestShareFailures(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			addr := net.JoinHostPort("127.0.0.1", freePort(t))
 			start := time.Now()
-			_, errs := shareAll(t, c.size, c.ranks, 700*time.Millisecond, func(r int) Env { return c.env(addr, r) })
+			_, errs := shareAll(t, c.size, c.ranks, 2, 700*time.Millisecond, func(r int) Env { return c.env(addr, r) })
 			if d := time.Since(start); d > 5*time.Second {
 				t.Errorf("took %v", d)
 			}
