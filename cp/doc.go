@@ -69,6 +69,37 @@
 // fail with an error wrapping ErrAborted instead of waiting: a failing
 // rank never leaves the others hanging.
 //
+// NCCL (loaded at run time through purego from libnccl.so.2; no cgo) is
+// the transport across GPUs. It implements Transport, staging host bytes
+// through device memory, and DeviceTransport, whose operations take
+// device buffers (DeviceSpan over a cuda.Buffer) and enqueue on a
+// cuda.Stream, as NCCL does; Wait waits for a stream. NewNCCL joins one
+// rank per process (ncclCommInitRankConfig, non-blocking); NewNCCLAll
+// makes every rank of a group in one process (ncclCommInitAll). Sends and
+// receives are always issued inside ncclGroupStart/End; an all-to-all is
+// a group of sends and receives. Every wait polls ncclCommGetAsyncError
+// with a deadline (DefaultNCCLTimeout when the context has none), and an
+// error or a passed deadline aborts the communicator (ncclCommAbort), so
+// a dead peer ends in an error, never a hang. NCCL_NVLS_ENABLE=0 is set
+// in the process environment before NCCL loads: NVLink multicast stays
+// off. The library is searched in FLASHATTN_NCCL or NCCL_LIBRARY (exact
+// paths), NCCL_HOME, the CUDA toolkits, the loader's path, the system
+// directories, and the nvidia/nccl/lib and torch/lib directories of
+// Python's site-packages (where PyTorch installs it). NCCL errors are
+// *NCCLError values wrapping ErrNCCL; a missing library wraps ErrNoNCCL.
+//
+// # Several processes
+//
+// FromEnv reads a process's place in a job from the environment that
+// flashattn launch, torchrun or Slurm sets (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT; SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).
+// Env.Share is the rendezvous: rank 0 listens on MASTER_ADDR:MASTER_PORT
+// and hands a blob (the NCCL unique id) to every other rank over TCP,
+// once all have arrived; a rank that disconnects, a rank that never
+// comes (by the deadline) or ranks that disagree about the group end it
+// with an error wrapping ErrRendezvous that names the ranks at fault.
+// OpenNCCL does both steps and creates the communicator.
+//
 // # Choosing a strategy
 //
 // A Strategy is a layout and a scheme: "ring", "zigzag" or "a2a";

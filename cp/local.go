@@ -106,15 +106,8 @@ func (t *localRank) Exchange(ctx context.Context, sends []Send, recvs []Recv) er
 	if ctx.Err() != nil {
 		return t.interrupted(ctx, "exchange")
 	}
-	for _, s := range sends {
-		if err := checkPeer(s.Peer, g.size); err != nil {
-			return t.fail(fmt.Errorf("cp: rank %d: send: %w", t.rank, err))
-		}
-	}
-	for _, r := range recvs {
-		if err := checkPeer(r.Peer, g.size); err != nil {
-			return t.fail(fmt.Errorf("cp: rank %d: receive: %w", t.rank, err))
-		}
+	if err := checkMessages(t.rank, g.size, sends, recvs); err != nil {
+		return t.fail(err)
 	}
 	done := make([]chan error, len(sends))
 	for i, s := range sends {

@@ -3,6 +3,7 @@ package cp
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/flashattn/flashattn/attn"
 )
@@ -66,6 +67,22 @@ type Transport interface {
 func checkPeer(peer, size int) error {
 	if peer < 0 || peer >= size {
 		return attn.Errorf(attn.ErrOption, "cp: peer %d outside the group of %d ranks", peer, size)
+	}
+	return nil
+}
+
+// checkMessages returns an error unless every peer of an exchange by rank
+// is a rank of a group of size ranks.
+func checkMessages(rank, size int, sends []Send, recvs []Recv) error {
+	for _, s := range sends {
+		if err := checkPeer(s.Peer, size); err != nil {
+			return fmt.Errorf("cp: rank %d: send: %w", rank, err)
+		}
+	}
+	for _, r := range recvs {
+		if err := checkPeer(r.Peer, size); err != nil {
+			return fmt.Errorf("cp: rank %d: receive: %w", rank, err)
+		}
 	}
 	return nil
 }

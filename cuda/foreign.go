@@ -55,3 +55,17 @@ func (d *Device) BorrowStream(h uintptr) (*Stream, error) {
 
 // streamPerThread is CU_STREAM_PER_THREAD.
 const streamPerThread = 0x2
+
+// Do runs fn on d's executor thread, where d's context is current, and
+// returns fn's error: for calls into other libraries that act on the
+// calling thread's current context (NCCL, cuBLAS, …). fn must not call
+// methods of d or of its objects, which would wait for the executor that
+// is running fn, and should return promptly: every other call on d waits
+// for it. It fails with ErrClosed after Close and with ErrArgument for a
+// nil fn.
+func (d *Device) Do(fn func() error) error {
+	if fn == nil {
+		return argErrorf("Do: nil function")
+	}
+	return d.do(fn)
+}

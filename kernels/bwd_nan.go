@@ -45,13 +45,20 @@ import (
 // (0·NaN at a dropped key included), and the scores take the main loop's
 // transforms (scale, softcap, bias, dropout's keep mask and 1/(1−p)).
 
-// nfFuncs writes the slow path's device functions: nf_bad, nf_pair (a
-// visible pair's P and dS), nf_keys and nf_query. It uses visible, philox4,
-// the conversions and ex2f, so it comes after them.
+// nfFuncs writes the slow path's device functions: nf_bad and nf_fold,
+// nf_pair (a visible pair's P and dS), nf_keys and nf_query. It uses
+// visible, philox4, the conversions and ex2f, so it comes after them.
 func (g *bwdGen) nfFuncs(b *strings.Builder) {
-	v := g.v
-	q, k, vv, do := bwdTensor("q", v.Staged), bwdTensor("k", v.Staged), bwdTensor("v", v.Staged), bwdTensor("do", v.Staged)
-	fmt.Fprintf(b, `// ---- non-finite gradients (rare; see bwd_nan.go): rows holding a NaN or an infinity recomputed exactly
+	nfBad(b)
+	g.nfPair(b)
+	g.nfKeys(b)
+	g.nfQuery(b)
+}
+
+// nfBad writes nf_bad (a value is NaN or ±Inf) and nf_fold (any element of
+// an accumulator is).
+func nfBad(b *strings.Builder) {
+	b.WriteString(`// ---- non-finite gradients (rare; see bwd_nan.go): rows holding a NaN or an infinity recomputed exactly
 DEV bool nf_bad(float x) { return !(fabsf(x) < FA_INF); }  // NaN or ±Inf
 template <int A, int B_>
 DEV void nf_fold(const float (&acc)[A][B_][4], bool& bad) {  // any non-finite accumulator element
@@ -62,7 +69,15 @@ DEV void nf_fold(const float (&acc)[A][B_][4], bool& bad) {  // any non-finite a
 #pragma unroll
       for (int e = 0; e < 4; ++e) bad |= nf_bad(acc[a][c][e]);
 }
-// nf_pair: the visible pair of query row i (head h) and key row j (head kvh) of batch element b (segment rows
+`)
+}
+
+// nfPair writes nf_pair: a visible pair's P and dS recomputed in scalar
+// fp32 from global memory, with the main loop's score transforms.
+func (g *bwdGen) nfPair(b *strings.Builder) {
+	v := g.v
+	q, k, vv, do := g.in("q"), g.in("k"), g.in("v"), g.in("do")
+	fmt.Fprintf(b, `// nf_pair: the visible pair of query row i (head h) and key row j (head kvh) of batch element b (segment rows
 // from qr0 and kr0), as the main loop computes it, in scalar fp32 from global memory: pd, P as dV takes it
 // (dropout: 0 where dropped, kept scaled), ds, dS with the softcap chain rule, dsb, dS as dBias takes it.
 // False when row i counts for nothing (LSE -inf: no key with a finite score).
@@ -108,14 +123,18 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
 		b.WriteString("  ds *= 1.f - th * th;\n")
 	}
 	b.WriteString("  return true;\n}\n")
-	// the visible ranges: query rows of key j, keys of query row i
-	rowsOf, keysOf := "", ""
+}
+
+// nfKeys writes nf_keys: the dK and dV rows of a dK/dV block's keys that
+// hold a NaN or an infinity, recomputed over the query rows that see each
+// key (and, with BiasGrad, those pairs' dBias scratch rewritten).
+func (g *bwdGen) nfKeys(b *strings.Builder) {
+	v := g.v
+	q, do := g.in("q"), g.in("do")
+	rowsOf := "" // the query rows that see key j
 	if v.Masked() {
 		rowsOf = `  if (p.right >= 0) ilo = max(ilo, j - p.right - off);
     if (p.left >= 0) ihi = min(ihi, j + p.left - off + 1);
-`
-		keysOf = `  if (p.left >= 0) jlo = max(jlo, i + off - p.left);
-  if (p.right >= 0) jhi = min(jhi, i + off + p.right + 1);
 `
 	}
 	scratch := ""
@@ -172,6 +191,19 @@ DEV void nf_keys(const BwdParams& p, int b, int kvh, long long qr0, long long kr
   }
 }
 `, (v.DK+31)/32, (v.DV+31)/32, v.DK, v.DV, rowsOf, scratch, q.at("i0 + r", "h"), do.at("i0 + r", "h"))
+}
+
+// nfQuery writes nf_query: one query row's dQ recomputed over the keys it
+// sees and stored.
+func (g *bwdGen) nfQuery(b *strings.Builder) {
+	v := g.v
+	k := g.in("k")
+	keysOf := "" // the keys query row i sees
+	if v.Masked() {
+		keysOf = `  if (p.left >= 0) jlo = max(jlo, i + off - p.left);
+  if (p.right >= 0) jhi = min(jhi, i + off + p.right + 1);
+`
+	}
 	fmt.Fprintf(b, `// nf_query: dQ of query row i (head h of batch element b) recomputed exactly over the keys it sees and stored
 // (one warp; lanes take keys for dS, then columns)
 DEV void nf_query(const BwdParams& p, int b, int h, long long qr0, long long kr0, int n, int m, int i, int lane) {

@@ -118,6 +118,18 @@ func (x *gen) maskApply() {
 // (and its helpers), and the fix-up kernel that runs it (nfFixupKernel).
 // It uses bias_load, philox4 and store_elem, so it comes after them.
 func (x *gen) nfFixupFuncs() {
+	x.nfLoad()
+	x.nfScore()
+	if x.v.Flat || !x.v.LSE {
+		x.nfLSE2()
+	}
+	x.nfRows()
+	x.nfFixupKernel()
+}
+
+// nfLoad writes nf_ld (one element of q, k, v or O read as float) and
+// nf_bad (a value is NaN or ±Inf).
+func (x *gen) nfLoad() {
 	v := x.v
 	ld := "bf16_to_f32(*(const u16*)p)"
 	switch v.DType {
@@ -129,7 +141,12 @@ func (x *gen) nfFixupFuncs() {
 	x.p(`// ---- non-finite O (rare; see mask.go): rows whose O holds a NaN or an infinity, recomputed exactly
 DEV float nf_ld(const char* p) { return %s; }  // one element of q, k, v or O (global memory)
 DEV bool nf_bad(float x) { return !(fabsf(x) < __int_as_float(0x7f800000)); }  // NaN or ±Inf`, ld)
-	// the score of key j in base-2 units, as the main loop transforms it
+}
+
+// nfScore writes nf_score: the score of key j in base-2 units, as the main
+// loop transforms it (scale, softcap, bias).
+func (x *gen) nfScore() {
+	v := x.v
 	x.raw(`// score of query row q with key row k (d elements), in base-2 units: the main loop's transform
 DEV float nf_score(const Params& p, const char* q, const char* k, const char* brow, int j) {
   float s = 0.f;
@@ -146,8 +163,12 @@ DEV float nf_score(const Params& p, const char* q, const char* k, const char* br
 		x.raw("  (void)brow; (void)j;\n")
 	}
 	x.raw("  return t;\n}\n")
-	if v.Flat || !v.LSE {
-		x.raw(`// base-2 LSE of a row over its keys [lo, hi) (lanes take keys): NaN when a score is NaN or +Inf, −inf when
+}
+
+// nfLSE2 writes nf_lse2: a row's base-2 LSE computed again over its keys,
+// for variants that store no LSE and for flat rows whose LSE is NaN.
+func (x *gen) nfLSE2() {
+	x.raw(`// base-2 LSE of a row over its keys [lo, hi) (lanes take keys): NaN when a score is NaN or +Inf, −inf when
 // none is finite; the same value in every lane
 DEV float nf_lse2(const Params& p, const char* q, const char* k0, i64 k_rs, const char* brow, int lo, int hi, int lane) {
   float mx = NEG_INF, sum = 0.f;
@@ -173,7 +194,12 @@ DEV float nf_lse2(const Params& p, const char* q, const char* k0, i64 k_rs, cons
   return mx == NEG_INF ? NEG_INF : mx + log2f(sum);
 }
 `)
-	}
+}
+
+// nfRows writes nf_rows: each of a CTA's rows whose O holds a NaN or an
+// infinity recomputed exactly from q, k and v in global memory.
+func (x *gen) nfRows() {
+	v := x.v
 	x.raw(`// The CTA's rows [0, rows) from sequence position m0 (batch element or segment b, head h; query row offset
 // qs of a packed batch), visible keys j of row i: dlo <= j - i < dhi; a row's LSE read back from global
 // memory in base 2. Warps take rows, lanes value columns; the scores of 32 keys at a time, one key a lane.
@@ -266,7 +292,6 @@ DEV void nf_rows(const Params& p, int b, int h, int m0, int rows, i64 qs, int dl
 }
 
 `)
-	x.nfFixupKernel()
 }
 
 // nfFixup writes, after the epilogue's stores, the CTA's vote on the
