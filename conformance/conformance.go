@@ -181,6 +181,23 @@ func unsupported(t *testing.T, err error, cfg Config) {
 	}
 }
 
+// forwardWithReference runs the backend's forward and the float64 oracle's
+// on q, k, v with opt; it skips an unsupported case when cfg allows and
+// fails the test on any other error.
+func forwardWithReference(t *testing.T, b attn.Backend, cfg Config, q, k, v attn.Tensor, opt attn.Options) (attn.Result, *cpu.RefOutput) {
+	t.Helper()
+	res, err := b.Forward(q, k, v, opt)
+	if err != nil {
+		unsupported(t, err, cfg)
+		t.Fatalf("Forward: %v", err)
+	}
+	ref, err := cpu.Reference(q, k, v, opt)
+	if err != nil {
+		t.Fatalf("Reference: %v", err)
+	}
+	return res, ref
+}
+
 // check runs one case in one dtype: forward and backward against the oracle.
 func (tc testCase) check(t *testing.T, b attn.Backend, dt attn.DType, cfg Config) {
 	q, k, v, dO, opt := tc.inputs(dt)
@@ -194,17 +211,10 @@ func (tc testCase) check(t *testing.T, b attn.Backend, dt attn.DType, cfg Config
 			t.Errorf("the backend modified its inputs (or the gaps between their elements)")
 		}
 	}()
-	res, err := b.Forward(q, k, v, opt)
-	if err != nil {
-		unsupported(t, err, cfg)
-		t.Fatalf("Forward: %v", err)
-	}
-	ref, err := cpu.Reference(q, k, v, opt)
-	if err != nil {
-		t.Fatalf("Reference: %v", err)
-	}
+	res, ref := forwardWithReference(t, b, cfg, q, k, v, opt)
 	var naive *cpu.RefOutput
 	if dt != attn.Float32 {
+		var err error
 		if naive, err = cpu.NaiveForward(dt, q, k, v, opt); err != nil {
 			t.Fatalf("NaiveForward: %v", err)
 		}

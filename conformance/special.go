@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
-	"github.com/flashattn/flashattn/cpu"
 )
 
 // dropoutFraction checks the kept fraction of a large dropout mask and that
@@ -32,15 +31,7 @@ func dropoutFraction(t *testing.T, b attn.Backend, dt attn.DType, cfg Config) {
 		}
 	}
 	opt := attn.Options{Dropout: p, Seed: 0x5eed_0000_1234, Offset: 9}
-	res, err := b.Forward(q, k, v, opt)
-	if err != nil {
-		unsupported(t, err, cfg)
-		t.Fatalf("Forward: %v", err)
-	}
-	ref, err := cpu.Reference(q, k, v, opt)
-	if err != nil {
-		t.Fatalf("Reference: %v", err)
-	}
+	res, ref := forwardWithReference(t, b, cfg, q, k, v, opt)
 	checkTensor(t, "O", res.O, dt, ref.Problem.OutputShape())
 	if t.Failed() {
 		return

@@ -39,22 +39,8 @@ func TestWindowSidesNearMaxInt(t *testing.T) {
 		dO := randTensor(r, attn.Float32, 1, n, 2, 16)
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {
-				res, err := b.Forward(q, k, v, tc.opt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := b.Forward(q, k, v, tc.same)
-				if err != nil {
-					t.Fatal(err)
-				}
-				g, err := b.Backward(q, k, v, res.O, res.LSE, dO, tc.opt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				wantG, err := b.Backward(q, k, v, want.O, want.LSE, dO, tc.same)
-				if err != nil {
-					t.Fatal(err)
-				}
+				res, g := forwardBackward(t, b, q, k, v, dO, tc.opt)
+				want, wantG := forwardBackward(t, b, q, k, v, dO, tc.same)
 				for _, x := range []struct {
 					name      string
 					got, want attn.Tensor
@@ -102,4 +88,19 @@ func maxDiff(a, b []float64) float64 {
 		e = max(e, d)
 	}
 	return e
+}
+
+// forwardBackward runs b's forward and backward on q, k, v and dO with opt,
+// failing the test on an error.
+func forwardBackward(t *testing.T, b attn.Backend, q, k, v, dO attn.Tensor, opt attn.Options) (attn.Result, attn.Gradients) {
+	t.Helper()
+	var g attn.Gradients
+	res, err := b.Forward(q, k, v, opt)
+	if err == nil {
+		g, err = b.Backward(q, k, v, res.O, res.LSE, dO, opt)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, g
 }

@@ -19,6 +19,16 @@ func gridTensor(r *rand.Rand, shape ...int) attn.Tensor {
 	return t
 }
 
+// gridInputs returns q [b, n, h, dk], k [b, m, hkv, dk], v [b, m, hkv, dv]
+// and dO [b, n, h, dv] of grid values, drawn from r in that order.
+func gridInputs(r *rand.Rand, b, n, m, h, hkv, dk, dv int) (q, k, v, dO attn.Tensor) {
+	q = gridTensor(r, b, n, h, dk)
+	k = gridTensor(r, b, m, hkv, dk)
+	v = gridTensor(r, b, m, hkv, dv)
+	dO = gridTensor(r, b, n, h, dv)
+	return q, k, v, dO
+}
+
 func dot(a, b []float64) float64 {
 	var s float64
 	for i := range a {
@@ -52,10 +62,7 @@ func TestReferenceGradientsFiniteDifference(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(1, 2))
 			hkv := tc.h / tc.g
-			q := gridTensor(r, tc.b, tc.n, tc.h, tc.dk)
-			k := gridTensor(r, tc.b, tc.m, hkv, tc.dk)
-			v := gridTensor(r, tc.b, tc.m, hkv, tc.dv)
-			dO := gridTensor(r, tc.b, tc.n, tc.h, tc.dv)
+			q, k, v, dO := gridInputs(r, tc.b, tc.n, tc.m, tc.h, hkv, tc.dk, tc.dv)
 			opt := tc.opt(r)
 			g, err := ReferenceBackward(q, k, v, dO, opt)
 			if err != nil {
@@ -102,10 +109,7 @@ func TestReferenceGradientsFiniteDifference(t *testing.T) {
 // O = 0, LSE = -Inf and zero gradients.
 func TestReferenceFullyMaskedRows(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	q := gridTensor(r, 1, 5, 1, 2)
-	k := gridTensor(r, 1, 2, 1, 2)
-	v := gridTensor(r, 1, 2, 1, 2)
-	dO := gridTensor(r, 1, 5, 1, 2)
+	q, k, v, dO := gridInputs(r, 1, 5, 2, 1, 1, 2, 2)
 	opt := attn.Options{Causal: true} // bottom-right: rows 0..2 see no key
 	out, err := Reference(q, k, v, opt)
 	if err != nil {
@@ -162,10 +166,7 @@ func TestReferenceUniform(t *testing.T) {
 // roughly the precision of its dtype.
 func TestNaiveRounds(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	q := gridTensor(r, 1, 16, 2, 8)
-	k := gridTensor(r, 1, 16, 2, 8)
-	v := gridTensor(r, 1, 16, 2, 8)
-	dO := gridTensor(r, 1, 16, 2, 8)
+	q, k, v, dO := gridInputs(r, 1, 16, 16, 2, 2, 8, 8)
 	ref, err := Reference(q, k, v, attn.Options{})
 	if err != nil {
 		t.Fatal(err)

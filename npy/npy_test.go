@@ -139,6 +139,10 @@ func TestReadHandMade(t *testing.T) {
 
 func TestReadErrors(t *testing.T) {
 	good := "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"
+	v4 := file(1, good, true, f4bytes(1, 2)) // format version 4.0
+	v4[6] = 4
+	v11 := file(1, good, true, f4bytes(1, 2)) // format version 1.1
+	v11[7] = 1
 	tests := []struct {
 		name string
 		in   []byte
@@ -169,23 +173,9 @@ func TestReadErrors(t *testing.T) {
 		{"bad bool", file(1, "{'descr': '<f4', 'fortran_order': false, 'shape': (1,), }", true, f4bytes(1)), ErrFormat, "True or False"},
 		{"text after dict", file(1, good+" junk", false, f4bytes(1, 2)), ErrFormat, "after the dictionary"},
 		{"non-ascii v1 header", file(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } é", false, f4bytes(1, 2)), ErrFormat, "ASCII"},
+		{"version 4.0", v4, ErrUnsupported, "version 4.0"},
+		{"version 1.1", v11, ErrUnsupported, "version 1.1"},
 	}
-	v4 := file(1, good, true, f4bytes(1, 2))
-	v4[6] = 4
-	tests = append(tests, struct {
-		name string
-		in   []byte
-		want error
-		msg  string
-	}{"version 4.0", v4, ErrUnsupported, "version 4.0"})
-	v11 := file(1, good, true, f4bytes(1, 2))
-	v11[7] = 1
-	tests = append(tests, struct {
-		name string
-		in   []byte
-		want error
-		msg  string
-	}{"version 1.1", v11, ErrUnsupported, "version 1.1"})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Read(bytes.NewReader(tc.in))
