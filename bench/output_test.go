@@ -43,18 +43,14 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := b.String()
-	for _, want := range []string{
+	checkContains(t, "table", md, []string{
 		"### seqlen", "### headdim",
 		"| implementation | backend | pass | B | N | M | H | Hkv | DK | DV | mask | median ms | min ms | max ms | TFLOP/s | variant | dQ | status |",
 		"| flashattn | cuda | bwd | 4 | 4096 | 4096 | 16 | 16 | 128 | 128 | causal | 1.25 | 1.2 | 1.5 | 550 | fwd_d128_m128n64 | atomic | ok |",
 		"| torch-flash | sdpa | bwd | 4 | 4096 | 4096 | 16 | 16 | 128 | 128 | causal | — | — | — | — | - | - | unsupported: No available kernel |",
 		"| flashattn | cpu | fwd | 1 | 100 | 300 | 8 | 2 | 192 | 128 | win(64,0) cap 30 drop 0.1 det |",
 		"error: boom |",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("table lacks %q:\n%s", want, md)
-		}
-	}
+	})
 	// Every table row has the header's number of cells.
 	for _, line := range strings.Split(md, "\n") {
 		if strings.HasPrefix(line, "|") && strings.Count(line, "|")-strings.Count(line, `\|`) != 19 {
@@ -181,7 +177,7 @@ func TestCompare(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := b.String()
-	for _, want := range []string{
+	checkContains(t, "comparison", md, []string{
 		"## H200\n", "Measured " + time.Now().UTC().Format("2006-01-02") + " on NVIDIA H200, bf16.",
 		"```\nbash bench/run-h200.sh\n```",
 		"flashattn reaches",
@@ -193,11 +189,7 @@ func TestCompare(t *testing.T) {
 		"Contention: time with two query heads per key head",
 		"| 128 | false | 1.00 | 1.00 | 1.00 |",
 		"torch-cudnn, unsupported ×2: head dim above 256",
-	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("comparison lacks %q:\n%s", want, md)
-		}
-	}
+	})
 }
 
 func TestSummaryWithoutPeers(t *testing.T) {
@@ -284,5 +276,15 @@ func TestProgress(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], "5/10") || !strings.Contains(lines[0], "half") ||
 		!strings.Contains(lines[0], "eta 3s") || !strings.Contains(lines[1], "10/10") {
 		t.Errorf("progress lines %q", lines)
+	}
+}
+
+// checkContains reports each of wants that text (named what) lacks.
+func checkContains(t *testing.T, what, text string, wants []string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(text, want) {
+			t.Errorf("%s lacks %q:\n%s", what, want, text)
+		}
 	}
 }

@@ -60,14 +60,7 @@ func TestSweepEmitOnly(t *testing.T) {
 
 func TestSweepUnavailableBackend(t *testing.T) {
 	// A backend that cannot open still yields a results file, every record unsupported with the reason.
-	r, err := bench.OpenRunner("cuda")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if r.Device() != "" {
-		t.Skip("a CUDA device works here")
-	}
+	skipIfCUDAWorks(t)
 	out := t.TempDir()
 	status, stdout, errOut := execute("sweep", "--preset", "flux", "--backend", "cuda", "--out", out)
 	if status != 0 {
