@@ -262,22 +262,13 @@ func emuBackwardCases(t *testing.T, kind emuKernels) int {
 func emuCheckCase(t *testing.T, c bwdCase, dt attn.DType, seed uint64, kind emuKernels) int {
 	t.Helper()
 	in := c.inputs(t, dt, seed)
-	ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref, naive := in.oracles(t)
 	ran := 0
 	for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 		ran++
 		t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
 			g := emuRunOn(t, in, algo, c.headMajor, kind)
-			checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
-			checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
-			checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
+			checkGrads(t, dt, g, ref, naive)
 			if c.biasGrad {
 				checkGrad(t, "dBias", dt, *g.DBias, ref.DBias, naive.DBias)
 			}

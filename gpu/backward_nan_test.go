@@ -145,14 +145,7 @@ func bwdNaNCases() []bwdNaNCase {
 func bwdCheckNonFinite(t *testing.T, in bwdInputs, g attn.Gradients, emulated bool) {
 	t.Helper()
 	dt := in.q.DType
-	ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-	if err != nil {
-		t.Fatalf("reference: %v", err)
-	}
-	naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
-	if err != nil {
-		t.Fatalf("naive: %v", err)
-	}
+	ref, naive := in.oracles(t)
 	for _, x := range []struct {
 		name       string
 		got        attn.Tensor
@@ -247,47 +240,40 @@ func TestBackwardEmulatedNonFinite(t *testing.T) {
 // other element within the accuracy bound.
 func TestBackwardNonFinite(t *testing.T) {
 	dev, s := bwdTestDevice(t)
-	for _, fam := range bwdFamilies {
-		t.Run(fam.name, func(t *testing.T) {
-			t.Setenv(EnvNoWGMMA, fam.noWGMMA)
-			t.Setenv(EnvNoTMA, fam.noTMA)
-			if fam.hopper && !hopperCapable(dev) {
-				t.Skip("the Hopper kernels do not run on this device")
-			}
-			type item struct {
-				c  bwdNaNCase
-				dt attn.DType
-				in bwdInputs
-			}
-			var items []item
-			var vs []kernels.BwdVariant
-			for ci, c := range bwdNaNCases() {
-				for _, dt := range c.dtypes {
-					if fam.hopper && !bwdHopperDims(dt, c.dk, c.dv) {
-						continue // the planner picks the mma.sync kernels
-					}
-					in := c.inputs(t, dt, uint64(ci+1200))
-					items = append(items, item{c, dt, in})
-					for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-						v := in.variant(t, algo, fam.hopper)
-						if v.WGMMA != fam.hopper || v.TMA != (fam.tma && c.cuQ == nil) {
-							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
-						}
-						if want := fam.tma && strings.HasPrefix(c.name, "flat-") && dt != attn.Float32; v.Flat != want {
-							t.Fatalf("%s %v %v: plan %s: Flat = %v, want %v", c.name, dt, algo, v.Name(), v.Flat, want)
-						}
-						vs = append(vs, v)
-					}
+	forBwdFamilies(t, dev, func(t *testing.T, fam bwdFamily) {
+		type item struct {
+			c  bwdNaNCase
+			dt attn.DType
+			in bwdInputs
+		}
+		var items []item
+		var vs []kernels.BwdVariant
+		for ci, c := range bwdNaNCases() {
+			for _, dt := range c.dtypes {
+				if fam.hopper && !bwdHopperDims(dt, c.dk, c.dv) {
+					continue // the planner picks the mma.sync kernels
 				}
-			}
-			bwdPrewarm(t, dev, vs)
-			for _, it := range items {
+				in := c.inputs(t, dt, uint64(ci+1200))
+				items = append(items, item{c, dt, in})
 				for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-					t.Run(fmt.Sprintf("%s/%v/%v", it.c.name, it.dt, algo), func(t *testing.T) {
-						bwdCheckNonFinite(t, it.in, bwdRun(t, dev, s, it.in, algo), false)
-					})
+					v := in.variant(t, algo, fam.hopper)
+					if v.WGMMA != fam.hopper || v.TMA != (fam.tma && c.cuQ == nil) {
+						t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
+					}
+					if want := fam.tma && strings.HasPrefix(c.name, "flat-") && dt != attn.Float32; v.Flat != want {
+						t.Fatalf("%s %v %v: plan %s: Flat = %v, want %v", c.name, dt, algo, v.Name(), v.Flat, want)
+					}
+					vs = append(vs, v)
 				}
 			}
-		})
-	}
+		}
+		bwdPrewarm(t, dev, vs)
+		for _, it := range items {
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				t.Run(fmt.Sprintf("%s/%v/%v", it.c.name, it.dt, algo), func(t *testing.T) {
+					bwdCheckNonFinite(t, it.in, bwdRun(t, dev, s, it.in, algo), false)
+				})
+			}
+		}
+	})
 }

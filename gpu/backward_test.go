@@ -108,6 +108,21 @@ type bwdInputs struct {
 	p                   *attn.Problem
 }
 
+// oracles returns the float64 reference gradients of the inputs and the
+// naive baseline's in their element type, failing the test on an error.
+func (in bwdInputs) oracles(t *testing.T) (ref, naive *cpu.RefGrads) {
+	t.Helper()
+	ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
+	if err != nil {
+		t.Fatalf("reference: %v", err)
+	}
+	naive, err = cpu.NaiveBackward(in.q.DType, in.q, in.k, in.v, in.dO, in.opt)
+	if err != nil {
+		t.Fatalf("naive: %v", err)
+	}
+	return ref, naive
+}
+
 func randTensor(r *rand.Rand, dt attn.DType, sd float64, shape ...int) attn.Tensor {
 	x := make([]float32, attn.NumElements(shape))
 	for i := range x {
@@ -304,51 +319,58 @@ func checkGrad(t testing.TB, name string, dt attn.DType, got attn.Tensor, ref, n
 	}
 }
 
+// checkGrads checks dQ, dK and dV of g against the reference gradients
+// ref within the bound of checkGrad (naive: the baseline in dt).
+func checkGrads(t *testing.T, dt attn.DType, g attn.Gradients, ref, naive *cpu.RefGrads) {
+	t.Helper()
+	checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
+	checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
+	checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
+}
+
 func TestBackwardGradients(t *testing.T) {
 	dev, s := bwdTestDevice(t)
-	type item struct {
-		c  bwdCase
-		dt attn.DType
-		in bwdInputs
-	}
-	var items []item
+	var items []bwdItem
 	var vs []kernels.BwdVariant
 	for ci, c := range bwdCases() {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(ci+1))
-			items = append(items, item{c, dt, in})
+			items = append(items, bwdItem{c, dt, in})
 			vs = append(vs, in.variant(t, DQAtomic, hopperCapable(dev)), in.variant(t, DQSeparate, hopperCapable(dev)))
 		}
 	}
 	bwdPrewarm(t, dev, vs)
+	bwdCheckItems(t, dev, s, items)
+}
+
+// bwdItem is one backward case in one dtype, with its inputs.
+type bwdItem struct {
+	c  bwdCase
+	dt attn.DType
+	in bwdInputs
+}
+
+// bwdCheckItems runs every item with both dQ algorithms on the device, one
+// subtest each, and checks dQ, dK, dV (and dBias) against the oracles and
+// dQ's rows that see no key against 0.
+func bwdCheckItems(t *testing.T, dev *cuda.Device, s *cuda.Stream, items []bwdItem) {
 	for _, it := range items {
 		c, dt, in := it.c, it.dt, it.in
-		{
-			ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-			if err != nil {
-				t.Fatalf("%s: reference: %v", c.name, err)
-			}
-			naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
-			if err != nil {
-				t.Fatalf("%s: naive: %v", c.name, err)
-			}
-			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-				t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
-					g := bwdRun(t, dev, s, in, algo)
-					checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
-					checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
-					checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
-					if c.biasGrad {
-						if g.DBias == nil {
-							t.Fatalf("no dBias")
-						}
-						// dBias is stored in the bias's dtype but computed in the
-						// problem's precision: the problem's criterion applies.
-						checkGrad(t, "dBias", dt, *g.DBias, ref.DBias, naive.DBias)
+		ref, naive := in.oracles(t)
+		for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+			t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
+				g := bwdRun(t, dev, s, in, algo)
+				checkGrads(t, dt, g, ref, naive)
+				if c.biasGrad {
+					if g.DBias == nil {
+						t.Fatalf("no dBias")
 					}
-					checkMaskedRowsZero(t, in, g.DQ)
-				})
-			}
+					// dBias is stored in the bias's dtype but computed in the
+					// problem's precision: the problem's criterion applies.
+					checkGrad(t, "dBias", dt, *g.DBias, ref.DBias, naive.DBias)
+				}
+				checkMaskedRowsZero(t, in, g.DQ)
+			})
 		}
 	}
 }
@@ -633,14 +655,7 @@ func TestBackwardWholeStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	eager := read()
-	ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	naive, err := cpu.NaiveBackward(attn.BFloat16, in.q, in.k, in.v, in.dO, in.opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref, naive := in.oracles(t)
 	checkGrad(t, "dQ", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[0], in.q.Shape), ref.DQ, naive.DQ)
 	checkGrad(t, "dK", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[1], in.k.Shape), ref.DK, naive.DK)
 	checkGrad(t, "dV", attn.BFloat16, tensorFromBytes(attn.BFloat16, eager[2], in.v.Shape), ref.DV, naive.DV)
@@ -817,6 +832,22 @@ var bwdFamilies = []bwdFamily{
 	{name: "mma.sync", noWGMMA: "1"},
 }
 
+// forBwdFamilies runs f as one subtest per kernel family of bwdFamilies,
+// with the environment that makes the planner pick it; the Hopper families
+// skip where those kernels do not run.
+func forBwdFamilies(t *testing.T, dev *cuda.Device, f func(t *testing.T, fam bwdFamily)) {
+	for _, fam := range bwdFamilies {
+		t.Run(fam.name, func(t *testing.T) {
+			t.Setenv(EnvNoWGMMA, fam.noWGMMA)
+			t.Setenv(EnvNoTMA, fam.noTMA)
+			if fam.hopper && !hopperCapable(dev) {
+				t.Skip("the Hopper kernels do not run on this device")
+			}
+			f(t, fam)
+		})
+	}
+}
+
 // TestBackwardGradientsCross checks the gradients of the cross product
 // DK ≠ DV (both directions, small against large) × every mask kind × fp16
 // and bf16 × both dQ algorithms, on every kernel family the planner can
@@ -825,59 +856,28 @@ func TestBackwardGradientsCross(t *testing.T) {
 	dev, s := bwdTestDevice(t)
 	both := func(int, int) []attn.DType { return []attn.DType{attn.BFloat16, attn.Float16} }
 	cases := append(bwdCrossCases(128, 128, both), bwdCrossCases(113, 300, both)...)
-	for _, fam := range bwdFamilies {
-		t.Run(fam.name, func(t *testing.T) {
-			t.Setenv(EnvNoWGMMA, fam.noWGMMA)
-			t.Setenv(EnvNoTMA, fam.noTMA)
-			if fam.hopper && !hopperCapable(dev) {
-				t.Skip("the Hopper kernels do not run on this device")
-			}
-			type item struct {
-				c  bwdCase
-				dt attn.DType
-				in bwdInputs
-			}
-			var items []item
-			var vs []kernels.BwdVariant
-			for ci, c := range cases {
-				for _, dt := range c.dtypes {
-					if fam.hopper && !bwdHopperDims(dt, c.dk, c.dv) {
-						continue // the planner picks the mma.sync kernels
-					}
-					in := c.inputs(t, dt, uint64(300+ci))
-					items = append(items, item{c, dt, in})
-					for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-						v := in.variant(t, algo, fam.hopper)
-						if v.WGMMA != fam.hopper || v.TMA != fam.tma {
-							t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
-						}
-						vs = append(vs, v)
-					}
+	forBwdFamilies(t, dev, func(t *testing.T, fam bwdFamily) {
+		var items []bwdItem
+		var vs []kernels.BwdVariant
+		for ci, c := range cases {
+			for _, dt := range c.dtypes {
+				if fam.hopper && !bwdHopperDims(dt, c.dk, c.dv) {
+					continue // the planner picks the mma.sync kernels
 				}
-			}
-			bwdPrewarm(t, dev, vs)
-			for _, it := range items {
-				c, dt, in := it.c, it.dt, it.in
-				ref, err := cpu.ReferenceBackward(in.q, in.k, in.v, in.dO, in.opt)
-				if err != nil {
-					t.Fatalf("%s: reference: %v", c.name, err)
-				}
-				naive, err := cpu.NaiveBackward(dt, in.q, in.k, in.v, in.dO, in.opt)
-				if err != nil {
-					t.Fatalf("%s: naive: %v", c.name, err)
-				}
+				in := c.inputs(t, dt, uint64(300+ci))
+				items = append(items, bwdItem{c, dt, in})
 				for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-					t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
-						g := bwdRun(t, dev, s, in, algo)
-						checkGrad(t, "dQ", dt, g.DQ, ref.DQ, naive.DQ)
-						checkGrad(t, "dK", dt, g.DK, ref.DK, naive.DK)
-						checkGrad(t, "dV", dt, g.DV, ref.DV, naive.DV)
-						checkMaskedRowsZero(t, in, g.DQ)
-					})
+					v := in.variant(t, algo, fam.hopper)
+					if v.WGMMA != fam.hopper || v.TMA != fam.tma {
+						t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
+					}
+					vs = append(vs, v)
 				}
 			}
-		})
-	}
+		}
+		bwdPrewarm(t, dev, vs)
+		bwdCheckItems(t, dev, s, items)
+	})
 }
 
 // bwdHopperDims reports whether the Hopper backward kernels take head dims
