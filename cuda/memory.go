@@ -27,21 +27,26 @@ func (d *Device) Alloc(bytes int64) (*Buffer, error) {
 		return nil, argErrorf("alloc of %d bytes", bytes)
 	}
 	var p uint64
-	err := d.do(func() error {
-		if err := d.api.check(fmt.Sprintf("cuMemAlloc_v2(%d bytes)", bytes),
-			ccall(d.api.cuMemAlloc, uintptr(unsafe.Pointer(&p)), uintptr(bytes))); err != nil {
-			return err
-		}
-		ptr := p
-		d.track(resBuffer, uintptr(ptr), func() { ccall(d.api.cuMemFree, uintptr(ptr)) })
-		return nil
-	})
-	if err != nil {
+	if err := d.allocTracked("cuMemAlloc_v2", d.api.cuMemAlloc, d.api.cuMemFree, resBuffer, bytes, unsafe.Pointer(&p)); err != nil {
 		return nil, err
 	}
 	b := &Buffer{dev: d, ptr: p, size: bytes}
 	b.cleanup = runtime.AddCleanup(b, func(h freeHandle) { go h.free() }, freeHandle{d, resBuffer, uintptr(p)})
 	return b, nil
+}
+
+// allocTracked allocates bytes with the driver's alloc (named name), which
+// writes the new pointer to out (a uint64 device pointer or a host
+// unsafe.Pointer), and tracks it as a resource of kind that free releases.
+func (d *Device) allocTracked(name string, alloc, free uintptr, kind resourceKind, bytes int64, out unsafe.Pointer) error {
+	return d.do(func() error {
+		if err := d.api.check(fmt.Sprintf("%s(%d bytes)", name, bytes), ccall(alloc, uintptr(out), uintptr(bytes))); err != nil {
+			return err
+		}
+		h := *(*uintptr)(out)
+		d.track(kind, h, func() { ccall(free, h) })
+		return nil
+	})
 }
 
 // freeHandle is what a cleanup needs to free a resource; it must not refer
@@ -153,6 +158,17 @@ func addr(p []byte) uintptr {
 	return uintptr(unsafe.Pointer(&p[0]))
 }
 
+// hostCopy calls the driver's copy fn (named name) with args on the
+// device's thread; host is the Go memory one side of the copy uses, kept
+// alive until the call returns.
+func (d *Device) hostCopy(name string, fn uintptr, host []byte, args ...uintptr) error {
+	return d.do(func() error {
+		err := d.api.check(fmt.Sprintf("%s(%d bytes)", name, len(host)), ccall(fn, args...))
+		runtime.KeepAlive(host)
+		return err
+	})
+}
+
 // CopyToDevice copies src into dst starting at byte offset off and returns
 // when the copy has finished (cuMemcpyHtoD on the legacy default stream,
 // which waits for earlier work on blocking streams).
@@ -161,12 +177,7 @@ func (d *Device) CopyToDevice(dst *Buffer, off int64, src []byte) error {
 	if err != nil || len(src) == 0 {
 		return err
 	}
-	return d.do(func() error {
-		err := d.api.check(fmt.Sprintf("cuMemcpyHtoD_v2(%d bytes)", len(src)),
-			ccall(d.api.cuMemcpyHtoD, uintptr(p), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src))))
-		runtime.KeepAlive(src)
-		return err
-	})
+	return d.hostCopy("cuMemcpyHtoD_v2", d.api.cuMemcpyHtoD, src, uintptr(p), addr(src), uintptr(len(src)))
 }
 
 // CopyFromDevice copies len(dst) bytes from src starting at byte offset off
@@ -176,12 +187,7 @@ func (d *Device) CopyFromDevice(dst []byte, src *Buffer, off int64) error {
 	if err != nil || len(dst) == 0 {
 		return err
 	}
-	return d.do(func() error {
-		err := d.api.check(fmt.Sprintf("cuMemcpyDtoH_v2(%d bytes)", len(dst)),
-			ccall(d.api.cuMemcpyDtoH, uintptr(unsafe.Pointer(&dst[0])), uintptr(p), uintptr(len(dst))))
-		runtime.KeepAlive(dst)
-		return err
-	})
+	return d.hostCopy("cuMemcpyDtoH_v2", d.api.cuMemcpyDtoH, dst, addr(dst), uintptr(p), uintptr(len(dst)))
 }
 
 // CopyDeviceToDevice copies n bytes from src at srcOff to dst at dstOff and
@@ -205,25 +211,27 @@ func (d *Device) CopyDeviceToDevice(dst *Buffer, dstOff int64, src *Buffer, srcO
 	})
 }
 
+// asyncSpan returns the address of b's bytes [off, off+n) and s's CUstream
+// for an asynchronous copy, after checking both.
+func (d *Device) asyncSpan(b *Buffer, off, n int64, s *Stream) (uint64, uintptr, error) {
+	p, err := b.span(d, off, n)
+	if err != nil {
+		return 0, 0, err
+	}
+	sh, err := d.streamHandle(s)
+	return p, sh, err
+}
+
 // CopyToDeviceAsync enqueues a copy of src into dst at off on stream s (nil:
 // the legacy default stream). With pinned memory (HostBuffer.Bytes) the copy
 // runs asynchronously and src must stay unchanged until the stream reaches
 // it; with ordinary Go memory the driver stages src before returning.
 func (d *Device) CopyToDeviceAsync(dst *Buffer, off int64, src []byte, s *Stream) error {
-	p, err := dst.span(d, off, int64(len(src)))
-	if err != nil {
-		return err
-	}
-	sh, err := d.streamHandle(s)
+	p, sh, err := d.asyncSpan(dst, off, int64(len(src)), s)
 	if err != nil || len(src) == 0 {
 		return err
 	}
-	return d.do(func() error {
-		err := d.api.check(fmt.Sprintf("cuMemcpyHtoDAsync_v2(%d bytes)", len(src)),
-			ccall(d.api.cuMemcpyHtoDAsync, uintptr(p), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), sh))
-		runtime.KeepAlive(src)
-		return err
-	})
+	return d.hostCopy("cuMemcpyHtoDAsync_v2", d.api.cuMemcpyHtoDAsync, src, uintptr(p), addr(src), uintptr(len(src)), sh)
 }
 
 // CopyFromDeviceAsync enqueues a copy from src at off into dst on stream s
@@ -232,20 +240,11 @@ func (d *Device) CopyToDeviceAsync(dst *Buffer, off int64, src []byte, s *Stream
 // memory the call returns after the copy finished. With pinned memory, read
 // dst only after synchronizing the stream.
 func (d *Device) CopyFromDeviceAsync(dst []byte, src *Buffer, off int64, s *Stream) error {
-	p, err := src.span(d, off, int64(len(dst)))
-	if err != nil {
-		return err
-	}
-	sh, err := d.streamHandle(s)
+	p, sh, err := d.asyncSpan(src, off, int64(len(dst)), s)
 	if err != nil || len(dst) == 0 {
 		return err
 	}
-	return d.do(func() error {
-		err := d.api.check(fmt.Sprintf("cuMemcpyDtoHAsync_v2(%d bytes)", len(dst)),
-			ccall(d.api.cuMemcpyDtoHAsync, uintptr(unsafe.Pointer(&dst[0])), uintptr(p), uintptr(len(dst)), sh))
-		runtime.KeepAlive(dst)
-		return err
-	})
+	return d.hostCopy("cuMemcpyDtoHAsync_v2", d.api.cuMemcpyDtoHAsync, dst, addr(dst), uintptr(p), uintptr(len(dst)), sh)
 }
 
 // CopyDeviceToDeviceAsync enqueues a copy of n bytes from src at srcOff to
@@ -301,11 +300,7 @@ func (d *Device) Memset32(b *Buffer, value uint32) error {
 // Memset8Async enqueues setting every byte of b to value on stream s (nil:
 // the legacy default stream).
 func (d *Device) Memset8Async(b *Buffer, value byte, s *Stream) error {
-	p, err := b.span(d, 0, sizeOf(b))
-	if err != nil {
-		return err
-	}
-	sh, err := d.streamHandle(s)
+	p, sh, err := d.asyncSpan(b, 0, sizeOf(b), s)
 	if err != nil {
 		return err
 	}
@@ -359,16 +354,7 @@ func (d *Device) AllocHost(bytes int) (*HostBuffer, error) {
 		return nil, argErrorf("host alloc of %d bytes", bytes)
 	}
 	var p unsafe.Pointer
-	err := d.do(func() error {
-		if err := d.api.check(fmt.Sprintf("cuMemAllocHost_v2(%d bytes)", bytes),
-			ccall(d.api.cuMemAllocHost, uintptr(unsafe.Pointer(&p)), uintptr(bytes))); err != nil {
-			return err
-		}
-		h := uintptr(p)
-		d.track(resHost, h, func() { ccall(d.api.cuMemFreeHost, h) })
-		return nil
-	})
-	if err != nil {
+	if err := d.allocTracked("cuMemAllocHost_v2", d.api.cuMemAllocHost, d.api.cuMemFreeHost, resHost, int64(bytes), unsafe.Pointer(&p)); err != nil {
 		return nil, err
 	}
 	hb := &HostBuffer{dev: d, p: p, size: bytes}
