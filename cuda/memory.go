@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -27,7 +26,7 @@ func (d *Device) Alloc(bytes int64) (*Buffer, error) {
 		return nil, argErrorf("alloc of %d bytes", bytes)
 	}
 	var p uint64
-	if err := d.allocTracked("cuMemAlloc_v2", d.api.cuMemAlloc, d.api.cuMemFree, resBuffer, bytes, unsafe.Pointer(&p)); err != nil {
+	if err := d.createTracked(fmt.Sprintf("cuMemAlloc_v2(%d bytes)", bytes), d.api.cuMemAlloc, d.api.cuMemFree, resBuffer, unsafe.Pointer(&p), uintptr(bytes)); err != nil {
 		return nil, err
 	}
 	b := &Buffer{dev: d, ptr: p, size: bytes}
@@ -35,16 +34,17 @@ func (d *Device) Alloc(bytes int64) (*Buffer, error) {
 	return b, nil
 }
 
-// allocTracked allocates bytes with the driver's alloc (named name), which
-// writes the new pointer to out (a uint64 device pointer or a host
-// unsafe.Pointer), and tracks it as a resource of kind that free releases.
-func (d *Device) allocTracked(name string, alloc, free uintptr, kind resourceKind, bytes int64, out unsafe.Pointer) error {
+// createTracked calls the driver's create (named name) with out and arg;
+// create writes a new handle to out (a CUstream, CUevent, device pointer or
+// host pointer: one machine word), which is then tracked as a resource of
+// kind that destroy releases.
+func (d *Device) createTracked(name string, create, destroy uintptr, kind resourceKind, out unsafe.Pointer, arg uintptr) error {
 	return d.do(func() error {
-		if err := d.api.check(fmt.Sprintf("%s(%d bytes)", name, bytes), ccall(alloc, uintptr(out), uintptr(bytes))); err != nil {
+		if err := d.api.check(name, ccall(create, uintptr(out), arg)); err != nil {
 			return err
 		}
 		h := *(*uintptr)(out)
-		d.track(kind, h, func() { ccall(free, h) })
+		d.track(kind, h, func() { ccall(destroy, h) })
 		return nil
 	})
 }
@@ -92,14 +92,17 @@ func (d *Device) release(freed *atomic.Bool, cleanup *runtime.Cleanup, kind reso
 		return nil
 	}
 	cleanup.Stop()
-	err := d.do(func() error {
+	return d.destroy(kind, handle, op, fn)
+}
+
+// destroy forgets the tracked resource handle of kind and calls the
+// driver's destroy function fn (named op) on it on the executor; after the
+// device was closed (which destroyed it) it returns nil.
+func (d *Device) destroy(kind resourceKind, handle uintptr, op string, fn uintptr) error {
+	return ignoreClosed(d.do(func() error {
 		d.untrack(kind, handle)
 		return d.api.check(op, ccall(fn, handle))
-	})
-	if errors.Is(err, ErrClosed) {
-		return nil
-	}
-	return err
+	}))
 }
 
 // Ptr returns the buffer's device address (a CUdeviceptr), for kernel
@@ -354,7 +357,7 @@ func (d *Device) AllocHost(bytes int) (*HostBuffer, error) {
 		return nil, argErrorf("host alloc of %d bytes", bytes)
 	}
 	var p unsafe.Pointer
-	if err := d.allocTracked("cuMemAllocHost_v2", d.api.cuMemAllocHost, d.api.cuMemFreeHost, resHost, int64(bytes), unsafe.Pointer(&p)); err != nil {
+	if err := d.createTracked(fmt.Sprintf("cuMemAllocHost_v2(%d bytes)", bytes), d.api.cuMemAllocHost, d.api.cuMemFreeHost, resHost, unsafe.Pointer(&p), uintptr(bytes)); err != nil {
 		return nil, err
 	}
 	hb := &HostBuffer{dev: d, p: p, size: bytes}

@@ -103,11 +103,7 @@ func (m *Module) Close() error {
 	if m == nil || !m.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	d := m.dev
-	return ignoreClosed(d.do(func() error {
-		d.untrack(resModule, m.h)
-		return d.api.check("cuModuleUnload", ccall(d.api.cuModuleUnload, m.h))
-	}))
+	return m.dev.destroy(resModule, m.h, "cuModuleUnload", m.dev.api.cuModuleUnload)
 }
 
 // Function is a kernel of a loaded module.

@@ -34,16 +34,7 @@ func (d *Device) NewStreamNonBlocking() (*Stream, error) { return d.newStream(st
 
 func (d *Device) newStream(flags uint32) (*Stream, error) {
 	s := &Stream{dev: d}
-	err := d.do(func() error {
-		var h uintptr
-		if err := d.api.check("cuStreamCreate", ccall(d.api.cuStreamCreate, uintptr(unsafe.Pointer(&h)), uintptr(flags))); err != nil {
-			return err
-		}
-		s.h = h
-		d.track(resStream, h, func() { ccall(d.api.cuStreamDestroy, h) })
-		return nil
-	})
-	if err != nil {
+	if err := d.createTracked("cuStreamCreate", d.api.cuStreamCreate, d.api.cuStreamDestroy, resStream, unsafe.Pointer(&s.h), uintptr(flags)); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -97,11 +88,7 @@ func (s *Stream) Close() error {
 	if s == nil || !s.closed.CompareAndSwap(false, true) || s.borrowed {
 		return nil
 	}
-	d := s.dev
-	return ignoreClosed(d.do(func() error {
-		d.untrack(resStream, s.h)
-		return d.api.check("cuStreamDestroy_v2", ccall(d.api.cuStreamDestroy, s.h))
-	}))
+	return s.dev.destroy(resStream, s.h, "cuStreamDestroy_v2", s.dev.api.cuStreamDestroy)
 }
 
 // query runs a cuXxxQuery function: true for done, false for
@@ -142,16 +129,7 @@ type Event struct {
 // NewEvent creates an event with timing enabled (CU_EVENT_DEFAULT).
 func (d *Device) NewEvent() (*Event, error) {
 	e := &Event{dev: d}
-	err := d.do(func() error {
-		var h uintptr
-		if err := d.api.check("cuEventCreate", ccall(d.api.cuEventCreate, uintptr(unsafe.Pointer(&h)), 0)); err != nil {
-			return err
-		}
-		e.h = h
-		d.track(resEvent, h, func() { ccall(d.api.cuEventDestroy, h) })
-		return nil
-	})
-	if err != nil {
+	if err := d.createTracked("cuEventCreate", d.api.cuEventCreate, d.api.cuEventDestroy, resEvent, unsafe.Pointer(&e.h), 0); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -212,11 +190,7 @@ func (e *Event) Close() error {
 	if e == nil || !e.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	d := e.dev
-	return ignoreClosed(d.do(func() error {
-		d.untrack(resEvent, e.h)
-		return d.api.check("cuEventDestroy_v2", ccall(d.api.cuEventDestroy, e.h))
-	}))
+	return e.dev.destroy(resEvent, e.h, "cuEventDestroy_v2", e.dev.api.cuEventDestroy)
 }
 
 // ElapsedMs returns the device time in milliseconds between two recorded
