@@ -10,21 +10,17 @@ import (
 func BenchmarkMatMul(b *testing.B) {
 	const m, n, k = 64, 64, 64
 	r := rand.New(rand.NewPCG(7, 7))
-	for _, im := range available() {
-		for _, kd := range []kind{nt, nn, tn} {
-			ar, ac, br, bc := kd.shapes(m, n, k)
-			a := newMat(r, ar, ac, ac)
-			bm := newMat(r, br, bc, bc)
-			c := make([]float32, m*n)
-			f := kd.fn(im)
-			b.Run(kd.String()+"/"+im.name, func(b *testing.B) {
-				for b.Loop() {
-					f(m, n, k, a, ac, bm, bc, c, n, true)
-				}
-				b.ReportMetric(2*m*n*k*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			})
-		}
-	}
+	eachProduct(func(im kernels, kd kind) {
+		a, ac, bm, bc := kd.operands(r, m, n, k)
+		c := make([]float32, m*n)
+		f := kd.fn(im)
+		b.Run(kd.String()+"/"+im.name, func(b *testing.B) {
+			for b.Loop() {
+				f(m, n, k, a, ac, bm, bc, c, n, true)
+			}
+			b.ReportMetric(2*m*n*k*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	})
 }
 
 // BenchmarkExpSub times ExpSub on 4096 elements in the softmax range and

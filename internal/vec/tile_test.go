@@ -347,10 +347,7 @@ func TestUse(t *testing.T) {
 }
 
 func TestTilePanics(t *testing.T) {
-	tests := []struct {
-		name string
-		call func()
-	}{
+	checkPanics(t, []panicCase{
 		{"softmax short s", func() {
 			SoftmaxOnline(make([]float32, 5), 3, 2, 3, 1, make([]float32, 2), make([]float32, 2), make([]float32, 2))
 		}},
@@ -364,17 +361,7 @@ func TestTilePanics(t *testing.T) {
 		{"fp16 short dst", func() { ScaleToFloat16(nil, make([]float32, 2), 1) }},
 		{"dot short y", func() { Dot(make([]float32, 3), make([]float32, 2)) }},
 		{"transpose short dst", func() { Transpose(2, 3, make([]float32, 6), 3, make([]float32, 5), 2) }},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("no panic")
-				}
-			}()
-			tt.call()
-		})
-	}
+	})
 }
 
 // TestTileDegenerate checks the empty tiles: nothing is touched, except

@@ -42,6 +42,23 @@ func (kd kind) shapes(m, n, k int) (ar, ac, br, bc int) {
 	}
 }
 
+// eachProduct calls f for every product kind with every implementation
+// the machine has.
+func eachProduct(f func(im kernels, kd kind)) {
+	for _, im := range available() {
+		for _, kd := range []kind{nt, nn, tn} {
+			f(im, kd)
+		}
+	}
+}
+
+// operands draws from r the operands of an m×n×k product of kind kd with
+// packed rows: a and its row length, then b and its row length.
+func (kd kind) operands(r *rand.Rand, m, n, k int) (a []float32, lda int, b []float32, ldb int) {
+	ar, ac, br, bc := kd.shapes(m, n, k)
+	return newMat(r, ar, ac, ac), ac, newMat(r, br, bc, bc), bc
+}
+
 // aAt and bAt read the operands as the product of kind kd defines them.
 func (kd kind) aAt(a []float32, lda, i, p int) float32 {
 	if kd == tn {
@@ -79,51 +96,45 @@ func newMat(r *rand.Rand, rows, cols, ld int) []float32 {
 
 func TestMatMul(t *testing.T) {
 	dims := []int{1, 3, 17, 64, 67}
-	for _, im := range available() {
-		for _, kd := range []kind{nt, nn, tn} {
-			for _, pad := range []int{0, 5} {
-				for _, acc := range []bool{false, true} {
-					name := fmt.Sprintf("%s/%s/pad=%d/acc=%v", im.name, kd, pad, acc)
-					t.Run(name, func(t *testing.T) {
-						r := rand.New(rand.NewPCG(1, uint64(kd)))
-						for _, m := range dims {
-							for _, n := range dims {
-								for _, k := range dims {
-									checkProduct(t, r, kd.fn(im), kd, m, n, k, pad, acc)
-								}
+	eachProduct(func(im kernels, kd kind) {
+		for _, pad := range []int{0, 5} {
+			for _, acc := range []bool{false, true} {
+				name := fmt.Sprintf("%s/%s/pad=%d/acc=%v", im.name, kd, pad, acc)
+				t.Run(name, func(t *testing.T) {
+					r := rand.New(rand.NewPCG(1, uint64(kd)))
+					for _, m := range dims {
+						for _, n := range dims {
+							for _, k := range dims {
+								checkProduct(t, r, kd.fn(im), kd, m, n, k, pad, acc)
 							}
 						}
-					})
-				}
+					}
+				})
 			}
 		}
-	}
+	})
 }
 
 // TestMatMulShapes covers every remainder of the register blocks, through
 // the exported (dispatched) functions and every implementation.
 func TestMatMulShapes(t *testing.T) {
 	r := rand.New(rand.NewPCG(2, 2))
-	for _, im := range available() {
-		for _, kd := range []kind{nt, nn, tn} {
-			t.Run(im.name+"/"+kd.String(), func(t *testing.T) {
-				for m := 1; m <= 13; m++ {
-					for n := 1; n <= 50; n++ {
-						for _, k := range []int{1, 2, 5, 16, 33} {
-							checkProduct(t, r, kd.fn(im), kd, m, n, k, (m+n)%3, n%2 == 0)
-						}
+	eachProduct(func(im kernels, kd kind) {
+		t.Run(im.name+"/"+kd.String(), func(t *testing.T) {
+			for m := 1; m <= 13; m++ {
+				for n := 1; n <= 50; n++ {
+					for _, k := range []int{1, 2, 5, 16, 33} {
+						checkProduct(t, r, kd.fn(im), kd, m, n, k, (m+n)%3, n%2 == 0)
 					}
 				}
-			})
-		}
-	}
+			}
+		})
+	})
 	// Larger than one block of the transposed B in MatMulNT (128×64).
-	for _, im := range available() {
-		for _, kd := range []kind{nt, nn, tn} {
-			checkProduct(t, r, kd.fn(im), kd, 9, 131, 300, 1, false)
-			checkProduct(t, r, kd.fn(im), kd, 20, 200, 129, 0, true)
-		}
-	}
+	eachProduct(func(im kernels, kd kind) {
+		checkProduct(t, r, kd.fn(im), kd, 9, 131, 300, 1, false)
+		checkProduct(t, r, kd.fn(im), kd, 20, 200, 129, 0, true)
+	})
 	for _, kd := range []kind{nt, nn, tn} {
 		checkProduct(t, r, kd.exported(), kd, 64, 64, 64, 0, false)
 		checkProduct(t, r, kd.exported(), kd, 67, 17, 128, 3, true)
@@ -176,28 +187,24 @@ func checkProduct(t *testing.T, r *rand.Rand, f func(m, n, k int, a []float32, l
 func TestMatMulDeterministic(t *testing.T) {
 	const m, n, k = 64, 67, 64
 	r := rand.New(rand.NewPCG(3, 3))
-	for _, im := range available() {
-		for _, kd := range []kind{nt, nn, tn} {
-			ar, ac, br, bc := kd.shapes(m, n, k)
-			a := newMat(r, ar, ac, ac)
-			b := newMat(r, br, bc, bc)
-			want := make([]float32, m*n)
-			kd.fn(im)(m, n, k, a, ac, b, bc, want, n, false)
-			for off := 0; off < 4; off++ {
-				a2 := append(make([]float32, off), a...)[off:]
-				b2 := append(make([]float32, off+1), b...)[off+1:]
-				got := make([]float32, m*n+off)[off:]
-				for rep := 0; rep < 3; rep++ {
-					kd.fn(im)(m, n, k, a2, ac, b2, bc, got, n, false)
-					for i := range want {
-						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-							t.Fatalf("%s/%s offset %d repeat %d: element %d = %v, first run gave %v", im.name, kd, off, rep, i, got[i], want[i])
-						}
+	eachProduct(func(im kernels, kd kind) {
+		a, ac, b, bc := kd.operands(r, m, n, k)
+		want := make([]float32, m*n)
+		kd.fn(im)(m, n, k, a, ac, b, bc, want, n, false)
+		for off := 0; off < 4; off++ {
+			a2 := append(make([]float32, off), a...)[off:]
+			b2 := append(make([]float32, off+1), b...)[off+1:]
+			got := make([]float32, m*n+off)[off:]
+			for rep := 0; rep < 3; rep++ {
+				kd.fn(im)(m, n, k, a2, ac, b2, bc, got, n, false)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s/%s offset %d repeat %d: element %d = %v, first run gave %v", im.name, kd, off, rep, i, got[i], want[i])
 					}
 				}
 			}
 		}
-	}
+	})
 }
 
 func TestMatMulDegenerate(t *testing.T) {
@@ -219,27 +226,14 @@ func TestMatMulDegenerate(t *testing.T) {
 }
 
 func TestMatMulPanics(t *testing.T) {
-	tests := []struct {
-		name string
-		call func()
-	}{
+	checkPanics(t, []panicCase{
 		{"short a", func() { MatMulNT(2, 2, 2, make([]float32, 3), 2, make([]float32, 4), 2, make([]float32, 4), 2, false) }},
 		{"short b", func() { MatMulNN(2, 2, 2, make([]float32, 4), 2, make([]float32, 3), 2, make([]float32, 4), 2, false) }},
 		{"short c", func() { MatMulTN(2, 2, 2, make([]float32, 4), 2, make([]float32, 4), 2, make([]float32, 3), 2, false) }},
 		{"small lda", func() { MatMulNT(2, 2, 2, make([]float32, 8), 1, make([]float32, 4), 2, make([]float32, 4), 2, false) }},
 		{"small ldc", func() { MatMulNN(2, 2, 2, make([]float32, 4), 2, make([]float32, 4), 2, make([]float32, 8), 1, false) }},
 		{"negative", func() { MatMulTN(-1, 2, 2, nil, 2, make([]float32, 4), 2, nil, 2, false) }},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("no panic")
-				}
-			}()
-			tt.call()
-		})
-	}
+	})
 }
 
 // ulps returns the distance between got and the float32 nearest to want, in
@@ -518,4 +512,25 @@ func TestConvert(t *testing.T) {
 		}
 	}()
 	BF16ToFloat32(dst[:1], []uint16{1, 2})
+}
+
+// panicCase is a call that must panic.
+type panicCase struct {
+	name string
+	call func()
+}
+
+// checkPanics runs each case as a subtest and fails those that return
+// without a panic.
+func checkPanics(t *testing.T, tests []panicCase) {
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("no panic")
+				}
+			}()
+			tt.call()
+		})
+	}
 }
