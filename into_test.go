@@ -36,11 +36,12 @@ func TestIntoForms(t *testing.T) {
 			if tc.bias {
 				opt.Bias = &Bias{Tensor: randomTensor(rng, Float32, 1, 4, 37, 41), RequiresGrad: true}
 			}
-			want, err := b.Forward(q, k, v, opt)
+			fw, err := ForwardOn(b, q, k, v, opt) // Forward, and Backward with its outputs
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantG, err := b.Backward(q, k, v, want.O, want.LSE, dO, opt)
+			want := fw.Result
+			wantG, err := fw.Backward(dO)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -437,11 +437,12 @@ func TestSliceCheckCatchesErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, err := b.Forward(q, k, v, opt)
+			fw, err := flashattn.ForwardOn(b, q, k, v, opt) // Forward, and Backward with its outputs
 			if err != nil {
 				t.Fatal(err)
 			}
-			g, err := b.Backward(q, k, v, res.O, res.LSE, dO, opt)
+			res := fw.Result
+			g, err := fw.Backward(dO)
 			if err != nil {
 				t.Fatal(err)
 			}
