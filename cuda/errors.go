@@ -264,6 +264,20 @@ func argErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrArgument, fmt.Sprintf(format, args...))
 }
 
+// usableOn checks that an object (what: "buffer", "stream", …) of device
+// owner may be used on d: an error wrapping ErrArgument when it belongs to
+// another device, one wrapping ErrClosed with the text gone when closed is
+// set.
+func usableOn(d, owner *Device, what string, closed bool, gone string) error {
+	if owner != d {
+		return argErrorf("%s of device %d used on device %d", what, owner.ordinal, d.ordinal)
+	}
+	if closed {
+		return closedErrorf("%s", gone)
+	}
+	return nil
+}
+
 // closedErrorf returns an error wrapping ErrClosed.
 func closedErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrClosed, fmt.Sprintf(format, args...))

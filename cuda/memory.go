@@ -126,11 +126,8 @@ func (b *Buffer) span(d *Device, off, n int64) (uint64, error) {
 	if b == nil {
 		return 0, argErrorf("nil buffer")
 	}
-	if b.dev != d {
-		return 0, argErrorf("buffer of device %d used on device %d", b.dev.ordinal, d.ordinal)
-	}
-	if b.freed.Load() {
-		return 0, closedErrorf("buffer freed")
+	if err := usableOn(d, b.dev, "buffer", b.freed.Load(), "buffer freed"); err != nil {
+		return 0, err
 	}
 	if off < 0 || n < 0 || off > b.size || n > b.size-off {
 		return 0, argErrorf("range [%d, %d) outside buffer of %d bytes", off, off+n, b.size)
@@ -144,11 +141,8 @@ func (d *Device) streamHandle(s *Stream) (uintptr, error) {
 	if s == nil {
 		return 0, nil
 	}
-	if s.dev != d {
-		return 0, argErrorf("stream of device %d used on device %d", s.dev.ordinal, d.ordinal)
-	}
-	if s.closed.Load() {
-		return 0, closedErrorf("stream closed")
+	if err := usableOn(d, s.dev, "stream", s.closed.Load(), "stream closed"); err != nil {
+		return 0, err
 	}
 	return s.h, nil
 }

@@ -140,11 +140,8 @@ func (e *Event) handle(d *Device) (uintptr, error) {
 	if e == nil {
 		return 0, argErrorf("nil event")
 	}
-	if e.dev != d {
-		return 0, argErrorf("event of device %d used on device %d", e.dev.ordinal, d.ordinal)
-	}
-	if e.closed.Load() {
-		return 0, closedErrorf("event closed")
+	if err := usableOn(d, e.dev, "event", e.closed.Load(), "event closed"); err != nil {
+		return 0, err
 	}
 	return e.h, nil
 }
