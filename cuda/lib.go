@@ -120,32 +120,33 @@ func nvidiaWheelDirs(env searchEnv, sub string, pkgs ...string) []string {
 // driver: absolute paths, or bare sonames for the dynamic loader's own
 // search (LD_LIBRARY_PATH, the ld.so cache, the default directories).
 func driverCandidates(env searchEnv) []string {
-	if p := env.getenv(EnvLibCUDA); p != "" {
-		return []string{p}
-	}
-	var c []string
-	for _, d := range toolkitDirs(env) {
-		c = append(c, joinAll(toolkitLibDirs(d), driverSonames)...)
-	}
-	c = append(c, driverSonames...)
-	dirs := append([]string{"/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"}, systemLibDirs...)
-	dirs = append(dirs, "/usr/lib/wsl/lib")
-	c = append(c, joinAll(dirs, driverSonames)...)
-	return dedupe(c)
+	return libCandidates(env, EnvLibCUDA, driverSonames, func() []string {
+		dirs := append([]string{"/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"}, systemLibDirs...)
+		return append(dirs, "/usr/lib/wsl/lib")
+	})
 }
 
 // nvrtcCandidates returns, in search order, what is tried to load NVRTC.
 func nvrtcCandidates(env searchEnv) []string {
-	if p := env.getenv(EnvNVRTC); p != "" {
+	return libCandidates(env, EnvNVRTC, nvrtcSonames, func() []string {
+		return append(append([]string{}, systemLibDirs...), nvidiaWheelDirs(env, "lib", "cuda_nvrtc", "cu13", "cu12")...)
+	})
+}
+
+// libCandidates returns, in search order, what is tried to load a library
+// of sonames: the path in the environment variable override alone when it
+// is set, else the sonames in each toolkit's library directories, the bare
+// sonames, then the sonames in each of dirs().
+func libCandidates(env searchEnv, override string, sonames []string, dirs func() []string) []string {
+	if p := env.getenv(override); p != "" {
 		return []string{p}
 	}
 	var c []string
 	for _, d := range toolkitDirs(env) {
-		c = append(c, joinAll(toolkitLibDirs(d), nvrtcSonames)...)
+		c = append(c, joinAll(toolkitLibDirs(d), sonames)...)
 	}
-	c = append(c, nvrtcSonames...)
-	c = append(c, joinAll(systemLibDirs, nvrtcSonames)...)
-	c = append(c, joinAll(nvidiaWheelDirs(env, "lib", "cuda_nvrtc", "cu13", "cu12"), nvrtcSonames)...)
+	c = append(c, sonames...)
+	c = append(c, joinAll(dirs(), sonames)...)
 	return dedupe(c)
 }
 
