@@ -133,35 +133,34 @@ func ReadFile(path string) (*File, error) {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		path = filepath.Join(path, ResultsName)
 	}
-	data, err := os.ReadFile(path)
+	f, err := readJSON(path, "a results file", ResultsSchema, func(f *File) string { return f.Schema })
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
-	var f File
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, attn.Errorf(attn.ErrOption, "%s is not a results file: %v", path, err)
-	}
-	if f.Schema != ResultsSchema {
-		return nil, attn.Errorf(attn.ErrOption, "%s has schema %q, want %q", path, f.Schema, ResultsSchema)
+		return nil, err
 	}
 	for i := range f.Records {
 		f.Records[i].Normalize()
 	}
-	return &f, nil
+	return f, nil
 }
 
 // ReadShapes reads a shape list.
 func ReadShapes(path string) (*ShapeList, error) {
+	return readJSON(path, "a shape list", ShapesSchema, func(s *ShapeList) string { return s.Schema })
+}
+
+// readJSON reads the JSON document at path into a T (what names its kind
+// in errors) and checks that its schema, read by schemaOf, is want.
+func readJSON[T any](path, what, want string, schemaOf func(*T) string) (*T, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	var s ShapeList
-	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, attn.Errorf(attn.ErrOption, "%s is not a shape list: %v", path, err)
+	var x T
+	if err := json.Unmarshal(data, &x); err != nil {
+		return nil, attn.Errorf(attn.ErrOption, "%s is not %s: %v", path, what, err)
 	}
-	if s.Schema != ShapesSchema {
-		return nil, attn.Errorf(attn.ErrOption, "%s has schema %q, want %q", path, s.Schema, ShapesSchema)
+	if got := schemaOf(&x); got != want {
+		return nil, attn.Errorf(attn.ErrOption, "%s has schema %q, want %q", path, got, want)
 	}
-	return &s, nil
+	return &x, nil
 }
