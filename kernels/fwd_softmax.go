@@ -134,12 +134,20 @@ func (x *gen) softmaxUpdate(deferred bool) {
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
 `)
 	}
-	x.raw(`        const float ms = mx == NEG_INF ? 0.f : mx * SC;      // subtrahend, base-2 units
-        // rescale of the old sums (0 on the first block): 2^(old subtrahend − new), the old one
+	x.raw("        const float ms = mx == NEG_INF ? 0.f : mx * SC;      // subtrahend, base-2 units\n")
+	if x.v.DType == attn.Float32 {
+		// fp32 only: the fused form's drift of the LSE is far below the
+		// 16-bit dtypes' rounding, and the separate multiply costs their
+		// forward time (docs/kernels/forward.md, "The rescale factor")
+		x.raw(`        // rescale of the old sums (0 on the first block): 2^(old subtrahend − new), the old one
         // rounded as ms was (__fmul_rn: not fused into the subtraction, which would give the
         // product's rounding error instead of 0 when the maximum holds, and alpha ≠ 1 every block)
         const float alpha = ex2(__fmul_rn(row_max[mt][hf], SC) - ms);
-        row_max[mt][hf] = mx;
+`)
+	} else {
+		x.raw("        const float alpha = ex2(row_max[mt][hf] * SC - ms);  // rescale of the old sums (0 on the first block)\n")
+	}
+	x.raw(`        row_max[mt][hf] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt)
