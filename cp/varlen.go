@@ -274,10 +274,12 @@ func (a *Attention) setupPacked(q, k, v attn.Tensor, opt attn.Options) (lp, gp *
 // packedForward is Forward for a packed batch, which runs through the
 // code of a padded one (see asPadded).
 func (a *Attention) packedForward(ctx context.Context, lp, gp *attn.Problem, q, k, v attn.Tensor) (attn.Result, error) {
-	b, bp := a.asPadded(lp)
+	b, bp, err := a.asPadded(lp)
+	if err != nil {
+		return attn.Result{}, err
+	}
 	q, k, v = addBatch(q), addBatch(k), addBatch(v)
 	var res attn.Result
-	var err error
 	if a.Scheme == AllToAll {
 		res, err = b.headsForward(ctx, bp, gp, q, k, v)
 	} else {
@@ -291,10 +293,12 @@ func (a *Attention) packedForward(ctx context.Context, lp, gp *attn.Problem, q, 
 
 // packedBackward is Backward for a packed batch, as packedForward.
 func (a *Attention) packedBackward(ctx context.Context, lp, gp *attn.Problem, q, k, v, o, lse, dO attn.Tensor) (attn.Gradients, error) {
-	b, bp := a.asPadded(lp)
+	b, bp, err := a.asPadded(lp)
+	if err != nil {
+		return attn.Gradients{}, err
+	}
 	q, k, v, o, lse, dO = addBatch(q), addBatch(k), addBatch(v), addBatch(o), addBatch(lse), addBatch(dO)
 	var g attn.Gradients
-	var err error
 	if a.Scheme == AllToAll {
 		g, err = b.headsBackward(ctx, bp, gp, q, k, v, o, lse, dO)
 	} else {
@@ -315,16 +319,21 @@ func (a *Attention) packedBackward(ctx context.Context, lp, gp *attn.Problem, q,
 // exchanges as for the Contiguous layout, which places rank t's local
 // tokens at t·(total/P) in rank order, and the backend reorders them
 // into the global packed order, so that every sequence is whole for the
-// global packed call (the global cu_seqlens), and back.
-func (a *Attention) asPadded(lp *attn.Problem) (*Attention, *attn.Problem) {
+// global packed call (the global cu_seqlens), and back. Another scheme
+// fails with an error wrapping attn.ErrUnsupported.
+func (a *Attention) asPadded(lp *attn.Problem) (*Attention, *attn.Problem, error) {
 	b := *a
 	pb := packedBackend{Backend: a.Backend}
-	if a.Scheme == AllToAll {
+	switch a.Scheme {
+	case Ring:
+	case AllToAll:
 		pb.regroup, pb.layout, pb.p = true, a.Layout, a.Transport.Size()
 		b.Layout = Contiguous
+	default:
+		return nil, nil, attn.Errorf(attn.ErrUnsupported, "cp: packed variable-length batches with the %v scheme", a.Scheme)
 	}
 	b.Backend = pb
-	return &b, &attn.Problem{B: 1, N: lp.TotalQ, M: lp.TotalK, H: lp.H, Hkv: lp.Hkv, DK: lp.DK, DV: lp.DV}
+	return &b, &attn.Problem{B: 1, N: lp.TotalQ, M: lp.TotalK, H: lp.H, Hkv: lp.Hkv, DK: lp.DK, DV: lp.DV}, nil
 }
 
 // addBatch returns t viewed with a leading dimension of size 1.
