@@ -17,11 +17,16 @@ import (
 // refer to global positions). The results are this rank's shards of the
 // global results, equal to single-device attention within rounding.
 //
+// A packed variable-length batch passes the global cu_seqlens in opt; the
+// shards are those ShardPacked cuts (q [totalQ/P, H, DK], k and v
+// [totalK/P, Hkv, D], O and dO [totalQ/P, H, DV], the LSE [H, totalQ/P]),
+// rank r holding its chunks of every sequence, with the offsets
+// LocalCuSeqlens returns.
+//
 // Dropout draws the mask of the global problem (keyed by global positions
 // and heads through attn.Options.DropoutAt), so it needs a backend that
 // implements DropoutAt, such as the CPU backend. Not supported yet (an
-// error wrapping attn.ErrUnsupported): an additive bias and packed
-// variable-length batches.
+// error wrapping attn.ErrUnsupported): an additive bias.
 type Attention struct {
 	// Backend computes each rank's local attention blocks.
 	Backend attn.Backend
@@ -45,6 +50,9 @@ func (a *Attention) setup(q, k, v attn.Tensor, opt attn.Options) (lp, gp *attn.P
 	p, r := a.Transport.Size(), a.Transport.Rank()
 	if err := a.Layout.check(p, r); err != nil {
 		return nil, nil, err
+	}
+	if packed(opt) {
+		return a.setupPacked(q, k, v, opt)
 	}
 	if err := unsupported(opt); err != nil {
 		return nil, nil, err
@@ -70,11 +78,8 @@ func (a *Attention) setup(q, k, v attn.Tensor, opt attn.Options) (lp, gp *attn.P
 // unsupported returns an error wrapping attn.ErrUnsupported for the
 // options context parallelism does not handle yet.
 func unsupported(opt attn.Options) error {
-	switch {
-	case opt.Bias != nil:
+	if opt.Bias != nil {
 		return attn.Errorf(attn.ErrUnsupported, "cp: an additive bias with context parallelism")
-	case opt.CuSeqlensQ != nil || opt.CuSeqlensK != nil:
-		return attn.Errorf(attn.ErrUnsupported, "cp: packed variable-length batches with context parallelism")
 	}
 	return nil
 }
@@ -91,7 +96,9 @@ func (a *Attention) Forward(ctx context.Context, q, k, v attn.Tensor, opt attn.O
 		return attn.Result{}, a.abort(err)
 	}
 	var res attn.Result
-	if a.Scheme == AllToAll {
+	if lp.Varlen {
+		res, err = a.packedForward(ctx, lp, gp, q, k, v)
+	} else if a.Scheme == AllToAll {
 		res, err = a.headsForward(ctx, lp, gp, q, k, v)
 	} else {
 		res, err = a.ringForward(ctx, lp, gp, q, k, v)
@@ -118,7 +125,9 @@ func (a *Attention) Backward(ctx context.Context, q, k, v, o, lse, dO attn.Tenso
 		return attn.Gradients{}, a.abort(err)
 	}
 	var g attn.Gradients
-	if a.Scheme == AllToAll {
+	if lp.Varlen {
+		g, err = a.packedBackward(ctx, lp, gp, q, k, v, o, lse, dO)
+	} else if a.Scheme == AllToAll {
 		g, err = a.headsBackward(ctx, lp, gp, q, k, v, o, lse, dO)
 	} else {
 		g, err = a.ringBackward(ctx, lp, gp, q, k, v, o, lse, dO)
@@ -127,12 +136,14 @@ func (a *Attention) Backward(ctx context.Context, q, k, v, o, lse, dO attn.Tenso
 }
 
 // taskOptions returns the backend options of one block: the global scale,
-// softcap and dropout, the block's window aligned top-left, and under
-// dropout the block's place in the global problem.
+// softcap and dropout, the block's window aligned top-left and cu_seqlens
+// (packed batches), and under dropout the block's place in the global
+// problem.
 func taskOptions(gp *attn.Problem, t task) attn.Options {
 	o := gp.Opt
 	opt := attn.Options{Scale: gp.Scale, Softcap: o.Softcap, Align: attn.AlignTopLeft, Window: t.window,
-		Deterministic: o.Deterministic, Dropout: o.Dropout, Seed: o.Seed, Offset: o.Offset}
+		Deterministic: o.Deterministic, Dropout: o.Dropout, Seed: o.Seed, Offset: o.Offset,
+		CuSeqlensQ: t.cuQ, CuSeqlensK: t.cuK}
 	if o.Dropout > 0 {
 		opt.DropoutAt = dropoutOrigin(o, t.gq0, t.gk0, 0, 0)
 	}

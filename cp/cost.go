@@ -257,6 +257,9 @@ func (pr *Profile) Estimate(gp *attn.Problem, dt attn.DType, p int, s Strategy, 
 	if e.Err = s.Check(g.N, g.M, g.Hkv, p); e.Err == nil {
 		e.Err = unsupported(g.Opt)
 	}
+	if e.Err == nil && packed(g.Opt) {
+		e.Err = attn.Errorf(attn.ErrUnsupported, "cp: the cost model does not model packed variable-length batches; choose ring, zigzag or a2a")
+	}
 	if e.Err != nil {
 		return e, nil
 	}

@@ -118,20 +118,30 @@ func checkCase(t *testing.T, r *rand.Rand, tc accCase, dt attn.DType) {
 	k := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dk)
 	v := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dv)
 	dO := normal(r, dt, tc.b, tc.n, tc.h, tc.dv)
-	ref, err := cpu.Reference(q, k, v, tc.opt)
+	checkSplits(t, dt, q, k, v, dO, tc.opt, ranks)
+}
+
+// checkSplits runs q, k, v and dO (global inputs in dt, padded or packed)
+// through every variant on each number of ranks and compares outputs and
+// gradients with the float64 oracle; all-to-all beyond the key heads must
+// be refused with attn.ErrUnsupported.
+func checkSplits(t *testing.T, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.Options, ranks []int) {
+	t.Helper()
+	hkv := k.Shape[k.Rank()-2]
+	ref, err := cpu.Reference(q, k, v, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	refG, err := cpu.ReferenceBackward(q, k, v, dO, tc.opt)
+	refG, err := cpu.ReferenceBackward(q, k, v, dO, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	naive, naiveG := &cpu.RefOutput{}, &cpu.RefGrads{}
 	if dt != attn.Float32 {
-		if naive, err = cpu.NaiveForward(dt, q, k, v, tc.opt); err != nil {
+		if naive, err = cpu.NaiveForward(dt, q, k, v, opt); err != nil {
 			t.Fatal(err)
 		}
-		if naiveG, err = cpu.NaiveBackward(dt, q, k, v, dO, tc.opt); err != nil {
+		if naiveG, err = cpu.NaiveBackward(dt, q, k, v, dO, opt); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -139,10 +149,10 @@ func checkCase(t *testing.T, r *rand.Rand, tc accCase, dt attn.DType) {
 		for _, p := range ranks {
 			t.Run(fmt.Sprintf("%v/P=%d", vr, p), func(t *testing.T) {
 				sim := &Sim{Backend: cpu.New(), P: p, Layout: vr.layout, Scheme: vr.scheme, Timeout: testTimeout}
-				res, err := sim.Forward(q, k, v, tc.opt)
-				if vr.scheme == AllToAll && tc.hkv%p != 0 {
+				res, err := sim.Forward(q, k, v, opt)
+				if vr.scheme == AllToAll && hkv%p != 0 {
 					if !errors.Is(err, attn.ErrUnsupported) {
-						t.Fatalf("all-to-all with %d key heads on %d ranks: error %v, want ErrUnsupported", tc.hkv, p, err)
+						t.Fatalf("all-to-all with %d key heads on %d ranks: error %v, want ErrUnsupported", hkv, p, err)
 					}
 					return
 				}
@@ -151,7 +161,7 @@ func checkCase(t *testing.T, r *rand.Rand, tc accCase, dt attn.DType) {
 				}
 				within(t, "O", dt, 2, res.O.Float64s(), ref.O, naive.O)
 				within(t, "LSE", dt, 2, res.LSE.Float64s(), ref.LSE, naive.LSE)
-				g, err := sim.Backward(q, k, v, res.O, res.LSE, dO, tc.opt)
+				g, err := sim.Backward(q, k, v, res.O, res.LSE, dO, opt)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -183,7 +193,8 @@ func TestRefused(t *testing.T) {
 		{"all-to-all beyond the key heads", Sim{P: 4, Scheme: AllToAll}, q, k, v, attn.Options{}, attn.ErrUnsupported},
 		{"bias", Sim{P: 2}, q, k, v, attn.Options{Bias: &bias}, attn.ErrUnsupported},
 		{"dropout origin out of range", Sim{P: 2}, q, k, v, attn.Options{Dropout: 0.1, DropoutAt: &attn.DropoutOrigin{Head: 1, Heads: 2}}, attn.ErrOption},
-		{"varlen", Sim{P: 2}, packed, packed, packed, attn.Options{CuSeqlensQ: cu, CuSeqlensK: cu}, attn.ErrUnsupported},
+		{"varlen uneven", Sim{P: 3}, packed, packed, packed, attn.Options{CuSeqlensQ: cu, CuSeqlensK: cu}, attn.ErrShape},
+		{"varlen bias", Sim{P: 2}, packed, packed, packed, attn.Options{CuSeqlensQ: cu, CuSeqlensK: cu, Bias: &bias}, attn.ErrUnsupported},
 		{"no ranks", Sim{P: 0}, q, k, v, attn.Options{}, attn.ErrOption},
 		{"bad layout", Sim{P: 2, Layout: 9}, q, k, v, attn.Options{}, attn.ErrOption},
 		{"bad scheme", Sim{P: 2, Scheme: 9}, q, k, v, attn.Options{}, attn.ErrOption},

@@ -14,6 +14,14 @@
 // attn.ErrShape: shards are never uneven. Queries and keys are cut alike,
 // so N ≠ M works under either causal alignment.
 //
+// A packed variable-length batch (cu_seqlens) is cut sequence by sequence:
+// rank r holds its chunks of every sequence, concatenated in sequence
+// order, so each sequence is balanced across the ranks and the local
+// offsets, LocalCuSeqlens, are the global ones divided by P. ShardPacked,
+// UnshardPacked and PackedPositions cut, reassemble and place packed
+// tensors; empty sequences are allowed, and a sequence that does not cut
+// into equal chunks is refused with attn.ErrShape.
+//
 // # Schemes
 //
 // Attention runs one rank's part of a call on any attn.Backend.
@@ -38,12 +46,26 @@
 // dV accumulate in float32 buffers that travel with their block and reach
 // its owner one hop after the last step.
 //
+// A packed batch runs the same ring. Each step plans every sequence alone,
+// as above; without dropout the calls that share a window and follow one
+// another in both queries and keys become one packed backend call, whose
+// cu_seqlens give each block a segment and fill the gaps with segments of
+// queries without keys (rows that see nothing there) or keys without
+// queries, since the backend applies one window to every segment. Under
+// dropout each block of each sequence is a call of its own, whose
+// cu_seqlens put empty segments before it so that it keeps its
+// sequence's batch index, and whose DropoutAt places it at the
+// sequence's positions.
+//
 // AllToAll (Ulysses): one all-to-all per tensor trades each rank's sequence
 // shard of every head for the whole sequence of 1/P of the heads; the rank
 // runs the global problem on those heads and trades the results back. Its
 // degree is capped by the key/value heads: P must divide Hkv (under GQA the
 // query heads of a group stay with their key head), otherwise it fails with
-// attn.ErrUnsupported; use the ring there.
+// attn.ErrUnsupported; use the ring there. For a packed batch each rank
+// reorders what it gathers into the global packed order, so that every
+// sequence is whole, and runs the global packed call (the global
+// cu_seqlens) on its heads.
 //
 // Each partial result a backend returns is in the input dtype (the
 // attn.Backend interface returns O and gradients in q's dtype); everything
@@ -56,8 +78,8 @@
 // the CPU backend does; the CUDA backend refuses it with
 // attn.ErrUnsupported for now.
 //
-// Not supported yet, refused with attn.ErrUnsupported: an additive bias
-// and packed variable-length batches.
+// Not supported yet, refused with attn.ErrUnsupported: an additive bias.
+// The cost model (Choose) does not model packed batches either.
 //
 // # Transports
 //

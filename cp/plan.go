@@ -23,11 +23,13 @@ func chunksFor(l Layout, p, r, c int) []chunk {
 // visible), with the diagonal aligned top-left. gq0 and gk0 are the
 // global positions of its first query and first key; under dropout its
 // rows and keys are consecutive in the global sequence too, so that they
-// place its dropout mask.
+// place its dropout mask. cuQ and cuK, set for a packed batch, are the
+// call's cu_seqlens (see packedTasks).
 type task struct {
 	q0, nq, k0, nk int
 	gq0, gk0       int
 	window         *attn.Window
+	cuQ, cuK       []int32
 }
 
 // block is the visible part of one (query chunk, key chunk) pair.

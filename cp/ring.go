@@ -41,6 +41,9 @@ func (g *ring) owner(s int) int { return (g.r - s + g.p) % g.p }
 
 // tasks returns the backend calls of step s.
 func (g *ring) tasks(s int) ([]task, error) {
+	if g.gp.Varlen {
+		return packedTasks(g.gp, g.a.Layout, g.p, g.r, g.owner(s))
+	}
 	return plan(g.gp, g.qs, chunksFor(g.a.Layout, g.p, g.owner(s), g.kchunk))
 }
 

@@ -139,30 +139,40 @@ func Shard(t attn.Tensor, axis int, l Layout, p, r int) (attn.Tensor, error) {
 	return out, nil
 }
 
+// checkShards validates the shards of all ranks for reassembly along axis:
+// at least one, a valid layout for their number, and one dtype and shape.
+func checkShards(shards []attn.Tensor, axis int, l Layout) error {
+	p := len(shards)
+	if p == 0 {
+		return attn.Errorf(attn.ErrShape, "cp: unshard: no shards")
+	}
+	if err := l.check(p, 0); err != nil {
+		return err
+	}
+	for r, s := range shards {
+		if err := checkAxis("unshard", s, axis); err != nil {
+			return err
+		}
+		if s.DType != shards[0].DType {
+			return attn.Errorf(attn.ErrDType, "cp: unshard: shard %d is %v, shard 0 %v", r, s.DType, shards[0].DType)
+		}
+		if !slices.Equal(s.Shape, shards[0].Shape) {
+			return attn.Errorf(attn.ErrShape, "cp: unshard: shard %d has shape %v, shard 0 %v", r, s.Shape, shards[0].Shape)
+		}
+	}
+	return nil
+}
+
 // Unshard reassembles the shards of all ranks, shards[r] being rank r's,
 // into one contiguous tensor whose sequence runs along axis. The shards
 // must share dtype and shape; it fails with an error wrapping attn.ErrShape
 // (attn.ErrDType) when they do not, when there are none, or when the
 // shard length is not a multiple of the chunks per rank.
 func Unshard(shards []attn.Tensor, axis int, l Layout) (attn.Tensor, error) {
-	p := len(shards)
-	if p == 0 {
-		return attn.Tensor{}, attn.Errorf(attn.ErrShape, "cp: unshard: no shards")
-	}
-	if err := l.check(p, 0); err != nil {
+	if err := checkShards(shards, axis, l); err != nil {
 		return attn.Tensor{}, err
 	}
-	for r, s := range shards {
-		if err := checkAxis("unshard", s, axis); err != nil {
-			return attn.Tensor{}, err
-		}
-		if s.DType != shards[0].DType {
-			return attn.Tensor{}, attn.Errorf(attn.ErrDType, "cp: unshard: shard %d is %v, shard 0 %v", r, s.DType, shards[0].DType)
-		}
-		if !slices.Equal(s.Shape, shards[0].Shape) {
-			return attn.Tensor{}, attn.Errorf(attn.ErrShape, "cp: unshard: shard %d has shape %v, shard 0 %v", r, s.Shape, shards[0].Shape)
-		}
-	}
+	p := len(shards)
 	per := l.numChunks(p) / p
 	n := shards[0].Shape[axis]
 	if n%per != 0 {

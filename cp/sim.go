@@ -59,7 +59,7 @@ func (s *Sim) run(q, k, v attn.Tensor, opt attn.Options, ins []sharded, fn func(
 	shards := make([][]attn.Tensor, s.P)
 	for r := range s.P {
 		for _, in := range ins {
-			sh, err := Shard(in.t, in.axis, s.Layout, s.P, r)
+			sh, err := shardInput(in.t, in.axis, in.cu, s.Layout, s.P, r)
 			if err != nil {
 				return fmt.Errorf("cp: %s: %w", in.name, err)
 			}
@@ -81,17 +81,20 @@ func (s *Sim) run(q, k, v attn.Tensor, opt attn.Options, ins []sharded, fn func(
 	})
 }
 
-// sharded is a global input and the axis its sequence runs along.
+// sharded is a global input, the axis its sequence runs along in a padded
+// batch and, in a packed one, its cu_seqlens.
 type sharded struct {
 	name string
 	t    attn.Tensor
 	axis int
+	cu   []int32
 }
 
 // Forward computes O and the LSE of the global problem with P ranks.
 func (s *Sim) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
 	os, lses := make([]attn.Tensor, s.P), make([]attn.Tensor, s.P)
-	err := s.run(q, k, v, opt, []sharded{{"q", q, 1}, {"k", k, 1}, {"v", v, 1}},
+	cq, ck := opt.CuSeqlensQ, opt.CuSeqlensK
+	err := s.run(q, k, v, opt, []sharded{{"q", q, 1, cq}, {"k", k, 1, ck}, {"v", v, 1, ck}},
 		func(ctx context.Context, a *Attention, in []attn.Tensor) error {
 			res, err := a.Forward(ctx, in[0], in[1], in[2], opt)
 			os[a.Transport.Rank()], lses[a.Transport.Rank()] = res.O, res.LSE
@@ -100,19 +103,20 @@ func (s *Sim) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error
 	if err != nil {
 		return attn.Result{}, err
 	}
-	out, err := s.unshard([][]attn.Tensor{os, lses}, []int{1, 2})
+	out, err := s.unshard([][]attn.Tensor{os, lses}, []int{1, 2}, [][]int32{cq, cq})
 	if err != nil {
 		return attn.Result{}, err
 	}
 	return attn.Result{O: out[0], LSE: out[1]}, nil
 }
 
-// unshard reassembles each list of shards along its axis.
-func (s *Sim) unshard(parts [][]attn.Tensor, axes []int) ([]attn.Tensor, error) {
+// unshard reassembles each list of shards along its axis (that of a padded
+// batch, see shardInput), packed with its cu_seqlens when not nil.
+func (s *Sim) unshard(parts [][]attn.Tensor, axes []int, cus [][]int32) ([]attn.Tensor, error) {
 	out := make([]attn.Tensor, len(parts))
 	for i, shards := range parts {
 		var err error
-		if out[i], err = Unshard(shards, axes[i], s.Layout); err != nil {
+		if out[i], err = unshardOutput(shards, axes[i], cus[i], s.Layout); err != nil {
 			return nil, err
 		}
 	}
@@ -122,7 +126,8 @@ func (s *Sim) unshard(parts [][]attn.Tensor, axes []int) ([]attn.Tensor, error) 
 // Backward computes the gradients of the global problem with P ranks.
 func (s *Sim) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
 	dqs, dks, dvs := make([]attn.Tensor, s.P), make([]attn.Tensor, s.P), make([]attn.Tensor, s.P)
-	err := s.run(q, k, v, opt, []sharded{{"q", q, 1}, {"k", k, 1}, {"v", v, 1}, {"o", o, 1}, {"lse", lse, 2}, {"dO", dO, 1}},
+	cq, ck := opt.CuSeqlensQ, opt.CuSeqlensK
+	err := s.run(q, k, v, opt, []sharded{{"q", q, 1, cq}, {"k", k, 1, ck}, {"v", v, 1, ck}, {"o", o, 1, cq}, {"lse", lse, 2, cq}, {"dO", dO, 1, cq}},
 		func(ctx context.Context, a *Attention, in []attn.Tensor) error {
 			g, err := a.Backward(ctx, in[0], in[1], in[2], in[3], in[4], in[5], opt)
 			r := a.Transport.Rank()
@@ -132,7 +137,7 @@ func (s *Sim) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.
 	if err != nil {
 		return attn.Gradients{}, err
 	}
-	out, err := s.unshard([][]attn.Tensor{dqs, dks, dvs}, []int{1, 1, 1})
+	out, err := s.unshard([][]attn.Tensor{dqs, dks, dvs}, []int{1, 1, 1}, [][]int32{cq, ck, ck})
 	if err != nil {
 		return attn.Gradients{}, err
 	}

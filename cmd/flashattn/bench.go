@@ -178,7 +178,7 @@ func runBench(args []string, stdout io.Writer) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if err := cpf.check("--cp", c.SeqlenQ, c.SeqlenK, c.KVHeads); err != nil {
+	if err := cpf.check("--cp", c.Problem()); err != nil {
 		return err
 	}
 	if cpf.set {

@@ -26,9 +26,9 @@ type cpFlags struct {
 // model holds the rates of longer blocks at that size's.
 const cpMaxCalibration = 4096
 
-// check validates the flags against a global problem of n queries, m keys
-// and hkv key/value heads; rankFlag names the ranks flag in messages.
-func (f *cpFlags) check(rankFlag string, n, m, hkv int) error {
+// check validates the flags against the global problem gp (its sizes and
+// cu_seqlens); rankFlag names the ranks flag in messages.
+func (f *cpFlags) check(rankFlag string, gp *attn.Problem) error {
 	if !f.set {
 		if f.scheme != "" || f.explain {
 			return usageErrorf("--cp-scheme and --cp-explain need %s", rankFlag)
@@ -46,10 +46,19 @@ func (f *cpFlags) check(rankFlag string, n, m, hkv int) error {
 	if err != nil {
 		return usageErrorf("--cp-scheme %q is not ring, zigzag, a2a or auto", f.scheme)
 	}
-	if err := s.Check(n, m, hkv, f.ranks); err != nil {
+	if err := checkStrategy(s, gp, f.ranks); err != nil {
 		return fmt.Errorf("%s %d: %w", rankFlag, f.ranks, err)
 	}
 	return nil
+}
+
+// checkStrategy reports whether s can split gp over p ranks: every
+// sequence of a packed batch, or the padded one, must cut evenly.
+func checkStrategy(s cp.Strategy, gp *attn.Problem, p int) error {
+	if o := gp.Opt; o.CuSeqlensQ != nil || o.CuSeqlensK != nil {
+		return s.CheckPacked(o.CuSeqlensQ, o.CuSeqlensK, gp.Hkv, p)
+	}
+	return s.Check(gp.N, gp.M, gp.Hkv, p)
 }
 
 // strategy returns the strategy of the flags for the global problem gp of
@@ -80,7 +89,7 @@ func (f *cpFlags) strategy(w io.Writer, b attn.Backend, gp *attn.Problem, dt att
 			return s, err
 		}
 	}
-	if err := s.Check(gp.N, gp.M, gp.Hkv, f.ranks); err != nil {
+	if err := checkStrategy(s, gp, f.ranks); err != nil {
 		return s, err
 	}
 	if f.explain {

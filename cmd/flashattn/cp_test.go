@@ -15,7 +15,8 @@ import (
 // gradients of the plain run, within FlashAttention's criterion (the
 // difference of two computations in the compute dtype, relative to the
 // largest output: 1e-5 for fp32, a few units of bf16 roundoff), for each
-// scheme, causal and not, GQA, DK ≠ DV and N ≠ M.
+// scheme, causal and not, GQA, DK ≠ DV, N ≠ M and packed variable-length
+// batches with an empty segment.
 func TestRunRingSim(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // where --cp-scheme auto caches its profile
 	rng := rand.New(rand.NewPCG(9, 10))
@@ -37,13 +38,25 @@ func TestRunRingSim(t *testing.T) {
 		{"one rank", []int{1, 5, 1, 8}, []int{1, 7, 1, 8}, []int{1, 7, 1, 8}, []string{"--ring-sim", "1"}, 1e-5, ""},
 		{"auto explained", []int{1, 16, 2, 8}, []int{1, 16, 2, 8}, []int{1, 16, 2, 8},
 			[]string{"--ring-sim", "2", "--cp-scheme", "auto", "--cp-explain", "--causal"}, 1e-5, "chosen: "},
+		{"default zigzag packed causal gqa", []int{72, 4, 8}, []int{72, 2, 8}, []int{72, 2, 8},
+			[]string{"--ring-sim", "3", "--causal", "--cu-seqlens-q", "0,24,24,72", "--cu-seqlens-k", "0,24,24,72"}, 1e-5, ""},
+		{"a2a packed causal top-left n!=m", []int{48, 4, 8}, []int{24, 2, 8}, []int{24, 2, 8},
+			[]string{"--ring-sim", "2", "--cp-scheme", "a2a", "--causal", "--align", "top-left",
+				"--cu-seqlens-q", "0,16,16,48", "--cu-seqlens-k", "0,8,16,24"}, 1e-5, ""},
+		{"ring packed full", []int{32, 2, 8}, []int{40, 2, 8}, []int{40, 2, 4},
+			[]string{"--ring-sim", "4", "--cp-scheme", "ring", "--cu-seqlens-q", "0,0,12,32", "--cu-seqlens-k", "0,8,8,40"}, 1e-5, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			q := writeNPY(t, dir, "q.npy", randomTensor(rng, flashattn.Float32, tc.q...))
 			k := writeNPY(t, dir, "k.npy", randomTensor(rng, flashattn.Float32, tc.k...))
 			v := writeNPY(t, dir, "v.npy", randomTensor(rng, flashattn.Float32, tc.v...))
-			oShape := append(append([]int{}, tc.q[:3]...), tc.v[3])
+			last := len(tc.q) - 1
+			oShape := append(append([]int{}, tc.q[:last]...), tc.v[last])
+			lseShape := []int{tc.q[0], tc.q[2], tc.q[1]}
+			if last == 2 { // packed: [H, totalQ]
+				lseShape = []int{tc.q[1], tc.q[0]}
+			}
 			do := writeNPY(t, dir, "do.npy", randomTensor(rng, flashattn.Float32, oShape...))
 			base := []string{"run", "--backend", "cpu", "--q", q, "--k", k, "--v", v, "--do", do}
 			// The plain run takes the same flags without those of --ring-sim.
@@ -65,7 +78,7 @@ func TestRunRingSim(t *testing.T) {
 			if !strings.Contains(stdout, tc.explain) {
 				t.Errorf("stdout lacks %q:\n%s", tc.explain, stdout)
 			}
-			shapes := map[string][]int{"o": oShape, "lse": {tc.q[0], tc.q[2], tc.q[1]}, "dq": tc.q, "dk": tc.k, "dv": tc.v}
+			shapes := map[string][]int{"o": oShape, "lse": lseShape, "dq": tc.q, "dk": tc.k, "dv": tc.v}
 			for name, shape := range shapes {
 				near(t, name, readOut(t, filepath.Join(dir, "sim"), name, shape), readOut(t, filepath.Join(dir, "plain"), name, shape), tc.tol)
 			}
@@ -100,6 +113,33 @@ func TestRunRingSimErrors(t *testing.T) {
 			status, _, stderr := execute(args...)
 			if status != tc.status || !strings.Contains(stderr, tc.msg) {
 				t.Errorf("status %d, stderr %q; want %d and %q", status, stderr, tc.status, tc.msg)
+			}
+		})
+	}
+}
+
+// TestRunRingSimPackedErrors checks what run --ring-sim refuses of a
+// packed batch.
+func TestRunRingSimPackedErrors(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(13, 14))
+	x := writeNPY(t, dir, "x.npy", randomTensor(rng, flashattn.Float32, 24, 2, 8))
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		msg   string
+	}{
+		{"uneven sequence", []string{"--ring-sim", "2", "--causal", "--cu-seqlens-q", "0,6,24", "--cu-seqlens-k", "0,6,24"},
+			"cu_seqlens_q: sequence 0 of length 6 cannot be cut into 4 equal chunks (zigzag layout, 2 ranks): uneven shards"},
+		{"auto", []string{"--ring-sim", "2", "--cp-scheme", "auto", "--cu-seqlens-q", "0,8,24", "--cu-seqlens-k", "0,8,24"},
+			"the cost model does not model packed variable-length batches"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"run", "--backend", "cpu", "--q", x, "--k", x, "--v", x, "--out", filepath.Join(dir, "out")}, tc.flags...)
+			status, _, stderr := execute(args...)
+			if status != 1 || !strings.Contains(stderr, tc.msg) {
+				t.Errorf("status %d, stderr %q; want 1 and %q", status, stderr, tc.msg)
 			}
 		})
 	}

@@ -60,14 +60,15 @@ Flags:
                             virtual ranks over the backend (cp.Sim): the sequence
                             is sharded, the ranks exchange K/V blocks or heads, and
                             the outputs are reassembled; they equal the plain run's
-                            within rounding. N and M must cut into equal shards
-                            (P chunks, 2P for zigzag); not with --bias or
-                            --cu-seqlens-q/-k
+                            within rounding. N and M (with --cu-seqlens-q/-k every
+                            sequence) must cut into equal shards (P chunks, 2P
+                            for zigzag); not with --bias
   --cp-scheme ring|zigzag|a2a|auto
                             how --ring-sim splits the call (default: zigzag under
                             --causal, ring otherwise); a2a needs P to divide the
                             key/value heads; auto asks the cost model, which
                             measures this machine once and caches the result
+                            (not for packed batches)
   --cp-explain              print the cost model's reasoning for --ring-sim
 `
 
@@ -261,10 +262,10 @@ func (f *runFlags) execute() error {
 	if f.do != "" && !slices.Equal(dO.Shape, p.OutputShape()) {
 		return fmt.Errorf("--do has shape %v, want the output's %v", dO.Shape, p.OutputShape())
 	}
-	if f.cp.set && (opt.Bias != nil || p.Varlen) {
-		return usageErrorf("--ring-sim does not run --bias or --cu-seqlens-q/-k yet")
+	if f.cp.set && opt.Bias != nil {
+		return usageErrorf("--ring-sim does not run --bias yet")
 	}
-	if err := f.cp.check("--ring-sim", p.N, p.M, p.Hkv); err != nil {
+	if err := f.cp.check("--ring-sim", p); err != nil {
 		return err
 	}
 	names := []string{"o", "lse"}
