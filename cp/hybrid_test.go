@@ -217,3 +217,20 @@ func TestEstimateHybrid(t *testing.T) {
 		t.Errorf("hybrid %+v, zigzag %+v", h, all[1])
 	}
 }
+
+// TestNCCLSplitWithoutLibrary checks that an NCCL communicator whose
+// library lacks ncclCommSplit refuses to split with ErrUnsupported, and
+// that hybrid on it says so.
+func TestNCCLSplitWithoutLibrary(t *testing.T) {
+	n := fakeNCCL(0, 2)
+	n.api = &ncclAPI{version: 21703}
+	_, err := SplitGroup(context.Background(), n, 0, 0)
+	if !errors.Is(err, attn.ErrUnsupported) {
+		t.Fatalf("SplitGroup: %v, want ErrUnsupported", err)
+	}
+	a := &Attention{Backend: cpu.New(), Transport: n, Layout: Zigzag, Scheme: Hybrid}
+	q := attn.New(attn.Float32, 1, 4, 2, 8)
+	if _, err := a.Forward(context.Background(), q, q, q, attn.Options{}); !errors.Is(err, attn.ErrUnsupported) {
+		t.Errorf("hybrid on it: %v, want ErrUnsupported", err)
+	}
+}
