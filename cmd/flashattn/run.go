@@ -63,11 +63,14 @@ Flags:
                             within rounding. N and M must cut into equal shards
                             (P chunks, 2P for zigzag); not with --bias or
                             --cu-seqlens-q/-k
-  --cp-scheme ring|zigzag|a2a|auto
+  --cp-scheme ring|zigzag|a2a|hybrid[-A]|auto
                             how --ring-sim splits the call (default: zigzag under
                             --causal, ring otherwise); a2a needs P to divide the
-                            key/value heads; auto asks the cost model, which
-                            measures this machine once and caches the result
+                            key/value heads; hybrid trades heads within groups of
+                            A ranks (A divides P and the key/value heads: the
+                            largest such, or given as hybrid-A) and rings across
+                            the groups; auto asks the cost model, which measures
+                            this machine once and caches the result
   --cp-explain              print the cost model's reasoning for --ring-sim
 `
 
