@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cp"
 )
 
 // Pass names the region a measurement times.
@@ -75,6 +76,13 @@ type Case struct {
 	Deterministic bool `json:"deterministic"`
 	// Pass is the timed region.
 	Pass Pass `json:"pass"`
+	// CPRanks, when positive, splits the case over that many virtual
+	// ranks with context parallelism (package cp) by CPScheme (ring,
+	// zigzag, a2a, hybrid or hybrid-A; the default for the mask when
+	// empty), measured with MeasureCP instead of a single call. Records
+	// without them are single calls, as before they existed.
+	CPRanks  int    `json:"cp_ranks,omitempty"`
+	CPScheme string `json:"cp_scheme,omitempty"`
 }
 
 // Normalize fills the defaults: SeqlenK = SeqlenQ, KVHeads = Heads,
@@ -98,6 +106,9 @@ func (c *Case) Normalize() {
 	}
 	if c.Pass == "" {
 		c.Pass = Forward
+	}
+	if c.CPRanks > 0 && c.CPScheme == "" {
+		c.CPScheme = cp.Default(c.Causal).String()
 	}
 }
 
@@ -129,6 +140,22 @@ func (c Case) Validate() error {
 	}
 	if !(c.Dropout >= 0 && c.Dropout < 1) {
 		return attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", c.Dropout)
+	}
+	return c.validateCP()
+}
+
+// validateCP checks the context-parallel fields: no ranks without a
+// scheme's case, a known scheme (errors wrap attn.ErrOption).
+func (c Case) validateCP() error {
+	switch {
+	case c.CPRanks < 0:
+		return attn.Errorf(attn.ErrOption, "cp_ranks %d is negative", c.CPRanks)
+	case c.CPRanks == 0 && c.CPScheme != "":
+		return attn.Errorf(attn.ErrOption, "cp_scheme %q without cp_ranks", c.CPScheme)
+	case c.CPScheme != "":
+		if _, err := cp.ParseStrategy(c.CPScheme); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -256,7 +283,11 @@ func (c Case) String() string {
 	if m := c.Mask(); m != "-" {
 		s += " " + m
 	}
-	return s + " " + string(c.Pass)
+	s += " " + string(c.Pass)
+	if c.CPRanks > 0 {
+		s += fmt.Sprintf(" cp %s×%d", c.CPScheme, c.CPRanks)
+	}
+	return s
 }
 
 // Key identifies the problem and pass, ignoring the preset: two records with
@@ -268,6 +299,10 @@ func (c Case) Key() string {
 	if c.Window != nil {
 		w = fmt.Sprintf("%d,%d", c.Window.Left, c.Window.Right)
 	}
-	return fmt.Sprintf("%s|%d|%d|%d|%d|%d|%d|%d|%t|%s|%s|%g|%g|%t|%s", c.DType, c.Batch, c.SeqlenQ, c.SeqlenK,
+	k := fmt.Sprintf("%s|%d|%d|%d|%d|%d|%d|%d|%t|%s|%s|%g|%g|%t|%s", c.DType, c.Batch, c.SeqlenQ, c.SeqlenK,
 		c.Heads, c.KVHeads, c.HeadDim, c.HeadDimV, c.Causal, c.Align, w, c.Softcap, c.Dropout, c.Deterministic, c.Pass)
+	if c.CPRanks > 0 {
+		k += fmt.Sprintf("|cp%d|%s", c.CPRanks, c.CPScheme)
+	}
+	return k
 }

@@ -15,7 +15,7 @@ import (
 // milliseconds. The ranks run one after another, so these are the
 // kernels a P-device run would spread over its devices, not its time.
 type CPResult struct {
-	// Scheme is ring, zigzag or a2a; Ranks is P.
+	// Scheme is ring, zigzag, a2a, hybrid or hybrid-A; Ranks is P.
 	Scheme string `json:"scheme"`
 	Ranks  int    `json:"ranks"`
 	// SingleMs is the backend time of the whole case in one call.
@@ -25,8 +25,11 @@ type CPResult struct {
 	Steps  int     `json:"steps"`
 	StepMs float64 `json:"step_ms"`
 	// CriticalMs sums, step by step, the slowest rank's backend time: the
-	// compute of a P-device run whose communication is hidden.
-	CriticalMs float64 `json:"critical_ms"`
+	// compute of a P-device run whose communication is hidden; its least
+	// and greatest over the repeats are CriticalMinMs and CriticalMaxMs.
+	CriticalMs    float64 `json:"critical_ms"`
+	CriticalMinMs float64 `json:"critical_min_ms,omitempty"`
+	CriticalMaxMs float64 `json:"critical_max_ms,omitempty"`
 	// Speedup is SingleMs / CriticalMs.
 	Speedup float64 `json:"speedup"`
 	// Calls and WorkMs are the backend calls of all steps of all ranks and
@@ -118,6 +121,8 @@ func MeasureCP(b attn.Backend, c Case, s cp.Strategy, p int, t Timing) (CPResult
 	if i := slices.Index(last.Sent, r.SentBytes); i >= 0 {
 		r.Messages = last.Messages[i]
 	}
+	_, lo, hi := Summarize(critical)
+	r.CriticalMinMs, r.CriticalMaxMs = roundMs(lo), roundMs(hi)
 	if r.CriticalMs > 0 {
 		r.Speedup = r.SingleMs / r.CriticalMs
 	}
@@ -131,4 +136,71 @@ func MeasureCP(b attn.Backend, c Case, s cp.Strategy, p int, t Timing) (CPResult
 func median(xs []float64) float64 {
 	m, _, _ := Summarize(xs)
 	return roundMs(m)
+}
+
+// CPBackender is a Runner that lends its backend to MeasureCP for the
+// context-parallel cases of a sweep: the host runner and the CUDA device
+// runner do. CPBackend fails (wrapping attn.ErrUnsupported) when the
+// runner has no backend to lend.
+type CPBackender interface {
+	CPBackend() (attn.Backend, error)
+}
+
+// CPBackend returns the runner's backend.
+func (r *HostRunner) CPBackend() (attn.Backend, error) { return r.b, nil }
+
+// CPBackend returns the device's backend, when it has one to lend.
+func (r *DeviceRunner) CPBackend() (attn.Backend, error) {
+	if d, ok := r.d.(CPBackender); ok {
+		return d.CPBackend()
+	}
+	return nil, attn.Errorf(attn.ErrUnsupported, "the %s device runner has no backend for context parallelism", r.d.Backend())
+}
+
+// CPBackend returns the reason the backend is unavailable.
+func (u *unavailable) CPBackend() (attn.Backend, error) { return nil, u.err }
+
+// cpMaxRepeats bounds the repeats of a context-parallel case in a sweep:
+// each repeat runs the case whole twice (one call, then split).
+const cpMaxRepeats = 5
+
+// runCP fills rec, a validated context-parallel case with its FLOPs, by
+// MeasureCP on r's backend under t (at most cpMaxRepeats repeats, at least
+// one). The record's times are the critical path; CP holds the rest.
+func runCP(r Runner, rec Record, t Timing) Record {
+	c := rec.Case
+	fail := func(err error) Record {
+		rec.Status, rec.Message = statusOf(err), err.Error()
+		return rec
+	}
+	br, ok := r.(CPBackender)
+	if !ok {
+		return fail(attn.Errorf(attn.ErrUnsupported, "runner %s cannot split cases over virtual ranks", r.Backend()))
+	}
+	b, err := br.CPBackend()
+	if err != nil {
+		return fail(err)
+	}
+	s, err := cp.ParseStrategy(c.CPScheme)
+	if err != nil {
+		return fail(err)
+	}
+	t.MaxRepeats = min(max(t.MaxRepeats, 1), cpMaxRepeats)
+	t.MinRepeats = min(t.MinRepeats, t.MaxRepeats)
+	res, err := MeasureCP(b, c, s, c.CPRanks, t)
+	if err != nil {
+		return fail(err)
+	}
+	rec.Status, rec.CP = StatusOK, &res
+	rec.MedianMs, rec.MinMs, rec.MaxMs, rec.Repeats = res.CriticalMs, res.CriticalMinMs, res.CriticalMaxMs, res.Repeats
+	if res.CriticalMs > 0 {
+		rec.TFLOPs = rec.FLOPs / (res.CriticalMs * 1e-3) / 1e12
+	}
+	return rec
+}
+
+// Summary describes a context-parallel measurement in a few words: the
+// split's cost over one call and the speedup with communication hidden.
+func (r *CPResult) Summary() string {
+	return fmt.Sprintf("%s×%d: split %.3f×, speedup %.2f×", r.Scheme, r.Ranks, r.SplitCost, r.Speedup)
 }

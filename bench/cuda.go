@@ -50,6 +50,10 @@ type fwdArgs struct {
 func (d *cudaDevice) Backend() string { return "cuda" }
 func (d *cudaDevice) Name() string    { return d.dev.Name() }
 
+// CPBackend lends the backend, which also takes host tensors, to the
+// context-parallel cases.
+func (d *cudaDevice) CPBackend() (attn.Backend, error) { return d.b, nil }
+
 // CacheBytes returns the larger of the device's L2 size and DeviceCacheBytes.
 func (d *cudaDevice) CacheBytes() int64 {
 	return max(int64(d.dev.L2CacheSize()), DeviceCacheBytes)

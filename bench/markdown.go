@@ -20,7 +20,9 @@ func RateUnit(recs []Record) (string, float64) {
 
 // WriteTable writes recs as Markdown tables, one per preset in order of
 // first appearance: implementation, backend, pass, sizes, mask, median, min
-// and max time, rate, kernel variant, dQ algorithm and status.
+// and max time, rate, kernel variant, dQ algorithm and status. A
+// context-parallel record's times are its critical path, and its variant
+// column holds the scheme, ranks, split cost and speedup.
 func WriteTable(w io.Writer, recs []Record) error {
 	unit, scale := RateUnit(recs)
 	var b strings.Builder
@@ -37,13 +39,17 @@ func WriteTable(w io.Writer, recs []Record) error {
 				med, lo, hi = fmtMs(r.MedianMs), fmtMs(r.MinMs), fmtMs(r.MaxMs)
 				rate = fmtRate(r.TFLOPs / scale)
 			}
+			variant := orDash(cell(r.KernelVariant))
+			if r.CP != nil {
+				variant = cell(r.CP.Summary())
+			}
 			status := r.Status
 			if r.Message != "" {
 				status += ": " + cell(r.Message)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d | %d | %d | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				cell(r.Implementation), cell(r.Backend), r.Pass, r.Batch, r.SeqlenQ, r.SeqlenK, r.Heads, r.KVHeads,
-				r.HeadDim, r.HeadDimV, r.Mask(), med, lo, hi, rate, orDash(cell(r.KernelVariant)), orDash(cell(r.DQAlgorithm)), status)
+				r.HeadDim, r.HeadDimV, r.Mask(), med, lo, hi, rate, variant, orDash(cell(r.DQAlgorithm)), status)
 		}
 		b.WriteString("\n")
 	}

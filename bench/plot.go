@@ -163,8 +163,8 @@ func buildFigure(preset string, recs []Record, unit string, scale float64) (figu
 	seenLabel := map[string]bool{}
 	worth := false
 	for _, r := range recs {
-		if !r.OK() || presetOf(r) != preset {
-			continue
+		if !r.OK() || presetOf(r) != preset || r.CP != nil {
+			continue // context-parallel records are in the table only
 		}
 		title, rank := spec.panel(r.Case)
 		p := panels[title]

@@ -45,6 +45,12 @@ var presets = []Preset{
 	{Name: "tiny-headdim", Description: "CPU-sized: D ∈ {8, 16, 24, 32, 48, 64} at B=1, H=2, N=64; fwd and bwd",
 		cases: tinyHeaddimCases},
 	{Name: "tiny", Description: "tiny-seqlen and tiny-headdim", Parts: []string{"tiny-seqlen", "tiny-headdim"}},
+	{Name: "cp", Description: "context parallelism on virtual ranks: the FLUX step 1×24×4608×128 (ring, a2a), " +
+		"1×16×{32768, 98304}×128 causal (zigzag, a2a) over P = 2, 4, 8, and 1×16/2×32768×128 causal over 8 (zigzag, hybrid); fwd and bwd",
+		cases: cpCases},
+	{Name: "tiny-cp", Description: "CPU-sized context parallelism: 1×4/2×64×16, causal and not, over P = 2, 4, 8 " +
+		"(ring or zigzag, hybrid; a2a at P = 2); fwd and bwd",
+		cases: tinyCPCases},
 }
 
 // Presets returns every preset, sorted by name.
@@ -196,6 +202,43 @@ func tinyHeaddimCases() []Case {
 	var out []Case
 	for _, d := range []int{8, 16, 24, 32, 48, 64} {
 		out = append(out, both(Case{Batch: 1, SeqlenQ: 64, Heads: 2, HeadDim: d})...)
+	}
+	return out
+}
+
+// split returns c split over each of ps virtual ranks by each scheme, as a
+// forward and as a backward case.
+func split(c Case, ps []int, schemes ...string) []Case {
+	var out []Case
+	for _, p := range ps {
+		for _, s := range schemes {
+			c.CPRanks, c.CPScheme = p, s
+			out = append(out, both(c)...)
+		}
+	}
+	return out
+}
+
+func cpCases() []Case {
+	ps := []int{2, 4, 8}
+	out := split(Case{Batch: 1, SeqlenQ: 4608, Heads: 24, HeadDim: 128}, ps, "ring", "a2a")
+	for _, n := range []int{32768, 98304} {
+		out = append(out, split(Case{Batch: 1, SeqlenQ: n, Heads: 16, HeadDim: 128, Causal: true}, ps, "zigzag", "a2a")...)
+	}
+	return append(out, split(Case{Batch: 1, SeqlenQ: 32768, Heads: 16, KVHeads: 2, HeadDim: 128, Causal: true},
+		[]int{8}, "zigzag", "hybrid")...)
+}
+
+func tinyCPCases() []Case {
+	var out []Case
+	for _, causal := range []bool{false, true} {
+		c := Case{Batch: 1, SeqlenQ: 64, Heads: 4, KVHeads: 2, HeadDim: 16, Causal: causal}
+		ring := "ring"
+		if causal {
+			ring = "zigzag"
+		}
+		out = append(out, split(c, []int{2, 4, 8}, ring, "hybrid")...)
+		out = append(out, split(c, []int{2}, "a2a")...)
 	}
 	return out
 }

@@ -25,6 +25,8 @@ func TestPresetCounts(t *testing.T) {
 		{"tiny", 24 + 12},
 		{"tiny,tiny-seqlen", 36},
 		{"flux, seqlen", 74},
+		{"cp", 3*2*2 + 2*3*2*2 + 2*2},
+		{"tiny-cp", 2 * (3*2*2 + 2)},
 	} {
 		cs, err := PresetCases(tc.name, "bf16")
 		if err != nil {

@@ -56,6 +56,9 @@ type Record struct {
 	// Status is "ok", "unsupported" or "error"; Message says why when not ok.
 	Status  string `json:"status"`
 	Message string `json:"message,omitempty"`
+	// CP holds a context-parallel case's measurement (Case.CPRanks > 0);
+	// MedianMs, MinMs and MaxMs are then its critical path (CriticalMs).
+	CP *CPResult `json:"cp,omitempty"`
 }
 
 // OK reports whether the record holds a measurement.

@@ -209,7 +209,8 @@ func RotationSets(setBytes, cacheBytes int64) int {
 }
 
 // Run measures c with r under policy t and returns the record, whatever
-// happens: a case the runner rejects as unsupported gets status
+// happens (a context-parallel case, CPRanks > 0, through MeasureCP with the
+// runner's backend, see CPBackender): a case the runner rejects as unsupported gets status
 // "unsupported", any other failure (a panic included) status "error", with
 // the message.
 func Run(r Runner, c Case, t Timing) (rec Record) {
@@ -225,6 +226,9 @@ func Run(r Runner, c Case, t Timing) (rec Record) {
 		return rec
 	}
 	rec.FLOPs = c.FLOPs()
+	if c.CPRanks > 0 {
+		return runCP(r, rec, t)
+	}
 	w, err := r.Prepare(c)
 	if err != nil {
 		rec.Status, rec.Message = statusOf(err), err.Error()

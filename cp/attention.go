@@ -36,6 +36,11 @@ type Attention struct {
 	Layout Layout
 	// Scheme is the way the work is shared.
 	Scheme Scheme
+	// Groups is the all-to-all degree A of the Hybrid scheme: 0 picks the
+	// largest divisor of Hkv that divides P (see HybridDegree).
+	Groups int
+
+	hybrid *hybridComms // the Hybrid scheme's sub-groups, made on first use
 }
 
 // setup validates the shards and options of one call and returns the local
@@ -44,8 +49,8 @@ func (a *Attention) setup(q, k, v attn.Tensor, opt attn.Options) (lp, gp *attn.P
 	if a.Backend == nil || a.Transport == nil {
 		return nil, nil, attn.Errorf(attn.ErrOption, "cp: Attention needs a Backend and a Transport")
 	}
-	if a.Scheme != Ring && a.Scheme != AllToAll {
-		return nil, nil, attn.Errorf(attn.ErrOption, "cp: scheme %d is neither ring nor all-to-all", int(a.Scheme))
+	if a.Scheme != Ring && a.Scheme != AllToAll && a.Scheme != Hybrid {
+		return nil, nil, attn.Errorf(attn.ErrOption, "cp: scheme %d is not ring, all-to-all or hybrid", int(a.Scheme))
 	}
 	p, r := a.Transport.Size(), a.Transport.Rank()
 	if err := a.Layout.check(p, r); err != nil {
@@ -100,6 +105,8 @@ func (a *Attention) Forward(ctx context.Context, q, k, v attn.Tensor, opt attn.O
 		res, err = a.packedForward(ctx, lp, gp, q, k, v)
 	} else if a.Scheme == AllToAll {
 		res, err = a.headsForward(ctx, lp, gp, q, k, v)
+	} else if a.Scheme == Hybrid {
+		res, err = a.hybridForward(ctx, lp, gp, q, k, v)
 	} else {
 		res, err = a.ringForward(ctx, lp, gp, q, k, v)
 	}
@@ -129,6 +136,8 @@ func (a *Attention) Backward(ctx context.Context, q, k, v, o, lse, dO attn.Tenso
 		g, err = a.packedBackward(ctx, lp, gp, q, k, v, o, lse, dO)
 	} else if a.Scheme == AllToAll {
 		g, err = a.headsBackward(ctx, lp, gp, q, k, v, o, lse, dO)
+	} else if a.Scheme == Hybrid {
+		g, err = a.hybridBackward(ctx, lp, gp, q, k, v, o, lse, dO)
 	} else {
 		g, err = a.ringBackward(ctx, lp, gp, q, k, v, o, lse, dO)
 	}
@@ -179,10 +188,17 @@ const (
 	// shards with one all-to-all, so that each rank attends over the whole
 	// sequence for Hkv/P key heads, and trades back. P must divide Hkv.
 	AllToAll
+	// Hybrid splits the P = A·R ranks into R groups of A consecutive
+	// ranks: all-to-all within each group trades its sequence shards for
+	// 1/A of the heads, a ring of R across the groups passes K/V for those
+	// heads, and all-to-all trades back. A divides Hkv and P.
+	Hybrid
 )
 
-// String returns "ring" or "all-to-all".
-func (s Scheme) String() string { return name([]string{"ring", "all-to-all"}, "Scheme", int(s)) }
+// String returns "ring", "all-to-all" or "hybrid".
+func (s Scheme) String() string {
+	return name([]string{"ring", "all-to-all", "hybrid"}, "Scheme", int(s))
+}
 
 // name returns names[i], or kind(i) when i is out of range.
 func name(names []string, kind string, i int) string {

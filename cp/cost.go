@@ -190,12 +190,13 @@ type Estimate struct {
 	// Err says why the strategy cannot split this problem (then the
 	// other fields are zero).
 	Err error
-	// Steps is the number of steps: P for a ring, 1 for all-to-all.
+	// Steps is the number of steps: P for a ring, 1 for all-to-all, R =
+	// P/A for hybrid.
 	Steps int
 	// Time is the modelled seconds of the call on P devices: per step,
 	// the slowest rank's compute or the exchange it overlaps, whichever is
 	// longer, plus what cannot overlap (the ring backward's dK/dV hop, the
-	// all-to-alls).
+	// all-to-alls; hybrid pays both kinds).
 	Time float64
 	// Compute is the part of Time spent computing (the slowest rank's, per
 	// step), Exposed the communication not hidden behind it.
@@ -264,9 +265,12 @@ func (pr *Profile) Estimate(gp *attn.Problem, dt attn.DType, p int, s Strategy, 
 		return e, nil
 	}
 	elem := int64(dt.Size())
-	if s.Scheme == AllToAll {
+	switch s.Scheme {
+	case AllToAll:
 		pr.estimateHeads(&e, &g, elem, rates, factor)
 		return e, nil
+	case Hybrid:
+		return e, pr.estimateHybrid(&e, &g, elem, rates, factor)
 	}
 	return e, pr.estimateRing(&e, &g, elem, rates, factor)
 }
@@ -330,21 +334,7 @@ func layoutRing(l Layout, gp *attn.Problem, p, r int) *ring {
 func (pr *Profile) estimateHeads(e *Estimate, g *attn.Problem, elem int64, rates []Rate, factor float64) {
 	p := int64(e.P)
 	e.Steps = 1
-	n, m := int64(g.B)*int64(g.N), int64(g.B)*int64(g.M)
-	h, hkv, dk, dv := int64(g.H), int64(g.Hkv), int64(g.DK), int64(g.DV)
-	q, k, v, o, lse := n*h*dk*elem, m*hkv*dk*elem, m*hkv*dv*elem, n*h*dv*elem, n*h*4
-	// Each rank holds 1/P of every tensor and sends (P−1)/P of that.
-	in, out := []int64{q, k, v}, []int64{o, lse}
-	if e.Backward {
-		in, out = []int64{q, k, v, o, lse, o}, []int64{q, k, v}
-	}
-	for _, x := range append(in, out...) {
-		b := x / p * (p - 1) / p
-		if p > 1 {
-			e.Exposed += pr.linkTime(b)
-			e.Sent += b
-		}
-	}
+	pr.headsTraffic(e, g, elem, e.P)
 	local := g.FLOPs() * factor / float64(p)
 	e.Compute = callTime(rates, g.N, g.M, g.Masked, local)
 	e.Work = e.Compute * float64(p)

@@ -80,8 +80,9 @@ func (v variant) String() string {
 }
 
 var (
-	ranks    = []int{1, 2, 3, 4, 8}
-	variants = []variant{{Ring, Contiguous}, {Ring, Zigzag}, {AllToAll, Contiguous}, {AllToAll, Zigzag}}
+	ranks    = []int{1, 2, 3, 4, 6, 8}
+	variants = []variant{{Ring, Contiguous}, {Ring, Zigzag}, {AllToAll, Contiguous}, {AllToAll, Zigzag},
+		{Hybrid, Zigzag}, {Hybrid, Contiguous}}
 	// Lengths are multiples of 48 = 3·16, so that every P here and its 2P
 	// zigzag chunks divide them.
 	accCases = []accCase{

@@ -62,10 +62,23 @@
 // runs the global problem on those heads and trades the results back. Its
 // degree is capped by the key/value heads: P must divide Hkv (under GQA the
 // query heads of a group stay with their key head), otherwise it fails with
-// attn.ErrUnsupported; use the ring there. For a packed batch each rank
+// attn.ErrUnsupported; use the ring or hybrid there. For a packed batch each rank
 // reorders what it gathers into the global packed order, so that every
 // sequence is whole, and runs the global packed call (the global
 // cu_seqlens) on its heads.
+//
+// Hybrid, for P beyond the all-to-all degree: the P = A·R ranks form R
+// groups of A consecutive ranks, A dividing Hkv and P (Attention.Groups,
+// or by default the largest such, gcd(Hkv, P); HybridDegree). Within a
+// group an all-to-all trades the members' sequence shards for the group's
+// sequence of 1/A of the heads; across the groups the ring above runs on
+// those heads, R steps, K/V (and in the backward dK/dV) travelling a ring
+// of R; an all-to-all trades the results back. The sub-groups are split
+// from the Transport (SplitGroup) on first use and kept until
+// Attention.Close. With the Zigzag layout over P the A shards of group j,
+// gathered in order, are exactly chunks j and 2R−1−j of 2R, the zigzag
+// shard of a ring of R: the causal balance holds across the ring. A = 1 is
+// the ring, A = P the all-to-all.
 //
 // Each partial result a backend returns is in the input dtype (the
 // attn.Backend interface returns O and gradients in q's dtype); everything
@@ -91,6 +104,10 @@
 // fail with an error wrapping ErrAborted instead of waiting: a failing
 // rank never leaves the others hanging.
 //
+// SplitGroup splits a group into sub-groups by color, ordered by key,
+// as ncclCommSplit does (GroupSplitter); the in-process transport splits
+// in memory and its sub-groups share the parent's abort.
+//
 // NCCL (loaded at run time through purego from libnccl.so.2; no cgo) is
 // the transport across GPUs. It implements Transport, staging host bytes
 // through device memory, and DeviceTransport, whose operations take
@@ -102,7 +119,10 @@
 // a group of sends and receives. Every wait polls ncclCommGetAsyncError
 // with a deadline (DefaultNCCLTimeout when the context has none), and an
 // error or a passed deadline aborts the communicator (ncclCommAbort), so
-// a dead peer ends in an error, never a hang. NCCL_NVLS_ENABLE=0 is set
+// a dead peer ends in an error, never a hang. SplitGroup calls
+// ncclCommSplit where the library has it (NCCL 2.18 or newer; it is
+// loaded optionally) and otherwise fails with attn.ErrUnsupported, which
+// the Hybrid scheme reports. NCCL_NVLS_ENABLE=0 is set
 // in the process environment before NCCL loads: NVLink multicast stays
 // off. The library is searched in FLASHATTN_NCCL or NCCL_LIBRARY (exact
 // paths), NCCL_HOME, the CUDA toolkits, the loader's path, the system
@@ -124,14 +144,17 @@
 //
 // # Choosing a strategy
 //
-// A Strategy is a layout and a scheme: "ring", "zigzag" or "a2a";
+// A Strategy is a layout and a scheme: "ring", "zigzag", "a2a", "hybrid"
+// (zigzag layout, automatic degree) or "hybrid-A";
 // Strategy.Check names what keeps one from splitting a problem. A Profile
 // holds a machine's measured kernel rates (forward and backward, by block
 // shape) and its link's bandwidth and latency; Calibrate measures one,
 // and CachedProfile keeps it in a JSON file under the user cache
 // directory, keyed by machine. Profile.Estimate models each step of a
 // strategy from the exact calls the ring plans (or the all-to-alls and
-// the one call per rank), Choose picks the least modelled time, and
+// the one call per rank; for hybrid both, the ring's calls on 1/A of the
+// heads, on the one link the profile measured), Choose picks the least
+// modelled time among all four, and
 // Explain prints the reasoning. MeasureSplit measures the same
 // quantities: every rank's backend time per step, run one call at a time
 // as on one device, and the bytes each rank sends.

@@ -22,26 +22,20 @@ type message struct {
 }
 
 // localGroup is the shared state of an in-process communication group.
+// The sub-groups split from a group share its abort state, so that an
+// abort anywhere reaches every operation of every rank.
 type localGroup struct {
-	size    int
-	boxes   [][]chan message // boxes[src][dst], FIFO per ordered pair
-	once    sync.Once
-	aborted chan struct{} // closed by abort, after cause is set
-	cause   error
-}
-
-// abort records cause and fails every pending and later operation.
-func (g *localGroup) abort(cause error) {
-	g.once.Do(func() {
-		g.cause = cause
-		close(g.aborted)
-	})
+	size  int
+	boxes [][]chan message // boxes[src][dst], FIFO per ordered pair
+	*abortState
+	splits splitTable // the sub-groups being formed (see SplitGroup)
 }
 
 // localRank is one rank's Transport of an in-process group.
 type localRank struct {
-	g    *localGroup
-	rank int
+	g      *localGroup
+	rank   int
+	nsplit int // the SplitGroup calls so far
 }
 
 // NewLocal returns the p Transports of a new in-process communication
@@ -53,13 +47,7 @@ func NewLocal(p int) ([]Transport, error) {
 	if p < 1 {
 		return nil, attn.Errorf(attn.ErrOption, "cp: a group needs at least one rank, got %d", p)
 	}
-	g := &localGroup{size: p, aborted: make(chan struct{}), boxes: make([][]chan message, p)}
-	for s := range g.boxes {
-		g.boxes[s] = make([]chan message, p)
-		for d := range g.boxes[s] {
-			g.boxes[s][d] = make(chan message, mailboxDepth)
-		}
-	}
+	g := newLocalGroup(p, &abortState{aborted: make(chan struct{})})
 	ts := make([]Transport, p)
 	for r := range ts {
 		ts[r] = &localRank{g: g, rank: r}

@@ -20,7 +20,7 @@ type Split struct {
 	P        int
 	Backward bool
 	// Steps[s][r] is the backend time of rank r at step s (a ring has P
-	// steps, all-to-all one).
+	// steps, all-to-all one, hybrid R = P/A).
 	Steps [][]time.Duration
 	// Calls is the number of backend calls over all ranks.
 	Calls int
@@ -105,18 +105,28 @@ func (m *meter) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (att
 
 // counted is one rank's transport in a measured split: it counts the bytes
 // and messages it sends to other ranks. The ring sends from a goroutine of
-// its own, hence the atomics.
+// its own, hence the atomics. A sub-group split from it counts into it
+// (root).
 type counted struct {
 	Transport
 	sent, msgs atomic.Int64
+	root       *counted // where the counts go; nil: here
+}
+
+// add counts n bytes in m messages.
+func (c *counted) add(n, m int64) {
+	if c.root != nil {
+		c = c.root
+	}
+	c.sent.Add(n)
+	c.msgs.Add(m)
 }
 
 // Exchange counts the sends to other ranks.
 func (c *counted) Exchange(ctx context.Context, sends []Send, recvs []Recv) error {
 	for _, s := range sends {
 		if s.Peer != c.Rank() {
-			c.sent.Add(int64(len(s.Data)))
-			c.msgs.Add(1)
+			c.add(int64(len(s.Data)), 1)
 		}
 	}
 	return c.Transport.Exchange(ctx, sends, recvs)
@@ -125,8 +135,7 @@ func (c *counted) Exchange(ctx context.Context, sends []Send, recvs []Recv) erro
 // AllToAll counts the parts sent to other ranks.
 func (c *counted) AllToAll(ctx context.Context, send, recv []byte) error {
 	if p := c.Size(); p > 1 {
-		c.sent.Add(int64(len(send) / p * (p - 1)))
-		c.msgs.Add(int64(p - 1))
+		c.add(int64(len(send)/p*(p-1)), int64(p-1))
 	}
 	return c.Transport.AllToAll(ctx, send, recv)
 }
@@ -134,10 +143,24 @@ func (c *counted) AllToAll(ctx context.Context, send, recv []byte) error {
 // AllGather counts a copy of send per other rank.
 func (c *counted) AllGather(ctx context.Context, send, recv []byte) error {
 	if p := c.Size(); p > 1 {
-		c.sent.Add(int64(len(send) * (p - 1)))
-		c.msgs.Add(int64(p - 1))
+		c.add(int64(len(send)*(p-1)), int64(p-1))
 	}
 	return c.Transport.AllGather(ctx, send, recv)
+}
+
+// SplitGroup splits the counted transport's group; the sub-group counts
+// into this one. The split's own exchange of colors is not counted: it
+// happens once per communicator, not per call.
+func (c *counted) SplitGroup(ctx context.Context, color, key int) (Transport, error) {
+	sub, err := SplitGroup(ctx, c.Transport, color, key)
+	if err != nil {
+		return nil, err
+	}
+	root := c
+	if c.root != nil {
+		root = c.root
+	}
+	return &counted{Transport: sub, root: root}, nil
 }
 
 // MeasureSplit runs one call of strategy s over p in-process ranks on b
@@ -184,13 +207,14 @@ func MeasureSplit(b attn.Backend, s Strategy, p int, backward bool, q, k, v, o, 
 	return sp, res, g, nil
 }
 
-// attribute assigns each rank's call times to steps: a ring rank runs the
-// planned calls of each step in order, an all-to-all rank one call.
+// attribute assigns each rank's call times to steps: a ring rank (and a
+// hybrid rank, in its ring of groups) runs the planned calls of each step
+// in order, an all-to-all rank one call.
 func (sp *Split) attribute(gp *attn.Problem, meters []*meter) error {
 	p := sp.P
-	steps := 1
-	if sp.Strategy.Scheme == Ring {
-		steps = p
+	steps, _, _, err := sp.Strategy.ringPlace(gp.Hkv, p, 0)
+	if err != nil {
+		return err
 	}
 	sp.Steps = make([][]time.Duration, steps)
 	for s := range sp.Steps {
@@ -203,10 +227,11 @@ func (sp *Split) attribute(gp *attn.Problem, meters []*meter) error {
 			return fmt.Errorf("cp: rank %d did not run", r)
 		}
 		calls := m.calls
+		_, rp, rr, _ := sp.Strategy.ringPlace(gp.Hkv, p, r)
 		for s := range steps {
 			n := len(calls)
-			if sp.Strategy.Scheme == Ring {
-				tasks, err := layoutRing(sp.Strategy.Layout, &g, p, r).tasks(s)
+			if rp > 0 {
+				tasks, err := layoutRing(sp.Strategy.Layout, &g, rp, rr).tasks(s)
 				if err != nil {
 					return err
 				}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,6 +115,7 @@ type NCCL struct {
 type ncclGroup struct {
 	once  sync.Once
 	cause error
+	mu    sync.Mutex // guards comms, which SplitGroup extends
 	comms []*NCCL
 }
 
@@ -404,11 +406,14 @@ func (n *NCCL) Abort(cause error) {
 	g := n.group
 	g.once.Do(func() {
 		g.cause = cause
-		for _, c := range g.comms {
+		g.mu.Lock()
+		comms := slices.Clone(g.comms)
+		g.mu.Unlock()
+		for _, c := range comms {
 			c.aborted.Store(true)
 		}
 		var wg sync.WaitGroup
-		for _, c := range g.comms {
+		for _, c := range comms {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
 )
 
@@ -161,6 +162,21 @@ func TestNCCLOneRankGPU(t *testing.T) {
 		}
 		checkOneRank(t, ns[0])
 		if err := ns[0].Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("Split", func(t *testing.T) {
+		// ncclCommSplit of a one-rank group: a communicator of its own.
+		n := newOneRank(t, ctx, dev)
+		sub, err := SplitGroup(ctx, n, 0, 0)
+		if errors.Is(err, attn.ErrUnsupported) {
+			t.Skipf("this NCCL cannot split: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkOneRank(t, sub.(*NCCL))
+		if err := sub.(*NCCL).Close(); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -181,8 +181,9 @@ type ncclAPI struct {
 	getErrorString, commGetAsyncError, commCount, commCuDevice   uintptr
 	groupStart, groupEnd, send, recv, allGather                  uintptr
 	commInitRankSym                                              uintptr
-	// Optional: 0 when the library lacks them.
-	commFinalize, getLastError, commInitRankConfigSym uintptr
+	// Optional: 0 when the library lacks them (ncclCommSplit came with
+	// NCCL 2.18).
+	commFinalize, getLastError, commInitRankConfigSym, commSplit uintptr
 
 	// The communicator constructors take the 128-byte unique id by value,
 	// which purego's RegisterFunc passes as the C ABI wants.
@@ -240,6 +241,7 @@ func (a *ncclAPI) symbols() (required, optional map[string]*uintptr) {
 		"ncclCommFinalize":       &a.commFinalize,
 		"ncclGetLastError":       &a.getLastError,
 		"ncclCommInitRankConfig": &a.commInitRankConfigSym,
+		"ncclCommSplit":          &a.commSplit,
 	}
 	return required, optional
 }

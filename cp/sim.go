@@ -22,6 +22,8 @@ type Sim struct {
 	// Layout and Scheme are those of every rank's Attention.
 	Layout Layout
 	Scheme Scheme
+	// Groups is the Hybrid scheme's all-to-all degree (0: automatic).
+	Groups int
 	// Timeout, when positive, bounds each call.
 	Timeout time.Duration
 
@@ -73,7 +75,7 @@ func (s *Sim) run(q, k, v attn.Tensor, opt attn.Options, ins []sharded, fn func(
 		defer cancel()
 	}
 	return Run(ctx, s.P, func(ctx context.Context, t Transport) error {
-		a := &Attention{Backend: s.Backend, Transport: t, Layout: s.Layout, Scheme: s.Scheme}
+		a := &Attention{Backend: s.Backend, Transport: t, Layout: s.Layout, Scheme: s.Scheme, Groups: s.Groups}
 		if s.wrap != nil {
 			a.Backend, a.Transport = s.wrap(t.Rank(), s.Backend, t)
 		}

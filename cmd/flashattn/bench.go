@@ -57,9 +57,12 @@ Flags:
                             time, speedup over one device with communication
                             hidden, the sum of all ranks' per-step calls over the
                             single call, and the bytes each rank sends
-  --cp-scheme ring|zigzag|a2a|auto
+  --cp-scheme ring|zigzag|a2a|hybrid[-A]|auto
                             how --cp splits the case (default: zigzag under
-                            --causal, ring otherwise); auto asks the cost model,
+                            --causal, ring otherwise); hybrid trades heads within
+                            groups of A ranks (A: the largest divisor of the
+                            key/value heads dividing P, or given as hybrid-A) and
+                            rings across the groups; auto asks the cost model,
                             which measures this machine once and caches it
   --cp-explain              print the cost model's reasoning for --cp
 `

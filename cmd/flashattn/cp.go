@@ -16,7 +16,7 @@ import (
 // cpFlags are the context-parallelism flags of run and bench.
 type cpFlags struct {
 	ranks   int    // virtual ranks; 0: off
-	scheme  string // ring, zigzag, a2a, auto or "" (the default for the mask)
+	scheme  string // ring, zigzag, a2a, hybrid[-A], auto or "" (the default for the mask)
 	explain bool   // print the cost model's reasoning
 	set     bool   // the ranks flag was given
 }
@@ -44,7 +44,7 @@ func (f *cpFlags) check(rankFlag string, gp *attn.Problem) error {
 	}
 	s, err := cp.ParseStrategy(f.scheme)
 	if err != nil {
-		return usageErrorf("--cp-scheme %q is not ring, zigzag, a2a or auto", f.scheme)
+		return usageErrorf("--cp-scheme %q is not ring, zigzag, a2a, hybrid, hybrid-A or auto", f.scheme)
 	}
 	if err := checkStrategy(s, gp, f.ranks); err != nil {
 		return fmt.Errorf("%s %d: %w", rankFlag, f.ranks, err)

@@ -35,6 +35,8 @@ func TestRunRingSim(t *testing.T) {
 			[]string{"--ring-sim", "4", "--cp-scheme", "a2a", "--causal", "--align", "top-left"}, 1e-5, ""},
 		{"zigzag bf16 causal bottom-right n>m", []int{1, 24, 2, 16}, []int{1, 12, 1, 16}, []int{1, 12, 1, 16},
 			[]string{"--ring-sim", "3", "--cp-scheme", "zigzag", "--causal", "--dtype", "bf16"}, 2e-2, ""},
+		{"hybrid causal gqa dk!=dv", []int{1, 16, 4, 8}, []int{1, 16, 2, 8}, []int{1, 16, 2, 4},
+			[]string{"--ring-sim", "4", "--cp-scheme", "hybrid", "--causal"}, 1e-5, ""},
 		{"one rank", []int{1, 5, 1, 8}, []int{1, 7, 1, 8}, []int{1, 7, 1, 8}, []string{"--ring-sim", "1"}, 1e-5, ""},
 		{"auto explained", []int{1, 16, 2, 8}, []int{1, 16, 2, 8}, []int{1, 16, 2, 8},
 			[]string{"--ring-sim", "2", "--cp-scheme", "auto", "--cp-explain", "--causal"}, 1e-5, "chosen: "},
@@ -104,7 +106,7 @@ func TestRunRingSimErrors(t *testing.T) {
 		{"uneven zigzag", []string{"--ring-sim", "4", "--causal"}, 1, "zigzag over 4 ranks cuts each sequence into 8 equal chunks, but N = 12 and M = 12 is not a multiple of 8: uneven shards"},
 		{"uneven ring", []string{"--ring-sim", "5", "--cp-scheme", "ring"}, 1, "not a multiple of 5"},
 		{"a2a heads", []string{"--ring-sim", "4", "--cp-scheme", "a2a"}, 1, "a2a over 4 ranks needs the 2 key/value heads to split evenly"},
-		{"bad scheme", []string{"--ring-sim", "2", "--cp-scheme", "ulysses"}, 2, "--cp-scheme \"ulysses\" is not ring, zigzag, a2a or auto"},
+		{"bad scheme", []string{"--ring-sim", "2", "--cp-scheme", "ulysses"}, 2, "--cp-scheme \"ulysses\" is not ring, zigzag, a2a, hybrid, hybrid-A or auto"},
 		{"scheme alone", []string{"--cp-scheme", "ring"}, 2, "need --ring-sim"},
 		{"bias", []string{"--ring-sim", "2", "--bias", bias}, 2, "--ring-sim does not run --bias"},
 	} {
@@ -162,6 +164,9 @@ func TestBenchCP(t *testing.T) {
 		{"zigzag causal fwdbwd", []string{"--cp", "2", "--causal", "--pass", "fwdbwd"}, "zigzag", 4, 0, 0},
 		{"a2a bwd", []string{"--cp", "2", "--cp-scheme", "a2a", "--pass", "bwd"}, "a2a", 1, 2, 0},
 		{"auto", []string{"--cp", "2", "--cp-scheme", "auto", "--causal"}, "", 0, 0, 0},
+		// Groups of 2 ranks trade heads, a ring of 2 groups.
+		{"hybrid bwd", []string{"--cp", "4", "--cp-scheme", "hybrid", "--heads", "4", "--kv-heads", "2", "--causal", "--pass", "bwd"},
+			"hybrid", 2, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"bench", "--backend", "cpu", "--dtype", "fp32", "--seqlen-q", "64", "--heads", "2",

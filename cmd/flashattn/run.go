@@ -63,12 +63,15 @@ Flags:
                             within rounding. N and M (with --cu-seqlens-q/-k every
                             sequence) must cut into equal shards (P chunks, 2P
                             for zigzag); not with --bias
-  --cp-scheme ring|zigzag|a2a|auto
+  --cp-scheme ring|zigzag|a2a|hybrid[-A]|auto
                             how --ring-sim splits the call (default: zigzag under
                             --causal, ring otherwise); a2a needs P to divide the
-                            key/value heads; auto asks the cost model, which
-                            measures this machine once and caches the result
-                            (not for packed batches)
+                            key/value heads; hybrid trades heads within groups of
+                            A ranks (A divides P and the key/value heads: the
+                            largest such, or given as hybrid-A) and rings across
+                            the groups; auto asks the cost model, which measures
+                            this machine once and caches the result (hybrid and
+                            auto not for packed batches)
   --cp-explain              print the cost model's reasoning for --ring-sim
 `
 

@@ -43,6 +43,28 @@ func TestSweepTinyCPU(t *testing.T) {
 	}
 }
 
+func TestSweepTinyCP(t *testing.T) {
+	out := t.TempDir()
+	status, stdout, errOut := execute("sweep", "--preset", "tiny-cp", "--backend", "cpu", "--dtype", "fp32", "--out", out,
+		"--budget", "1ms", "--warmup", "1ms")
+	if status != 0 || !strings.Contains(stdout, "28 records: 28 ok") {
+		t.Fatalf("status %d: %s%s", status, stdout, errOut)
+	}
+	f, err := bench.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range f.Records {
+		if r.CP == nil || r.CP.Ranks != r.CPRanks || r.CP.Scheme != r.CPScheme || !(r.CP.SplitCost > 0) || !(r.CP.Speedup > 0) {
+			t.Errorf("record %v: %+v", r.Case, r.CP)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "results.md"))
+	if err != nil || !strings.Contains(string(md), "hybrid×8: split") {
+		t.Errorf("results.md (%v):\n%s", err, md)
+	}
+}
+
 func TestSweepEmitOnly(t *testing.T) {
 	shapes := filepath.Join(t.TempDir(), "shapes.json")
 	status, stdout, errOut := execute("sweep", "--preset", "all", "--emit-shapes", shapes)
