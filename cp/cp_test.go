@@ -128,6 +128,13 @@ func checkCase(t *testing.T, r *rand.Rand, tc accCase, dt attn.DType) {
 // be refused with attn.ErrUnsupported.
 func checkSplits(t *testing.T, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.Options, ranks []int) {
 	t.Helper()
+	checkSplitsOn(t, cpu.New(), variants, dt, q, k, v, dO, opt, ranks)
+}
+
+// checkSplitsOn is checkSplits on backend b (shared by the ranks) and the
+// variants vs.
+func checkSplitsOn(t *testing.T, b attn.Backend, vs []variant, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.Options, ranks []int) {
+	t.Helper()
 	hkv := k.Shape[k.Rank()-2]
 	ref, err := cpu.Reference(q, k, v, opt)
 	if err != nil {
@@ -146,10 +153,10 @@ func checkSplits(t *testing.T, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.
 			t.Fatal(err)
 		}
 	}
-	for _, vr := range variants {
+	for _, vr := range vs {
 		for _, p := range ranks {
 			t.Run(fmt.Sprintf("%v/P=%d", vr, p), func(t *testing.T) {
-				sim := &Sim{Backend: cpu.New(), P: p, Layout: vr.layout, Scheme: vr.scheme, Timeout: testTimeout}
+				sim := &Sim{Backend: b, P: p, Layout: vr.layout, Scheme: vr.scheme, Timeout: testTimeout}
 				res, err := sim.Forward(q, k, v, opt)
 				if vr.scheme == Hybrid && opt.CuSeqlensQ != nil {
 					if !errors.Is(err, attn.ErrUnsupported) {

@@ -1,0 +1,43 @@
+package cp
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/gpu"
+)
+
+// TestSimOnCUDA runs the schemes on P in-process ranks over the CUDA
+// backend (host tensors; each rank's calls go through the backend's host
+// path) and checks outputs and gradients against the float64 oracle with
+// the same criterion as on the CPU. Dropout is left out: the CUDA backend
+// refuses attn.Options.DropoutAt. Skips without a GPU.
+func TestSimOnCUDA(t *testing.T) {
+	b, err := gpu.Open()
+	if err != nil {
+		if cuda.Unavailable(err) {
+			t.Skipf("no GPU: %v", err)
+		}
+		t.Fatalf("gpu.Open: %v", err)
+	}
+	defer b.Close()
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, tc := range accCases {
+		if tc.opt.Dropout > 0 {
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			for _, dt := range []attn.DType{attn.BFloat16, attn.Float32} {
+				t.Run(dt.String(), func(t *testing.T) {
+					q := normal(r, dt, tc.b, tc.n, tc.h, tc.dk)
+					k := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dk)
+					v := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dv)
+					dO := normal(r, dt, tc.b, tc.n, tc.h, tc.dv)
+					checkSplitsOn(t, b, variants, dt, q, k, v, dO, tc.opt, []int{1, 2, 4})
+				})
+			}
+		})
+	}
+}
