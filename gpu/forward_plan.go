@@ -289,7 +289,8 @@ func stagedHeadMaps(p *attn.Problem, vr kernels.Variant, part *fwdStaging, inPla
 // which a kernels.Variant.FlatStaged forward reads q, k and v of p: the
 // layouts allow flat rows (flatRows), some heads do not fit in place, and
 // fewer than half of them (of q's and k's heads and of v's) do not (the
-// measured break-even: kernels/NOTES.md, "Moved from doc comments").
+// measured break-even: docs/kernels/odd-dims.md, "Some heads in place,
+// the rest staged").
 func flatStagedHeads(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) (*[3]uint8, bool) {
 	mk, mv := kernels.FlatStagedHeads(p.DK), kernels.FlatStagedHeads(p.DV)
 	if mk == 0 && mv == 0 {

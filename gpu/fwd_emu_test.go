@@ -271,7 +271,7 @@ func (c fwdNaNTransformCase) inputs(seed uint64) (q, k, v attn.Tensor, opt attn.
 
 // fwdNaNTransformCases are non-finite inputs of the forward kernels with
 // the score transforms and dropout, which the kernels' slow path for
-// non-finite O (kernels/mask.go) recomputes: NaN and ±Inf in value rows
+// non-finite O (kernels/fwd_mask.go) recomputes: NaN and ±Inf in value rows
 // that the causal or window mask hides from some rows (in the diagonal and
 // window-edge blocks) under dropout (a visible key's NaN or Inf reaches
 // the row even where dropout drops it: 0·NaN, 0·Inf), a bias (with a row

@@ -72,7 +72,7 @@ func (x *gen) epilogue() {
 	if v.Dropout {
 		dscale = "p.drop_scale"
 	}
-	x.raw("  float nf_o = 0.f;  // x·0 summed over the O values this thread writes: NaN when one is not finite (mask.go)\n")
+	x.raw("  float nf_o = 0.f;  // x·0 summed over the O values this thread writes: NaN when one is not finite (fwd_mask.go)\n")
 	viaShared := v.WGMMA && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024
 	if viaShared {
 		x.epilogueViaShared(dscale)

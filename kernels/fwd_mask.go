@@ -138,7 +138,7 @@ func (x *gen) nfLoad() {
 	case attn.Float32:
 		ld = "*(const float*)p"
 	}
-	x.p(`// ---- non-finite O (rare; see mask.go): rows whose O holds a NaN or an infinity, recomputed exactly
+	x.p(`// ---- non-finite O (rare; see fwd_mask.go): rows whose O holds a NaN or an infinity, recomputed exactly
 DEV float nf_ld(const char* p) { return %s; }  // one element of q, k, v or O (global memory)
 DEV bool nf_bad(float x) { return !(fabsf(x) < __int_as_float(0x7f800000)); }  // NaN or ±Inf`, ld)
 }
@@ -299,6 +299,6 @@ DEV void nf_rows(const Params& p, int b, int h, int m0, int rows, i64 qs, int dl
 // the non-finite flag raised for the fix-up kernel (fwd_nonfinite.go).
 func (x *gen) nfFixup() {
 	x.p(`
-  // ---- non-finite O (rare; see mask.go): after every product and store, one vote; the fix-up kernel recomputes
+  // ---- non-finite O (rare; see fwd_mask.go): after every product and store, one vote; the fix-up kernel recomputes
   if (__syncthreads_or(nf_o != nf_o) && tid == 0) atomicOr((u32*)p.nf_flag, 1u);`)
 }

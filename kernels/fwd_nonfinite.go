@@ -1,6 +1,6 @@
 package kernels
 
-// The forward's non-finite fix-up (see mask.go): the main kernel only
+// The forward's non-finite fix-up (see fwd_mask.go): the main kernel only
 // raises a flag; this kernel, launched after it, does the rest.
 
 // NonFiniteKernel is the entry point of the forward's non-finite fix-up in
@@ -25,7 +25,7 @@ func NonFiniteBlocks(grid [3]uint32, sms int) uint32 {
 // after it (and before the main kernel, whose argument type it shares).
 func (x *gen) nfFixupKernel() {
 	v := x.v
-	x.raw(`// Non-finite fix-up (rare work; see mask.go), launched after the main kernel with its argument. Flag clear:
+	x.raw(`// Non-finite fix-up (rare work; see fwd_mask.go), launched after the main kernel with its argument. Flag clear:
 // return. Flag set: the blocks stride over the main kernel's CTAs [BM query rows of head h, batch element
 // (segment) b] and recompute each row whose O holds a NaN or an infinity (nf_rows); the last block to finish
 // clears the flag and the counter, so that the next call on the stream starts from 0.

@@ -452,7 +452,7 @@ func TestFlatStagedHeads(t *testing.T) {
 }
 
 // TestNonFiniteChecks checks where the forward kernels handle non-finite
-// values (mask.go): every variant, of every family, flags its O values in
+// values (fwd_mask.go): every variant, of every family, flags its O values in
 // the epilogue and votes once after the stores, a positive vote raising the
 // non-finite flag; the slow path nf_rows runs in the fix-up kernel only
 // (NonFiniteKernel: a flag test first, the flag cleared by its last block;
