@@ -12,7 +12,7 @@ package kernels
 // (k and v in the dK/dV kernel; q, dO and the row statistics in the dQ
 // kernel) and the per-step statistics stay on cp.async.
 //
-// The two kernels then take BwdTMAParams: the tensor maps of their two
+// The two kernels then take BwdTmaParams (BwdTMAArgs): the tensor maps of their two
 // streamed tensors, then BwdParams. The other kernels of the module still
 // take BwdParams.
 
