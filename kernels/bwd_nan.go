@@ -20,7 +20,8 @@ import (
 // infinity can have taken one.
 //
 // So the main loops do none of this work (checks and zeroing in the loop,
-// as a first version did, made the H200's backward 36-63% slower), and
+// as a first version did, cost far more: docs/kernels/nonfinite.md,
+// "Backward: first design"), and
 // neither do the main kernels' epilogues beyond one flag. Each kernel's
 // epilogue folds the accumulators it stores (dK and dV, or dQ) into one
 // flag, the block votes once, after its stores (the convert kernel: a warp

@@ -32,8 +32,8 @@ func (t TMATensor) OverFlatRows(d int) TMATensor {
 // columns of a flat row's swizzled tile outside its head.
 const zeroColsSource = `// flat_shift returns the column at which head h (head dim d) starts in its tiles over flat rows, whose
 // boxes start at column h·d - flat_shift: h·d mod 16 where the head then ends within the padded width
-// w (the boxes start on 32 bytes, whole L2 sectors: rows that start on 16 bytes only took 7 % longer
-// to read in the forward), else h·d mod 8 (16 bytes, what the accelerator needs)
+// w (the boxes start on 32 bytes, whole L2 sectors: rows that start on 16 bytes read slower; see
+// docs/kernels/odd-dims.md), else h·d mod 8 (16 bytes, what the accelerator needs)
 DEV int flat_shift(int h, int d, int w) {
   const int s = (h * d) & 15;
   return s + d <= w ? s : s & 7;
