@@ -138,10 +138,10 @@ func median(xs []float64) float64 {
 	return roundMs(m)
 }
 
-// CPBackender is a Runner that lends its backend to MeasureCP for the
+// CPBackender is a Runner that gives its backend to MeasureCP for the
 // context-parallel cases of a sweep: the host runner and the CUDA device
 // runner do. CPBackend fails (wrapping attn.ErrUnsupported) when the
-// runner has no backend to lend.
+// runner has no backend to give.
 type CPBackender interface {
 	CPBackend() (attn.Backend, error)
 }
@@ -149,7 +149,7 @@ type CPBackender interface {
 // CPBackend returns the runner's backend.
 func (r *HostRunner) CPBackend() (attn.Backend, error) { return r.b, nil }
 
-// CPBackend returns the device's backend, when it has one to lend.
+// CPBackend returns the device's backend, when it has one to give.
 func (r *DeviceRunner) CPBackend() (attn.Backend, error) {
 	if d, ok := r.d.(CPBackender); ok {
 		return d.CPBackend()

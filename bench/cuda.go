@@ -50,7 +50,7 @@ type fwdArgs struct {
 func (d *cudaDevice) Backend() string { return "cuda" }
 func (d *cudaDevice) Name() string    { return d.dev.Name() }
 
-// CPBackend lends the backend, which also takes host tensors, to the
+// CPBackend gives the backend, which also takes host tensors, to the
 // context-parallel cases.
 func (d *cudaDevice) CPBackend() (attn.Backend, error) { return d.b, nil }
 
