@@ -212,9 +212,10 @@ func (e Env) Share(ctx context.Context, blob []byte) ([]byte, error) {
 	return e.join(ctx)
 }
 
-// rdvErrorf returns an ErrRendezvous error of rank.
+// rdvErrorf returns an ErrRendezvous error of rank; a %w in format also
+// wraps its cause (a network error, a deadline).
 func rdvErrorf(rank int, format string, args ...any) error {
-	return fmt.Errorf("cp: rendezvous: rank %d: %s: %w", rank, fmt.Sprintf(format, args...), ErrRendezvous)
+	return fmt.Errorf("cp: rendezvous: rank %d: %w: %w", rank, fmt.Errorf(format, args...), ErrRendezvous)
 }
 
 // peerEvent is what rank 0 learns about a connected rank: its hello
@@ -231,7 +232,7 @@ type peerEvent struct {
 func (e Env) serve(ctx context.Context, blob []byte) error {
 	_, port, err := net.SplitHostPort(e.Addr)
 	if err != nil {
-		return rdvErrorf(0, "address %q: %v", e.Addr, err)
+		return rdvErrorf(0, "address %q: %w", e.Addr, err)
 	}
 	// Listen on every interface, unless the address is a loopback one.
 	listen := ":" + port
@@ -241,7 +242,7 @@ func (e Env) serve(ctx context.Context, blob []byte) error {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
-		return rdvErrorf(0, "listening on %s: %v", listen, err)
+		return rdvErrorf(0, "listening on %s: %w", listen, err)
 	}
 	defer ln.Close()
 	events := make(chan peerEvent, 2*e.Size)
@@ -280,7 +281,7 @@ func (e Env) serve(ctx context.Context, blob []byte) error {
 			case ev.err != nil && ev.rank < 0:
 				stray = append(stray, ev.conn) // not one of ours, or it said nothing
 			case ev.err != nil:
-				return fail(rdvErrorf(0, "rank %d disconnected before the hand-off (%v): did it die?", ev.rank, ev.err))
+				return fail(rdvErrorf(0, "rank %d disconnected before the hand-off (%w): did it die?", ev.rank, ev.err))
 			case ev.size != e.Size || ev.rank < 1 || ev.rank >= e.Size:
 				stray = append(stray, ev.conn)
 				writeVerdict(ev.conn, rdvFailed, []byte(fmt.Sprintf("rank 0 leads a group of %d ranks", e.Size)))
@@ -296,7 +297,7 @@ func (e Env) serve(ctx context.Context, blob []byte) error {
 	}
 	for _, c := range conns {
 		if err := writeVerdict(c, rdvOK, blob); err != nil {
-			return fail(rdvErrorf(0, "sending to %v: %v", c.RemoteAddr(), err))
+			return fail(rdvErrorf(0, "sending to %v: %w", c.RemoteAddr(), err))
 		}
 	}
 	for acked := 0; acked < e.Size-1; {
@@ -308,7 +309,7 @@ func (e Env) serve(ctx context.Context, blob []byte) error {
 			case ev.ack:
 				acked++
 			case ev.err != nil && ev.rank >= 0:
-				return rdvErrorf(0, "rank %d disconnected during the hand-off (%v): did it die?", ev.rank, ev.err)
+				return rdvErrorf(0, "rank %d disconnected during the hand-off (%w): did it die?", ev.rank, ev.err)
 			}
 		}
 	}
@@ -390,14 +391,14 @@ func (e Env) join(ctx context.Context) ([]byte, error) {
 	binary.BigEndian.PutUint32(h[8:], uint32(e.Rank))
 	binary.BigEndian.PutUint32(h[12:], uint32(e.Size))
 	if _, err := c.Write(h[:]); err != nil {
-		return nil, rdvErrorf(e.Rank, "saying hello to rank 0 at %s: %v", e.Addr, err)
+		return nil, rdvErrorf(e.Rank, "saying hello to rank 0 at %s: %w", e.Addr, err)
 	}
 	var v [5]byte
 	if _, err := io.ReadFull(c, v[:]); err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("cp: rendezvous: rank %d: no answer from rank 0 at %s: %w: %w", e.Rank, e.Addr, ErrRendezvous, context.Cause(ctx))
 		}
-		return nil, rdvErrorf(e.Rank, "rank 0 at %s closed the connection before the hand-off (%v): did it die?", e.Addr, err)
+		return nil, rdvErrorf(e.Rank, "rank 0 at %s closed the connection before the hand-off (%w): did it die?", e.Addr, err)
 	}
 	n := binary.BigEndian.Uint32(v[1:])
 	if n > rdvMaxBlob {
@@ -405,13 +406,13 @@ func (e Env) join(ctx context.Context) ([]byte, error) {
 	}
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(c, payload); err != nil {
-		return nil, rdvErrorf(e.Rank, "reading from rank 0: %v", err)
+		return nil, rdvErrorf(e.Rank, "reading from rank 0: %w", err)
 	}
 	if v[0] != rdvOK {
 		return nil, rdvErrorf(e.Rank, "rank 0 reported: %s", payload)
 	}
 	if _, err := c.Write([]byte{rdvAck}); err != nil {
-		return nil, rdvErrorf(e.Rank, "acknowledging: %v", err)
+		return nil, rdvErrorf(e.Rank, "acknowledging: %w", err)
 	}
 	return payload, nil
 }

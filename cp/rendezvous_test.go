@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,6 +236,17 @@ func TestShareFailures(t *testing.T) {
 		big := make([]byte, rdvMaxBlob+1)
 		if _, err := (Env{Size: 2, Addr: "127.0.0.1:1"}).Share(context.Background(), big); !errors.Is(err, attn.ErrOption) {
 			t.Errorf("oversized blob: %v", err)
+		}
+	})
+	t.Run("cause wrapped", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Skipf("no loopback listener: %v", err)
+		}
+		defer ln.Close()
+		_, err = Env{Rank: 0, Size: 2, Addr: ln.Addr().String(), Timeout: time.Second}.Share(context.Background(), nil)
+		if !errors.Is(err, ErrRendezvous) || !errors.Is(err, syscall.EADDRINUSE) {
+			t.Errorf("rank 0 on a port in use: %v, want an error wrapping ErrRendezvous and EADDRINUSE", err)
 		}
 	})
 }
