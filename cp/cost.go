@@ -195,8 +195,8 @@ type Estimate struct {
 	Steps int
 	// Time is the modelled seconds of the call on P devices: per step,
 	// the slowest rank's compute or the exchange it overlaps, whichever is
-	// longer, plus what cannot overlap (the ring backward's dK/dV hop, the
-	// all-to-alls; hybrid pays both kinds).
+	// longer, plus what cannot overlap (the ring backward's last dK/dV
+	// hop, the all-to-alls; hybrid pays both kinds).
 	Time float64
 	// Compute is the part of Time spent computing (the slowest rank's, per
 	// step), Exposed the communication not hidden behind it.
@@ -276,16 +276,16 @@ func (pr *Profile) Estimate(gp *attn.Problem, dt attn.DType, p int, s Strategy, 
 }
 
 // estimateRing fills e for a ring: at each step every rank runs its planned
-// calls while the K/V block travels one hop; in the backward the dK/dV
-// block then takes one more hop, which nothing overlaps.
+// calls while one exchange sends the K/V block one hop on and, in the
+// backward, the previous step's dK/dV block with it; the last dK/dV hop,
+// after the last step, has nothing to overlap.
 func (pr *Profile) estimateRing(e *Estimate, g *attn.Problem, elem int64, rates []Rate, factor float64) error {
 	p := e.P
 	e.Steps = p
 	kv := int64(g.B) * int64(g.M/p) * int64(g.Hkv) * int64(g.DK+g.DV)
-	hop := pr.linkTime(kv * elem)
-	var grad float64
+	var grad int64
 	if e.Backward && p > 1 {
-		grad = pr.linkTime(kv * 4)
+		grad = kv * 4
 	}
 	rings := make([]*ring, p)
 	for r := range p {
@@ -306,18 +306,23 @@ func (pr *Profile) estimateRing(e *Estimate, g *attn.Problem, elem int64, rates 
 			e.Calls += len(tasks)
 			slowest = max(slowest, t)
 		}
-		comm := 0.0
+		var sent int64
 		if s < p-1 {
-			comm = hop
-			e.Sent += kv * elem
+			sent += kv * elem
 		}
-		if grad > 0 {
-			e.Sent += kv * 4
+		if s > 0 {
+			sent += grad
 		}
+		comm := pr.linkTime(sent)
+		e.Sent += sent
 		e.Compute += slowest
-		e.Exposed += max(comm-slowest, 0) + grad
-		e.Time += max(slowest, comm) + grad
+		e.Exposed += max(comm-slowest, 0)
+		e.Time += max(slowest, comm)
 	}
+	last := pr.linkTime(grad)
+	e.Sent += grad
+	e.Exposed += last
+	e.Time += last
 	return nil
 }
 

@@ -43,8 +43,12 @@
 // round again; each block's backward gets the final O and LSE, so it
 // recomputes the exact probabilities and Delta = rowsum(dO∘O), and its
 // gradients are that block's exact share. dQ accumulates locally; dK and
-// dV accumulate in float32 buffers that travel with their block and reach
-// its owner one hop after the last step.
+// dV accumulate in float32 buffers that travel the ring one step behind
+// their block, in the same grouped exchange as the next K/V block, so
+// that they cross the link while the next step computes (its gradients
+// are added once the buffer has arrived, in the order of the step's plan,
+// which fixes the order of every float32 sum), and reach the owner one
+// hop after the last step.
 //
 // A packed batch runs the same ring. Each step plans every sequence alone,
 // as above; without dropout the calls that share a window and follow one
