@@ -95,8 +95,8 @@
 // the CPU backend does; the CUDA backend refuses it with
 // attn.ErrUnsupported for now.
 //
-// Not supported yet, refused with attn.ErrUnsupported: an additive bias.
-// The cost model (Choose) does not model packed batches either.
+// Not supported yet, refused with attn.ErrUnsupported: an additive bias,
+// and a packed batch under the Hybrid scheme.
 //
 // # Transports
 //
@@ -159,7 +159,11 @@
 // the one call per rank; for hybrid both, the ring's calls on 1/A of the
 // heads, on the one link the profile measured), Choose picks the least
 // modelled time among all four, and
-// Explain prints the reasoning. MeasureSplit measures the same
+// Explain prints the reasoning. A packed batch is modelled from the calls
+// the packed ring plans, each costed segment by segment at the rate of
+// its own sequence's block, the all-to-all's call sequence by sequence,
+// and the bytes of the packed tokens; Choose picks among ring, zigzag and
+// a2a there, hybrid refusing packed batches. MeasureSplit measures the same
 // quantities: every rank's backend time per step, run one call at a time
 // as on one device, and the bytes each rank sends.
 //
