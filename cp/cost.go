@@ -123,12 +123,13 @@ func rateAt(rs []Rate, rows, cols int, masked bool) float64 {
 		if v, ok := grid[[2]int{rowsAt[i], colsAt[j]}]; ok {
 			return math.Log(v)
 		}
-		// A grid with a hole: the nearest measured shape along the rows.
-		best, bd := 0.0, math.Inf(1)
+		// A grid with a hole: the nearest measured shape along the rows,
+		// a tie going to the smaller shape (the map's order is random).
+		best, bd, bk := 0.0, math.Inf(1), [2]int{}
 		for k, v := range grid {
 			d := math.Abs(math.Log(float64(k[0])/float64(rowsAt[i]))) + math.Abs(math.Log(float64(k[1])/float64(colsAt[j])))
-			if d < bd {
-				best, bd = math.Log(v), d
+			if d < bd || d == bd && (k[0] < bk[0] || k[0] == bk[0] && k[1] < bk[1]) {
+				best, bd, bk = math.Log(v), d, k
 			}
 		}
 		return best
@@ -195,8 +196,8 @@ type Estimate struct {
 	Steps int
 	// Time is the modelled seconds of the call on P devices: per step,
 	// the slowest rank's compute or the exchange it overlaps, whichever is
-	// longer, plus what cannot overlap (the ring backward's dK/dV hop, the
-	// all-to-alls; hybrid pays both kinds).
+	// longer, plus what cannot overlap (the ring backward's last dK/dV
+	// hop, the all-to-alls; hybrid pays both kinds).
 	Time float64
 	// Compute is the part of Time spent computing (the slowest rank's, per
 	// step), Exposed the communication not hidden behind it.
@@ -248,18 +249,32 @@ func (pr *Profile) Estimate(gp *attn.Problem, dt attn.DType, p int, s Strategy, 
 		return Estimate{}, err
 	}
 	g := *gp
-	g.ResolveMask()
 	e := Estimate{Strategy: s, P: p, Backward: backward}
+	if packed(g.Opt) {
+		e.Err = s.CheckPacked(g.Opt.CuSeqlensQ, g.Opt.CuSeqlensK, g.Hkv, p)
+		if e.Err == nil && !g.Varlen {
+			// A problem built by hand: its sizes from the offsets.
+			cq, ck := g.Opt.CuSeqlensQ, g.Opt.CuSeqlensK
+			g.Varlen, g.B = true, len(cq)-1
+			g.TotalQ, g.TotalK = int(cq[len(cq)-1]), int(ck[len(ck)-1])
+			g.N, g.M = longest(cq), longest(ck)
+		}
+	} else {
+		e.Err = s.Check(g.N, g.M, g.Hkv, p)
+	}
+	g.ResolveMask()
 	rates, factor := pr.Forward, 1.0
 	if backward {
 		rates, factor = pr.Backward, 2.5
 	}
-	e.Single = callTime(rates, g.N, g.M, g.Masked, g.FLOPs()*factor)
-	if e.Err = s.Check(g.N, g.M, g.Hkv, p); e.Err == nil {
+	if g.Varlen || !packed(g.Opt) {
+		e.Single = wholeTime(rates, &g, g.FLOPs()*factor)
+	}
+	if e.Err == nil {
 		e.Err = unsupported(g.Opt)
 	}
-	if e.Err == nil && packed(g.Opt) {
-		e.Err = attn.Errorf(attn.ErrUnsupported, "cp: the cost model does not model packed variable-length batches; choose ring, zigzag or a2a")
+	if e.Err == nil && g.Varlen && s.Scheme == Hybrid {
+		e.Err = attn.Errorf(attn.ErrUnsupported, "cp: hybrid does not split packed variable-length batches")
 	}
 	if e.Err != nil {
 		return e, nil
@@ -276,16 +291,17 @@ func (pr *Profile) Estimate(gp *attn.Problem, dt attn.DType, p int, s Strategy, 
 }
 
 // estimateRing fills e for a ring: at each step every rank runs its planned
-// calls while the K/V block travels one hop; in the backward the dK/dV
-// block then takes one more hop, which nothing overlaps.
+// calls while one exchange sends the K/V block one hop on and, in the
+// backward, the previous step's dK/dV block with it; the last dK/dV hop,
+// after the last step, has nothing to overlap.
 func (pr *Profile) estimateRing(e *Estimate, g *attn.Problem, elem int64, rates []Rate, factor float64) error {
 	p := e.P
 	e.Steps = p
-	kv := int64(g.B) * int64(g.M/p) * int64(g.Hkv) * int64(g.DK+g.DV)
-	hop := pr.linkTime(kv * elem)
-	var grad float64
+	_, keys := tokens(g)
+	kv := keys / int64(p) * int64(g.Hkv) * int64(g.DK+g.DV)
+	var grad int64
 	if e.Backward && p > 1 {
-		grad = pr.linkTime(kv * 4)
+		grad = kv * 4
 	}
 	rings := make([]*ring, p)
 	for r := range p {
@@ -300,24 +316,29 @@ func (pr *Profile) estimateRing(e *Estimate, g *attn.Problem, elem int64, rates 
 			}
 			var t float64
 			for _, tk := range tasks {
-				t += callTime(rates, tk.nq, tk.nk, tk.window != nil, taskFLOPs(g, tk)*factor)
+				t += taskTime(rates, g, tk, factor)
 			}
 			e.Work += t
 			e.Calls += len(tasks)
 			slowest = max(slowest, t)
 		}
-		comm := 0.0
+		var sent int64
 		if s < p-1 {
-			comm = hop
-			e.Sent += kv * elem
+			sent += kv * elem
 		}
-		if grad > 0 {
-			e.Sent += kv * 4
+		if s > 0 {
+			sent += grad
 		}
+		comm := pr.linkTime(sent)
+		e.Sent += sent
 		e.Compute += slowest
-		e.Exposed += max(comm-slowest, 0) + grad
-		e.Time += max(slowest, comm) + grad
+		e.Exposed += max(comm-slowest, 0)
+		e.Time += max(slowest, comm)
 	}
+	last := pr.linkTime(grad)
+	e.Sent += grad
+	e.Exposed += last
+	e.Time += last
 	return nil
 }
 
@@ -335,17 +356,70 @@ func (pr *Profile) estimateHeads(e *Estimate, g *attn.Problem, elem int64, rates
 	p := int64(e.P)
 	e.Steps = 1
 	pr.headsTraffic(e, g, elem, e.P)
-	local := g.FLOPs() * factor / float64(p)
-	e.Compute = callTime(rates, g.N, g.M, g.Masked, local)
+	e.Compute = wholeTime(rates, g, g.FLOPs()*factor/float64(p))
 	e.Work = e.Compute * float64(p)
 	e.Calls = int(p)
 	e.Time = e.Compute + e.Exposed
 }
 
-// taskFLOPs returns the forward operations of one planned call of gp:
-// 2·B·H·(DK+DV) per visible pair of the task.
+// tokens returns the queries and keys of gp over its whole batch: B·N and
+// B·M, or a packed batch's totals.
+func tokens(gp *attn.Problem) (queries, keys int64) {
+	if gp.Varlen {
+		return int64(gp.TotalQ), int64(gp.TotalK)
+	}
+	return int64(gp.B) * int64(gp.N), int64(gp.B) * int64(gp.M)
+}
+
+// wholeTime returns the modelled seconds of one call of the whole problem
+// gp (its mask resolved) doing flops operations: a padded batch at the
+// rate of its N × M blocks; a packed one sequence by sequence, each at
+// the rate of its own lengths with its share of the operations.
+func wholeTime(rates []Rate, gp *attn.Problem, flops float64) float64 {
+	if !gp.Varlen {
+		return callTime(rates, gp.N, gp.M, gp.Masked, flops)
+	}
+	all := gp.FLOPs()
+	if all <= 0 {
+		return 0
+	}
+	var t float64
+	for b := range gp.B {
+		seq := *gp
+		_, seq.N, _, seq.M = gp.Segment(b)
+		seq.B, seq.Varlen, seq.TotalQ, seq.TotalK = 1, false, 0, 0
+		seq.Opt.CuSeqlensQ, seq.Opt.CuSeqlensK = nil, nil
+		seq.ResolveMask()
+		t += callTime(rates, seq.N, seq.M, seq.Masked, flops*seq.FLOPs()/all)
+	}
+	return t
+}
+
+// taskTime returns the modelled seconds of one planned call of gp: at the
+// rate of its block, or for a packed call (one with cu_seqlens) segment
+// by segment, each at the rate of its own block (the segments of queries
+// without keys and of keys without queries cost nothing).
+func taskTime(rates []Rate, gp *attn.Problem, t task, factor float64) float64 {
+	if t.cuQ == nil {
+		return callTime(rates, t.nq, t.nk, t.window != nil, taskFLOPs(gp, t)*factor)
+	}
+	var sum float64
+	for i := range len(t.cuQ) - 1 {
+		seg := task{nq: int(t.cuQ[i+1] - t.cuQ[i]), nk: int(t.cuK[i+1] - t.cuK[i]), window: t.window}
+		sum += callTime(rates, seg.nq, seg.nk, seg.window != nil, taskFLOPs(gp, seg)*factor)
+	}
+	return sum
+}
+
+// taskFLOPs returns the forward operations of one planned block of gp
+// without cu_seqlens: 2·B·H·(DK+DV) per visible pair of the task, B
+// being 1 in a packed batch, whose tasks address packed tokens.
 func taskFLOPs(gp *attn.Problem, t task) float64 {
-	return 2 * float64(gp.B) * float64(gp.H) * float64(gp.DK+gp.DV) * float64(taskPairs(t))
+	b := gp.B
+	if gp.Varlen {
+		b = 1
+	}
+	return 2 * float64(b) * float64(gp.H) * float64(gp.DK+gp.DV) * float64(taskPairs(t))
 }
 
 // taskPairs counts the (query, key) pairs a task computes.

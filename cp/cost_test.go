@@ -3,6 +3,7 @@ package cp
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -67,27 +68,46 @@ func TestEstimateMatchesSplit(t *testing.T) {
 	b := cpu.New()
 	pr := flatProfile(1e9, 1e-6)
 	for _, tc := range []struct {
-		name   string
-		n, m   int
-		h, hkv int
-		opt    attn.Options
+		name     string
+		n, m     int
+		h, hkv   int
+		opt      attn.Options
+		cuQ, cuK []int32 // a packed batch of n queries and m keys
 	}{
-		{"causal", 32, 32, 4, 4, attn.Options{Causal: true}},
-		{"causal-n<m-gqa", 16, 32, 4, 2, attn.Options{Causal: true}},
-		{"full", 16, 16, 2, 2, attn.Options{}},
-		{"window", 32, 32, 2, 2, attn.Options{Window: &attn.Window{Left: 3, Right: 1}}},
+		{"causal", 32, 32, 4, 4, attn.Options{Causal: true}, nil, nil},
+		{"causal-n<m-gqa", 16, 32, 4, 2, attn.Options{Causal: true}, nil, nil},
+		{"full", 16, 16, 2, 2, attn.Options{}, nil, nil},
+		{"window", 32, 32, 2, 2, attn.Options{Window: &attn.Window{Left: 3, Right: 1}}, nil, nil},
+		{"packed-causal", 48, 48, 4, 4, attn.Options{Causal: true}, []int32{0, 16, 16, 48}, []int32{0, 16, 16, 48}},
+		{"packed-n!=m-gqa", 32, 48, 4, 2, attn.Options{Causal: true, Align: attn.AlignTopLeft}, []int32{0, 16, 16, 32}, []int32{0, 32, 40, 48}},
+		{"packed-window-dropout", 48, 48, 2, 2, attn.Options{Window: &attn.Window{Left: 5, Right: 2}, Dropout: 0.1, Seed: 1},
+			[]int32{0, 32, 48}, []int32{0, 32, 48}},
 	} {
-		q := normal(rng, attn.Float32, 1, tc.n, tc.h, 8)
-		k := normal(rng, attn.Float32, 1, tc.m, tc.hkv, 8)
-		v := normal(rng, attn.Float32, 1, tc.m, tc.hkv, 8)
-		dO := normal(rng, attn.Float32, 1, tc.n, tc.h, 8)
+		shape := func(n, h int) []int {
+			if tc.cuQ != nil {
+				return []int{n, h, 8}
+			}
+			return []int{1, n, h, 8}
+		}
+		q := normal(rng, attn.Float32, shape(tc.n, tc.h)...)
+		k := normal(rng, attn.Float32, shape(tc.m, tc.hkv)...)
+		v := normal(rng, attn.Float32, shape(tc.m, tc.hkv)...)
+		dO := normal(rng, attn.Float32, shape(tc.n, tc.h)...)
+		tc.opt.CuSeqlensQ, tc.opt.CuSeqlensK = tc.cuQ, tc.cuK
 		gp, err := attn.NewProblem(q, k, v, tc.opt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range Strategies() {
 			for _, p := range []int{1, 2, 4} {
-				if s.Check(tc.n, tc.m, tc.hkv, p) != nil {
+				check := s.Check(tc.n, tc.m, tc.hkv, p)
+				if tc.cuQ != nil {
+					check = s.CheckPacked(tc.cuQ, tc.cuK, tc.hkv, p)
+					if s.Scheme == Hybrid {
+						check = errors.ErrUnsupported
+					}
+				}
+				if check != nil {
 					continue
 				}
 				sf, res, _, err := MeasureSplit(b, s, p, false, q, k, v, attn.Tensor{}, attn.Tensor{}, attn.Tensor{}, tc.opt)
@@ -169,6 +189,69 @@ func TestEstimateReasoning(t *testing.T) {
 		t.Errorf("empty profile: %v", err)
 	}
 }
+
+// TestEstimatePacked checks the model of packed batches: B equal
+// sequences packed model like the padded batch of B (bytes and times; the
+// packed ring may gather a step's blocks into fewer calls, which
+// TestEstimateMatchesSplit counts),
+// a batch with an empty sequence and sequences of different lengths costs
+// each sequence at its own lengths, hybrid is refused, and Choose picks
+// among the others.
+func TestEstimatePacked(t *testing.T) {
+	grow := flatProfile(1e9, 1e-5)
+	grow.Forward = []Rate{{Rows: 16, Cols: 16, PerSecond: 1e9}, {Rows: 1024, Cols: 1024, PerSecond: 1e11}}
+	padded := &attn.Problem{B: 3, N: 256, M: 256, H: 4, Hkv: 4, DK: 32, DV: 32, Opt: attn.Options{Causal: true}}
+	cu := []int32{0, 256, 512, 768}
+	packedP := &attn.Problem{B: 3, N: 256, M: 256, H: 4, Hkv: 4, DK: 32, DV: 32,
+		Opt: attn.Options{Causal: true, CuSeqlensQ: cu, CuSeqlensK: cu}}
+	for _, s := range []Strategy{RingStrategy, ZigzagStrategy, AllToAllStrategy} {
+		want, err := grow.Estimate(padded, attn.BFloat16, 4, s, false)
+		if err != nil || want.Err != nil {
+			t.Fatal(s, err, want.Err)
+		}
+		got, err := grow.Estimate(packedP, attn.BFloat16, 4, s, false)
+		if err != nil || got.Err != nil {
+			t.Fatal(s, err, got.Err)
+		}
+		if got.Sent != want.Sent || got.Steps != want.Steps ||
+			!agree(got.Time, want.Time) || !agree(got.Work, want.Work) || !agree(got.Single, want.Single) {
+			t.Errorf("%v: packed %+v, padded %+v", s, got, want)
+		}
+	}
+	// An empty sequence and a short one: the single call costs the long
+	// sequence at its rate plus the short one at its lower rate.
+	mixed := []int32{0, 512, 512, 576}
+	mp := *packedP
+	mp.Opt.CuSeqlensQ, mp.Opt.CuSeqlensK = mixed, mixed
+	e, err := grow.Estimate(&mp, attn.BFloat16, 4, ZigzagStrategy, false)
+	if err != nil || e.Err != nil {
+		t.Fatal(err, e.Err)
+	}
+	long := &attn.Problem{B: 1, N: 512, M: 512, H: 4, Hkv: 4, DK: 32, DV: 32, Opt: attn.Options{Causal: true}}
+	short := *long
+	short.N, short.M = 64, 64
+	var single float64
+	for _, g := range []*attn.Problem{long, &short} {
+		one, err := grow.Estimate(g, attn.BFloat16, 1, RingStrategy, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		single += one.Single
+	}
+	if !agree(e.Single, single) {
+		t.Errorf("mixed packed batch: single %v, want the sum of its sequences' %v", e.Single, single)
+	}
+	if h, err := grow.Estimate(packedP, attn.BFloat16, 4, HybridStrategy, false); err != nil || !errors.Is(h.Err, attn.ErrUnsupported) {
+		t.Errorf("hybrid on a packed batch: %v, %v; want an Err wrapping attn.ErrUnsupported", err, h.Err)
+	}
+	s, all, err := grow.Choose(&mp, attn.BFloat16, 4, true)
+	if err != nil || s.Scheme == Hybrid || len(all) != len(Strategies()) {
+		t.Errorf("Choose on a packed batch = %v, %v", s, err)
+	}
+}
+
+// agree reports whether a and b agree to 1e-9 relative.
+func agree(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(math.Abs(a), math.Abs(b)) }
 
 // TestModelAgreesWithMeasurement calibrates the CPU backend and the
 // in-process transport, then measures a causal call split over 4 ranks by

@@ -43,8 +43,12 @@
 // round again; each block's backward gets the final O and LSE, so it
 // recomputes the exact probabilities and Delta = rowsum(dO∘O), and its
 // gradients are that block's exact share. dQ accumulates locally; dK and
-// dV accumulate in float32 buffers that travel with their block and reach
-// its owner one hop after the last step.
+// dV accumulate in float32 buffers that travel the ring one step behind
+// their block, in the same grouped exchange as the next K/V block, so
+// that they cross the link while the next step computes (its gradients
+// are added once the buffer has arrived, in the order of the step's plan,
+// which fixes the order of every float32 sum), and reach the owner one
+// hop after the last step.
 //
 // A packed batch runs the same ring. Each step plans every sequence alone,
 // as above; without dropout the calls that share a window and follow one
@@ -91,8 +95,8 @@
 // the CPU backend does; the CUDA backend refuses it with
 // attn.ErrUnsupported for now.
 //
-// Not supported yet, refused with attn.ErrUnsupported: an additive bias.
-// The cost model (Choose) does not model packed batches either.
+// Not supported yet, refused with attn.ErrUnsupported: an additive bias,
+// and a packed batch under the Hybrid scheme.
 //
 // # Transports
 //
@@ -155,7 +159,11 @@
 // the one call per rank; for hybrid both, the ring's calls on 1/A of the
 // heads, on the one link the profile measured), Choose picks the least
 // modelled time among all four, and
-// Explain prints the reasoning. MeasureSplit measures the same
+// Explain prints the reasoning. A packed batch is modelled from the calls
+// the packed ring plans, each costed segment by segment at the rate of
+// its own sequence's block, the all-to-all's call sequence by sequence,
+// and the bytes of the packed tokens; Choose picks among ring, zigzag and
+// a2a there, hybrid refusing packed batches. MeasureSplit measures the same
 // quantities: every rank's backend time per step, run one call at a time
 // as on one device, and the bytes each rank sends.
 //

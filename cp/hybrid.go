@@ -206,7 +206,7 @@ func (s Strategy) ringPlace(hkv, p, r int) (steps, ringP, ringR int, err error) 
 // holds 1/P of every tensor and sends (a−1)/a of that; nothing overlaps.
 func (pr *Profile) headsTraffic(e *Estimate, g *attn.Problem, elem int64, a int) {
 	p, ga := int64(e.P), int64(a)
-	n, m := int64(g.B)*int64(g.N), int64(g.B)*int64(g.M)
+	n, m := tokens(g)
 	h, hkv, dk, dv := int64(g.H), int64(g.Hkv), int64(g.DK), int64(g.DV)
 	q, k, v, o, lse := n*h*dk*elem, m*hkv*dk*elem, m*hkv*dv*elem, n*h*dv*elem, n*h*4
 	in, out := []int64{q, k, v}, []int64{o, lse}

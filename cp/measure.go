@@ -168,7 +168,8 @@ func (c *counted) SplitGroup(ctx context.Context, color, key int) (Transport, er
 // the forward's o and lse and dO) with every backend call timed and run
 // one at a time, as on one device, and returns what it measured with the
 // call's outputs (res for the forward, g for the backward). The problem
-// must suit the strategy (Strategy.Check).
+// must suit the strategy (Strategy.Check, or CheckPacked for a packed
+// batch).
 func MeasureSplit(b attn.Backend, s Strategy, p int, backward bool, q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (sp Split, res attn.Result, g attn.Gradients, err error) {
 	if b == nil {
 		return Split{}, res, g, attn.Errorf(attn.ErrOption, "cp: MeasureSplit needs a backend")
@@ -177,7 +178,12 @@ func MeasureSplit(b attn.Backend, s Strategy, p int, backward bool, q, k, v, o, 
 	if err != nil {
 		return Split{}, res, g, err
 	}
-	if err := s.Check(gp.N, gp.M, gp.Hkv, p); err != nil {
+	if gp.Varlen {
+		err = s.CheckPacked(opt.CuSeqlensQ, opt.CuSeqlensK, gp.Hkv, p)
+	} else {
+		err = s.Check(gp.N, gp.M, gp.Hkv, p)
+	}
+	if err != nil {
 		return Split{}, res, g, err
 	}
 	var mu sync.Mutex

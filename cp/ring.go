@@ -61,24 +61,32 @@ func (g *ring) exchange(ctx context.Context, send, recv [][]byte) error {
 	return g.a.Transport.Exchange(ctx, sends, recvs)
 }
 
-// startKV starts passing cur to the next rank and receiving the previous
-// rank's block into next, while the caller computes on cur; the returned
-// function waits for the exchange. cur is only read meanwhile.
-func (g *ring) startKV(ctx context.Context, cur, next kvPair) func() error {
+// start starts one grouped exchange of send to the next rank and recv from
+// the previous one while the caller computes; the returned function waits
+// for it. The send buffers are only read meanwhile.
+func (g *ring) start(ctx context.Context, send, recv [][]byte) func() error {
 	done := make(chan error, 1)
-	go func() {
-		done <- g.exchange(ctx, [][]byte{bytesOf(cur.k), bytesOf(cur.v)}, [][]byte{bytesOf(next.k), bytesOf(next.v)})
-	}()
+	go func() { done <- g.exchange(ctx, send, recv) }()
 	return func() error { return <-done }
 }
 
+// carry is what travels the ring one step behind the K/V blocks (the
+// backward's dK/dV): send(s), when not nil, goes to the next rank and
+// recv(s) is filled from the previous one by the exchange in flight
+// during step s, and fold(s) runs once that exchange has completed.
+type carry struct {
+	bufs func(s int) (send, recv []byte)
+	fold func(s int)
+}
+
 // steps runs the P steps of a ring: at step s it calls work for each task
-// of the step with the K/V block of rank owner(s), while that block
-// travels on to the next rank, then, once the block has gone, after (when
-// not nil), which may use the transport. On an error it aborts the group
-// before waiting for the exchange in flight, so that the exchange cannot
-// wait forever.
-func (g *ring) steps(ctx context.Context, k, v attn.Tensor, work func(t task, kv kvPair) error, after func() error) error {
+// of the step with the K/V block of rank owner(s), while one grouped
+// exchange sends that block on to the next rank and receives the next
+// one (and, with c, c's buffers of step s); once the exchange has
+// completed it calls c.fold(s). On an error it aborts the group before
+// waiting for the exchange in flight, so that the exchange cannot wait
+// forever.
+func (g *ring) steps(ctx context.Context, k, v attn.Tensor, work func(t task, kv kvPair) error, c *carry) error {
 	cur, err := newKV(k, v)
 	if err != nil {
 		return err
@@ -96,9 +104,18 @@ func (g *ring) steps(ctx context.Context, k, v attn.Tensor, work func(t task, kv
 		}
 	}
 	for s := range g.p {
-		wait := func() error { return nil }
+		var send, recv [][]byte
 		if s < g.p-1 {
-			wait = g.startKV(ctx, cur, next)
+			send, recv = [][]byte{bytesOf(cur.k), bytesOf(cur.v)}, [][]byte{bytesOf(next.k), bytesOf(next.v)}
+		}
+		if c != nil {
+			if cs, cr := c.bufs(s); cs != nil {
+				send, recv = append(send, cs), append(recv, cr)
+			}
+		}
+		wait := func() error { return nil }
+		if len(send) > 0 {
+			wait = g.start(ctx, send, recv)
 		}
 		if err := g.step(s, cur, work); err != nil {
 			g.a.Transport.Abort(err)
@@ -108,10 +125,8 @@ func (g *ring) steps(ctx context.Context, k, v attn.Tensor, work func(t task, kv
 		if err := wait(); err != nil {
 			return err
 		}
-		if after != nil {
-			if err := after(); err != nil {
-				return fmt.Errorf("cp: rank %d, ring step %d: %w", g.r, s, err)
-			}
+		if c != nil {
+			c.fold(s)
 		}
 		cur, next = next, cur
 	}
@@ -155,13 +170,43 @@ func (a *Attention) ringForward(ctx context.Context, lp, gp *attn.Problem, q, k,
 // block's backward uses the final O and LSE, so that it recomputes the
 // exact probabilities and Delta = rowsum(dO∘O) of the whole problem, and
 // returns that block's exact share of the gradients. dQ accumulates here;
-// dK and dV accumulate in float32 buffers that travel with their block and
-// reach its owner one hop after the last step.
+// dK and dV accumulate in float32 buffers that travel the ring one step
+// behind their block, in the exchange that carries the next K/V block, so
+// that they cross the link while the next block computes: at step s the
+// rank computes its block's gradients while the buffer holding the
+// block's sum so far arrives, then adds them to it, call by call in the
+// order of the step's plan; the buffer reaches its owner one hop after
+// the last step. The order of the float32 sums of every element is thus
+// fixed by the plan alone: the owner's calls of step 0, then those of
+// each next rank in ring order.
 func (a *Attention) ringBackward(ctx context.Context, lp, gp *attn.Problem, q, k, v, o, lse, dO attn.Tensor) (attn.Gradients, error) {
 	g := a.newRing(lp, gp)
 	dq := make([]float32, lp.B*lp.N*lp.H*lp.DK)
 	nk, nv := lp.B*lp.M*lp.Hkv*lp.DK, lp.B*lp.M*lp.Hkv*lp.DV
-	dkv, dkvNext := make([]float32, nk+nv), make([]float32, nk+nv)
+	// dkv[s%2] is the buffer of step s's block: zero at step 0, received
+	// from the previous rank at later steps while step s computes.
+	dkv := [2][]float32{make([]float32, nk+nv), make([]float32, nk+nv)}
+	type share struct {
+		k0     int
+		dk, dv attn.Tensor
+	}
+	var pending []share // the step's dK/dV, added once its buffer is here
+	c := &carry{
+		bufs: func(s int) (send, recv []byte) {
+			if s == 0 {
+				return nil, nil
+			}
+			return f32Bytes(dkv[(s-1)%2]), f32Bytes(dkv[s%2])
+		},
+		fold: func(s int) {
+			acc := dkv[s%2]
+			for _, x := range pending {
+				addRows(acc[:nk], lp.M, x.k0, x.dk)
+				addRows(acc[nk:], lp.M, x.k0, x.dv)
+			}
+			pending = pending[:0]
+		},
+	}
 	err := g.steps(ctx, k, v, func(t task, kv kvPair) error {
 		gr, err := a.Backend.Backward(narrow(q, 1, t.q0, t.nq), narrow(kv.k, 1, t.k0, t.nk), narrow(kv.v, 1, t.k0, t.nk),
 			narrow(o, 1, t.q0, t.nq), narrow(lse, 2, t.q0, t.nq), narrow(dO, 1, t.q0, t.nq), taskOptions(gp, t))
@@ -169,30 +214,28 @@ func (a *Attention) ringBackward(ctx context.Context, lp, gp *attn.Problem, q, k
 			return err
 		}
 		addRows(dq, lp.N, t.q0, gr.DQ)
-		addRows(dkv[:nk], lp.M, t.k0, gr.DK)
-		addRows(dkv[nk:], lp.M, t.k0, gr.DV)
+		pending = append(pending, share{t.k0, gr.DK, gr.DV})
 		return nil
-	}, func() error {
-		if g.p == 1 {
-			return nil
-		}
-		if err := g.exchange(ctx, [][]byte{f32Bytes(dkv)}, [][]byte{f32Bytes(dkvNext)}); err != nil {
-			return err
-		}
-		dkv, dkvNext = dkvNext, dkv
-		return nil
-	})
+	}, c)
 	if err != nil {
 		return attn.Gradients{}, err
+	}
+	final := dkv[(g.p-1)%2]
+	if g.p > 1 {
+		// The last hop: the buffers of the last step go to their owners.
+		final = dkv[g.p%2]
+		if err := g.exchange(ctx, [][]byte{f32Bytes(dkv[(g.p-1)%2])}, [][]byte{f32Bytes(final)}); err != nil {
+			return attn.Gradients{}, fmt.Errorf("cp: rank %d, dK/dV to their owner: %w", g.r, err)
+		}
 	}
 	dt := q.DType
 	var gr attn.Gradients
 	if gr.DQ, err = fromF32(dt, dq, q.Shape...); err != nil {
 		return attn.Gradients{}, err
 	}
-	if gr.DK, err = fromF32(dt, dkv[:nk], k.Shape...); err != nil {
+	if gr.DK, err = fromF32(dt, final[:nk], k.Shape...); err != nil {
 		return attn.Gradients{}, err
 	}
-	gr.DV, err = fromF32(dt, dkv[nk:], v.Shape...)
+	gr.DV, err = fromF32(dt, final[nk:], v.Shape...)
 	return gr, err
 }

@@ -16,7 +16,7 @@ import (
 // difference of two computations in the compute dtype, relative to the
 // largest output: 1e-5 for fp32, a few units of bf16 roundoff), for each
 // scheme, causal and not, GQA, DK ≠ DV, N ≠ M and packed variable-length
-// batches with an empty segment.
+// batches with an empty segment (auto too).
 func TestRunRingSim(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // where --cp-scheme auto caches its profile
 	rng := rand.New(rand.NewPCG(9, 10))
@@ -47,6 +47,9 @@ func TestRunRingSim(t *testing.T) {
 				"--cu-seqlens-q", "0,16,16,48", "--cu-seqlens-k", "0,8,16,24"}, 1e-5, ""},
 		{"ring packed full", []int{32, 2, 8}, []int{40, 2, 8}, []int{40, 2, 4},
 			[]string{"--ring-sim", "4", "--cp-scheme", "ring", "--cu-seqlens-q", "0,0,12,32", "--cu-seqlens-k", "0,8,8,40"}, 1e-5, ""},
+		{"auto packed causal explained", []int{48, 4, 8}, []int{48, 2, 8}, []int{48, 2, 8},
+			[]string{"--ring-sim", "2", "--cp-scheme", "auto", "--cp-explain", "--causal",
+				"--cu-seqlens-q", "0,16,16,48", "--cu-seqlens-k", "0,16,16,48"}, 1e-5, "chosen: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -134,8 +137,8 @@ func TestRunRingSimPackedErrors(t *testing.T) {
 	}{
 		{"uneven sequence", []string{"--ring-sim", "2", "--causal", "--cu-seqlens-q", "0,6,24", "--cu-seqlens-k", "0,6,24"},
 			"cu_seqlens_q: sequence 0 of length 6 cannot be cut into 4 equal chunks (zigzag layout, 2 ranks): uneven shards"},
-		{"auto", []string{"--ring-sim", "2", "--cp-scheme", "auto", "--cu-seqlens-q", "0,8,24", "--cu-seqlens-k", "0,8,24"},
-			"the cost model does not model packed variable-length batches"},
+		{"hybrid", []string{"--ring-sim", "2", "--cp-scheme", "hybrid", "--cu-seqlens-q", "0,8,24", "--cu-seqlens-k", "0,8,24"},
+			"with the hybrid scheme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"run", "--backend", "cpu", "--q", x, "--k", x, "--v", x, "--out", filepath.Join(dir, "out")}, tc.flags...)

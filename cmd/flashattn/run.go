@@ -70,8 +70,8 @@ Flags:
                             A ranks (A divides P and the key/value heads: the
                             largest such, or given as hybrid-A) and rings across
                             the groups; auto asks the cost model, which measures
-                            this machine once and caches the result (hybrid and
-                            auto not for packed batches)
+                            this machine once and caches the result (hybrid not
+                            for packed batches; auto picks among the others)
   --cp-explain              print the cost model's reasoning for --ring-sim
 `
 
