@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -264,8 +265,10 @@ func agree(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(math.Abs(a
 // of each other here; all-to-all's one balanced call per rank is what
 // stands apart.
 func TestModelAgreesWithMeasurement(t *testing.T) {
-	if testing.Short() {
-		t.Skip("measures timings")
+	// It times the backend, so a busy machine can move its numbers: it runs
+	// on request only (speed is checked by flashattn bench --cp --cp-explain).
+	if os.Getenv("FLASHATTN_TIMED_TESTS") == "" {
+		t.Skip("times the CPU backend; set FLASHATTN_TIMED_TESTS=1 to run")
 	}
 	b := cpu.New()
 	const n, h, d, p = 1024, 4, 32, 4
