@@ -25,8 +25,11 @@ import (
 // alignment rules of ldmatrix and cp.async checked), a per-direction header
 // naming those primitives as the direction's kernels do (fwd.h, bwd.h) and
 // driver.h (the main that runs a launch plan on an arena of device
-// memory). They check indexing, masking, layouts and barriers without a
-// GPU, not speed.
+// memory). Hopper kernels add hopper.h (warpgroup products), tma.h
+// (mbarriers, bulk tensor copies) and, warp-specialized, ws.h (named
+// barriers, setmaxnreg, bulk reduce-add); a block none of whose threads can
+// proceed fails as a deadlock naming what each thread waits for. They check
+// indexing, masking, layouts and synchronisation without a GPU, not speed.
 
 const emuBase = 1 << 32 // fake device address of the arena's first byte
 
