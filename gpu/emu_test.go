@@ -25,8 +25,11 @@ import (
 // alignment rules of ldmatrix and cp.async checked), a per-direction header
 // naming those primitives as the direction's kernels do (fwd.h, bwd.h) and
 // driver.h (the main that runs a launch plan on an arena of device
-// memory). They check indexing, masking, layouts and barriers without a
-// GPU, not speed.
+// memory). Hopper kernels add hopper.h (warpgroup products), tma.h
+// (mbarriers, bulk tensor copies) and, warp-specialized, ws.h (named
+// barriers, setmaxnreg, bulk reduce-add); a block none of whose threads can
+// proceed fails as a deadlock naming what each thread waits for. They check
+// indexing, masking, layouts and synchronisation without a GPU, not speed.
 
 const emuBase = 1 << 32 // fake device address of the arena's first byte
 
@@ -219,6 +222,16 @@ var emuCXXFlags = []string{"-std=c++20", "-O1", "-fexpensive-optimizations", "-w
 // kernels that take the driver's second parameter struct, by kernel.
 func emuExec(t *testing.T, bin, name string, params []byte, ar *emuArena, launches []emuLaunch, params2 map[string][]byte) {
 	t.Helper()
+	if out, err := emuRun(t, bin, params, ar, launches, params2); err != nil {
+		t.Fatalf("emulator (%s): %v\n%s", name, err, out)
+	}
+}
+
+// emuRun is emuExec returning the emulator's failure (its error and
+// output) instead of failing t; the arena is replaced only after a run
+// that succeeds.
+func emuRun(t *testing.T, bin string, params []byte, ar *emuArena, launches []emuLaunch, params2 map[string][]byte) ([]byte, error) {
+	t.Helper()
 	dir := t.TempDir()
 	pf, af, of := filepath.Join(dir, "params"), filepath.Join(dir, "arena"), filepath.Join(dir, "out")
 	if err := os.WriteFile(pf, params, 0o644); err != nil {
@@ -237,13 +250,14 @@ func emuExec(t *testing.T, bin, name string, params []byte, ar *emuArena, launch
 		args = append(args, l.kernel, fmt.Sprint(l.grid[0]), fmt.Sprint(l.grid[1]), fmt.Sprint(l.grid[2]), fmt.Sprint(l.threads))
 	}
 	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
-		t.Fatalf("emulator (%s): %v\n%s", name, err, out)
+		return out, err
 	}
 	res, err := os.ReadFile(of)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ar.b = res
+	return nil, nil
 }
 
 // emuSkip skips t unless the environment variable env is set and g++ is

@@ -14,6 +14,7 @@ static std::function<void()> emu_body;
 static void emu_tramp() {
   emu_body();
   emu_cur->done = true;
+  emu_progress();
   emu_live_cta--;
   emu_live_warp[emu_cur->tid.x >> 5]--;
   if (!emu_switch()) setcontext(&emu_main);
@@ -33,9 +34,13 @@ static void emu_run(std::function<void()> body, emu_dim3 grid, unsigned threads)
         memset(emu_or_calls, 0, sizeof emu_or_calls);  // __syncthreads_or: every thread from call 0
         memset(emu_or_acc, 0, sizeof emu_or_acc);
         emu_fibers.assign(threads, EmuFiber{});
-        emu_cta_bar = EmuBarrier{0, (int)threads, 0, &emu_live_cta};
+        emu_cta_bar = EmuBarrier{0, (int)threads, 0, &emu_live_cta, "__syncthreads"};
         emu_live_cta = threads;
-        for (int w = 0; w < 32; ++w) { emu_warp_bar[w] = EmuBarrier{0, 32, 0, &emu_live_warp[w]}; emu_live_warp[w] = 32; }
+        for (int w = 0; w < 32; ++w) {
+          emu_warp_bar[w] = EmuBarrier{0, 32, 0, &emu_live_warp[w], "a warp-synchronous instruction of warp %u"};
+          emu_live_warp[w] = 32;
+        }
+        emu_idle = 0;
         for (unsigned i = 0; i < threads; ++i) {
           EmuFiber& f = emu_fibers[i];
           f.tid = emu_dim3{i, 0, 0};
@@ -47,11 +52,13 @@ static void emu_run(std::function<void()> body, emu_dim3 grid, unsigned threads)
           f.ctx.uc_link = nullptr;
           makecontext(&f.ctx, emu_tramp, 0);
         }
+        for (auto start : emu_block_start) start();
         emu_cur_i = 0;
         emu_cur = &emu_fibers[0];
         swapcontext(&emu_main, &emu_fibers[0].ctx);
         for (auto& f : emu_fibers)
           if (!f.done) emu_fail("block ended with unfinished threads");
+        for (auto end : emu_block_end) end();
       }
 }
 static std::vector<char> emu_read(const char* path) {

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ucontext.h>
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #define __global__
@@ -74,11 +76,18 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
 }
 
 // ---- fibers and barriers
+// EmuWaitOn says what a blocked thread waits for: what, a printf format
+// of up to three unsigned operands a, b, c.
+struct EmuWaitOn {
+  const char* what = nullptr;
+  unsigned a = 0, b = 0, c = 0;
+};
 struct EmuFiber {
   ucontext_t ctx;
   emu_dim3 tid;
   bool done;
   char* stack;
+  EmuWaitOn on;  // while blocked
 };
 constexpr size_t EMU_STACK = 1 << 20;
 static std::vector<EmuFiber> emu_fibers;
@@ -107,26 +116,163 @@ static bool emu_switch() {
 // Threads of the block and of each warp that have not returned yet.
 static int emu_live_cta;
 static int emu_live_warp[32];
+
+// Functions the emulation's headers run when a block starts and after its
+// threads have all returned (resetting and checking their per-block state);
+// EmuHook registers one from a static initializer.
+static std::vector<void (*)()> emu_block_start, emu_block_end;
+struct EmuHook {
+  EmuHook(std::vector<void (*)()>& list, void (*f)()) { list.push_back(f); }
+};
+
+// ---- waiting. A thread whose condition does not hold yields to the next
+// one. Every change of a synchronisation object (an arrival, a completed
+// phase, registers released, a thread returning) is progress; when the live
+// threads have all yielded twice over since the last progress, none can
+// ever proceed: the block is deadlocked, and the emulation fails naming
+// what each blocked thread waits for (and what the headers registered in
+// emu_deadlock_notes add about their objects).
+static long emu_idle;  // yields without progress since the last progress
+static std::vector<std::string (*)()> emu_deadlock_notes;
+inline void emu_progress() { emu_idle = 0; }
+static std::string emu_wait_text(const EmuWaitOn& on) {
+  char buf[200];
+  snprintf(buf, sizeof buf, on.what ? on.what : "(running)", on.a, on.b, on.c);
+  return buf;
+}
+[[noreturn]] static void emu_deadlock() {
+  std::string msg = "deadlock: no thread can proceed; thread " + std::to_string(emu_cur->tid.x) + " waits for " + emu_wait_text(emu_cur->on);
+  // blocked threads, runs of consecutive threads that wait for the same
+  for (size_t i = 0; i < emu_fibers.size();) {
+    const EmuFiber& f = emu_fibers[i];
+    size_t j = i + 1;
+    const std::string w = emu_wait_text(f.on);
+    while (j < emu_fibers.size() && emu_fibers[j].done == f.done && emu_wait_text(emu_fibers[j].on) == w) ++j;
+    msg += "\n  threads " + std::to_string(i) + "-" + std::to_string(j - 1) + ": " + (f.done ? "returned" : w);
+    i = j;
+  }
+  for (auto note : emu_deadlock_notes) msg += note();
+  emu_fail(msg.c_str());
+}
+// emu_yield_blocked yields once on behalf of a thread whose condition does
+// not hold, failing when the block is deadlocked.
+static void emu_yield_blocked(const EmuWaitOn& on) {
+  emu_cur->on = on;
+  if (++emu_idle > 2 * (long)emu_live_cta + 2 || !emu_switch()) emu_deadlock();
+  emu_cur->on = EmuWaitOn{};
+}
+// emu_block_until blocks the current thread until ready() holds.
+template <class F>
+inline void emu_block_until(F ready, const EmuWaitOn& on) {
+  while (!ready()) emu_yield_blocked(on);
+}
+
 struct EmuBarrier {
   int count = 0, expected = 0;
   unsigned gen = 0;
   int* live = nullptr;
+  const char* what = "a barrier";  // for deadlock reports (an EmuWaitOn format of the warp)
 };
 static void emu_wait(EmuBarrier& b) {
   const unsigned g = b.gen;
+  emu_progress();
   if (++b.count == b.expected) {
     b.count = 0;
     b.gen++;
     return;
   }
-  while (b.gen == g) {
-    if (*b.live < b.expected) emu_fail("barrier can never complete: some threads returned");
-    if (!emu_switch()) emu_fail("barrier can never complete: no other thread runs");
-  }
+  emu_block_until([&] {
+    if (b.gen == g && *b.live < b.expected) emu_fail("barrier can never complete: some threads returned");
+    return b.gen != g;
+  }, EmuWaitOn{b.what, (unsigned)(threadIdx.x >> 5)});
 }
 static EmuBarrier emu_cta_bar;
 static EmuBarrier emu_warp_bar[32];
-inline void __syncthreads() { emu_wait(emu_cta_bar); }
+
+// ---- named barriers (bar / barrier): sixteen per block. A phase starts
+// with its first arrival, which fixes its thread count; it completes when
+// that many arrivals have come, the arriving threads then waiting in .sync
+// resume, and the next arrival starts the next phase. Barrier 0 with the
+// whole block in bar.sync is __syncthreads' barrier and shares its state.
+struct EmuNamedBar {
+  int expected = 0, arrived = 0;  // the phase's thread count (0: no phase in progress), its arrivals
+  unsigned gen = 0;               // completed phases
+  bool aligned = false;           // some arrival of the phase was .aligned (bar.sync, bar.arrive)
+  std::vector<bool> in;           // threads that arrived in the phase
+};
+static EmuNamedBar emu_named[16];
+static std::string emu_named_note() {
+  std::string s;
+  for (int i = 0; i < 16; ++i)
+    if (emu_named[i].arrived)
+      s += "\n  named barrier " + std::to_string(i) + ": " + std::to_string(emu_named[i].arrived) + " of " +
+           std::to_string(emu_named[i].expected) + " threads arrived";
+  return s;
+}
+static EmuHook emu_named_start(emu_block_start, [] {
+  for (auto& b : emu_named) b = EmuNamedBar{0, 0, 0, false, std::vector<bool>(blockDim.x)};
+});
+static const bool emu_named_noted = (emu_deadlock_notes.push_back(emu_named_note), true);
+
+[[noreturn]] static void emu_named_fail(const char* op, unsigned id, unsigned count, const char* why, unsigned x = 0, unsigned y = 0) {
+  char buf[400], rule[300];
+  snprintf(rule, sizeof rule, why, x, y);
+  snprintf(buf, sizeof buf, "%s %u, %u (thread %u): %s", op, id, count, threadIdx.x, rule);
+  emu_fail(buf);
+}
+// emu_bar is op (bar.sync, bar.arrive, barrier.sync, barrier.arrive) on
+// named barrier id with count threads: wait says .sync (arrive, then wait
+// for the phase to complete), aligned the .aligned forms (bar.*), whose
+// warps take part whole: a warp some of whose live lanes arrive in a phase
+// that completes without the others is a failure.
+static void emu_bar(unsigned id, unsigned count, bool wait, bool aligned, const char* op) {
+  if (id > 15) emu_named_fail(op, id, count, "barrier id out of range 0..15");
+  if (count == 0) emu_named_fail(op, id, count, "thread count 0");
+  if (count % 32 != 0) emu_named_fail(op, id, count, "thread count not a multiple of the warp size (32)");
+  if (count > blockDim.x) emu_named_fail(op, id, count, "thread count above the block's %u threads", blockDim.x);
+  if (id == 0 && count == blockDim.x && wait && aligned) {
+    if (emu_named[0].arrived) emu_named_fail(op, id, count, "barrier 0 has a phase of %u threads in progress", emu_named[0].expected);
+    emu_wait(emu_cta_bar);  // __syncthreads
+    return;
+  }
+  if (id == 0 && emu_cta_bar.count) emu_named_fail(op, id, count, "__syncthreads has a phase of the whole block (%u threads) in progress on barrier 0", blockDim.x);
+  EmuNamedBar& b = emu_named[id];
+  const unsigned t = threadIdx.x;
+  if (b.arrived == 0) {
+    b.expected = (int)count;
+    b.aligned = false;
+  } else if ((int)count != b.expected) {
+    emu_named_fail(op, id, count, "thread counts differ within one phase: it started with %u", (unsigned)b.expected);
+  }
+  if (b.in[t]) emu_named_fail(op, id, count, "the thread arrives twice in one phase (%u of %u arrived)", (unsigned)b.arrived, (unsigned)b.expected);
+  b.in[t] = true;
+  b.aligned |= aligned;
+  b.arrived++;
+  emu_progress();
+  if (b.arrived == b.expected) {
+    if (b.aligned)
+      for (unsigned w = 0; w * 32 < blockDim.x; ++w) {
+        int in = 0, out = 0;
+        for (unsigned l = w * 32; l < w * 32 + 32 && l < blockDim.x; ++l) {
+          if (b.in[l]) in++;
+          else if (!emu_fibers[l].done) out++;
+        }
+        if (in && out) emu_named_fail(op, id, count, "the phase completes with %u live lanes of warp %u not arrived (bar is .aligned: the whole warp takes part)", (unsigned)out, w);
+      }
+    b.gen++;
+    b.arrived = b.expected = 0;
+    std::fill(b.in.begin(), b.in.end(), false);
+    return;
+  }
+  if (!wait) return;
+  const unsigned g = b.gen;
+  emu_block_until([&] { return b.gen != g; }, EmuWaitOn{wait && aligned ? "bar.sync %u, %u" : "barrier.sync %u, %u", id, count});
+}
+
+inline void __syncthreads() {
+  if (emu_named[0].arrived) emu_fail("__syncthreads: named barrier 0 has a phase of another thread count in progress");
+  emu_wait(emu_cta_bar);
+}
 inline int emu_lane() { return (int)(threadIdx.x & 31); }
 inline int emu_warp() { return (int)(threadIdx.x >> 5); }
 inline void emu_warp_sync() { emu_wait(emu_warp_bar[emu_warp()]); }

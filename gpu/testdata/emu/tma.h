@@ -7,7 +7,10 @@
 //
 // A copy lands at once, when its thread issues it, and completes its bytes
 // on its barrier then; a wait that cannot succeed yields to the other
-// threads, and fails when it never can.
+// threads, and fails when it never can (shim.h's deadlock detection, which
+// lists the barriers with a phase in progress). Plain arrivals (mbar_arrive,
+// ws.h) make the consumer side of a pipeline: consumers arrive on a stage's
+// "empty" barrier, the producer waits on its parity before reusing the stage.
 #include <map>
 
 // EmuMbar is one mbarrier: arrivals still pending in the current phase (of
@@ -25,27 +28,49 @@ inline EmuMbar& emu_mbar(unsigned bar) {
 }
 inline void emu_mbar_settle(EmuMbar& m) {
   if (m.tx < 0) emu_fail("mbarrier: more bytes completed than announced");
+  emu_progress();
   if (m.pending == 0 && m.tx == 0) {
     m.phase++;
     m.pending = m.count;
   }
 }
+static std::string emu_mbar_note() {
+  std::string s;
+  for (auto& [a, m] : emu_mbars)
+    if (m.pending != m.count || m.tx != 0)
+      s += "\n  mbarrier " + std::to_string(a) + ": phase " + std::to_string(m.phase) + ", " + std::to_string(m.pending) + " of " +
+           std::to_string(m.count) + " arrivals and " + std::to_string(m.tx) + " bytes pending";
+  return s;
+}
+static const bool emu_mbar_noted = (emu_deadlock_notes.push_back(emu_mbar_note), true);
 inline void mbar_init(u32 bar, u32 count) {
   emu_smem_check(bar, 8, "mbarrier misaligned or out of range");
+  if (count == 0) emu_fail("mbarrier.init: count 0");
   emu_mbars[bar] = EmuMbar{(int)count, (int)count, 0, 0};
+  emu_progress();
 }
 inline void mbar_fence_init() {}
-inline void mbar_expect_tx(u32 bar, u32 bytes) {
+inline void emu_mbar_arrive(u32 bar, u32 bytes, const char* what) {
   EmuMbar& m = emu_mbar(bar);
   m.tx += bytes;
-  if (--m.pending < 0) emu_fail("mbarrier: more arrivals than its count");
+  if (--m.pending < 0) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s: mbarrier %u gets more arrivals than its count %d in phase %u (thread %u)", what, bar, m.count, m.phase, threadIdx.x);
+    emu_fail(msg);
+  }
   emu_mbar_settle(m);
 }
+inline void mbar_expect_tx(u32 bar, u32 bytes) { emu_mbar_arrive(bar, bytes, "mbarrier.arrive.expect_tx"); }
 // true once the phase of this parity has completed (the current phase's parity differs)
-inline bool mbar_try_wait(u32 bar, u32 parity) { return (emu_mbar(bar).phase & 1u) != parity; }
+inline bool emu_mbar_done(u32 bar, u32 parity) { return (emu_mbar(bar).phase & 1u) != parity; }
+// a test that fails yields once: a kernel's own loop on it cannot spin forever
+inline bool mbar_try_wait(u32 bar, u32 parity) {
+  if (emu_mbar_done(bar, parity)) return true;
+  emu_yield_blocked(EmuWaitOn{"mbarrier.try_wait.parity %u, parity %u", bar, parity});
+  return emu_mbar_done(bar, parity);
+}
 inline void mbar_wait(u32 bar, u32 parity) {
-  for (long spins = 0; !mbar_try_wait(bar, parity); ++spins)
-    if (spins > 100000 || !emu_switch()) emu_fail("mbarrier wait never completes");
+  emu_block_until([&] { return emu_mbar_done(bar, parity); }, EmuWaitOn{"mbarrier.try_wait.parity %u, parity %u", bar, parity});
 }
 
 // tma_load_4d copies the box of 64 columns from c0 and the map's box rows
