@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+
+	"github.com/flashattn/flashattn/cuda"
 )
 
 // Environment variables read by the NCCL layer.
@@ -273,49 +275,20 @@ func loadNCCL() (*ncclAPI, error) {
 
 // openNCCL loads the first candidate that opens and resolves its symbols.
 func openNCCL(cands []string) (*ncclAPI, error) {
-	var tried []string
-	var h uintptr
-	var path string
-	for _, c := range cands {
-		if strings.ContainsRune(c, '/') {
-			if st, err := os.Stat(c); err != nil || st.IsDir() {
-				tried = append(tried, c)
-				continue
-			}
+	lib, err := cuda.OpenLibrary(cands, ErrNoNCCL)
+	if err != nil {
+		if len(cands) == 0 {
+			return nil, fmt.Errorf("cp: %w", err)
 		}
-		lib, err := purego.Dlopen(c, purego.RTLD_NOW|purego.RTLD_GLOBAL)
-		if err != nil {
-			tried = append(tried, fmt.Sprintf("%s (%v)", c, err))
-			continue
-		}
-		h, path = lib, c
-		break
+		return nil, fmt.Errorf("cp: %w (set %s to its path)", err, EnvNCCL)
 	}
-	if h == 0 {
-		if len(tried) == 0 {
-			return nil, fmt.Errorf("cp: %w: nothing to try", ErrNoNCCL)
-		}
-		return nil, fmt.Errorf("cp: %w: tried %s (set %s to its path)", ErrNoNCCL, strings.Join(tried, ", "), EnvNCCL)
-	}
-	a := &ncclAPI{path: path}
+	a := &ncclAPI{path: lib.Path()}
 	required, optional := a.symbols()
-	var missing []string
-	for name, p := range required {
-		s, err := purego.Dlsym(h, name)
-		if err != nil || s == 0 {
-			missing = append(missing, name)
-			continue
-		}
-		*p = s
-	}
-	if len(missing) > 0 {
-		sort.Strings(missing)
-		return nil, fmt.Errorf("cp: %w: %s lacks %s (NCCL older than 2.7?)", ErrNoNCCL, path, strings.Join(missing, ", "))
+	if err := lib.Symbols(required); err != nil {
+		return nil, fmt.Errorf("cp: %w: %v (NCCL older than 2.7?)", ErrNoNCCL, err)
 	}
 	for name, p := range optional {
-		if s, err := purego.Dlsym(h, name); err == nil {
-			*p = s
-		}
+		*p = lib.OptionalSymbol(name)
 	}
 	purego.RegisterFunc(&a.commInitRank, a.commInitRankSym)
 	if a.commInitRankConfigSym != 0 {
