@@ -29,8 +29,7 @@ const nfChunkSlots = 512
 type nfArena struct {
 	mu     sync.Mutex
 	chunks []*cuda.Buffer
-	used   int                // slots handed out from the last chunk
-	slots  map[uintptr]uint64 // stream handle (0: the legacy default stream) -> slot address
+	slots  map[uintptr]uint64 // stream handle (0: the legacy default stream) -> slot address, handed out in order
 }
 
 // grow adds a zeroed chunk of nfChunkSlots slots. It allocates and clears
@@ -45,7 +44,6 @@ func (a *nfArena) grow(dev *cuda.Device) error {
 		return err
 	}
 	a.chunks = append(a.chunks, buf)
-	a.used = 0
 	return nil
 }
 
@@ -62,7 +60,7 @@ func (a *nfArena) free() {
 	for _, c := range a.chunks {
 		c.Free()
 	}
-	a.chunks, a.slots, a.used = nil, map[uintptr]uint64{}, 0
+	a.chunks, a.slots = nil, map[uintptr]uint64{}
 }
 
 // slot returns the device address of stream s's slot (nil: the legacy
@@ -80,14 +78,14 @@ func (a *nfArena) slot(dev *cuda.Device, s *cuda.Stream) (uint64, error) {
 	if p, ok := a.slots[h]; ok {
 		return p, nil
 	}
-	if len(a.chunks) == 0 || a.used == nfChunkSlots {
+	n := len(a.slots) // the next slot's index
+	if n/nfChunkSlots >= len(a.chunks) {
 		if err := a.grow(dev); err != nil {
 			return 0, fmt.Errorf("gpu: forward: a non-finite flag for stream %#x (%d streams have one; the flags grow outside stream capture only): %w",
 				h, len(a.slots), err)
 		}
 	}
-	p := a.chunks[len(a.chunks)-1].Ptr() + uint64(a.used*nfSlotBytes)
-	a.used++
+	p := a.chunks[n/nfChunkSlots].Ptr() + uint64(n%nfChunkSlots*nfSlotBytes)
 	a.slots[h] = p
 	return p, nil
 }
