@@ -37,23 +37,6 @@ func contiguous(t attn.Tensor) (attn.Tensor, error) {
 	return c, attn.CopyInto(c, t)
 }
 
-// fromF32 returns a contiguous tensor of dt and shape holding x (row-major),
-// rounded to dt.
-func fromF32(dt attn.DType, x []float32, shape ...int) (attn.Tensor, error) {
-	t, err := attn.NewChecked(dt, shape...)
-	if err != nil {
-		return attn.Tensor{}, err
-	}
-	if dt == attn.Float32 {
-		copy(t.F32, x)
-		return t, nil
-	}
-	for i, v := range x {
-		t.Store(i, v)
-	}
-	return t, nil
-}
-
 // addRows adds the [B, rows, H, D] tensor g into rows [r0, r0+rows) of the
 // float32 accumulator acc, row-major [B, n, H, D].
 func addRows(acc []float32, n, r0 int, g attn.Tensor) {
@@ -125,10 +108,7 @@ func (a *accum) merge(res attn.Result, r0 int) {
 
 // result returns O in dt and the LSE as tensors.
 func (a *accum) result(dt attn.DType) (attn.Result, error) {
-	o, err := fromF32(dt, a.o, a.b, a.n, a.h, a.dv)
-	if err != nil {
-		return attn.Result{}, err
-	}
+	o := attn.FromFloat32(dt, a.o, a.b, a.n, a.h, a.dv)
 	lse, err := attn.NewChecked(attn.Float32, a.b, a.h, a.n)
 	if err != nil {
 		return attn.Result{}, err

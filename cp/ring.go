@@ -229,13 +229,9 @@ func (a *Attention) ringBackward(ctx context.Context, lp, gp *attn.Problem, q, k
 		}
 	}
 	dt := q.DType
-	var gr attn.Gradients
-	if gr.DQ, err = fromF32(dt, dq, q.Shape...); err != nil {
-		return attn.Gradients{}, err
-	}
-	if gr.DK, err = fromF32(dt, final[:nk], k.Shape...); err != nil {
-		return attn.Gradients{}, err
-	}
-	gr.DV, err = fromF32(dt, final[nk:], v.Shape...)
-	return gr, err
+	return attn.Gradients{
+		DQ: attn.FromFloat32(dt, dq, q.Shape...),
+		DK: attn.FromFloat32(dt, final[:nk], k.Shape...),
+		DV: attn.FromFloat32(dt, final[nk:], v.Shape...),
+	}, nil
 }

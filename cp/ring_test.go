@@ -213,12 +213,8 @@ func TestRingBackwardSumOrder(t *testing.T) {
 						addRows(acc[nk:], m, tk.k0, g.DV)
 					}
 				}
-				if dks[owner], err = fromF32(tc.dt, acc[:nk], ko.Shape...); err != nil {
-					t.Fatal(err)
-				}
-				if dvs[owner], err = fromF32(tc.dt, acc[nk:], vo.Shape...); err != nil {
-					t.Fatal(err)
-				}
+				dks[owner] = attn.FromFloat32(tc.dt, acc[:nk], ko.Shape...)
+				dvs[owner] = attn.FromFloat32(tc.dt, acc[nk:], vo.Shape...)
 			}
 			for i, pair := range []struct {
 				got    attn.Tensor
