@@ -37,6 +37,11 @@ type Backend struct {
 	// packed variable-length batches). New sets it with WGMMA unless
 	// EnvNoTMA is set; clearing it keeps the per-thread copies.
 	TMA bool
+	// WarpSpecialized lets the Hopper forward run on the warp-specialized
+	// pipeline (kernels.Variant.WarpSpecialized: a producer warpgroup
+	// issuing the tensor-map loads, stage release through empty mbarriers)
+	// wherever it applies. New sets it when EnvWarpSpecialized is set.
+	WarpSpecialized bool
 
 	fill    filler      // the random-fill kernel
 	modules moduleCache // every other kernel: forward and backward variants, the pack kernel
@@ -71,8 +76,8 @@ func Open() (*Backend, error) {
 }
 
 // New returns a backend on an open device; Close leaves the device open.
-// It reads the environment (EnvNoWGMMA, EnvNoTMA) once, into the knobs
-// WGMMA and TMA.
+// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvWarpSpecialized)
+// once, into the knobs WGMMA, TMA and WarpSpecialized.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -80,15 +85,16 @@ func New(dev *cuda.Device) (*Backend, error) {
 	}
 	hopper := hopperCapable(dev)
 	b := &Backend{
-		dev:       dev,
-		stream:    s,
-		pool:      newMemPool(dev),
-		copier:    hostCopier{dev: dev},
-		Speculate: true,
-		WGMMA:     hopper,
-		TMA:       hopper && !optedOut(os.Getenv(EnvNoTMA)),
-		pbuf:      make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
-		sem:       make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
+		dev:             dev,
+		stream:          s,
+		pool:            newMemPool(dev),
+		copier:          hostCopier{dev: dev},
+		Speculate:       true,
+		WGMMA:           hopper,
+		TMA:             hopper && !envSet(os.Getenv(EnvNoTMA)),
+		WarpSpecialized: hopper && envSet(os.Getenv(EnvWarpSpecialized)),
+		pbuf:            make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
+		sem:             make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
 	}
 	if err := b.nf.init(dev); err != nil {
 		s.Close()
@@ -125,9 +131,14 @@ func (b *Backend) Name() string { return "cuda" }
 // of new backends on per-thread tile copies (Backend.TMA).
 const EnvNoTMA = "FLASHATTN_NO_TMA"
 
-// optedOut reports whether an opt-out variable's value is set: anything
-// but "" or "0".
-func optedOut(value string) bool { return value != "" && value != "0" }
+// EnvWarpSpecialized, when set to anything but "" or "0", lets the Hopper
+// forward of new backends run on the warp-specialized pipeline
+// (Backend.WarpSpecialized).
+const EnvWarpSpecialized = "FLASHATTN_WARP_SPECIALIZED"
+
+// envSet reports whether an opt-in or opt-out variable's value is set:
+// anything but "" or "0".
+func envSet(value string) bool { return value != "" && value != "0" }
 
 // EnvNoWGMMA, when set to anything but "" or "0", keeps new backends off the
 // Hopper (WGMMA) kernels (Backend.WGMMA).
@@ -148,7 +159,7 @@ func hopperCapable(dev *cuda.Device) bool {
 // (sm_90a code runs nowhere else), NVRTC 12 or later (0: none loaded), and
 // the opt-out variable empty or "0".
 func hopperAllowed(major, minor, nvrtcMajor int, noWGMMA string) bool {
-	if optedOut(noWGMMA) {
+	if envSet(noWGMMA) {
 		return false
 	}
 	return major == 9 && minor == 0 && nvrtcMajor >= 12

@@ -97,7 +97,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	}
 	var more []string
 	if hopper {
-		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA))
+		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA, false))
 	}
 	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v), more...)
 	var launches []emuLaunch

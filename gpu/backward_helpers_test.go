@@ -90,7 +90,7 @@ func bwdTestBackend(t testing.TB, dev *cuda.Device) *Backend {
 func bwdTestRequest(b *Backend, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) bwdRequest {
 	r := b.bwdRequest(p, dt, a, algo)
 	r.hopper = hopperCapable(b.dev)
-	r.tma = r.hopper && !optedOut(os.Getenv(EnvNoTMA))
+	r.tma = r.hopper && !envSet(os.Getenv(EnvNoTMA))
 	return r
 }
 

@@ -289,16 +289,21 @@ const (
 	emuMMA       emuKernels = iota // the mma.sync kernels
 	emuHopper                      // the Hopper kernels, tiles by cp.async
 	emuHopperTMA                   // the Hopper kernels, streamed tiles by tensor maps
+	emuHopperWS                    // the Hopper forward, tensor maps, warp-specialized
 )
 
 // hopperEmuBlock returns the emulator's replacement for the Hopper block
-// of a module's primitives: hopper.h (and tma.h with tensor maps) and the
-// product wrappers ps, each calling the emulated product of its shape.
-func hopperEmuBlock(ps []kernels.WGMMAProduct, tma bool) string {
+// of a module's primitives: hopper.h (and tma.h with tensor maps, ws.h
+// warp-specialized) and the product wrappers ps, each calling the emulated
+// product of its shape.
+func hopperEmuBlock(ps []kernels.WGMMAProduct, tma, ws bool) string {
 	var b strings.Builder
 	b.WriteString("#include \"hopper.h\"\n")
 	if tma {
 		b.WriteString("#include \"tma.h\"\n")
+	}
+	if ws {
+		b.WriteString("#include \"ws.h\"\n")
 	}
 	for _, p := range ps {
 		if p.RegA {

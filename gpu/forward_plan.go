@@ -98,6 +98,9 @@ type fwdRequest struct {
 	// hopper allows the Hopper (WGMMA) kernel where it applies, tma its
 	// tensor-map loads (Backend.WGMMA, Backend.TMA).
 	hopper, tma bool
+	// ws runs a TMA forward on the warp-specialized pipeline where it
+	// applies (Backend.WarpSpecialized).
+	ws bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingFor with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -141,6 +144,9 @@ func plan(r fwdRequest) (launch, error) {
 			tstr[i], ok[i] = tmaStrides(t)
 		}
 		vr.TMA = ok[0] && ok[1] && ok[2]
+	}
+	if r.ws && vr.TMA && vr.WarpsN == 1 && vr.MinBlocks == 1 {
+		vr.WarpSpecialized = true
 	}
 	if err := vr.Validate(); err != nil {
 		return l, err
@@ -373,7 +379,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, ws: b.WarpSpecialized}
 	if c.p.Varlen {
 		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}

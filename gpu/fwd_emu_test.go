@@ -71,7 +71,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
 	var part *fwdStaging
-	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && kind == emuHopperTMA {
+	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && (kind == emuHopperTMA || kind == emuHopperWS) {
 		// the heads that do not fit in place go through staging copies, made by the pack kernel first
 		size := stagingAt(p, dq, dk, dv, nil, 0, heads).bytes
 		st := stagingAt(p, dq, dk, dv, nil, ar.poisoned(int(size)), heads)
@@ -80,7 +80,8 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: kind == emuHopperTMA, part: part})
+	tma := kind == emuHopperTMA || kind == emuHopperWS
+	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, ws: kind == emuHopperWS, part: part})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -88,7 +89,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	if part != nil && !l.v.FlatStaged {
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
-	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != (kind == emuHopperTMA) {
+	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != (kind == emuHopperWS) {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
 	}
 	src, err := l.v.Source()
@@ -97,7 +98,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	}
 	driver, params, more := fwdEmuDriver, l.params.Pack(), []string(nil)
 	if l.v.WGMMA {
-		more = append(more, hopperEmuBlock(l.v.HopperProducts(), l.v.TMA))
+		more = append(more, hopperEmuBlock(l.v.HopperProducts(), l.v.TMA, l.v.WarpSpecialized))
 	}
 	if l.v.TMA {
 		maps := make([][128]byte, len(l.tma))
@@ -174,6 +175,10 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "bf16-d256-dropout", dt: attn.BFloat16, b: 1, n: 70, m: 130, h: 1, hkv: 1, dk: 256, dv: 256, opt: attn.Options{Dropout: 0.2, Seed: 5}},
 		{name: "bf16-d320-causal", dt: attn.BFloat16, b: 1, n: 50, m: 70, h: 1, hkv: 1, dk: 320, dv: 320, opt: attn.Options{Causal: true}},
 		{name: "bf16-d512", dt: attn.BFloat16, b: 1, n: 30, m: 40, h: 1, hkv: 1, dk: 512, dv: 512},
+		// many key blocks: every K and V buffer reused several times (the warp-specialized pipeline's
+		// empty barriers through several phases)
+		{name: "bf16-d128-long-causal", dt: attn.BFloat16, b: 1, n: 130, m: 1000, h: 1, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
+		{name: "fp16-d64-long", dt: attn.Float16, b: 1, n: 70, m: 700, h: 1, hkv: 1, dk: 64, dv: 64},
 		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},
 		// odd head dims read in place over flat rows (tensor maps only): sixteen heads take every shift
 		// (h·D mod 16: from 32-byte box starts where the head fits, else 16-byte ones);
@@ -187,17 +192,20 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
-			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps"}[kind], pr.name)
+			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
-				if kind == emuHopperTMA && pr.segQ != nil {
+				if kind != emuHopper && pr.segQ != nil {
 					t.Skip("packed batches keep cp.async")
+				}
+				if kind == emuHopperWS && max(pr.dk, pr.dv) > 320 {
+					t.Skip("two warpgroups per row group keep the lockstep pipeline")
 				}
 				staged := strings.HasPrefix(pr.name, "flatstaged/")
 				flat := staged || strings.HasPrefix(pr.name, "flat/")
-				if flat && kind != emuHopperTMA {
+				if flat && kind == emuHopper {
 					t.Skip("rows read in place need tensor maps")
 				}
 				res, vr := fwdEmuRunOn(t, q, k, v, opt, kind)
@@ -215,13 +223,14 @@ func TestForwardEmulatedHopper(t *testing.T) {
 // and fwdNaNTransformCases with dropout, a bias, a softcap and flat rows)
 // through every forward kernel family on the host emulator: the mma.sync
 // kernels, and the Hopper kernels with tiles by cp.async and by tensor maps
-// (odd head dims there over flat rows, in place and staged).
+// (odd head dims there over flat rows, in place and staged), lockstep and
+// warp-specialized.
 func TestForwardEmulatedNonFinite(t *testing.T) {
 	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
 	kinds := []struct {
 		name string
 		kind emuKernels
-	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}}
+	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}}
 	cases := fwdNaNTransformCases()
 	for _, c := range fwdNaNCases() {
 		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})
@@ -235,8 +244,10 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 					t.Skip("the Hopper kernels take 16-bit types")
 				case kd.kind == emuHopper && c.dk%8 != 0:
 					t.Skip("rows not 16-byte aligned: the Hopper kernels read them over flat rows, by tensor maps only")
-				case kd.kind == emuHopperTMA && c.segQ != nil:
+				case (kd.kind == emuHopperTMA || kd.kind == emuHopperWS) && c.segQ != nil:
 					t.Skip("packed batches keep cp.async")
+				case kd.kind == emuHopperWS && max(c.dk, c.dv) > 320:
+					t.Skip("two warpgroups per row group keep the lockstep pipeline")
 				}
 				t.Parallel()
 				q, k, v, opt := c.inputs(uint64(1100 + i))

@@ -223,7 +223,7 @@ func (in bwdInputs) tryPlanAt(algo DQAlgorithm, hopper bool, ws uint64) (*bwdPla
 		}
 	}
 	a.Workspace = ws
-	return planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: hopper, tma: !optedOut(os.Getenv(EnvNoTMA))})
+	return planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: hopper, tma: !envSet(os.Getenv(EnvNoTMA))})
 }
 
 // TestPlanRecord compares the plans of the forward and backward corpora

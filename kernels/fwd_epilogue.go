@@ -153,7 +153,7 @@ func (x *gen) epilogueViaShared(dscale string) {
 	x.p(`  %s{  // ---- O through shared memory, rows written whole
     constexpr int OP = DVP + 8;  // row pitch of the staged O tile (16-bit elements)
     u16* so = (u16*)(smem + (s_base - smem_addr(smem)));  // [BM][OP], over the Q/K/V tiles
-    __syncthreads();  // every warp is done with the tiles
+    %s  // every warp is done with the tiles
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = wrow0 + g + 8 * hf;  // row within the block
@@ -168,7 +168,7 @@ func (x *gen) epilogueViaShared(dscale string) {
       }
       if (r < rows) nf_o += nf;%s
     }
-    __syncthreads();
-    for (int r = warp; r < rows; r += NTHREADS / 32) row_out((unsigned char*)(gO + r * o_rs), so + r * OP%s, p.d_v, lane);
-  }`, cond, dscale, lse, shift)
+    %s
+    for (int r = warp; r < rows; r += %s / 32) row_out((unsigned char*)(gO + r * o_rs), so + r * OP%s, p.d_v, lane);
+  }`, cond, x.computeSync(), dscale, lse, x.computeSync(), x.computeThreads(), shift)
 }

@@ -66,6 +66,10 @@ func (g *geom) hopperGeom(v Variant) {
 	if v.TMA {
 		g.smem += tmaBarrierBytes
 	}
+	if v.WarpSpecialized {
+		g.threads += 128 // the producer warpgroup
+		g.smem += tmaBarrierBytes
+	}
 }
 
 // validateHopper reports what the WGMMA kernel cannot do.
@@ -108,6 +112,9 @@ func (x *gen) hopperSource() {
 	x.raw(wgmmaPrimitives())
 	if x.v.TMA {
 		x.raw(tmaPrimitives())
+	}
+	if x.v.WarpSpecialized {
+		x.raw(WarpSpecializedPrimitives())
 	}
 	for _, pr := range x.v.HopperProducts() {
 		x.raw(pr.source(x.v.DType))
@@ -156,7 +163,11 @@ func (x *gen) hopperConstants() {
 	x.p("constexpr int BN = %d;        // keys per tile", v.BlockN)
 	x.p("constexpr int WM = %d;        // warps along the query rows (16 rows each)", v.WarpsM)
 	x.p("constexpr int WN = %d;        // warpgroups sharing a row group, each with BN/WN keys of S and DVP/WN value columns of O", v.WarpsN)
-	x.p("constexpr int NTHREADS = %d; // threads per CTA (%d warpgroups)", g.threads, g.warps/4)
+	if v.WarpSpecialized {
+		x.p("constexpr int NTHREADS = %d; // threads per CTA (%d compute warpgroups and a producer)", g.threads, g.warps/4)
+	} else {
+		x.p("constexpr int NTHREADS = %d; // threads per CTA (%d warpgroups)", g.threads, g.warps/4)
+	}
 	x.p("constexpr int MT = 1;         // m16 row tiles per warp")
 	x.p("constexpr int DKP = %d;       // q/k head dim padded (zero-filled) to a multiple of 16", g.dkp)
 	x.p("constexpr int DVP = %d;       // v head dim padded to a multiple of 16 (128 with WN = 2)", g.dvp)
@@ -188,6 +199,9 @@ func (x *gen) hopperConstants() {
 	}
 	if v.TMA {
 		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.sp+g.red)
+	}
+	if v.WarpSpecialized {
+		x.wsConstants()
 	}
 	x.p("constexpr int SMEM_BYTES = %d;  // including 1024 bytes of alignment slack", g.smem)
 	x.p("")
@@ -355,6 +369,7 @@ func (x *gen) hopperKernel() {
     wgmma_wait<0>();
     fence_acc(s[0]);
 `)
+	x.wsRelease("    ", "K", "0")
 	x.blockSoftmax("    ")
 	if split {
 		x.storePSwizzled("    ", "0")
@@ -388,14 +403,16 @@ func (x *gen) hopperKernel() {
 	x.raw(`      wgmma_commit();
       wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
-      const int n0 = (nb - 1) * BN;  // first key of the next block
 `)
+	x.wsRelease("      ", "K", "buf ^ 1")
+	x.raw("      const int n0 = (nb - 1) * BN;  // first key of the next block\n")
 	x.blockSoftmax("      ")
 	if split {
 		x.storePSwizzled("      ", "buf ^ 1")
 	}
-	x.raw(`      wgmma_wait<0>();  // P·V of this block is done
-      fence_acc(o[0]);
+	x.raw("      wgmma_wait<0>();  // P·V of this block is done\n")
+	x.wsRelease("      ", "V", "buf")
+	x.raw(`      fence_acc(o[0]);
 #pragma unroll
       for (int nt = 0; nt < NT_O; ++nt) {
         o[0][nt][0] *= alpha_r[0][0];
@@ -417,7 +434,11 @@ func (x *gen) hopperKernel() {
 `)
 	x.recomputeCoords()
 	x.epilogue()
-	x.nfFixup()
+	if v.WarpSpecialized {
+		x.wsVote()
+	} else {
+		x.nfFixup()
+	}
 	x.raw("}\n")
 }
 
@@ -485,6 +506,11 @@ func (x *gen) loadSW(t, buf, nb string) string {
 // of the first key block and K of the second, then the wait for Q and the
 // first K.
 func (x *gen) hopperPrologueLoads() {
+	if x.v.WarpSpecialized {
+		x.wsPrologue()
+		x.flatZeroQ()
+		return
+	}
 	if !x.v.TMA {
 		x.raw("  // ---- prologue: Q, K and V of the first block, K of the second\n")
 		x.p("  load_sw<BM, KCH>(sQ, gQ, q_rs, rows, p.d_k * ESZ, tid);")
@@ -523,14 +549,20 @@ func (x *gen) hopperPrologueLoads() {
   mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
 `)
-	if x.v.Flat {
-		x.raw(`  // ---- flat rows: Q's columns outside [sq_, sq_ + d_k) hold the neighbouring heads' elements (or
-  // zeros); zero them, so that S = Q·Kᵀ takes nothing from K's columns there
-  zero_cols<BM>(smem + (s_base - smem_addr(smem)) + SQ_OFF, sq_, p.d_k, DKP, tid, NTHREADS);
-  fence_proxy_async();
-  __syncthreads();
-`)
+	x.flatZeroQ()
+}
+
+// flatZeroQ writes, for a kernel reading flat rows, the zeroing of Q's
+// columns outside the head once Q has landed.
+func (x *gen) flatZeroQ() {
+	if !x.v.Flat {
+		return
 	}
+	x.p(`  // ---- flat rows: Q's columns outside [sq_, sq_ + d_k) hold the neighbouring heads' elements (or
+  // zeros); zero them, so that S = Q·Kᵀ takes nothing from K's columns there
+  zero_cols<BM>(smem + (s_base - smem_addr(smem)) + SQ_OFF, sq_, p.d_k, DKP, tid, %s);
+  fence_proxy_async();
+  %s`, x.computeThreads(), x.computeSync())
 }
 
 // tmaCoords writes the tensor-map coordinates of the CTA's tiles: the map
@@ -584,6 +616,9 @@ func (x *gen) tmaCoords() string {
 // warpgroup is done with K(nb) and V(nb + 1), their buffers take K(nb - 2)
 // and V(nb - 1).
 func (x *gen) hopperLoopLoads() {
+	if x.v.WarpSpecialized {
+		return // the producer warpgroup loads (fwd_sm90_ws.go)
+	}
 	if !x.v.TMA {
 		x.raw(`    cp_wait<0>();            // V(nb) and K(nb - 1) landed
     fence_proxy_async();

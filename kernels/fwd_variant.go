@@ -91,6 +91,14 @@ type Variant struct {
 	// them has finished (cuda.Device.LaunchEarly): the blocks of staged
 	// heads wait for it (griddepcontrol.wait), the others do not.
 	FlatStaged bool
+	// WarpSpecialized runs a TMA kernel on a warp-specialized pipeline
+	// (fwd_sm90_ws.go): a producer warpgroup more, whose one thread issues
+	// every tile load, lowers its register budget (setmaxnreg) for the
+	// consumer warpgroups to raise theirs, and each K and V buffer has an
+	// "empty" mbarrier besides its "full" one, on which the consumers
+	// release it, so that no block-wide barrier remains in the main loop.
+	// WarpsN = 1 only.
+	WarpSpecialized bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -179,7 +187,7 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.WarpSpecialized)
 }
 
 // flatSuffix is the name suffix of Flat (and FlatStaged) variants.
@@ -189,6 +197,14 @@ func flatSuffix(flat, staged bool) string {
 		return "_flatstaged"
 	case flat:
 		return "_flat"
+	}
+	return ""
+}
+
+// wsSuffix is the name suffix of warp-specialized variants.
+func wsSuffix(ws bool) string {
+	if ws {
+		return "_ws"
 	}
 	return ""
 }
@@ -266,6 +282,9 @@ func (v Variant) Validate() error {
 	}
 	if v.FlatStaged && !v.Flat {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: FlatStaged without Flat")
+	}
+	if v.WarpSpecialized && (!v.TMA || v.WarpsN != 1 || v.MinBlocks != 1) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: a warp-specialized forward needs tensor-map loads, one warpgroup per row group and one CTA per SM (TMA %v, WarpsN %d, MinBlocks %d)", v.TMA, v.WarpsN, v.MinBlocks)
 	}
 	if v.WGMMA {
 		if err := v.validateHopper(); err != nil {

@@ -139,6 +139,41 @@ func TestCompileHopper(t *testing.T) {
 		v.TMA, v.Flat, v.FlatStaged = true, true, true
 		vs = append(vs, v)
 	}
+	checkHopperCompiles(t, c, vs)
+}
+
+// TestCompileHopperWarpSpecialized compiles warp-specialized forward
+// variants for sm_90a (NVRTC 12.0 or later) over every head-dim class of one
+// warpgroup per row group, plain and with the element-wise features, flat
+// rows too, and checks ptxas's report as TestCompileHopper does: no spills
+// under the compute warpgroups' raised register budget, no serialized
+// products.
+func TestCompileHopperWarpSpecialized(t *testing.T) {
+	c := compilerOrSkip(t)
+	if major, _ := c.Version(); major < 12 {
+		t.Skipf("NVRTC %s cannot target sm_90a", c.VersionString())
+	}
+	var vs []Variant
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {208, 208}, {256, 256}, {320, 320}} {
+		for _, f := range fwdFeatures[:3] {
+			v := hopperVariant(t, attn.BFloat16, d[0], d[1], f.set)
+			v.TMA, v.WarpSpecialized = true, true
+			vs = append(vs, v)
+			if testing.Short() {
+				break
+			}
+		}
+	}
+	v := hopperVariant(t, attn.Float16, 128, 128, fwdFeatures[0].set)
+	v.TMA, v.Flat, v.FlatStaged, v.WarpSpecialized = true, true, true, true
+	vs = append(vs, v)
+	checkHopperCompiles(t, c, vs)
+}
+
+// checkHopperCompiles compiles vs for sm_90a and fails on spills and on
+// serialized warpgroup products in ptxas's report.
+func checkHopperCompiles(t *testing.T, c *cuda.Compiler, vs []Variant) {
+	t.Helper()
 	res, logs := compileAllLogs(t, c, "sm_90a", vs)
 	for i, v := range vs {
 		r := res[i]

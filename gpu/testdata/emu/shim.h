@@ -324,6 +324,10 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   emu_warp_sync();
   return r;
 }
+// __any_sync(mask, pred): whether any lane's pred is set (the whole warp takes part)
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+// __syncwarp(): the warp's lanes meet (the whole warp takes part)
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp_sync(); }
 // __ffs(x): the position of the least significant bit set, from 1; 0 for 0
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 

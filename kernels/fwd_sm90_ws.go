@@ -1,0 +1,151 @@
+package kernels
+
+import "fmt"
+
+// The warp-specialized pipeline of the Hopper forward (Variant.WarpSpecialized,
+// sm_90a, tensor-map loads).
+//
+// The CTA has one warpgroup more than its compute warpgroups: the producer,
+// the last one (threads NCOMPUTE .. NTHREADS − 1), so that the compute
+// threads keep the indices, warps and row groups of the kernel without it.
+// The producer lowers its register budget to PRODUCER_REGS (setmaxnreg) and
+// the compute warpgroups raise theirs to COMPUTE_REGS out of what it gave
+// back. One producer thread issues every tile load; the other producer
+// threads exit.
+//
+// Each K and V buffer has two mbarriers: "full", on which its tile's bytes
+// land (the tensor memory accelerator completes it), and "empty", on which
+// each compute warp arrives once it no longer reads the buffer (count: the
+// compute warps). Key blocks are numbered s = 0, 1, … from the last one
+// (nb_hi − 1) down; K(s) and V(s) go to buffer s mod 2 and complete phase
+// s / 2 of that buffer's full barrier. The producer issues
+//
+//	Q, K(0), K(1), V(0), K(2), V(1), …, K(T−1), V(T−2), V(T−1)
+//
+// (the order in which the compute warpgroups need them: S of block s + 1
+// is computed before P·V of block s), waiting before K(s) and V(s), s ≥ 2,
+// for the release of K(s − 2) and V(s − 2): phase s/2 − 1 of the buffer's
+// empty barrier. The compute warps release K(s) as soon as S of block s is
+// complete (wgmma wait) and V(s) once P·V of block s is, so the loads of
+// the next blocks start while the current one computes, and no block-wide
+// barrier remains in the main loop: the warpgroups no longer run in
+// lockstep. Where the compute warpgroups must meet (flat rows' Q zeroing,
+// O staged through shared memory), they use named barrier 1 over
+// NCOMPUTE threads; the non-finite vote is per warp.
+
+// wsProducerRegs is the producer warpgroup's register budget after
+// setmaxnreg: its one issuing thread needs only addresses and counters.
+const wsProducerRegs = 24
+
+// wsComputeRegs returns the compute threads' register budget after
+// setmaxnreg: the block's 64K registers less the producer's, over the
+// compute threads, in steps of 8, at most 256. The second result is false
+// when the budget the kernel starts with is already that (one compute
+// warpgroup: 256), and no setmaxnreg is issued.
+func wsComputeRegs(computeThreads int) (int, bool) {
+	start := min(256, 65536/(computeThreads+128)/8*8)
+	regs := min(256, (65536-wsProducerRegs*128)/computeThreads/8*8)
+	return regs, regs > start
+}
+
+// wsConstants writes the compile-time constants of the pipeline.
+func (x *gen) wsConstants() {
+	g := x.g
+	compute := g.threads - 128
+	regs, _ := wsComputeRegs(compute)
+	x.p("constexpr int NCOMPUTE = %d;  // compute threads (%d warpgroups); the producer warpgroup is threads NCOMPUTE..NTHREADS-1", compute, compute/128)
+	x.p("constexpr int PRODUCER_REGS = %d;  // the producer warpgroup's register budget (setmaxnreg.dec)", wsProducerRegs)
+	x.p("constexpr int COMPUTE_REGS = %d;  // the compute warpgroups' register budget (setmaxnreg.inc)", regs)
+	x.p("constexpr int EMPTY_OFF = BAR_OFF + %d;  // mbarriers on which the compute warps release K buffers 0 and 1, V buffers 0 and 1", tmaBarrierBytes)
+}
+
+// computeThreads returns the name of the number of threads that compute
+// (every thread of a kernel without a producer warpgroup).
+func (x *gen) computeThreads() string {
+	if x.v.WarpSpecialized {
+		return "NCOMPUTE"
+	}
+	return "NTHREADS"
+}
+
+// computeSync returns the statement with which the compute threads meet:
+// the block barrier, or with a producer warpgroup named barrier 1 over the
+// compute threads.
+func (x *gen) computeSync() string {
+	if x.v.WarpSpecialized {
+		return "bar_sync(1, NCOMPUTE);"
+	}
+	return "__syncthreads();"
+}
+
+// wsPrologue writes, for a warp-specialized kernel, the barriers' set-up,
+// the role split and the producer's loop; the compute threads go on after
+// it, waiting for Q and the first K.
+func (x *gen) wsPrologue() {
+	_, inc := wsComputeRegs(x.g.threads - 128)
+	x.raw(`  // ---- mbarriers: full (the tile's bytes landed) for Q, K buffers 0 and 1, V buffers 0 and 1;
+  // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1
+  const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
+  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16;          // buffer b: emptyK + 8b, emptyV + 8b
+  if (tid == 0) {
+    mbar_init(barQ, 1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(barK + 8 * i, 1);
+      mbar_init(barV + 8 * i, 1);
+      mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
+      mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here
+`)
+	x.raw(x.tmaCoords())
+	x.raw(`  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
+    setmaxnreg_dec<PRODUCER_REGS>();
+    if (tid == NCOMPUTE) {
+      tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
+      const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down
+      for (int s = 0; s <= T; ++s) {
+        if (s < T) {  // K(s) into buffer s & 1, once K(s - 2) is released there
+          if (s >= 2) mbar_wait(emptyK + 8 * (s & 1), ((s >> 1) - 1) & 1);
+          tma_tile<BN, KATOMS>(sK + (s & 1) * K_STAGE, mk_, barK + 8 * (s & 1), (nb_hi - 1 - s) * BN, hk_, b, ck_);
+        }
+        if (s >= 1) {  // V(s - 1): needed after S of block s
+          const int t = s - 1;
+          if (t >= 2) mbar_wait(emptyV + 8 * (t & 1), ((t >> 1) - 1) & 1);
+          tma_tile<BN, VATOMS>(sV + (t & 1) * V_STAGE, mv_, barV + 8 * (t & 1), (nb_hi - 1 - t) * BN, hv_, b, cv_);
+        }
+      }
+    }
+    return;
+  }
+`)
+	if inc {
+		x.raw("  setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers\n")
+	} else {
+		x.raw("  // ---- compute warpgroup (it starts with the largest budget already: no setmaxnreg)\n")
+	}
+	x.raw(`  mbar_wait(barQ, 0);  // Q
+  mbar_wait(barK, 0);  // K of the first block
+`)
+}
+
+// wsRelease writes, for a warp-specialized kernel, a compute warp's release
+// of buffer buf of K or V (t): one arrival per warp once its lanes are done
+// with the buffer. Nothing for other kernels.
+func (x *gen) wsRelease(indent, t, buf string) {
+	if !x.v.WarpSpecialized {
+		return
+	}
+	bar := map[string]string{"K": "emptyK", "V": "emptyV"}[t]
+	x.raw(fmt.Sprintf("%s__syncwarp();\n%sif (lane == 0) mbar_arrive(%s + 8 * (%s));  // this warp is done with %s buffer %s\n", indent, indent, bar, buf, t, buf))
+}
+
+// wsVote writes the non-finite vote of a warp-specialized kernel: per warp
+// (the producer warpgroup has left), one atomic per warp that saw one.
+func (x *gen) wsVote() {
+	x.p(`
+  // ---- non-finite O (rare; see fwd_mask.go): one vote per compute warp; the fix-up kernel recomputes
+  if (__any_sync(FULL_MASK, nf_o != nf_o) && lane == 0) atomicOr((u32*)p.nf_flag, 1u);`)
+}
