@@ -37,11 +37,12 @@ type Backend struct {
 	// packed variable-length batches). New sets it with WGMMA unless
 	// EnvNoTMA is set; clearing it keeps the per-thread copies.
 	TMA bool
-	// WarpSpecialized lets the Hopper forward run on the warp-specialized
-	// pipeline (kernels.Variant.WarpSpecialized: a producer warpgroup
-	// issuing the tensor-map loads, stage release through empty mbarriers)
-	// wherever it applies. New sets it when EnvWarpSpecialized is set.
-	WarpSpecialized bool
+	// Pipeline is the pipeline the Hopper forward runs on wherever the
+	// variant allows it (kernels.Pipeline; each part is dropped where it
+	// does not apply: warp specialization needs tensor-map loads and one
+	// warpgroup per row group, ping-pong two compute warpgroups). New reads
+	// it from EnvPipeline; the zero value is the lockstep pipeline.
+	Pipeline kernels.Pipeline
 
 	fill    filler      // the random-fill kernel
 	modules moduleCache // every other kernel: forward and backward variants, the pack kernel
@@ -76,8 +77,8 @@ func Open() (*Backend, error) {
 }
 
 // New returns a backend on an open device; Close leaves the device open.
-// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvWarpSpecialized)
-// once, into the knobs WGMMA, TMA and WarpSpecialized.
+// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline) once,
+// into the knobs WGMMA, TMA and Pipeline.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -85,16 +86,24 @@ func New(dev *cuda.Device) (*Backend, error) {
 	}
 	hopper := hopperCapable(dev)
 	b := &Backend{
-		dev:             dev,
-		stream:          s,
-		pool:            newMemPool(dev),
-		copier:          hostCopier{dev: dev},
-		Speculate:       true,
-		WGMMA:           hopper,
-		TMA:             hopper && !envSet(os.Getenv(EnvNoTMA)),
-		WarpSpecialized: hopper && envSet(os.Getenv(EnvWarpSpecialized)),
-		pbuf:            make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
-		sem:             make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
+		dev:       dev,
+		stream:    s,
+		pool:      newMemPool(dev),
+		copier:    hostCopier{dev: dev},
+		Speculate: true,
+		WGMMA:     hopper,
+		TMA:       hopper && !envSet(os.Getenv(EnvNoTMA)),
+
+		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
+		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
+	}
+	if hopper {
+		pl, err := kernels.ParsePipeline(os.Getenv(EnvPipeline))
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("gpu: %s: %w", EnvPipeline, err)
+		}
+		b.Pipeline = pl
 	}
 	if err := b.nf.init(dev); err != nil {
 		s.Close()
@@ -131,13 +140,13 @@ func (b *Backend) Name() string { return "cuda" }
 // of new backends on per-thread tile copies (Backend.TMA).
 const EnvNoTMA = "FLASHATTN_NO_TMA"
 
-// EnvWarpSpecialized, when set to anything but "" or "0", lets the Hopper
-// forward of new backends run on the warp-specialized pipeline
-// (Backend.WarpSpecialized).
-const EnvWarpSpecialized = "FLASHATTN_WARP_SPECIALIZED"
+// EnvPipeline names the pipeline of the Hopper forward of new backends
+// (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.
+// "ws,pingpong,early-rescale".
+const EnvPipeline = "FLASHATTN_FWD_PIPELINE"
 
-// envSet reports whether an opt-in or opt-out variable's value is set:
-// anything but "" or "0".
+// envSet reports whether an opt-out variable's value is set: anything
+// but "" or "0".
 func envSet(value string) bool { return value != "" && value != "0" }
 
 // EnvNoWGMMA, when set to anything but "" or "0", keeps new backends off the

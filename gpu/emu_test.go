@@ -290,7 +290,19 @@ const (
 	emuHopper                      // the Hopper kernels, tiles by cp.async
 	emuHopperTMA                   // the Hopper kernels, streamed tiles by tensor maps
 	emuHopperWS                    // the Hopper forward, tensor maps, warp-specialized
+	emuHopperPP                    // ... with ping-pong and the early rescale of O
 )
+
+// emuPipeline returns the forward pipeline of an emulated kind.
+func emuPipeline(kind emuKernels) kernels.Pipeline {
+	switch kind {
+	case emuHopperWS:
+		return kernels.Pipeline{WarpSpecialized: true}
+	case emuHopperPP:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	}
+	return kernels.Pipeline{}
+}
 
 // hopperEmuBlock returns the emulator's replacement for the Hopper block
 // of a module's primitives: hopper.h (and tma.h with tensor maps, ws.h

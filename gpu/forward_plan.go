@@ -98,9 +98,9 @@ type fwdRequest struct {
 	// hopper allows the Hopper (WGMMA) kernel where it applies, tma its
 	// tensor-map loads (Backend.WGMMA, Backend.TMA).
 	hopper, tma bool
-	// ws runs a TMA forward on the warp-specialized pipeline where it
-	// applies (Backend.WarpSpecialized).
-	ws bool
+	// pipeline is the Hopper forward's pipeline where the variant allows
+	// it (Backend.Pipeline).
+	pipeline kernels.Pipeline
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingFor with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -145,8 +145,8 @@ func plan(r fwdRequest) (launch, error) {
 		}
 		vr.TMA = ok[0] && ok[1] && ok[2]
 	}
-	if r.ws && vr.TMA && vr.WarpsN == 1 && vr.MinBlocks == 1 {
-		vr.WarpSpecialized = true
+	if vr.WGMMA {
+		vr.Pipeline = pipelineFor(vr, r.pipeline)
 	}
 	if err := vr.Validate(); err != nil {
 		return l, err
@@ -379,7 +379,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, ws: b.WarpSpecialized}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.Pipeline}
 	if c.p.Varlen {
 		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}
@@ -474,4 +474,19 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 	for i := range pl.tma {
 		pl.tma[i].Addr += d
 	}
+}
+
+// pipelineFor returns the parts of want that Hopper variant v allows: warp
+// specialization with tensor-map loads, one warpgroup per row group and one
+// CTA per SM; ping-pong with two compute warpgroups besides; the early
+// rescale where the variant validates with it.
+func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
+	var p kernels.Pipeline
+	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
+	p.PingPong = want.PingPong && p.WarpSpecialized && v.WarpsM == 8
+	if want.EarlyRescale {
+		v.Pipeline = kernels.Pipeline{EarlyRescale: true}
+		p.EarlyRescale = v.Validate() == nil
+	}
+	return p
 }

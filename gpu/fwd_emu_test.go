@@ -71,7 +71,8 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
 	var part *fwdStaging
-	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && (kind == emuHopperTMA || kind == emuHopperWS) {
+	tma := kind == emuHopperTMA || kind == emuHopperWS || kind == emuHopperPP
+	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && tma {
 		// the heads that do not fit in place go through staging copies, made by the pack kernel first
 		size := stagingAt(p, dq, dk, dv, nil, 0, heads).bytes
 		st := stagingAt(p, dq, dk, dv, nil, ar.poisoned(int(size)), heads)
@@ -80,8 +81,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	tma := kind == emuHopperTMA || kind == emuHopperWS
-	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, ws: kind == emuHopperWS, part: part})
+	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), part: part})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -89,7 +89,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	if part != nil && !l.v.FlatStaged {
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
-	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != (kind == emuHopperWS) {
+	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != emuPipeline(kind).WarpSpecialized {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
 	}
 	src, err := l.v.Source()
@@ -192,15 +192,15 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
-			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized"}[kind], pr.name)
+			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
 				if kind != emuHopper && pr.segQ != nil {
 					t.Skip("packed batches keep cp.async")
 				}
-				if kind == emuHopperWS && max(pr.dk, pr.dv) > 320 {
+				if emuPipeline(kind).WarpSpecialized && max(pr.dk, pr.dv) > 320 {
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")
 				}
 				staged := strings.HasPrefix(pr.name, "flatstaged/")
@@ -230,7 +230,7 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 	kinds := []struct {
 		name string
 		kind emuKernels
-	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}}
+	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}}
 	cases := fwdNaNTransformCases()
 	for _, c := range fwdNaNCases() {
 		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})
@@ -244,9 +244,9 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 					t.Skip("the Hopper kernels take 16-bit types")
 				case kd.kind == emuHopper && c.dk%8 != 0:
 					t.Skip("rows not 16-byte aligned: the Hopper kernels read them over flat rows, by tensor maps only")
-				case (kd.kind == emuHopperTMA || kd.kind == emuHopperWS) && c.segQ != nil:
+				case kd.kind != emuMMA && kd.kind != emuHopper && c.segQ != nil:
 					t.Skip("packed batches keep cp.async")
-				case kd.kind == emuHopperWS && max(c.dk, c.dv) > 320:
+				case emuPipeline(kd.kind).WarpSpecialized && max(c.dk, c.dv) > 320:
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")
 				}
 				t.Parallel()

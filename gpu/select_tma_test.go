@@ -256,3 +256,34 @@ func (b *Backend) planStagingFor(p *attn.Problem, q, k, v, o, lse DeviceTensor, 
 	c := &fwdCall{p: p, dt: q.DType, q: q, k: k, v: v, o: o, lse: lse, opt: opt}
 	return planStaging(b.request(c), nil, stagingPlanBase)
 }
+
+// TestPipelineFor checks that the planner keeps each part of the backend's
+// pipeline only where the variant takes it.
+func TestPipelineFor(t *testing.T) {
+	all := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	hopper := func(d int, tma bool) kernels.Variant {
+		v := kernels.Variant{DType: attn.BFloat16, DK: d, DV: d, LoadBytes: 16, LSE: true}
+		tl, _ := kernels.HopperTile(v)
+		v = tl.Apply(v)
+		v.TMA = tma
+		return v
+	}
+	cases := []struct {
+		name string
+		v    kernels.Variant
+		want kernels.Pipeline
+	}{
+		{"d128-tma", hopper(128, true), all},
+		{"d128-cp.async", hopper(128, false), kernels.Pipeline{EarlyRescale: true}},
+		{"d320-tma", hopper(320, true), kernels.Pipeline{WarpSpecialized: true, PingPong: true}},
+		{"d512-tma", hopper(512, true), kernels.Pipeline{}},
+	}
+	for _, c := range cases {
+		if got := pipelineFor(c.v, all); got != c.want {
+			t.Errorf("%s: pipelineFor = %v, want %v", c.name, got, c.want)
+		}
+		if got := pipelineFor(c.v, kernels.Pipeline{}); got != (kernels.Pipeline{}) {
+			t.Errorf("%s: pipelineFor(lockstep) = %v", c.name, got)
+		}
+	}
+}

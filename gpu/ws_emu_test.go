@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(384, 1) ws_pipeline(const __grid_constant__ Ws
       v[j] = __shfl_xor_sync(0xffffffffu, v[j], 0);  // stands for the warp-synchronous products
     }
     state[1]--;
-    bar_arrive(3 - wg, 256);     // the other warpgroup's turn
+    if (wg == 1 || it + 1 < p.tiles) bar_arrive(3 - wg, 256);  // the other's turn (warpgroup 2 has none to give after its last)
     mbar_arrive(empty + 8 * s);  // stage s read
     for (int j = 0; j < 8; ++j) red[8 * t + j] = wg * v[j];
     fence_proxy_async();         // the stores, before the bulk copy reads them

@@ -360,13 +360,18 @@ func (x *gen) hopperKernel() {
 
 `)
 	x.hopperPrologueLoads()
+	x.pingPongStart()
 	x.raw(`  {
     const int n0 = (nb_hi - 1) * BN;  // first key of the block
     float s[MT][NT_S][4];
-    wgmma_fence();
+`)
+	x.pingPong("    ", ppTurn)
+	x.raw(`    wgmma_fence();
     qk_wgmma(s[0], dq, dk);
     wgmma_commit();
-    wgmma_wait<0>();
+`)
+	x.pingPong("    ", ppPass)
+	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
 	x.wsRelease("    ", "K", "0")
@@ -395,13 +400,18 @@ func (x *gen) hopperKernel() {
 	x.raw(`    fence_acc(o[0]);
     if (nb > nb_lo) {  // a next block exists (uniform over the CTA)
       float s[MT][NT_S][4];  // S of the next block, then its P
-` + waitK + `      wgmma_fence();
+` + waitK)
+	x.pingPong("      ", ppTurn)
+	x.raw(`      wgmma_fence();
       qk_wgmma(s[0], dq, dk + (u64)(((buf ^ 1) * K_STAGE) >> 4));
       wgmma_commit();
-` + waitV)
+`)
+	x.rescaleEarly("      ")
+	x.raw(waitV)
 	x.p("      %s", pv)
-	x.raw(`      wgmma_commit();
-      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
+	x.raw("      wgmma_commit();\n")
+	x.pingPong("      ", ppPass)
+	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
 `)
 	x.wsRelease("      ", "K", "buf ^ 1")
@@ -412,22 +422,23 @@ func (x *gen) hopperKernel() {
 	}
 	x.raw("      wgmma_wait<0>();  // P·V of this block is done\n")
 	x.wsRelease("      ", "V", "buf")
-	x.raw(`      fence_acc(o[0]);
-#pragma unroll
-      for (int nt = 0; nt < NT_O; ++nt) {
-        o[0][nt][0] *= alpha_r[0][0];
-        o[0][nt][1] *= alpha_r[0][0];
-        o[0][nt][2] *= alpha_r[0][1];
-        o[0][nt][3] *= alpha_r[0][1];
-      }
-`)
+	x.raw("      fence_acc(o[0]);\n")
+	if !v.EarlyRescale {
+		x.raw(indentLines(rescaleO, "      "))
+	}
 	if !split {
 		x.raw("      pack_p(pf, s[0]);\n")
 	}
-	x.raw("    } else {  // the last block: P·V only\n" + waitV + "      wgmma_fence();\n")
+	x.raw("    } else {  // the last block: P·V only\n" + waitV)
+	x.pingPong("      ", ppTurn)
+	x.rescaleEarly("      ")
+	if !v.EarlyRescale {
+		x.raw("      wgmma_fence();\n")
+	}
 	x.p("      %s", pv)
-	x.raw(`      wgmma_commit();
-      wgmma_wait<0>();
+	x.raw("      wgmma_commit();\n")
+	x.pingPong("      ", ppPassLast)
+	x.raw(`      wgmma_wait<0>();
       fence_acc(o[0]);
     }
   }
@@ -440,6 +451,28 @@ func (x *gen) hopperKernel() {
 		x.nfFixup()
 	}
 	x.raw("}\n")
+}
+
+// rescaleO is the statement block that rescales O by each row's factor
+// of the block whose softmax ran last (alpha_r).
+const rescaleO = `#pragma unroll
+for (int nt = 0; nt < NT_O; ++nt) {  // ---- O *= alpha (the rescale of the block whose softmax ran last)
+  o[0][nt][0] *= alpha_r[0][0];
+  o[0][nt][1] *= alpha_r[0][0];
+  o[0][nt][2] *= alpha_r[0][1];
+  o[0][nt][3] *= alpha_r[0][1];
+}
+`
+
+// rescaleEarly writes, for a variant with EarlyRescale, the rescale of O
+// while S = Q·Kᵀ runs on the tensor cores, just before O += P·V is issued,
+// and the fence that product needs after O's registers were written (the
+// first block's factor is 0, and O is still 0 then).
+func (x *gen) rescaleEarly(indent string) {
+	if !x.v.EarlyRescale {
+		return
+	}
+	x.raw(indentLines(rescaleO, indent) + indent + "wgmma_fence();  // O's registers were written\n")
 }
 
 // storePSwizzled writes, for two warpgroups per row group, this

@@ -1,6 +1,11 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+
+	"github.com/flashattn/flashattn/attn"
+)
 
 // The warp-specialized pipeline of the Hopper forward (Variant.WarpSpecialized,
 // sm_90a, tensor-map loads).
@@ -148,4 +153,98 @@ func (x *gen) wsVote() {
 	x.p(`
   // ---- non-finite O (rare; see fwd_mask.go): one vote per compute warp; the fix-up kernel recomputes
   if (__any_sync(FULL_MASK, nf_o != nf_o) && lane == 0) atomicOr((u32*)p.nf_flag, 1u);`)
+}
+
+// The turns of ping-pong (Variant.PingPong): compute warpgroup w may issue
+// its products once named barrier 2 + w completes, which takes its own 128
+// threads (bar.sync) and the other warpgroup's 128 (bar.arrive, after that
+// one issued its products). Warpgroup 1 arrives once first, so warpgroup 0
+// takes the first turn. Each warpgroup has the same number of turns R (one
+// per product issue: the first S, then one per key block); warpgroup 0
+// passes the turn after each (R arrivals, which warpgroup 1's R turns
+// take), warpgroup 1 after each but its last (1 + R − 1 arrivals for
+// warpgroup 0's R turns), so no barrier is left with arrivals at exit. A
+// warpgroup cannot arrive twice on a barrier before the other has synced on
+// it: its next arrival comes after its next turn, which needs the other's
+// pass, which follows the other's sync.
+type ppStep int
+
+const (
+	ppTurn     ppStep = iota // wait for this warpgroup's turn
+	ppPass                   // pass the turn to the other warpgroup
+	ppPassLast               // pass it after the last products: warpgroup 0 only
+)
+
+// pingPongStart writes warpgroup 1's first arrival.
+func (x *gen) pingPongStart() {
+	if !x.v.PingPong {
+		return
+	}
+	x.raw("  if (wg == 1) bar_arrive(2, 256);  // ---- ping-pong: warpgroup 0 takes the first turn on the tensor cores\n")
+}
+
+// pingPong writes one step of the turns. Nothing without PingPong.
+func (x *gen) pingPong(indent string, step ppStep) {
+	if !x.v.PingPong {
+		return
+	}
+	switch step {
+	case ppTurn:
+		x.raw(indent + "bar_sync(2 + wg, 256);  // this warpgroup's turn to issue products\n")
+	case ppPass:
+		x.raw(indent + "bar_arrive(3 - wg, 256);  // the other warpgroup's turn\n")
+	case ppPassLast:
+		x.raw(indent + "if (wg == 0) bar_arrive(3, 256);  // warpgroup 1's last turn (it has no further turn to give back)\n")
+	}
+}
+
+// pipelineWords are the words of a Pipeline in ParsePipeline and String.
+var pipelineWords = []struct {
+	word string
+	set  func(*Pipeline) *bool
+}{
+	{"ws", func(p *Pipeline) *bool { return &p.WarpSpecialized }},
+	{"pingpong", func(p *Pipeline) *bool { return &p.PingPong }},
+	{"early-rescale", func(p *Pipeline) *bool { return &p.EarlyRescale }},
+}
+
+// ParsePipeline reads a comma-separated list of pipeline words: "ws"
+// (WarpSpecialized), "pingpong" (PingPong, implies ws) and "early-rescale"
+// (EarlyRescale); "" and "lockstep" are the zero Pipeline. Unknown words
+// give an error wrapping attn.ErrOption.
+func ParsePipeline(s string) (Pipeline, error) {
+	var p Pipeline
+	if s == "" || s == "lockstep" {
+		return p, nil
+	}
+next:
+	for _, w := range strings.Split(s, ",") {
+		w = strings.TrimSpace(w)
+		for _, pw := range pipelineWords {
+			if w == pw.word {
+				*pw.set(&p) = true
+				continue next
+			}
+		}
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale)", w)
+	}
+	if p.PingPong {
+		p.WarpSpecialized = true
+	}
+	return p, nil
+}
+
+// String returns the words ParsePipeline reads back: "lockstep" for the
+// zero Pipeline.
+func (p Pipeline) String() string {
+	var ws []string
+	for _, pw := range pipelineWords {
+		if *pw.set(&p) {
+			ws = append(ws, pw.word)
+		}
+	}
+	if len(ws) == 0 {
+		return "lockstep"
+	}
+	return strings.Join(ws, ",")
 }

@@ -91,6 +91,14 @@ type Variant struct {
 	// them has finished (cuda.Device.LaunchEarly): the blocks of staged
 	// heads wait for it (griddepcontrol.wait), the others do not.
 	FlatStaged bool
+	// Pipeline selects the Hopper forward's pipeline (fwd_sm90_ws.go).
+	Pipeline
+}
+
+// Pipeline is the schedule of a Hopper (WGMMA) forward kernel beyond its
+// tiles. The zero value is the lockstep pipeline: every warp loads, and a
+// block-wide barrier guards the reuse of each buffer.
+type Pipeline struct {
 	// WarpSpecialized runs a TMA kernel on a warp-specialized pipeline
 	// (fwd_sm90_ws.go): a producer warpgroup more, whose one thread issues
 	// every tile load, lowers its register budget (setmaxnreg) for the
@@ -99,6 +107,16 @@ type Variant struct {
 	// release it, so that no block-wide barrier remains in the main loop.
 	// WarpsN = 1 only.
 	WarpSpecialized bool
+	// PingPong orders the two compute warpgroups of a warp-specialized
+	// kernel (BlockM = 128) with named barriers so that they take turns on
+	// the tensor cores: one issues its products while the other runs its
+	// softmax (fwd_sm90_ws.go).
+	PingPong bool
+	// EarlyRescale rescales O by the last softmax's factors while S = Q·Kᵀ
+	// of the next block runs, just before O += P·V is issued, instead of
+	// after that product completes (WGMMA, WarpsN = 1, padded DV at most
+	// 256).
+	EarlyRescale bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -187,7 +205,7 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.WarpSpecialized)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.WarpSpecialized, v.PingPong, v.EarlyRescale)
 }
 
 // flatSuffix is the name suffix of Flat (and FlatStaged) variants.
@@ -201,12 +219,20 @@ func flatSuffix(flat, staged bool) string {
 	return ""
 }
 
-// wsSuffix is the name suffix of warp-specialized variants.
-func wsSuffix(ws bool) string {
+// wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp)
+// and early-rescale (er) variants.
+func wsSuffix(ws, pp, er bool) string {
+	var s string
 	if ws {
-		return "_ws"
+		s += "_ws"
 	}
-	return ""
+	if pp {
+		s += "_pp"
+	}
+	if er {
+		s += "_er"
+	}
+	return s
 }
 
 // tmaSuffix is the name suffix of TMA variants.
@@ -285,6 +311,13 @@ func (v Variant) Validate() error {
 	}
 	if v.WarpSpecialized && (!v.TMA || v.WarpsN != 1 || v.MinBlocks != 1) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a warp-specialized forward needs tensor-map loads, one warpgroup per row group and one CTA per SM (TMA %v, WarpsN %d, MinBlocks %d)", v.TMA, v.WarpsN, v.MinBlocks)
+	}
+	if v.PingPong && (!v.WarpSpecialized || v.WarpsM != 8) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong needs a warp-specialized forward with two compute warpgroups (WarpSpecialized %v, WarpsM %d)", v.WarpSpecialized, v.WarpsM)
+	}
+	if v.EarlyRescale && (!v.WGMMA || v.WarpsN != 1 || v.geom().dvp > 256) {
+		// past 256 value columns O += P·V is two products, and ptxas serializes them around the rescale
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the early rescale of O needs the WGMMA forward with one warpgroup per row group and at most 256 value columns (one P·V product)")
 	}
 	if v.WGMMA {
 		if err := v.validateHopper(); err != nil {

@@ -145,7 +145,8 @@ func TestCompileHopper(t *testing.T) {
 // TestCompileHopperWarpSpecialized compiles warp-specialized forward
 // variants for sm_90a (NVRTC 12.0 or later) over every head-dim class of one
 // warpgroup per row group, plain and with the element-wise features, flat
-// rows too, and checks ptxas's report as TestCompileHopper does: no spills
+// rows too, with ping-pong and the early rescale and without, and checks
+// ptxas's report as TestCompileHopper does: no spills
 // under the compute warpgroups' raised register budget, no serialized
 // products.
 func TestCompileHopperWarpSpecialized(t *testing.T) {
@@ -158,6 +159,9 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 		for _, f := range fwdFeatures[:3] {
 			v := hopperVariant(t, attn.BFloat16, d[0], d[1], f.set)
 			v.TMA, v.WarpSpecialized = true, true
+			vs = append(vs, v)
+			v.PingPong = true
+			v.EarlyRescale = v.geom().dvp <= 256
 			vs = append(vs, v)
 			if testing.Short() {
 				break

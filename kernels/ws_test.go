@@ -1,8 +1,11 @@
 package kernels
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"github.com/flashattn/flashattn/attn"
 )
 
 // TestWarpSpecializedPrimitives checks that each wrapper the emulator
@@ -30,6 +33,67 @@ func TestWarpSpecializedPrimitives(t *testing.T) {
 		body := strings.SplitN(src[i:], "\nDEV", 2)[0] // up to the next wrapper
 		if !strings.Contains(body, c.ptx) {
 			t.Errorf("%s: want %s in\n%s", c.decl, c.ptx, body)
+		}
+	}
+}
+
+// TestParsePipeline reads pipeline words back and refuses unknown ones.
+func TestParsePipeline(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Pipeline
+		str  string
+	}{
+		{"", Pipeline{}, "lockstep"},
+		{"lockstep", Pipeline{}, "lockstep"},
+		{"ws", Pipeline{WarpSpecialized: true}, "ws"},
+		{"pingpong", Pipeline{WarpSpecialized: true, PingPong: true}, "ws,pingpong"},
+		{"ws, pingpong,early-rescale", Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, "ws,pingpong,early-rescale"},
+		{"early-rescale", Pipeline{EarlyRescale: true}, "early-rescale"},
+	}
+	for _, c := range cases {
+		got, err := ParsePipeline(c.in)
+		if err != nil || got != c.want || got.String() != c.str {
+			t.Errorf("ParsePipeline(%q) = %+v (%q), %v; want %+v (%q)", c.in, got, got.String(), err, c.want, c.str)
+		}
+		if back, err := ParsePipeline(got.String()); err != nil || back != got {
+			t.Errorf("ParsePipeline(%q) = %+v, %v; want %+v", got.String(), back, err, got)
+		}
+	}
+	for _, bad := range []string{"warp", "ws,,pingpong", "lockstep,ws"} {
+		if _, err := ParsePipeline(bad); !errors.Is(err, attn.ErrOption) {
+			t.Errorf("ParsePipeline(%q): %v, want ErrOption", bad, err)
+		}
+	}
+}
+
+// TestPipelineValidate checks which variants take each part of a pipeline.
+func TestPipelineValidate(t *testing.T) {
+	base := func(d int, set func(*Variant)) Variant {
+		v := Variant{DType: attn.BFloat16, DK: d, DV: d, LoadBytes: 16, LSE: true}
+		tl, _ := HopperTile(v)
+		v = tl.Apply(v)
+		v.TMA = true
+		set(&v)
+		return v
+	}
+	cases := []struct {
+		name string
+		v    Variant
+		ok   bool
+	}{
+		{"ws-d128", base(128, func(v *Variant) { v.WarpSpecialized = true }), true},
+		{"ws-pingpong-early-d128", base(128, func(v *Variant) { v.Pipeline = Pipeline{true, true, true} }), true},
+		{"ws-without-tma", base(128, func(v *Variant) { v.TMA, v.WarpSpecialized = false, true }), false},
+		{"ws-two-warpgroups-per-row-group", base(512, func(v *Variant) { v.WarpSpecialized = true }), false},
+		{"pingpong-without-ws", base(128, func(v *Variant) { v.PingPong = true }), false},
+		{"early-rescale-lockstep", base(64, func(v *Variant) { v.EarlyRescale = true }), true},
+		{"early-rescale-two-products", base(320, func(v *Variant) { v.EarlyRescale = true }), false},
+	}
+	for _, c := range cases {
+		err := c.v.Validate()
+		if (err == nil) != c.ok || err != nil && !errors.Is(err, attn.ErrUnsupported) {
+			t.Errorf("%s: Validate() = %v, want ok %v (or ErrUnsupported)", c.name, err, c.ok)
 		}
 	}
 }

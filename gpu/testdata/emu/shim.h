@@ -213,6 +213,17 @@ static EmuHook emu_named_start(emu_block_start, [] {
   for (auto& b : emu_named) b = EmuNamedBar{0, 0, 0, false, std::vector<bool>(blockDim.x)};
 });
 static const bool emu_named_noted = (emu_deadlock_notes.push_back(emu_named_note), true);
+// a phase still in progress when the block ends (arrivals nobody waited for) is a misuse: the
+// kernel's arrivals and syncs do not balance
+static EmuHook emu_named_end(emu_block_end, [] {
+  for (int i = 1; i < 16; ++i)
+    if (emu_named[i].arrived) {
+      char msg[200];
+      snprintf(msg, sizeof msg, "named barrier %d: a phase of %d threads with %d arrived is still in progress at the block's end (arrivals that no sync took)",
+               i, emu_named[i].expected, emu_named[i].arrived);
+      emu_fail(msg);
+    }
+});
 
 [[noreturn]] static void emu_named_fail(const char* op, unsigned id, unsigned count, const char* why, unsigned x = 0, unsigned y = 0) {
   char buf[400], rule[300];

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Checks and times the Hopper forward's pipelines (kernels.Pipeline) on a GPU
+# machine in one go: for each pipeline, the forward's GPU correctness tests
+# with the backend set to it (FLASHATTN_FWD_PIPELINE), then `flashattn bench
+# --pass fwd` over the main training shapes, the pipelines alternating within
+# each shape and each shape timed ROUNDS times, so that clock drift falls on
+# all of them alike. A summary table (median ms, TFLOP/s, ratio to lockstep)
+# prints last.
+#
+# Build the binaries first where Go is (the GPU machine needs no Go toolchain):
+#
+#   CGO_ENABLED=0 go test -c -o .bin/gpu.test ./gpu
+#   CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn
+#
+# then, on the GPU machine, from the repository root with .bin copied along:
+#
+#   bash bench/pipeline-h200.sh
+#
+# To compare the winner with PyTorch's backends in the same run, give it to
+# the whole comparison: FLASHATTN_FWD_PIPELINE=<words> bash bench/run-h200.sh.
+#
+# Environment: PIPELINES (space-separated lists of kernels.ParsePipeline's
+# words; default "lockstep ws ws,pingpong ws,pingpong,early-rescale
+# early-rescale"), SHAPES (space-separated B:H:N:D[:causal]; default the D =
+# 64, 128 and 256 shapes at N = 4096 and 16384), ROUNDS (2), STEPS (check,
+# time; default both).
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/.pipeline-out}
+PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale early-rescale}
+SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 4:16:4096:64 4:16:4096:64:causal 4:16:4096:256 4:16:4096:256:causal}
+ROUNDS=${ROUNDS:-2}
+STEPS=${STEPS:-check,time}
+BIN=$ROOT/.bin/flashattn
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
+mkdir -p "$FLASHATTN_CACHE_DIR"
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$SUMMARY"
+
+# tag PIPELINE: a file-name-safe form of the pipeline's words.
+tag() { echo "$1" | tr ',' '+'; }
+
+if [[ ",$STEPS," == *",check,"* ]]; then
+	for p in $PIPELINES; do
+		log=$OUT/check-$(tag "$p").log
+		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=$p timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
+			-test.run 'TestConformance|TestShapes|TestForwardNonFinite|TestForwardStaging|TestRepeatBitIdentical|TestForeignMemoryGraph') >"$log" 2>&1
+		printf 'check %-32s rc=%-3d %s failed subtests\n' "$p" "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
+	done
+fi
+
+if [[ ",$STEPS," == *",time,"* ]]; then
+	TIMES=$OUT/times.txt
+	: >"$TIMES"
+	for s in $SHAPES; do
+		IFS=: read -r b h n d causal <<<"$s"
+		flags=(--pass fwd --batch "$b" --heads "$h" --seqlen-q "$n" --head-dim "$d" --budget 500ms)
+		[ "${causal:-}" = causal ] && flags+=(--causal)
+		for r in $(seq "$ROUNDS"); do
+			for p in $PIPELINES; do
+				line=$(FLASHATTN_FWD_PIPELINE=$p timeout 120 "$BIN" bench "${flags[@]}" --json 2>>"$OUT/time.err" |
+					python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"], r.get("kernel_variant",""))' 2>>"$OUT/time.err")
+				echo "$s $p $r $line" | tee -a "$TIMES"
+			done
+		done
+	done
+	# summary: per shape and pipeline, the mean of the rounds' medians, and the ratio to the first pipeline
+	python3 - "$TIMES" "$PIPELINES" <<'EOF' >>"$SUMMARY"
+import sys, collections
+rows = collections.defaultdict(list)
+rates = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) < 5:
+        continue
+    rows[(f[0], f[1])].append(float(f[3]))
+    rates[(f[0], f[1])].append(float(f[4]))
+pipes = sys.argv[2].split()
+print("%-24s" % "shape (B:H:N:D)" + "".join("%28s" % p for p in pipes))
+for s in dict.fromkeys(k[0] for k in rows):
+    base = rows.get((s, pipes[0]))
+    cells = []
+    for p in pipes:
+        ms = rows.get((s, p))
+        if not ms:
+            cells.append("%28s" % "-")
+            continue
+        m = sum(ms) / len(ms)
+        t = sum(rates[(s, p)]) / len(rates[(s, p)])
+        ratio = (sum(base) / len(base)) / m if base else float("nan")
+        cells.append("%28s" % ("%.4f ms %5.0f TF %.3fx" % (m, t, ratio)))
+    print("%-24s" % s + "".join(cells))
+EOF
+fi
+cat "$SUMMARY"
