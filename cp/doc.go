@@ -118,7 +118,9 @@
 // device buffers (DeviceSpan over a cuda.Buffer) and enqueue on a
 // cuda.Stream, as NCCL does; Wait waits for a stream. NewNCCL joins one
 // rank per process (ncclCommInitRankConfig, non-blocking); NewNCCLAll
-// makes every rank of a group in one process (ncclCommInitAll). Sends and
+// makes every rank of a group in one process, one ncclCommInitRankConfig
+// per device inside one ncclGroupStart/End, each with its device's
+// context current on the thread that issues the group. Sends and
 // receives are always issued inside ncclGroupStart/End; an all-to-all is
 // a group of sends and receives. Every wait polls ncclCommGetAsyncError
 // with a deadline (DefaultNCCLTimeout when the context has none), and an

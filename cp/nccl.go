@@ -203,64 +203,163 @@ func NewNCCL(ctx context.Context, dev *cuda.Device, id NCCLUniqueID, rank, size 
 }
 
 // NewNCCLAll makes one communicator per device, a group of len(devs)
-// ranks driven by this process (ncclCommInitAll): rank r runs on devs[r],
-// each on its device's executor thread, and each is used from its own
-// goroutine (see Run). The communicators are blocking; Wait still polls
-// them with a deadline and aborts the group when it passes. Aborting one
-// aborts all. It fails like NewNCCL, and with attn.ErrOption when a device
-// is nil or repeated.
+// ranks driven by this process: rank r runs on devs[r] and is used from
+// its own goroutine (see Run). It takes a unique id (ncclGetUniqueId, as
+// OpenNCCL's rank 0 does) and creates every rank in one NCCL group on an
+// OS thread of its own: ncclGroupStart, then for each rank its device's
+// context made current on that thread (cuda.Device.MakeCurrent) and
+// ncclCommInitRankConfig, then ncclGroupEnd. The communicators are
+// non-blocking, like NewNCCL's, and are polled until ready; an NCCL error,
+// or ctx ending first (DefaultNCCLTimeout without a deadline), aborts
+// them all. With an NCCL older than 2.14 (no ncclCommInitRankConfig) each
+// rank is made by ncclCommInitRank instead, the communicators are
+// blocking, and their creation cannot be interrupted: at the deadline
+// NewNCCLAll returns, and what the group made is aborted when it returns.
+// Aborting one communicator aborts all. It fails like NewNCCL, and with
+// attn.ErrOption when a device is nil or repeated.
 func NewNCCLAll(ctx context.Context, devs []*cuda.Device) ([]*NCCL, error) {
 	if len(devs) == 0 {
 		return nil, attn.Errorf(attn.ErrOption, "cp: NewNCCLAll needs at least one device")
 	}
-	ordinals := make([]int32, len(devs))
 	seen := map[*cuda.Device]bool{}
 	for i, d := range devs {
 		if d == nil || seen[d] {
 			return nil, attn.Errorf(attn.ErrOption, "cp: NewNCCLAll: device %d is nil or repeated", i)
 		}
 		seen[d] = true
-		ordinals[i] = int32(d.Ordinal())
 	}
 	a, err := loadNCCL()
 	if err != nil {
 		return nil, err
 	}
-	comms := make([]uintptr, len(devs))
-	done := make(chan error, 1)
-	// ncclCommInitAll switches the calling thread's device: it runs on a
-	// thread of its own that ends with it.
-	go func() {
-		runtime.LockOSThread()
-		done <- a.check(fmt.Sprintf("ncclCommInitAll(%d devices)", len(devs)),
-			ncall(a.commInitAll, uintptr(unsafe.Pointer(&comms[0])), uintptr(len(devs)), uintptr(unsafe.Pointer(&ordinals[0]))), 0)
-	}()
-	ctx, cancel := context.WithTimeout(ctx, DefaultNCCLTimeout)
-	defer cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			return nil, err
-		}
-	case <-ctx.Done():
-		return nil, fmt.Errorf("cp: ncclCommInitAll: %w", context.Cause(ctx))
+	id, err := a.uniqueID()
+	if err != nil {
+		return nil, err
 	}
-	g := &ncclGroup{}
-	for r, d := range devs {
-		cell := newCommCell()
-		*cell = comms[r]
-		g.comms = append(g.comms, &NCCL{api: a, dev: d, comm: cell, rank: r, size: len(devs),
-			blocking: true, timeout: DefaultNCCLTimeout, group: g})
+	comms := newProcessGroup(a, devs)
+	if err := initGroup(ctx, comms, id, func(r int) error { return devs[r].MakeCurrent() }); err != nil {
+		return nil, err
 	}
-	for _, n := range g.comms {
+	for _, n := range comms {
 		if err := n.finish(); err != nil {
-			for _, m := range g.comms {
-				m.destroy()
+			n.destroy()
+			for _, m := range comms {
+				m.Close() // the streams made so far; the communicators are aborted
 			}
 			return nil, err
 		}
 	}
-	return g.comms, nil
+	return comms, nil
+}
+
+// newProcessGroup returns the communicators, not yet created, of a group
+// of len(devs) ranks in this process, rank r on devs[r], sharing one abort
+// group.
+func newProcessGroup(a *ncclAPI, devs []*cuda.Device) []*NCCL {
+	g := &ncclGroup{}
+	for r, d := range devs {
+		g.comms = append(g.comms, &NCCL{api: a, dev: d, comm: newCommCell(), rank: r, size: len(devs),
+			timeout: DefaultNCCLTimeout, group: g})
+	}
+	return g.comms
+}
+
+// initGroup creates comms (rank r at comms[r], all of one group) with the
+// unique id in one NCCL group, issued by groupInit on a new OS thread that
+// ends with it; current(r) makes rank r's device current on the calling
+// thread. It then waits until every non-blocking communicator is ready. An
+// NCCL error, a device that cannot be made current, or ctx ending first
+// (the communicators' timeout without a deadline) aborts the group; a
+// blocking group still inside NCCL at the deadline is aborted when its
+// calls return.
+func initGroup(ctx context.Context, comms []*NCCL, id NCCLUniqueID, current func(rank int) error) error {
+	a, size := comms[0].api, len(comms)
+	var cfg *ncclConfig
+	if a.commInitRankCfg != nil {
+		cfg = newNCCLConfig()
+	}
+	for _, n := range comms {
+		n.cfg, n.blocking = cfg, cfg == nil
+	}
+	ctx, cancel := comms[0].bound(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		// The thread keeps the last device current: it ends with the
+		// goroutine instead of returning to the scheduler.
+		runtime.LockOSThread()
+		done <- groupInit(a, comms, id, cfg, current)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			comms[0].destroy()
+			return err
+		}
+	case <-ctx.Done():
+		go func() {
+			<-done
+			comms[0].destroy()
+		}()
+		err := fmt.Errorf("cp: creating %d ranks in one NCCL group: %w", size, context.Cause(ctx))
+		if cfg == nil {
+			err = fmt.Errorf("%w (the blocking init of this NCCL cannot be interrupted)", err)
+		}
+		return err
+	}
+	for _, n := range comms {
+		if err := n.settle(ctx, fmt.Sprintf("rank %d of %d: ncclCommInitRankConfig", n.rank, size)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// groupInit issues, on the calling goroutine's locked thread, the group
+// that creates comms: ncclGroupStart, current(r) and rank r's
+// ncclCommInitRankConfig with cfg (ncclCommInitRank when cfg is nil) for
+// each rank, ncclGroupEnd. Every device is made current once before the
+// group starts, so that a device that cannot be (a closed one) fails before
+// any rank exists. The group is closed even after a failed call inside
+// it; after a failed NCCL call, NCCL starts none of the group's ranks.
+func groupInit(a *ncclAPI, comms []*NCCL, id NCCLUniqueID, cfg *ncclConfig, current func(rank int) error) error {
+	size := len(comms)
+	for r := range comms {
+		if err := current(r); err != nil {
+			return fmt.Errorf("cp: rank %d of %d: %w", r, size, err)
+		}
+	}
+	if err := a.check(fmt.Sprintf("ncclGroupStart (%d ranks)", size), ncall(a.groupStart), 0); err != nil {
+		return err
+	}
+	arg := ncclUniqueIDArg{internal: id}
+	var failed error
+	for r, n := range comms {
+		op := fmt.Sprintf("rank %d of %d: ncclCommInitRank", r, size)
+		if err := current(r); err != nil {
+			failed = fmt.Errorf("cp: %s: %w", op, err)
+			break
+		}
+		if cfg == nil {
+			if err := a.check(op, uintptr(a.commInitRank(n.comm, int32(size), arg, int32(r))), 0); err != nil {
+				failed = err
+				break
+			}
+			continue
+		}
+		if res := NCCLResult(a.commInitRankCfg(n.comm, int32(size), arg, int32(r), cfg)); res != NCCLSuccess && res != NCCLInProgress {
+			failed = a.err(op+"Config", res, 0)
+			break
+		}
+	}
+	res := result(ncall(a.groupEnd))
+	if failed != nil {
+		return failed
+	}
+	if res != NCCLSuccess && res != NCCLInProgress {
+		return a.err(fmt.Sprintf("ncclGroupEnd (%d ranks)", size), res, 0)
+	}
+	return nil
 }
 
 // finish checks a new communicator's size and makes its stream.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -218,4 +219,103 @@ func TestNCCLOneRankGPU(t *testing.T) {
 			t.Logf("the device after the abort: %v", err)
 		}
 	})
+}
+
+// ringShift sends this rank's pattern to the next rank and checks the
+// previous rank's, from device memory, then runs the byte Transport's
+// all-to-all and a barrier.
+func ringShift(ctx context.Context, n *NCCL) error {
+	const size = 1 << 16
+	dev, p, r := n.Device(), n.Size(), n.Rank()
+	buf, err := dev.Alloc(2 * size)
+	if err != nil {
+		return err
+	}
+	defer buf.Free()
+	if err := dev.CopyToDevice(buf, 0, pattern(r, size)); err != nil {
+		return err
+	}
+	next, prev := (r+1)%p, (r+p-1)%p
+	if err := n.ExchangeOn(ctx, nil, []DeviceSend{{next, DeviceSpan{buf, 0, size}}},
+		[]DeviceRecv{{prev, DeviceSpan{buf, size, size}}}); err != nil {
+		return err
+	}
+	if err := n.Wait(ctx, nil); err != nil {
+		return err
+	}
+	got := make([]byte, size)
+	if err := dev.CopyFromDevice(got, buf, size); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, pattern(prev, size)) {
+		return fmt.Errorf("rank %d: the bytes from rank %d differ", r, prev)
+	}
+	// Part t of rank r's all-to-all send is pattern(r*p+t); rank r
+	// receives part r of every rank t.
+	const part = 1024
+	send, recv := make([]byte, 0, p*part), make([]byte, p*part)
+	for t := range p {
+		send = append(send, pattern(r*p+t, part)...)
+	}
+	if err := n.AllToAll(ctx, send, recv); err != nil {
+		return err
+	}
+	for t := range p {
+		if !bytes.Equal(recv[t*part:(t+1)*part], pattern(t*p+r, part)) {
+			return fmt.Errorf("rank %d: all-to-all part %d differs", r, t)
+		}
+	}
+	return n.Barrier(ctx)
+}
+
+func TestNCCLAllGPUs(t *testing.T) {
+	info, err := cuda.Driver()
+	if cuda.Unavailable(err) {
+		t.Skipf("no GPU: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if info.Devices < 2 {
+		t.Skipf("%d GPU: a group of one process needs two", info.Devices)
+	}
+	if _, _, err := NCCLVersion(); errors.Is(err, ErrNoNCCL) {
+		t.Skipf("no NCCL: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	devs := make([]*cuda.Device, min(info.Devices, 8))
+	for i := range devs {
+		d, err := cuda.Open(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		devs[i] = d
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	comms, err := NewNCCLAll(ctx, devs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, n := range comms {
+		if n.Rank() != r || n.Size() != len(devs) || n.Device() != devs[r] {
+			t.Fatalf("communicator %d: rank %d of %d on %v", r, n.Rank(), n.Size(), n.Device())
+		}
+	}
+	// Each rank from its own goroutine, as Run drives them.
+	errs := make(chan error, len(comms))
+	for _, n := range comms {
+		go func() { errs <- ringShift(ctx, n) }()
+	}
+	for range comms {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for _, n := range comms {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+	}
 }

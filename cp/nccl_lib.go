@@ -179,10 +179,10 @@ type ncclAPI struct {
 	path    string
 	version int
 
-	getVersion, getUniqueID, commInitAll, commDestroy, commAbort uintptr
-	getErrorString, commGetAsyncError, commCount, commCuDevice   uintptr
-	groupStart, groupEnd, send, recv, allGather                  uintptr
-	commInitRankSym                                              uintptr
+	getVersion, getUniqueID, commDestroy, commAbort            uintptr
+	getErrorString, commGetAsyncError, commCount, commCuDevice uintptr
+	groupStart, groupEnd, send, recv, allGather                uintptr
+	commInitRankSym                                            uintptr
 	// Optional: 0 when the library lacks them (ncclCommSplit came with
 	// NCCL 2.18).
 	commFinalize, getLastError, commInitRankConfigSym, commSplit uintptr
@@ -226,7 +226,6 @@ func (a *ncclAPI) symbols() (required, optional map[string]*uintptr) {
 		"ncclGetVersion":        &a.getVersion,
 		"ncclGetUniqueId":       &a.getUniqueID,
 		"ncclCommInitRank":      &a.commInitRankSym,
-		"ncclCommInitAll":       &a.commInitAll,
 		"ncclCommDestroy":       &a.commDestroy,
 		"ncclCommAbort":         &a.commAbort,
 		"ncclGetErrorString":    &a.getErrorString,
@@ -361,14 +360,18 @@ type NCCLUniqueID [NCCLUniqueIDBytes]byte
 // NewNCCLUniqueID returns a new unique id (ncclGetUniqueId). It fails with
 // an error wrapping ErrNoNCCL when NCCL does not load.
 func NewNCCLUniqueID() (NCCLUniqueID, error) {
-	var id NCCLUniqueID
 	a, err := loadNCCL()
 	if err != nil {
-		return id, err
+		return NCCLUniqueID{}, err
 	}
+	return a.uniqueID()
+}
+
+// uniqueID returns a new unique id (ncclGetUniqueId).
+func (a *ncclAPI) uniqueID() (NCCLUniqueID, error) {
 	buf := new(NCCLUniqueID)
 	if err := a.check("ncclGetUniqueId", ncall(a.getUniqueID, uintptr(unsafe.Pointer(buf))), 0); err != nil {
-		return id, err
+		return NCCLUniqueID{}, err
 	}
 	return *buf, nil
 }

@@ -80,6 +80,9 @@ func TestExecutorErrorsAndPanics(t *testing.T) {
 	if err := d.do(func() error { t.Error("closure ran after stop"); return nil }); !errors.Is(err, ErrClosed) {
 		t.Errorf("do after stop: %v, want ErrClosed", err)
 	}
+	if err := d.MakeCurrent(); !errors.Is(err, ErrClosed) {
+		t.Errorf("MakeCurrent after stop: %v, want ErrClosed", err)
+	}
 }
 
 func BenchmarkExecutorRoundTrip(b *testing.B) {

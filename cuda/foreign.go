@@ -1,5 +1,7 @@
 package cuda
 
+import "fmt"
+
 // Foreign handles: a program that drives CUDA itself (through its own
 // bindings, another library, or purego) hands flashattn its context, its
 // device memory and its streams as raw driver handles. The wrappers below
@@ -68,4 +70,22 @@ func (d *Device) Do(fn func() error) error {
 		return argErrorf("Do: nil function")
 	}
 	return d.do(fn)
+}
+
+// MakeCurrent makes d's context current on the calling OS thread
+// (cuCtxSetCurrent), for a library call sequence that must run on one
+// thread while it moves between devices: an NCCL group that creates one
+// communicator per device, for example. The calling goroutine must be
+// locked to its thread (runtime.LockOSThread) and should stay locked until
+// it exits, so that the thread, which keeps the context current, ends with
+// it instead of serving other goroutines. d must stay open while the
+// context is used. For calls on one device, use Do. It fails with
+// ErrClosed after Close and with the driver's error otherwise.
+func (d *Device) MakeCurrent() error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return closedErrorf("device %d is closed", d.ordinal)
+	}
+	return d.api.check(fmt.Sprintf("cuCtxSetCurrent(device %d)", d.ordinal), ccall(d.api.cuCtxSetCurrent, d.ctx))
 }

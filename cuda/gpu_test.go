@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // randomFloats returns n random float32 values in [-1, 1).
@@ -623,6 +624,33 @@ func TestGraphReplay(t *testing.T) {
 	eagerUs := timeIt(work)
 	graphUs := timeIt(func() error { return g.Launch(s) })
 	t.Logf("4 operations: eager %.1f µs per iteration, graph replay %.1f µs", eagerUs, graphUs)
+}
+
+func TestMakeCurrent(t *testing.T) {
+	d := testDevice(t)
+	// A fresh locked thread has no context until MakeCurrent; the thread
+	// ends with the goroutine.
+	got := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := d.MakeCurrent(); err != nil {
+			got <- err
+			return
+		}
+		var dev int32 = -1
+		if err := d.api.check("cuCtxGetDevice", ccall(d.api.cuCtxGetDevice, uintptr(unsafe.Pointer(&dev)))); err != nil {
+			got <- err
+			return
+		}
+		if dev != d.dev {
+			got <- fmt.Errorf("the thread's current device is %d, want %d", dev, d.dev)
+			return
+		}
+		got <- nil
+	}()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestConcurrentUse(t *testing.T) {

@@ -51,6 +51,9 @@ type Backend struct {
 	hostMu sync.Mutex // serializes host-path calls, which share copier
 	copier hostCopier // the host path's pinned staging
 
+	trace       atomic.Pointer[HostTrace] // where host-path calls record their breakdown (SetHostTrace)
+	traceEvents []*cuda.Event             // the events of traced calls, reused (under hostMu)
+
 	mu      sync.Mutex     // guards pbuf, tmaps and bwdMaps
 	pbuf    []byte         // packed forward kernel argument, reused by every launch
 	tmaps   tensorMapCache // the tensor maps of the last TMA forward
@@ -118,6 +121,10 @@ func New(dev *cuda.Device) (*Backend, error) {
 func (b *Backend) Close() error {
 	b.hostMu.Lock()
 	b.copier.close()
+	for _, e := range b.traceEvents {
+		_ = e.Close()
+	}
+	b.traceEvents = nil
 	b.hostMu.Unlock()
 	b.pool.trim()
 	b.nf.free()

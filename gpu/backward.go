@@ -36,6 +36,7 @@ type BackwardOptions struct {
 // (attn.NewLike: the gradients of a [B, H, N, D] buffer viewed as
 // [B, N, H, D] come back in that memory order).
 func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	rec := b.traceCall("backward")
 	countValidation()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
@@ -57,7 +58,7 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 		hs = append(hs, db)
 	}
 	late := allocLate(hs...)
-	if err := b.backwardHost(p, q, k, v, o, lse, dO, g, late, opt); err != nil {
+	if err := b.backwardHost(p, q, k, v, o, lse, dO, g, late, opt, rec); err != nil {
 		return attn.Gradients{}, err
 	}
 	ts := late.wait()
@@ -74,6 +75,7 @@ func (b *Backend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (a
 // forward's options, unchanged. Like ForwardInto it allocates nothing per
 // call once a shape has run.
 func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, opt attn.Options) error {
+	rec := b.traceCall("backward into")
 	countValidation()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
@@ -85,7 +87,7 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 	if err := p.CheckGradients(q, k, v, g); err != nil {
 		return err
 	}
-	return b.backwardHost(p, q, k, v, o, lse, dO, g, nil, opt)
+	return b.backwardHost(p, q, k, v, o, lse, dO, g, nil, opt, rec)
 }
 
 // backwardHost runs a validated backward on host tensors: it uploads them,
@@ -93,13 +95,16 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 // needs, binds the plan to it and enqueues it as BackwardDevice does.
 //
 // With late set, g holds headers alone and late.wait returns dQ, dK, dV
-// (and dBias) with storage, allocated meanwhile.
-func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, late *lateTensors, opt attn.Options) error {
+// (and dBias) with storage, allocated meanwhile. rec (nil: untraced) records
+// the call's breakdown when it succeeds.
+func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, late *lateTensors, opt attn.Options, rec *callRecorder) (err error) {
+	rec.lap(HostPlan)
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
+	rec.lap(HostWait)
 	s := b.stream
-	c := &hostCall{b: b}
-	defer c.release()
+	c := &hostCall{b: b, rec: rec}
+	defer c.end(&err)
 	ins, dopt, err := c.inputs(s, p, opt, q, k, v, o, lse, dO)
 	if err != nil {
 		return err
@@ -136,18 +141,23 @@ func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor,
 	if b.Speculate {
 		b.bwdSpeculate(pl.v)
 	}
+	rec.lap(HostPlan)
 	ws, err := c.alloc(pl.w.total)
 	if err != nil {
 		return err
 	}
 	pl.bind(ws.Ptr())
+	m := rec.begin(s)
 	if err := b.enqueueBackward(s, pl); err != nil {
 		return err
 	}
+	rec.end(s, StreamKernels, m, 0)
+	rec.lap(HostEnqueue)
 	if late != nil {
 		for i, t := range late.wait() {
 			outs[i].host = t
 		}
+		rec.lap(HostOutputs)
 	}
 	for _, x := range outs {
 		if err := c.download(s, x); err != nil {

@@ -19,6 +19,7 @@ import (
 // on the device where their feature dim has stride 1 and are gathered
 // otherwise. ForwardInto writes into tensors the caller provides.
 func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	rec := b.traceCall("forward")
 	countValidation()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
@@ -26,7 +27,7 @@ func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, e
 	}
 	res := attn.Result{O: header(q.DType, p.OutputShape()), LSE: header(attn.Float32, p.LSEShape())}
 	late := allocLate(res.O, res.LSE)
-	if err := b.forwardHost(p, q, k, v, res, late, opt); err != nil {
+	if err := b.forwardHost(p, q, k, v, res, late, opt, rec); err != nil {
 		return attn.Result{}, err
 	}
 	ts := late.wait()
@@ -39,6 +40,7 @@ func (b *Backend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, e
 // with any layout, so that repeated calls allocate nothing on the host and,
 // after the first call of a shape, nothing on the device.
 func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Options) error {
+	rec := b.traceCall("forward into")
 	countValidation()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
@@ -47,7 +49,7 @@ func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Opt
 	if err := p.CheckResult(q.DType, res); err != nil {
 		return err
 	}
-	return b.forwardHost(p, q, k, v, res, nil, opt)
+	return b.forwardHost(p, q, k, v, res, nil, opt, rec)
 }
 
 // forwardHost runs a validated forward on host tensors: it uploads them,
@@ -55,16 +57,20 @@ func (b *Backend) ForwardInto(q, k, v attn.Tensor, res attn.Result, opt attn.Opt
 // help) and enqueues it as ForwardDevice does.
 //
 // With late set, res holds headers alone (shape and contiguous strides) and
-// late.wait returns the tensors with storage, allocated meanwhile.
-func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Result, late *lateTensors, opt attn.Options) error {
+// late.wait returns the tensors with storage, allocated meanwhile. rec (nil:
+// untraced) records the call's breakdown when it succeeds.
+func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Result, late *lateTensors, opt attn.Options, rec *callRecorder) (err error) {
 	if res.O.NumElements() == 0 && res.LSE.NumElements() == 0 {
+		rec.finish()
 		return nil
 	}
+	rec.lap(HostPlan)
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
+	rec.lap(HostWait)
 	s := b.stream
-	c := &hostCall{b: b}
-	defer c.release()
+	c := &hostCall{b: b, rec: rec}
+	defer c.end(&err)
 	ins, dopt, err := c.inputs(s, p, opt, q, k, v)
 	if err != nil {
 		return err
@@ -82,6 +88,7 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 	if err != nil {
 		return err
 	}
+	rec.lap(HostPlan)
 	if pl.st != nil {
 		ws, err := c.alloc(pl.st.bytes)
 		if err != nil {
@@ -90,13 +97,17 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 		pl.relocate(ws)
 	}
 	if !pl.empty() {
+		m := rec.begin(s)
 		if err := b.enqueueForward(s, &pl); err != nil {
 			return err
 		}
+		rec.end(s, StreamKernels, m, 0)
+		rec.lap(HostEnqueue)
 	}
 	if late != nil {
 		ts := late.wait()
 		o.host, lse.host = ts[0], ts[1]
+		rec.lap(HostOutputs)
 	}
 	for _, x := range []hostOutput{o, lse} {
 		if err := c.download(s, x); err != nil {

@@ -27,6 +27,8 @@ type hostCall struct {
 	// keep makes alloc take buffers from the driver, not the pool, for a
 	// caller to own (Upload)
 	keep bool
+	// rec records the call's breakdown (nil: untraced)
+	rec *callRecorder
 }
 
 // hostOutput is a host output tensor and the device tensor that receives it.
@@ -49,6 +51,7 @@ func (c *hostCall) alloc(bytes int64) (*cuda.Buffer, error) {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	c.bufs = append(c.bufs, buf)
+	c.rec.lap(HostAlloc)
 	return buf, nil
 }
 
@@ -63,6 +66,15 @@ func (c *hostCall) release() {
 		}
 	}
 	c.bufs = nil
+}
+
+// end releases the call's buffers and, when the call succeeded (*err is
+// nil), closes its breakdown.
+func (c *hostCall) end(err *error) {
+	c.release()
+	if *err == nil {
+		c.rec.finish()
+	}
 }
 
 // hostSpan returns the storage of t from its first to its last element (see
@@ -111,13 +123,14 @@ func (c *hostCall) upload(s *cuda.Stream, t attn.Tensor) (DeviceTensor, error) {
 	if t.Shape[last] > 1 && d.Strides[last] != 1 || len(span) > 2*n*t.DType.Size() {
 		span = t.Bytes()
 		d.Strides = attn.ContiguousStrides(t.Shape)
+		c.rec.lap(HostToPinned)
 	}
 	buf, err := c.alloc(int64(len(span)))
 	if err != nil {
 		return d, err
 	}
 	d.Buf = buf
-	if err := c.b.copier.toDevice(s, buf, 0, span); err != nil {
+	if err := c.b.copier.toDevice(s, buf, 0, span, c.rec); err != nil {
 		return d, err
 	}
 	return d, nil
@@ -129,7 +142,7 @@ func (c *hostCall) uploadInt32(s *cuda.Stream, x []int32) (*cuda.Buffer, error) 
 	if err != nil {
 		return nil, err
 	}
-	return buf, c.b.copier.toDevice(s, buf, 0, cuda.AsBytes(x))
+	return buf, c.b.copier.toDevice(s, buf, 0, cuda.AsBytes(x), c.rec)
 }
 
 // output returns the device tensor that receives host output h: with h's
@@ -166,13 +179,15 @@ func (c *hostCall) download(s *cuda.Stream, o hostOutput) error {
 	}
 	if o.scatter {
 		img := make([]byte, o.host.NumElements()*o.host.DType.Size())
-		if err := c.b.copier.fromDevice(s, img, o.dev.Buf, 0); err != nil {
+		if err := c.b.copier.fromDevice(s, img, o.dev.Buf, 0, c.rec); err != nil {
 			return err
 		}
-		return attn.CopyInto(o.host, tensorFromBytes(o.host.DType, img, o.host.Shape))
+		err := attn.CopyInto(o.host, tensorFromBytes(o.host.DType, img, o.host.Shape))
+		c.rec.lap(PinnedToHost)
+		return err
 	}
 	span := hostSpan(o.host)
-	return c.b.copier.fromDevice(s, span, o.dev.Buf, 0)
+	return c.b.copier.fromDevice(s, span, o.dev.Buf, 0, c.rec)
 }
 
 // inputs uploads ts, then the bias and cu_seqlens of opt, and returns the

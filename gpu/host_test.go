@@ -24,14 +24,7 @@ func TestHostIntoLayouts(t *testing.T) {
 	const B, N, H, D = 2, 150, 4, 64
 	q, k, v, dO := randTensor(rng, dt, 1, B, N, H, D), randTensor(rng, dt, 1, B, N, H, D), randTensor(rng, dt, 1, B, N, H, D), randTensor(rng, dt, 1, B, N, H, D)
 	opt := attn.Options{Causal: true, Deterministic: true}
-	want, err := b.Forward(q, k, v, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantG, err := b.Backward(q, k, v, want.O, want.LSE, dO, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want, wantG := hostStep(t, b, q, k, v, dO, opt)
 	layouts := map[string]func(dt attn.DType, shape ...int) attn.Tensor{
 		"contiguous": func(dt attn.DType, shape ...int) attn.Tensor { return attn.New(dt, shape...) },
 		"dense permuted": func(dt attn.DType, shape ...int) attn.Tensor {
@@ -66,14 +59,7 @@ func TestHostIntoLayouts(t *testing.T) {
 			if err := b.BackwardInto(q, k, v, res.O, res.LSE, dO, g, opt); err != nil {
 				t.Fatalf("BackwardInto: %v", err)
 			}
-			for _, x := range []struct {
-				name      string
-				got, want attn.Tensor
-			}{{"O", res.O, want.O}, {"LSE", res.LSE, want.LSE}, {"dQ", g.DQ, wantG.DQ}, {"dK", g.DK, wantG.DK}, {"dV", g.DV, wantG.DV}} {
-				if !bytes.Equal(x.got.Bytes(), x.want.Bytes()) {
-					t.Errorf("%s differs from the allocating form's", x.name)
-				}
-			}
+			sameStep(t, "the allocating form's", res, g, want, wantG)
 		})
 	}
 	t.Run("feature dim outer inputs", func(t *testing.T) {
@@ -109,5 +95,33 @@ func TestHostIntoLayouts(t *testing.T) {
 	b.ReleaseCache()
 	if b.CachedBytes() != 0 {
 		t.Errorf("ReleaseCache left %d bytes cached", b.CachedBytes())
+	}
+}
+
+// hostStep runs the host-tensor forward of q, k, v and the backward of dO.
+func hostStep(t *testing.T, b *Backend, q, k, v, dO attn.Tensor, opt attn.Options) (attn.Result, attn.Gradients) {
+	t.Helper()
+	res, err := b.Forward(q, k, v, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Backward(q, k, v, res.O, res.LSE, dO, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, g
+}
+
+// sameStep reports each of O, LSE, dQ, dK and dV that differs, bit for
+// bit, from the one of the step named what.
+func sameStep(t *testing.T, what string, res attn.Result, g attn.Gradients, want attn.Result, wantG attn.Gradients) {
+	t.Helper()
+	for _, x := range []struct {
+		name      string
+		got, want attn.Tensor
+	}{{"O", res.O, want.O}, {"LSE", res.LSE, want.LSE}, {"dQ", g.DQ, wantG.DQ}, {"dK", g.DK, wantG.DK}, {"dV", g.DV, wantG.DV}} {
+		if !bytes.Equal(x.got.Bytes(), x.want.Bytes()) {
+			t.Errorf("%s differs from %s", x.name, what)
+		}
 	}
 }

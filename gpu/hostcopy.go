@@ -81,29 +81,36 @@ func (c *hostCopier) mark(i int, s *cuda.Stream) error {
 
 // toDevice enqueues the copy of src to dst at byte offset off on s. It
 // returns once src has been read (into the slots); the DMA of the last
-// chunks may still run, ordered on s before later work.
-func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src []byte) error {
+// chunks may still run, ordered on s before later work. rec (nil:
+// untraced) records the phases.
+func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src []byte, rec *callRecorder) error {
 	if len(src) == 0 {
 		return nil
 	}
 	if err := c.ready(); err != nil {
 		return err
 	}
+	rec.lap(HostAlloc)
 	for pos := 0; pos < len(src); {
 		i := c.next
 		c.next ^= 1
 		if err := c.claim(i); err != nil {
 			return err
 		}
+		rec.lap(HostWait)
 		n := min(stagingChunk, len(src)-pos)
 		slot := c.slots[i].Bytes()[:n]
 		parallelCopy(slot, src[pos:pos+n])
+		rec.lap(HostToPinned)
+		m := rec.begin(s)
 		if err := c.dev.CopyToDeviceAsync(dst, off+int64(pos), slot, s); err != nil {
 			return fmt.Errorf("gpu: host copy: %w", err)
 		}
+		rec.end(s, StreamToDevice, m, int64(n))
 		if err := c.mark(i, s); err != nil {
 			return err
 		}
+		rec.lap(HostEnqueue)
 		pos += n
 	}
 	return nil
@@ -111,24 +118,30 @@ func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src [
 
 // fromDevice copies len(dst) bytes of src at byte offset off into dst after
 // the work enqueued on s so far, and returns when dst holds them. The DMA
-// of chunk i+1 runs while the host drains chunk i.
-func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, off int64) error {
+// of chunk i+1 runs while the host drains chunk i. rec (nil: untraced)
+// records the phases.
+func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, off int64, rec *callRecorder) error {
 	if len(dst) == 0 {
 		return nil
 	}
 	if err := c.ready(); err != nil {
 		return err
 	}
+	rec.lap(HostAlloc)
 	chunks := (len(dst) + stagingChunk - 1) / stagingChunk
 	enqueue := func(k int) error {
 		i := k % 2
 		// (stream order puts this DMA after any earlier one that read the slot)
 		lo := k * stagingChunk
 		n := min(stagingChunk, len(dst)-lo)
+		m := rec.begin(s)
 		if err := c.dev.CopyFromDeviceAsync(c.slots[i].Bytes()[:n], src, off+int64(lo), s); err != nil {
 			return fmt.Errorf("gpu: host copy: %w", err)
 		}
-		return c.mark(i, s)
+		rec.end(s, StreamFromDevice, m, int64(n))
+		err := c.mark(i, s)
+		rec.lap(HostEnqueue)
+		return err
 	}
 	for k := 0; k < min(2, chunks); k++ {
 		if err := enqueue(k); err != nil {
@@ -140,9 +153,11 @@ func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, of
 		if err := c.claim(i); err != nil {
 			return err
 		}
+		rec.lap(HostWait)
 		lo := k * stagingChunk
 		n := min(stagingChunk, len(dst)-lo)
 		parallelCopy(dst[lo:lo+n], c.slots[i].Bytes()[:n])
+		rec.lap(PinnedToHost)
 		if k+2 < chunks {
 			if err := enqueue(k + 2); err != nil {
 				return err
@@ -158,7 +173,12 @@ func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, of
 // link carries.
 func parallelCopy(dst, src []byte) {
 	const piece = 1 << 20
-	workers := min(runtime.GOMAXPROCS(0), 16, len(src)/piece)
+	copyWith(dst, src, min(runtime.GOMAXPROCS(0), 16, len(src)/piece))
+}
+
+// copyWith copies src into dst (of equal length) with the given number of
+// goroutines, each taking one contiguous part.
+func copyWith(dst, src []byte, workers int) {
 	if workers < 2 {
 		copy(dst, src)
 		return

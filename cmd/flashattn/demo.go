@@ -34,6 +34,11 @@ Flags:
   --iters N                 timed repetitions, the median is reported (default 3 on the CPU, 5 on a GPU)
   --check-rows R            query rows checked against the reference (default 256)
   --seed N                  seed of the random inputs (default 1)
+  --breakdown               on a GPU, time the host-tensor step again with tracing on and print
+                            where the median call's time went: host phases (planning, allocation,
+                            copies into and out of pinned staging, enqueueing, waits), stream work
+                            (DMA each way and kernels, CUDA events) and the stream's idle time,
+                            next to the floor with the difference split into its terms
 `
 
 func init() {
@@ -53,6 +58,7 @@ type demoConfig struct {
 	causal                        bool
 	iters, checkRows              int
 	seed                          uint64
+	breakdown                     bool
 }
 
 func runDemo(args []string, stdout io.Writer) error {
@@ -69,6 +75,7 @@ func runDemo(args []string, stdout io.Writer) error {
 	fs.IntVar(&c.iters, "iters", 0, "")
 	fs.IntVar(&c.checkRows, "check-rows", 256, "")
 	fs.Uint64Var(&c.seed, "seed", 1, "")
+	fs.BoolVar(&c.breakdown, "breakdown", false, "")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -195,21 +202,23 @@ type linkMeter interface {
 
 // hostFloor prints how the host-tensor times compare with their floor: the
 // device-resident kernel time plus the bytes each call moves over the
-// measured host↔device link.
-func hostFloor(b flashattn.Backend, fwd, bwd time.Duration, fwdMs, bwdMs float64, in, out [2]float64, stdout io.Writer) {
+// measured host↔device link. It returns the link's rates in bytes per
+// second (0 when not measured).
+func hostFloor(b flashattn.Backend, fwd, bwd time.Duration, fwdMs, bwdMs float64, in, out [2]float64, stdout io.Writer) (h2d, d2h float64) {
 	lm, ok := b.(linkMeter)
 	if !ok {
-		return
+		return 0, 0
 	}
 	h2d, d2h, err := lm.LinkBandwidth()
 	if err != nil {
 		fmt.Fprintf(stdout, "note      no link measurement: %s\n", oneLine(err))
-		return
+		return 0, 0
 	}
 	floor := func(kernelMs, in, out float64) float64 { return kernelMs + 1e3*(in/h2d+out/d2h) }
 	ff, fb := floor(fwdMs, in[0], out[0]), floor(bwdMs, in[1], out[1])
 	fmt.Fprintf(stdout, "link      to device %.1f GB/s, from device %.1f GB/s (pinned, CUDA events); host-tensor forward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out), backward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out)\n",
 		h2d/1e9, d2h/1e9, fwd.Seconds()*1e3/ff, ff, in[0]/1e6, out[0]/1e6, bwd.Seconds()*1e3/fb, fb, in[1]/1e6, out[1]/1e6)
+	return h2d, d2h
 }
 
 // closeBackend releases b's resources when it holds any.
@@ -338,6 +347,7 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 				return err
 			}
 		}
+		var floors [2]passFloor
 		if fms, bms, fr, br, ok := deviceSpeed(c, stdout); ok {
 			bytes := func(ts ...flashattn.Tensor) float64 {
 				n := 0
@@ -348,12 +358,21 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 			}
 			in := [2]float64{bytes(q, k, v), bytes(q, k, v, res.O, res.LSE, dO)}
 			out := [2]float64{bytes(res.O, res.LSE), bytes(grads.DQ, grads.DK, grads.DV)}
-			hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
+			h2d, d2h := hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
+			floors = [2]passFloor{{fms, h2d, d2h}, {bms, h2d, d2h}}
 			fwdRate, bwdRate = fmt.Sprintf("%.1f TFLOP/s (device-resident)", fr), fmt.Sprintf("%.1f TFLOP/s (device-resident)", br)
+		}
+		if c.breakdown {
+			if err := breakdown(b, q, k, v, dO, opt, c.iters, floors, stdout); err != nil {
+				return err
+			}
 		}
 	} else {
 		fmt.Fprintf(stdout, "forward   %8.4f s  %s\n", fwd.Seconds(), fwdRate)
 		fmt.Fprintf(stdout, "backward  %8.4f s  %s\n", bwd.Seconds(), bwdRate)
+		if c.breakdown {
+			fmt.Fprintf(stdout, "note      --breakdown: the %s backend has no host-to-device path to break down\n", b.Name())
+		}
 	}
 
 	for _, x := range []namedTensor{{"O", res.O}, {"LSE", res.LSE}, {"dQ", grads.DQ}, {"dK", grads.DK}, {"dV", grads.DV}} {

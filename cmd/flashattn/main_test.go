@@ -289,6 +289,7 @@ func TestRunBadInput(t *testing.T) {
 		{"demo bad dtype", []string{"demo", "--dtype", "fp8"}, 1, `--dtype "fp8"`},
 		{"demo negative size", []string{"demo", "--seq", "-4"}, 1, "--seq -4 is negative"},
 		{"demo invalid problem", []string{"demo", "--backend", "cpu", "--heads", "3", "--kv-heads", "2"}, 1, "not a multiple"},
+		{"demo breakdown not a boolean", []string{"demo", "--breakdown=maybe"}, 2, "breakdown"},
 		{"help unknown command", []string{"help", "frobnicate"}, 2, `unknown command "frobnicate"`},
 		{"version argument", []string{"version", "extra"}, 2, `unexpected argument "extra"`},
 	}
@@ -388,6 +389,8 @@ func TestDemo(t *testing.T) {
 			[]string{"query rows 0-39", "keys 0-39", "PASS"}},
 		{"gqa bf16", []string{"--seq", "64", "--heads", "4", "--kv-heads", "2", "--dim", "32", "--dtype", "bf16", "--iters", "2"},
 			[]string{"Hkv=2", "bf16", "query heads 0-3", "PASS"}},
+		{"breakdown on the cpu", []string{"--seq", "32", "--heads", "2", "--dim", "8", "--check-rows", "8", "--breakdown"},
+			[]string{"--breakdown: the cpu backend has no host-to-device path", "PASS"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
