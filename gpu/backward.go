@@ -98,13 +98,10 @@ func (b *Backend) BackwardInto(q, k, v, o, lse, dO attn.Tensor, g attn.Gradients
 // (and dBias) with storage, allocated meanwhile. rec (nil: untraced) records
 // the call's breakdown when it succeeds.
 func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor, g attn.Gradients, late *lateTensors, opt attn.Options, rec *callRecorder) (err error) {
-	rec.lap(HostPlan)
-	b.hostMu.Lock()
+	c := b.beginHost(rec)
 	defer b.hostMu.Unlock()
-	rec.lap(HostWait)
-	s := b.stream
-	c := &hostCall{b: b, rec: rec}
 	defer c.end(&err)
+	s := b.stream
 	ins, dopt, err := c.inputs(s, p, opt, q, k, v, o, lse, dO)
 	if err != nil {
 		return err

@@ -64,13 +64,10 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 		rec.finish()
 		return nil
 	}
-	rec.lap(HostPlan)
-	b.hostMu.Lock()
+	c := b.beginHost(rec)
 	defer b.hostMu.Unlock()
-	rec.lap(HostWait)
-	s := b.stream
-	c := &hostCall{b: b, rec: rec}
 	defer c.end(&err)
+	s := b.stream
 	ins, dopt, err := c.inputs(s, p, opt, q, k, v)
 	if err != nil {
 		return err

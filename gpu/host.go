@@ -77,6 +77,16 @@ func (c *hostCall) end(err *error) {
 	}
 }
 
+// beginHost starts a host-path call: it takes the host path's lock, which
+// the caller releases (b.hostMu.Unlock) after the call's c.end, and records
+// the planning and the wait for the lock in rec (nil: untraced).
+func (b *Backend) beginHost(rec *callRecorder) *hostCall {
+	rec.lap(HostPlan)
+	b.hostMu.Lock()
+	rec.lap(HostWait)
+	return &hostCall{b: b, rec: rec}
+}
+
 // hostSpan returns the storage of t from its first to its last element (see
 // denseLayout). t must have passed CheckLayout and have elements.
 func hostSpan(t attn.Tensor) []byte {
