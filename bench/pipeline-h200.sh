@@ -20,15 +20,16 @@
 # the whole comparison: FLASHATTN_FWD_PIPELINE=<words> bash bench/run-h200.sh.
 #
 # Environment: PIPELINES (space-separated lists of kernels.ParsePipeline's
-# words; default "lockstep ws ws,pingpong ws,pingpong,early-rescale
-# early-rescale"), SHAPES (space-separated B:H:N:D[:causal]; default the D =
-# 64, 128 and 256 shapes at N = 4096 and 16384), ROUNDS (2), STEPS (check,
-# time; default both).
+# words; default lockstep, then ws, pingpong, early-rescale and persistent
+# added one at a time, and early-rescale alone), SHAPES (space-separated
+# B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
+# and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), ROUNDS (2),
+# STEPS (check, time; default both).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}
-PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale early-rescale}
-SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 4:16:4096:64 4:16:4096:64:causal 4:16:4096:256 4:16:4096:256:causal}
+PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale ws,pingpong,early-rescale,persistent early-rescale}
+SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 32:16:512:128 32:16:512:128:causal 4:32:4096:64 4:32:4096:64:causal 4:8:4096:256 4:8:4096:256:causal}
 ROUNDS=${ROUNDS:-2}
 STEPS=${STEPS:-check,time}
 BIN=$ROOT/.bin/flashattn

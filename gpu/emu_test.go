@@ -291,6 +291,7 @@ const (
 	emuHopperTMA                   // the Hopper kernels, streamed tiles by tensor maps
 	emuHopperWS                    // the Hopper forward, tensor maps, warp-specialized
 	emuHopperPP                    // ... with ping-pong and the early rescale of O
+	emuHopperPT                    // ... and persistent CTAs
 )
 
 // emuPipeline returns the forward pipeline of an emulated kind.
@@ -300,6 +301,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true}
 	case emuHopperPP:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	case emuHopperPT:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true}
 	}
 	return kernels.Pipeline{}
 }

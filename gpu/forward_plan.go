@@ -101,6 +101,9 @@ type fwdRequest struct {
 	// pipeline is the Hopper forward's pipeline where the variant allows
 	// it (Backend.Pipeline).
 	pipeline kernels.Pipeline
+	// sms is the device's multiprocessor count, the CTAs of a persistent
+	// launch (kernels.PersistentGrid).
+	sms int
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingFor with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -147,6 +150,8 @@ func plan(r fwdRequest) (launch, error) {
 	}
 	if vr.WGMMA {
 		vr.Pipeline = pipelineFor(vr, r.pipeline)
+		// the kernel counts its tiles in an int
+		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}
 	if err := vr.Validate(); err != nil {
 		return l, err
@@ -169,6 +174,10 @@ func plan(r fwdRequest) (launch, error) {
 		l.tma = ts[:]
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
+	if vr.Persistent {
+		tiles := int(l.grid[0]) * p.H * p.B
+		l.grid = [3]uint32{uint32(kernels.PersistentGrid(tiles, r.sms)), 1, 1}
+	}
 	return l, nil
 }
 
@@ -379,7 +388,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.Pipeline}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.Pipeline, sms: b.dev.SMCount()}
 	if c.p.Varlen {
 		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}
@@ -478,12 +487,14 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 
 // pipelineFor returns the parts of want that Hopper variant v allows: warp
 // specialization with tensor-map loads, one warpgroup per row group and one
-// CTA per SM; ping-pong with two compute warpgroups besides; the early
+// CTA per SM; ping-pong with two compute warpgroups besides; persistence
+// with warp specialization where the rows are not read in place; the early
 // rescale where the variant validates with it.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
 	p.PingPong = want.PingPong && p.WarpSpecialized && v.WarpsM == 8
+	p.Persistent = want.Persistent && p.WarpSpecialized && !v.Flat
 	if want.EarlyRescale {
 		v.Pipeline = kernels.Pipeline{EarlyRescale: true}
 		p.EarlyRescale = v.Validate() == nil

@@ -71,7 +71,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
 	var part *fwdStaging
-	tma := kind == emuHopperTMA || kind == emuHopperWS || kind == emuHopperPP
+	tma := kind == emuHopperTMA || emuPipeline(kind).WarpSpecialized
 	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && tma {
 		// the heads that do not fit in place go through staging copies, made by the pack kernel first
 		size := stagingAt(p, dq, dk, dv, nil, 0, heads).bytes
@@ -81,7 +81,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), part: part})
+	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -89,7 +89,8 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	if part != nil && !l.v.FlatStaged {
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
-	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != emuPipeline(kind).WarpSpecialized {
+	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != emuPipeline(kind).WarpSpecialized ||
+		l.v.Persistent != (emuPipeline(kind).Persistent && !l.v.Flat) {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
 	}
 	src, err := l.v.Source()
@@ -177,7 +178,7 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "bf16-d512", dt: attn.BFloat16, b: 1, n: 30, m: 40, h: 1, hkv: 1, dk: 512, dv: 512},
 		// many key blocks: every K and V buffer reused several times (the warp-specialized pipeline's
 		// empty barriers through several phases)
-		{name: "bf16-d128-long-causal", dt: attn.BFloat16, b: 1, n: 130, m: 1000, h: 1, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
+		{name: "bf16-d128-long-causal", dt: attn.BFloat16, b: 1, n: 130, m: 1000, h: 3, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
 		{name: "fp16-d64-long", dt: attn.Float16, b: 1, n: 70, m: 700, h: 1, hkv: 1, dk: 64, dv: 64},
 		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},
 		// odd head dims read in place over flat rows (tensor maps only): sixteen heads take every shift
@@ -192,10 +193,10 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
-			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong"}[kind], pr.name)
+			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
 				if kind != emuHopper && pr.segQ != nil {
 					t.Skip("packed batches keep cp.async")
@@ -230,7 +231,7 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 	kinds := []struct {
 		name string
 		kind emuKernels
-	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}}
+	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}, {"persistent", emuHopperPT}}
 	cases := fwdNaNTransformCases()
 	for _, c := range fwdNaNCases() {
 		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})

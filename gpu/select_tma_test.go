@@ -260,7 +260,7 @@ func (b *Backend) planStagingFor(p *attn.Problem, q, k, v, o, lse DeviceTensor, 
 // TestPipelineFor checks that the planner keeps each part of the backend's
 // pipeline only where the variant takes it.
 func TestPipelineFor(t *testing.T) {
-	all := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	all := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true}
 	hopper := func(d int, tma bool) kernels.Variant {
 		v := kernels.Variant{DType: attn.BFloat16, DK: d, DV: d, LoadBytes: 16, LSE: true}
 		tl, _ := kernels.HopperTile(v)
@@ -275,8 +275,9 @@ func TestPipelineFor(t *testing.T) {
 	}{
 		{"d128-tma", hopper(128, true), all},
 		{"d128-cp.async", hopper(128, false), kernels.Pipeline{EarlyRescale: true}},
-		{"d320-tma", hopper(320, true), kernels.Pipeline{WarpSpecialized: true, PingPong: true}},
+		{"d320-tma", hopper(320, true), kernels.Pipeline{WarpSpecialized: true, PingPong: true, Persistent: true}},
 		{"d512-tma", hopper(512, true), kernels.Pipeline{}},
+		{"d128-flat", func() kernels.Variant { v := hopper(128, true); v.Flat = true; return v }(), kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}},
 	}
 	for _, c := range cases {
 		if got := pipelineFor(c.v, all); got != c.want {

@@ -8,15 +8,18 @@ func (x *gen) epilogueEmpty() {
 	x.raw(`  if (nb_hi <= nb_lo) {  // ---- no row of this CTA sees a key: O = 0, LSE = -inf
 `)
 	x.outputBases("    ")
-	x.raw(`    for (int idx = tid; idx < rows * p.d_v; idx += NTHREADS) {
+	threads := "NTHREADS"
+	if x.v.Persistent {
+		threads = "NCOMPUTE" // the producer warpgroup runs a loop of its own
+	}
+	x.p(`    for (int idx = tid; idx < rows * p.d_v; idx += %s) {
       const int r = idx / p.d_v, d = idx - r * p.d_v;
       store_elem(gO + r * o_rs + (i64)d * ESZ, 0.f);
-    }
-`)
+    }`, threads)
 	if x.v.LSE {
-		x.raw("    for (int r = tid; r < rows; r += NTHREADS) gL[r * p.lse_sn] = NEG_INF;\n")
+		x.p("    for (int r = tid; r < rows; r += %s) gL[r * p.lse_sn] = NEG_INF;", threads)
 	}
-	x.raw("    return;\n  }\n")
+	x.p("    %s;\n  }", x.tileExit())
 }
 
 // outputBases writes the global addresses of the CTA's first O row and LSE

@@ -59,16 +59,21 @@ func (x *gen) kernel() {
 // statistics.
 func (x *gen) ctaSetup() {
 	v := x.v
-	x.raw(`
+	if v.Persistent {
+		x.raw("\n  // ---- tile coordinates: query block, head, batch element\n")
+		x.raw(x.tileCoords("  "))
+	} else {
+		x.raw(`
   // ---- CTA coordinates: query block, head, batch element (segment)
 `)
-	if v.Mask == MaskWindow {
-		x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
-	} else {
-		x.raw("  const int mblk = blockIdx.x;\n")
+		if v.Mask == MaskWindow {
+			x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
+		} else {
+			x.raw("  const int mblk = blockIdx.x;\n")
+		}
+		x.raw("  int h = blockIdx.y, b = blockIdx.z;\n")
 	}
-	x.raw(`  int h = blockIdx.y, b = blockIdx.z;
-  const int kvh = h / p.group;  // key/value head of this query head
+	x.raw(`  const int kvh = h / p.group;  // key/value head of this query head
   int n = p.n, m = p.m;         // query and key counts of the sequence
   i64 qs = 0, ks = 0;           // first packed query/key row of the sequence
 `)
@@ -84,7 +89,7 @@ func (x *gen) ctaSetup() {
 `)
 	}
 	x.raw(`  int m0 = mblk * BM;  // first query row of this CTA
-  if (m0 >= n) return;
+  if (m0 >= n) ` + x.tileExit() + `;
   int rows = min(BM, n - m0);  // valid query rows
 
   // ---- global addresses (bytes; 64-bit offsets)

@@ -56,7 +56,11 @@ func (x *gen) maskApply() {
 		cond = "j - (irow + mt * 16 + 8 * (e >> 1)) < dlo || j - (irow + mt * 16 + 8 * (e >> 1)) >= dhi || j >= m"
 	}
 	x.raw("    if (boundary) {  // ---- elementwise mask\n")
-	if x.v.Mask == MaskWindow {
+	if x.v.Mask == MaskWindow && x.v.Persistent {
+		x.raw(`      // sequence position of this lane's row (mt, hf) is irow + 16·mt + 8·hf
+      const int irow = m0 + wrow0 + g;
+`)
+	} else if x.v.Mask == MaskWindow {
 		// The lane's row is re-derived here (fresh special-register reads)
 		// instead of being kept in a register through the whole loop.
 		x.raw(`      const u32 tx = tid_x(), cx = ctaid_x();

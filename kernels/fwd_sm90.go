@@ -343,6 +343,28 @@ func (x *gen) hopperKernel() {
   const int wrow0 = wm * 16;              // first block row of this warp
   (void)wn; (void)key0; (void)dv0;
 `)
+	if v.Persistent {
+		// the tiles of a persistent CTA: the producer's loop, then the compute warpgroups' loop
+		// around the body of one tile
+		x.wsPersistentPrologue()
+		y := &gen{v: v, g: x.g}
+		y.hopperTile("kv0")
+		x.raw(indentLines(y.b.String(), "  "))
+		x.raw("  }\n}\n")
+		return
+	}
+	x.hopperTile("0")
+	x.raw("}\n")
+}
+
+// hopperTile writes the work of one tile (BM query rows of one head and
+// batch element) of the Hopper kernel, from its coordinates to its
+// epilogue. first names the index of its first K and V buffers' tiles in
+// the CTA's sequence of loads ("0", or kv0 for a persistent CTA's later
+// tiles): buffer first & 1, phase first / 2.
+func (x *gen) hopperTile(first string) {
+	v := x.v
+	split := v.WarpsN == 2
 	x.ctaSetup()
 	x.raw(`  // ---- matrix descriptors: Q (this warpgroup's 64 rows) and K (from its first key), K-major;
   // V, N-major (the next 64 value columns BN·128 bytes further: leading byte offset); 8-row
@@ -366,27 +388,29 @@ func (x *gen) hopperKernel() {
     float s[MT][NT_S][4];
 `)
 	x.pingPong("    ", ppTurn)
-	x.raw(`    wgmma_fence();
-    qk_wgmma(s[0], dq, dk);
-    wgmma_commit();
-`)
+	dk0, buf0 := "dk", "0"
+	if first != "0" {
+		dk0, buf0 = fmt.Sprintf("dk + (u64)(((%s & 1) * K_STAGE) >> 4)", first), first+" & 1"
+	}
+	x.p(`    wgmma_fence();
+    qk_wgmma(s[0], dq, %s);
+    wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
-	x.wsRelease("    ", "K", "0")
+	x.wsRelease("    ", "K", buf0)
 	x.blockSoftmax("    ")
 	if split {
 		x.storePSwizzled("    ", "0")
 	} else {
 		x.raw("    pack_p(pf, s[0]);\n")
 	}
-	x.raw(`  }
+	x.p(`  }
 
   // ---- main loop over key blocks, last to first
-  for (int nb = nb_hi - 1, it = 0; nb >= nb_lo; --nb, ++it) {
-    const int buf = it & 1;  // buffer of K(nb) and V(nb)
-`)
+  for (int nb = nb_hi - 1, it = %s; nb >= nb_lo; --nb, ++it) {
+    const int buf = it & 1;  // buffer of K(nb) and V(nb)`, first)
 	x.hopperLoopLoads()
 	pv := "pv_wgmma(o[0], pf, dv + (u64)((buf * V_STAGE) >> 4));"
 	if split {
@@ -438,19 +462,25 @@ func (x *gen) hopperKernel() {
 	x.p("      %s", pv)
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPassLast)
-	x.raw(`      wgmma_wait<0>();
-      fence_acc(o[0]);
+	x.raw("      wgmma_wait<0>();\n")
+	if v.Persistent {
+		x.wsRelease("      ", "V", "buf") // the next tile's loads reuse it
+	}
+	x.raw(`      fence_acc(o[0]);
     }
   }
 `)
-	x.recomputeCoords()
+	if v.Persistent {
+		x.wsTileDone()
+	} else {
+		x.recomputeCoords()
+	}
 	x.epilogue()
 	if v.WarpSpecialized {
 		x.wsVote()
 	} else {
 		x.nfFixup()
 	}
-	x.raw("}\n")
 }
 
 // rescaleO is the statement block that rescales O by each row's factor
@@ -539,6 +569,10 @@ func (x *gen) loadSW(t, buf, nb string) string {
 // of the first key block and K of the second, then the wait for Q and the
 // first K.
 func (x *gen) hopperPrologueLoads() {
+	if x.v.Persistent {
+		x.wsPersistentWaits()
+		return
+	}
 	if x.v.WarpSpecialized {
 		x.wsPrologue()
 		x.flatZeroQ()

@@ -206,12 +206,14 @@ var pipelineWords = []struct {
 	{"ws", func(p *Pipeline) *bool { return &p.WarpSpecialized }},
 	{"pingpong", func(p *Pipeline) *bool { return &p.PingPong }},
 	{"early-rescale", func(p *Pipeline) *bool { return &p.EarlyRescale }},
+	{"persistent", func(p *Pipeline) *bool { return &p.Persistent }},
 }
 
 // ParsePipeline reads a comma-separated list of pipeline words: "ws"
-// (WarpSpecialized), "pingpong" (PingPong, implies ws) and "early-rescale"
-// (EarlyRescale); "" and "lockstep" are the zero Pipeline. Unknown words
-// give an error wrapping attn.ErrOption.
+// (WarpSpecialized), "pingpong" (PingPong, implies ws), "early-rescale"
+// (EarlyRescale) and "persistent" (Persistent, implies ws); "" and
+// "lockstep" are the zero Pipeline. Unknown words give an error wrapping
+// attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
 	var p Pipeline
 	if s == "" || s == "lockstep" {
@@ -226,9 +228,9 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent)", w)
 	}
-	if p.PingPong {
+	if p.PingPong || p.Persistent {
 		p.WarpSpecialized = true
 	}
 	return p, nil
@@ -247,4 +249,139 @@ func (p Pipeline) String() string {
 		return "lockstep"
 	}
 	return strings.Join(ws, ",")
+}
+
+// The persistent schedule (Variant.Persistent). The CTA's tiles are t =
+// blockIdx.x, blockIdx.x + gridDim.x, … < ntiles = nmb·H·B, numbered as the
+// non-persistent grid numbers its CTAs: query block fastest (so that the
+// CTAs running at once share a head's K and V in L2), last first under a
+// window mask (the heaviest first), then head, then batch element. The
+// producer and the compute warpgroups walk the same tiles in two loops of
+// their own (their register budgets differ, so no code is shared). A tile
+// whose rows see no key loads nothing and counts for nothing: the compute
+// warpgroups write its zeros. Over the others the CTA numbers its K and V
+// tiles continuously: kv0 is the index of a tile's first K (and V) tile, so
+// buffers and barrier phases carry on from one tile to the next; q_it
+// counts the tiles with keys: Q of tile q_it completes phase q_it mod 2 of
+// Q's full barrier, and the compute warps release Q on its empty barrier
+// once the tile's last S is done, after which the producer loads the next
+// Q while they finish the epilogue.
+
+// PersistentGrid returns the CTA count of a persistent launch over ntiles
+// tiles on a device of sms multiprocessors: one CTA per multiprocessor, at
+// most one per tile.
+func PersistentGrid(ntiles, sms int) int { return max(1, min(ntiles, sms)) }
+
+// tileExit returns the statement that leaves a tile whose rows see no key:
+// return, or continue with the next tile of a persistent CTA.
+func (x *gen) tileExit() string {
+	if x.v.Persistent {
+		return "continue"
+	}
+	return "return"
+}
+
+// tileCoords returns the declarations of a persistent CTA's tile's
+// coordinates (mblk, h, b) from the tile index tile.
+func (x *gen) tileCoords(indent string) string {
+	mblk := "mq;"
+	if x.v.Mask == MaskWindow {
+		mblk = "nmb - 1 - mq;  // heaviest (last) query blocks first"
+	}
+	return fmt.Sprintf(`%[1]sconst int mq = tile %% nmb;  // query blocks fastest: the CTAs at work share a head's K and V
+%[1]sconst int mblk = %[2]s
+%[1]sint h = (tile / nmb) %% p.h, b = tile / (nmb * p.h);
+`, indent, mblk)
+}
+
+// wsPersistentPrologue writes the barriers of a persistent warp-specialized
+// kernel, the producer's loop over the CTA's tiles, and the compute
+// warpgroups' loop header (the tile's body follows, then the caller closes
+// the loop).
+func (x *gen) wsPersistentPrologue() {
+	_, inc := wsComputeRegs(x.g.threads - 128)
+	x.raw(`  // ---- mbarriers: full (the tile's bytes landed) for Q, K buffers 0 and 1, V buffers 0 and 1;
+  // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1, and Q
+  const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
+  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16, emptyQ = emptyK + 32;
+  if (tid == 0) {
+    mbar_init(barQ, 1);
+    mbar_init(emptyQ, NCOMPUTE / 32);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(barK + 8 * i, 1);
+      mbar_init(barV + 8 * i, 1);
+      mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
+      mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();  // the only block-wide barrier: the producer warpgroup leaves the compute threads here
+  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
+  const int ntiles = nmb * p.h * p.b;   // the tiles of the launch (PersistentGrid CTAs share them)
+  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
+    setmaxnreg_dec<PRODUCER_REGS>();
+    if (tid == NCOMPUTE) {
+      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles with keys so far
+      for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+`)
+	x.raw(x.tileCoords("        "))
+	x.raw(`        const int kvh = h / p.group;
+        const int n = p.n, m = p.m;
+        const int m0 = mblk * BM, rows = min(BM, n - m0);
+        (void)rows;
+`)
+	y := &gen{v: x.v, g: x.g}
+	y.maskRange()
+	y.raw(x.tmaCoords())
+	x.raw(indentLines(y.b.String(), "      "))
+	x.raw(`        if (nb_hi <= nb_lo) continue;  // no key: the compute warpgroups write zeros
+        if (q_it > 0) mbar_wait(emptyQ, (q_it - 1) & 1);  // the last tile's Q released
+        tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
+        const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down: K and V tiles kv0 + s
+        for (int s = 0; s <= T; ++s) {
+          if (s < T) {  // K tile kv0 + s into buffer (kv0 + s) & 1, once tile kv0 + s - 2 is released there
+            const int g = kv0 + s;
+            if (g >= 2) mbar_wait(emptyK + 8 * (g & 1), ((g >> 1) - 1) & 1);
+            tma_tile<BN, KATOMS>(sK + (g & 1) * K_STAGE, mk_, barK + 8 * (g & 1), (nb_hi - 1 - s) * BN, hk_, b, ck_);
+          }
+          if (s >= 1) {  // V of block s - 1: needed after S of block s
+            const int g = kv0 + s - 1;
+            if (g >= 2) mbar_wait(emptyV + 8 * (g & 1), ((g >> 1) - 1) & 1);
+            tma_tile<BN, VATOMS>(sV + (g & 1) * V_STAGE, mv_, barV + 8 * (g & 1), (nb_hi - s) * BN, hv_, b, cv_);
+          }
+        }
+        kv0 += T;
+        ++q_it;
+      }
+    }
+    return;
+  }
+`)
+	if inc {
+		x.raw("  setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers\n")
+	} else {
+		x.raw("  // ---- compute warpgroup (it starts with the largest budget already: no setmaxnreg)\n")
+	}
+	x.raw(`  int kv0 = 0, q_it = 0;  // K/V tiles consumed so far, tiles with keys so far (as the producer counts them)
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+`)
+}
+
+// wsPersistentWaits writes a persistent compute warp's waits for its
+// tile's Q and first K.
+func (x *gen) wsPersistentWaits() {
+	x.raw(`  mbar_wait(barQ, q_it & 1);                        // Q of this tile
+  mbar_wait(barK + 8 * (kv0 & 1), (kv0 >> 1) & 1);  // K of its first block
+`)
+}
+
+// wsTileDone writes the end of a persistent tile's main loop: Q released
+// (every S of the tile is done), the counters moved on.
+func (x *gen) wsTileDone() {
+	x.raw(`  __syncwarp();
+  if (lane == 0) mbar_arrive(emptyQ);  // this warp is done with Q: the producer may load the next tile's
+  kv0 += nb_hi - nb_lo;
+  ++q_it;
+`)
 }

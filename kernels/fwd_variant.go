@@ -117,6 +117,14 @@ type Pipeline struct {
 	// after that product completes (WGMMA, WarpsN = 1, padded DV at most
 	// 256).
 	EarlyRescale bool
+	// Persistent launches one CTA per multiprocessor (at most) for a
+	// warp-specialized kernel, each working through the tiles blockIdx.x,
+	// blockIdx.x + gridDim.x, … in the order the non-persistent grid
+	// numbers them (query blocks fastest, last first under a window): the
+	// producer loads the next tile's Q, K and V while the compute
+	// warpgroups finish the last one (fwd_sm90_ws.go). The grid is
+	// PersistentGrid. Not with Flat (its O goes through the shared tiles).
+	Persistent bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -205,7 +213,7 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.WarpSpecialized, v.PingPong, v.EarlyRescale)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline)
 }
 
 // flatSuffix is the name suffix of Flat (and FlatStaged) variants.
@@ -219,18 +227,17 @@ func flatSuffix(flat, staged bool) string {
 	return ""
 }
 
-// wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp)
-// and early-rescale (er) variants.
-func wsSuffix(ws, pp, er bool) string {
+// wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
+// early-rescale (er) and persistent (pt) variants.
+func wsSuffix(p Pipeline) string {
 	var s string
-	if ws {
-		s += "_ws"
-	}
-	if pp {
-		s += "_pp"
-	}
-	if er {
-		s += "_er"
+	for _, part := range []struct {
+		on     bool
+		suffix string
+	}{{p.WarpSpecialized, "_ws"}, {p.PingPong, "_pp"}, {p.EarlyRescale, "_er"}, {p.Persistent, "_pt"}} {
+		if part.on {
+			s += part.suffix
+		}
 	}
 	return s
 }
@@ -311,6 +318,9 @@ func (v Variant) Validate() error {
 	}
 	if v.WarpSpecialized && (!v.TMA || v.WarpsN != 1 || v.MinBlocks != 1) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a warp-specialized forward needs tensor-map loads, one warpgroup per row group and one CTA per SM (TMA %v, WarpsN %d, MinBlocks %d)", v.TMA, v.WarpsN, v.MinBlocks)
+	}
+	if v.Persistent && (!v.WarpSpecialized || v.Flat) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: a persistent forward needs the warp-specialized pipeline and rows not read in place (WarpSpecialized %v, Flat %v)", v.WarpSpecialized, v.Flat)
 	}
 	if v.PingPong && (!v.WarpSpecialized || v.WarpsM != 8) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong needs a warp-specialized forward with two compute warpgroups (WarpSpecialized %v, WarpsM %d)", v.WarpSpecialized, v.WarpsM)

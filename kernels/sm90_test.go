@@ -145,7 +145,8 @@ func TestCompileHopper(t *testing.T) {
 // TestCompileHopperWarpSpecialized compiles warp-specialized forward
 // variants for sm_90a (NVRTC 12.0 or later) over every head-dim class of one
 // warpgroup per row group, plain and with the element-wise features, flat
-// rows too, with ping-pong and the early rescale and without, and checks
+// rows too, with ping-pong and the early rescale (and persistent) and
+// without, and checks
 // ptxas's report as TestCompileHopper does: no spills
 // under the compute warpgroups' raised register budget, no serialized
 // products.
@@ -162,6 +163,8 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 			vs = append(vs, v)
 			v.PingPong = true
 			v.EarlyRescale = v.geom().dvp <= 256
+			vs = append(vs, v)
+			v.Persistent = true
 			vs = append(vs, v)
 			if testing.Short() {
 				break

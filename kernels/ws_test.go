@@ -50,6 +50,7 @@ func TestParsePipeline(t *testing.T) {
 		{"pingpong", Pipeline{WarpSpecialized: true, PingPong: true}, "ws,pingpong"},
 		{"ws, pingpong,early-rescale", Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, "ws,pingpong,early-rescale"},
 		{"early-rescale", Pipeline{EarlyRescale: true}, "early-rescale"},
+		{"persistent", Pipeline{WarpSpecialized: true, Persistent: true}, "ws,persistent"},
 	}
 	for _, c := range cases {
 		got, err := ParsePipeline(c.in)
@@ -83,12 +84,15 @@ func TestPipelineValidate(t *testing.T) {
 		ok   bool
 	}{
 		{"ws-d128", base(128, func(v *Variant) { v.WarpSpecialized = true }), true},
-		{"ws-pingpong-early-d128", base(128, func(v *Variant) { v.Pipeline = Pipeline{true, true, true} }), true},
+		{"ws-pingpong-early-d128", base(128, func(v *Variant) { v.Pipeline = Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true} }), true},
 		{"ws-without-tma", base(128, func(v *Variant) { v.TMA, v.WarpSpecialized = false, true }), false},
 		{"ws-two-warpgroups-per-row-group", base(512, func(v *Variant) { v.WarpSpecialized = true }), false},
 		{"pingpong-without-ws", base(128, func(v *Variant) { v.PingPong = true }), false},
 		{"early-rescale-lockstep", base(64, func(v *Variant) { v.EarlyRescale = true }), true},
 		{"early-rescale-two-products", base(320, func(v *Variant) { v.EarlyRescale = true }), false},
+		{"persistent", base(128, func(v *Variant) { v.WarpSpecialized, v.Persistent = true, true }), true},
+		{"persistent-without-ws", base(128, func(v *Variant) { v.Persistent = true }), false},
+		{"persistent-flat", base(128, func(v *Variant) { v.WarpSpecialized, v.Persistent, v.Flat = true, true, true }), false},
 	}
 	for _, c := range cases {
 		err := c.v.Validate()
