@@ -388,7 +388,10 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.Pipeline, sms: b.dev.SMCount()}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.Pipeline}
+	if b.Pipeline.Persistent {
+		r.sms = b.dev.SMCount()
+	}
 	if c.p.Varlen {
 		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}
