@@ -88,23 +88,7 @@ func (x *gen) computeSync() string {
 // it, waiting for Q and the first K.
 func (x *gen) wsPrologue() {
 	_, inc := wsComputeRegs(x.g.threads - 128)
-	x.raw(`  // ---- mbarriers: full (the tile's bytes landed) for Q, K buffers 0 and 1, V buffers 0 and 1;
-  // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1
-  const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
-  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16;          // buffer b: emptyK + 8b, emptyV + 8b
-  if (tid == 0) {
-    mbar_init(barQ, 1);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(barK + 8 * i, 1);
-      mbar_init(barV + 8 * i, 1);
-      mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
-      mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here
-`)
+	x.wsBarriers()
 	x.raw(x.tmaCoords())
 	x.raw(`  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
@@ -134,6 +118,34 @@ func (x *gen) wsPrologue() {
 	x.raw(`  mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
 `)
+}
+
+// wsBarriers writes the pipeline's mbarriers and their initialization,
+// ending with the last block-wide barrier: full barriers for Q and each K
+// and V buffer; empty barriers for each K and V buffer and, persistent, Q.
+func (x *gen) wsBarriers() {
+	q, qDecl, qInit := "", "          // buffer b: emptyK + 8b, emptyV + 8b", ""
+	if x.v.Persistent {
+		q, qDecl, qInit = ", and Q", ", emptyQ = emptyK + 32;", "\n    mbar_init(emptyQ, NCOMPUTE / 32);"
+	} else {
+		qDecl = ";" + qDecl
+	}
+	x.p(`  // ---- mbarriers: full (the tile's bytes landed) for Q, K buffers 0 and 1, V buffers 0 and 1;
+  // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1%s
+  const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
+  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16%s
+  if (tid == 0) {
+    mbar_init(barQ, 1);%s
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(barK + 8 * i, 1);
+      mbar_init(barV + 8 * i, 1);
+      mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
+      mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit)
 }
 
 // wsRelease writes, for a warp-specialized kernel, a compute warp's release
@@ -300,24 +312,8 @@ func (x *gen) tileCoords(indent string) string {
 // the loop).
 func (x *gen) wsPersistentPrologue() {
 	_, inc := wsComputeRegs(x.g.threads - 128)
-	x.raw(`  // ---- mbarriers: full (the tile's bytes landed) for Q, K buffers 0 and 1, V buffers 0 and 1;
-  // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1, and Q
-  const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
-  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16, emptyQ = emptyK + 32;
-  if (tid == 0) {
-    mbar_init(barQ, 1);
-    mbar_init(emptyQ, NCOMPUTE / 32);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      mbar_init(barK + 8 * i, 1);
-      mbar_init(barV + 8 * i, 1);
-      mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
-      mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();  // the only block-wide barrier: the producer warpgroup leaves the compute threads here
-  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
+	x.wsBarriers()
+	x.raw(`  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
   const int ntiles = nmb * p.h * p.b;   // the tiles of the launch (PersistentGrid CTAs share them)
   if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
