@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -84,6 +85,31 @@ func TestMergeParams(t *testing.T) {
 		}
 		if p.AccStrides != [3]int64{2560, 128, 64} || p.AccLSEStrides != [3]int64{40, 20, 1} || p.SrcLSEStrides != [3]int64{10, 5, 1} {
 			t.Errorf("%s: accumulator strides %v, its LSE's %v, the partial LSE's %v", tt.name, p.AccStrides, p.AccLSEStrides, p.SrcLSEStrides)
+		}
+	}
+}
+
+// TestDeviceTensorNarrow checks the views Narrow returns (offsets moved
+// by the axis's stride, strides kept) and the ranges it refuses.
+func TestDeviceTensorNarrow(t *testing.T) {
+	x := DeviceTensor{DType: attn.BFloat16, Shape: []int{2, 10, 3, 8}, Offset: 5}
+	v, err := x.Narrow(1, 4, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Offset != 5+4*24 || fmt.Sprint(v.Shape) != "[2 3 3 8]" || fmt.Sprint(v.Strides) != "[240 24 8 1]" {
+		t.Errorf("rows 4..6: offset %d shape %v strides %v", v.Offset, v.Shape, v.Strides)
+	}
+	w, err := v.Narrow(2, 1, 2)
+	if err != nil || w.Offset != v.Offset+8 || fmt.Sprint(w.Shape) != "[2 3 2 8]" {
+		t.Errorf("heads 1..2 of it: %v, offset %d shape %v", err, w.Offset, w.Shape)
+	}
+	if fmt.Sprint(x.Shape) != "[2 10 3 8]" {
+		t.Errorf("the narrowed tensor changed: %v", x.Shape)
+	}
+	for _, bad := range [][3]int{{4, 0, 1}, {-1, 0, 1}, {1, 8, 3}, {1, -1, 2}, {1, 0, -1}} {
+		if _, err := x.Narrow(bad[0], bad[1], bad[2]); !errors.Is(err, attn.ErrShape) {
+			t.Errorf("Narrow%v: %v, want ErrShape", bad, err)
 		}
 	}
 }
