@@ -261,10 +261,12 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) %[11]s(const MergePa
 // [r0, r0 + rows). A partial row whose LSE is -inf saw no key and leaves its row as it was; an
 // accumulator row still at -inf takes the partial row as it is; otherwise, with l1 the accumulator's
 // LSE and l2 the partial's, in double precision:
-//   m = max(l1, l2), e_x = exp(l_x - m) <= 1, s = e1 + e2 (NaN when either LSE is),
+//   m = max(l1, l2), e_x = exp(l_x - m) <= 1, s = e1 + e2,
 //   O = (e1/s)·O_acc + (e2/s)·O_src, LSE = m + log(s),
-// the weights e_x/s being exp(l_x - LSE). Nothing overflows for any gap between the LSEs, and a NaN
-// (in an LSE or in O) stays NaN.
+// the weights e_x/s being exp(l_x - LSE). One of e1, e2 is exp(0) = 1, so one exponential does:
+// d = (l1 - m) + (l2 - m) is the other's exponent, -|l1 - l2|, and NaN where either LSE is NaN or
+// m is +inf (inf - inf), as the formula gives. Nothing overflows for any gap between the LSEs, and a
+// NaN (in an LSE or in O) stays NaN.
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS) %[12]s(const MergeParams p) {
   const MergeRow r = merge_row(p);
   // every thread of a row reads both LSEs before the row's first thread writes the new one
@@ -285,14 +287,14 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) %[12]s(const MergePa
   }
   const double d1 = l1, d2 = l2;
   const double m = d1 > d2 ? d1 : d2;
-  const double e1 = exp(d1 - m), e2 = exp(d2 - m), s = e1 + e2;
-  const double w1 = e1 / s, w2 = e2 / s;
+  const double e = exp((d1 - m) + (d2 - m)), s = 1.0 + e;  // e: the lesser LSE's e_x
+  const double w = 1.0 / s, w1 = d1 >= d2 ? w : e * w, w2 = d1 >= d2 ? e * w : w;
   float y[CHUNK];
   load_chunk(a, r.n, p.vec, y, Same());
 #pragma unroll
   for (int j = 0; j < CHUNK; j++) y[j] = (float)(w1 * (double)y[j] + w2 * (double)x[j]);
   store_chunk(a, r.n, p.vec, y, Same());
-  if (r.c == 0) *ACC_LSE(r) = (float)(m + log(s));
+  if (r.c == 0) *ACC_LSE(r) = (float)(m + log1p(e));
 }
 
 // %[13]s: the partial gradient src added into accumulator rows [r0, r0 + rows), in float.
