@@ -54,7 +54,8 @@ func (d DeviceSplit) Ratio() float64 {
 // call, and the split with all its kernels, with its attention calls alone
 // and with its merge kernels alone, are each captured in a CUDA graph
 // (after one eager run, which compiles every kernel) and replayed repeats
-// times (at least 1). Problems the device split does not take are refused
+// times (at least 1). The inputs are not rotated through the L2 cache: a
+// short problem's blocks may stay in it from one call to the next. Problems the device split does not take are refused
 // with errors wrapping attn's sentinels: a2a and hybrid, packed batches, a
 // bias and dropout with attn.ErrUnsupported, uneven shards with
 // attn.ErrShape.
@@ -162,6 +163,10 @@ func (r *deviceRun) measure(backward bool, dO gpu.DeviceTensor, repeats int) (De
 	if err := r.ops.s.Synchronize(); err != nil {
 		return d, fmt.Errorf("cp: the eager runs: %w", err)
 	}
+	// the backend may still be compiling other dtypes' variants in the
+	// background (Backend.Speculate): a module load during a capture would
+	// break it, so wait for them
+	r.ops.b.KernelStats()
 	graphs := make([]*cuda.Graph, len(works))
 	defer func() {
 		for _, g := range graphs {
