@@ -52,23 +52,8 @@ export PYTHONUNBUFFERED=1
 OURS=(env "LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$BIN")
 
 T0=$(date +%s)
-log() { printf '[%4ds] %s\n' "$(($(date +%s) - T0))" "$*" | tee -a "$LOG"; }
-
-# stage NAME SECONDS CMD...: runs CMD under a time limit, appends its output
-# to the log, and never stops the script.
-stage() {
-	local name=$1 secs=$2
-	shift 2
-	log "== $name (limit ${secs}s): $*"
-	timeout --kill-after=10 "$secs" "$@" >>"$LOG" 2>&1
-	local rc=$?
-	case $rc in
-	0) log "== $name: ok" ;;
-	124 | 137) log "== $name: STOPPED at its time limit (exit $rc)" ;;
-	*) log "== $name: FAILED (exit $rc)" ;;
-	esac
-	return 0
-}
+# shellcheck source=bench/stage.sh
+. "$ROOT/bench/stage.sh"
 
 log "flashattn H200 comparison; work dir $WORK"
 stage env 20 bash -c 'date -u; uname -a; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv; python3 -c "import torch, triton; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"cudnn\", torch.backends.cudnn.version(), \"triton\", triton.__version__)"'

@@ -171,4 +171,27 @@
 //
 // Sim wraps all of this as an attn.Backend that runs each call on P
 // in-process ranks, for tests and for measuring the cost of splitting.
+//
+// # The cost of splitting on one GPU
+//
+// MeasureDeviceSplit measures it with everything on the device (package
+// gpu): the global inputs, contiguous device tensors, are sharded once
+// into per-rank tensors (device-to-device copies of each chunk); then,
+// step by step and rank by rank, the calls the host ring plans for that
+// step (the same planning code) run as ForwardDevice on views of the
+// rank's query shard and of the visiting block's owner's K/V shards, each
+// followed by the kernel that merges its partial result into the rank's
+// float32 accumulator (gpu.Backend.MergeForward, the host merge's
+// semantics with the LSE kept in float32), and each accumulator is
+// finished into the rank's O and LSE. The backward runs BackwardDevice per
+// call and adds dQ into the rank's float32 accumulator and dK, dV into
+// those of the block's owner (gpu.Backend.AddGradient), each owner's sums
+// in the host ring's order. All of it runs on one stream; the single call
+// over the whole problem, the split whole, its calls alone and its merge
+// kernels alone are each captured in a CUDA graph and timed by events over
+// replays (DeviceSplit). The split's total is the compute a real P-GPU run
+// spreads over its GPUs, communication aside. The device operations go
+// through one small interface, so that tests run the whole algorithm on
+// the host too, against the float64 oracle. It takes ring and zigzag
+// (not a2a or hybrid) on padded batches without bias or dropout.
 package cp

@@ -76,6 +76,27 @@ func TensorAt(dev *cuda.Device, ptr uint64, dt attn.DType, shape, strides []int)
 	return t, nil
 }
 
+// Narrow returns the view of t whose index along axis runs over [start,
+// start+n): the same buffer and strides, the offset moved to element
+// start. It fails with an error wrapping attn.ErrShape for an axis or a
+// range outside t.
+func (t DeviceTensor) Narrow(axis, start, n int) (DeviceTensor, error) {
+	if axis < 0 || axis >= len(t.Shape) || start < 0 || n < 0 || start > t.Shape[axis]-n {
+		return DeviceTensor{}, attn.Errorf(attn.ErrShape, "narrow: [%d, %d+%d) along axis %d of %v", start, start, n, axis, t.Shape)
+	}
+	st := t.strides()
+	v := t
+	v.Shape = append([]int(nil), t.Shape...)
+	v.Shape[axis] = n
+	v.Strides = append([]int(nil), st...)
+	if t.Buf == nil && t.base != 0 {
+		v.base = t.base + uint64(start*st[axis]*t.DType.Size()) // (host emulation: element 0's address moves)
+	} else {
+		v.Offset = t.Offset + int64(start)*int64(st[axis])
+	}
+	return v, nil
+}
+
 // Free frees the tensor's buffer (if any).
 func (t DeviceTensor) Free() error {
 	if t.Buf == nil {

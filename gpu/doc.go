@@ -34,6 +34,12 @@
 // FLASHATTN_NO_TMA is set when New runs or Backend.TMA is cleared. New
 // reads the environment once; every knob is a field of Backend.
 //
+// For context parallelism on the device, the merge kernels fold a partial
+// forward result (O and its LSE) into a float32 Accumulator through the
+// LSEs, add partial gradients into one, and round the sum to the
+// attention dtype once (ResetAccumulator, MergeForward, AddGradient,
+// FinishAccumulator); Download copies a device tensor back to the host.
+//
 // Every call is validated once (attn.NewProblem for host tensors, the same
 // rules for device tensors) and planned once; the host forms upload their
 // tensors and then run the device forms' enqueue path.

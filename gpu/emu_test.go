@@ -30,6 +30,9 @@ import (
 // barriers, setmaxnreg, bulk reduce-add); a block none of whose threads can
 // proceed fails as a deadlock naming what each thread waits for. They check
 // indexing, masking, layouts and synchronisation without a GPU, not speed.
+// Each family runs when its variable is set: FLASHATTN_FWD_EMU (the forward
+// and its pack kernel), FLASHATTN_BWD_EMU (the backward), FLASHATTN_CP_EMU
+// (context parallelism's merge kernels).
 
 const emuBase = 1 << 32 // fake device address of the arena's first byte
 

@@ -262,6 +262,40 @@ func (b *Backend) Upload(t attn.Tensor) (DeviceTensor, error) {
 	return d, nil
 }
 
+// Download waits for the work enqueued on s (nil: the whole device) and
+// returns a contiguous host copy of device tensor t, whatever its strides:
+// its storage span (from its first element to its last) comes over, and
+// the elements are gathered on the host. It fails, wrapping attn's
+// sentinels, for a tensor that does not lie inside its buffer.
+func (b *Backend) Download(s *cuda.Stream, t DeviceTensor) (attn.Tensor, error) {
+	if err := t.check("download", t.DType, len(t.Shape), false); err != nil {
+		return attn.Tensor{}, err
+	}
+	sync := b.dev.Synchronize
+	if s != nil {
+		sync = s.Synchronize
+	}
+	if err := sync(); err != nil {
+		return attn.Tensor{}, fmt.Errorf("gpu: download: %w", err)
+	}
+	out := attn.New(t.DType, t.Shape...)
+	if out.NumElements() == 0 {
+		return out, nil
+	}
+	view := attn.Tensor{DType: t.DType, Shape: slices.Clone(t.Shape), Strides: t.strides()}
+	span, _ := denseLayout(view)
+	img := make([]byte, span*t.DType.Size())
+	if err := b.dev.CopyFromDevice(img, t.Buf, t.Offset*int64(t.DType.Size())); err != nil {
+		return attn.Tensor{}, fmt.Errorf("gpu: download: %w", err)
+	}
+	src := tensorFromBytes(t.DType, img, []int{span})
+	view.F32, view.Bits = src.F32, src.Bits
+	if err := attn.CopyInto(out, view); err != nil {
+		return attn.Tensor{}, fmt.Errorf("gpu: download: %w", err)
+	}
+	return out, nil
+}
+
 // lateTensors allocates host output tensors on goroutines of their own, one
 // each, while the host path uploads and the kernels run: Go zeroes the heap
 // memory it reuses for a new slice, about as long per byte as the copy to

@@ -54,7 +54,9 @@
 // the Hopper kernels; bwd_tma). Shared by both: features.go, headdim.go
 // (every head-dim rounding rule), cstruct.go, tune.go (the tile tables),
 // stage.go (the staging copies), flat.go, tma.go, ptx.go, wgmma.go and
-// philox.go.
+// philox.go. cp_merge.go writes context parallelism's merge kernels, which
+// fold the partial results of a call split over key blocks into float32
+// accumulators.
 //
 // Element types: bf16 and fp16 use mma.sync m16n8k16 with fp32
 // accumulation; fp32 uses split-tf32 (three m16n8k8 tf32 products per step:

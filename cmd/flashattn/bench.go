@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -65,6 +64,18 @@ Flags:
                             rings across the groups; auto asks the cost model,
                             which measures this machine once and caches it
   --cp-explain              print the cost model's reasoning for --cp
+  --cp-split                measure instead the cost of splitting on the GPU with
+                            everything on the device: the inputs sharded once,
+                            every rank's step calls (ForwardDevice or
+                            BackwardDevice on views of its shards) and the
+                            kernels merging their partial results into float32
+                            accumulators, back to back on one stream, against
+                            the single call; prints, per P, the single call,
+                            the sum of the step calls, the merge kernels, their
+                            total and its ratio to the single call (CUDA graphs
+                            timed by events, medians of --repeats replays,
+                            default 5). --cp then takes a list (2,4,8);
+                            --cp-scheme ring or zigzag
 `
 
 func init() {
@@ -154,9 +165,10 @@ func runBench(args []string, stdout io.Writer) error {
 	fs.BoolVar(&c.Deterministic, "deterministic", false, "")
 	fs.BoolVar(&asJSON, "json", false, "")
 	timing.register(fs, true)
-	fs.IntVar(&cpf.ranks, "cp", 0, "")
+	fs.Var(&cpf, "cp", "")
 	fs.StringVar(&cpf.scheme, "cp-scheme", "", "")
 	fs.BoolVar(&cpf.explain, "cp-explain", false, "")
+	fs.BoolVar(&cpf.split, "cp-split", false, "")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -181,6 +193,12 @@ func runBench(args []string, stdout io.Writer) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	if cpf.split {
+		return benchCPSplit(stdout, backend, c, &cpf, timing, asJSON)
+	}
+	if len(cpf.list) > 1 {
+		return usageErrorf("--cp %s: a list of ranks needs --cp-split", cpf.String())
+	}
 	if err := cpf.check("--cp", c.Problem()); err != nil {
 		return err
 	}
@@ -194,10 +212,8 @@ func runBench(args []string, stdout io.Writer) error {
 	defer r.Close()
 	rec := bench.Run(r, c, pol)
 	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rec); err != nil {
-			return fmt.Errorf("write: %w", err)
+		if err := writeJSON(stdout, rec); err != nil {
+			return err
 		}
 	} else {
 		writeBench(stdout, rec)

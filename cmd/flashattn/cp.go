@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/flashattn/flashattn"
 	"github.com/flashattn/flashattn/attn"
@@ -16,9 +18,34 @@ import (
 // cpFlags are the context-parallelism flags of run and bench.
 type cpFlags struct {
 	ranks   int    // virtual ranks; 0: off
+	list    []int  // bench --cp: every number of ranks given (--cp-split takes several)
 	scheme  string // ring, zigzag, a2a, hybrid[-A], auto or "" (the default for the mask)
 	explain bool   // print the cost model's reasoning
+	split   bool   // bench --cp-split: the device-resident cost of splitting
 	set     bool   // the ranks flag was given
+}
+
+// String returns the numbers of ranks, comma-separated (flag.Value).
+func (f *cpFlags) String() string {
+	if f == nil {
+		return ""
+	}
+	parts := make([]string, len(f.list))
+	for i, p := range f.list {
+		parts[i] = strconv.Itoa(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses bench's --cp: one number of ranks or a comma-separated list
+// (flag.Value); ranks is the first.
+func (f *cpFlags) Set(s string) error {
+	l, err := parseInts(s)
+	if err != nil {
+		return err
+	}
+	f.list, f.ranks = l, l[0]
+	return nil
 }
 
 // cpMaxCalibration is the longest block side the cost model's calibration
@@ -161,18 +188,12 @@ func benchCP(w io.Writer, backend string, c bench.Case, f *cpFlags, timing timin
 		return fmt.Errorf("--cp %d: %w", f.ranks, err)
 	}
 	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		out := struct {
+		return writeJSON(w, struct {
 			bench.Case
 			Backend string         `json:"backend"`
 			Device  string         `json:"device"`
 			CP      bench.CPResult `json:"cp"`
-		}{c, b.Name(), bench.HostDevice(), r}
-		if err := enc.Encode(out); err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		return nil
+		}{c, b.Name(), bench.HostDevice(), r})
 	}
 	fmt.Fprintf(w, "backend  %s · host tensors\n", b.Name())
 	fmt.Fprintf(w, "case     %s\n", c.String())
@@ -188,3 +209,63 @@ func benchCP(w io.Writer, backend string, c bench.Case, f *cpFlags, timing timin
 
 // mib formats a byte count in MiB.
 func mib(n int64) string { return fmt.Sprintf("%.3f MiB", float64(n)/(1<<20)) }
+
+// benchCPSplit measures case c split over each of the flags' numbers of
+// virtual ranks on the GPU, device-resident (bench.MeasureCPSplit), and
+// prints the results: a line per P and pass, or JSON.
+func benchCPSplit(w io.Writer, backend string, c bench.Case, f *cpFlags, timing timingFlags, asJSON bool) error {
+	if !f.set {
+		return usageErrorf("--cp-split needs --cp P (or a list: --cp 2,4,8)")
+	}
+	if backend != "cuda" && backend != "auto" {
+		return usageErrorf("--cp-split runs on the GPU: --backend cuda (or auto), not %q", backend)
+	}
+	if f.explain || f.scheme == "auto" {
+		return usageErrorf("--cp-split measures ring or zigzag as given (--cp-scheme ring|zigzag); the cost model's choice does not apply")
+	}
+	if timing.repeats < 0 {
+		return usageErrorf("--repeats must not be negative")
+	}
+	s, err := bench.SplitStrategy(f.scheme, c.Causal)
+	if err != nil {
+		return fmt.Errorf("--cp-scheme %q: %w", f.scheme, err)
+	}
+	gp := c.Problem()
+	for _, p := range f.list {
+		f.ranks = p
+		if err := f.check("--cp", gp); err != nil {
+			return err
+		}
+	}
+	rs, err := bench.MeasureCPSplit(c, s, f.list, timing.repeats)
+	if err != nil {
+		return fmt.Errorf("--cp-split: %w", err)
+	}
+	if asJSON {
+		return writeJSON(w, struct {
+			bench.Case
+			Backend string                `json:"backend"`
+			Device  string                `json:"device"`
+			Split   []bench.CPSplitResult `json:"cp_split"`
+		}{c, "cuda", bench.HostDevice(), rs})
+	}
+	fmt.Fprintf(w, "backend  cuda · device-resident split\n")
+	fmt.Fprintf(w, "case     %s\n", c.String())
+	fmt.Fprintf(w, "cp       %v: every rank's step calls and merge kernels back to back on one stream, against the single call\n", s)
+	fmt.Fprintf(w, "         (CUDA graphs timed by events, medians of %d replays; ms)\n", rs[0].Repeats)
+	fmt.Fprintf(w, "%4s %-4s %10s %10s %10s %10s %8s %6s %7s\n", "P", "pass", "single", "steps", "merges", "total", "ratio", "calls", "kernels")
+	for _, r := range rs {
+		fmt.Fprintf(w, "%4d %-4s %10.4g %10.4g %10.4g %10.4g %7.3f× %6d %7d\n", r.Ranks, r.Pass, r.SingleMs, r.AttentionMs, r.MergeMs, r.TotalMs, r.Ratio, r.Calls, r.Merges)
+	}
+	return nil
+}
+
+// writeJSON writes v to w as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	return nil
+}

@@ -217,3 +217,26 @@ func TestBenchCP(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchCPSplitErrors checks what bench --cp-split refuses before it
+// looks for a GPU, and that a list of ranks needs it.
+func TestBenchCPSplitErrors(t *testing.T) {
+	for _, bad := range []struct {
+		flags []string
+		msg   string
+	}{
+		{[]string{"--cp", "2,4"}, "--cp 2,4: a list of ranks needs --cp-split"},
+		{[]string{"--cp-split"}, "--cp-split needs --cp P"},
+		{[]string{"--cp-split", "--cp", "2", "--backend", "cpu"}, "--cp-split runs on the GPU"},
+		{[]string{"--cp-split", "--cp", "2", "--cp-scheme", "a2a"}, "the device split runs ring and zigzag"},
+		{[]string{"--cp-split", "--cp", "2", "--cp-scheme", "auto"}, "--cp-split measures ring or zigzag as given"},
+		{[]string{"--cp-split", "--cp", "2,3", "--seqlen-q", "32", "--causal"}, "uneven shards"},
+		{[]string{"--cp-split", "--cp", "2,0"}, "--cp 0: the number of virtual ranks must be at least 1"},
+		{[]string{"--cp", "2,x"}, "is not an integer"},
+	} {
+		status, _, errOut := execute(append([]string{"bench", "--repeats", "1"}, bad.flags...)...)
+		if status == 0 || !strings.Contains(errOut, bad.msg) {
+			t.Errorf("%v: status %d, %q; want %q", bad.flags, status, errOut, bad.msg)
+		}
+	}
+}

@@ -1,0 +1,493 @@
+package cp
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/gpu"
+)
+
+// The cost of splitting on one GPU. A ring split of one call over P
+// virtual ranks lays each rank's shards out in device memory (its query
+// chunks, and the K/V chunks its block holds when it visits another
+// rank), then enqueues, step by step and rank by rank, the attention
+// calls the host ring plans for that step (ring.tasks, the same code) on
+// views of those shards, and after each call the kernel that merges its
+// partial result into the rank's float32 accumulator (forward) or adds
+// its gradients into the float32 accumulators of dQ and of the K/V
+// block's owner (backward). Everything runs on one stream, so the sum of
+// its kernel times is the compute a real P-GPU run spreads over its GPUs,
+// communication aside. The operations go through devOps: package gpu's
+// backend on a stream, or in tests a host implementation over the same
+// device tensor views.
+
+// devOps are the device operations of a split run on one device. Every
+// tensor is a gpu.DeviceTensor view; the operations are enqueued in order.
+type devOps interface {
+	// alloc returns a contiguous tensor (contents undefined).
+	alloc(dt attn.DType, shape ...int) (gpu.DeviceTensor, error)
+	// copy copies src into dst, of one dtype and shape, both dense.
+	copy(dst, src gpu.DeviceTensor) error
+	// forward computes o and lse of q, k, v under opt (ForwardDevice).
+	forward(q, k, v, o, lse gpu.DeviceTensor, opt attn.Options) error
+	// backward computes dq, dk, dv (BackwardDevice).
+	backward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, opt attn.Options) error
+	// reset, merge, add and finish are the merge kernels
+	// (gpu.Backend.ResetAccumulator, MergeForward, AddGradient,
+	// FinishAccumulator).
+	reset(a gpu.Accumulator) error
+	merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error
+	add(a gpu.Accumulator, r0 int, g gpu.DeviceTensor) error
+	finish(a gpu.Accumulator, out gpu.DeviceTensor, lse *gpu.DeviceTensor) error
+}
+
+// opKind selects the operations a split pass enqueues, so that the
+// attention calls and the merge kernels can be timed apart.
+type opKind uint8
+
+const (
+	opAttention opKind = 1 << iota // the attention calls
+	opMerge                        // the merge kernels: resets, merges or gradient adds, finishes
+	opAll       = opAttention | opMerge
+)
+
+// devStep is the work of one rank at one ring step: the owner of the K/V
+// block it holds and the attention calls the ring plans for it.
+type devStep struct {
+	rank, owner int
+	tasks       []task
+}
+
+// devPlan returns the steps of a ring split of gp (mask resolved) over p
+// ranks with layout l, step-major (plan[s][r]): at step s rank r holds the
+// block of ring.owner(s) and makes the calls of ring.tasks(s), the host
+// ring's own plan.
+func devPlan(gp *attn.Problem, l Layout, p int) ([][]devStep, error) {
+	plan := make([][]devStep, p)
+	for s := range p {
+		for r := range p {
+			g := layoutRing(l, gp, p, r)
+			ts, err := g.tasks(s)
+			if err != nil {
+				return nil, fmt.Errorf("cp: rank %d, step %d: %w", r, s, err)
+			}
+			plan[s] = append(plan[s], devStep{rank: r, owner: g.owner(s), tasks: ts})
+		}
+	}
+	return plan, nil
+}
+
+// devSplit is one global problem laid out for a ring split over p virtual
+// ranks on one device: every rank's shards in tensors of its own.
+type devSplit struct {
+	ops    devOps
+	gp     *attn.Problem
+	dt     attn.DType
+	p      int
+	layout Layout
+	plan   [][]devStep
+	// q, k, v are each rank's shards: [B, N/P, H, DK], [B, M/P, Hkv, DK]
+	// and [B, M/P, Hkv, DV].
+	q, k, v []gpu.DeviceTensor
+	// o and lse are each rank's forward results ([B, N/P, H, DV],
+	// [B, H, N/P]): the forward's outputs, the backward's inputs.
+	o, lse []gpu.DeviceTensor
+	// acc is each rank's forward accumulator; partO and partLSE hold one
+	// call's partial result (its first rows).
+	acc             []gpu.Accumulator
+	partO, partLSE  gpu.DeviceTensor
+	dO, dq, dk, dv  []gpu.DeviceTensor // the backward's per-rank shards
+	dqAcc, dkAcc    []gpu.Accumulator
+	dvAcc           []gpu.Accumulator
+	partDQ, partDK  gpu.DeviceTensor
+	partDV          gpu.DeviceTensor
+	calls, launches int // attention calls and merge kernels of the last pass
+}
+
+// deviceProblem returns the global problem of the split of contiguous
+// device tensors q [B, N, H, DK], k [B, M, Hkv, DK], v [B, M, Hkv, DV]
+// under opt, its mask resolved. It refuses with attn.ErrUnsupported what
+// the device split does not take: a packed batch, a bias, dropout.
+func deviceProblem(q, k, v gpu.DeviceTensor, opt attn.Options) (*attn.Problem, error) {
+	if packed(opt) {
+		return nil, attn.Errorf(attn.ErrUnsupported, "cp: a packed batch split on one device")
+	}
+	if err := unsupported(opt); err != nil {
+		return nil, err
+	}
+	if opt.Dropout > 0 {
+		return nil, attn.Errorf(attn.ErrUnsupported, "cp: dropout split on one device (the CUDA backend does not place dropout inside a larger problem)")
+	}
+	for _, x := range []struct {
+		name string
+		t    gpu.DeviceTensor
+	}{{"q", q}, {"k", k}, {"v", v}} {
+		if x.t.DType != q.DType || len(x.t.Shape) != 4 {
+			return nil, attn.Errorf(attn.ErrShape, "cp: %s: %v %v, want [B, seq, heads, dim] in %v", x.name, x.t.DType, x.t.Shape, q.DType)
+		}
+		if !dense(x.t) {
+			return nil, attn.Errorf(attn.ErrLayout, "cp: %s: strides %v: the device split takes contiguous inputs", x.name, x.t.Strides)
+		}
+	}
+	gp := &attn.Problem{B: q.Shape[0], N: q.Shape[1], H: q.Shape[2], DK: q.Shape[3], M: k.Shape[1], Hkv: k.Shape[2], DV: v.Shape[3], Opt: opt}
+	if k.Shape[0] != gp.B || v.Shape[0] != gp.B || k.Shape[3] != gp.DK || v.Shape[1] != gp.M || v.Shape[2] != gp.Hkv ||
+		gp.Hkv < 1 || gp.H%gp.Hkv != 0 {
+		return nil, attn.Errorf(attn.ErrShape, "cp: q %v, k %v, v %v do not fit [B, N, H, DK], [B, M, Hkv, DK], [B, M, Hkv, DV]", q.Shape, k.Shape, v.Shape)
+	}
+	gp.Scale = opt.Scale
+	if gp.Scale == 0 {
+		gp.Scale = 1 / math.Sqrt(float64(gp.DK))
+	}
+	gp.ResolveMask()
+	return gp, nil
+}
+
+// dense reports whether t's elements fill one contiguous run of its
+// buffer in row-major order (dims of size 1 aside).
+func dense(t gpu.DeviceTensor) bool {
+	if t.Strides == nil {
+		return true
+	}
+	want := 1
+	for d := len(t.Shape) - 1; d >= 0; d-- {
+		if t.Shape[d] > 1 && t.Strides[d] != want {
+			return false
+		}
+		want *= t.Shape[d]
+	}
+	return true
+}
+
+// newDevSplit lays the global inputs q, k, v (contiguous device tensors)
+// out for a split by strategy st (ring or zigzag) over p ranks on ops:
+// each rank's shards are copied into tensors of their own, and its
+// accumulators and the partial results' scratch are allocated.
+func newDevSplit(ops devOps, st Strategy, p int, q, k, v gpu.DeviceTensor, opt attn.Options) (*devSplit, error) {
+	if st.Scheme != Ring {
+		return nil, attn.Errorf(attn.ErrUnsupported, "cp: the device split runs ring and zigzag, not %v", st)
+	}
+	gp, err := deviceProblem(q, k, v, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Check(gp.N, gp.M, gp.Hkv, p); err != nil {
+		return nil, err
+	}
+	nq, nk := gp.N/p, gp.M/p
+	plan, err := devPlan(gp, st.Layout, p)
+	if err == nil {
+		err = checkPlan(plan, nq, nk)
+	}
+	if err != nil {
+		return nil, err
+	}
+	x := &devSplit{ops: ops, gp: gp, dt: q.DType, p: p, layout: st.Layout, plan: plan}
+	for _, in := range []struct {
+		t      gpu.DeviceTensor
+		shards *[]gpu.DeviceTensor
+	}{{q, &x.q}, {k, &x.k}, {v, &x.v}} {
+		if *in.shards, err = x.shardOf(in.t, 1); err != nil {
+			return nil, err
+		}
+	}
+	if x.o, err = x.allocRanks(x.dt, gp.B, nq, gp.H, gp.DV); err != nil {
+		return nil, err
+	}
+	if x.lse, err = x.allocRanks(attn.Float32, gp.B, gp.H, nq); err != nil {
+		return nil, err
+	}
+	if x.partO, err = ops.alloc(x.dt, gp.B, nq, gp.H, gp.DV); err != nil {
+		return nil, err
+	}
+	if x.partLSE, err = ops.alloc(attn.Float32, gp.B, gp.H, nq); err != nil {
+		return nil, err
+	}
+	x.acc, err = x.accumulators(nq, gp.H, gp.DV, true)
+	return x, err
+}
+
+// allocRanks allocates one tensor of the shape per rank.
+func (x *devSplit) allocRanks(dt attn.DType, shape ...int) ([]gpu.DeviceTensor, error) {
+	out := make([]gpu.DeviceTensor, x.p)
+	for r := range out {
+		var err error
+		if out[r], err = x.ops.alloc(dt, shape...); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// accumulators allocates one float32 accumulator [B, n, h, d] per rank
+// (with its LSE when lse is set).
+func (x *devSplit) accumulators(n, h, d int, lse bool) ([]gpu.Accumulator, error) {
+	out := make([]gpu.Accumulator, x.p)
+	for r := range out {
+		o, err := x.ops.alloc(attn.Float32, x.gp.B, n, h, d)
+		if err != nil {
+			return nil, err
+		}
+		out[r].O = o
+		if lse {
+			l, err := x.ops.alloc(attn.Float32, x.gp.B, h, n)
+			if err != nil {
+				return nil, err
+			}
+			out[r].LSE = &l
+		}
+	}
+	return out, nil
+}
+
+// shardOf allocates every rank's shard of the global tensor t, whose
+// sequence runs along axis, and copies its chunks in.
+func (x *devSplit) shardOf(t gpu.DeviceTensor, axis int) ([]gpu.DeviceTensor, error) {
+	shape := append([]int(nil), t.Shape...)
+	shape[axis] /= x.p
+	out, err := x.allocRanks(t.DType, shape...)
+	if err != nil {
+		return nil, err
+	}
+	return out, x.copyChunks(t, out, axis, false)
+}
+
+// copyChunks copies between the global tensor g and the ranks' shards,
+// whose sequence runs along axis: each chunk of each rank, for every index
+// of the dims before axis, in one dense copy (into the shards, or back
+// into g with unshard set).
+func (x *devSplit) copyChunks(g gpu.DeviceTensor, shards []gpu.DeviceTensor, axis int, unshard bool) error {
+	c := g.Shape[axis] / x.layout.numChunks(x.p)
+	outer := 1
+	for _, n := range g.Shape[:axis] {
+		outer *= n
+	}
+	for r, sh := range shards {
+		for _, ch := range chunksFor(x.layout, x.p, r, c) {
+			for i := range outer {
+				gv, sv := g, sh
+				rem := i
+				for d := axis - 1; d >= 0; d-- {
+					at := rem % g.Shape[d]
+					rem /= g.Shape[d]
+					var err error
+					if gv, err = gv.Narrow(d, at, 1); err == nil {
+						sv, err = sv.Narrow(d, at, 1)
+					}
+					if err != nil {
+						return err
+					}
+				}
+				gv, err := gv.Narrow(axis, ch.global, ch.n)
+				if err == nil {
+					sv, err = sv.Narrow(axis, ch.local, ch.n)
+				}
+				if err == nil {
+					if unshard {
+						err = x.ops.copy(gv, sv)
+					} else {
+						err = x.ops.copy(sv, gv)
+					}
+				}
+				if err != nil {
+					return fmt.Errorf("cp: rank %d, chunk at %d: %w", r, ch.global, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkPlan reports whether every planned call lies inside the ranks'
+// shards (nq query rows, nk keys), so that its views exist.
+func checkPlan(plan [][]devStep, nq, nk int) error {
+	for s, steps := range plan {
+		for _, st := range steps {
+			for _, t := range st.tasks {
+				if t.q0 < 0 || t.nq < 0 || t.q0 > nq-t.nq || t.k0 < 0 || t.nk < 0 || t.k0 > nk-t.nk {
+					return fmt.Errorf("cp: rank %d, step %d: a call on rows [%d, +%d) and keys [%d, +%d) outside shards of %d and %d",
+						st.rank, s, t.q0, t.nq, t.k0, t.nk, nq, nk)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// view returns the rows [start, start+n) of t along axis: a planned call's
+// rows, inside t (checkPlan), or a partial result's first rows.
+func view(t gpu.DeviceTensor, axis, start, n int) gpu.DeviceTensor {
+	v, _ := t.Narrow(axis, start, n) // (in range: see checkPlan)
+	return v
+}
+
+// forward enqueues the forward of every rank and step: for each planned
+// call, the attention of the rank's query rows against the visiting
+// block's keys into the partial result, then its merge into the rank's
+// accumulator; last, each accumulator finished into the rank's O and LSE.
+// kinds selects what is enqueued.
+func (x *devSplit) forward(kinds opKind) error {
+	x.calls, x.launches = 0, 0
+	for r := range x.p {
+		if err := x.mergeOp(kinds, func() error { return x.ops.reset(x.acc[r]) }); err != nil {
+			return err
+		}
+	}
+	for s, steps := range x.plan {
+		for _, st := range steps {
+			for _, t := range st.tasks {
+				o, lse := view(x.partO, 1, 0, t.nq), view(x.partLSE, 2, 0, t.nq)
+				if kinds&opAttention != 0 {
+					x.calls++
+					err := x.ops.forward(view(x.q[st.rank], 1, t.q0, t.nq), view(x.k[st.owner], 1, t.k0, t.nk), view(x.v[st.owner], 1, t.k0, t.nk),
+						o, lse, taskOptions(x.gp, t))
+					if err != nil {
+						return fmt.Errorf("cp: rank %d, step %d: %w", st.rank, s, err)
+					}
+				}
+				if err := x.mergeOp(kinds, func() error { return x.ops.merge(x.acc[st.rank], t.q0, o, lse) }); err != nil {
+					return fmt.Errorf("cp: rank %d, step %d: %w", st.rank, s, err)
+				}
+			}
+		}
+	}
+	for r := range x.p {
+		if err := x.mergeOp(kinds, func() error { return x.ops.finish(x.acc[r], x.o[r], &x.lse[r]) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mergeOp runs op, a merge kernel, when kinds holds merges, and counts it.
+func (x *devSplit) mergeOp(kinds opKind, op func() error) error {
+	if kinds&opMerge == 0 {
+		return nil
+	}
+	x.launches++
+	return op()
+}
+
+// setBackward prepares the backward: the forward's global o and lse and
+// the global dO (contiguous) are sharded, and the gradients' accumulators
+// and scratch allocated (once).
+func (x *devSplit) setBackward(o, lse, dO gpu.DeviceTensor) error {
+	gp := x.gp
+	for _, in := range []struct {
+		name  string
+		t     gpu.DeviceTensor
+		dt    attn.DType
+		shape []int
+	}{{"o", o, x.dt, []int{gp.B, gp.N, gp.H, gp.DV}}, {"lse", lse, attn.Float32, []int{gp.B, gp.H, gp.N}}, {"dO", dO, x.dt, []int{gp.B, gp.N, gp.H, gp.DV}}} {
+		if in.t.DType != in.dt || !sameInts(in.t.Shape, in.shape) || !dense(in.t) {
+			return attn.Errorf(attn.ErrShape, "cp: %s: %v %v, want contiguous %v in %v", in.name, in.t.DType, in.t.Shape, in.shape, in.dt)
+		}
+	}
+	if err := x.copyChunks(o, x.o, 1, false); err != nil {
+		return err
+	}
+	if err := x.copyChunks(lse, x.lse, 2, false); err != nil {
+		return err
+	}
+	if x.dO != nil {
+		return x.copyChunks(dO, x.dO, 1, false)
+	}
+	var err error
+	if x.dO, err = x.shardOf(dO, 1); err != nil {
+		return err
+	}
+	nq, nk := gp.N/x.p, gp.M/x.p
+	for _, g := range []struct {
+		out   *[]gpu.DeviceTensor
+		acc   *[]gpu.Accumulator
+		part  *gpu.DeviceTensor
+		shape []int
+	}{{&x.dq, &x.dqAcc, &x.partDQ, []int{nq, gp.H, gp.DK}}, {&x.dk, &x.dkAcc, &x.partDK, []int{nk, gp.Hkv, gp.DK}},
+		{&x.dv, &x.dvAcc, &x.partDV, []int{nk, gp.Hkv, gp.DV}}} {
+		full := append([]int{gp.B}, g.shape...)
+		if *g.out, err = x.allocRanks(x.dt, full...); err != nil {
+			return err
+		}
+		if *g.acc, err = x.accumulators(g.shape[0], g.shape[1], g.shape[2], false); err != nil {
+			return err
+		}
+		if *g.part, err = x.ops.alloc(x.dt, full...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sameInts reports whether a and b hold the same values.
+func sameInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// backward enqueues the backward of every rank and step (setBackward
+// first): for each planned call, the backward of the rank's query rows
+// against the visiting block into the partial gradients, then dQ added
+// into the rank's accumulator and dK, dV into those of the block's owner,
+// so that each owner's sums run in the host ring's order (its own step 0,
+// then each next rank's); last, every accumulator finished into the
+// ranks' dQ, dK and dV. kinds selects what is enqueued.
+func (x *devSplit) backward(kinds opKind) error {
+	if x.dO == nil {
+		return attn.Errorf(attn.ErrOption, "cp: the device split's backward needs setBackward first")
+	}
+	x.calls, x.launches = 0, 0
+	accs := [][]gpu.Accumulator{x.dqAcc, x.dkAcc, x.dvAcc}
+	for _, as := range accs {
+		for _, a := range as {
+			if err := x.mergeOp(kinds, func() error { return x.ops.reset(a) }); err != nil {
+				return err
+			}
+		}
+	}
+	for s, steps := range x.plan {
+		for _, st := range steps {
+			r, w := st.rank, st.owner
+			for _, t := range st.tasks {
+				dq, dk, dv := view(x.partDQ, 1, 0, t.nq), view(x.partDK, 1, 0, t.nk), view(x.partDV, 1, 0, t.nk)
+				if kinds&opAttention != 0 {
+					x.calls++
+					err := x.ops.backward(view(x.q[r], 1, t.q0, t.nq), view(x.k[w], 1, t.k0, t.nk), view(x.v[w], 1, t.k0, t.nk),
+						view(x.o[r], 1, t.q0, t.nq), view(x.lse[r], 2, t.q0, t.nq), view(x.dO[r], 1, t.q0, t.nq), dq, dk, dv, taskOptions(x.gp, t))
+					if err != nil {
+						return fmt.Errorf("cp: rank %d, step %d: %w", r, s, err)
+					}
+				}
+				for _, a := range []struct {
+					acc gpu.Accumulator
+					r0  int
+					g   gpu.DeviceTensor
+				}{{x.dqAcc[r], t.q0, dq}, {x.dkAcc[w], t.k0, dk}, {x.dvAcc[w], t.k0, dv}} {
+					if err := x.mergeOp(kinds, func() error { return x.ops.add(a.acc, a.r0, a.g) }); err != nil {
+						return fmt.Errorf("cp: rank %d, step %d: %w", r, s, err)
+					}
+				}
+			}
+		}
+	}
+	for i, outs := range [][]gpu.DeviceTensor{x.dq, x.dk, x.dv} {
+		for r, out := range outs {
+			if err := x.mergeOp(kinds, func() error { return x.ops.finish(accs[i][r], out, nil) }); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// unshard copies the ranks' shards of a result back into the global
+// tensor g (contiguous), whose sequence runs along axis.
+func (x *devSplit) unshard(g gpu.DeviceTensor, shards []gpu.DeviceTensor, axis int) error {
+	return x.copyChunks(g, shards, axis, true)
+}

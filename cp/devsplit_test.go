@@ -1,0 +1,436 @@
+package cp
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/cpu"
+	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/gpu"
+)
+
+// hostDev is devOps on the host, standing in for a GPU in tests: every
+// allocation is a host tensor found by a *cuda.Buffer of its own (never
+// used as a device buffer), the device tensors' views read and write it
+// through their offsets and strides, the attention calls run on the CPU
+// backend and the merge kernels compute what cp's host merge computes,
+// the LSE kept in float32 between merges as on the device.
+type hostDev struct {
+	b     attn.Backend
+	store map[*cuda.Buffer]attn.Tensor
+	calls []hostDevCall // every attention call, in order
+}
+
+// hostDevCall records one attention call: the element offsets and shapes
+// of its q and k views and its window.
+type hostDevCall struct {
+	qOff, kOff int64
+	nq, nk     int
+	window     *attn.Window
+}
+
+func newHostDev() *hostDev {
+	return &hostDev{b: cpu.New(), store: map[*cuda.Buffer]attn.Tensor{}}
+}
+
+func (h *hostDev) alloc(dt attn.DType, shape ...int) (gpu.DeviceTensor, error) {
+	buf := new(cuda.Buffer)
+	h.store[buf] = attn.New(dt, attn.NumElements(shape))
+	h.store[buf].Fill(float32(math.NaN())) // contents undefined: NaN until written
+	return gpu.DeviceTensor{Buf: buf, DType: dt, Shape: shape, Strides: attn.ContiguousStrides(shape)}, nil
+}
+
+// host returns the host view of device tensor t.
+func (h *hostDev) host(t gpu.DeviceTensor) attn.Tensor {
+	s := h.store[t.Buf]
+	st := t.Strides
+	if st == nil {
+		st = attn.ContiguousStrides(t.Shape)
+	}
+	return attn.Tensor{DType: t.DType, Shape: t.Shape, Strides: st, Offset: int(t.Offset), F32: s.F32, Bits: s.Bits}
+}
+
+// upload returns a device tensor holding x.
+func (h *hostDev) upload(x attn.Tensor) gpu.DeviceTensor {
+	t, _ := h.alloc(x.DType, x.Shape...)
+	if err := attn.CopyInto(h.host(t), x); err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// download returns a contiguous copy of t.
+func (h *hostDev) download(t gpu.DeviceTensor) attn.Tensor {
+	out := attn.New(t.DType, t.Shape...)
+	if err := attn.CopyInto(out, h.host(t)); err != nil {
+		panic(err)
+	}
+	return out
+}
+
+func (h *hostDev) copy(dst, src gpu.DeviceTensor) error {
+	if !dense(dst) || !dense(src) {
+		return attn.Errorf(attn.ErrLayout, "copy: %v into %v: not dense", src.Strides, dst.Strides)
+	}
+	return attn.CopyInto(h.host(dst), h.host(src))
+}
+
+func (h *hostDev) forward(q, k, v, o, lse gpu.DeviceTensor, opt attn.Options) error {
+	h.calls = append(h.calls, hostDevCall{q.Offset, k.Offset, q.Shape[1], k.Shape[1], opt.Window})
+	res, err := h.b.Forward(h.host(q), h.host(k), h.host(v), opt)
+	if err == nil {
+		err = errors.Join(attn.CopyInto(h.host(o), res.O), attn.CopyInto(h.host(lse), res.LSE))
+	}
+	return err
+}
+
+func (h *hostDev) backward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, opt attn.Options) error {
+	h.calls = append(h.calls, hostDevCall{q.Offset, k.Offset, q.Shape[1], k.Shape[1], opt.Window})
+	g, err := h.b.Backward(h.host(q), h.host(k), h.host(v), h.host(o), h.host(lse), h.host(dO), opt)
+	if err == nil {
+		err = errors.Join(attn.CopyInto(h.host(dq), g.DQ), attn.CopyInto(h.host(dk), g.DK), attn.CopyInto(h.host(dv), g.DV))
+	}
+	return err
+}
+
+func (h *hostDev) reset(a gpu.Accumulator) error {
+	h.host(a.O).Fill(0)
+	if a.LSE != nil {
+		h.host(*a.LSE).Fill(float32(math.Inf(-1)))
+	}
+	return nil
+}
+
+// merge runs accum.merge on a copy of the accumulator and writes it back.
+func (h *hostDev) merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error {
+	sh := a.O.Shape
+	acc := newAccum(sh[0], sh[1], sh[2], sh[3])
+	copy(acc.o, h.host(a.O).Float32s())
+	for i, l := range h.host(*a.LSE).Float32s() {
+		acc.lse[i] = float64(l)
+	}
+	acc.merge(attn.Result{O: h.download(o), LSE: h.download(lse)}, r0)
+	res, err := acc.result(attn.Float32)
+	if err == nil {
+		err = errors.Join(attn.CopyInto(h.host(a.O), res.O), attn.CopyInto(h.host(*a.LSE), res.LSE))
+	}
+	return err
+}
+
+// add adds g into the accumulator's rows from r0 with addRows.
+func (h *hostDev) add(a gpu.Accumulator, r0 int, g gpu.DeviceTensor) error {
+	vals := h.host(a.O).Float32s()
+	addRows(vals, a.O.Shape[1], r0, h.download(g))
+	return attn.CopyInto(h.host(a.O), attn.FromFloat32(attn.Float32, vals, a.O.Shape...))
+}
+
+func (h *hostDev) finish(a gpu.Accumulator, out gpu.DeviceTensor, lse *gpu.DeviceTensor) error {
+	err := attn.CopyInto(h.host(out), attn.FromFloat32(out.DType, h.host(a.O).Float32s(), out.Shape...))
+	if lse != nil {
+		err = errors.Join(err, attn.CopyInto(h.host(*lse), h.host(*a.LSE)))
+	}
+	return err
+}
+
+// devHarness is what the device split's checks need beyond devOps: moving
+// global tensors in and out.
+type devHarness interface {
+	devOps
+	upload(x attn.Tensor) gpu.DeviceTensor
+	download(t gpu.DeviceTensor) attn.Tensor
+}
+
+// runDevSplit runs the forward and then the backward of q, k, v (global,
+// contiguous) split by st over p ranks on h, the backward from the split's
+// own forward outputs and dO, and returns the outputs and gradients
+// unsharded; then the single calls over the whole problem on h, the
+// backward from their forward's outputs.
+func runDevSplit(t *testing.T, h devHarness, st Strategy, p int, q, k, v, dO attn.Tensor, opt attn.Options) (split, single attn.Result, splitG, singleG attn.Gradients) {
+	t.Helper()
+	dq, dk, dv, ddO := h.upload(q), h.upload(k), h.upload(v), h.upload(dO)
+	x, err := newDevSplit(h, st, p, dq, dk, dv, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gp := x.gp
+	outs := func() (o, lse, gq, gk, gv gpu.DeviceTensor) {
+		o, _ = h.alloc(q.DType, gp.B, gp.N, gp.H, gp.DV)
+		lse, _ = h.alloc(attn.Float32, gp.B, gp.H, gp.N)
+		gq, _ = h.alloc(q.DType, q.Shape...)
+		gk, _ = h.alloc(q.DType, k.Shape...)
+		gv, _ = h.alloc(q.DType, v.Shape...)
+		return
+	}
+	download := func(o, lse, gq, gk, gv gpu.DeviceTensor) (attn.Result, attn.Gradients) {
+		return attn.Result{O: h.download(o), LSE: h.download(lse)}, attn.Gradients{DQ: h.download(gq), DK: h.download(gk), DV: h.download(gv)}
+	}
+	o, lse, gq, gk, gv := outs()
+	if err := x.forward(opAll); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(x.unshard(o, x.o, 1), x.unshard(lse, x.lse, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.setBackward(o, lse, ddO); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.backward(opAll); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(x.unshard(gq, x.dq, 1), x.unshard(gk, x.dk, 1), x.unshard(gv, x.dv, 1)); err != nil {
+		t.Fatal(err)
+	}
+	split, splitG = download(o, lse, gq, gk, gv)
+	o, lse, gq, gk, gv = outs()
+	if err := h.forward(dq, dk, dv, o, lse, opt); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.backward(dq, dk, dv, o, lse, ddO, gq, gk, gv, opt); err != nil {
+		t.Fatal(err)
+	}
+	single, singleG = download(o, lse, gq, gk, gv)
+	return split, single, splitG, singleG
+}
+
+// devCases are the accuracy table's cases the device split takes (no
+// dropout).
+func devCases() []accCase {
+	var out []accCase
+	for _, tc := range accCases {
+		if tc.opt.Dropout == 0 {
+			out = append(out, tc)
+		}
+	}
+	return out
+}
+
+// checkDevSplits runs every case of devCases in dt through the device split
+// on the harness newH makes, ring and zigzag on each number of ranks, and
+// checks outputs and gradients, and those of the single calls on the same
+// harness, against the float64 oracle with the accuracy criterion.
+func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, dts []attn.DType, ps []int) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, tc := range devCases() {
+		for _, dt := range dts {
+			q := normal(r, dt, tc.b, tc.n, tc.h, tc.dk)
+			k := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dk)
+			v := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dv)
+			dO := normal(r, dt, tc.b, tc.n, tc.h, tc.dv)
+			ref, err := cpu.Reference(q, k, v, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			refG, err := cpu.ReferenceBackward(q, k, v, dO, tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			naive, naiveG := &cpu.RefOutput{}, &cpu.RefGrads{}
+			if dt != attn.Float32 {
+				if naive, err = cpu.NaiveForward(dt, q, k, v, tc.opt); err == nil {
+					naiveG, err = cpu.NaiveBackward(dt, q, k, v, dO, tc.opt)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, st := range []Strategy{RingStrategy, ZigzagStrategy} {
+				for _, p := range ps {
+					t.Run(fmt.Sprintf("%s/%v/%v/P=%d", tc.name, dt, st, p), func(t *testing.T) {
+						split, single, splitG, singleG := runDevSplit(t, newH(t), st, p, q, k, v, dO, tc.opt)
+						for _, x := range []struct {
+							what string
+							res  attn.Result
+							g    attn.Gradients
+						}{{"split", split, splitG}, {"single", single, singleG}} {
+							within(t, x.what+" O", dt, 2, x.res.O.Float64s(), ref.O, naive.O)
+							within(t, x.what+" LSE", dt, 2, x.res.LSE.Float64s(), ref.LSE, naive.LSE)
+							within(t, x.what+" dQ", dt, 3, x.g.DQ.Float64s(), refG.DQ, naiveG.DQ)
+							within(t, x.what+" dK", dt, 3, x.g.DK.Float64s(), refG.DK, naiveG.DK)
+							within(t, x.what+" dV", dt, 3, x.g.DV.Float64s(), refG.DV, naiveG.DV)
+						}
+					})
+				}
+			}
+		}
+	}
+}
+
+// TestDeviceSplitOnHost runs the device split's whole algorithm (shards
+// copied at their chunks' offsets, every planned call on views of them,
+// partial results merged into float32 accumulators and gradients added
+// into their owners', results unsharded) over the host stand-in for the
+// GPU, and checks it against the oracle: ring and zigzag, P = 1 … 4 and 6,
+// causal under both alignments and not, GQA and MQA, DK ≠ DV, windows,
+// softcap.
+func TestDeviceSplitOnHost(t *testing.T) {
+	checkDevSplits(t, func(*testing.T) devHarness { return newHostDev() }, []attn.DType{attn.Float32, attn.BFloat16}, []int{1, 2, 3, 4, 6})
+}
+
+// recorder is a backend that records the q and k views of every call it
+// passes on to the CPU backend.
+type recorder struct {
+	attn.Backend
+	calls []hostDevCall
+}
+
+func (r *recorder) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	r.calls = append(r.calls, hostDevCall{int64(q.Offset), int64(k.Offset), q.Shape[1], k.Shape[1], opt.Window})
+	return r.Backend.Forward(q, k, v, opt)
+}
+
+// TestDevicePlanMatchesRing checks that the device split makes, rank by
+// rank, the very calls the host ring makes: the same query rows of the
+// rank's shard, the same rows of the visiting block and the same windows,
+// in the same order, for ring and zigzag on causal (both alignments),
+// windowed and full problems.
+func TestDevicePlanMatchesRing(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	for _, tc := range devCases() {
+		for _, st := range []Strategy{RingStrategy, ZigzagStrategy} {
+			for _, p := range []int{2, 3, 4} {
+				t.Run(fmt.Sprintf("%s/%v/P=%d", tc.name, st, p), func(t *testing.T) {
+					q := normal(r, attn.Float32, tc.b, tc.n, tc.h, tc.dk)
+					k := normal(r, attn.Float32, tc.b, tc.m, tc.hkv, tc.dk)
+					v := normal(r, attn.Float32, tc.b, tc.m, tc.hkv, tc.dv)
+					recs := make([]*recorder, p)
+					sim := st.Sim(cpu.New(), p)
+					sim.Timeout = testTimeout
+					sim.wrap = func(rank int, b attn.Backend, tr Transport) (attn.Backend, Transport) {
+						recs[rank] = &recorder{Backend: b}
+						return recs[rank], tr
+					}
+					if _, err := sim.Forward(q, k, v, tc.opt); err != nil {
+						t.Fatal(err)
+					}
+					h := newHostDev()
+					x, err := newDevSplit(h, st, p, h.upload(q), h.upload(k), h.upload(v), tc.opt)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := x.forward(opAttention); err != nil {
+						t.Fatal(err)
+					}
+					// the device calls, rank by rank: step-major in the plan, so each rank's in step order
+					byRank := make([][]hostDevCall, p)
+					i := 0
+					for _, steps := range x.plan {
+						for _, s := range steps {
+							byRank[s.rank] = append(byRank[s.rank], h.calls[i:i+len(s.tasks)]...)
+							i += len(s.tasks)
+						}
+					}
+					if i != len(h.calls) || x.calls != i {
+						t.Fatalf("%d calls recorded, %d counted, the plan has %d", len(h.calls), x.calls, i)
+					}
+					for rank, rec := range recs {
+						dev := byRank[rank]
+						if len(dev) != len(rec.calls) {
+							t.Fatalf("rank %d: %d device calls, the host ring made %d", rank, len(dev), len(rec.calls))
+						}
+						for j, c := range rec.calls {
+							d := dev[j]
+							if c.qOff != d.qOff || c.kOff != d.kOff || c.nq != d.nq || c.nk != d.nk || fmt.Sprint(c.window) != fmt.Sprint(d.window) {
+								t.Fatalf("rank %d call %d: device %+v, host ring %+v", rank, j, d, c)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestDeviceSplitKinds checks that a pass enqueues the attention calls
+// alone, the merge kernels alone or both, as asked, and counts them: the
+// forward P resets, a merge per call and P finishes; the backward three
+// resets and three finishes per rank and three adds per call.
+func TestDeviceSplitKinds(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	const p = 4
+	q := normal(r, attn.Float32, 1, 48, 2, 8)
+	h := newHostDev()
+	x, err := newDevSplit(h, ZigzagStrategy, p, h.upload(q), h.upload(q), h.upload(q), attn.Options{Causal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := h.alloc(attn.Float32, 1, 48, 2, 8)
+	lse, _ := h.alloc(attn.Float32, 1, 2, 48)
+	tasks := 0
+	for _, steps := range x.plan {
+		for _, s := range steps {
+			tasks += len(s.tasks)
+		}
+	}
+	for _, tc := range []struct {
+		kinds           opKind
+		backward        bool
+		calls, launches int
+	}{
+		{opAll, false, tasks, 2*p + tasks},
+		{opAttention, false, tasks, 0},
+		{opMerge, false, 0, 2*p + tasks},
+		{opAll, true, tasks, 6*p + 3*tasks},
+		{opAttention, true, tasks, 0},
+		{opMerge, true, 0, 6*p + 3*tasks},
+	} {
+		h.calls = nil
+		pass := x.forward
+		if tc.backward {
+			if err := x.setBackward(o, lse, h.upload(q)); err != nil {
+				t.Fatal(err)
+			}
+			pass = x.backward
+		}
+		if err := pass(tc.kinds); err != nil {
+			t.Fatal(err)
+		}
+		if x.calls != tc.calls || x.launches != tc.launches || len(h.calls) != tc.calls {
+			t.Errorf("kinds %d backward %v: %d calls (%d made), %d merge kernels; want %d, %d", tc.kinds, tc.backward, x.calls, len(h.calls), x.launches, tc.calls, tc.launches)
+		}
+		if !tc.backward && tc.kinds == opAll {
+			if err := errors.Join(x.unshard(o, x.o, 1), x.unshard(lse, x.lse, 2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestDeviceSplitRefused checks what the device split refuses, with the
+// sentinel each refusal wraps.
+func TestDeviceSplitRefused(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	h := newHostDev()
+	q := h.upload(normal(r, attn.Float32, 1, 48, 2, 8))
+	odd := h.upload(normal(r, attn.Float32, 1, 50, 2, 8))
+	strided := q
+	strided.Shape, strided.Strides = []int{1, 24, 2, 8}, []int{768, 32, 8, 1}
+	cu := []int32{0, 48}
+	for _, tc := range []struct {
+		name    string
+		st      Strategy
+		p       int
+		q, k, v gpu.DeviceTensor
+		opt     attn.Options
+		want    error
+	}{
+		{"a2a", AllToAllStrategy, 2, q, q, q, attn.Options{}, attn.ErrUnsupported},
+		{"hybrid", HybridStrategy, 2, q, q, q, attn.Options{}, attn.ErrUnsupported},
+		{"uneven", ZigzagStrategy, 4, odd, odd, odd, attn.Options{}, attn.ErrShape},
+		{"dropout", RingStrategy, 2, q, q, q, attn.Options{Dropout: 0.1}, attn.ErrUnsupported},
+		{"packed", RingStrategy, 2, q, q, q, attn.Options{CuSeqlensQ: cu, CuSeqlensK: cu}, attn.ErrUnsupported},
+		{"strided", RingStrategy, 2, strided, strided, strided, attn.Options{}, attn.ErrLayout},
+		{"shapes", RingStrategy, 2, q, odd, q, attn.Options{}, attn.ErrShape},
+		{"no ranks", RingStrategy, 0, q, q, q, attn.Options{}, attn.ErrOption},
+	} {
+		if _, err := newDevSplit(h, tc.st, tc.p, tc.q, tc.k, tc.v, tc.opt); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want an error wrapping %v", tc.name, err, tc.want)
+		}
+	}
+	if _, err := MeasureDeviceSplit(nil, RingStrategy, 2, false, q, q, q, q, attn.Options{}, 1); !errors.Is(err, attn.ErrOption) {
+		t.Errorf("no backend: %v, want ErrOption", err)
+	}
+}
