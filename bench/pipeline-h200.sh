@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Checks and times the Hopper forward's pipelines (kernels.Pipeline) on a GPU
-# machine in one go: for each pipeline, the forward's GPU correctness tests
-# with the backend set to it (FLASHATTN_FWD_PIPELINE), then `flashattn bench
-# --pass fwd` over the main training shapes, the pipelines alternating within
-# each shape and each shape timed ROUNDS times, so that clock drift falls on
-# all of them alike. A summary table (median ms, TFLOP/s, ratio to lockstep)
-# prints last.
+# Checks and times the Hopper kernels' pipeline choices on a GPU machine: for
+# each forward pipeline (kernels.Pipeline, FLASHATTN_FWD_PIPELINE), the GPU
+# correctness tests with the backend set to it, then `flashattn bench --pass
+# fwd` over the main training shapes, the pipelines alternating within each
+# shape and each shape timed ROUNDS times, so that clock drift falls on all
+# of them alike; for the backward, the gradient tests with the atomic dQ by
+# bulk reduce-adds (FLASHATTN_BULK_DQ=1, FLASHATTN_DQ=atomic), then `flashattn
+# bench --pass bwd` with the separate dQ, the atomic dQ by vector atomics and
+# by bulk reduce-adds, alternating the same way. Summary tables (median ms,
+# TFLOP/s, ratio to the first choice) print last.
 #
 # Build the binaries first where Go is (the GPU machine needs no Go toolchain):
 #
@@ -23,15 +26,17 @@
 # words; default lockstep, then ws, pingpong, early-rescale and persistent
 # added one at a time, and early-rescale alone), SHAPES (space-separated
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
-# and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), ROUNDS (2),
-# STEPS (check, time; default both).
+# and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
+# (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
+# bwdcheck, bwdtime; default all; each step fits one 10-minute call).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}
 PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale ws,pingpong,early-rescale,persistent early-rescale}
 SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 32:16:512:128 32:16:512:128:causal 4:32:4096:64 4:32:4096:64:causal 4:8:4096:256 4:8:4096:256:causal}
 ROUNDS=${ROUNDS:-2}
-STEPS=${STEPS:-check,time}
+BWD_SHAPES=${BWD_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:24:4608:128 4:32:4096:64 4:32:4096:64:causal}
+STEPS=${STEPS:-check,time,bwdcheck,bwdtime}
 BIN=$ROOT/.bin/flashattn
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -53,23 +58,30 @@ if [[ ",$STEPS," == *",check,"* ]]; then
 	done
 fi
 
-if [[ ",$STEPS," == *",time,"* ]]; then
-	TIMES=$OUT/times.txt
-	: >"$TIMES"
-	for s in $SHAPES; do
+# time_configs FILE PASS SHAPES CONFIGS: times every shape under each config
+# (label=VAR=value,VAR=value), alternating, ROUNDS times; one line per run in FILE.
+time_configs() {
+	local file=$1 pass=$2 shapes=$3 configs=$4
+	: >"$file"
+	for s in $shapes; do
 		IFS=: read -r b h n d causal <<<"$s"
-		flags=(--pass fwd --batch "$b" --heads "$h" --seqlen-q "$n" --head-dim "$d" --budget 500ms)
+		flags=(--pass "$pass" --batch "$b" --heads "$h" --seqlen-q "$n" --head-dim "$d" --budget 500ms)
 		[ "${causal:-}" = causal ] && flags+=(--causal)
 		for r in $(seq "$ROUNDS"); do
-			for p in $PIPELINES; do
-				line=$(FLASHATTN_FWD_PIPELINE=$p timeout 120 "$BIN" bench "${flags[@]}" --json 2>>"$OUT/time.err" |
-					python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"], r.get("kernel_variant",""))' 2>>"$OUT/time.err")
-				echo "$s $p $r $line" | tee -a "$TIMES"
+			for cfg in $configs; do
+				label=${cfg%%=*}
+				IFS=, read -ra vars <<<"${cfg#*=}"
+				line=$(env "${vars[@]}" timeout 120 "$BIN" bench "${flags[@]}" --json 2>>"$OUT/time.err" |
+					python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"], r.get("kernel_variant",""), r.get("dq_algorithm",""))' 2>>"$OUT/time.err")
+				echo "$s $label $r $line" | tee -a "$file"
 			done
 		done
 	done
-	# summary: per shape and pipeline, the mean of the rounds' medians, and the ratio to the first pipeline
-	python3 - "$TIMES" "$PIPELINES" <<'EOF' >>"$SUMMARY"
+}
+
+# summarize FILE LABELS: per shape and label, the mean of the rounds' medians and the ratio to the first label.
+summarize() {
+	python3 - "$1" "$2" <<'EOF'
 import sys, collections
 rows = collections.defaultdict(list)
 rates = collections.defaultdict(list)
@@ -79,12 +91,12 @@ for line in open(sys.argv[1]):
         continue
     rows[(f[0], f[1])].append(float(f[3]))
     rates[(f[0], f[1])].append(float(f[4]))
-pipes = sys.argv[2].split()
-print("%-24s" % "shape (B:H:N:D)" + "".join("%28s" % p for p in pipes))
+labels = sys.argv[2].split()
+print("%-24s" % "shape (B:H:N:D)" + "".join("%28s" % p for p in labels))
 for s in dict.fromkeys(k[0] for k in rows):
-    base = rows.get((s, pipes[0]))
+    base = rows.get((s, labels[0]))
     cells = []
-    for p in pipes:
+    for p in labels:
         ms = rows.get((s, p))
         if not ms:
             cells.append("%28s" % "-")
@@ -95,5 +107,28 @@ for s in dict.fromkeys(k[0] for k in rows):
         cells.append("%28s" % ("%.4f ms %5.0f TF %.3fx" % (m, t, ratio)))
     print("%-24s" % s + "".join(cells))
 EOF
+}
+
+if [[ ",$STEPS," == *",time,"* ]]; then
+	configs=""
+	labels=""
+	for p in $PIPELINES; do
+		configs+=" $(tag "$p")=FLASHATTN_FWD_PIPELINE=$p"
+		labels+=" $(tag "$p")"
+	done
+	time_configs "$OUT/times.txt" fwd "$SHAPES" "$configs"
+	summarize "$OUT/times.txt" "$labels" >>"$SUMMARY"
+fi
+
+BWD_CONFIGS="separate=FLASHATTN_DQ=separate atomic=FLASHATTN_DQ=atomic bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1"
+if [[ ",$STEPS," == *",bwdcheck,"* ]]; then
+	log=$OUT/bwdcheck.log
+	(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_DQ=atomic timeout --kill-after=10 420 "$ROOT/.bin/gpu.test" -test.v \
+		-test.run 'TestBackwardGradients|TestBackwardAtomicUnderLoad|TestBackwardWholeStep|TestBackwardNonFinite') >"$log" 2>&1
+	printf 'bwdcheck bulk dQ rc=%-3d %s failed subtests\n' "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
+fi
+if [[ ",$STEPS," == *",bwdtime,"* ]]; then
+	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"
+	summarize "$OUT/bwdtimes.txt" "separate atomic bulk" >>"$SUMMARY"
 fi
 cat "$SUMMARY"

@@ -43,6 +43,16 @@ type Backend struct {
 	// warpgroup per row group, ping-pong two compute warpgroups). New reads
 	// it from EnvPipeline; the zero value is the lockstep pipeline.
 	Pipeline kernels.Pipeline
+	// DQ is the dQ algorithm of backward calls that leave the choice to the
+	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
+	// the default, picks by the measured table. Deterministic calls always
+	// take DQSeparate. New reads it from EnvDQ.
+	DQ DQAlgorithm
+	// BulkDQ lets the Hopper backward with the atomic dQ add each step's
+	// dQ tile with bulk reduce-adds from shared memory instead of vector
+	// atomics from registers, wherever the variant allows it
+	// (kernels.BwdVariant.BulkDQ). New sets it when EnvBulkDQ is set.
+	BulkDQ bool
 
 	fill    filler      // the random-fill kernel
 	modules moduleCache // every other kernel: forward and backward variants, the pack kernel
@@ -80,8 +90,8 @@ func Open() (*Backend, error) {
 }
 
 // New returns a backend on an open device; Close leaves the device open.
-// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline) once,
-// into the knobs WGMMA, TMA and Pipeline.
+// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline, EnvBulkDQ,
+// EnvDQ) once, into the knobs WGMMA, TMA, Pipeline, BulkDQ and DQ.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -95,11 +105,18 @@ func New(dev *cuda.Device) (*Backend, error) {
 		copier:    hostCopier{dev: dev},
 		Speculate: true,
 		WGMMA:     hopper,
+		BulkDQ:    hopper && envSet(os.Getenv(EnvBulkDQ)),
 		TMA:       hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
 	}
+	dq, err := ParseDQAlgorithm(os.Getenv(EnvDQ))
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("gpu: %s: %w", EnvDQ, err)
+	}
+	b.DQ = dq
 	if hopper {
 		pl, err := kernels.ParsePipeline(os.Getenv(EnvPipeline))
 		if err != nil {
@@ -147,13 +164,21 @@ func (b *Backend) Name() string { return "cuda" }
 // of new backends on per-thread tile copies (Backend.TMA).
 const EnvNoTMA = "FLASHATTN_NO_TMA"
 
+// EnvDQ names the dQ algorithm of new backends' backward calls that leave
+// the choice to the backend (Backend.DQ): auto, atomic or separate.
+const EnvDQ = "FLASHATTN_DQ"
+
+// EnvBulkDQ, when set to anything but "" or "0", lets the Hopper backward
+// of new backends add the atomic dQ with bulk reduce-adds (Backend.BulkDQ).
+const EnvBulkDQ = "FLASHATTN_BULK_DQ"
+
 // EnvPipeline names the pipeline of the Hopper forward of new backends
 // (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.
 // "ws,pingpong,early-rescale".
 const EnvPipeline = "FLASHATTN_FWD_PIPELINE"
 
-// envSet reports whether an opt-out variable's value is set: anything
-// but "" or "0".
+// envSet reports whether an opt-in or opt-out variable's value is set:
+// anything but "" or "0".
 func envSet(value string) bool { return value != "" && value != "0" }
 
 // EnvNoWGMMA, when set to anything but "" or "0", keeps new backends off the

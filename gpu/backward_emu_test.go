@@ -81,14 +81,18 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
-	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: kind == emuHopperTMA})
+	tma := kind == emuHopperTMA || kind == emuHopperBulk
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: kind == emuHopperBulk})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	if pl.v.WGMMA != hopper || pl.v.TMA != (kind == emuHopperTMA) {
+	if pl.v.WGMMA != hopper || pl.v.TMA != tma {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Name(), kind)
 	}
-	if want := strings.Contains(t.Name(), "/flat-") && kind == emuHopperTMA; pl.v.Flat != want {
+	if want := kind == emuHopperBulk && pl.v.AtomicDQ && !pl.v.Flat && max(pl.v.DKPad(), pl.v.DVPad()) <= 128; pl.v.BulkDQ != want {
+		t.Fatalf("plan %s: BulkDQ = %v, want %v", pl.v.Name(), pl.v.BulkDQ, want)
+	}
+	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
 	}
 	src, err := pl.v.Source()
@@ -97,7 +101,7 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 	}
 	var more []string
 	if hopper {
-		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA, false))
+		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA || pl.v.BulkDQ, pl.v.BulkDQ))
 	}
 	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v), more...)
 	var launches []emuLaunch
@@ -247,7 +251,7 @@ func emuBackwardCases(t *testing.T, kind emuKernels) int {
 			if kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
 				continue
 			}
-			if kind == emuHopperTMA && c.cuQ != nil {
+			if (kind == emuHopperTMA || kind == emuHopperBulk) && c.cuQ != nil {
 				continue // packed batches keep cp.async
 			}
 			ran += emuCheckCase(t, c, dt, uint64(ci+100), kind)
@@ -357,8 +361,8 @@ func TestBackwardEmulatedFP32LargeScale(t *testing.T) {
 
 // bwdEmuFamilies are the backward kernel families the emulator runs: the
 // mma.sync kernels and the Hopper kernels with tiles by cp.async and by
-// tensor maps.
+// tensor maps, the latter also with the atomic dQ by bulk reduce-adds.
 var bwdEmuFamilies = []struct {
 	name string
 	kind emuKernels
-}{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}}
+}{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk}}

@@ -241,12 +241,18 @@ type bwdRequest struct {
 	// hopper allows the Hopper dK/dV and dQ kernels where they apply, tma
 	// their tensor-map loads (Backend.WGMMA, Backend.TMA).
 	hopper, tma bool
+	// bulkDQ adds the atomic dQ with bulk reduce-adds where the variant
+	// allows it (Backend.BulkDQ).
+	bulkDQ bool
 }
 
 // bwdRequest returns the planner's request for a backward of p in dt on
 // views a with the backend's knobs.
 func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) bwdRequest {
-	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA}
+	if algo == DQAuto {
+		algo = b.DQ
+	}
+	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -292,6 +298,13 @@ func planBackward(r bwdRequest) (*bwdPlan, error) {
 	if run && !p.Varlen && r.tma {
 		if !v.Staged || !pl.useFlat(p, dt, a) {
 			pl.useTMA()
+		}
+	}
+	if r.bulkDQ && run && algo == DQAtomic {
+		w := pl.v
+		w.BulkDQ = true
+		if w.Validate() == nil {
+			pl.v = w
 		}
 	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)

@@ -21,6 +21,20 @@ const (
 	DQSeparate
 )
 
+// ParseDQAlgorithm reads "auto" (or ""), "atomic" or "separate"; other
+// words give an error wrapping attn.ErrOption.
+func ParseDQAlgorithm(s string) (DQAlgorithm, error) {
+	for _, a := range []DQAlgorithm{DQAuto, DQAtomic, DQSeparate} {
+		if s == a.String() {
+			return a, nil
+		}
+	}
+	if s == "" {
+		return DQAuto, nil
+	}
+	return DQAuto, attn.Errorf(attn.ErrOption, "gpu: dQ algorithm %q (want auto, atomic or separate)", s)
+}
+
 // String returns "auto", "atomic" or "separate".
 func (a DQAlgorithm) String() string {
 	switch a {

@@ -289,12 +289,13 @@ func emuTensorMap(x kernels.TMATensor) cuda.TensorMap {
 type emuKernels int
 
 const (
-	emuMMA       emuKernels = iota // the mma.sync kernels
-	emuHopper                      // the Hopper kernels, tiles by cp.async
-	emuHopperTMA                   // the Hopper kernels, streamed tiles by tensor maps
-	emuHopperWS                    // the Hopper forward, tensor maps, warp-specialized
-	emuHopperPP                    // ... with ping-pong and the early rescale of O
-	emuHopperPT                    // ... and persistent CTAs
+	emuMMA        emuKernels = iota // the mma.sync kernels
+	emuHopper                       // the Hopper kernels, tiles by cp.async
+	emuHopperTMA                    // the Hopper kernels, streamed tiles by tensor maps
+	emuHopperWS                     // the Hopper forward, tensor maps, warp-specialized
+	emuHopperPP                     // ... with ping-pong and the early rescale of O
+	emuHopperPT                     // ... and persistent CTAs
+	emuHopperBulk                   // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
 )
 
 // emuPipeline returns the forward pipeline of an emulated kind.

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -71,5 +72,21 @@ func TestHopperAllowed(t *testing.T) {
 		if got := hopperAllowed(tt.major, tt.minor, tt.nvrtc, tt.env); got != tt.want {
 			t.Errorf("%s: hopperAllowed = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestParseDQAlgorithm reads every algorithm's name back and refuses
+// others.
+func TestParseDQAlgorithm(t *testing.T) {
+	for _, a := range []DQAlgorithm{DQAuto, DQAtomic, DQSeparate} {
+		if got, err := ParseDQAlgorithm(a.String()); err != nil || got != a {
+			t.Errorf("ParseDQAlgorithm(%q) = %v, %v", a.String(), got, err)
+		}
+	}
+	if got, err := ParseDQAlgorithm(""); err != nil || got != DQAuto {
+		t.Errorf(`ParseDQAlgorithm("") = %v, %v`, got, err)
+	}
+	if _, err := ParseDQAlgorithm("fast"); !errors.Is(err, attn.ErrOption) {
+		t.Errorf(`ParseDQAlgorithm("fast"): %v, want ErrOption`, err)
 	}
 }

@@ -101,8 +101,26 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	if v.TMA {
 		l.add("bar", 16) // [2] mbarriers: stage s of q and dO landed
 	}
+	if v.BulkDQ {
+		_, _, nq := v.bwdHopperCols()
+		l.add("sdQ", v.bwdHopperDQWarpgroups()*bm*(nq+bwdDQPad)*4) // [warpgroups][BM][nq + 8] fp32
+	}
 	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
 	return l
+}
+
+// bwdDQPad is the padding, in floats, of a row of the bulk dQ tile in
+// shared memory: rows nq + 8 floats apart, so that the eight rows a warp's
+// 8-byte stores reach at once fall on distinct banks in each half-warp.
+const bwdDQPad = 8
+
+// bwdHopperDQWarpgroups returns the number of warpgroups that compute the
+// atomic dQ: both when they split its columns, else warpgroup 0.
+func (v BwdVariant) bwdHopperDQWarpgroups() int {
+	if v.bwdHopperSplitDQ() {
+		return 2
+	}
+	return 1
 }
 
 // bwdHopperSplitDQ reports whether the atomic dQ's columns are split over
@@ -173,6 +191,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
   float* sD = reinterpret_cast<float*>(smem + %d);
   const u32 sPa = s0 + %d, sdSa = s0 + %d;
 `, l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
+	if v.BulkDQ {
+		_, _, nq := v.bwdHopperCols()
+		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], nq+bwdDQPad, bwdDQPad)
+	}
 	g.tmaBarriers(b, l, "q and dO")
 	g.dkdvQueryRange(b)
 	fmt.Fprintf(b, `  const T* gk = %s;
@@ -394,6 +416,10 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
       for (int kk = 0; kk < BN / 16; ++kk)
         wg_n%[1]d(accQ, dSk + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
 `, nq, cond, nq/8)
+		if v.BulkDQ {
+			g.dqBulk(b, nq)
+			return
+		}
 		fmt.Fprintf(b, `      wgmma_commit();
       wgmma_wait<0>();
       fence_acc(accQ);
@@ -408,6 +434,46 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
     }
 `, nq/8, g.flatLimit("sk_", "DK"))
 	}
+}
+
+// dqBulk writes the end of the atomic dQ step with BulkDQ: the tile (this
+// warpgroup's nq columns of the block's BM rows) into shared memory, then
+// one bulk reduce-add per row into the fp32 accumulator, issued by lane 0
+// of the quad that holds the row. Each such lane first waits until its
+// reduce-adds of the last step are done reading their rows (they were
+// issued a whole step ago); a row is written by its quad alone, so a warp
+// barrier orders the lanes' stores, their proxy fences and the issue. The
+// columns past the head dim (up to the accumulator's padded width, the
+// head stride dqa_sh) are zeros: K's columns there are zero-filled.
+func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
+	fmt.Fprintf(b, `      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(accQ);
+      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
+      float* sq = sdQ + (dq0 / %[2]d) * BM * QP;  // this warpgroup's tile
+      if (t4 == 0) bulk_wait_read<0>();  // this lane's reduce-adds of the last step no longer read its rows
+      __syncwarp();
+#pragma unroll
+      for (int nt = 0; nt < %[3]d; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
+          *reinterpret_cast<float2*>(sq + il * QP + jl) = make_float2(accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
+        }
+      fence_proxy_async();  // the stores, before the copy engine reads them
+      __syncwarp();
+      if (t4 == 0) {  // the quad's two rows: g and g + 8 of this warp's 16
+        float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
+        const int cols = min(%[2]d, (int)p.dqa_sh - dq0);  // up to the accumulator's padded width (a multiple of 32)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int il = (warp & 3) * 16 + g + hh * 8;
+          if (i0 + il < n) bulk_reduce_add_f32(gq + il * p.dqa_sr, smem_u32(sq + il * QP), cols * 4);
+        }
+        bulk_commit();
+      }
+    }
+`, nq+bwdDQPad, nq, nq/8)
 }
 
 // dkdvSM90Store closes the loop and stores dK and dV (through shared
@@ -459,5 +525,8 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 		bwdRowsOut(b, "sgv", "PV", "gdv", "p.dv_sr", "BN", "m - j0", "DV")
 	}
 	nfKeysCheck(b, accA, accB)
+	if v.BulkDQ {
+		b.WriteString("  if (t4 == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
+	}
 	b.WriteString("}\n\n")
 }

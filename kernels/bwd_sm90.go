@@ -57,6 +57,9 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.TMA {
 		b.WriteString(tmaPrimitives())
 	}
+	if v.BulkDQ {
+		b.WriteString(WarpSpecializedPrimitives())
+	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
 // atom c/8, row r, chunk (c mod 8) ^ (r mod 8).

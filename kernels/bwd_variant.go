@@ -96,6 +96,13 @@ type BwdVariant struct {
 	// kernel, k and v in the dQ kernel. Those two kernels then take the
 	// argument of BwdTMAArgs (see bwd_tma.go).
 	TMA bool
+	// BulkDQ (with WGMMA and AtomicDQ, head dims up to 128, not Flat) adds
+	// each step's dQ tile to the fp32 accumulator with bulk reduce-adds
+	// (cp.reduce.async.bulk .add.f32, one per row of the tile, from shared
+	// memory) instead of vector atomics from registers: the tile goes to
+	// shared memory and one lane of each quad issues its two rows, which
+	// the copy engine adds while the warpgroup goes on.
+	BulkDQ bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -253,6 +260,9 @@ func (v BwdVariant) Validate() error {
 	if v.WGMMA && !BwdHopperOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Name())
 	}
+	if v.BulkDQ && (!v.WGMMA || !v.AtomicDQ || v.Flat || v.bwdHopperWide()) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: bulk reduce-adds of dQ need the Hopper kernels with the atomic dQ, padded head dims up to 128 and rows not read in place", v.Name())
+	}
 	if v.TMA && (!v.WGMMA || v.Varlen) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Name())
 	}
@@ -292,7 +302,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

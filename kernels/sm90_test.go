@@ -380,11 +380,13 @@ func TestBwdCompileHopper(t *testing.T) {
 	}
 	vs := bwdHopperVariants()
 	tma := bwdHopperTMAVariants()
+	bulk := bwdHopperBulkDQVariants()
 	if testing.Short() {
 		vs = []BwdVariant{vs[1], vs[5], vs[17]}
 		tma = []BwdVariant{tma[1], tma[9], tma[len(tma)-3]}
+		bulk = bulk[:2]
 	}
-	for _, v := range append(vs, tma...) {
+	for _, v := range append(append(vs, tma...), bulk...) {
 		src, err := v.Source()
 		if err != nil {
 			t.Fatalf("%s: %v", v.Name(), err)
@@ -407,6 +409,19 @@ func TestBwdCompileHopper(t *testing.T) {
 			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v.Name(), grepLines(out.Stats.Log, "serialized"))
 		}
 	}
+}
+
+// bwdHopperBulkDQVariants returns the variants of bwdHopperVariants and
+// bwdHopperTMAVariants that take the atomic dQ by bulk reduce-adds.
+func bwdHopperBulkDQVariants() []BwdVariant {
+	var vs []BwdVariant
+	for _, v := range append(bwdHopperVariants(), bwdHopperTMAVariants()...) {
+		v.BulkDQ = true
+		if v.Validate() == nil {
+			vs = append(vs, v)
+		}
+	}
+	return vs
 }
 
 // TestHopperTable checks that the Hopper tile of every 16-bit head-dim pair
