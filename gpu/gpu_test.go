@@ -442,7 +442,7 @@ func TestForwardFlat(t *testing.T) {
 }
 
 // TestDropoutKeepMask reads the kernel's keep mask back through V = I (so
-// O[i, j] = keep(i, j)·P(i, j)/(1-p)) and compares it with package philox
+// O[i, j] = keep(i, j)·P(i, j)·256/T) and compares it with package philox
 // bit for bit, padded and packed.
 func TestDropoutKeepMask(t *testing.T) {
 	b := fwdBackend(t)
@@ -465,6 +465,10 @@ func TestDropoutKeepMask(t *testing.T) {
 					}
 				}
 				opt := attn.Options{Dropout: p, Seed: 0x1234_5678_9abc, Offset: 11}
+				th, err := philox.Threshold(p)
+				if err != nil {
+					t.Fatal(err)
+				}
 				if packed {
 					opt.CuSeqlensQ, opt.CuSeqlensK = []int32{0, int32(segQ[0]), int32(tq)}, []int32{0, int32(segK[0]), int32(tk)}
 				} else {
@@ -478,7 +482,7 @@ func TestDropoutKeepMask(t *testing.T) {
 				bad, kept, total := 0, 0, 0
 				for s, q0 := 0, 0; s < 2; q0, s = q0+segQ[s], s+1 {
 					for hh := 0; hh < h; hh++ {
-						mask := philox.NewMask(opt.Seed, opt.Offset, p, s, hh, h)
+						mask := philox.NewMask(opt.Seed, opt.Offset, th, s, hh, h)
 						for i := 0; i < segQ[s]; i++ {
 							for j := 0; j < segK[s]; j++ {
 								var o float32
@@ -505,7 +509,7 @@ func TestDropoutKeepMask(t *testing.T) {
 				if bad > 0 {
 					t.Fatalf("%d of %d keep decisions differ from philox", bad, total)
 				}
-				t.Logf("%d of %d kept (%.3f, want %.3f)", kept, total, float64(kept)/float64(total), 1-p)
+				t.Logf("%d of %d kept (%.3f, want %.3f)", kept, total, float64(kept)/float64(total), float64(th)/philox.Levels)
 				fwdCheck(t, dt, q, k, v, opt, res)
 			})
 		}
