@@ -199,7 +199,9 @@ func TestDropoutKeepMaskEmulated(t *testing.T) {
 // TestDropoutKeepMaskBackwardEmulated is TestDropoutKeepMaskBackward on the
 // host emulator: the backward kernels' keep mask read back through dV and
 // the sign of dQ (dropoutMaskInputs) on every backward kernel family, with
-// both dQ algorithms, compared with package philox bit for bit.
+// both dQ algorithms, compared with package philox bit for bit; and on the
+// mma.sync kernels with dK/dV tiles of 48 keys over 4×2 warps, whose
+// second warp column starts 8 keys into a 16-key block (drop_bits_any).
 func TestDropoutKeepMaskBackwardEmulated(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	const h, n, m = 2, 63, 120
@@ -216,5 +218,14 @@ func TestDropoutKeepMaskBackwardEmulated(t *testing.T) {
 				})
 			}
 		}
+	}
+	odd := kernels.BwdTiles{DKDV: kernels.BwdTile{BlockM: 64, BlockN: 48, Warps: 8, Stages: 2, MinBlocks: 1},
+		DQ: kernels.BwdTile{BlockM: 64, BlockN: 48, Warps: 8, Stages: 2, MinBlocks: 1}}
+	in := dropoutMaskInputs(t, attn.BFloat16, h, n, m)
+	for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+		t.Run(fmt.Sprintf("mma.sync-t64x48/%v", algo), func(t *testing.T) {
+			t.Parallel()
+			checkBackwardKeepMask(t, in, emuRunTiles(t, in, algo, false, emuMMA, odd))
+		})
 	}
 }

@@ -4,8 +4,8 @@ package kernels
 // (DropoutSource: the mapping of package philox, bit for bit) and
 // apply_dropout, which zeroes the dropped probabilities of a warp's S tile
 // from the keep bits drop_bits draws for it: one Philox call per lane per
-// 32 elements of the tile, the sixteen numbers of one row and 16-key block
-// a call shared by the quad that holds them (see dropMaskFuncs).
+// 16 of its elements, the sixteen numbers of one row and 16-key block a
+// call shared by the quad that holds them (see dropMaskFuncs).
 func (x *gen) dropoutFuncs() {
 	if !x.v.Dropout {
 		return

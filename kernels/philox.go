@@ -32,30 +32,39 @@ const DropoutSource = philoxFunc + dropMaskFuncs
 // philox4(j >> 4, i, b·H + h, offset; seed_lo, seed_hi), and the element is
 // kept when u < T (drop_threshold, round(256·(1 − p)), 1 … 255), a kept
 // probability scaled by 256/T (drop_scale). Both generators write it (in
-// DropoutSource) under dropout; the forward's apply_dropout (fwd_dropout.go) and the
-// backward's probs (bwd_source.go) take a warp's keep bits from
-// drop_bits, the non-finite fix-ups one element's u from drop_u8.
+// DropoutSource) under dropout; the forward's apply_dropout
+// (fwd_dropout.go) and the backward's probs (bwd_source.go) take a warp's
+// keep bits from drop_bits, the non-finite fix-ups one element's u from
+// drop_u8.
 //
 // drop_bits serves the mma C layout that every kernel's S fragment has:
 // lane (g, c) = (lane / 4, lane % 4) holds rows g and g + 8 of each 16-row
 // tile and keys 2c, 2c + 1 of each 8-key tile. One Philox call yields the
-// sixteen numbers of one row and one 16-key block, and the four lanes of
-// quad g hold exactly the numbers of rows g and g + 8 of every block, four
-// of each row per lane (keys 2c, 2c + 1 of both 8-key halves). So the
-// blocks are taken two at a time (two units: a unit is one row tile and
-// one 16-key block, 16 rows × 16 keys), and lane (g, c) draws row
-// g + 8·(c & 1) of unit 2q + (c >> 1): the quad draws the four calls its
-// own lanes need, and three xor-shuffles inside the quad give each lane
-// the 4 bytes it holds of each of them (the sender packs them with one
-// byte_perm). That is one Philox call per lane per 32 elements of the
-// fragment, the fewest possible (32 lanes, 16 numbers a call, 16 elements
-// per lane), where drawing per lane and 8-key tile as each lane needs
-// takes four, and no call is shared between quads, so no lane computes a
-// row it does not hold. A last unit without a partner is drawn by both
-// halves of the quad (half of that pair's calls wasted). The warp's first
-// key j0 is a multiple of 8; A = j0 mod 16 (0 or 8) is a template
-// argument, known where the tiling keeps every warp's keys 16-aligned
-// (drop_bits_any tests it otherwise).
+// sixteen numbers of one row and one 16-key block, of which a lane holds
+// four (keys 2c, 2c + 1 of both 8-key halves); the four lanes of quad g
+// hold all sixteen of rows g and g + 8. A unit, one row tile by one
+// 16-key block, takes 16 calls, and a lane holds 8 of its elements. The
+// arrangements considered:
+//
+//   - each lane drawing the calls of its own rows: 2 calls per unit for 8
+//     elements, a call per 4 elements, as many calls as the old mapping of
+//     a 32-bit word per key (no gain);
+//   - one call per row and block, drawn once and shared through the quad:
+//     16 calls per unit, half a call per lane, 16 elements per call, every
+//     number drawn used once, the fewest possible.
+//
+// drop_bits does the second with every lane busy: it takes the units two
+// at a time, and lane (g, c) draws row g + 8·(c & 1) of unit 2q + (c >> 1)
+// — the quad draws exactly the four calls its own lanes need — and three
+// xor-shuffles inside the quad hand each lane the four bytes it holds of
+// the other three (the sender packs them with one byte_perm). That is one
+// call per lane per 16 of its elements: a quarter of the forward's calls
+// before (one per lane per 8-key tile) and an eighth of the backward's
+// (one per lane, row and 8-key tile). A last unit without a partner is
+// drawn by both halves of the quad (half of that step's calls wasted). The
+// warp's first key j0 is a multiple of 8; A = j0 mod 16 (0 or 8) is a
+// template argument, known where the tiling keeps every warp's keys
+// 16-aligned (drop_bits_any branches on it otherwise, warp-uniformly).
 //
 // drop_keep4 compares four numbers with T at once in two 16-bit lanes:
 // u + (256 − T) carries into bit 8 of its lane exactly when u ≥ T.
