@@ -112,6 +112,10 @@ func TestNewProblemErrors(t *testing.T) {
 		{"dtype-mix", q, New(BFloat16, 1, 5, 2, 8), v, Options{}, ErrDType},
 		{"dropout-one", q, k, v, Options{Dropout: 1}, ErrOption},
 		{"dropout-negative", q, k, v, Options{Dropout: -0.1}, ErrOption},
+		// below and above the mask's resolution of 1/256 (package philox)
+		{"dropout-unresolved-small", q, k, v, Options{Dropout: 1e-3}, ErrOption},
+		{"dropout-half-step", q, k, v, Options{Dropout: 1.0 / 512}, ErrOption},
+		{"dropout-unresolved-large", q, k, v, Options{Dropout: 0.999}, ErrOption},
 		{"scale-nan", q, k, v, Options{Scale: nan}, ErrOption},
 		{"softcap-inf", q, k, v, Options{Softcap: math.Inf(1)}, ErrOption},
 		{"bias-shape", q, k, v, Options{Bias: &Bias{Tensor: New(Float32, 1, 4, 4, 4)}}, ErrShape},
@@ -124,6 +128,26 @@ func TestNewProblemErrors(t *testing.T) {
 				t.Fatalf("error %v, want %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestProblemDropout checks the resolved dropout threshold and scale:
+// T = round(256·(1 − p)) and 256/T, zero without dropout.
+func TestProblemDropout(t *testing.T) {
+	q, k, v := New(Float32, 1, 4, 2, 8), New(Float32, 1, 5, 2, 8), New(Float32, 1, 5, 2, 8)
+	tests := []struct {
+		p     float64
+		t     uint32
+		scale float64
+	}{{0, 0, 0}, {0.1, 230, 256.0 / 230}, {0.5, 128, 2}, {1 - 1.0/512, 1, 256}, {0.0025, 255, 256.0 / 255}}
+	for _, tc := range tests {
+		p, err := NewProblem(q, k, v, Options{Dropout: tc.p})
+		if err != nil {
+			t.Fatalf("p=%v: %v", tc.p, err)
+		}
+		if p.DropThreshold != tc.t || p.DropScale != tc.scale {
+			t.Errorf("p=%v: DropThreshold %d, DropScale %v; want %d, %v", tc.p, p.DropThreshold, p.DropScale, tc.t, tc.scale)
+		}
 	}
 }
 

@@ -43,8 +43,13 @@
 // in dropout(P)·V.
 //
 // Dropout with probability p in [0, 1) acts on P after the LSE is taken; its
-// keep mask is the Philox4x32-10 mapping documented in package philox, a pure
-// function of (Seed, Offset, b, h, i, j), which the backward regenerates.
+// keep mask is the Philox4x32-10 mapping defined in package philox, a pure
+// function of (Seed, Offset, b, h, i, j), which the backward regenerates. The
+// mask resolves p in steps of 1/256: it keeps T = round(256·(1 − p)) of the
+// 256 values of an element's 8-bit number and scales a kept probability by
+// 256/T, so that the expectation is unchanged for the p it draws,
+// 1 − T/256. A p in (0, 1) with T = 0 or 256 (p ≤ 1/512, p > 1 − 1/512) is
+// refused with ErrOption.
 // Options.DropoutAt shifts h, i and j to a place in a larger problem, so
 // that a call over one block of it draws that block's part of its mask.
 //

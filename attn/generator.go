@@ -8,9 +8,9 @@ import "sync"
 // from the generator's starting state.
 //
 // The keep mask of one call is Philox4x32-10 at counter
-// (key/4, query, batch·H + head, Offset) under the key Seed (see package
-// philox): a call uses the counters of one Offset value only, whatever its
-// shape. Advancing Offset by one per call therefore gives every call
+// (key/16, query, batch·H + head, Offset) under the key Seed (the mapping
+// is defined in package philox): a call uses the counters of one Offset
+// value only, whatever its shape. Advancing Offset by one per call therefore gives every call
 // counters that no other call uses; after 2^32 calls the offset wraps to 0
 // and the seed moves on by one. The backward of a call must use the pair
 // its forward drew: the Forwarded form of the root package keeps it.

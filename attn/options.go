@@ -57,7 +57,10 @@ type Options struct {
 	Align Align
 	// Window, when non-nil, keeps only keys within the window around the diagonal.
 	Window *Window
-	// Dropout is the probability of dropping an attention probability, in [0, 1).
+	// Dropout is the probability of dropping an attention probability, in
+	// [0, 1). The mask resolves it in steps of 1/256 (package philox): p
+	// runs as 1 − T/256 with T = round(256·(1 − p)), kept probabilities
+	// scaled by 256/T; 0 < p ≤ 1/512 and p > 1 − 1/512 are refused.
 	Dropout float64
 	// Seed and Offset select the dropout mask (see package philox).
 	Seed   uint64

@@ -3,6 +3,8 @@ package attn
 import (
 	"math"
 	"slices"
+
+	"github.com/flashattn/flashattn/philox"
 )
 
 // MaxHeadDim is the largest head dimension (DK or DV) flashattn accepts.
@@ -25,6 +27,12 @@ type Problem struct {
 	TotalQ, TotalK int
 	// Scale is the resolved scale (never 0).
 	Scale float64
+	// DropThreshold and DropScale are the resolved dropout (package
+	// philox): an element is kept when its 8-bit number is below
+	// DropThreshold, T = round(256·(1 − p)), and a kept probability is
+	// multiplied by DropScale = 256/T. Both are 0 without dropout.
+	DropThreshold uint32
+	DropScale     float64
 	// Left and Right are the effective window (negative: unbounded; see
 	// ResolveMask); Masked reports whether any mask applies.
 	Left, Right int
@@ -248,6 +256,13 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 	}
 	if !(opt.Dropout >= 0 && opt.Dropout < 1) {
 		return nil, Errorf(ErrOption, "dropout %v outside [0, 1)", opt.Dropout)
+	}
+	if opt.Dropout > 0 {
+		t, err := philox.Threshold(opt.Dropout)
+		if err != nil {
+			return nil, Errorf(ErrOption, "%v", err)
+		}
+		p.DropThreshold, p.DropScale = t, philox.Scale(t)
 	}
 	if opt.Align != AlignBottomRight && opt.Align != AlignTopLeft {
 		return nil, Errorf(ErrOption, "align %d is neither bottom-right nor top-left", int(opt.Align))

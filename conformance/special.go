@@ -7,12 +7,14 @@ import (
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/philox"
 )
 
 // dropoutFraction checks the kept fraction of a large dropout mask and that
 // the mask is exactly the Philox mapping of package philox. With q = 0 every
 // key of a row has probability 1/M, and with v the identity (DV = M), O[i, j]
-// is the dropped probability of key j: 1/(M·(1-p)) if kept, else 0.
+// is the dropped probability of key j: 1/M·256/T if kept (T = 212 of 256
+// at p = 0.17: the scale of the p the mask resolves, 1 − T/256), else 0.
 func dropoutFraction(t *testing.T, b attn.Backend, dt attn.DType, cfg Config) {
 	const p = 0.17
 	nb, n, m, h, hkv := 2, 256, 256, 4, 2
@@ -36,7 +38,11 @@ func dropoutFraction(t *testing.T, b attn.Backend, dt attn.DType, cfg Config) {
 	if t.Failed() {
 		return
 	}
-	want := 1 / (float64(m) * (1 - p))
+	th, err := philox.Threshold(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := philox.Scale(th) / float64(m)
 	kept := 0
 	for i, x := range res.O.Float64s() {
 		if (x != 0) != (ref.O[i] != 0) {
@@ -50,9 +56,9 @@ func dropoutFraction(t *testing.T, b attn.Backend, dt attn.DType, cfg Config) {
 			t.Fatalf("O[%d] = %v, want a kept value of %v", i, x, want)
 		}
 	}
-	frac := float64(kept) / float64(len(ref.O))
-	if math.Abs(frac-(1-p)) > 0.01 {
-		t.Errorf("kept fraction %.4f, want %.4f ± 0.01", frac, 1-p)
+	frac, keep := float64(kept)/float64(len(ref.O)), float64(th)/philox.Levels
+	if math.Abs(frac-keep) > 0.01 {
+		t.Errorf("kept fraction %.4f, want T/256 = %.4f ± 0.01", frac, keep)
 	}
 }
 

@@ -129,7 +129,7 @@ type call struct {
 	hasBias bool
 	scale   float32
 	softcap float32
-	inv     float32 // 1/(1-p) for dropout
+	inv     float32 // the scale of a kept probability: 256/T under dropout (attn.Problem.DropScale), else 1
 	// kblk[b] is the index of the first key block of segment b in the
 	// packed key buffers; kblk[B] is their number per key head.
 	kblk []int
@@ -164,8 +164,10 @@ func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &call{p: p, segs: segments(p), scale: float32(p.Scale), softcap: float32(opt.Softcap),
-		inv: float32(1 / (1 - opt.Dropout))}
+	c := &call{p: p, segs: segments(p), scale: float32(p.Scale), softcap: float32(opt.Softcap), inv: 1}
+	if opt.Dropout > 0 {
+		c.inv = float32(p.DropScale)
+	}
 	if opt.Softcap > 0 && (c.softcap == 0 || math.IsInf(float64(c.softcap), 0)) {
 		return nil, attn.Errorf(attn.ErrUnsupported, "softcap %v is outside the float32 range", opt.Softcap)
 	}
@@ -461,7 +463,7 @@ func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh b
 func (c *call) dropMask(sc *scratch, sg seg, h, i, j0, cols int) []bool {
 	o := c.p.Opt
 	head, heads, qo, ko := c.p.DropoutPlace(h)
-	philox.NewMask(o.Seed, o.Offset, o.Dropout, sg.b, head, heads).KeepRow(i+qo, j0+ko, sc.keep[:cols])
+	philox.NewMask(o.Seed, o.Offset, c.p.DropThreshold, sg.b, head, heads).KeepRow(i+qo, j0+ko, sc.keep[:cols])
 	return sc.keep[:cols]
 }
 

@@ -263,7 +263,7 @@ func (e *engine) rowKeep(b, h, i, lo int, keep []bool) {
 		return
 	}
 	head, heads, qo, ko := e.p.DropoutPlace(h)
-	philox.NewMask(e.p.Opt.Seed, e.p.Opt.Offset, e.dropout, b, head, heads).KeepRow(i+qo, lo+ko, keep)
+	philox.NewMask(e.p.Opt.Seed, e.p.Opt.Offset, e.p.DropThreshold, b, head, heads).KeepRow(i+qo, lo+ko, keep)
 }
 
 // parallel runs f(t) for t in [0, n) on up to GOMAXPROCS goroutines. Each
@@ -307,7 +307,7 @@ func (e *engine) forward() {
 		e.o = make([]float64, p.B*p.N*p.H*p.DV)
 		e.lse = make([]float64, p.B*p.H*p.N)
 	}
-	inv := 1 / (1 - e.dropout)
+	inv := e.p.DropScale // 256/T (package philox)
 	parallel(p.B*p.H, func(t int) {
 		b, h := t/p.H, t%p.H
 		kh := h / p.Group()
@@ -364,7 +364,7 @@ func (e *engine) backward() *RefGrads {
 	if wantDBias {
 		g.DBias = make([]float64, len(e.bias))
 	}
-	inv := 1 / (1 - e.dropout)
+	inv := e.p.DropScale // 256/T (package philox)
 	task := func(t int) {
 		b, kh := t/p.Hkv, t%p.Hkv
 		_, n, _, m := p.Segment(b)

@@ -48,9 +48,16 @@ var bwdEmuTMAKernels = []string{kernels.BwdDKDVKernel, kernels.BwdDQKernel}
 // headMajor stores the inputs [B, H, N, D].
 func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind emuKernels) attn.Gradients {
 	t.Helper()
+	return emuRunTiles(t, in, algo, headMajor, kind, kernels.BwdTiles{})
+}
+
+// emuRunTiles is emuRunOn with the tiles of the plan's kernels (zero: the
+// tile table's).
+func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind emuKernels, tiles kernels.BwdTiles) attn.Gradients {
+	t.Helper()
 	dt := in.q.DType
 	ar := &emuArena{}
-	var a bwdArgs
+	a := bwdArgs{Tiles: tiles}
 	for _, x := range []struct {
 		t   attn.Tensor
 		dst *bwdView

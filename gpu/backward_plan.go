@@ -6,7 +6,6 @@ import (
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/kernels"
-	"github.com/flashattn/flashattn/philox"
 )
 
 // bwdView is a tensor in device memory as the backward kernels read it:
@@ -196,9 +195,8 @@ func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
 	if c := p.Opt.Softcap; c > 0 {
 		kp.Softcap, kp.InvSoftcap = float32(c), float32(1/c)
 	}
-	if d := p.Opt.Dropout; d > 0 {
-		kp.DropScale = float32(1 / (1 - d))
-		kp.DropThreshold = philox.Threshold(d)
+	if p.Opt.Dropout > 0 {
+		kp.DropThreshold, kp.DropScale = p.DropThreshold, float32(p.DropScale)
 		kp.SeedLo, kp.SeedHi = uint32(p.Opt.Seed), uint32(p.Opt.Seed>>32)
 		kp.DropOffs = p.Opt.Offset
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/flashattn/flashattn/cpu"
 	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
+	"github.com/flashattn/flashattn/philox"
 )
 
 // bwdDev is the device the backward tests share.
@@ -164,15 +165,22 @@ func (c bwdCase) inputs(t testing.TB, dt attn.DType, seed uint64) bwdInputs {
 		}
 		in.opt.Bias = &attn.Bias{Tensor: randTensor(r, bdt, 1, c.bias[0], c.bias[1], c.n, c.m), RequiresGrad: c.biasGrad}
 	}
+	in.forward(t)
+	in.dO = randTensor(r, dt, 1, in.p.OutputShape()...)
+	return in
+}
+
+// forward sets the problem, O (in q's dtype) and the LSE of the inputs
+// from cpu.Reference.
+func (in *bwdInputs) forward(t testing.TB) {
+	t.Helper()
 	ref, err := cpu.Reference(in.q, in.k, in.v, in.opt)
 	if err != nil {
 		t.Fatalf("reference: %v", err)
 	}
 	in.p = ref.Problem
-	in.o = fromF64(dt, ref.O, in.p.OutputShape())
+	in.o = fromF64(in.q.DType, ref.O, in.p.OutputShape())
 	in.lse = fromF64(attn.Float32, ref.LSE, in.p.LSEShape())
-	in.dO = randTensor(r, dt, 1, in.p.OutputShape()...)
-	return in
 }
 
 // bwdPoison is the byte every output and guard is filled with: NaN in
@@ -1062,4 +1070,98 @@ func maxErr(got, ref []float64) (e float64, at int, s float64) {
 		s = max(s, math.Abs(ref[i]))
 	}
 	return e, at, s
+}
+
+// dropoutMaskInputs returns a backward problem whose gradients expose the
+// dropout keep mask element by element: b = 2 sequences of n queries over
+// m keys, h heads (no GQA), dropout 0.3, q = 0 (every visible P = 1/m),
+// K the identity (DK = m: key j is e_j), every value e_0 and
+// dO_i = e_0 + e_{i+1} (DV = n + 1). Then dV[j, i + 1] = keep(i, j)·256/(T·m)
+// (the dK/dV kernel's dropped P), and dS_ij = (keep(i, j)·256/T − Δ_i)/m with
+// Δ_i = O_i[0] = (kept keys of row i)·256/(T·m), so dQ[i, j] = scale·dS_ij is
+// positive where key j is kept and negative where it is dropped (for a row
+// that keeps some keys and drops others). O and the LSE come from
+// cpu.Reference.
+func dropoutMaskInputs(t testing.TB, dt attn.DType, h, n, m int) bwdInputs {
+	t.Helper()
+	var in bwdInputs
+	in.opt = attn.Options{Dropout: 0.3, Seed: 0x0ddba11_5eed, Offset: 5}
+	in.q = attn.New(dt, 2, n, h, m)
+	in.k = attn.New(dt, 2, m, h, m)
+	in.v = attn.New(dt, 2, m, h, n+1)
+	in.dO = attn.New(dt, 2, n, h, n+1)
+	for b := 0; b < 2; b++ {
+		for hh := 0; hh < h; hh++ {
+			for j := 0; j < m; j++ {
+				in.k.Set(1, b, j, hh, j)
+				in.v.Set(1, b, j, hh, 0)
+			}
+			for i := 0; i < n; i++ {
+				in.dO.Set(1, b, i, hh, 0)
+				in.dO.Set(1, b, i, hh, i+1)
+			}
+		}
+	}
+	in.forward(t)
+	return in
+}
+
+// checkBackwardKeepMask compares the keep mask that g (the gradients of
+// dropoutMaskInputs) exposes through dV (the dK/dV kernel's P) and the
+// sign of dQ (dS, in whichever kernel computes dQ) with package philox bit
+// for bit, then the gradients with the oracle.
+func checkBackwardKeepMask(t *testing.T, in bwdInputs, g attn.Gradients) {
+	t.Helper()
+	p := in.p
+	bad := 0
+	for b := 0; b < p.B; b++ {
+		for h := 0; h < p.H; h++ {
+			mask := philox.NewMask(in.opt.Seed, in.opt.Offset, p.DropThreshold, b, h, p.H)
+			for i := 0; i < p.N; i++ {
+				kept := 0
+				for j := 0; j < p.M; j++ {
+					if mask.Keep(i, j) {
+						kept++
+					}
+				}
+				mixed := kept > 0 && kept < p.M
+				for j := 0; j < p.M; j++ {
+					want := mask.Keep(i, j)
+					dv, dq := g.DV.At(b, j, h, i+1), g.DQ.At(b, i, h, j)
+					if (dv != 0) != want || mixed && (dq > 0) != want {
+						if bad < 5 {
+							t.Errorf("batch %d head %d (i %d, j %d): dV = %v, dQ = %v, keep = %v", b, h, i, j, dv, dq, want)
+						}
+						bad++
+					}
+				}
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d keep decisions of the backward differ from philox", bad)
+	}
+	ref, naive := in.oracles(t)
+	checkGrads(t, in.q.DType, g, ref, naive)
+}
+
+// TestDropoutKeepMaskBackward reads the backward kernels' keep mask back
+// through dV and dQ (dropoutMaskInputs) on every kernel family, with both
+// dQ algorithms, and compares it with package philox bit for bit.
+func TestDropoutKeepMaskBackward(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	forBwdFamilies(t, dev, func(t *testing.T, fam bwdFamily) {
+		for _, dt := range []attn.DType{attn.BFloat16, attn.Float16, attn.Float32} {
+			const h, n, m = 2, 127, 200
+			if fam.hopper && !bwdHopperDims(dt, m, n+1) {
+				continue
+			}
+			in := dropoutMaskInputs(t, dt, h, n, m)
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				t.Run(fmt.Sprintf("%v/%v", dt, algo), func(t *testing.T) {
+					checkBackwardKeepMask(t, in, bwdRun(t, dev, s, in, algo))
+				})
+			}
+		}
+	})
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
-	"github.com/flashattn/flashattn/philox"
 )
 
 // launch is one planned forward kernel launch.
@@ -266,8 +265,7 @@ func fwdParams(r fwdRequest) kernels.Params {
 		pr.BiasStrideB, pr.BiasStrideH, pr.BiasStrideN, pr.BiasStrideM = z(0), z(1), z(2), z(3)
 	}
 	if opt.Dropout > 0 {
-		pr.DropThreshold = philox.Threshold(opt.Dropout)
-		pr.DropScale = float32(1 / (1 - opt.Dropout))
+		pr.DropThreshold, pr.DropScale = r.p.DropThreshold, float32(r.p.DropScale)
 		pr.SeedLo, pr.SeedHi = uint32(opt.Seed), uint32(opt.Seed>>32)
 		pr.DropOffset = opt.Offset
 	}

@@ -442,74 +442,91 @@ func TestForwardFlat(t *testing.T) {
 }
 
 // TestDropoutKeepMask reads the kernel's keep mask back through V = I (so
-// O[i, j] = keep(i, j)·P(i, j)/(1-p)) and compares it with package philox
+// O[i, j] = keep(i, j)·P(i, j)·256/T) and compares it with package philox
 // bit for bit, padded and packed.
 func TestDropoutKeepMask(t *testing.T) {
 	b := fwdBackend(t)
 	for _, dt := range []attn.DType{attn.BFloat16, attn.Float32} {
 		for _, packed := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v-packed=%v", dt, packed), func(t *testing.T) {
-				const h, m, dk, p = 3, 200, 32, 0.3
-				segQ, segK := []int{100, 57}, []int{m, 150}
-				if !packed {
-					segQ, segK = []int{100, 100}, []int{m, m}
-				}
-				r := rand.New(rand.NewPCG(1, 2))
-				tq, tk := segQ[0]+segQ[1], segK[0]+segK[1]
-				q := fwdRand(r, dt, 0.5, tq, h, dk)
-				k := fwdRand(r, dt, 0.5, tk, 1, dk)
-				v := attn.New(dt, tk, 1, m)
-				for s, k0 := 0, 0; s < 2; k0, s = k0+segK[s], s+1 {
-					for j := 0; j < segK[s]; j++ {
-						v.Set(1, k0+j, 0, j)
+				checkForwardKeepMask(t, dt, packed, 3, 200, 100, 57, func(q, k, v attn.Tensor, opt attn.Options) attn.Result {
+					res, err := b.Forward(q, k, v, opt)
+					if err != nil {
+						t.Fatalf("Forward: %v", err)
 					}
-				}
-				opt := attn.Options{Dropout: p, Seed: 0x1234_5678_9abc, Offset: 11}
-				if packed {
-					opt.CuSeqlensQ, opt.CuSeqlensK = []int32{0, int32(segQ[0]), int32(tq)}, []int32{0, int32(segK[0]), int32(tk)}
-				} else {
-					q.Shape, k.Shape, v.Shape = []int{2, 100, h, dk}, []int{2, m, 1, dk}, []int{2, m, 1, m}
-					q.Strides, k.Strides, v.Strides = nil, nil, nil
-				}
-				res, err := b.Forward(q, k, v, opt)
-				if err != nil {
-					t.Fatalf("Forward: %v", err)
-				}
-				bad, kept, total := 0, 0, 0
-				for s, q0 := 0, 0; s < 2; q0, s = q0+segQ[s], s+1 {
-					for hh := 0; hh < h; hh++ {
-						mask := philox.NewMask(opt.Seed, opt.Offset, p, s, hh, h)
-						for i := 0; i < segQ[s]; i++ {
-							for j := 0; j < segK[s]; j++ {
-								var o float32
-								if packed {
-									o = res.O.At(q0+i, hh, j)
-								} else {
-									o = res.O.At(s, i, hh, j)
-								}
-								want := mask.Keep(i, j)
-								if (o != 0) != want {
-									if bad < 5 {
-										t.Errorf("segment %d head %d (i %d, j %d): O = %v, keep = %v", s, hh, i, j, o, want)
-									}
-									bad++
-								}
-								if want {
-									kept++
-								}
-								total++
-							}
-						}
-					}
-				}
-				if bad > 0 {
-					t.Fatalf("%d of %d keep decisions differ from philox", bad, total)
-				}
-				t.Logf("%d of %d kept (%.3f, want %.3f)", kept, total, float64(kept)/float64(total), 1-p)
-				fwdCheck(t, dt, q, k, v, opt, res)
+					return res
+				})
 			})
 		}
 	}
+}
+
+// checkForwardKeepMask runs a forward call through run whose V is the
+// identity (DV = m keys; two sequences of n and, packed, n2 queries over m
+// and m·3/4 keys, h heads, dropout 0.3) so that O[i, j] is key j's dropped
+// probability, and compares O ≠ 0 with package philox's keep decisions bit
+// for bit, then O with the oracle.
+func checkForwardKeepMask(t *testing.T, dt attn.DType, packed bool, h, m, n, n2 int, run func(q, k, v attn.Tensor, opt attn.Options) attn.Result) {
+	t.Helper()
+	const dk, p = 32, 0.3
+	segQ, segK := []int{n, n2}, []int{m, m * 3 / 4}
+	if !packed {
+		segQ, segK = []int{n, n}, []int{m, m}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	tq, tk := segQ[0]+segQ[1], segK[0]+segK[1]
+	q := fwdRand(r, dt, 0.5, tq, h, dk)
+	k := fwdRand(r, dt, 0.5, tk, 1, dk)
+	v := attn.New(dt, tk, 1, m)
+	for s, k0 := 0, 0; s < 2; k0, s = k0+segK[s], s+1 {
+		for j := 0; j < segK[s]; j++ {
+			v.Set(1, k0+j, 0, j)
+		}
+	}
+	opt := attn.Options{Dropout: p, Seed: 0x1234_5678_9abc, Offset: 11}
+	th, err := philox.Threshold(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if packed {
+		opt.CuSeqlensQ, opt.CuSeqlensK = []int32{0, int32(segQ[0]), int32(tq)}, []int32{0, int32(segK[0]), int32(tk)}
+	} else {
+		q.Shape, k.Shape, v.Shape = []int{2, n, h, dk}, []int{2, m, 1, dk}, []int{2, m, 1, m}
+		q.Strides, k.Strides, v.Strides = nil, nil, nil
+	}
+	res := run(q, k, v, opt)
+	bad, kept, total := 0, 0, 0
+	for s, q0 := 0, 0; s < 2; q0, s = q0+segQ[s], s+1 {
+		for hh := 0; hh < h; hh++ {
+			mask := philox.NewMask(opt.Seed, opt.Offset, th, s, hh, h)
+			for i := 0; i < segQ[s]; i++ {
+				for j := 0; j < segK[s]; j++ {
+					var o float32
+					if packed {
+						o = res.O.At(q0+i, hh, j)
+					} else {
+						o = res.O.At(s, i, hh, j)
+					}
+					want := mask.Keep(i, j)
+					if (o != 0) != want {
+						if bad < 5 {
+							t.Errorf("segment %d head %d (i %d, j %d): O = %v, keep = %v", s, hh, i, j, o, want)
+						}
+						bad++
+					}
+					if want {
+						kept++
+					}
+					total++
+				}
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d keep decisions differ from philox", bad, total)
+	}
+	t.Logf("%d of %d kept (%.3f, want %.3f)", kept, total, float64(kept)/float64(total), float64(th)/philox.Levels)
+	fwdCheck(t, dt, q, k, v, opt, res)
 }
 
 // TestRepeatBitIdentical runs one fwdProblem 50 times through the device API

@@ -44,11 +44,12 @@ import (
 // cpu.ReferenceBackward, a row with LSE = −inf (it sees no key with a
 // finite score) contributes nothing, a visible NaN reaches what it touches
 // (0·NaN at a dropped key included), and the scores take the main loop's
-// transforms (scale, softcap, bias, dropout's keep mask and 1/(1−p)).
+// transforms (scale, softcap, bias, dropout's keep mask and scale 256/T).
 
 // nfFuncs writes the slow path's device functions: nf_bad and nf_fold,
 // nf_pair (a visible pair's P and dS), nf_keys and nf_query. It uses
-// visible, philox4, the conversions and ex2f, so it comes after them.
+// visible, drop_u8 (under dropout), the conversions and ex2f, so it comes
+// after them.
 func (g *bwdGen) nfFuncs(b *strings.Builder) {
 	nfBad(b)
 	g.nfPair(b)
@@ -113,8 +114,7 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
 	}
 	b.WriteString("  pd = pr;\n")
 	if v.Dropout {
-		b.WriteString(`  const uint4 w = philox4((unsigned)(j >> 2), (unsigned)i, (unsigned)(b * p.H + h), p.drop_offset, p.seed_lo, p.seed_hi);
-  const bool kept = ((j & 2) ? ((j & 1) ? w.w : w.z) : ((j & 1) ? w.y : w.x)) < p.drop_threshold;
+		b.WriteString(`  const bool kept = drop_u8((unsigned)i, (unsigned)j, (unsigned)(b * p.H + h), p.drop_offset, p.seed_lo, p.seed_hi) < p.drop_threshold;
   dp = kept ? dp * p.drop_scale : 0.f;  // (a dropped key's dO·V is not taken)
   pd = kept ? pr * p.drop_scale : 0.f;
 `)

@@ -36,8 +36,8 @@ type BwdParams struct {
 	BiasBatches, BiasHeads   int32 // dBias shape [BiasBatches, BiasHeads, N, M]
 	Scale, ScaleLog2         float32
 	Softcap, InvSoftcap      float32
-	DropScale                float32 // 1/(1-p)
-	DropThreshold            uint32  // keep when the Philox word is below it
+	DropScale                float32 // dropout: 256/T (package philox)
+	DropThreshold            uint32  // dropout: T = round(256·(1 − p)); keep when the element's 8-bit number is below it
 	SeedLo, SeedHi, DropOffs uint32
 }
 

@@ -110,7 +110,8 @@ func (g *bwdGen) preludeTypes(b *strings.Builder) {
 }
 
 // preludePrimitives writes the PTX wrappers, the matrix products' helpers,
-// the atomic adds, Philox and the mask's helpers.
+// the atomic adds, Philox, the dropout mask's functions and the mask's
+// helpers.
 func (g *bwdGen) preludePrimitives(b *strings.Builder) {
 	v := g.v
 	b.WriteString(PrimitivesBegin + "\n")
@@ -152,7 +153,9 @@ DEV void unpack2(u32 x, float& a, float& b_) { %s }
 	if v.AtomicDQ {
 		b.WriteString(redAddPair)
 	}
-	b.WriteString(philoxFunc)
+	if v.Dropout {
+		b.WriteString(DropoutSource)
+	}
 	if v.Masked() {
 		b.WriteString(`// visible reports whether key j (of m) is in the window of query i; off places the diagonal.
 __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, int right) {
@@ -482,6 +485,12 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 	if g.mma {
 		fmt.Fprintf(b, "    unsigned pk[%d][%d][2];\n", st.MT, st.NT)
 	}
+	if v.Dropout {
+		// keys start at j0 + wns·TN with j0 a multiple of BlockN (16·k): 16-aligned when TN is
+		fmt.Fprintf(b, "    u32 dkeep[%d][%d];  // dropout keep bits of this warp's S tile: bit 4·(nt %% 8) + e keeps element e of (mt, nt)\n    %s\n",
+			st.MT, (st.NT+7)/8, dropBitsCall("dkeep", fmt.Sprint(st.MT), fmt.Sprint(st.NT), st.TN%16 == 0,
+				fmt.Sprintf("i0 + wms * %d", st.TM), fmt.Sprintf("j0 + wns * %d", st.TN), "(u32)(b * p.H + h)", "p"))
+	}
 	bwdPairLoop(b, st)
 	b.WriteString(`      (void)qi;
       float x[2];
@@ -510,8 +519,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
 `)
 	if v.Dropout {
-		b.WriteString(`      const uint4 w = philox4((unsigned)(kj >> 2), (unsigned)qi, (unsigned)(b * p.H + h), p.drop_offset, p.seed_lo, p.seed_hi);
-      const bool k0 = ((kj & 2) ? w.z : w.x) < p.drop_threshold, k1 = ((kj & 2) ? w.w : w.y) < p.drop_threshold;
+		b.WriteString(`      const bool k0 = (dkeep[mt][nt >> 3] >> (4 * (nt & 7) + 2 * hh)) & 1u, k1 = (dkeep[mt][nt >> 3] >> (4 * (nt & 7) + 2 * hh + 1)) & 1u;
 `)
 		if storeP {
 			fmt.Fprintf(b, "      st_pair(%s, k0 ? p0 * p.drop_scale : 0.f, k1 ? p1 * p.drop_scale : 0.f);\n", g.at("sP"))

@@ -69,7 +69,7 @@ func TestBwdSourceMatrix(t *testing.T) {
 		if strings.Count(src, "{") != strings.Count(src, "}") {
 			t.Errorf("%s: unbalanced braces", v.Name())
 		}
-		if v.Dropout != strings.Contains(src, "philox4((unsigned)") {
+		if v.Dropout != (strings.Contains(src, "(dkeep, (u32)(i0 + wms * ") && strings.Contains(src, "DEV void drop_bits(")) {
 			t.Errorf("%s: dropout code present = %v", v.Name(), !v.Dropout)
 		}
 		// (the non-finite fix-up's done counter aside)
@@ -276,11 +276,11 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 			t.Fatalf("%s: %v", v.Name(), err)
 		}
 		for sub, want := range map[string]bool{
-			"philox4((unsigned)(j >> 2)":   v.Dropout,
-			"tanhf(s * p.scale":            v.Softcap,
-			"sv += bt_to_f(p.bias":         v.Biased(),
-			"if (use) p.dbias_scratch[":    v.BiasGrad,
-			"if (p.right >= 0) ilo = max(": v.Masked(),
+			"drop_u8((unsigned)i, (unsigned)j": v.Dropout,
+			"tanhf(s * p.scale":                v.Softcap,
+			"sv += bt_to_f(p.bias":             v.Biased(),
+			"if (use) p.dbias_scratch[":        v.BiasGrad,
+			"if (p.right >= 0) ilo = max(":     v.Masked(),
 		} {
 			if got := strings.Contains(src, sub); got != want {
 				t.Errorf("%s: source has %q: %v, want %v", v.Name(), sub, got, want)

@@ -43,7 +43,7 @@ const quadRowSum = `#pragma unroll
 `
 
 // epilogue writes the final normalization and the stores of O and LSE:
-// O = acc / l (times 1/(1−p) under dropout), LSE = (max·SC + log2 l)·ln 2;
+// O = acc / l (times 256/T under dropout), LSE = (max·SC + log2 l)·ln 2;
 // a row with l = 0 (no visible key) gets O = 0 and LSE = −inf, a row with
 // a NaN score (a NaN in its query or in a key it sees: l is NaN) O = NaN
 // and LSE = NaN. Each thread folds the O values it writes into nf_o, the

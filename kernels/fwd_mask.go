@@ -109,7 +109,7 @@ func (x *gen) maskApply() {
 // with t the score in base-2 units (scale, softcap, bias) and L_i the
 // row's base-2 LSE, read back from the stored LSE (computed again with
 // nf_lse2 for a variant that stores none), times dropout's keep mask and
-// 1/(1−p). The last fix-up block to finish clears the flag and its done
+// scale 256/T (drop_u8, package philox). The last fix-up block to finish clears the flag and its done
 // counter. As in cpu.Reference, a visible key's NaN
 // or Inf reaches the row even when dropout drops the key (0·NaN), a row
 // with L = −inf gets O = 0 and one with L = NaN (a NaN score) keeps O = NaN
@@ -120,7 +120,7 @@ func (x *gen) maskApply() {
 
 // nfFixupFuncs writes nf_rows, the slow path of the non-finite fix-up
 // (and its helpers), and the fix-up kernel that runs it (nfFixupKernel).
-// It uses bias_load, philox4 and store_elem, so it comes after them.
+// It uses bias_load, drop_u8 and store_elem, so it comes after them.
 func (x *gen) nfFixupFuncs() {
 	x.nfLoad()
 	x.nfScore()
@@ -273,8 +273,7 @@ DEV void nf_rows(const Params& p, int b, int h, int m0, int rows, i64 qs, int dl
           pr = exp2f(nf_score(p, qrow, gK + (i64)j * k_rs, brow, j) - l2);
 `)
 	if v.Dropout {
-		x.raw(`          const uint4 w = philox4((u32)j >> 2, (u32)i, (u32)(b * p.h + h), p.drop_offset, p.seed_lo, p.seed_hi);
-          const u32 u = (j & 3) == 0 ? w.x : (j & 3) == 1 ? w.y : (j & 3) == 2 ? w.z : w.w;
+		x.raw(`          const u32 u = drop_u8((u32)i, (u32)j, (u32)(b * p.h + h), p.drop_offset, p.seed_lo, p.seed_hi);
           pr = u < p.drop_threshold ? pr * p.drop_scale : 0.f;  // a dropped key still multiplies its value
 `)
 	}

@@ -41,7 +41,8 @@ Flags:
                             diagonal alignment when N != M (default bottom-right)
   --window L,R              keep keys from diagonal-L to diagonal+R (negative: unbounded)
   --softcap X               softcap X*tanh(s/X) (default 0: off)
-  --dropout P               dropout probability in [0, 1)
+  --dropout P               dropout probability: 0, or 1/512 < P <= 1-1/512 (drawn
+                            as the nearest multiple of 1/256; see package philox)
   --deterministic           demand bit-identical results (deterministic dQ)
   --warmup DURATION         least warm-up after the first run (default 50ms
                             on the CPU, 25ms on a GPU)

@@ -49,7 +49,8 @@ Flags:
                             negative or wider than the sequences is unbounded)
   --softcap X               softcap X*tanh(s/X) (default 0: off)
   --scale S                 score scale (default 0: 1/sqrt(DK))
-  --dropout P               dropout probability in [0, 1)
+  --dropout P               dropout probability: 0, or 1/512 < P <= 1-1/512 (drawn
+                            as the nearest multiple of 1/256; see package philox)
   --seed N                  dropout seed
   --offset N                dropout counter offset
   --cu-seqlens-q LIST       cumulative query offsets, e.g. 0,5,5,40

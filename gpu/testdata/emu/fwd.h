@@ -34,15 +34,6 @@ inline u32 tid_x() { return threadIdx.x; }
 inline float bf16_to_f32(u16 h) { return emu_bf2f(h); }
 inline float f16_to_f32(u16 h) { return emu_h2f(h); }
 
-inline u32 __shfl_xor_sync(unsigned, u32 v, int m) {
-  EmuWarpX& x = emu_wx[emu_warp()];
-  x.u[emu_lane()][0] = v;
-  emu_warp_sync();
-  const u32 r = x.u[emu_lane() ^ m][0];
-  emu_warp_sync();
-  return r;
-}
-
 inline void ldsm4(u32 (&r)[4], u32 a) { emu_ldsm(r, 4, false, a); }
 inline void ldsm4t(u32 (&r)[4], u32 a) { emu_ldsm(r, 4, true, a); }
 inline void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) { mma16816(c, a, b0, b1); }

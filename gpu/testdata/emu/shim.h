@@ -311,6 +311,14 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
   emu_warp_sync();
   return r;
 }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int m) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.u[emu_lane()][0] = v;
+  emu_warp_sync();
+  const unsigned r = x.u[emu_lane() ^ m][0];
+  emu_warp_sync();
+  return r;
+}
 
 // __syncthreads_or(pred): a barrier that returns whether pred was set in any thread. Call k of a
 // thread uses accumulator k mod 3 and clears the one of call k + 1: every thread has read that one
