@@ -14,6 +14,7 @@
 #
 #   CGO_ENABLED=0 go test -c -o .bin/gpu.test ./gpu
 #   CGO_ENABLED=0 go build -o .bin/flashattn ./cmd/flashattn
+#   CGO_ENABLED=0 go build -o .bin/benchfwd ./gpu/internal/benchfwd   (tiles)
 #
 # then, on the GPU machine, from the repository root with .bin copied along:
 #
@@ -28,7 +29,9 @@
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
-# bwdcheck, bwdtime; default all; each step fits one 10-minute call).
+# bwdcheck, bwdtime, tiles; default all but tiles; each step fits one
+# 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
+# -only hsweep`, under this pipeline; default ws,pingpong,early-rescale).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}
@@ -37,6 +40,7 @@ SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128
 ROUNDS=${ROUNDS:-2}
 BWD_SHAPES=${BWD_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:24:4608:128 4:32:4096:64 4:32:4096:64:causal}
 STEPS=${STEPS:-check,time,bwdcheck,bwdtime}
+TILE_PIPELINE=${TILE_PIPELINE:-ws,pingpong,early-rescale}
 BIN=$ROOT/.bin/flashattn
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -130,5 +134,10 @@ fi
 if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"
 	summarize "$OUT/bwdtimes.txt" "separate atomic bulk" >>"$SUMMARY"
+fi
+if [[ ",$STEPS," == *",tiles,"* ]]; then
+	FLASHATTN_FWD_PIPELINE=$TILE_PIPELINE timeout --kill-after=10 540 "$ROOT/.bin/benchfwd" -only hsweep -reps 20 >"$OUT/tiles.log" 2>&1
+	echo "tiles ($TILE_PIPELINE) rc=$?" >>"$SUMMARY"
+	tail -n 60 "$OUT/tiles.log" >>"$SUMMARY"
 fi
 cat "$SUMMARY"

@@ -163,7 +163,7 @@ func TestDropoutMaskEmulated(t *testing.T) {
 // package philox bit for bit, on every forward kernel family (the mma.sync
 // kernels in bf16 and fp32, padded and packed; the Hopper kernels with
 // tiles by cp.async, padded and packed, by tensor maps, warp-specialized,
-// ping-pong).
+// ping-pong, persistent).
 func TestDropoutKeepMaskEmulated(t *testing.T) {
 	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
 	kinds := []struct {
@@ -176,6 +176,7 @@ func TestDropoutKeepMaskEmulated(t *testing.T) {
 		{"tensor-maps", emuHopperTMA, []attn.DType{attn.Float16}},
 		{"warp-specialized", emuHopperWS, []attn.DType{attn.BFloat16}},
 		{"ping-pong", emuHopperPP, []attn.DType{attn.BFloat16}},
+		{"persistent", emuHopperPT, []attn.DType{attn.BFloat16}},
 	}
 	for _, kd := range kinds {
 		for _, dt := range kd.dts {

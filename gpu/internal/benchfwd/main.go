@@ -98,8 +98,10 @@ func main() {
 	}
 	// Hopper kernel tiles (two or three warpgroups of 64 rows; keys per tile)
 	hop := map[int][]kernels.Tile{
-		64:  {hl(128, 64), hl(192, 64), hl(128, 32), hl(128, 48)},
-		128: {hl(128, 128), hl(128, 96), hl(128, 64), hl(128, 80)},
+		// (the wider key tiles for the warp-specialized pipelines, whose compute warpgroups have
+		// 240 registers: FLASHATTN_FWD_PIPELINE)
+		64:  {hl(128, 64), hl(192, 64), hl(128, 32), hl(128, 48), hl(128, 128), hl(128, 192), hl(192, 128)},
+		128: {hl(128, 128), hl(128, 96), hl(128, 64), hl(128, 80), hl(128, 144), hl(128, 160), hl(128, 176)},
 		256: {hl(128, 64), hl(128, 80), hl(192, 48)},
 		199: {hl(128, 64), hl(128, 80), hl(128, 96), hl(192, 48)},
 		208: {hl(128, 64), hl(192, 48)},
