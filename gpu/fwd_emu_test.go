@@ -85,7 +85,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	l.params.NFFlag = ar.put(make([]byte, 8)) // the stream's non-finite flag and done counter, zero
+	l.params.NFFlag = ar.put(make([]byte, 16)) // the stream's non-finite flag and done counter, a persistent launch's tile counter and CTAs done: zero
 	if part != nil && !l.v.FlatStaged {
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
@@ -114,8 +114,8 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 	// the main kernel, then the non-finite fix-up on a few blocks (so that they stride over the CTAs)
 	fix := [3]int{int(kernels.NonFiniteBlocks(l.grid, 3)), 1, 1}
 	emuExec(t, bin, l.v.Name(), params, ar, []emuLaunch{{kernels.KernelName, grid, l.v.Threads()}, {kernels.NonFiniteKernel, fix, l.v.Threads()}}, nil)
-	if flag := ar.at(l.params.NFFlag, 8); !bytes.Equal(flag, make([]byte, 8)) {
-		t.Fatalf("non-finite flag and counter %v after the fix-up, want zero", flag)
+	if flag := ar.at(l.params.NFFlag, 16); !bytes.Equal(flag, make([]byte, 16)) {
+		t.Fatalf("non-finite flag, fix-up counter and tile counters %v after the launch, want zero", flag)
 	}
 	var r attn.Result
 	for i, o := range outs {

@@ -12,14 +12,17 @@ import (
 // fix-up kernel (kernels.NonFiniteKernel), which reads a flag that the main
 // kernel raises when a CTA stored a NaN or an infinity in O, and whose last
 // block clears it. The forward has no workspace of its own, so the flags
-// live in a small device arena of the backend: one slot (the flag and the
-// fix-up's done counter, two 32-bit words) per stream the backend has seen.
+// live in a small device arena of the backend: one slot per stream the
+// backend has seen, four 32-bit words: the flag and the fix-up's done
+// counter, then the tile counter of a dynamically scheduled persistent
+// forward and its count of CTAs done (kernels.Variant.Persistent; its last
+// CTA clears both).
 // Calls on one stream run in order, so a slot the last fix-up cleared is
 // ready for the next call; a CUDA graph captured on a stream keeps that
 // stream's slot address, and its replays clear the slot the same way.
 
 // nfSlotBytes is the size of one stream's slot.
-const nfSlotBytes = 8
+const nfSlotBytes = 16
 
 // nfChunkSlots is the number of slots each chunk of the arena holds.
 const nfChunkSlots = 512

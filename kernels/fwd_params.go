@@ -10,7 +10,7 @@ type Params struct {
 	Q, K, V, O, LSE, Bias uint64 // device pointers (LSE, Bias may be 0 when unused)
 	CuSeqlensQ            uint64 // device pointer to B+1 int32 offsets (Varlen)
 	CuSeqlensK            uint64
-	NFFlag                uint64 // device pointer to two uint32: the non-finite flag and the fix-up's done counter (zero between calls)
+	NFFlag                uint64 // device pointer to four uint32: the non-finite flag, the fix-up's done counter, a persistent launch's tile counter and CTAs done (zero between calls)
 
 	QStrideB, QStrideN, QStrideH int64
 	KStrideB, KStrideN, KStrideH int64
@@ -54,7 +54,7 @@ var paramsStruct = func() *CStruct[Params] {
 		CPtr("u64", "bias", "bias [B|1, H|1, N, M]", func(p *Params) uint64 { return p.Bias }),
 		CPtr("u64", "cu_q", "B+1 query segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensQ }),
 		CPtr("u64", "cu_k", "B+1 key segment offsets (int32)", func(p *Params) uint64 { return p.CuSeqlensK }),
-		CPtr("u64", "nf_flag", "u32[2]: non-finite flag, fix-up done counter", func(p *Params) uint64 { return p.NFFlag }),
+		CPtr("u64", "nf_flag", "u32[4]: non-finite flag, fix-up done counter, persistent tile counter, CTAs done", func(p *Params) uint64 { return p.NFFlag }),
 		CI64("i64", "q_sb", "q strides: batch", func(p *Params) int64 { return p.QStrideB }),
 		CI64("i64", "q_sn", "q strides: position", func(p *Params) int64 { return p.QStrideN }),
 		CI64("i64", "q_sh", "q strides: head", func(p *Params) int64 { return p.QStrideH }),

@@ -263,46 +263,70 @@ func (p Pipeline) String() string {
 	return strings.Join(ws, ",")
 }
 
-// The persistent schedule (Variant.Persistent). The CTA's tiles are t =
-// blockIdx.x, blockIdx.x + gridDim.x, … < ntiles = nmb·H·B, numbered as the
-// non-persistent grid numbers its CTAs: query block fastest (so that the
-// CTAs running at once share a head's K and V in L2), last first under a
-// window mask (the heaviest first), then head, then batch element. The
-// producer and the compute warpgroups walk the same tiles in two loops of
-// their own (their register budgets differ, so no code is shared). A tile
-// whose rows see no key loads nothing and counts for nothing: the compute
-// warpgroups write its zeros. Over the others the CTA numbers its K and V
-// tiles continuously: kv0 is the index of a tile's first K (and V) tile, so
-// buffers and barrier phases carry on from one tile to the next; q_it
-// counts the tiles with keys: Q of tile q_it completes phase q_it mod 2 of
-// Q's full barrier, and the compute warps release Q on its empty barrier
-// once the tile's last S is done, after which the producer loads the next
-// Q while they finish the epilogue.
+// The persistent schedule (Variant.Persistent). The launch's tiles (BM
+// query rows of one head and batch element; ntiles = nmb·H·B) are numbered
+// in sections of heads whose K and V fit in L2 together (persistentL2Bytes
+// over the bytes of one head's K and V): a section's tiles run query block
+// by query block, the section's heads fastest, the heaviest (last) query
+// blocks first under a window mask. Without a mask every tile costs the
+// same, and the CTA takes the tiles blockIdx.x, blockIdx.x + gridDim.x, …
+// (static); under a window mask tiles cost more the later their query
+// block, and the CTAs take the next tile from a counter in global memory
+// as they free up (dynamic: the heaviest first, each CTA's share balanced
+// as it goes), the last CTA to finish resetting the counter for the next
+// launch (words 2 and 3 of Params.NFFlag's slot).
+//
+// The producer and the compute warpgroups walk the tiles in two loops of
+// their own (their register budgets differ, so no code is shared). The
+// producer hands each tile to the compute warpgroups through Q's buffer:
+// it writes the tile's index into the shared word sched, then issues Q's
+// load (or, for a tile whose rows see no key, and for the index ntiles that
+// ends the loop, arrives on Q's full barrier with no load); the compute
+// warps read the index once Q's barrier completes, and release Q on its
+// empty barrier once the tile's last S is done (at once for a tile with no
+// key, after writing its zeros), after which the producer writes the next
+// index and loads the next Q while they finish the epilogue. q_it counts
+// the CTA's tiles on both sides (tile q_it completes phase q_it mod 2 of
+// Q's full barrier). K and V tiles are numbered continuously over the
+// tiles: kv0 is the index of a tile's first K (and V) tile, so buffers and
+// barrier phases carry on from one tile to the next.
+
+// persistentL2Bytes is the L2 budget of a section of heads in the
+// persistent schedule: about half the L2 of an H100 or H200 (50 MB), the
+// rest for Q, O and other work.
+const persistentL2Bytes = 24 << 20
 
 // PersistentGrid returns the CTA count of a persistent launch over ntiles
 // tiles on a device of sms multiprocessors: one CTA per multiprocessor, at
 // most one per tile.
 func PersistentGrid(ntiles, sms int) int { return max(1, min(ntiles, sms)) }
 
+// persistentDynamic reports whether a persistent variant takes its tiles
+// from the global counter (window masks) rather than statically.
+func (v Variant) persistentDynamic() bool { return v.Persistent && v.Mask == MaskWindow }
+
 // tileExit returns the statement that leaves a tile whose rows see no key:
-// return, or continue with the next tile of a persistent CTA.
+// return, or for a persistent CTA release Q and continue with the next tile.
 func (x *gen) tileExit() string {
 	if x.v.Persistent {
-		return "continue"
+		return "{ tile_done(); continue; }"
 	}
 	return "return"
 }
 
-// tileCoords returns the declarations of a persistent CTA's tile's
-// coordinates (mblk, h, b) from the tile index tile.
+// tileCoords returns the declarations of a persistent tile's coordinates
+// (mblk, h, b) from its index tile.
 func (x *gen) tileCoords(indent string) string {
 	mblk := "mq;"
 	if x.v.Mask == MaskWindow {
 		mblk = "nmb - 1 - mq;  // heaviest (last) query blocks first"
 	}
-	return fmt.Sprintf(`%[1]sconst int mq = tile %% nmb;  // query blocks fastest: the CTAs at work share a head's K and V
+	return fmt.Sprintf(`%[1]sconst int sec = tile / (sec_heads * nmb), hb0 = sec * sec_heads;  // section, its first (batch, head)
+%[1]sconst int sh = min(sec_heads, p.b * p.h - hb0);               // heads in this section
+%[1]sconst int mq = (tile - sec * sec_heads * nmb) / sh;             // query block rank: the section's heads fastest
+%[1]sconst int hb = hb0 + (tile - sec * sec_heads * nmb) %% sh;       // batch element · H + head
 %[1]sconst int mblk = %[2]s
-%[1]sint h = (tile / nmb) %% p.h, b = tile / (nmb * p.h);
+%[1]sint h = hb %% p.h, b = hb / p.h;
 `, indent, mblk)
 }
 
@@ -313,13 +337,31 @@ func (x *gen) tileCoords(indent string) string {
 func (x *gen) wsPersistentPrologue() {
 	_, inc := wsComputeRegs(x.g.threads - 128)
 	x.wsBarriers()
-	x.raw(`  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
+	next := "blockIdx.x + q_it * gridDim.x;  // static: every tile costs the same"
+	if x.v.persistentDynamic() {
+		next = "(int)atomicAdd(sched_next, 1u);  // dynamic: the next tile not taken yet"
+	}
+	x.p(`  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
   const int ntiles = nmb * p.h * p.b;   // the tiles of the launch (PersistentGrid CTAs share them)
+  // heads per section: as many as have their K and V in %[1]d MB of L2 together
+  const int sec_heads = (int)max(1LL, min((long long)p.b * p.h, %[2]dLL / max(1LL, (long long)p.m * (p.d_k + p.d_v) * ESZ)));
+  volatile int* sched = (volatile int*)(smem + (s_base - smem_addr(smem)) + EMPTY_OFF + 40);  // the tile of Q's buffer
   if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
-    if (tid == NCOMPUTE) {
-      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles with keys so far
-      for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    if (tid == NCOMPUTE) {`, persistentL2Bytes>>20, persistentL2Bytes)
+	if x.v.persistentDynamic() {
+		x.raw("      u32* sched_next = (u32*)p.nf_flag + 2;  // the launch's tile counter (word 3: CTAs done)\n")
+	}
+	x.raw(`      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles handed over so far
+      for (;; ++q_it) {
+        if (q_it > 0) mbar_wait(emptyQ, (q_it - 1) & 1);  // the last tile's Q and index released
+`)
+	x.p("        const int tile = %s", next)
+	x.raw(`        *sched = tile;
+        if (tile >= ntiles) {  // no tile left: the compute warpgroups leave too
+          mbar_arrive(barQ);
+          break;
+        }
 `)
 	x.raw(x.tileCoords("        "))
 	x.raw(`        const int kvh = h / p.group;
@@ -331,8 +373,10 @@ func (x *gen) wsPersistentPrologue() {
 	y.maskRange()
 	y.raw(x.tmaCoords())
 	x.raw(indentLines(y.b.String(), "      "))
-	x.raw(`        if (nb_hi <= nb_lo) continue;  // no key: the compute warpgroups write zeros
-        if (q_it > 0) mbar_wait(emptyQ, (q_it - 1) & 1);  // the last tile's Q released
+	x.raw(`        if (nb_hi <= nb_lo) {  // no key: nothing to load; the compute warpgroups write zeros
+          mbar_arrive(barQ);
+          continue;
+        }
         tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
         const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down: K and V tiles kv0 + s
         for (int s = 0; s <= T; ++s) {
@@ -348,9 +392,20 @@ func (x *gen) wsPersistentPrologue() {
           }
         }
         kv0 += T;
-        ++q_it;
       }
-    }
+`)
+	if x.v.persistentDynamic() {
+		x.raw(`      // the last CTA to finish resets the counter for the next launch on this stream (every CTA has
+      // taken its last index before it counts itself done)
+      __threadfence();
+      if (atomicAdd(sched_next + 1, 1u) == gridDim.x - 1) {
+        sched_next[0] = 0u;
+        sched_next[1] = 0u;
+        __threadfence();
+      }
+`)
+	}
+	x.raw(`    }
     return;
   }
 `)
@@ -359,25 +414,30 @@ func (x *gen) wsPersistentPrologue() {
 	} else {
 		x.raw("  // ---- compute warpgroup (it starts with the largest budget already: no setmaxnreg)\n")
 	}
-	x.raw(`  int kv0 = 0, q_it = 0;  // K/V tiles consumed so far, tiles with keys so far (as the producer counts them)
-  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+	x.raw(`  int kv0 = 0, q_it = 0;  // K/V tiles consumed so far, tiles taken so far (as the producer counts them)
+  // a tile's end: this warp is done with Q (and the tile's index): the producer may hand over the next
+  auto tile_done = [&] {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(emptyQ);
+    ++q_it;
+  };
+  for (;;) {
+    mbar_wait(barQ, q_it & 1);  // the tile's index, and its Q unless it has no key
+    const int tile = *sched;
+    if (tile >= ntiles) break;
 `)
 }
 
-// wsPersistentWaits writes a persistent compute warp's waits for its
-// tile's Q and first K.
+// wsPersistentWaits writes a persistent compute warp's wait for its tile's
+// first K (Q's barrier was waited for at the top of the tile).
 func (x *gen) wsPersistentWaits() {
-	x.raw(`  mbar_wait(barQ, q_it & 1);                        // Q of this tile
-  mbar_wait(barK + 8 * (kv0 & 1), (kv0 >> 1) & 1);  // K of its first block
-`)
+	x.raw("  mbar_wait(barK + 8 * (kv0 & 1), (kv0 >> 1) & 1);  // K of its first block\n")
 }
 
 // wsTileDone writes the end of a persistent tile's main loop: Q released
 // (every S of the tile is done), the counters moved on.
 func (x *gen) wsTileDone() {
-	x.raw(`  __syncwarp();
-  if (lane == 0) mbar_arrive(emptyQ);  // this warp is done with Q: the producer may load the next tile's
-  kv0 += nb_hi - nb_lo;
-  ++q_it;
+	x.raw(`  kv0 += nb_hi - nb_lo;
+  tile_done();
 `)
 }

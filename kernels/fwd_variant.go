@@ -118,9 +118,10 @@ type Pipeline struct {
 	// 256).
 	EarlyRescale bool
 	// Persistent launches one CTA per multiprocessor (at most) for a
-	// warp-specialized kernel, each working through the tiles blockIdx.x,
-	// blockIdx.x + gridDim.x, … in the order the non-persistent grid
-	// numbers them (query blocks fastest, last first under a window): the
+	// warp-specialized kernel, each working through tiles until none is
+	// left: numbered in sections of heads whose K and V fit in L2, taken
+	// statically (blockIdx.x + k·gridDim.x) without a mask and from a
+	// counter in global memory, heaviest first, under a window mask. The
 	// producer loads the next tile's Q, K and V while the compute
 	// warpgroups finish the last one (fwd_sm90_ws.go). The grid is
 	// PersistentGrid. Not with Flat (its O goes through the shared tiles).
