@@ -17,7 +17,8 @@ import (
 //
 //	S  = Q·Kᵀ, dP = dO·Vᵀ     warpgroup w: the 64 queries × keys
 //	                          w·BN/2 .. (w+1)·BN/2 − 1 (both operands from
-//	                          shared memory, K-major)
+//	                          shared memory, K-major); committed apart, so
+//	                          that P is computed while dP still runs
 //	P, dS                      the mma.sync kernel's element-wise code
 //	                          (masks, softcap, bias, dropout), written to
 //	                          shared memory in the swizzled layout
@@ -352,18 +353,19 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 #pragma unroll
       for (int kk = 0; kk < DKP / 16; ++kk)
         wg_s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKs + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+      wgmma_commit();  // S
 #pragma unroll
       for (int kk = 0; kk < DVP / 16; ++kk)
         wg_s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dVs + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_commit();  // dP
+      wgmma_wait<1>();  // S is done; dP still runs while P is computed
       fence_acc(accS[0]);
-      fence_acc(accP[0]);
     }
 `, t.BlockN/16)
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: t.BlockN / 2, MT: 1, NT: t.BlockN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }
 	g.probs(b, st, "(sL + st * BM)", "(sD + st * BM)", true)
+	b.WriteString("    wgmma_wait<0>();  // dP\n    fence_acc(accP[0]);\n")
 	g.dsFromDP(b, st, true)
 	g.tileAt = nil
 	if crossed {

@@ -122,18 +122,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 #pragma unroll
       for (int kk = 0; kk < DKP / 16; ++kk)
         wg_s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+      wgmma_commit();  // S
 #pragma unroll
       for (int kk = 0; kk < DVP / 16; ++kk)
         wg_s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dv + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_commit();  // dP
+      wgmma_wait<1>();  // S is done; dP still runs while P is computed
       fence_acc(accS[0]);
-      fence_acc(accP[0]);
     }
     u32 dsp[1][%[1]d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K
 `, t.BlockN/8)
 	st := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: t.BlockN, MT: 1, NT: t.BlockN / 8, Warps: 8}
 	g.probs(b, st, "sL", "sD", false)
+	b.WriteString("    wgmma_wait<0>();  // dP\n    fence_acc(accP[0]);\n")
 	g.dsRegs = true
 	g.dsFromDP(b, st, false)
 	g.dsRegs = false
