@@ -194,7 +194,7 @@ func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
 		kp.PQS, kp.PKS, kp.PVS, kp.PDOS = w.pqS, w.pkS, w.pvS, w.pdoS
 	}
 	if c := p.Opt.Softcap; c > 0 {
-		kp.Softcap, kp.InvSoftcap = float32(c), float32(1/c)
+		kp.Softcap, kp.SoftcapIn = float32(c), float32(p.Scale/c)
 	}
 	if d := p.Opt.Dropout; d > 0 {
 		kp.DropScale = float32(1 / (1 - d))
