@@ -193,7 +193,7 @@ func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
 		kp.PQS, kp.PKS, kp.PVS, kp.PDOS = w.pqS, w.pkS, w.pvS, w.pdoS
 	}
 	if c := p.Opt.Softcap; c > 0 {
-		kp.Softcap, kp.InvSoftcap = float32(c), float32(1/c)
+		kp.Softcap, kp.SoftcapIn = float32(c), float32(p.Scale/c)
 	}
 	if p.Opt.Dropout > 0 {
 		kp.DropThreshold, kp.DropScale = p.DropThreshold, float32(p.DropScale)

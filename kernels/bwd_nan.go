@@ -103,7 +103,7 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
 		b.WriteString("  const float pr = ex2f(fmaf(s, p.scale_log2, -l2));\n")
 	default:
 		if v.Softcap {
-			b.WriteString("  const float th = tanhf(s * p.scale * p.inv_softcap);\n  float sv = p.softcap * th;\n")
+			fmt.Fprintf(b, "  const float th = %s(s * p.softcap_in);\n  float sv = p.softcap * th;\n", softcapTanh(v.DType))
 		} else {
 			b.WriteString("  float sv = s * p.scale;\n")
 		}

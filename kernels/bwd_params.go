@@ -35,7 +35,8 @@ type BwdParams struct {
 	BottomRight              int32 // 1: diagonal aligned bottom-right
 	BiasBatches, BiasHeads   int32 // dBias shape [BiasBatches, BiasHeads, N, M]
 	Scale, ScaleLog2         float32
-	Softcap, InvSoftcap      float32
+	Softcap                  float32
+	SoftcapIn                float32 // scale/softcap, as the forward's Params.SoftcapIn
 	DropScale                float32 // dropout: 256/T (package philox)
 	DropThreshold            uint32  // dropout: T = round(256·(1 − p)); keep when the element's 8-bit number is below it
 	SeedLo, SeedHi, DropOffs uint32
@@ -119,7 +120,7 @@ var bwdParamsStruct = func() *CStruct[BwdParams] {
 		f32("scale", func(p *P) float32 { return p.Scale }),
 		f32("scale_log2", func(p *P) float32 { return p.ScaleLog2 }),
 		f32("softcap", func(p *P) float32 { return p.Softcap }),
-		f32("inv_softcap", func(p *P) float32 { return p.InvSoftcap }),
+		f32("softcap_in", func(p *P) float32 { return p.SoftcapIn }),
 		f32("drop_scale", func(p *P) float32 { return p.DropScale }),
 		u32("drop_threshold", func(p *P) uint32 { return p.DropThreshold }),
 		u32("seed_lo", func(p *P) uint32 { return p.SeedLo }),

@@ -121,6 +121,9 @@ func (g *bwdGen) preludePrimitives(b *strings.Builder) {
 	b.WriteString(ptxCpCommit("cp_async_commit", true))
 	b.WriteString(ptxCpWait("cp_async_wait0", 0, true))
 	b.WriteString(ptxEx2("ex2f"))
+	if v.Softcap && softcapTanh(v.DType) == tanhApprox {
+		b.WriteString(ptxTanh())
+	}
 	if g.mma {
 		pack := "__floats2half2_rn(a, b_)"
 		unpack := "const __half2 h = *reinterpret_cast<const __half2*>(&x); const float2 f = __half22float2(h); a = f.x; b_ = f.y;"
@@ -503,7 +506,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 		b.WriteString("        x[c] = fmaf(s, p.scale_log2, -lr[mt][hh]);\n")
 	default:
 		if v.Softcap {
-			b.WriteString("        const float th = tanhf(s * p.scale * p.inv_softcap);\n")
+			fmt.Fprintf(b, "        const float th = %s(s * p.softcap_in);\n", softcapTanh(v.DType))
 			b.WriteString("        fc[mt][nt][hh * 2 + c] = 1.f - th * th;\n")
 			b.WriteString("        float sv = p.softcap * th;\n")
 		} else {

@@ -277,7 +277,7 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 		}
 		for sub, want := range map[string]bool{
 			"drop_u8((unsigned)i, (unsigned)j": v.Dropout,
-			"tanhf(s * p.scale":                v.Softcap,
+			"(s * p.softcap_in)":               v.Softcap,
 			"sv += bt_to_f(p.bias":             v.Biased(),
 			"if (use) p.dbias_scratch[":        v.BiasGrad,
 			"if (p.right >= 0) ilo = max(":     v.Masked(),

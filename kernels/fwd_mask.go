@@ -157,7 +157,7 @@ DEV float nf_score(const Params& p, const char* q, const char* k, const char* br
   for (int d = 0; d < p.d_k; ++d) s = fmaf(nf_ld(q + (i64)d * ESZ), nf_ld(k + (i64)d * ESZ), s);
 `)
 	if v.Softcap {
-		x.raw("  float t = tanhf(s * p.softcap_in) * p.softcap_out;\n")
+		x.p("  float t = %s(s * p.softcap_in) * p.softcap_out;", softcapTanh(v.DType))
 	} else {
 		x.raw("  float t = s * p.scale_log2;\n")
 	}

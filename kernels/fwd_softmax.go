@@ -76,7 +76,7 @@ func (x *gen) transform() {
           float t = s[mt][nt][e];
 `)
 	if v.Softcap {
-		x.raw("          t = tanhf(t * p.softcap_in) * p.softcap_out;\n")
+		x.p("          t = %s(t * p.softcap_in) * p.softcap_out;", softcapTanh(v.DType))
 	} else {
 		x.raw("          t *= p.scale_log2;\n")
 	}

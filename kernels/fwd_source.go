@@ -140,6 +140,9 @@ DEV void sts64(u32 addr, float a, float b) { asm volatile("st.shared.v2.f32 [%0]
 DEV u32 lds32(u32 addr) { u32 v; asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr)); return v; }
 `)
 	x.raw(ptxEx2("ex2"))
+	if v.Softcap && softcapTanh(v.DType) == tanhApprox {
+		x.raw(ptxTanh())
+	}
 	x.raw(`// special registers read afresh (volatile), so that values derived from them need not stay live
 DEV u32 ctaid_x() { u32 r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
 DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }

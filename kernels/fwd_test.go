@@ -70,7 +70,7 @@ func TestSourceMatrix(t *testing.T) {
 					if got := strings.Contains(src, "apply_dropout(s,"); got != v.Dropout {
 						t.Errorf("%s: dropout code present = %v", v, got)
 					}
-					if got := strings.Contains(src, "tanhf("); got != v.Softcap {
+					if got := strings.Contains(src, softcapTanh(dt)+"(t * p.softcap_in)"); got != v.Softcap {
 						t.Errorf("%s: softcap code present = %v", v, got)
 					}
 					if got := strings.Contains(src, "const int* cq = (const int*)p.cu_q;"); got != v.Varlen {

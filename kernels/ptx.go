@@ -26,6 +26,41 @@ func ptxEx2(name string) string {
 	return fmt.Sprintf("DEV float %s(float x) { float y; asm(\"ex2.approx.ftz.f32 %%0, %%1;\" : \"=f\"(y) : \"f\"(x)); return y; }\n", name)
 }
 
+// tanhApprox is the name of the hardware tanh wrapper (ptxTanh) in every
+// module that has it; the host emulator defines a function of that name.
+const tanhApprox = "tanh_approx"
+
+// ptxTanh returns tanh_approx(x) = tanh(x) by tanh.approx.f32 (sm_75 and
+// later; PTX ISA, "Floating Point Instructions: tanh": maximum relative
+// error 2^-11 over the whole range, subnormal inputs passed through,
+// ±Inf to ±1, NaN to NaN). The asm is volatile so that each call stays
+// where the generator put it, between its score and its uses: moved by
+// the compiler, the calls cost the register-bound backward variants spills
+// (NVRTC 12.4, sm_90a, bf16 D = 128 with a window, softcap, bias, dBias
+// and dropout: 488 bytes, 136 volatile; docs/kernels/backward.md).
+func ptxTanh() string {
+	return "// tanh by the hardware approximation (relative error at most 2^-11): bf16's softcap\n" +
+		"DEV float " + tanhApprox + "(float x) { float y; asm volatile(\"tanh.approx.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x)); return y; }\n"
+}
+
+// softcapTanh returns the function the kernels of element type dt apply
+// in the softcap s → c·tanh(s/c), the same in the forward, the backward and
+// their non-finite paths, so that the backward's recomputed P matches the
+// forward's LSE. bf16 takes the hardware approximation (ptxTanh): its
+// bound, 2^-11 relative, is an eighth of the unit roundoff (2^-8) to which
+// the naive baseline rounds each softcapped score. fp16 and fp32 take
+// CUDA's tanhf (a few ulps): fp16's unit roundoff is 2^-11 itself, and
+// with a tanh at that bound the forward's LSE missed the criterion
+// (twice the naive error, row by row) at a score near 20
+// (docs/kernels/forward.md, "Softcap"); fp32's criterion is relative to
+// naive fp32 arithmetic.
+func softcapTanh(dt attn.DType) string {
+	if dt == attn.BFloat16 {
+		return tanhApprox
+	}
+	return "tanhf"
+}
+
 // ptxLdmatrixDoc describes the ldmatrix wrappers.
 const ptxLdmatrixDoc = "// ldmatrix: four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.\n"
 

@@ -12,6 +12,7 @@ inline void cp_async4(void* dst, const void* src) { emu_cp_async(emu_smem_addr(d
 inline void cp_async_commit() {}
 inline void cp_async_wait0() {}
 inline float ex2f(float x) { return exp2f(x); }
+inline float tanh_approx(float x) { return emu_tanh_approx(x); }
 
 inline void ldsm_x4(unsigned (&r)[4], unsigned a) { emu_ldsm(r, 4, false, a); }
 inline void ldsm_x4_t(unsigned (&r)[4], unsigned a) { emu_ldsm(r, 4, true, a); }

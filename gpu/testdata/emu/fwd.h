@@ -27,6 +27,7 @@ inline void sts64(u32 a, float x, float y) {
 }
 inline u32 lds32(u32 a) { return emu_lds32(a); }
 inline float ex2(float x) { return exp2f(x); }
+inline float tanh_approx(float x) { return emu_tanh_approx(x); }
 inline u32 ctaid_x() { return blockIdx.x; }
 inline u32 ctaid_y() { return blockIdx.y; }
 inline u32 ctaid_z() { return blockIdx.z; }

@@ -5,6 +5,7 @@
 // elements are bf16 (else fp16).
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
 
 inline unsigned emu_smem_addr(const void* p) {
@@ -205,4 +206,63 @@ inline unsigned emu_tf32(float x) {
 inline void tf32_split(float x, unsigned& hi, unsigned& lo) {
   hi = emu_tf32(x);
   lo = emu_tf32(x - __uint_as_float(hi));
+}
+
+// tanh.approx.f32, the bf16 kernels' softcap tanh (tanh_approx), modelled
+// at the bound the PTX ISA documents for it (PTX ISA 9.1, section 9.7.3.22,
+// "Floating Point Instructions: tanh", docs.nvidia.com/cuda/parallel-thread-
+// execution/#floating-point-instructions-tanh: "The maximum relative error
+// over the entire floating point range is 2^-11"; subnormal inputs passed
+// through; ±0 -> ±0, ±Inf -> ±1, NaN -> NaN), not at its measured accuracy
+// (a maximum relative error of 1.1e-5, about 2^-16.5, reported on sm_75),
+// so that a kernel that passes here keeps its criterion with any tanh
+// within that bound. FLASHATTN_EMU_TANH chooses the model when the
+// emulator starts:
+//   round (the default): the exact tanh rounded to nearest (even) at 11
+//     significant bits, an error of up to 2^-11 relative, reached next to
+//     powers of two, that varies in sign and size with the argument;
+//   toward0: the exact tanh times 1 - 2^-11, every value off by the bound
+//     toward zero (a bias that no sum averages out);
+//   away: the exact tanh times 1 + 2^-11, off by the bound away from zero
+//     (|t| may exceed 1, so that 1 - t² may be slightly negative);
+//   exact: the exact tanh rounded to fp32.
+enum class EmuTanhModel { round, toward0, away, exact };
+inline EmuTanhModel emu_tanh_model() {
+  static const EmuTanhModel m = [] {
+    const char* e = getenv("FLASHATTN_EMU_TANH");
+    if (e == nullptr || *e == 0 || strcmp(e, "round") == 0) return EmuTanhModel::round;
+    if (strcmp(e, "toward0") == 0) return EmuTanhModel::toward0;
+    if (strcmp(e, "away") == 0) return EmuTanhModel::away;
+    if (strcmp(e, "exact") == 0) return EmuTanhModel::exact;
+    emu_fail("FLASHATTN_EMU_TANH: want round, toward0, away or exact");
+  }();
+  return m;
+}
+constexpr int emu_tanh_bits = 11;  // -log2 of tanh.approx.f32's maximum relative error
+inline float emu_tanh_approx(float x) {
+  if (x != x) return x;                         // NaN
+  if (fabsf(x) < FLT_MIN) return x;             // ±0 and subnormals: passed through
+  if (fabsf(x) > FLT_MAX) return x > 0 ? 1.f : -1.f;  // ±Inf: the ISA's corner cases
+  const double t = tanh((double)x), u = ldexp(1.0, -emu_tanh_bits);
+  switch (emu_tanh_model()) {
+  case EmuTanhModel::round: {
+    int e;
+    frexp(t, &e);  // |t| in [2^(e-1), 2^e): 11 significant bits are multiples of 2^(e-11)
+    const double q = ldexp(1.0, e - emu_tanh_bits);
+    return (float)(nearbyint(t / q) * q);
+  }
+  case EmuTanhModel::toward0: {  // fp32 nearest to t·(1 - u) on t's side of it (within the bound)
+    const double v = t * (1 - u);
+    const float f = (float)v;
+    return fabs((double)f) < fabs(v) ? nextafterf(f, t > 0 ? 2.f : -2.f) : f;
+  }
+  case EmuTanhModel::away: {  // fp32 nearest to t·(1 + u) on t's side of it
+    const double v = t * (1 + u);
+    const float f = (float)v;
+    return fabs((double)f) > fabs(v) ? nextafterf(f, 0.f) : f;
+  }
+  case EmuTanhModel::exact:
+    break;
+  }
+  return (float)t;
 }
