@@ -25,6 +25,13 @@ type CPSplitResult struct {
 	TotalMs     float64 `json:"total_ms"`
 	// Ratio is TotalMs / SingleMs, the cost of splitting (1: none).
 	Ratio float64 `json:"ratio"`
+	// RingMs is the split as cp.DeviceRing runs it: every rank's calls on
+	// its compute stream while its communication stream copies the next
+	// K/V block (and dK/dV), all ranks at once on the one GPU;
+	// RingStepMs is RingMs / P², one rank's step were that work spread
+	// over P GPUs (cp.DeviceSplit.RingStepMs).
+	RingMs     float64 `json:"ring_ms"`
+	RingStepMs float64 `json:"ring_step_ms"`
 	// Calls and Merges count the attention calls and merge kernels.
 	Calls  int `json:"calls"`
 	Merges int `json:"merges"`
@@ -38,7 +45,8 @@ const CPSplitRepeats = 5
 
 // MeasureCPSplit measures the cost of splitting case c over each number of
 // virtual ranks of ps by strategy s (ring or zigzag) on the first GPU,
-// device-resident (cp.MeasureDeviceSplit): the inputs are filled on the
+// device-resident (cp.MeasureDeviceSplit, the device ring's time
+// included): the inputs are filled on the
 // device (gpu.Backend.FillRandom) and every pass of the case (fwd, bwd or
 // both) is measured for each P, repeats replays each (0:
 // CPSplitRepeats). It fails where no GPU works (wrapping cuda.ErrNoDriver
@@ -100,7 +108,7 @@ func MeasureCPSplit(c Case, s cp.Strategy, ps []int, repeats int) ([]CPSplitResu
 			}
 			out = append(out, CPSplitResult{Scheme: s.String(), Ranks: p, Pass: pass, SingleMs: roundMs(d.SingleMs),
 				AttentionMs: roundMs(d.AttentionMs), MergeMs: roundMs(d.MergeMs), TotalMs: roundMs(d.TotalMs),
-				Ratio: d.Ratio(), Calls: d.Calls, Merges: d.Merges, Repeats: d.Repeats})
+				Ratio: d.Ratio(), RingMs: roundMs(d.RingMs), RingStepMs: roundMs(d.RingStepMs()), Calls: d.Calls, Merges: d.Merges, Repeats: d.Repeats})
 		}
 	}
 	return out, nil

@@ -23,22 +23,28 @@ func normal(r *rand.Rand, dt attn.DType, shape ...int) attn.Tensor {
 }
 
 // within applies FlashAttention's accuracy criterion to got against the
-// float64 oracle ref: for float32 a relative error below 1e-5, otherwise
-// at most factor times the error of the naive computation in dt plus one
-// unit roundoff of the reference's scale. LSE values of −inf must match
-// exactly and are left out of the error.
+// float64 oracle ref (accuracyError) and reports a failure through t.
 func within(t *testing.T, name string, dt attn.DType, factor float64, got, ref, naive []float64) {
 	t.Helper()
+	if err := accuracyError(name, dt, factor, got, ref, naive); err != nil {
+		t.Error(err)
+	}
+}
+
+// accuracyError applies FlashAttention's accuracy criterion to got
+// against the float64 oracle ref: for float32 a relative error below
+// 1e-5, otherwise at most factor times the error of the naive computation
+// in dt plus one unit roundoff of the reference's scale. LSE values of
+// −inf must match exactly and are left out of the error.
+func accuracyError(name string, dt attn.DType, factor float64, got, ref, naive []float64) error {
 	if len(got) != len(ref) {
-		t.Errorf("%s: %d elements, want %d", name, len(got), len(ref))
-		return
+		return fmt.Errorf("%s: %d elements, want %d", name, len(got), len(ref))
 	}
 	var g, r, n []float64
 	for i := range ref {
 		if math.IsInf(ref[i], -1) || math.IsInf(got[i], -1) {
 			if ref[i] != got[i] {
-				t.Errorf("%s[%d] = %v, oracle %v", name, i, got[i], ref[i])
-				return
+				return fmt.Errorf("%s[%d] = %v, oracle %v", name, i, got[i], ref[i])
 			}
 			continue
 		}
@@ -54,7 +60,54 @@ func within(t *testing.T, name string, dt attn.DType, factor float64, got, ref, 
 		bound = factor*ne + conformance.UnitRoundoff(dt)*max(1, mag)
 	}
 	if !(e <= bound) {
-		t.Errorf("%s: max error %.3g at %d (got %v, oracle %v) exceeds the bound %.3g", name, e, at, g[at], r[at], bound)
+		return fmt.Errorf("%s: max error %.3g at %d (got %v, oracle %v) exceeds the bound %.3g", name, e, at, g[at], r[at], bound)
+	}
+	return nil
+}
+
+// oracle holds the float64 oracle's outputs and gradients of one problem
+// and, for a dtype other than float32, those of the naive computation in
+// it (empty for float32, whose criterion needs none).
+type oracle struct {
+	ref, naive   *cpu.RefOutput
+	refG, naiveG *cpu.RefGrads
+}
+
+// newOracle computes the oracle of q, k, v and dO under opt in dt.
+func newOracle(t *testing.T, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.Options) oracle {
+	t.Helper()
+	o := oracle{naive: &cpu.RefOutput{}, naiveG: &cpu.RefGrads{}}
+	var err error
+	if o.ref, err = cpu.Reference(q, k, v, opt); err == nil {
+		o.refG, err = cpu.ReferenceBackward(q, k, v, dO, opt)
+	}
+	if err == nil && dt != attn.Float32 {
+		if o.naive, err = cpu.NaiveForward(dt, q, k, v, opt); err == nil {
+			o.naiveG, err = cpu.NaiveBackward(dt, q, k, v, dO, opt)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// errs applies the accuracy criterion (accuracyError; factor 2 for the
+// outputs, 3 for the gradients) to outputs and gradients computed in dt,
+// named what, and returns the failures joined.
+func (o oracle) errs(what string, dt attn.DType, res attn.Result, g attn.Gradients) error {
+	return errors.Join(accuracyError(what+" O", dt, 2, res.O.Float64s(), o.ref.O, o.naive.O),
+		accuracyError(what+" LSE", dt, 2, res.LSE.Float64s(), o.ref.LSE, o.naive.LSE),
+		accuracyError(what+" dQ", dt, 3, g.DQ.Float64s(), o.refG.DQ, o.naiveG.DQ),
+		accuracyError(what+" dK", dt, 3, g.DK.Float64s(), o.refG.DK, o.naiveG.DK),
+		accuracyError(what+" dV", dt, 3, g.DV.Float64s(), o.refG.DV, o.naiveG.DV))
+}
+
+// check reports the failures of errs through t.
+func (o oracle) check(t *testing.T, what string, dt attn.DType, res attn.Result, g attn.Gradients) {
+	t.Helper()
+	if err := o.errs(what, dt, res, g); err != nil {
+		t.Error(err)
 	}
 }
 
@@ -66,23 +119,29 @@ type accCase struct {
 	opt             attn.Options
 }
 
-// variant is one way of running a problem with context parallelism.
+// variant is one way of running a problem with context parallelism:
+// on the device (Sim.OnDevice) or on in-process ranks.
 type variant struct {
-	scheme Scheme
-	layout Layout
+	scheme   Scheme
+	layout   Layout
+	onDevice bool
 }
 
 func (v variant) String() string {
+	s := fmt.Sprintf("%v-%v", v.scheme, v.layout)
 	if v.scheme == Ring && v.layout == Zigzag {
-		return "zigzag"
+		s = "zigzag"
 	}
-	return fmt.Sprintf("%v-%v", v.scheme, v.layout)
+	if v.onDevice {
+		s += "-device"
+	}
+	return s
 }
 
 var (
 	ranks    = []int{1, 2, 3, 4, 6, 8}
-	variants = []variant{{Ring, Contiguous}, {Ring, Zigzag}, {AllToAll, Contiguous}, {AllToAll, Zigzag},
-		{Hybrid, Zigzag}, {Hybrid, Contiguous}}
+	variants = []variant{{Ring, Contiguous, false}, {Ring, Zigzag, false}, {AllToAll, Contiguous, false}, {AllToAll, Zigzag, false},
+		{Hybrid, Zigzag, false}, {Hybrid, Contiguous, false}}
 	// Lengths are multiples of 48 = 3·16, so that every P here and its 2P
 	// zigzag chunks divide them.
 	accCases = []accCase{
@@ -136,27 +195,12 @@ func checkSplits(t *testing.T, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.
 func checkSplitsOn(t *testing.T, b attn.Backend, vs []variant, dt attn.DType, q, k, v, dO attn.Tensor, opt attn.Options, ranks []int) {
 	t.Helper()
 	hkv := k.Shape[k.Rank()-2]
-	ref, err := cpu.Reference(q, k, v, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	refG, err := cpu.ReferenceBackward(q, k, v, dO, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	naive, naiveG := &cpu.RefOutput{}, &cpu.RefGrads{}
-	if dt != attn.Float32 {
-		if naive, err = cpu.NaiveForward(dt, q, k, v, opt); err != nil {
-			t.Fatal(err)
-		}
-		if naiveG, err = cpu.NaiveBackward(dt, q, k, v, dO, opt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	or := newOracle(t, dt, q, k, v, dO, opt)
+	ref, refG, naive, naiveG := or.ref, or.refG, or.naive, or.naiveG
 	for _, vr := range vs {
 		for _, p := range ranks {
 			t.Run(fmt.Sprintf("%v/P=%d", vr, p), func(t *testing.T) {
-				sim := &Sim{Backend: b, P: p, Layout: vr.layout, Scheme: vr.scheme, Timeout: testTimeout}
+				sim := &Sim{Backend: b, P: p, Layout: vr.layout, Scheme: vr.scheme, Timeout: testTimeout, OnDevice: vr.onDevice}
 				res, err := sim.Forward(q, k, v, opt)
 				if vr.scheme == Hybrid && opt.CuSeqlensQ != nil {
 					if !errors.Is(err, attn.ErrUnsupported) {
@@ -213,6 +257,7 @@ func TestRefused(t *testing.T) {
 		{"bad layout", Sim{P: 2, Layout: 9}, q, k, v, attn.Options{}, attn.ErrOption},
 		{"bad scheme", Sim{P: 2, Scheme: 9}, q, k, v, attn.Options{}, attn.ErrOption},
 		{"bad shapes", Sim{P: 2}, q, normal(r, attn.Float32, 1, 48, 2, 4), v, attn.Options{}, attn.ErrShape},
+		{"on device, not CUDA", Sim{P: 2, OnDevice: true}, q, k, v, attn.Options{}, attn.ErrUnsupported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.sim.Backend, tc.sim.Timeout = cpu.New(), testTimeout

@@ -14,7 +14,8 @@ import (
 // ranks on one GPU, everything resident on the device (MeasureDeviceSplit):
 // the single call over the whole problem against the same problem as a
 // ring split runs it, every rank's step calls and merge kernels back to
-// back on one stream. Times are medians over the repeats, in milliseconds,
+// back on one stream, and as the device ring runs it (DeviceRing). Times
+// are medians over the repeats, in milliseconds,
 // each from CUDA events around one replay of a CUDA graph of the work, so
 // that no host launch overhead enters them.
 type DeviceSplit struct {
@@ -33,6 +34,12 @@ type DeviceSplit struct {
 	// kernels alone, TotalMs both in their order: the sum of the per-step
 	// kernels, the compute a real P-GPU run spreads over its GPUs.
 	AttentionMs, MergeMs, TotalMs float64
+	// RingMs is the same split run as DeviceRing runs it: every rank's
+	// calls and merge kernels on its compute stream, the K/V blocks (and
+	// in the backward the dK/dV accumulators) copied on its communication
+	// stream meanwhile, ordered by events, all ranks at once on the one
+	// GPU.
+	RingMs float64
 	// Repeats is the number of timed replays of each.
 	Repeats int
 }
@@ -45,16 +52,27 @@ func (d DeviceSplit) Ratio() float64 {
 	return d.TotalMs / d.SingleMs
 }
 
+// RingStepMs returns RingMs / P²: the ring's time shared out over its P
+// steps and P ranks, one rank's step were the ranks' work, with its
+// copies overlapped as on the one GPU, spread over P GPUs.
+func (d DeviceSplit) RingStepMs() float64 {
+	if d.P <= 0 {
+		return 0
+	}
+	return d.RingMs / float64(d.P*d.P)
+}
+
 // MeasureDeviceSplit measures the cost of splitting one call by strategy s
 // (ring, or zigzag for a causal mask) over p virtual ranks on backend b's
 // GPU. q [B, N, H, DK], k [B, M, Hkv, DK] and v [B, M, Hkv, DV] are the
 // global inputs, contiguous on b's device; with backward set the backward
 // is measured, from dO [B, N, H, DV] and the forward's outputs (computed
 // here by the single call). The inputs are sharded once; then the single
-// call, and the split with all its kernels, with its attention calls alone
-// and with its merge kernels alone, are each captured in a CUDA graph
-// (after one eager run, which compiles every kernel) and replayed repeats
-// times (at least 1). The inputs are not rotated through the L2 cache: a
+// call, the split with all its kernels on one stream, with its attention
+// calls alone and with its merge kernels alone, and the split as the
+// device ring runs it on the ranks' streams, are each captured in a CUDA
+// graph (after one eager run, which compiles every kernel) and replayed
+// repeats times (at least 1). The inputs are not rotated through the L2 cache: a
 // short problem's blocks may stay in it from one call to the next. Problems the device split does not take are refused
 // with errors wrapping attn's sentinels: a2a and hybrid, packed batches, a
 // bias and dropout with attn.ErrUnsupported, uneven shards with
@@ -77,9 +95,12 @@ func MeasureDeviceSplit(b *gpu.Backend, s Strategy, p int, backward bool, q, k, 
 }
 
 // deviceRun is a split and the single call of one problem on a GPU, their
-// work enqueued on one stream of its own.
+// work enqueued on one stream of its own (the ring's forked onto the
+// ranks' streams).
 type deviceRun struct {
 	ops     *gpuOps
+	so      *gpuStreams
+	ring    *devRing
 	x       *devSplit
 	q, k, v gpu.DeviceTensor // the global inputs
 	opt     attn.Options
@@ -94,7 +115,9 @@ func newDeviceRun(b *gpu.Backend, st Strategy, p int, q, k, v gpu.DeviceTensor, 
 		return nil, fmt.Errorf("cp: %w", err)
 	}
 	r := &deviceRun{ops: &gpuOps{b: b, s: s}, q: q, k: k, v: v, opt: opt}
-	if r.x, err = newDevSplit(r.ops, st, p, q, k, v, opt); err == nil {
+	r.so = newGPUStreams(r.ops)
+	if r.ring, err = newDevRing(r.so, st, p, q, k, v, opt); err == nil {
+		r.x = r.ring.devSplit
 		gp := r.x.gp
 		if r.o, err = r.ops.alloc(q.DType, gp.B, gp.N, gp.H, gp.DV); err == nil {
 			r.lse, err = r.ops.alloc(attn.Float32, gp.B, gp.H, gp.N)
@@ -110,10 +133,10 @@ func newDeviceRun(b *gpu.Backend, st Strategy, p int, q, k, v gpu.DeviceTensor, 
 	return r, nil
 }
 
-// close waits for the stream and frees everything the run allocated.
+// close waits for the streams and frees everything the run allocated.
 func (r *deviceRun) close() error {
-	err := r.ops.s.Synchronize()
-	return errors.Join(err, r.ops.free(), r.ops.s.Close())
+	err := r.so.close()
+	return errors.Join(err, r.ops.s.Synchronize(), r.ops.free(), r.ops.s.Close())
 }
 
 // single enqueues the single forward over the global inputs into r.o and
@@ -127,7 +150,7 @@ func (r *deviceRun) setBackward(dO gpu.DeviceTensor) (func() error, error) {
 	if err := r.single(); err != nil {
 		return nil, err
 	}
-	if err := r.x.setBackward(r.o, r.lse, dO); err != nil {
+	if err := r.ring.setBackward(r.o, r.lse, dO); err != nil {
 		return nil, err
 	}
 	gs := make([]gpu.DeviceTensor, 3)
@@ -142,19 +165,20 @@ func (r *deviceRun) setBackward(dO gpu.DeviceTensor) (func() error, error) {
 
 // measure times the single call and the split (see MeasureDeviceSplit).
 func (r *deviceRun) measure(backward bool, dO gpu.DeviceTensor, repeats int) (DeviceSplit, error) {
-	single, pass := r.single, r.x.forward
+	single, pass, ring := r.single, r.x.forward, r.ring.forward
 	if backward {
 		var err error
 		if single, err = r.setBackward(dO); err != nil {
 			return DeviceSplit{}, err
 		}
-		pass = r.x.backward
+		pass, ring = r.x.backward, r.ring.backward
 	}
 	// single, the split whole, its attention calls alone, its merge
-	// kernels alone; an eager run of each (the split whole last, for its
-	// counts) compiles every kernel and sizes the scratch before any capture
-	works := []func() error{single, func() error { return pass(opAll) }, func() error { return pass(opAttention) }, func() error { return pass(opMerge) }}
-	for _, i := range []int{0, 2, 3, 1} {
+	// kernels alone, the ring; an eager run of each (the split whole last,
+	// for its counts) compiles every kernel and sizes the scratch of every
+	// stream before any capture
+	works := []func() error{single, func() error { return pass(opAll) }, func() error { return pass(opAttention) }, func() error { return pass(opMerge) }, ring}
+	for _, i := range []int{0, 2, 3, 4, 1} {
 		if err := works[i](); err != nil {
 			return DeviceSplit{}, err
 		}
@@ -183,7 +207,7 @@ func (r *deviceRun) measure(backward bool, dO gpu.DeviceTensor, repeats int) (De
 	if err != nil {
 		return d, err
 	}
-	d.SingleMs, d.TotalMs, d.AttentionMs, d.MergeMs = times[0], times[1], times[2], times[3]
+	d.SingleMs, d.TotalMs, d.AttentionMs, d.MergeMs, d.RingMs = times[0], times[1], times[2], times[3], times[4]
 	return d, nil
 }
 

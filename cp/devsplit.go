@@ -368,20 +368,53 @@ func (x *devSplit) mergeOp(kinds opKind, op func() error) error {
 	return op()
 }
 
+// global is a global tensor of a split: its name, and the dtype and shape
+// it must have.
+type global struct {
+	name  string
+	t     gpu.DeviceTensor
+	dt    attn.DType
+	shape []int
+}
+
+// global returns the global tensor t named name (q, k, v, o, lse, dO, dq,
+// dk or dv) with the dtype and shape it has in x's problem.
+func (x *devSplit) global(name string, t gpu.DeviceTensor) global {
+	gp := x.gp
+	g := global{name: name, t: t, dt: x.dt}
+	switch name {
+	case "q", "dq":
+		g.shape = []int{gp.B, gp.N, gp.H, gp.DK}
+	case "k", "dk":
+		g.shape = []int{gp.B, gp.M, gp.Hkv, gp.DK}
+	case "v", "dv":
+		g.shape = []int{gp.B, gp.M, gp.Hkv, gp.DV}
+	case "lse":
+		g.dt, g.shape = attn.Float32, []int{gp.B, gp.H, gp.N}
+	default: // o, dO
+		g.shape = []int{gp.B, gp.N, gp.H, gp.DV}
+	}
+	return g
+}
+
+// checkGlobals returns an error wrapping attn.ErrShape for the first of gs
+// that is not contiguous with its dtype and shape.
+func checkGlobals(gs ...global) error {
+	for _, g := range gs {
+		if g.t.DType != g.dt || !sameInts(g.t.Shape, g.shape) || !dense(g.t) {
+			return attn.Errorf(attn.ErrShape, "cp: %s: %v %v, want contiguous %v in %v", g.name, g.t.DType, g.t.Shape, g.shape, g.dt)
+		}
+	}
+	return nil
+}
+
 // setBackward prepares the backward: the forward's global o and lse and
 // the global dO (contiguous) are sharded, and the gradients' accumulators
 // and scratch allocated (once).
 func (x *devSplit) setBackward(o, lse, dO gpu.DeviceTensor) error {
 	gp := x.gp
-	for _, in := range []struct {
-		name  string
-		t     gpu.DeviceTensor
-		dt    attn.DType
-		shape []int
-	}{{"o", o, x.dt, []int{gp.B, gp.N, gp.H, gp.DV}}, {"lse", lse, attn.Float32, []int{gp.B, gp.H, gp.N}}, {"dO", dO, x.dt, []int{gp.B, gp.N, gp.H, gp.DV}}} {
-		if in.t.DType != in.dt || !sameInts(in.t.Shape, in.shape) || !dense(in.t) {
-			return attn.Errorf(attn.ErrShape, "cp: %s: %v %v, want contiguous %v in %v", in.name, in.t.DType, in.t.Shape, in.shape, in.dt)
-		}
+	if err := checkGlobals(x.global("o", o), x.global("lse", lse), x.global("dO", dO)); err != nil {
+		return err
 	}
 	if err := x.copyChunks(o, x.o, 1, false); err != nil {
 		return err

@@ -57,6 +57,14 @@ func (h *gpuHarness) upload(x attn.Tensor) gpu.DeviceTensor {
 	return d
 }
 
+// settle waits for the harness's stream and reports its error.
+func (h *gpuHarness) settle(t *testing.T) {
+	t.Helper()
+	if err := h.s.Synchronize(); err != nil {
+		t.Error(err)
+	}
+}
+
 func (h *gpuHarness) download(d gpu.DeviceTensor) attn.Tensor {
 	h.t.Helper()
 	x, err := h.b.Download(h.s, d)
@@ -67,19 +75,33 @@ func (h *gpuHarness) download(d gpu.DeviceTensor) attn.Tensor {
 }
 
 // TestDeviceSplitOnCUDA runs the device split on the GPU (ForwardDevice
-// and BackwardDevice on views of the ranks' shards, the merge kernels on
-// one stream) for the cases of TestDeviceSplitOnHost in bf16 and fp32 on
-// P = 1 … 4, and checks its outputs and gradients, and the single calls', with
+// and BackwardDevice on views of the ranks' shards, the merge kernels) for
+// the cases of TestDeviceSplitOnHost in bf16 and fp32 on P = 1 … 4, on one
+// stream and as the device ring runs it (every rank's calls and merge
+// kernels on its compute stream, the K/V blocks and dK/dV accumulators
+// copied device to device on its communication stream, events between
+// them), and checks its outputs and gradients, and the single calls', with
 // the accuracy criterion against the float64 oracle. Skips without a GPU.
 func TestDeviceSplitOnCUDA(t *testing.T) {
 	b := openGPU(t)
-	checkDevSplits(t, func(t *testing.T) devHarness { return newGPUHarness(t, b) },
-		[]attn.DType{attn.BFloat16, attn.Float32}, []int{1, 2, 3, 4})
+	for _, c := range []struct {
+		name string
+		newH func(t *testing.T) devHarness
+		mk   splitMaker
+	}{
+		{"one-stream", func(t *testing.T) devHarness { return newGPUHarness(t, b) }, oneStream},
+		{"ring", func(t *testing.T) devHarness { return newGPURingHarness(t, b) }, ringStreams},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			checkDevSplits(t, c.newH, c.mk, []attn.DType{attn.BFloat16, attn.Float32}, []int{1, 2, 3, 4})
+		})
+	}
 }
 
 // TestMeasureDeviceSplit measures a small causal problem split by zigzag
 // over 2 and 4 ranks, forward and backward, and checks the report: every
-// time positive, the counts those of the plan. Skips without a GPU.
+// time positive (the device ring's, captured across its streams, too),
+// the counts those of the plan. Skips without a GPU.
 func TestMeasureDeviceSplit(t *testing.T) {
 	b := openGPU(t)
 	r := rand.New(rand.NewPCG(29, 30))
@@ -95,8 +117,8 @@ func TestMeasureDeviceSplit(t *testing.T) {
 			if err != nil {
 				t.Fatalf("P=%d backward=%v: %v", p, backward, err)
 			}
-			t.Logf("P=%d backward=%v: single %.4g ms, attention %.4g ms, merges %.4g ms, total %.4g ms (%.3f×), %d calls, %d merge kernels",
-				p, backward, d.SingleMs, d.AttentionMs, d.MergeMs, d.TotalMs, d.Ratio(), d.Calls, d.Merges)
+			t.Logf("P=%d backward=%v: single %.4g ms, attention %.4g ms, merges %.4g ms, total %.4g ms (%.3f×), ring %.4g ms (%.4g ms a rank's step), %d calls, %d merge kernels",
+				p, backward, d.SingleMs, d.AttentionMs, d.MergeMs, d.TotalMs, d.Ratio(), d.RingMs, d.RingStepMs(), d.Calls, d.Merges)
 			gp := &attn.Problem{B: 1, N: 512, M: 512, H: 4, Hkv: 2, DK: 64, DV: 64, Opt: opt}
 			gp.ResolveMask()
 			plan, err := devPlan(gp, Zigzag, p)
@@ -116,7 +138,7 @@ func TestMeasureDeviceSplit(t *testing.T) {
 			if d.Calls != tasks || d.Merges != merges || d.P != p || d.Backward != backward || d.Repeats != 3 {
 				t.Errorf("P=%d backward=%v: report %+v; want %d calls, %d merge kernels", p, backward, d, tasks, merges)
 			}
-			if !(d.SingleMs > 0 && d.AttentionMs > 0 && d.MergeMs > 0 && d.TotalMs > 0) {
+			if !(d.SingleMs > 0 && d.AttentionMs > 0 && d.MergeMs > 0 && d.TotalMs > 0 && d.RingMs > 0) {
 				t.Errorf("P=%d backward=%v: times %+v", p, backward, d)
 			}
 		}

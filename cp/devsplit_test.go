@@ -3,6 +3,7 @@ package cp
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -18,7 +19,10 @@ import (
 // used as a device buffer), the device tensors' views read and write it
 // through their offsets and strides, the attention calls run on the CPU
 // backend and the merge kernels compute what cp's host merge computes,
-// the LSE kept in float32 between merges as on the device.
+// the LSE kept in float32 between merges as on the device. alloc
+// replaces store by a copy holding the new tensor, so that asyncDev's
+// streams read the snapshot of the store they were handed and share
+// nothing with the host but the tensors' elements.
 type hostDev struct {
 	b     attn.Backend
 	store map[*cuda.Buffer]attn.Tensor
@@ -39,8 +43,11 @@ func newHostDev() *hostDev {
 
 func (h *hostDev) alloc(dt attn.DType, shape ...int) (gpu.DeviceTensor, error) {
 	buf := new(cuda.Buffer)
-	h.store[buf] = attn.New(dt, attn.NumElements(shape))
-	h.store[buf].Fill(float32(math.NaN())) // contents undefined: NaN until written
+	t := attn.New(dt, attn.NumElements(shape))
+	t.Fill(float32(math.NaN())) // contents undefined: NaN until written
+	store := maps.Clone(h.store)
+	store[buf] = t
+	h.store = store
 	return gpu.DeviceTensor{Buf: buf, DType: dt, Shape: shape, Strides: attn.ContiguousStrides(shape)}, nil
 }
 
@@ -80,7 +87,17 @@ func (h *hostDev) copy(dst, src gpu.DeviceTensor) error {
 }
 
 func (h *hostDev) forward(q, k, v, o, lse gpu.DeviceTensor, opt attn.Options) error {
-	h.calls = append(h.calls, hostDevCall{q.Offset, k.Offset, q.Shape[1], k.Shape[1], opt.Window})
+	h.calls = append(h.calls, callOf(q, k, opt))
+	return h.runForward(q, k, v, o, lse, opt)
+}
+
+// callOf returns the record of a call on q and k under opt.
+func callOf(q, k gpu.DeviceTensor, opt attn.Options) hostDevCall {
+	return hostDevCall{q.Offset, k.Offset, q.Shape[1], k.Shape[1], opt.Window}
+}
+
+// runForward computes a forward call without recording it.
+func (h *hostDev) runForward(q, k, v, o, lse gpu.DeviceTensor, opt attn.Options) error {
 	res, err := h.b.Forward(h.host(q), h.host(k), h.host(v), opt)
 	if err == nil {
 		err = errors.Join(attn.CopyInto(h.host(o), res.O), attn.CopyInto(h.host(lse), res.LSE))
@@ -89,7 +106,12 @@ func (h *hostDev) forward(q, k, v, o, lse gpu.DeviceTensor, opt attn.Options) er
 }
 
 func (h *hostDev) backward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, opt attn.Options) error {
-	h.calls = append(h.calls, hostDevCall{q.Offset, k.Offset, q.Shape[1], k.Shape[1], opt.Window})
+	h.calls = append(h.calls, callOf(q, k, opt))
+	return h.runBackward(q, k, v, o, lse, dO, dq, dk, dv, opt)
+}
+
+// runBackward computes a backward call without recording it.
+func (h *hostDev) runBackward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, opt attn.Options) error {
 	g, err := h.b.Backward(h.host(q), h.host(k), h.host(v), h.host(o), h.host(lse), h.host(dO), opt)
 	if err == nil {
 		err = errors.Join(attn.CopyInto(h.host(dq), g.DQ), attn.CopyInto(h.host(dk), g.DK), attn.CopyInto(h.host(dv), g.DV))
@@ -137,25 +159,52 @@ func (h *hostDev) finish(a gpu.Accumulator, out gpu.DeviceTensor, lse *gpu.Devic
 }
 
 // devHarness is what the device split's checks need beyond devOps: moving
-// global tensors in and out.
+// global tensors in and out (download waits for the work enqueued
+// before), and settle, which reports through t what went wrong in the
+// work enqueued so far.
 type devHarness interface {
 	devOps
 	upload(x attn.Tensor) gpu.DeviceTensor
 	download(t gpu.DeviceTensor) attn.Tensor
+	settle(t *testing.T)
+}
+
+// settle has nothing to report: hostDev runs every operation at once.
+func (h *hostDev) settle(*testing.T) {}
+
+// splitPasses are the passes of a split laid out on a harness.
+type splitPasses struct {
+	x           *devSplit
+	forward     func() error
+	setBackward func(o, lse, dO gpu.DeviceTensor) error
+	backward    func() error
+}
+
+// splitMaker lays the split of global inputs out on a harness.
+type splitMaker func(h devHarness, st Strategy, p int, q, k, v gpu.DeviceTensor, opt attn.Options) (splitPasses, error)
+
+// oneStream lays out the split on one stream (devSplit).
+func oneStream(h devHarness, st Strategy, p int, q, k, v gpu.DeviceTensor, opt attn.Options) (splitPasses, error) {
+	x, err := newDevSplit(h, st, p, q, k, v, opt)
+	if err != nil {
+		return splitPasses{}, err
+	}
+	return splitPasses{x, func() error { return x.forward(opAll) }, x.setBackward, func() error { return x.backward(opAll) }}, nil
 }
 
 // runDevSplit runs the forward and then the backward of q, k, v (global,
-// contiguous) split by st over p ranks on h, the backward from the split's
-// own forward outputs and dO, and returns the outputs and gradients
-// unsharded; then the single calls over the whole problem on h, the
-// backward from their forward's outputs.
-func runDevSplit(t *testing.T, h devHarness, st Strategy, p int, q, k, v, dO attn.Tensor, opt attn.Options) (split, single attn.Result, splitG, singleG attn.Gradients) {
+// contiguous) split by st over p ranks on h as mk lays it out, the
+// backward from the split's own forward outputs and dO, and returns the
+// outputs and gradients unsharded; then the single calls over the whole
+// problem on h, the backward from their forward's outputs.
+func runDevSplit(t *testing.T, h devHarness, mk splitMaker, st Strategy, p int, q, k, v, dO attn.Tensor, opt attn.Options) (split, single attn.Result, splitG, singleG attn.Gradients) {
 	t.Helper()
 	dq, dk, dv, ddO := h.upload(q), h.upload(k), h.upload(v), h.upload(dO)
-	x, err := newDevSplit(h, st, p, dq, dk, dv, opt)
+	sp, err := mk(h, st, p, dq, dk, dv, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
+	x := sp.x
 	gp := x.gp
 	outs := func() (o, lse, gq, gk, gv gpu.DeviceTensor) {
 		o, _ = h.alloc(q.DType, gp.B, gp.N, gp.H, gp.DV)
@@ -169,16 +218,16 @@ func runDevSplit(t *testing.T, h devHarness, st Strategy, p int, q, k, v, dO att
 		return attn.Result{O: h.download(o), LSE: h.download(lse)}, attn.Gradients{DQ: h.download(gq), DK: h.download(gk), DV: h.download(gv)}
 	}
 	o, lse, gq, gk, gv := outs()
-	if err := x.forward(opAll); err != nil {
+	if err := sp.forward(); err != nil {
 		t.Fatal(err)
 	}
 	if err := errors.Join(x.unshard(o, x.o, 1), x.unshard(lse, x.lse, 2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := x.setBackward(o, lse, ddO); err != nil {
+	if err := sp.setBackward(o, lse, ddO); err != nil {
 		t.Fatal(err)
 	}
-	if err := x.backward(opAll); err != nil {
+	if err := sp.backward(); err != nil {
 		t.Fatal(err)
 	}
 	if err := errors.Join(x.unshard(gq, x.dq, 1), x.unshard(gk, x.dk, 1), x.unshard(gv, x.dv, 1)); err != nil {
@@ -209,10 +258,11 @@ func devCases() []accCase {
 }
 
 // checkDevSplits runs every case of devCases in dt through the device split
-// on the harness newH makes, ring and zigzag on each number of ranks, and
-// checks outputs and gradients, and those of the single calls on the same
-// harness, against the float64 oracle with the accuracy criterion.
-func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, dts []attn.DType, ps []int) {
+// mk lays out on the harness newH makes, ring and zigzag on each number of
+// ranks, and checks outputs and gradients, and those of the single calls
+// on the same harness, against the float64 oracle with the accuracy
+// criterion.
+func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, mk splitMaker, dts []attn.DType, ps []int) {
 	r := rand.New(rand.NewPCG(21, 22))
 	for _, tc := range devCases() {
 		for _, dt := range dts {
@@ -220,38 +270,15 @@ func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, dts []attn
 			k := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dk)
 			v := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dv)
 			dO := normal(r, dt, tc.b, tc.n, tc.h, tc.dv)
-			ref, err := cpu.Reference(q, k, v, tc.opt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			refG, err := cpu.ReferenceBackward(q, k, v, dO, tc.opt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			naive, naiveG := &cpu.RefOutput{}, &cpu.RefGrads{}
-			if dt != attn.Float32 {
-				if naive, err = cpu.NaiveForward(dt, q, k, v, tc.opt); err == nil {
-					naiveG, err = cpu.NaiveBackward(dt, q, k, v, dO, tc.opt)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
+			or := newOracle(t, dt, q, k, v, dO, tc.opt)
 			for _, st := range []Strategy{RingStrategy, ZigzagStrategy} {
 				for _, p := range ps {
 					t.Run(fmt.Sprintf("%s/%v/%v/P=%d", tc.name, dt, st, p), func(t *testing.T) {
-						split, single, splitG, singleG := runDevSplit(t, newH(t), st, p, q, k, v, dO, tc.opt)
-						for _, x := range []struct {
-							what string
-							res  attn.Result
-							g    attn.Gradients
-						}{{"split", split, splitG}, {"single", single, singleG}} {
-							within(t, x.what+" O", dt, 2, x.res.O.Float64s(), ref.O, naive.O)
-							within(t, x.what+" LSE", dt, 2, x.res.LSE.Float64s(), ref.LSE, naive.LSE)
-							within(t, x.what+" dQ", dt, 3, x.g.DQ.Float64s(), refG.DQ, naiveG.DQ)
-							within(t, x.what+" dK", dt, 3, x.g.DK.Float64s(), refG.DK, naiveG.DK)
-							within(t, x.what+" dV", dt, 3, x.g.DV.Float64s(), refG.DV, naiveG.DV)
-						}
+						h := newH(t)
+						split, single, splitG, singleG := runDevSplit(t, h, mk, st, p, q, k, v, dO, tc.opt)
+						h.settle(t)
+						or.check(t, "split", dt, split, splitG)
+						or.check(t, "single", dt, single, singleG)
 					})
 				}
 			}
@@ -267,7 +294,7 @@ func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, dts []attn
 // causal under both alignments and not, GQA and MQA, DK ≠ DV, windows,
 // softcap.
 func TestDeviceSplitOnHost(t *testing.T) {
-	checkDevSplits(t, func(*testing.T) devHarness { return newHostDev() }, []attn.DType{attn.Float32, attn.BFloat16}, []int{1, 2, 3, 4, 6})
+	checkDevSplits(t, func(*testing.T) devHarness { return newHostDev() }, oneStream, []attn.DType{attn.Float32, attn.BFloat16}, []int{1, 2, 3, 4, 6})
 }
 
 // recorder is a backend that records the q and k views of every call it
@@ -277,9 +304,64 @@ type recorder struct {
 	calls []hostDevCall
 }
 
+// hostCallOf returns the record of a call on host tensors q and k.
+func hostCallOf(q, k attn.Tensor, opt attn.Options) hostDevCall {
+	return hostDevCall{int64(q.Offset), int64(k.Offset), q.Shape[1], k.Shape[1], opt.Window}
+}
+
 func (r *recorder) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
-	r.calls = append(r.calls, hostDevCall{int64(q.Offset), int64(k.Offset), q.Shape[1], k.Shape[1], opt.Window})
+	r.calls = append(r.calls, hostCallOf(q, k, opt))
 	return r.Backend.Forward(q, k, v, opt)
+}
+
+func (r *recorder) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	r.calls = append(r.calls, hostCallOf(q, k, opt))
+	return r.Backend.Backward(q, k, v, o, lse, dO, opt)
+}
+
+// hostRingCalls runs the host ring of st over p in-process ranks on q, k,
+// v (and when backward is set the backward, from its forward's outputs
+// and dO) and returns the calls each rank made, in order.
+func hostRingCalls(t *testing.T, st Strategy, p int, q, k, v, dO attn.Tensor, opt attn.Options, backward bool) [][]hostDevCall {
+	t.Helper()
+	recs := make([]*recorder, p)
+	sim := st.Sim(cpu.New(), p)
+	sim.Timeout = testTimeout
+	sim.wrap = func(rank int, b attn.Backend, tr Transport) (attn.Backend, Transport) {
+		if recs[rank] == nil { // the forward's; the backward's calls follow
+			recs[rank] = &recorder{Backend: b}
+		}
+		return recs[rank], tr
+	}
+	res, err := sim.Forward(q, k, v, opt)
+	if err == nil && backward {
+		_, err = sim.Backward(q, k, v, res.O, res.LSE, dO, opt)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]hostDevCall, p)
+	for r, rec := range recs {
+		out[r] = rec.calls
+	}
+	return out
+}
+
+// sameCalls checks that each rank's device calls are the host ring's.
+func sameCalls(t *testing.T, dev, host [][]hostDevCall) {
+	t.Helper()
+	for rank, want := range host {
+		got := dev[rank]
+		if len(got) != len(want) {
+			t.Fatalf("rank %d: %d device calls, the host ring made %d", rank, len(got), len(want))
+		}
+		for j, c := range want {
+			d := got[j]
+			if c.qOff != d.qOff || c.kOff != d.kOff || c.nq != d.nq || c.nk != d.nk || fmt.Sprint(c.window) != fmt.Sprint(d.window) {
+				t.Fatalf("rank %d call %d: device %+v, host ring %+v", rank, j, d, c)
+			}
+		}
+	}
 }
 
 // TestDevicePlanMatchesRing checks that the device split makes, rank by
@@ -296,16 +378,7 @@ func TestDevicePlanMatchesRing(t *testing.T) {
 					q := normal(r, attn.Float32, tc.b, tc.n, tc.h, tc.dk)
 					k := normal(r, attn.Float32, tc.b, tc.m, tc.hkv, tc.dk)
 					v := normal(r, attn.Float32, tc.b, tc.m, tc.hkv, tc.dv)
-					recs := make([]*recorder, p)
-					sim := st.Sim(cpu.New(), p)
-					sim.Timeout = testTimeout
-					sim.wrap = func(rank int, b attn.Backend, tr Transport) (attn.Backend, Transport) {
-						recs[rank] = &recorder{Backend: b}
-						return recs[rank], tr
-					}
-					if _, err := sim.Forward(q, k, v, tc.opt); err != nil {
-						t.Fatal(err)
-					}
+					host := hostRingCalls(t, st, p, q, k, v, attn.Tensor{}, tc.opt, false)
 					h := newHostDev()
 					x, err := newDevSplit(h, st, p, h.upload(q), h.upload(k), h.upload(v), tc.opt)
 					if err != nil {
@@ -326,18 +399,7 @@ func TestDevicePlanMatchesRing(t *testing.T) {
 					if i != len(h.calls) || x.calls != i {
 						t.Fatalf("%d calls recorded, %d counted, the plan has %d", len(h.calls), x.calls, i)
 					}
-					for rank, rec := range recs {
-						dev := byRank[rank]
-						if len(dev) != len(rec.calls) {
-							t.Fatalf("rank %d: %d device calls, the host ring made %d", rank, len(dev), len(rec.calls))
-						}
-						for j, c := range rec.calls {
-							d := dev[j]
-							if c.qOff != d.qOff || c.kOff != d.kOff || c.nq != d.nq || c.nk != d.nk || fmt.Sprint(c.window) != fmt.Sprint(d.window) {
-								t.Fatalf("rank %d call %d: device %+v, host ring %+v", rank, j, d, c)
-							}
-						}
-					}
+					sameCalls(t, byRank, host)
 				})
 			}
 		}
@@ -432,5 +494,25 @@ func TestDeviceSplitRefused(t *testing.T) {
 	}
 	if _, err := MeasureDeviceSplit(nil, RingStrategy, 2, false, q, q, q, q, attn.Options{}, 1); !errors.Is(err, attn.ErrOption) {
 		t.Errorf("no backend: %v, want ErrOption", err)
+	}
+	if _, err := NewDeviceRing(nil, RingStrategy, 2, q, q, q, attn.Options{}); !errors.Is(err, attn.ErrOption) {
+		t.Errorf("device ring, no backend: %v, want ErrOption", err)
+	}
+	d := newAsyncDev(t, false, 0, 0, -1)
+	for _, tc := range []struct {
+		name string
+		st   Strategy
+		p    int
+		opt  attn.Options
+		want error
+	}{
+		{"a2a", AllToAllStrategy, 2, attn.Options{}, attn.ErrUnsupported},
+		{"uneven", ZigzagStrategy, 5, attn.Options{}, attn.ErrShape},
+		{"dropout", RingStrategy, 2, attn.Options{Dropout: 0.1}, attn.ErrUnsupported},
+	} {
+		dq := d.upload(normal(r, attn.Float32, 1, 48, 2, 8))
+		if _, err := newDevRing(d, tc.st, tc.p, dq, dq, dq, tc.opt); !errors.Is(err, tc.want) {
+			t.Errorf("device ring, %s: %v, want an error wrapping %v", tc.name, err, tc.want)
+		}
 	}
 }

@@ -190,8 +190,40 @@
 // over the whole problem, the split whole, its calls alone and its merge
 // kernels alone are each captured in a CUDA graph and timed by events over
 // replays (DeviceSplit). The split's total is the compute a real P-GPU run
-// spreads over its GPUs, communication aside. The device operations go
-// through one small interface, so that tests run the whole algorithm on
-// the host too, against the float64 oracle. It takes ring and zigzag
-// (not a2a or hybrid) on padded batches without bias or dropout.
+// spreads over its GPUs, communication aside; the same split as the
+// device ring runs it is timed too (DeviceSplit.RingMs). The device
+// operations go through one small interface, so that tests run the whole
+// algorithm on the host too, against the float64 oracle. It takes ring
+// and zigzag (not a2a or hybrid) on padded batches without bias or
+// dropout.
+//
+// # The ring on one GPU
+//
+// DeviceRing runs the ring or zigzag split over P virtual ranks on one
+// GPU as P GPUs would run it, everything on the device. Every rank has a
+// compute stream and a communication stream. At step s the compute stream
+// runs the rank's calls of the step (the host ring's plan) on views of its
+// shards and of the K/V block it holds, each followed by the merge kernel
+// into its float32 accumulator, while the communication stream copies the
+// block its predecessor holds, device to device, into the rank's other
+// K/V buffer: the block of step s+1 (double buffers; step 0 reads the
+// rank's own shards). The backward sends K/V round again; the float32
+// dK/dV accumulator of each block travels with it one step behind (copied
+// in while the step's first backward call runs, added into once it has
+// landed) and hops to its owner after the last step, so every element's
+// sums run in the host ring's order; dQ accumulates on the rank's compute
+// stream. Events order the streams only where a buffer passes between
+// them: a step's calls wait for their block's copy, and their dK/dV adds
+// for the accumulator's; a copy waits for its source to have landed (or,
+// for an accumulator, its adds to be done), and for the calls and the
+// copy that read its destination to have finished; each pass forks every
+// stream from the ring's own stream (Stream) and joins them back, so that
+// the work enqueued there afterwards sees the results and a pass captures
+// into one CUDA graph. A step whose block is wholly masked has no calls
+// and waits for no K/V. The tests run the same schedule on a host stand-in
+// whose streams are goroutines with random delays, against the float64
+// oracle, and check the enqueued schedule itself with vector clocks: no
+// two operations on overlapping elements, one writing, are unordered, and
+// leaving out any one wait makes such a pair. Sim.OnDevice runs Sim's
+// calls through a DeviceRing on the CUDA backend.
 package cp

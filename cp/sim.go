@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/gpu"
 )
 
 // Sim is an attn.Backend that runs each call through P in-process ranks
@@ -26,6 +27,14 @@ type Sim struct {
 	Groups int
 	// Timeout, when positive, bounds each call.
 	Timeout time.Duration
+	// OnDevice runs each call as a DeviceRing on the GPU of Backend, which
+	// must then be the CUDA backend (*gpu.Backend) and Scheme Ring: the
+	// global inputs are uploaded, the ranks' K/V blocks travel between
+	// their buffers by device-to-device copies on the ranks' streams, and
+	// the outputs come back; it takes what DeviceRing takes (padded
+	// batches, no bias or dropout). Otherwise the ranks are goroutines
+	// exchanging host memory, whatever the backend.
+	OnDevice bool
 
 	// wrap, when set, replaces each rank's backend and transport (used to
 	// meter them, see MeasureSplit).
@@ -94,6 +103,17 @@ type sharded struct {
 
 // Forward computes O and the LSE of the global problem with P ranks.
 func (s *Sim) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	if s.OnDevice {
+		out, err := s.onDevice(q, k, v, opt, nil, func(p *attn.Problem) []outSpec {
+			return []outSpec{{q.DType, []int{p.B, p.N, p.H, p.DV}}, {attn.Float32, []int{p.B, p.H, p.N}}}
+		}, func(d *DeviceRing, in, out []gpu.DeviceTensor) error {
+			return d.Forward(in[0], in[1], in[2], out[0], out[1])
+		})
+		if err != nil {
+			return attn.Result{}, err
+		}
+		return attn.Result{O: out[0], LSE: out[1]}, nil
+	}
 	os, lses := make([]attn.Tensor, s.P), make([]attn.Tensor, s.P)
 	cq, ck := opt.CuSeqlensQ, opt.CuSeqlensK
 	err := s.run(q, k, v, opt, []sharded{{"q", q, 1, cq}, {"k", k, 1, ck}, {"v", v, 1, ck}},
@@ -127,6 +147,17 @@ func (s *Sim) unshard(parts [][]attn.Tensor, axes []int, cus [][]int32) ([]attn.
 
 // Backward computes the gradients of the global problem with P ranks.
 func (s *Sim) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	if s.OnDevice {
+		out, err := s.onDevice(q, k, v, opt, []attn.Tensor{o, lse, dO}, func(*attn.Problem) []outSpec {
+			return []outSpec{{q.DType, q.Shape}, {q.DType, k.Shape}, {q.DType, v.Shape}}
+		}, func(d *DeviceRing, in, out []gpu.DeviceTensor) error {
+			return d.Backward(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2])
+		})
+		if err != nil {
+			return attn.Gradients{}, err
+		}
+		return attn.Gradients{DQ: out[0], DK: out[1], DV: out[2]}, nil
+	}
 	dqs, dks, dvs := make([]attn.Tensor, s.P), make([]attn.Tensor, s.P), make([]attn.Tensor, s.P)
 	cq, ck := opt.CuSeqlensQ, opt.CuSeqlensK
 	err := s.run(q, k, v, opt, []sharded{{"q", q, 1, cq}, {"k", k, 1, ck}, {"v", v, 1, ck}, {"o", o, 1, cq}, {"lse", lse, 2, cq}, {"dO", dO, 1, cq}},
@@ -144,4 +175,77 @@ func (s *Sim) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.
 		return attn.Gradients{}, err
 	}
 	return attn.Gradients{DQ: out[0], DK: out[1], DV: out[2]}, nil
+}
+
+// outSpec is the dtype and shape of an output of a call on the device.
+type outSpec struct {
+	dt    attn.DType
+	shape []int
+}
+
+// onDevice runs a call as a DeviceRing (OnDevice): q, k, v and then more
+// are uploaded contiguous, outputs of the specs outs gives for the global
+// problem allocated, call enqueues the work on the ring, and the outputs
+// are downloaded.
+func (s *Sim) onDevice(q, k, v attn.Tensor, opt attn.Options, more []attn.Tensor, outs func(*attn.Problem) []outSpec,
+	call func(d *DeviceRing, in, out []gpu.DeviceTensor) error) ([]attn.Tensor, error) {
+	b, ok := s.Backend.(*gpu.Backend)
+	if !ok {
+		name := "none"
+		if s.Backend != nil {
+			name = s.Backend.Name()
+		}
+		return nil, attn.Errorf(attn.ErrUnsupported, "cp: Sim.OnDevice runs on the CUDA backend, not %s", name)
+	}
+	if s.Scheme != Ring {
+		return nil, attn.Errorf(attn.ErrUnsupported, "cp: Sim.OnDevice runs the ring scheme, not %v", s.Scheme)
+	}
+	if packed(opt) {
+		return nil, attn.Errorf(attn.ErrUnsupported, "cp: Sim.OnDevice: a packed batch")
+	}
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		return nil, err
+	}
+	var held []gpu.DeviceTensor
+	defer func() {
+		for _, t := range held {
+			t.Free()
+		}
+	}()
+	in := make([]gpu.DeviceTensor, 0, 3+len(more))
+	for _, t := range append([]attn.Tensor{q, k, v}, more...) {
+		c, err := contiguous(t)
+		if err != nil {
+			return nil, err
+		}
+		d, err := b.Upload(c)
+		if err != nil {
+			return nil, fmt.Errorf("cp: %w", err)
+		}
+		held, in = append(held, d), append(in, d)
+	}
+	var out []gpu.DeviceTensor
+	for _, o := range outs(p) {
+		d, err := gpu.NewDeviceTensor(b.Device(), o.dt, o.shape...)
+		if err != nil {
+			return nil, fmt.Errorf("cp: %w", err)
+		}
+		held, out = append(held, d), append(out, d)
+	}
+	d, err := NewDeviceRing(b, Strategy{Layout: s.Layout, Scheme: s.Scheme}, s.P, in[0], in[1], in[2], opt)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	if err := call(d, in, out); err != nil {
+		return nil, err
+	}
+	res := make([]attn.Tensor, len(out))
+	for i, t := range out {
+		if res[i], err = b.Download(d.Stream(), t); err != nil {
+			return nil, fmt.Errorf("cp: %w", err)
+		}
+	}
+	return res, nil
 }

@@ -22,7 +22,11 @@
 // copies and memsets run on the legacy default stream and return when done;
 // the Async variants take a *Stream (nil means the legacy default stream).
 // AllocHost gives pinned host memory for truly asynchronous copies. Events
-// mark points in a stream and time them (ElapsedMs). Stream.BeginCapture
+// mark points in a stream and time them (ElapsedMs); NewEventNoTiming makes
+// one for ordering only. Stream.WaitEvent makes a stream wait for an event
+// another recorded; during a capture such a record and wait fork the
+// capture onto the waiting stream, and a second pair joins it back.
+// Stream.BeginCapture
 // and EndCapture record a stream's work into a Graph that Launch replays
 // with one call.
 //

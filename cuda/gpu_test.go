@@ -413,6 +413,20 @@ struct EmptyParams { float* p; };
 extern "C" __global__ void empty(EmptyParams p) {}
 `
 
+// newCounter returns a zeroed 8-byte device counter, freed when t ends.
+func newCounter(t *testing.T, d *Device) *Buffer {
+	t.Helper()
+	counter, err := d.Alloc(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { counter.Free() })
+	if err := d.Memset8(counter, 0); err != nil {
+		t.Fatal(err)
+	}
+	return counter
+}
+
 func TestEvents(t *testing.T) {
 	d := testDevice(t)
 	f := compileFunc(t, d, CompileRequest{Name: "spin.cu", Source: spinSource}, "spin")
@@ -421,14 +435,7 @@ func TestEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	counter, err := d.Alloc(8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer counter.Free()
-	if err := d.Memset8(counter, 0); err != nil {
-		t.Fatal(err)
-	}
+	counter := newCounter(t, d)
 	start, err := d.NewEvent()
 	if err != nil {
 		t.Fatal(err)
@@ -498,6 +505,94 @@ func TestEvents(t *testing.T) {
 	}
 	if n := binary.LittleEndian.Uint64(got); n != 5 {
 		t.Errorf("counter seen by the waiting stream = %d, want 5", n)
+	}
+}
+
+// TestEventNoTimingForkJoin checks ordering-only events: a pair of them
+// forks a stream's work onto a second stream and joins it back, eagerly
+// (the first stream sees the second one's 2 ms kernel done) and in a
+// captured graph, whose replays run the second stream's kernel too; they
+// refuse ElapsedMs.
+func TestEventNoTimingForkJoin(t *testing.T) {
+	d := testDevice(t)
+	f := compileFunc(t, d, CompileRequest{Name: "spin.cu", Source: spinSource}, "spin")
+	var streams [2]*Stream
+	var events [2]*Event
+	for i := range 2 {
+		var err error
+		if streams[i], err = d.NewStreamNonBlocking(); err != nil {
+			t.Fatal(err)
+		}
+		defer streams[i].Close()
+		if events[i], err = d.NewEventNoTiming(); err != nil {
+			t.Fatal(err)
+		}
+		defer events[i].Close()
+	}
+	s1, s2, fork, join := streams[0], streams[1], events[0], events[1]
+	counter := newCounter(t, d)
+	clock, err := d.Attribute(AttrClockRate) // kHz
+	if err != nil || clock <= 0 {
+		clock = 1500000
+	}
+	spin := func(cycles int64) []byte {
+		return argsOf(1, true, false, false).Pack(&ptrsArgs{p: [3]uint64{counter.Ptr()}, i64: cycles})
+	}
+	one := [3]uint32{1, 1, 1}
+	// work forks onto s2 (blocks CTAs spinning for cycles, each adding 1),
+	// joins back, and adds 1 on s1
+	work := func(blocks uint32, cycles int64) error {
+		if err := fork.Record(s1); err != nil {
+			return err
+		}
+		if err := s2.WaitEvent(fork); err != nil {
+			return err
+		}
+		if err := d.Launch(f, [3]uint32{blocks, 1, 1}, [3]uint32{32, 1, 1}, 0, s2, spin(cycles)); err != nil {
+			return err
+		}
+		if err := join.Record(s2); err != nil {
+			return err
+		}
+		if err := s1.WaitEvent(join); err != nil {
+			return err
+		}
+		return d.Launch(f, one, one, 0, s1, spin(1000))
+	}
+	if err := work(4, int64(clock)*2); err != nil { // about 2 ms on s2
+		t.Fatal(err)
+	}
+	// the counter as the work enqueued on s1 so far leaves it
+	count := func() uint64 {
+		t.Helper()
+		got := make([]byte, 8)
+		if err := d.CopyFromDeviceAsync(got, counter, 0, s1); err != nil {
+			t.Fatal(err)
+		}
+		return binary.LittleEndian.Uint64(got)
+	}
+	if n := count(); n != 5 {
+		t.Errorf("counter seen on the joined stream = %d, want 5", n)
+	}
+	if _, err := ElapsedMs(fork, join); err == nil {
+		t.Error("ElapsedMs on events without timing succeeded")
+	}
+	if err := s1.BeginCapture(CaptureThreadLocal); err != nil {
+		t.Fatal(err)
+	}
+	werr := work(1, 1000)
+	g, err := s1.EndCapture()
+	if werr != nil || err != nil {
+		t.Fatalf("capture: %v, %v", werr, err)
+	}
+	defer g.Close()
+	for range 3 {
+		if err := g.Launch(s1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(); n != 11 {
+		t.Errorf("counter after 3 replays of the fork/join graph = %d, want 11", n)
 	}
 }
 

@@ -126,10 +126,24 @@ type Event struct {
 	closed atomic.Bool
 }
 
+// Event creation flags.
+const (
+	eventDefault       = 0x0 // CU_EVENT_DEFAULT
+	eventDisableTiming = 0x2 // CU_EVENT_DISABLE_TIMING
+)
+
 // NewEvent creates an event with timing enabled (CU_EVENT_DEFAULT).
-func (d *Device) NewEvent() (*Event, error) {
+func (d *Device) NewEvent() (*Event, error) { return d.newEvent(eventDefault) }
+
+// NewEventNoTiming creates an event without timestamps
+// (CU_EVENT_DISABLE_TIMING), for ordering only: one stream records it and
+// others wait for it (Stream.WaitEvent), which the driver handles more
+// cheaply than a timing event. ElapsedMs fails on it.
+func (d *Device) NewEventNoTiming() (*Event, error) { return d.newEvent(eventDisableTiming) }
+
+func (d *Device) newEvent(flags uintptr) (*Event, error) {
 	e := &Event{dev: d}
-	if err := d.createTracked("cuEventCreate", d.api.cuEventCreate, d.api.cuEventDestroy, resEvent, unsafe.Pointer(&e.h), 0); err != nil {
+	if err := d.createTracked("cuEventCreate", d.api.cuEventCreate, d.api.cuEventDestroy, resEvent, unsafe.Pointer(&e.h), flags); err != nil {
 		return nil, err
 	}
 	return e, nil

@@ -73,10 +73,14 @@ Flags:
                             accumulators, back to back on one stream, against
                             the single call; prints, per P, the single call,
                             the sum of the step calls, the merge kernels, their
-                            total and its ratio to the single call (CUDA graphs
-                            timed by events, medians of --repeats replays,
-                            default 5). --cp then takes a list (2,4,8);
-                            --cp-scheme ring or zigzag
+                            total and its ratio to the single call, and the
+                            split as the device ring runs it (each rank's calls
+                            on its compute stream while its communication
+                            stream copies the next K/V block, all ranks at
+                            once) with that time over P² (a rank's step)
+                            (CUDA graphs timed by events, medians of --repeats
+                            replays, default 5). --cp then takes a list
+                            (2,4,8); --cp-scheme ring or zigzag
 `
 
 func init() {

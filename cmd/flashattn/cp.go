@@ -249,15 +249,26 @@ func benchCPSplit(w io.Writer, backend string, c bench.Case, f *cpFlags, timing 
 			Split   []bench.CPSplitResult `json:"cp_split"`
 		}{c, "cuda", bench.HostDevice(), rs})
 	}
+	printCPSplit(w, c, s, rs)
+	return nil
+}
+
+// printCPSplit prints the device-resident split results rs of case c by
+// strategy s: a line per P and pass.
+func printCPSplit(w io.Writer, c bench.Case, s cp.Strategy, rs []bench.CPSplitResult) {
 	fmt.Fprintf(w, "backend  cuda · device-resident split\n")
 	fmt.Fprintf(w, "case     %s\n", c.String())
-	fmt.Fprintf(w, "cp       %v: every rank's step calls and merge kernels back to back on one stream, against the single call\n", s)
-	fmt.Fprintf(w, "         (CUDA graphs timed by events, medians of %d replays; ms)\n", rs[0].Repeats)
-	fmt.Fprintf(w, "%4s %-4s %10s %10s %10s %10s %8s %6s %7s\n", "P", "pass", "single", "steps", "merges", "total", "ratio", "calls", "kernels")
-	for _, r := range rs {
-		fmt.Fprintf(w, "%4d %-4s %10.4g %10.4g %10.4g %10.4g %7.3f× %6d %7d\n", r.Ranks, r.Pass, r.SingleMs, r.AttentionMs, r.MergeMs, r.TotalMs, r.Ratio, r.Calls, r.Merges)
+	fmt.Fprintf(w, "cp       %v: every rank's step calls and merge kernels back to back on one stream, against the single call;\n", s)
+	fmt.Fprintf(w, "         ring: the same as the device ring runs it, each rank's calls on its compute stream while its\n")
+	fmt.Fprintf(w, "         communication stream copies the next block, all ranks at once; step: ring / P², a rank's step\n")
+	if len(rs) > 0 {
+		fmt.Fprintf(w, "         (CUDA graphs timed by events, medians of %d replays; ms)\n", rs[0].Repeats)
 	}
-	return nil
+	fmt.Fprintf(w, "%4s %-4s %10s %10s %10s %10s %8s %10s %10s %6s %7s\n", "P", "pass", "single", "steps", "merges", "total", "ratio", "ring", "step", "calls", "kernels")
+	for _, r := range rs {
+		fmt.Fprintf(w, "%4d %-4s %10.4g %10.4g %10.4g %10.4g %7.3f× %10.4g %10.4g %6d %7d\n", r.Ranks, r.Pass, r.SingleMs, r.AttentionMs, r.MergeMs, r.TotalMs, r.Ratio,
+			r.RingMs, r.RingStepMs, r.Calls, r.Merges)
+	}
 }
 
 // writeJSON writes v to w as indented JSON.
