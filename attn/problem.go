@@ -267,7 +267,7 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 	if opt.Align != AlignBottomRight && opt.Align != AlignTopLeft {
 		return nil, Errorf(ErrOption, "align %d is neither bottom-right nor top-left", int(opt.Align))
 	}
-	if err := p.checkDropoutAt(); err != nil {
+	if err := p.CheckDropoutAt(); err != nil {
 		return nil, err
 	}
 	p.ResolveMask()
@@ -279,9 +279,10 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 	return p, nil
 }
 
-// checkDropoutAt validates Opt.DropoutAt: offsets ≥ 0, and the call's
-// heads inside the larger problem's.
-func (p *Problem) checkDropoutAt() error {
+// CheckDropoutAt validates Opt.DropoutAt: offsets ≥ 0, and the call's
+// heads inside the larger problem's. NewProblem calls it; backends that
+// build a Problem of their own call it too.
+func (p *Problem) CheckDropoutAt() error {
 	d := p.Opt.DropoutAt
 	if d == nil {
 		return nil

@@ -199,6 +199,8 @@ func bwdParams(p *attn.Problem, a *bwdArgs, w bwdWorkspace) kernels.BwdParams {
 		kp.DropThreshold, kp.DropScale = p.DropThreshold, float32(p.DropScale)
 		kp.SeedLo, kp.SeedHi = uint32(p.Opt.Seed), uint32(p.Opt.Seed>>32)
 		kp.DropOffs = p.Opt.Offset
+		head, heads, qo, ko := p.DropoutPlace(0)
+		kp.DropQ0, kp.DropK0, kp.DropH0, kp.DropHeads = uint32(qo), uint32(ko), uint32(head), uint32(heads)
 	}
 	if a.Bias != nil {
 		kp.Bias = a.Bias.Ptr

@@ -55,6 +55,7 @@ type bwdCase struct {
 	dtypes        []attn.DType
 	deterministic bool
 	headMajor     bool // inputs stored [B, H, N, D] (strided views; host emulator only)
+	dropAt        *attn.DropoutOrigin
 }
 
 func bwdCases() []bwdCase {
@@ -147,7 +148,7 @@ func (c bwdCase) inputs(t testing.TB, dt attn.DType, seed uint64) bwdInputs {
 	r := rand.New(rand.NewPCG(seed, 7))
 	var in bwdInputs
 	in.opt = attn.Options{Scale: c.scale, Softcap: c.softcap, Causal: c.causal, Align: c.align, Window: c.window, Dropout: c.dropout,
-		Seed: 0x1234_5678_9abc_def0 ^ seed, Offset: 3, CuSeqlensQ: c.cuQ, CuSeqlensK: c.cuK, Deterministic: c.deterministic}
+		Seed: 0x1234_5678_9abc_def0 ^ seed, Offset: 3, CuSeqlensQ: c.cuQ, CuSeqlensK: c.cuK, Deterministic: c.deterministic, DropoutAt: c.dropAt}
 	if c.cuQ != nil {
 		tq, tk := int(c.cuQ[len(c.cuQ)-1]), int(c.cuK[len(c.cuK)-1])
 		in.q = randTensor(r, dt, 1, tq, c.h, c.dk)

@@ -270,7 +270,9 @@ func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, erro
 		return nil, attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", o.Dropout)
 	}
 	if o.DropoutAt != nil && o.Dropout > 0 {
-		return nil, attn.Errorf(attn.ErrUnsupported, "cuda backend: dropout placed inside a larger problem (Options.DropoutAt)")
+		if err := checkDropoutAt(p); err != nil {
+			return nil, err
+		}
 	}
 	if o.Align != attn.AlignBottomRight && o.Align != attn.AlignTopLeft {
 		return nil, attn.Errorf(attn.ErrOption, "align %d is neither bottom-right nor top-left", int(o.Align))
@@ -345,6 +347,25 @@ func checkOutputs(p *attn.Problem, dt attn.DType, o, lse DeviceTensor) error {
 				return attn.Errorf(attn.ErrShape, "%s shape %v, want %v", x.name, x.got, x.want)
 			}
 		}
+	}
+	return nil
+}
+
+// checkDropoutAt validates a dropout origin (attn.Options.DropoutAt) for
+// the kernels: the checks every backend makes, positions and heads that fit
+// the 32-bit counter words, and a key origin that is a multiple of 16 (the
+// kernels draw the mask in 16-key blocks aligned to their tiles).
+func checkDropoutAt(p *attn.Problem) error {
+	if err := p.CheckDropoutAt(); err != nil {
+		return err
+	}
+	d := p.Opt.DropoutAt
+	if d.Key%16 != 0 {
+		return attn.Errorf(attn.ErrUnsupported, "cuda backend: dropout key origin %d is not a multiple of 16 (Options.DropoutAt)", d.Key)
+	}
+	head, heads, qo, ko := p.DropoutPlace(0)
+	if int64(qo)+int64(p.N) > math.MaxInt32 || int64(ko)+int64(p.M) > math.MaxInt32 || int64(p.B)*int64(heads)+int64(head)+int64(p.H) > math.MaxUint32 {
+		return attn.Errorf(attn.ErrUnsupported, "cuda backend: dropout origin %+v places the call past the mask's 32-bit positions", *d)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
@@ -230,3 +231,43 @@ func TestDropoutKeepMaskBackwardEmulated(t *testing.T) {
 		})
 	}
 }
+
+// TestDropoutAtEmulated runs calls placed inside a larger problem
+// (Options.DropoutAt: query, key and head origins) on the host emulator,
+// forward and backward, on the mma.sync kernels and the Hopper ones by
+// tensor maps (lockstep and the persistent pipeline; bulk dQ backward),
+// against the float64 reference with the same origin; the outputs must
+// also differ from the call's own mask, so that the origin reached the
+// kernels.
+func TestDropoutAtEmulated(t *testing.T) {
+	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	at := &attn.DropoutOrigin{Query: 37, Key: 48, Head: 1, Heads: 5}
+	c := bwdCase{name: "dropout-at", b: 2, n: 70, m: 96, h: 2, hkv: 1, dk: 64, dv: 64, dropout: 0.25, causal: true, dropAt: at}
+	own := c
+	own.dropAt = nil
+	for _, kd := range []struct {
+		name     string
+		fwd, bwd emuKernels
+	}{{"mma", emuMMA, emuMMA}, {"tensor-maps", emuHopperTMA, emuHopperTMA}, {"persistent-bulkdq", emuHopperPT, emuHopperBulk}} {
+		t.Run(kd.name, func(t *testing.T) {
+			t.Parallel()
+			in, base := c.inputs(t, attn.BFloat16, 41), own.inputs(t, attn.BFloat16, 41)
+			res, vr := fwdEmuRunOn(t, in.q, in.k, in.v, in.opt, kd.fwd)
+			t.Logf("%s", vr.Name())
+			fwdCheck(t, attn.BFloat16, in.q, in.k, in.v, in.opt, res)
+			if ownRes, _ := fwdEmuRunOn(t, base.q, base.k, base.v, base.opt, kd.fwd); tensorsEqual(ownRes.O, res.O) {
+				t.Fatal("forward: O with the origin equals O without it: the origin did not reach the kernel")
+			}
+			ref, naive := in.oracles(t)
+			g := emuRunOn(t, in, DQAtomic, false, kd.bwd)
+			checkGrads(t, attn.BFloat16, g, ref, naive)
+			if ownG := emuRunOn(t, base, DQAtomic, false, kd.bwd); tensorsEqual(ownG.DV, g.DV) {
+				t.Fatal("backward: dV with the origin equals dV without it")
+			}
+		})
+	}
+}
+
+// tensorsEqual reports whether a and b hold the same bytes.
+func tensorsEqual(a, b attn.Tensor) bool { return bytes.Equal(a.Bytes(), b.Bytes()) }

@@ -268,6 +268,8 @@ func fwdParams(r fwdRequest) kernels.Params {
 		pr.DropThreshold, pr.DropScale = r.p.DropThreshold, float32(r.p.DropScale)
 		pr.SeedLo, pr.SeedHi = uint32(opt.Seed), uint32(opt.Seed>>32)
 		pr.DropOffset = opt.Offset
+		head, heads, qo, ko := r.p.DropoutPlace(0)
+		pr.DropQ0, pr.DropK0, pr.DropH0, pr.DropHeads = uint32(qo), uint32(ko), uint32(head), uint32(heads)
 	}
 	return pr
 }

@@ -114,7 +114,7 @@ DEV bool nf_pair(const BwdParams& p, int b, int h, int kvh, long long qr0, long 
 	}
 	b.WriteString("  pd = pr;\n")
 	if v.Dropout {
-		b.WriteString(`  const bool kept = drop_u8((unsigned)i, (unsigned)j, (unsigned)(b * p.H + h), p.drop_offset, p.seed_lo, p.seed_hi) < p.drop_threshold;
+		b.WriteString(`  const bool kept = drop_u8((unsigned)i + p.drop_q0, (unsigned)j + p.drop_k0, (unsigned)(b * p.drop_heads + p.drop_h0 + h), p.drop_offset, p.seed_lo, p.seed_hi) < p.drop_threshold;
   dp = kept ? dp * p.drop_scale : 0.f;  // (a dropped key's dO·V is not taken)
   pd = kept ? pr * p.drop_scale : 0.f;
 `)

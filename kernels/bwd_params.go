@@ -40,6 +40,8 @@ type BwdParams struct {
 	DropScale                float32 // dropout: 256/T (package philox)
 	DropThreshold            uint32  // dropout: T = round(256·(1 − p)); keep when the element's 8-bit number is below it
 	SeedLo, SeedHi, DropOffs uint32
+	// DropoutAt's origin, as Params.DropQ0 … DropHeads of the forward.
+	DropQ0, DropK0, DropH0, DropHeads uint32
 }
 
 // bwdStrides lists the stride triples of BwdParams in declaration order,
@@ -126,6 +128,10 @@ var bwdParamsStruct = func() *CStruct[BwdParams] {
 		u32("seed_lo", func(p *P) uint32 { return p.SeedLo }),
 		u32("seed_hi", func(p *P) uint32 { return p.SeedHi }),
 		u32("drop_offset", func(p *P) uint32 { return p.DropOffs }),
+		u32("drop_q0", func(p *P) uint32 { return p.DropQ0 }),
+		u32("drop_k0", func(p *P) uint32 { return p.DropK0 }),
+		u32("drop_h0", func(p *P) uint32 { return p.DropH0 }),
+		u32("drop_heads", func(p *P) uint32 { return p.DropHeads }),
 	)
 	return NewCStruct("BwdParams", 8, fs...)
 }()

@@ -492,7 +492,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 		// keys start at j0 + wns·TN with j0 a multiple of BlockN (16·k): 16-aligned when TN is
 		fmt.Fprintf(b, "    u32 dkeep[%d][%d];  // dropout keep bits of this warp's S tile: bit 4·(nt %% 8) + e keeps element e of (mt, nt)\n    %s\n",
 			st.MT, (st.NT+7)/8, dropBitsCall("dkeep", fmt.Sprint(st.MT), fmt.Sprint(st.NT), st.TN%16 == 0,
-				fmt.Sprintf("i0 + wms * %d", st.TM), fmt.Sprintf("j0 + wns * %d", st.TN), "(u32)(b * p.H + h)", "p"))
+				fmt.Sprintf("i0 + wms * %d + p.drop_q0", st.TM), fmt.Sprintf("j0 + wns * %d + p.drop_k0", st.TN), "(u32)(b * p.drop_heads + p.drop_h0 + h)", "p"))
 	}
 	bwdPairLoop(b, st)
 	b.WriteString(`      (void)qi;

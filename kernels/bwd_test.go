@@ -137,8 +137,8 @@ func TestBwdValidate(t *testing.T) {
 func TestBwdParamsLayout(t *testing.T) {
 	p := BwdParams{Q: 0x1122334455667788, PDO: 0x99, NFFlag: 0x77, PDOS: BwdStrides{Head: -2}, LSEBatch: 5, DBiasElems: 1 << 33, B: 3, DropOffs: 0xdeadbeef}
 	b := p.Pack()
-	if len(b) != 640 || bwdParamsStruct.Size() != 640 {
-		t.Fatalf("params of %d bytes, want 640: 22 pointers, 48 strides and counts, 19 four-byte fields, 4 bytes of padding", len(b))
+	if len(b) != 656 || bwdParamsStruct.Size() != 656 {
+		t.Fatalf("params of %d bytes, want 656: 22 pointers, 48 strides and counts, 23 four-byte fields", len(b))
 	}
 	checkLayout(t, bwdParamsStruct, b, []layoutCheck{
 		{"q", 0, 8, 0x1122334455667788}, {"lse", 40, 8, 0}, {"pdo", 160, 8, 0x99}, {"nf_flag", 168, 8, 0x77}, {"q_sb", 176, 8, 0},
@@ -276,11 +276,11 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 			t.Fatalf("%s: %v", v.Name(), err)
 		}
 		for sub, want := range map[string]bool{
-			"drop_u8((unsigned)i, (unsigned)j": v.Dropout,
-			"(s * p.softcap_in)":               v.Softcap,
-			"sv += bt_to_f(p.bias":             v.Biased(),
-			"if (use) p.dbias_scratch[":        v.BiasGrad,
-			"if (p.right >= 0) ilo = max(":     v.Masked(),
+			"drop_u8((unsigned)i + p.drop_q0, (unsigned)j + p.drop_k0": v.Dropout,
+			"(s * p.softcap_in)":           v.Softcap,
+			"sv += bt_to_f(p.bias":         v.Biased(),
+			"if (use) p.dbias_scratch[":    v.BiasGrad,
+			"if (p.right >= 0) ilo = max(": v.Masked(),
 		} {
 			if got := strings.Contains(src, sub); got != want {
 				t.Errorf("%s: source has %q: %v, want %v", v.Name(), sub, got, want)

@@ -265,7 +265,7 @@ func (x *gen) mainLoop() {
 	}
 	x.softmax()
 	if v.Dropout {
-		x.raw("    apply_dropout(s, p, m0 + wrow0, n0 + key0, (u32)(b * p.h + h), lane);  // ---- dropout\n")
+		x.raw("    apply_dropout(s, p, m0 + wrow0 + p.drop_q0, n0 + key0 + p.drop_k0, (u32)(b * p.drop_heads + p.drop_h0 + h), lane);  // ---- dropout\n")
 	}
 	if v.WarpsN > 1 {
 		x.storeP()

@@ -273,7 +273,7 @@ DEV void nf_rows(const Params& p, int b, int h, int m0, int rows, i64 qs, int dl
           pr = exp2f(nf_score(p, qrow, gK + (i64)j * k_rs, brow, j) - l2);
 `)
 	if v.Dropout {
-		x.raw(`          const u32 u = drop_u8((u32)i, (u32)j, (u32)(b * p.h + h), p.drop_offset, p.seed_lo, p.seed_hi);
+		x.raw(`          const u32 u = drop_u8((u32)i + p.drop_q0, (u32)j + p.drop_k0, (u32)(b * p.drop_heads + p.drop_h0 + h), p.drop_offset, p.seed_lo, p.seed_hi);
           pr = u < p.drop_threshold ? pr * p.drop_scale : 0.f;  // a dropped key still multiplies its value
 `)
 	}

@@ -40,6 +40,11 @@ type Params struct {
 	SeedLo        uint32
 	SeedHi        uint32
 	DropOffset    uint32
+	// Where the call sits in a larger problem for the dropout mask
+	// (attn.Options.DropoutAt): element (b, h, i, j) draws the decision of
+	// (b, DropH0 + h, DropQ0 + i, DropK0 + j) of a problem of DropHeads
+	// heads; 0, 0, 0 and H for a call of its own.
+	DropQ0, DropK0, DropH0, DropHeads uint32
 }
 
 // paramsStruct is the single source of the kernel argument's layout: the C
@@ -93,6 +98,10 @@ var paramsStruct = func() *CStruct[Params] {
 		CU32("u32", "seed_lo", "philox key, low word of the seed", func(p *Params) uint32 { return p.SeedLo }),
 		CU32("u32", "seed_hi", "philox key, high word of the seed", func(p *Params) uint32 { return p.SeedHi }),
 		CU32("u32", "drop_offset", "philox counter word 3", func(p *Params) uint32 { return p.DropOffset }),
+		CU32("u32", "drop_q0", "dropout: query position origin (Options.DropoutAt)", func(p *Params) uint32 { return p.DropQ0 }),
+		CU32("u32", "drop_k0", "dropout: key position origin (a multiple of 16)", func(p *Params) uint32 { return p.DropK0 }),
+		CU32("u32", "drop_h0", "dropout: head origin", func(p *Params) uint32 { return p.DropH0 }),
+		CU32("u32", "drop_heads", "dropout: heads of the larger problem (H of its own)", func(p *Params) uint32 { return p.DropHeads }),
 	)
 	s.TypeWidth, s.DocColumn = 6, 22
 	return s

@@ -552,7 +552,7 @@ func (x *gen) blockSoftmax(indent string) {
 	}
 	y.softmaxUpdate(true)
 	if x.v.Dropout {
-		y.raw("    apply_dropout(s, p, m0 + wrow0, n0 + key0, (u32)(b * p.h + h), lane);  // ---- dropout\n")
+		y.raw("    apply_dropout(s, p, m0 + wrow0 + p.drop_q0, n0 + key0 + p.drop_k0, (u32)(b * p.drop_heads + p.drop_h0 + h), lane);  // ---- dropout\n")
 	}
 	x.raw(indentLines(y.b.String(), strings.Repeat(" ", max(0, len(indent)-4))))
 }

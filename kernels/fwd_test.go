@@ -189,8 +189,8 @@ func TestTuneTable(t *testing.T) {
 }
 
 func TestParamsLayout(t *testing.T) {
-	if ParamsSize != 304 {
-		t.Fatalf("ParamsSize %d, want 304: 9 pointers, 19 strides, 19 four-byte fields, 4 bytes of tail padding", ParamsSize)
+	if ParamsSize != 320 {
+		t.Fatalf("ParamsSize %d, want 320: 9 pointers, 19 strides, 23 four-byte fields, 4 bytes of tail padding", ParamsSize)
 	}
 	// Every field lands at its offset with its value.
 	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, NFFlag: 0x77, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
