@@ -25,8 +25,9 @@ import (
 //
 // Dropout draws the mask of the global problem (keyed by global positions
 // and heads through attn.Options.DropoutAt), so it needs a backend that
-// implements DropoutAt, such as the CPU backend. Not supported yet (an
-// error wrapping attn.ErrUnsupported): an additive bias.
+// implements DropoutAt (the CPU backend; the CUDA backend at key origins
+// that are multiples of 16). Not supported yet (an error wrapping
+// attn.ErrUnsupported): an additive bias.
 type Attention struct {
 	// Backend computes each rank's local attention blocks.
 	Backend attn.Backend

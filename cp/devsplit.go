@@ -108,16 +108,15 @@ type devSplit struct {
 // deviceProblem returns the global problem of the split of contiguous
 // device tensors q [B, N, H, DK], k [B, M, Hkv, DK], v [B, M, Hkv, DV]
 // under opt, its mask resolved. It refuses with attn.ErrUnsupported what
-// the device split does not take: a packed batch, a bias, dropout.
+// the device split does not take: a packed batch, a bias. Under dropout
+// each call places its mask in the global problem's (Options.DropoutAt);
+// the CUDA backend takes key origins that are multiples of 16.
 func deviceProblem(q, k, v gpu.DeviceTensor, opt attn.Options) (*attn.Problem, error) {
 	if packed(opt) {
 		return nil, attn.Errorf(attn.ErrUnsupported, "cp: a packed batch split on one device")
 	}
 	if err := unsupported(opt); err != nil {
 		return nil, err
-	}
-	if opt.Dropout > 0 {
-		return nil, attn.Errorf(attn.ErrUnsupported, "cp: dropout split on one device (the CUDA backend does not place dropout inside a larger problem)")
 	}
 	for _, x := range []struct {
 		name string

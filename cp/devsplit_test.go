@@ -245,12 +245,21 @@ func runDevSplit(t *testing.T, h devHarness, mk splitMaker, st Strategy, p int, 
 	return split, single, splitG, singleG
 }
 
-// devCases are the accuracy table's cases the device split takes (no
-// dropout).
-func devCases() []accCase {
+// devCases are the accuracy table's cases without dropout.
+func devCases() []accCase { return accCasesWith(false) }
+
+// devDropoutCases are the accuracy table's dropout cases (the split places
+// each call's mask with Options.DropoutAt; key origins that are not
+// multiples of 16, as theirs are not, the CUDA kernels refuse, so these run
+// on the host stand-ins).
+func devDropoutCases() []accCase { return accCasesWith(true) }
+
+// accCasesWith returns the accuracy table's cases with dropout, or those
+// without.
+func accCasesWith(dropout bool) []accCase {
 	var out []accCase
 	for _, tc := range accCases {
-		if tc.opt.Dropout == 0 {
+		if (tc.opt.Dropout > 0) == dropout {
 			out = append(out, tc)
 		}
 	}
@@ -263,8 +272,13 @@ func devCases() []accCase {
 // on the same harness, against the float64 oracle with the accuracy
 // criterion.
 func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, mk splitMaker, dts []attn.DType, ps []int) {
+	checkDevSplitCases(t, devCases(), newH, mk, dts, ps)
+}
+
+// checkDevSplitCases is checkDevSplits on cases.
+func checkDevSplitCases(t *testing.T, cases []accCase, newH func(t *testing.T) devHarness, mk splitMaker, dts []attn.DType, ps []int) {
 	r := rand.New(rand.NewPCG(21, 22))
-	for _, tc := range devCases() {
+	for _, tc := range cases {
 		for _, dt := range dts {
 			q := normal(r, dt, tc.b, tc.n, tc.h, tc.dk)
 			k := normal(r, dt, tc.b, tc.m, tc.hkv, tc.dk)
@@ -295,6 +309,18 @@ func checkDevSplits(t *testing.T, newH func(t *testing.T) devHarness, mk splitMa
 // softcap.
 func TestDeviceSplitOnHost(t *testing.T) {
 	checkDevSplits(t, func(*testing.T) devHarness { return newHostDev() }, oneStream, []attn.DType{attn.Float32, attn.BFloat16}, []int{1, 2, 3, 4, 6})
+}
+
+// TestDeviceSplitDropoutOnHost is TestDeviceSplitOnHost on the dropout
+// cases (each call's mask placed in the global problem's), and the device
+// ring's schedule on them over asyncDev.
+func TestDeviceSplitDropoutOnHost(t *testing.T) {
+	checkDevSplitCases(t, devDropoutCases(), func(*testing.T) devHarness { return newHostDev() }, oneStream, []attn.DType{attn.Float32}, []int{1, 2, 3, 4})
+	seed := uint64(100)
+	checkDevSplitCases(t, devDropoutCases(), func(t *testing.T) devHarness {
+		seed++
+		return newAsyncDev(t, true, asyncDelay, seed, -1)
+	}, ringStreams, []attn.DType{attn.Float32}, []int{2, 4})
 }
 
 // recorder is a backend that records the q and k views of every call it
@@ -482,7 +508,6 @@ func TestDeviceSplitRefused(t *testing.T) {
 		{"a2a", AllToAllStrategy, 2, q, q, q, attn.Options{}, attn.ErrUnsupported},
 		{"hybrid", HybridStrategy, 2, q, q, q, attn.Options{}, attn.ErrUnsupported},
 		{"uneven", ZigzagStrategy, 4, odd, odd, odd, attn.Options{}, attn.ErrShape},
-		{"dropout", RingStrategy, 2, q, q, q, attn.Options{Dropout: 0.1}, attn.ErrUnsupported},
 		{"packed", RingStrategy, 2, q, q, q, attn.Options{CuSeqlensQ: cu, CuSeqlensK: cu}, attn.ErrUnsupported},
 		{"strided", RingStrategy, 2, strided, strided, strided, attn.Options{}, attn.ErrLayout},
 		{"shapes", RingStrategy, 2, q, odd, q, attn.Options{}, attn.ErrShape},
@@ -508,7 +533,6 @@ func TestDeviceSplitRefused(t *testing.T) {
 	}{
 		{"a2a", AllToAllStrategy, 2, attn.Options{}, attn.ErrUnsupported},
 		{"uneven", ZigzagStrategy, 5, attn.Options{}, attn.ErrShape},
-		{"dropout", RingStrategy, 2, attn.Options{Dropout: 0.1}, attn.ErrUnsupported},
 	} {
 		dq := d.upload(normal(r, attn.Float32, 1, 48, 2, 8))
 		if _, err := newDevRing(d, tc.st, tc.p, dq, dq, dq, tc.opt); !errors.Is(err, tc.want) {

@@ -92,8 +92,8 @@
 // attn.Options.DropoutAt (global query and key positions for a ring block,
 // the head offset for all-to-all), so the kept elements are those of
 // single-device attention. It needs a backend that implements DropoutAt:
-// the CPU backend does; the CUDA backend refuses it with
-// attn.ErrUnsupported for now.
+// both do; the CUDA kernels take key origins that are multiples of 16
+// (chunks of 16·k keys) and refuse others with attn.ErrUnsupported.
 //
 // Not supported yet, refused with attn.ErrUnsupported: an additive bias,
 // and a packed batch under the Hybrid scheme.
@@ -194,8 +194,8 @@
 // device ring runs it is timed too (DeviceSplit.RingMs). The device
 // operations go through one small interface, so that tests run the whole
 // algorithm on the host too, against the float64 oracle. It takes ring
-// and zigzag (not a2a or hybrid) on padded batches without bias or
-// dropout.
+// and zigzag (not a2a or hybrid) on padded batches without bias; under
+// dropout each call places its mask in the global problem's.
 //
 // # The ring on one GPU
 //
