@@ -68,8 +68,9 @@ type Options struct {
 	// DropoutAt, when non-nil, places this call inside a larger problem
 	// for the dropout mask (see DropoutOrigin), so that a call over a block
 	// of that problem draws the block's part of its mask. Context
-	// parallelism sets it. The CPU backend implements it; the CUDA backend
-	// refuses it with ErrUnsupported when Dropout > 0.
+	// parallelism sets it. Both backends implement it; the CUDA backend
+	// takes key origins that are multiples of 16 and refuses others with
+	// ErrUnsupported when Dropout > 0.
 	DropoutAt *DropoutOrigin
 	// CuSeqlensQ and CuSeqlensK, when set, are the B+1 cumulative segment
 	// offsets of a packed variable-length batch (both or neither).
