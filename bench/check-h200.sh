@@ -59,7 +59,7 @@ SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestForwardStaging|TestBackwardGradients/(d59|d111-127|d199-257)/'
 step grad 240 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|TestBackwardDeterministic|TestBackwardAtomicUnderLoad|TestBackwardWholeStep'
 step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards|TestForwardStaging'
-step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
+step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestDropoutAt|TestSoftcapChain|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
 [ -x "$ROOT/.bin/flashattn" ] && step demo 240 "$ROOT/.bin/flashattn" demo
 step bwdbench 240 env FLASHATTN_BWD_BENCH=1 ${BWD_BENCH_ENV:-} "$ROOT/.bin/gpu.test" -test.v -test.run TestBackwardBench
 step fwdbench 180 "$ROOT/.bin/benchfwd" ${FWD_SWEEP:-} -only "$FWD_ONLY" -reps 20

@@ -1084,3 +1084,34 @@ func fwdPlanned(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options,
 	}
 	return l.v
 }
+
+// TestDropoutAt runs a call placed inside a larger problem
+// (Options.DropoutAt) forward and backward on the GPU against the float64
+// reference with the same origin, in bf16 and fp32, and checks that a key
+// origin the kernels do not take is refused with ErrUnsupported.
+func TestDropoutAt(t *testing.T) {
+	b := fwdBackend(t)
+	c := bwdCase{name: "dropout-at", b: 2, n: 70, m: 96, h: 2, hkv: 1, dk: 64, dv: 64, dropout: 0.25, causal: true,
+		dropAt: &attn.DropoutOrigin{Query: 37, Key: 48, Head: 1, Heads: 5}}
+	for _, dt := range []attn.DType{attn.BFloat16, attn.Float32} {
+		t.Run(dt.String(), func(t *testing.T) {
+			in := c.inputs(t, dt, 41)
+			res, err := b.Forward(in.q, in.k, in.v, in.opt)
+			if err != nil {
+				t.Fatalf("Forward: %v", err)
+			}
+			fwdCheck(t, dt, in.q, in.k, in.v, in.opt, res)
+			ref, naive := in.oracles(t)
+			g, err := b.Backward(in.q, in.k, in.v, in.o, in.lse, in.dO, in.opt)
+			if err != nil {
+				t.Fatalf("Backward: %v", err)
+			}
+			checkGrads(t, dt, g, ref, naive)
+		})
+	}
+	in := c.inputs(t, attn.BFloat16, 41)
+	in.opt.DropoutAt = &attn.DropoutOrigin{Key: 8}
+	if _, err := b.Forward(in.q, in.k, in.v, in.opt); !errors.Is(err, attn.ErrUnsupported) {
+		t.Errorf("key origin 8: %v, want ErrUnsupported", err)
+	}
+}
