@@ -19,7 +19,7 @@ func (x *gen) epilogueEmpty() {
 	if x.v.LSE {
 		x.p("    for (int r = tid; r < rows; r += %s) gL[r * p.lse_sn] = NEG_INF;", threads)
 	}
-	x.p("    %s;\n  }", x.tileExit())
+	x.p("    %s\n  }", x.tileExit())
 }
 
 // outputBases writes the global addresses of the CTA's first O row and LSE

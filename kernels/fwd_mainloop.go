@@ -89,7 +89,7 @@ func (x *gen) ctaSetup() {
 `)
 	}
 	x.raw(`  int m0 = mblk * BM;  // first query row of this CTA
-  if (m0 >= n) ` + x.tileExit() + `;
+  if (m0 >= n) ` + x.tileExit() + `
   int rows = min(BM, n - m0);  // valid query rows
 
   // ---- global addresses (bytes; 64-bit offsets)

@@ -311,7 +311,7 @@ func (x *gen) tileExit() string {
 	if x.v.Persistent {
 		return "{ tile_done(); continue; }"
 	}
-	return "return"
+	return "return;"
 }
 
 // tileCoords returns the declarations of a persistent tile's coordinates
