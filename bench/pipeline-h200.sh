@@ -29,7 +29,9 @@
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
-# bwdcheck, bwdtime, tiles; default all but tiles; each step fits one
+# bwdcheck, bwdtime, tiles, sanitize; default all but tiles and sanitize;
+# sanitize runs a few shapes of the full pipeline and of the bulk dQ under
+# compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
 # -only hsweep`, under this pipeline; default ws,pingpong,early-rescale).
 set -u
@@ -134,6 +136,16 @@ fi
 if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"
 	summarize "$OUT/bwdtimes.txt" "separate atomic bulk" >>"$SUMMARY"
+fi
+if [[ ",$STEPS," == *",sanitize,"* ]]; then
+	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+	for tool in racecheck synccheck; do
+		log=$OUT/sanitize-$tool.log
+		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent FLASHATTN_BULK_DQ=1 FLASHATTN_DQ=atomic \
+			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
+			-test.run 'TestShapes/(seq4224-causal-bf16|d127-gqa6:2-n>m)|TestDropoutAt') >"$log" 2>&1
+		printf 'sanitize %-10s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"
+	done
 fi
 if [[ ",$STEPS," == *",tiles,"* ]]; then
 	FLASHATTN_FWD_PIPELINE=$TILE_PIPELINE timeout --kill-after=10 540 "$ROOT/.bin/benchfwd" -only hsweep -reps 20 >"$OUT/tiles.log" 2>&1
