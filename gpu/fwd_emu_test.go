@@ -47,6 +47,13 @@ func fwdEmuRun(t *testing.T, q, k, v attn.Tensor, opt attn.Options) (attn.Result
 // other kernels fails the test).
 func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKernels) (attn.Result, kernels.Variant) {
 	t.Helper()
+	return fwdEmuRunTiles(t, q, k, v, opt, kind, nil)
+}
+
+// fwdEmuRunTiles is fwdEmuRunOn with the tile chosen by tiles (nil: the
+// tuning tables), as Backend.Tiles chooses it.
+func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKernels, tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)) (attn.Result, kernels.Variant) {
+	t.Helper()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +88,7 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part})
+	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -312,5 +319,38 @@ func fwdNaNTransformCases() []fwdNaNTransformCase {
 		// the key NaNs sit in columns that the neighbouring heads' tiles hold (flat rows), and a value's
 		{fwdNaNCase{pr("d59-200-causal-neighbour-columns", attn.BFloat16, 200, 200, 16, 59, attn.Options{Causal: true}, 0), []fwdPoison{
 			{'k', 0, 130, 6, 58, nan}, {'k', 0, 70, 9, 0, inf}, {'v', 0, 90, 3, 0, nan}, {'v', 0, 100, 12, 58, -inf}}}, -1},
+	}
+}
+
+// TestForwardEmulatedWideTiles runs the wider tiles of the Hopper tile
+// sweep (benchfwd's hsweep: three compute warpgroups at D = 64, 176 keys at
+// D = 128) on the warp-specialized pipelines: three compute warpgroups
+// take 160 registers each and no ping-pong, and the persistent schedule
+// walks several tiles per CTA.
+func TestForwardEmulatedWideTiles(t *testing.T) {
+	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
+	hl := func(bm, bn int) kernels.Tile {
+		return kernels.Tile{BlockM: bm, BlockN: bn, WarpsM: bm / 16, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}
+	}
+	cases := []struct {
+		pr   fwdProblem
+		tile kernels.Tile
+	}{
+		{fwdProblem{name: "bf16-d64-m192-causal", dt: attn.BFloat16, b: 1, n: 400, m: 500, h: 2, hkv: 1, dk: 64, dv: 64, opt: attn.Options{Causal: true}}, hl(192, 128)},
+		{fwdProblem{name: "fp16-d128-n176", dt: attn.Float16, b: 1, n: 150, m: 600, h: 2, hkv: 2, dk: 128, dv: 128}, hl(128, 176)},
+	}
+	for i, c := range cases {
+		for _, kind := range []emuKernels{emuHopperWS, emuHopperPT} {
+			t.Run(fmt.Sprintf("%s/%v", c.pr.name, emuPipeline(kind)), func(t *testing.T) {
+				t.Parallel()
+				q, k, v, opt := c.pr.inputs(uint64(900 + i))
+				res, vr := fwdEmuRunTiles(t, q, k, v, opt, kind, func(attn.DType, int, int, bool) (kernels.Tile, error) { return c.tile, nil })
+				t.Logf("%s", vr.Name())
+				if vr.BlockM != c.tile.BlockM || vr.BlockN != c.tile.BlockN || !vr.WarpSpecialized {
+					t.Fatalf("plan %s: not the tile and pipeline asked for", vr.Name())
+				}
+				fwdCheck(t, c.pr.dt, q, k, v, opt, res)
+			})
+		}
 	}
 }
