@@ -93,20 +93,9 @@ func (x *gen) wsPrologue() {
 	x.raw(`  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
     if (tid == NCOMPUTE) {
-      tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
-      const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down
-      for (int s = 0; s <= T; ++s) {
-        if (s < T) {  // K(s) into buffer s & 1, once K(s - 2) is released there
-          if (s >= 2) mbar_wait(emptyK + 8 * (s & 1), ((s >> 1) - 1) & 1);
-          tma_tile<BN, KATOMS>(sK + (s & 1) * K_STAGE, mk_, barK + 8 * (s & 1), (nb_hi - 1 - s) * BN, hk_, b, ck_);
-        }
-        if (s >= 1) {  // V(s - 1): needed after S of block s
-          const int t = s - 1;
-          if (t >= 2) mbar_wait(emptyV + 8 * (t & 1), ((t >> 1) - 1) & 1);
-          tma_tile<BN, VATOMS>(sV + (t & 1) * V_STAGE, mv_, barV + 8 * (t & 1), (nb_hi - 1 - t) * BN, hv_, b, cv_);
-        }
-      }
-    }
+`)
+	x.wsTileLoads("      ", "0")
+	x.raw(`    }
     return;
   }
 `)
@@ -146,6 +135,36 @@ func (x *gen) wsBarriers() {
     mbar_fence_init();
   }
   __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit)
+}
+
+// wsTileLoads writes the producer thread's loads of one tile: Q, then K
+// and V of its T key blocks (s = 0 .. T-1 from the last, nb_hi - 1, down)
+// in the order the products need them, K(s) before V(s - 1). The tile's
+// K and V tiles are number first + s of the CTA's sequence, which gives
+// each its buffer (the number mod 2) and the empty-barrier phase to wait
+// for before reusing that buffer (number/2 − 1, from number 2 on).
+func (x *gen) wsTileLoads(indent, first string) {
+	num := func(s string) string {
+		if first == "0" {
+			return s
+		}
+		return first + " + " + s
+	}
+	x.raw(indentLines(fmt.Sprintf(`tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
+const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down
+for (int s = 0; s <= T; ++s) {
+  if (s < T) {  // K of block s: tile %[1]s, once tile %[1]s - 2 released its buffer
+    const int g = %[1]s;
+    if (g >= 2) mbar_wait(emptyK + 8 * (g & 1), ((g >> 1) - 1) & 1);
+    tma_tile<BN, KATOMS>(sK + (g & 1) * K_STAGE, mk_, barK + 8 * (g & 1), (nb_hi - 1 - s) * BN, hk_, b, ck_);
+  }
+  if (s >= 1) {  // V of block s - 1 (needed after S of block s): tile %[2]s
+    const int g = %[2]s;
+    if (g >= 2) mbar_wait(emptyV + 8 * (g & 1), ((g >> 1) - 1) & 1);
+    tma_tile<BN, VATOMS>(sV + (g & 1) * V_STAGE, mv_, barV + 8 * (g & 1), (nb_hi - s) * BN, hv_, b, cv_);
+  }
+}
+`, num("s"), num("s - 1")), indent))
 }
 
 // wsRelease writes, for a warp-specialized kernel, a compute warp's release
@@ -377,21 +396,9 @@ func (x *gen) wsPersistentPrologue() {
           mbar_arrive(barQ);
           continue;
         }
-        tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
-        const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down: K and V tiles kv0 + s
-        for (int s = 0; s <= T; ++s) {
-          if (s < T) {  // K tile kv0 + s into buffer (kv0 + s) & 1, once tile kv0 + s - 2 is released there
-            const int g = kv0 + s;
-            if (g >= 2) mbar_wait(emptyK + 8 * (g & 1), ((g >> 1) - 1) & 1);
-            tma_tile<BN, KATOMS>(sK + (g & 1) * K_STAGE, mk_, barK + 8 * (g & 1), (nb_hi - 1 - s) * BN, hk_, b, ck_);
-          }
-          if (s >= 1) {  // V of block s - 1: needed after S of block s
-            const int g = kv0 + s - 1;
-            if (g >= 2) mbar_wait(emptyV + 8 * (g & 1), ((g >> 1) - 1) & 1);
-            tma_tile<BN, VATOMS>(sV + (g & 1) * V_STAGE, mv_, barV + 8 * (g & 1), (nb_hi - s) * BN, hv_, b, cv_);
-          }
-        }
-        kv0 += T;
+`)
+	x.wsTileLoads("        ", "kv0")
+	x.raw(`        kv0 += T;
       }
 `)
 	if x.v.persistentDynamic() {
