@@ -272,6 +272,9 @@ type bwdPlan struct {
 func planBackward(r bwdRequest) (*bwdPlan, error) {
 	countPlan()
 	p, dt, a := r.p, r.dt, &r.a
+	if err := checkDropoutAt(p); err != nil {
+		return nil, err
+	}
 	run := bwdHopperRuns(p, dt, a, r.hopper)
 	algo := resolveDQ(p, r.algo, run)
 	if a.DBias != nil && a.Bias == nil {

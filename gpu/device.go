@@ -269,10 +269,8 @@ func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, erro
 	if !(o.Dropout >= 0 && o.Dropout < 1) {
 		return nil, attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", o.Dropout)
 	}
-	if o.DropoutAt != nil && o.Dropout > 0 {
-		if err := checkDropoutAt(p); err != nil {
-			return nil, err
-		}
+	if err := p.CheckDropoutAt(); err != nil {
+		return nil, err
 	}
 	if o.Align != attn.AlignBottomRight && o.Align != attn.AlignTopLeft {
 		return nil, attn.Errorf(attn.ErrOption, "align %d is neither bottom-right nor top-left", int(o.Align))
@@ -351,15 +349,17 @@ func checkOutputs(p *attn.Problem, dt attn.DType, o, lse DeviceTensor) error {
 	return nil
 }
 
-// checkDropoutAt validates a dropout origin (attn.Options.DropoutAt) for
-// the kernels: the checks every backend makes, positions and heads that fit
-// the 32-bit counter words, and a key origin that is a multiple of 16 (the
-// kernels draw the mask in 16-key blocks aligned to their tiles).
+// checkDropoutAt refuses a dropout origin (attn.Options.DropoutAt, already
+// validated as every backend validates it) that the kernels cannot draw:
+// a key origin that is not a multiple of 16 (they draw the mask in 16-key
+// blocks aligned to their tiles), or positions and heads past the 32-bit
+// counter words. Both planners call it, so host-tensor and device calls
+// are refused alike.
 func checkDropoutAt(p *attn.Problem) error {
-	if err := p.CheckDropoutAt(); err != nil {
-		return err
-	}
 	d := p.Opt.DropoutAt
+	if d == nil || p.Opt.Dropout == 0 {
+		return nil
+	}
 	if d.Key%16 != 0 {
 		return attn.Errorf(attn.ErrUnsupported, "cuda backend: dropout key origin %d is not a multiple of 16 (Options.DropoutAt)", d.Key)
 	}

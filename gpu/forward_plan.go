@@ -114,6 +114,9 @@ type fwdRequest struct {
 func plan(r fwdRequest) (launch, error) {
 	var l launch
 	p := r.p
+	if err := checkDropoutAt(p); err != nil {
+		return l, err
+	}
 	vr, flat, flatOK := fwdVariant(r)
 	var tile kernels.Tile
 	var err error

@@ -288,3 +288,35 @@ func TestPipelineFor(t *testing.T) {
 		}
 	}
 }
+
+// TestPlansRefuseDropoutOrigin checks that both planners, which host-tensor
+// and device calls share, refuse a dropout origin the kernels cannot draw
+// (a key origin not a multiple of 16) and take an aligned one.
+func TestPlansRefuseDropoutOrigin(t *testing.T) {
+	q := attn.New(attn.BFloat16, 1, 32, 2, 64)
+	for _, c := range []struct {
+		at   attn.DropoutOrigin
+		want error
+	}{
+		{attn.DropoutOrigin{Key: 8}, attn.ErrUnsupported},
+		{attn.DropoutOrigin{Query: 3, Key: 1 << 31}, attn.ErrUnsupported},
+		{attn.DropoutOrigin{Query: 3, Key: 32, Head: 1, Heads: 4}, nil},
+	} {
+		p, err := attn.NewProblem(q, q, q, attn.Options{Dropout: 0.1, DropoutAt: &c.at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkDropoutAt(p); !errors.Is(err, c.want) && !(c.want == nil && err == nil) {
+			t.Errorf("origin %+v: %v, want %v", c.at, err, c.want)
+		}
+		if c.want == nil {
+			continue
+		}
+		if _, err := plan(fwdRequest{p: p}); !errors.Is(err, c.want) {
+			t.Errorf("forward plan, origin %+v: %v, want %v", c.at, err, c.want)
+		}
+		if _, err := planBackward(bwdRequest{p: p, dt: attn.BFloat16}); !errors.Is(err, c.want) {
+			t.Errorf("backward plan, origin %+v: %v, want %v", c.at, err, c.want)
+		}
+	}
+}
