@@ -53,6 +53,12 @@ type Backend struct {
 	// atomics from registers, wherever the variant allows it
 	// (kernels.BwdVariant.BulkDQ). New sets it when EnvBulkDQ is set.
 	BulkDQ bool
+	// BwdPipeline is the pipeline of the Hopper backward's dK/dV kernel
+	// wherever the variant allows it (tensor-map loads): the lockstep
+	// pipeline (the zero value) or warp specialization (WarpSpecialized;
+	// kernels.BwdVariant.WarpSpecialized). Its other parts do not apply to
+	// the backward. New reads it from EnvBwdPipeline.
+	BwdPipeline kernels.Pipeline
 
 	fill    filler      // the random-fill kernel
 	modules moduleCache // every other kernel: forward and backward variants, the pack kernel
@@ -90,8 +96,9 @@ func Open() (*Backend, error) {
 }
 
 // New returns a backend on an open device; Close leaves the device open.
-// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline, EnvBulkDQ,
-// EnvDQ) once, into the knobs WGMMA, TMA, Pipeline, BulkDQ and DQ.
+// It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
+// EnvBwdPipeline, EnvBulkDQ, EnvDQ) once, into the knobs WGMMA, TMA,
+// Pipeline, BwdPipeline, BulkDQ and DQ.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -124,6 +131,12 @@ func New(dev *cuda.Device) (*Backend, error) {
 			return nil, fmt.Errorf("gpu: %s: %w", EnvPipeline, err)
 		}
 		b.Pipeline = pl
+		bp, err := parseBwdPipeline(os.Getenv(EnvBwdPipeline))
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("gpu: %s: %w", EnvBwdPipeline, err)
+		}
+		b.BwdPipeline = bp
 	}
 	if err := b.nf.init(dev); err != nil {
 		s.Close()
@@ -176,6 +189,24 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 // (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.
 // "ws,pingpong,early-rescale".
 const EnvPipeline = "FLASHATTN_FWD_PIPELINE"
+
+// EnvBwdPipeline names the pipeline of the Hopper backward of new
+// backends (Backend.BwdPipeline): "lockstep" (or empty) or "ws".
+const EnvBwdPipeline = "FLASHATTN_BWD_PIPELINE"
+
+// parseBwdPipeline reads a backward pipeline in kernels.ParsePipeline's
+// words, of which the backward takes lockstep and ws; the others give an
+// error wrapping attn.ErrOption.
+func parseBwdPipeline(s string) (kernels.Pipeline, error) {
+	pl, err := kernels.ParsePipeline(s)
+	if err != nil {
+		return kernels.Pipeline{}, err
+	}
+	if pl != (kernels.Pipeline{WarpSpecialized: pl.WarpSpecialized}) {
+		return kernels.Pipeline{}, attn.Errorf(attn.ErrOption, "gpu: backward pipeline %q: the backward takes lockstep or ws", s)
+	}
+	return pl, nil
+}
 
 // envSet reports whether an opt-in or opt-out variable's value is set:
 // anything but "" or "0".

@@ -88,16 +88,21 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
-	tma := kind == emuHopperTMA || kind == emuHopperBulk
-	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: kind == emuHopperBulk})
+	tma := emuBwdTMA(kind)
+	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk
+	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
 	if pl.v.WGMMA != hopper || pl.v.TMA != tma {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Name(), kind)
 	}
-	if want := kind == emuHopperBulk && pl.v.AtomicDQ && !pl.v.Flat && max(pl.v.DKPad(), pl.v.DVPad()) <= 128; pl.v.BulkDQ != want {
+	if want := bulk && pl.v.AtomicDQ && !pl.v.Flat && max(pl.v.DKPad(), pl.v.DVPad()) <= 128; pl.v.BulkDQ != want {
 		t.Fatalf("plan %s: BulkDQ = %v, want %v", pl.v.Name(), pl.v.BulkDQ, want)
+	}
+	if pl.v.WarpSpecialized != ws {
+		t.Fatalf("plan %s: WarpSpecialized = %v, want %v", pl.v.Name(), pl.v.WarpSpecialized, ws)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
@@ -108,7 +113,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	var more []string
 	if hopper {
-		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA || pl.v.BulkDQ, pl.v.BulkDQ))
+		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA || pl.v.BulkDQ, pl.v.BulkDQ || pl.v.WarpSpecialized))
 	}
 	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v), more...)
 	var launches []emuLaunch
@@ -258,7 +263,7 @@ func emuBackwardCases(t *testing.T, kind emuKernels) int {
 			if kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
 				continue
 			}
-			if (kind == emuHopperTMA || kind == emuHopperBulk) && c.cuQ != nil {
+			if emuBwdTMA(kind) && c.cuQ != nil {
 				continue // packed batches keep cp.async
 			}
 			ran += emuCheckCase(t, c, dt, uint64(ci+100), kind)
@@ -292,8 +297,8 @@ func emuCheckCase(t *testing.T, c bwdCase, dt attn.DType, seed uint64, kind emuK
 // TestBackwardEmulatedCross runs the cross product of bwdCrossCases — DK ≠
 // DV both ways, small against large, × every mask kind — with both dQ
 // algorithms on every kernel family the planner can pick for the case's
-// dims (the mma.sync kernels; the Hopper kernels with tiles by cp.async and
-// by tensor maps)
+// dims (bwdEmuFamilies: the mma.sync kernels; the Hopper kernels with
+// tiles by cp.async and by tensor maps, lockstep and warp-specialized)
 // against the float64 reference (FLASHATTN_BWD_EMU=1; needs g++). Each
 // case runs in one 16-bit dtype, alternating so that every head-dim pair
 // and every mask kind sees both; TestBackwardGradientsCross runs both
@@ -368,8 +373,10 @@ func TestBackwardEmulatedFP32LargeScale(t *testing.T) {
 
 // bwdEmuFamilies are the backward kernel families the emulator runs: the
 // mma.sync kernels and the Hopper kernels with tiles by cp.async and by
-// tensor maps, the latter also with the atomic dQ by bulk reduce-adds.
+// tensor maps, the latter also with the atomic dQ by bulk reduce-adds, with
+// the warp-specialized dK/dV kernel, and with both.
 var bwdEmuFamilies = []struct {
 	name string
 	kind emuKernels
-}{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk}}
+}{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
+	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}}

@@ -217,7 +217,7 @@ func TestBackwardEmulatedNonFinite(t *testing.T) {
 					switch {
 					case k.kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv):
 						continue // the planner picks the mma.sync kernels
-					case (k.kind == emuHopperTMA || k.kind == emuHopperBulk) && c.cuQ != nil:
+					case emuBwdTMA(k.kind) && c.cuQ != nil:
 						continue // packed batches keep cp.async
 					}
 					in := c.inputs(t, dt, uint64(ci+1200))

@@ -244,6 +244,9 @@ type bwdRequest struct {
 	// bulkDQ adds the atomic dQ with bulk reduce-adds where the variant
 	// allows it (Backend.BulkDQ).
 	bulkDQ bool
+	// ws runs the dK/dV kernel warp-specialized where the variant allows it
+	// (Backend.BwdPipeline).
+	ws bool
 }
 
 // bwdRequest returns the planner's request for a backward of p in dt on
@@ -252,7 +255,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	if algo == DQAuto {
 		algo = b.DQ
 	}
-	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ}
+	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -306,6 +309,13 @@ func planBackward(r bwdRequest) (*bwdPlan, error) {
 	if r.bulkDQ && run && algo == DQAtomic {
 		w := pl.v
 		w.BulkDQ = true
+		if w.Validate() == nil {
+			pl.v = w
+		}
+	}
+	if r.ws && pl.v.TMA {
+		w := pl.v
+		w.WarpSpecialized = true
 		if w.Validate() == nil {
 			pl.v = w
 		}

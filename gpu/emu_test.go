@@ -289,14 +289,26 @@ func emuTensorMap(x kernels.TMATensor) cuda.TensorMap {
 type emuKernels int
 
 const (
-	emuMMA        emuKernels = iota // the mma.sync kernels
-	emuHopper                       // the Hopper kernels, tiles by cp.async
-	emuHopperTMA                    // the Hopper kernels, streamed tiles by tensor maps
-	emuHopperWS                     // the Hopper forward, tensor maps, warp-specialized
-	emuHopperPP                     // ... with ping-pong and the early rescale of O
-	emuHopperPT                     // ... and persistent CTAs
-	emuHopperBulk                   // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
+	emuMMA             emuKernels = iota // the mma.sync kernels
+	emuHopper                            // the Hopper kernels, tiles by cp.async
+	emuHopperTMA                         // the Hopper kernels, streamed tiles by tensor maps
+	emuHopperWS                          // the Hopper forward, tensor maps, warp-specialized
+	emuHopperPP                          // ... with ping-pong and the early rescale of O
+	emuHopperPT                          // ... and persistent CTAs
+	emuHopperBulk                        // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
+	emuHopperBwdWS                       // the Hopper backward, tensor maps, the dK/dV kernel warp-specialized
+	emuHopperBwdWSBulk                   // ... and the atomic dQ by bulk reduce-adds
 )
+
+// emuBwdTMA reports whether an emulated backward kind loads its streamed
+// tiles by tensor maps (and so takes fixed-length batches only).
+func emuBwdTMA(kind emuKernels) bool {
+	switch kind {
+	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk:
+		return true
+	}
+	return false
+}
 
 // emuPipeline returns the forward pipeline of an emulated kind.
 func emuPipeline(kind emuKernels) kernels.Pipeline {

@@ -67,7 +67,11 @@ func (v BwdVariant) bwdHopperTile() BwdTile {
 	if v.bwdHopperWide() {
 		bn = 64
 	}
-	return BwdTile{BlockM: bwdHopperBM, BlockN: bn, Warps: 8, Stages: 2, MinBlocks: 1}
+	warps := 8
+	if v.WarpSpecialized {
+		warps = 12 // and the producer warpgroup
+	}
+	return BwdTile{BlockM: bwdHopperBM, BlockN: bn, Warps: warps, Stages: 2, MinBlocks: 1}
 }
 
 // bwdHopperAtoms returns the 64-column atoms of the q and k tiles (ka), of
@@ -87,20 +91,29 @@ func (v BwdVariant) bwdHopperAtoms() (ka, va, vka int) {
 // every tile starts on a 1024-byte boundary (the swizzle's period) from a
 // base the kernel aligns, hence 1024 bytes of slack.
 func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
+	return v.bwdHopperLayoutBuffers(v.bwdWSBuffers())
+}
+
+// bwdHopperLayoutBuffers is bwdHopperLayout with bufs buffers of the P and
+// dS tiles.
+func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	ka, va, vka := v.bwdHopperAtoms()
 	bm, bn := bwdHopperBM, v.bwdHopperTile().BlockN
 	var l bwdSmemLayout
 	add := l.addSwizzled
-	add("sK", ka*bn*128)     // [KATOMS][BN][64]
-	add("sV", vka*bn*128)    // [VKATOMS][BN][64]
-	add("sQ", 2*ka*bm*128)   // [2][KATOMS][BM][64]
-	add("sdO", 2*va*bm*128)  // [2][VATOMS][BM][64]
-	add("sP", bn/64*bm*128)  // [BN/64][BM][64]
-	add("sdS", bn/64*bm*128) // [BN/64][BM][64]
-	add("sL", 2*bm*4)        // [2][BM] LSE2
-	add("sD", 2*bm*4)        // [2][BM] Delta
+	add("sK", ka*bn*128)          // [KATOMS][BN][64]
+	add("sV", vka*bn*128)         // [VKATOMS][BN][64]
+	add("sQ", 2*ka*bm*128)        // [2][KATOMS][BM][64]
+	add("sdO", 2*va*bm*128)       // [2][VATOMS][BM][64]
+	add("sP", bufs*bn/64*bm*128)  // [buffers][BN/64][BM][64]
+	add("sdS", bufs*bn/64*bm*128) // [buffers][BN/64][BM][64]
+	add("sL", 2*bm*4)             // [2][BM] LSE2
+	add("sD", 2*bm*4)             // [2][BM] Delta
 	if v.TMA {
 		l.add("bar", 16) // [2] mbarriers: stage s of q and dO landed
+	}
+	if v.WarpSpecialized {
+		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
 	}
 	if v.BulkDQ {
 		_, _, nq := v.bwdHopperCols()
@@ -152,6 +165,8 @@ func (v BwdVariant) bwdHopperCols() (nv, nk, nq int) {
 // accumulators, the matrix descriptors, one query block's step, and the
 // stores of dK and dV.
 func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
+	g.ws = g.v.WarpSpecialized
+	defer func() { g.ws = false }()
 	kl, vl := g.dkdvSM90Setup(b)
 	tdk, tdv, accA, accB := g.dkdvSM90Accumulators(b)
 	g.dkdvSM90Descriptors(b, kl, vl)
@@ -180,9 +195,10 @@ func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 	fmt.Fprintf(b, `// dK/dV (Hopper, warpgroup products): one block per (key block of %[1]d keys, batch, key head); loops
 // over the query heads of the group and the query blocks that see the keys; %[4]s,
 // written once. grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
-%[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias())
+extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
+%[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias(), g.wsBwdThreads())
 	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
+	g.wsBwdConstants(b)
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
 		fmt.Fprintf(b, "  const u32 %s = s0 + %d;\n", name, l.off[name])
 	}
@@ -196,7 +212,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 		_, _, nq := v.bwdHopperCols()
 		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], nq+bwdDQPad, bwdDQPad)
 	}
-	g.tmaBarriers(b, l, "q and dO")
+	if v.WarpSpecialized {
+		g.wsBwdBarriers(b, l)
+	} else {
+		g.tmaBarriers(b, l, "q and dO")
+	}
 	g.dkdvQueryRange(b)
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
@@ -210,7 +230,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
 `)
 		kl, vl = ", sk_ + DK", ", sv_ + DV"
 	}
-	if v.TMA {
+	switch {
+	case v.WarpSpecialized:
+		g.wsBwdProducer(b)
+	case v.TMA:
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q and dO by the tensor memory accelerator (one
   // thread; rows past the sequence and columns past the head dim come as zeros), LSE2 and Delta rows
   // by cp.async
@@ -226,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[5]s) {
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
 `, swizzleAtoms(dkp), swizzleAtoms(dvp), g.tmaHead("hq", "DK"), g.tmaHead("hq", "DV"))
-	} else {
+	default:
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {
     const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
@@ -279,16 +302,21 @@ func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
 	crossed := v.bwdHopperCrossed()
 	_, _, nq := v.bwdHopperCols()
 	split := v.bwdHopperSplitDQ()
+	firstQ, landed := "\n    load_q(0, 0);", ""
+	if v.WarpSpecialized {
+		// the producer loads every step's q and dO; K and V must have landed for both warpgroups
+		firstQ = ""
+		landed = "  cp_async_wait0();\n  fence_proxy_async();\n  bar_sync(1, NCOMPUTE);  // K and V in shared memory for both warpgroups\n"
+	}
 	fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
-    load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);
-    load_q(0, 0);
+    load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);%s
     cp_async_commit();%s
   }
-  // ---- matrix descriptors (128-byte swizzle; 8-row groups 1024 bytes apart)
+%s  // ---- matrix descriptors (128-byte swizzle; 8-row groups 1024 bytes apart)
   // S = Q·Kᵀ, dP = dO·Vᵀ: this warpgroup's BN/2 rows of K and V, K-major
   const u64 dKs = sw128_desc(sK + wg * (BN / 2) * 128, 16, 1024), dVs = sw128_desc(sV + wg * (BN / 2) * 128, 16, 1024);
-`, g.in("k").sr, kl, g.in("v").sr, vl, g.flatZero("sK", "BN", "DKP", "sk_", "DK", "sV", "BN", "DVP", "sv_", "DV"))
+`, g.in("k").sr, kl, g.in("v").sr, vl, firstQ, g.flatZero("sK", "BN", "DKP", "sk_", "DK", "sV", "BN", "DVP", "sv_", "DV"), landed)
 	switch {
 	case crossed:
 		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: P and dS of all BN = 64 keys, read M-major. The 128-column product
@@ -337,13 +365,17 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	b.WriteString(`  for (int it = 0; it < iters; ++it) {
     const int st = it & 1;
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
-    cp_async_wait0();
 `)
-	g.tmaStageWait(b)
-	b.WriteString(`    fence_proxy_async();
+	if g.ws {
+		g.wsBwdStepStart(b)
+	} else {
+		b.WriteString("    cp_async_wait0();\n")
+		g.tmaStageWait(b)
+		b.WriteString(`    fence_proxy_async();
     __syncthreads();  // tile it landed for every thread; every warpgroup is done with iteration it-1
     if (it + 1 < iters) { load_q(it + 1, st ^ 1); cp_async_commit(); }
 `)
+	}
 	g.fullMask(b)
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: 64 queries x this warpgroup's BN/2 keys
     float accS[1][%[1]d][4], accP[1][%[1]d][4];
@@ -362,15 +394,19 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
       fence_acc(accS[0]);
     }
 `, t.BlockN/16)
+	g.wsBwdRelease(b)
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: t.BlockN / 2, MT: 1, NT: t.BlockN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }
+	if g.ws {
+		g.tileAt = func(tile string) string { return tile + "b + sw_elem<BM>(il, jl)" } // this step's buffer
+	}
 	g.probs(b, st, "(sL + st * BM)", "(sD + st * BM)", true)
 	b.WriteString("    wgmma_wait<0>();  // dP\n    fence_acc(accP[0]);\n")
 	g.dsFromDP(b, st, true)
 	g.tileAt = nil
 	if crossed {
 		fmt.Fprintf(b, `    fence_proxy_async();
-    __syncthreads();  // P and dS of all BN keys in shared memory
+    %[2]s
     // ---- dV += Pᵀ·dO, dK += dSᵀ·Q over the BM queries, crossed: accW from column 0 (dO on warpgroup 0,
     // Q on 1), accR from column 128 (Q on warpgroup 0, dO on 1); B read N-major
     {
@@ -382,13 +418,13 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
-        wg_t128(accW[0], aW + (u64)((kk * 2048) >> 4), bW + (u64)((kk * 2048) >> 4), 1);
-        wg_t%d(accR[0], aR + (u64)((kk * 2048) >> 4), bR + (u64)((kk * 2048) >> 4), 1);
+        wg_t128(accW[0], aW%[3]s + (u64)((kk * 2048) >> 4), bW + (u64)((kk * 2048) >> 4), 1);
+        wg_t%[1]d(accR[0], aR%[3]s + (u64)((kk * 2048) >> 4), bR + (u64)((kk * 2048) >> 4), 1);
       }
-`, dkp-128)
+`, dkp-128, g.pdsSync(), g.pBuf())
 	} else {
 		b.WriteString(`    fence_proxy_async();
-    __syncthreads();  // P and dS of all BN keys in shared memory
+    ` + g.pdsSync() + `
     // ---- dV += Pᵀ·dO, dK += dSᵀ·Q over the BM queries; dO and Q read N-major from column c0
     {
       const u64 ddo = sw128_desc(sdO + st * DO_STAGE + c0 / 64 * BM * 128, BM * 128, 1024);
@@ -400,10 +436,10 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 		// the products of this warpgroup's columns: nv value and nk key columns
 		fmt.Fprintf(b, `#pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
-        wg_t%[1]d(accdV[0], dPt + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
-        wg_t%[2]d(accdK[0], dSt + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
+        wg_t%[1]d(accdV[0], dPt%[3]s + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
+        wg_t%[2]d(accdK[0], dSt%[4]s + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
       }
-`, nv, nk)
+`, nv, nk, g.pBuf(), g.sBuf())
 	}
 	b.WriteString("      wgmma_commit();\n    }\n")
 	if v.AtomicDQ {
@@ -416,8 +452,8 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
       float accQ[%[3]d][4];
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wg_n%[1]d(accQ, dSk + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
-`, nq, cond, nq/8)
+        wg_n%[1]d(accQ, dSk%[4]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
+`, nq, cond, nq/8, g.sBuf())
 		if v.BulkDQ {
 			g.dqBulk(b, nq)
 			return
@@ -505,8 +541,8 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
   T* sgk = reinterpret_cast<T*>(smem);
   T* sgv = sgk + BN * PK;
   static_assert(BN * (PK + PV) * 2 <= %d, "the staged gradients exceed the tiles");
-  __syncthreads();  // every warpgroup is done with the tiles
-`, l.total-1024)
+  %s  // every warpgroup is done with the tiles
+`, l.total-1024, g.computeSync())
 		dk, dv, rk, rv = "sgk", "sgv", "PK", "PV"
 	}
 	if crossed {
@@ -522,11 +558,11 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 		bwdStoreAcc(b, tdv, "accdV", dv, rv, "m - j0", "DV", "1.f", ov)
 	}
 	if shared {
-		b.WriteString("  __syncthreads();\n")
+		b.WriteString("  " + g.computeSync() + "\n")
 		bwdRowsOut(b, "sgk", "PK", "gdk", "p.dk_sr", "BN", "m - j0", "DK")
 		bwdRowsOut(b, "sgv", "PV", "gdv", "p.dv_sr", "BN", "m - j0", "DV")
 	}
-	nfKeysCheck(b, accA, accB)
+	nfKeysCheck(b, g.ws, accA, accB)
 	if v.BulkDQ {
 		b.WriteString("  if (t4 == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	}

@@ -237,14 +237,20 @@ DEV void nf_query(const BwdParams& p, int b, int h, long long qr0, long long kr0
 }
 
 // nfKeysCheck writes the dK/dV kernels' check after their stores: the
-// accumulators accs folded into a flag, the block's vote, and on a
-// positive vote the non-finite flag raised for the fix-up kernel.
-func nfKeysCheck(b *strings.Builder, accs ...string) {
+// accumulators accs folded into a flag, the block's vote (perWarp: each
+// warp's, where not every thread of the block is left), and on a positive
+// vote the non-finite flag raised for the fix-up kernel.
+func nfKeysCheck(b *strings.Builder, perWarp bool, accs ...string) {
 	b.WriteString("  {  // ---- non-finite dK or dV (rare: a NaN or an infinity in the inputs; see bwd_nan.go)\n    bool nfo = false;\n")
 	for _, a := range accs {
 		fmt.Fprintf(b, "    nf_fold(%s, nfo);\n", a)
 	}
-	b.WriteString(nfRaise("__syncthreads_or(nfo)"))
+	if perWarp {
+		// a warp-specialized kernel's producer warpgroup has left: one vote per compute warp
+		fmt.Fprintf(b, "    if (__any_sync(0xffffffffu, nfo) && (threadIdx.x & 31) == 0) atomicOr(p.nf_flag, 1u);  // the fix-up kernel recomputes (%s)\n", BwdNonFiniteKernel)
+	} else {
+		b.WriteString(nfRaise("__syncthreads_or(nfo)"))
+	}
 	b.WriteString("  }\n")
 }
 

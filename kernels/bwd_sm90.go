@@ -57,7 +57,7 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.TMA {
 		b.WriteString(tmaPrimitives())
 	}
-	if v.BulkDQ {
+	if v.BulkDQ || v.WarpSpecialized {
 		b.WriteString(WarpSpecializedPrimitives())
 	}
 	b.WriteString(PrimitivesEnd + "\n")
@@ -131,9 +131,9 @@ func (g *bwdGen) flatZero(a, ra, pa, sa, da, b, rb, pb, sb, db string) string {
 	return fmt.Sprintf(`
     // flat rows: the neighbouring heads' columns of the %[1]s and %[6]s tiles zeroed once they landed
     cp_async_wait0();
-    __syncthreads();
+    %[11]s
     zero_cols<%[2]s>(smem + (%[1]s - s0), %[4]s, %[5]s, %[3]s, tid, NTH);
-    zero_cols<%[7]s>(smem + (%[6]s - s0), %[9]s, %[10]s, %[8]s, tid, NTH);`, a, ra, pa, sa, da, b, rb, pb, sb, db)
+    zero_cols<%[7]s>(smem + (%[6]s - s0), %[9]s, %[10]s, %[8]s, tid, NTH);`, a, ra, pa, sa, da, b, rb, pb, sb, db, g.computeSync())
 }
 
 // hopperArg returns the parameter list of a Hopper dK/dV or dQ kernel:

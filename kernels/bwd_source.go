@@ -20,6 +20,9 @@ type bwdGen struct {
 	// in dsp[mt][nt][hh] (the Hopper dQ kernel's A operand), instead of
 	// storing it to shared memory.
 	dsRegs bool
+	// ws is set while the dK/dV kernel of a warp-specialized variant is
+	// written (its compute threads meet on named barriers).
+	ws bool
 }
 
 // at returns the C address of element (il, jl) of the shared tile named tile.
@@ -824,7 +827,7 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 	b.WriteString("  T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;\n")
 	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
 	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
-	nfKeysCheck(b, "accdK", "accdV")
+	nfKeysCheck(b, false, "accdK", "accdV")
 	b.WriteString("}\n\n")
 }
 

@@ -103,6 +103,13 @@ type BwdVariant struct {
 	// shared memory and one lane of each quad issues its two rows, which
 	// the copy engine adds while the warpgroup goes on.
 	BulkDQ bool
+	// WarpSpecialized (with WGMMA and TMA) runs the Hopper dK/dV kernel on
+	// a warp-specialized pipeline (bwd_dkdv_sm90_ws.go): a producer warp
+	// loads every step's q, dO, LSE2 and Delta against full and empty
+	// mbarriers per stage, and the two compute warpgroups, with the
+	// producer's registers (setmaxnreg), meet only where one reads what the
+	// other wrote.
+	WarpSpecialized bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -263,6 +270,9 @@ func (v BwdVariant) Validate() error {
 	if v.BulkDQ && (!v.WGMMA || !v.AtomicDQ || v.Flat || v.bwdHopperWide()) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: bulk reduce-adds of dQ need the Hopper kernels with the atomic dQ, padded head dims up to 128 and rows not read in place", v.Name())
 	}
+	if v.WarpSpecialized && (!v.WGMMA || !v.TMA) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the warp-specialized dK/dV kernel needs the Hopper kernels with tensor-map loads", v.Name())
+	}
 	if v.TMA && (!v.WGMMA || v.Varlen) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Name())
 	}
@@ -302,7 +312,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

@@ -381,12 +381,35 @@ func TestBwdCompileHopper(t *testing.T) {
 	vs := bwdHopperVariants()
 	tma := bwdHopperTMAVariants()
 	bulk := bwdHopperBulkDQVariants()
+	ws := bwdHopperWSVariants()
 	if testing.Short() {
 		vs = []BwdVariant{vs[1], vs[5], vs[17]}
 		tma = []BwdVariant{tma[1], tma[9], tma[len(tma)-3]}
 		bulk = bulk[:2]
+		ws = []BwdVariant{ws[0], ws[len(ws)/2], ws[len(ws)-1]}
 	}
-	checkBwdHopperCompiles(t, c, append(append(vs, tma...), bulk...))
+	checkBwdHopperCompiles(t, c, append(append(append(vs, tma...), bulk...), ws...))
+}
+
+// bwdHopperWSVariants returns the variants of bwdHopperTMAVariants with
+// the warp-specialized dK/dV kernel, and those of them that take the
+// atomic dQ by bulk reduce-adds too.
+func bwdHopperWSVariants() []BwdVariant {
+	var vs []BwdVariant
+	for _, v := range bwdHopperTMAVariants() {
+		v.WarpSpecialized = true
+		if v.Validate() != nil {
+			continue
+		}
+		vs = append(vs, v)
+		if w := v; v.AtomicDQ {
+			w.BulkDQ = true
+			if w.Validate() == nil {
+				vs = append(vs, w)
+			}
+		}
+	}
+	return vs
 }
 
 // checkBwdHopperCompiles compiles the Hopper backward variants vs for
