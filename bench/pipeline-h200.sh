@@ -7,7 +7,8 @@
 # of them alike; for the backward, the gradient tests with the atomic dQ by
 # bulk reduce-adds (FLASHATTN_BULK_DQ=1, FLASHATTN_DQ=atomic), then `flashattn
 # bench --pass bwd` with the separate dQ, the atomic dQ by vector atomics and
-# by bulk reduce-adds, alternating the same way. Summary tables (median ms,
+# by bulk reduce-adds, each on the lockstep and the warp-specialized backward
+# (FLASHATTN_BWD_PIPELINE=ws), alternating the same way. Summary tables (median ms,
 # TFLOP/s, ratio to the first choice) print last.
 #
 # Build the binaries first where Go is (the GPU machine needs no Go toolchain):
@@ -29,8 +30,10 @@
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
-# bwdcheck, bwdtime, tiles, sanitize; default all but tiles and sanitize;
-# sanitize runs a few shapes of the full pipeline and of the bulk dQ under
+# bwdcheck, wscheck, bwdtime, tiles, sanitize; default all but tiles and
+# sanitize; wscheck is bwdcheck with the warp-specialized backward,
+# FLASHATTN_BWD_PIPELINE=ws; sanitize runs a few shapes of the full
+# pipeline, the bulk dQ and the warp-specialized backward under
 # compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
 # -only hsweep`, under this pipeline; default ws,pingpong,early-rescale).
@@ -41,7 +44,7 @@ PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale ws,ping
 SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 32:16:512:128 32:16:512:128:causal 4:32:4096:64 4:32:4096:64:causal 4:8:4096:256 4:8:4096:256:causal}
 ROUNDS=${ROUNDS:-2}
 BWD_SHAPES=${BWD_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:24:4608:128 4:32:4096:64 4:32:4096:64:causal}
-STEPS=${STEPS:-check,time,bwdcheck,bwdtime}
+STEPS=${STEPS:-check,time,bwdcheck,wscheck,bwdtime}
 TILE_PIPELINE=${TILE_PIPELINE:-ws,pingpong,early-rescale}
 BIN=$ROOT/.bin/flashattn
 mkdir -p "$OUT"
@@ -126,22 +129,31 @@ if [[ ",$STEPS," == *",time,"* ]]; then
 	summarize "$OUT/times.txt" "$labels" >>"$SUMMARY"
 fi
 
-BWD_CONFIGS="separate=FLASHATTN_DQ=separate atomic=FLASHATTN_DQ=atomic bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1"
+BWD_CONFIGS="separate=FLASHATTN_DQ=separate atomic=FLASHATTN_DQ=atomic bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1
+ ws-separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws ws-atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=ws
+ ws-bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=ws"
+# bwd_check PIPELINE LABEL: the gradient tests with the bulk dQ allowed (the tests run both dQ algorithms)
+bwd_check() {
+	local log=$OUT/bwdcheck-$2.log
+	(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_PIPELINE=$1 timeout --kill-after=10 280 "$ROOT/.bin/gpu.test" -test.v \
+		-test.run 'TestBackwardGradients|TestBackwardAtomicUnderLoad|TestBackwardWholeStep|TestBackwardNonFinite|TestBackwardDeterministic') >"$log" 2>&1
+	printf 'bwdcheck %-8s rc=%-3d %s failed subtests\n' "$2" "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
+}
 if [[ ",$STEPS," == *",bwdcheck,"* ]]; then
-	log=$OUT/bwdcheck.log
-	(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_DQ=atomic timeout --kill-after=10 420 "$ROOT/.bin/gpu.test" -test.v \
-		-test.run 'TestBackwardGradients|TestBackwardAtomicUnderLoad|TestBackwardWholeStep|TestBackwardNonFinite') >"$log" 2>&1
-	printf 'bwdcheck bulk dQ rc=%-3d %s failed subtests\n' "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
+	bwd_check lockstep bulk
+fi
+if [[ ",$STEPS," == *",wscheck,"* ]]; then
+	bwd_check ws ws
 fi
 if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"
-	summarize "$OUT/bwdtimes.txt" "separate atomic bulk" >>"$SUMMARY"
+	summarize "$OUT/bwdtimes.txt" "separate atomic bulk ws-separate ws-atomic ws-bulk" >>"$SUMMARY"
 fi
 if [[ ",$STEPS," == *",sanitize,"* ]]; then
 	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 	for tool in racecheck synccheck; do
 		log=$OUT/sanitize-$tool.log
-		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent FLASHATTN_BULK_DQ=1 FLASHATTN_DQ=atomic \
+		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_PIPELINE=ws \
 			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
 			-test.run 'TestShapes/(seq4224-causal-bf16|d127-gqa6:2-n>m)|TestDropoutAt') >"$log" 2>&1
 		printf 'sanitize %-10s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"

@@ -198,7 +198,7 @@ func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 %[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias(), g.wsBwdThreads())
 	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
-	g.wsBwdConstants(b)
+	g.wsBwdConstants(b, true)
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
 		fmt.Fprintf(b, "  const u32 %s = s0 + %d;\n", name, l.off[name])
 	}
@@ -213,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], nq+bwdDQPad, bwdDQPad)
 	}
 	if v.WarpSpecialized {
-		g.wsBwdBarriers(b, l)
+		g.wsBwdBarriers(b, l, 32, "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
 	} else {
 		g.tmaBarriers(b, l, "q and dO")
 	}

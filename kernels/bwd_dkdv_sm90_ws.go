@@ -72,40 +72,43 @@ func (g *bwdGen) wsBwdThreads() int {
 	return 32 * g.v.bwdHopperTile().Warps
 }
 
-// wsBwdConstants writes, for a warp-specialized kernel, the compile-time
-// constants of its pipeline.
-func (g *bwdGen) wsBwdConstants(b *strings.Builder) {
+// wsBwdConstants writes, for a warp-specialized kernel (g.ws), the
+// compile-time constants of its pipeline; the dK/dV kernel's (dkdv) also
+// the distance between its P and dS buffers.
+func (g *bwdGen) wsBwdConstants(b *strings.Builder, dkdv bool) {
 	v := g.v
-	if !v.WarpSpecialized {
+	if !g.ws {
 		return
 	}
 	regs, _ := wsComputeRegs(256)
-	bn := v.bwdHopperTile().BlockN
-	tile := bn / 64 * bwdHopperBM * 128
 	fmt.Fprintf(b, `  constexpr int NCOMPUTE = 256;  // compute threads (two warpgroups); the producer warpgroup is threads 256..383
   constexpr int PRODUCER_REGS = %d, COMPUTE_REGS = %d;  // register budgets after setmaxnreg
-  constexpr int PS_BUF = %d;  // bytes from buffer 0 of the P and dS tiles to buffer 1 (0: one buffer)
-`, wsProducerRegs, regs, (v.bwdWSBuffers()-1)*tile)
+`, wsProducerRegs, regs)
+	if dkdv {
+		tile := v.bwdHopperTile().BlockN / 64 * bwdHopperBM * 128
+		fmt.Fprintf(b, "  constexpr int PS_BUF = %d;  // bytes from buffer 0 of the P and dS tiles to buffer 1 (0: one buffer)\n", (v.bwdWSBuffers()-1)*tile)
+	}
 }
 
 // wsBwdBarriers writes the full and empty mbarriers of the two stages and
 // their initialization (in place of tmaBarriers), ending with the kernel's
-// only block-wide barrier.
-func (g *bwdGen) wsBwdBarriers(b *strings.Builder, l bwdSmemLayout) {
-	fmt.Fprintf(b, `  // ---- mbarriers of stage s: full (bar + 8s: the producer warp's 32 lanes stored LSE2 and Delta, and
-  // the q and dO tiles landed) and empty (empty + 8s: every compute warp is done with the stage); the
-  // k-th fill of stage s completes phase k of its full barrier, the k-th release phase k of its empty one
-  const u32 bar = s0 + %d, empty = s0 + %d;
+// only block-wide barrier. The full barriers take fullCount arrivals (what:
+// whose, and what lands) and the tiles' bytes.
+func (g *bwdGen) wsBwdBarriers(b *strings.Builder, l bwdSmemLayout, fullCount int, what string) {
+	fmt.Fprintf(b, `  // ---- mbarriers of stage s: full (bar + 8s: %[3]s) and empty (empty + 8s: every compute warp is done
+  // with the stage); the k-th fill of stage s completes phase k of its full barrier, the k-th release
+  // phase k of its empty one
+  const u32 bar = s0 + %[1]d, empty = s0 + %[2]d;
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      mbar_init(bar + 8 * s, 32);
+      mbar_init(bar + 8 * s, %[4]d);
       mbar_init(empty + 8 * s, NCOMPUTE / 32);
     }
     mbar_fence_init();
   }
   __syncthreads();  // the only block-wide barrier: the producer warpgroup leaves the compute threads after it
-`, l.off["bar"], l.off["empty"])
+`, l.off["bar"], l.off["empty"], what, fullCount)
 }
 
 // wsBwdProducer writes the producer warpgroup's branch: setmaxnreg, and
@@ -212,4 +215,36 @@ func (g *bwdGen) sBuf() string {
 		return ""
 	}
 	return " + (u64)(pso >> 4)"
+}
+
+// The warp-specialized dQ kernel (the separate algorithm) has the same
+// producer warpgroup: its first thread loads every step's k and v (tensor
+// maps) into stage it mod 2, announcing their bytes on the stage's full
+// barrier (count 1), after waiting for the stage's release. The compute
+// warpgroups load q, dO, LSE2 and Delta once, and each then runs on its own
+// 64 rows: dS stays in registers, so nothing a warpgroup writes in the loop
+// is read by another, and no barrier is left in it. Each compute warp
+// releases step it's stage once its dQ product of step it, the last
+// reader of k, is complete (the dP wait retired the reads of v).
+
+// wsDQProducer writes the warp-specialized dQ kernel's producer branch:
+// setmaxnreg, and its first thread's loads of every step's k and v; the
+// compute warpgroups go on after it with their register budget raised.
+func (g *bwdGen) wsDQProducer(b *strings.Builder) {
+	v := g.v
+	fmt.Fprintf(b, `  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
+    setmaxnreg_dec<PRODUCER_REGS>();
+    if (tid == NCOMPUTE) {  // its first thread loads every step's k and v
+      for (int it = 0; it < njb; ++it) {
+        const int s = it & 1, jk = (jb0 + it) * BN;
+        if (it >= 2) mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);  // step it - 2 released the stage
+        mbar_expect_tx(bar + 8 * s, (%[1]d + %[2]d) * BN * 128);  // rows past the sequence come as zeros
+        tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, jk, %[3]s);
+        tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, jk, %[4]s);
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers
+`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.tmaHead("kvh", "DK"), g.tmaHead("kvh", "DV"))
 }

@@ -14,7 +14,7 @@ import (
 // head dim 128, where q, dO and two stages of k and v fill shared memory).
 func (v BwdVariant) bwdHopperDQTile() BwdTile {
 	// as many keys as one warpgroup of the dK/dV kernel: 64, or 32 past 128
-	return BwdTile{BlockM: 128, BlockN: v.bwdHopperTile().BlockN / 2, Warps: 8, Stages: 2, MinBlocks: 1}
+	return BwdTile{BlockM: 128, BlockN: v.bwdHopperTile().BlockN / 2, Warps: v.bwdHopperTile().Warps, Stages: 2, MinBlocks: 1}
 }
 
 // bwdHopperDQLayout is the shared-memory map of the Hopper dQ kernel (every
@@ -33,6 +33,9 @@ func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
 	if v.TMA {
 		l.add("bar", 16) // [2] mbarriers: stage s of k and v landed
 	}
+	if v.WarpSpecialized {
+		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
+	}
 	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
 	return l
 }
@@ -45,6 +48,8 @@ func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
 // accumulator of two 8-key blocks is the A operand of one k16 step). No
 // atomics: bit-for-bit deterministic.
 func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
+	g.ws = g.v.WarpSpecialized
+	defer func() { g.ws = false }()
 	v := g.v
 	t := v.bwdHopperDQTile()
 	l := v.bwdHopperDQLayout()
@@ -54,16 +59,24 @@ func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
 // batch, query head), warpgroup w owning rows 64w .. 64w+63; loops over the visible key blocks
 // recomputing S, P and dP; dQ += dS·K with dS from registers; no atomics.
 // grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
-%[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias())
+extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
+%[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias(), 32*t.Warps)
 	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
+	g.wsBwdConstants(b, false)
 	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
   float* sL = reinterpret_cast<float*>(smem + %d);
   float* sD = reinterpret_cast<float*>(smem + %d);
 `, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
-	g.tmaBarriers(b, l, "k and v")
+	if g.ws {
+		g.wsBwdBarriers(b, l, 1, "the producer thread's k and v tiles landed")
+	} else {
+		g.tmaBarriers(b, l, "k and v")
+	}
 	g.dqKeyRange(b)
-	if v.TMA {
+	switch {
+	case g.ws:
+		g.wsDQProducer(b)
+	case v.TMA:
 		fmt.Fprintf(b, `  // stage s of the key-side tiles for step it: k and v by the tensor memory accelerator (one thread;
   // rows past the sequence and columns past the head dim come as zeros)
   auto load_kv = [&](int it, int s) {
@@ -75,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
     }
   };
 `, ka, va, g.tmaHead("kvh", "DK"), g.tmaHead("kvh", "DV"))
-	} else {
+	default:
 		fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
     load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE, %s, %s, m - jk);
@@ -93,26 +106,35 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   `)
 		qa, da, ql, dl = "("+qa+") - sq_", "("+da+") - sdo_", ", sq_ + DK", ", sdo_ + DV"
 	}
+	firstKV, landed := "\n    load_kv(0, 0);", ""
+	if g.ws {
+		// the producer loads every step's k and v; q, dO and the statistics must have landed
+		firstKV = ""
+		landed = "  cp_async_wait0();\n  fence_proxy_async();\n  bar_sync(1, NCOMPUTE);  // q, dO, LSE2 and Delta in shared memory for both warpgroups\n"
+	}
 	fmt.Fprintf(b, `if (njb > 0) {
     load_sw<BM, KCH, DK, NTH>(sQ, %s, %s, n - i0%s);
     load_sw<BM, VCH, DV, NTH>(sdO, %s, %s, n - i0%s);
     const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
-    load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);
-    load_kv(0, 0);
+    load_stats<BM, NTH>(sL, sD, p.lse2 + so, p.delta + so, n - i0);%s
     cp_async_commit();%s
   }
-  // ---- matrix descriptors: this warpgroup's 64 rows of q and dO (K-major)
+%s  // ---- matrix descriptors: this warpgroup's 64 rows of q and dO (K-major)
   const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024), ddo = sw128_desc(sdO + wg * 64 * 128, 16, 1024);
   for (int it = 0; it < njb; ++it) {
     const int st = it & 1;
     const int j0 = (jb0 + it) * BN;
-    cp_async_wait0();
-`, qa, g.in("q").sr, ql, da, g.in("do").sr, dl, g.flatZero("sQ", "BM", "DKP", "sq_", "DK", "sdO", "BM", "DVP", "sdo_", "DV"))
-	g.tmaStageWait(b)
-	b.WriteString(`    fence_proxy_async();
+`, qa, g.in("q").sr, ql, da, g.in("do").sr, dl, firstKV, g.flatZero("sQ", "BM", "DKP", "sq_", "DK", "sdO", "BM", "DVP", "sdo_", "DV"), landed)
+	if g.ws {
+		b.WriteString("    mbar_wait(bar + 8 * st, (it >> 1) & 1);  // k and v of step it (the producer's)\n")
+	} else {
+		b.WriteString("    cp_async_wait0();\n")
+		g.tmaStageWait(b)
+		b.WriteString(`    fence_proxy_async();
     __syncthreads();  // tile it landed for every thread; every warpgroup is done with tile it-1
     if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }
 `)
+	}
 	g.fullMask(b)
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: this warpgroup's 64 queries x BN keys (K and V K-major)
     float accS[1][%[1]d][4], accP[1][%[1]d][4];
@@ -152,12 +174,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
       wgmma_wait<0>();
       fence_acc(accQ[0]);
     }
-  }
+`)
+	if g.ws {
+		b.WriteString(`    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * st);  // this warp is done with step it's k and v
+`)
+	}
+	b.WriteString(`  }
   T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;
 `)
 	if v.Vector {
 		bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
-		nfQueryCheck(b)
+		nfQueryCheck(b, g.ws)
 		b.WriteString("}\n")
 		return
 	}
@@ -166,11 +194,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   constexpr int PQ = DKP + 8;
   T* sgq = reinterpret_cast<T*>(smem);
   static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
-  __syncthreads();  // every warpgroup is done with the tiles
-`, l.total-1024)
+  %s  // every warpgroup is done with the tiles
+`, l.total-1024, g.computeSync())
 	bwdStoreAcc(b, tq, "accQ", "sgq", "PQ", "n - i0", "DK", "p.scale", bwdStoreOpt{Shift: g.flatName("sq_"), Shared: true})
-	b.WriteString("  __syncthreads();\n")
+	b.WriteString("  " + g.computeSync() + "\n")
 	bwdRowsOut(b, "sgq", "PQ", "gq", "p.dq_sr", "BM", "n - i0", "DK")
-	nfQueryCheck(b)
+	nfQueryCheck(b, g.ws)
 	b.WriteString("}\n")
 }

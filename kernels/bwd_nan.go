@@ -237,28 +237,33 @@ DEV void nf_query(const BwdParams& p, int b, int h, long long qr0, long long kr0
 }
 
 // nfKeysCheck writes the dK/dV kernels' check after their stores: the
-// accumulators accs folded into a flag, the block's vote (perWarp: each
-// warp's, where not every thread of the block is left), and on a positive
-// vote the non-finite flag raised for the fix-up kernel.
+// accumulators accs folded into a flag and the vote (nfVote).
 func nfKeysCheck(b *strings.Builder, perWarp bool, accs ...string) {
 	b.WriteString("  {  // ---- non-finite dK or dV (rare: a NaN or an infinity in the inputs; see bwd_nan.go)\n    bool nfo = false;\n")
 	for _, a := range accs {
 		fmt.Fprintf(b, "    nf_fold(%s, nfo);\n", a)
 	}
+	nfVote(b, perWarp)
+	b.WriteString("  }\n")
+}
+
+// nfVote writes the vote on nfo: the block's (perWarp: each warp's, where
+// not every thread of the block is left), and on a positive vote the
+// non-finite flag raised for the fix-up kernel.
+func nfVote(b *strings.Builder, perWarp bool) {
 	if perWarp {
 		// a warp-specialized kernel's producer warpgroup has left: one vote per compute warp
 		fmt.Fprintf(b, "    if (__any_sync(0xffffffffu, nfo) && (threadIdx.x & 31) == 0) atomicOr(p.nf_flag, 1u);  // the fix-up kernel recomputes (%s)\n", BwdNonFiniteKernel)
-	} else {
-		b.WriteString(nfRaise("__syncthreads_or(nfo)"))
+		return
 	}
-	b.WriteString("  }\n")
+	b.WriteString(nfRaise("__syncthreads_or(nfo)"))
 }
 
 // nfQueryCheck writes the separate dQ kernels' check after their stores:
 // accQ folded into a flag, the block's vote, and on a positive vote the
 // non-finite flag raised for the fix-up kernel.
-func nfQueryCheck(b *strings.Builder) {
+func nfQueryCheck(b *strings.Builder, perWarp bool) {
 	b.WriteString("  {  // ---- non-finite dQ (rare: a NaN or an infinity in the inputs; see bwd_nan.go)\n    bool nfo = false;\n    nf_fold(accQ, nfo);\n")
-	b.WriteString(nfRaise("__syncthreads_or(nfo)"))
+	nfVote(b, perWarp)
 	b.WriteString("  }\n")
 }

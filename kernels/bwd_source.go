@@ -872,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 	b.WriteString("  }\n")
 	b.WriteString("  T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;\n")
 	bwdStoreAcc(b, tq, "accQ", "gq", "p.dq_sr", "n - i0", "DK", "p.scale")
-	nfQueryCheck(b)
+	nfQueryCheck(b, false)
 	b.WriteString("}\n")
 }
 
