@@ -263,9 +263,6 @@ func emuBackwardCases(t *testing.T, kind emuKernels) int {
 			if kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
 				continue
 			}
-			if emuBwdTMA(kind) && c.cuQ != nil {
-				continue // packed batches keep cp.async
-			}
 			ran += emuCheckCase(t, c, dt, uint64(ci+100), kind)
 		}
 	}

@@ -217,8 +217,6 @@ func TestBackwardEmulatedNonFinite(t *testing.T) {
 					switch {
 					case k.kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv):
 						continue // the planner picks the mma.sync kernels
-					case emuBwdTMA(k.kind) && c.cuQ != nil:
-						continue // packed batches keep cp.async
 					}
 					in := c.inputs(t, dt, uint64(ci+1200))
 					for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {

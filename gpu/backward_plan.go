@@ -301,7 +301,7 @@ func planBackward(r bwdRequest) (*bwdPlan, error) {
 		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Name())
 	}
 	pl.params = bwdParams(p, a, pl.w)
-	if run && !p.Varlen && r.tma {
+	if run && r.tma && (!p.Varlen || packedTMARows(p)) {
 		if !v.Staged || !pl.useFlat(p, dt, a) {
 			pl.useTMA()
 		}
@@ -367,9 +367,19 @@ func (pl *bwdPlan) bind(ws uint64) {
 	pl.r.a.Workspace = ws
 	pl.params = bwdParams(pl.r.p, &pl.r.a, pl.w)
 	if pl.v.TMA {
-		dkdv, dq := pl.v.TMATensors(&pl.params)
-		pl.tma = []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
+		pl.tma = pl.tmaTensors(pl.v)
 	}
+}
+
+// tmaTensors returns the four tensor maps' tensors of v (a tensor-map
+// variant of the plan's kernels): q and dO of the dK/dV kernel, k and v of
+// the dQ kernel, over every sequence's rows in a packed batch.
+func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
+	dkdv, dq := v.TMATensors(&pl.params)
+	if p := pl.r.p; p.Varlen {
+		return []kernels.TMATensor{dkdv[0].Packed(p.TotalQ), dkdv[1].Packed(p.TotalQ), dq[0].Packed(p.TotalK), dq[1].Packed(p.TotalK)}
+	}
+	return []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 }
 
 // useTMA switches the plan's Hopper kernels to tensor-map loads of their
@@ -386,8 +396,7 @@ func (pl *bwdPlan) useTMA() {
 // where it validates and the encoder would take its four maps, and reports
 // whether it did.
 func (pl *bwdPlan) tryTMA(v kernels.BwdVariant) bool {
-	dkdv, dq := v.TMATensors(&pl.params)
-	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
+	ts := pl.tmaTensors(v)
 	for _, t := range ts {
 		if tensorMapSpec(t).Check() != nil {
 			return false

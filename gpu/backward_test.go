@@ -735,9 +735,10 @@ func (in bwdInputs) plan(t testing.TB, algo DQAlgorithm, hopper bool) *bwdPlan {
 }
 
 // TestBackwardPlanTMA checks where the backward's Hopper kernels take
-// tensor-map loads (fixed-length 16-bit batches, direct or staged, unless
-// FLASHATTN_NO_TMA is set) and the tensors of their maps: q and dO for the
-// dK/dV kernel, k and v for the dQ kernel, or their staging copies.
+// tensor-map loads (16-bit batches, fixed-length or packed, direct or
+// staged, unless FLASHATTN_NO_TMA is set) and the tensors of their maps: q
+// and dO for the dK/dV kernel, k and v for the dQ kernel, or their staging
+// copies; a packed batch's maps span its packed rows (batch extent 1).
 func TestBackwardPlanTMA(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -750,7 +751,8 @@ func TestBackwardPlanTMA(t *testing.T) {
 		{"bf16 d64 gqa", bwdCase{b: 2, n: 300, m: 200, h: 8, hkv: 2, dk: 64, dv: 64}, attn.BFloat16, "", true, false},
 		{"fp16 d199 staged", bwdCase{b: 1, n: 100, m: 90, h: 3, hkv: 1, dk: 199, dv: 199}, attn.Float16, "", true, true},
 		{"bf16 d128 opted out", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128}, attn.BFloat16, "1", false, false},
-		{"bf16 d64 packed", bwdCase{h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 50, 120}, cuK: []int32{0, 40, 100}}, attn.BFloat16, "", false, false},
+		{"bf16 d64 packed", bwdCase{h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 50, 120}, cuK: []int32{0, 40, 100}}, attn.BFloat16, "", true, false},
+		{"fp16 d59 packed staged", bwdCase{h: 2, hkv: 2, dk: 59, dv: 59, cuQ: []int32{0, 50, 120}, cuK: []int32{0, 40, 100}}, attn.Float16, "", true, true},
 		{"fp32 d64", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 64}, attn.Float32, "", false, false},
 	}
 	for i, c := range cases {
@@ -774,7 +776,12 @@ func TestBackwardPlanTMA(t *testing.T) {
 						t.Errorf("%v: %s map %+v, want the tensor at %#x", algo, bwdTMANames[j], pl.tma[j], addr)
 					}
 				}
-				if pl.tma[0].Heads != uint64(in.p.H) || pl.tma[2].Heads != uint64(in.p.Hkv) || pl.tma[0].Rows != uint64(in.p.N) || pl.tma[3].Rows != uint64(in.p.M) {
+				rows, krows, batch := in.p.N, in.p.M, in.p.B
+				if in.p.Varlen {
+					rows, krows, batch = in.p.TotalQ, in.p.TotalK, 1
+				}
+				if pl.tma[0].Heads != uint64(in.p.H) || pl.tma[2].Heads != uint64(in.p.Hkv) || pl.tma[0].Rows != uint64(rows) || pl.tma[3].Rows != uint64(krows) ||
+					pl.tma[0].B != uint64(batch) || pl.tma[3].B != uint64(batch) {
 					t.Errorf("%v: extents q %+v, v %+v", algo, pl.tma[0], pl.tma[3])
 				}
 			}

@@ -143,7 +143,7 @@ func plan(r fwdRequest) (launch, error) {
 			r.tma, r.part = false, nil
 			return plan(r)
 		}
-	case r.tma && vr.WGMMA && !p.Varlen && vr.LoadBytes == 16:
+	case r.tma && vr.WGMMA && vr.LoadBytes == 16 && (!p.Varlen || packedTMARows(p)):
 		var ok [3]bool
 		for i, t := range []DeviceTensor{r.q, r.k, r.v} {
 			tstr[i], ok[i] = tmaStrides(t)
@@ -173,6 +173,9 @@ func plan(r fwdRequest) (launch, error) {
 		}
 	case vr.TMA:
 		ts := vr.TMATensors(&pr, uint64(kernels.TMACols(p.DK)), uint64(kernels.TMACols(p.DV)), tstr[0], tstr[1], tstr[2])
+		if p.Varlen {
+			ts = [3]kernels.TMATensor{ts[0].Packed(p.TotalQ), ts[1].Packed(p.TotalK), ts[2].Packed(p.TotalK)}
+		}
 		l.tma = ts[:]
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
@@ -353,19 +356,35 @@ func flatRows(p *attn.Problem, dt attn.DType, q, k, v DeviceTensor) ([3][3]uint6
 }
 
 // tmaStrides returns the byte strides (position, head, batch) of a
-// [B, N, H, D] 16-bit tensor for its tensor map (kernels.TMAStride), and
+// [B, N, H, D] 16-bit tensor, or of a packed batch's [T, H, D] (one batch
+// element), for its tensor map (kernels.TMAStride), and
 // whether the tensor memory accelerator can read it: every stride one the
 // encoder takes (cuda.TensorMapStrideOK).
 func tmaStrides(t DeviceTensor) ([3]uint64, bool) {
 	st := t.strides()
+	dims := [3]int{1, 2, 0} // position, head, batch of [B, N, H, D]
+	if len(t.Shape) == 3 {
+		dims = [3]int{0, 1, -1} // [T, H, D]: a packed batch, one batch element
+	}
 	var out [3]uint64
-	for i, d := range [3]int{1, 2, 0} {
+	for i, d := range dims {
+		if d < 0 {
+			out[i] = kernels.TMAStride(1, 0, t.DType.Size())
+			continue
+		}
 		out[i] = kernels.TMAStride(t.Shape[d], int64(st[d]), t.DType.Size())
 		if !cuda.TensorMapStrideOK(out[i]) {
 			return out, false
 		}
 	}
 	return out, true
+}
+
+// packedTMARows reports whether the tensor-map kernels can address the rows
+// of packed batch p: the kernels' row coordinates, the sequence's first row
+// plus a tile's, are 32-bit.
+func packedTMARows(p *attn.Problem) bool {
+	return max(p.TotalQ, p.TotalK) <= math.MaxInt32-1024
 }
 
 // fwdCall is one validated forward call on device tensors.
@@ -500,7 +519,7 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
 	p.PingPong = want.PingPong && p.WarpSpecialized && v.WarpsM == 8
-	p.Persistent = want.Persistent && p.WarpSpecialized && !v.Flat
+	p.Persistent = want.Persistent && p.WarpSpecialized && !v.Flat && !v.Varlen
 	if want.EarlyRescale {
 		v.Pipeline = kernels.Pipeline{EarlyRescale: true}
 		p.EarlyRescale = v.Validate() == nil

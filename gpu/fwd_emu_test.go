@@ -97,7 +97,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
 	if l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != emuPipeline(kind).WarpSpecialized ||
-		l.v.Persistent != (emuPipeline(kind).Persistent && !l.v.Flat) {
+		l.v.Persistent != (emuPipeline(kind).Persistent && !l.v.Flat && !p.Varlen) {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
 	}
 	src, err := l.v.Source()
@@ -205,9 +205,6 @@ func TestForwardEmulatedHopper(t *testing.T) {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
 			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
-				if kind != emuHopper && pr.segQ != nil {
-					t.Skip("packed batches keep cp.async")
-				}
 				if emuPipeline(kind).WarpSpecialized && max(pr.dk, pr.dv) > 320 {
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")
 				}
@@ -252,8 +249,6 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 					t.Skip("the Hopper kernels take 16-bit types")
 				case kd.kind == emuHopper && c.dk%8 != 0:
 					t.Skip("rows not 16-byte aligned: the Hopper kernels read them over flat rows, by tensor maps only")
-				case kd.kind != emuMMA && kd.kind != emuHopper && c.segQ != nil:
-					t.Skip("packed batches keep cp.async")
 				case emuPipeline(kd.kind).WarpSpecialized && max(c.dk, c.dv) > 320:
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")
 				}

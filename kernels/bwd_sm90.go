@@ -110,15 +110,21 @@ func (g *bwdGen) flatLimit(sh, d string) string {
 	return d
 }
 
-// tmaHead returns the head and column arguments (head, batch, first column)
-// of a streamed tile's boxes for head h of a tensor with head dim d (a
-// constant of the kernel, its padded width d + "P"): head h from column 0,
-// or with Flat head 0 from flat_shift columns before h·d.
-func (g *bwdGen) tmaHead(h, d string) string {
+// tmaAt returns the coordinate arguments (row, head, batch, first column)
+// of a streamed tile's boxes from row row of the sequence, for head h of a
+// tensor with head dim d (a constant of the kernel, its padded width d +
+// "P"): head h from column 0, or with Flat head 0 from flat_shift columns
+// before h·d. In a packed batch (Varlen) the map spans every sequence's
+// rows (batch extent 1), and the sequence's rows start at first (qr0 or
+// kr0).
+func (g *bwdGen) tmaAt(row, first, h, d string) string {
 	if g.v.Flat {
-		return fmt.Sprintf("0, b, %[1]s * %[2]s - flat_shift(%[1]s, %[2]s, %[2]sP)", h, d)
+		return fmt.Sprintf("%[3]s, 0, b, %[1]s * %[2]s - flat_shift(%[1]s, %[2]s, %[2]sP)", h, d, row)
 	}
-	return h + ", b"
+	if g.v.Varlen {
+		return fmt.Sprintf("(int)%s + %s, %s, 0", first, row, h)
+	}
+	return row + ", " + h + ", b"
 }
 
 // flatZero returns, for Flat variants, the code run once the tiles loaded

@@ -91,10 +91,13 @@ type BwdVariant struct {
 	// bwd_dkdv_sm90.go, bwd_dq_sm90.go and BwdHopperOK for what they
 	// take). The module then runs only on sm_90.
 	WGMMA bool
-	// TMA (with WGMMA, not Varlen) loads the streamed tiles of the Hopper
-	// kernels with the tensor memory accelerator: q and dO in the dK/dV
-	// kernel, k and v in the dQ kernel. Those two kernels then take the
-	// argument of BwdTMAArgs (see bwd_tma.go).
+	// TMA (with WGMMA) loads the streamed tiles of
+	// the Hopper kernels with the tensor memory accelerator: q and dO in the
+	// dK/dV kernel, k and v in the dQ kernel. Those two kernels then take
+	// the argument of BwdTMAArgs (see bwd_tma.go). In a packed batch the
+	// maps span every sequence's rows (TMATensor.Packed): a tile's rows past
+	// its sequence are the next sequence's, which the kernels mask (keys)
+	// or give no probability (queries).
 	TMA bool
 	// BulkDQ (with WGMMA and AtomicDQ, head dims up to 128, not Flat) adds
 	// each step's dQ tile to the fp32 accumulator with bulk reduce-adds
@@ -273,8 +276,8 @@ func (v BwdVariant) Validate() error {
 	if v.WarpSpecialized && (!v.WGMMA || !v.TMA) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the warp-specialized dK/dV kernel needs the Hopper kernels with tensor-map loads", v.Name())
 	}
-	if v.TMA && (!v.WGMMA || v.Varlen) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels and fixed-length batches", v.Name())
+	if v.TMA && !v.WGMMA {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels", v.Name())
 	}
 	t := v.ResolvedTiles()
 	dkdvLayout, dqLayout := v.layouts()

@@ -87,9 +87,6 @@ func (v Variant) validateHopper() error {
 	if v.WarpsN == 2 && (v.BlockN%16 != 0 || v.BlockN > 64) {
 		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward with two warpgroups per row group wants BlockN a multiple of 16, at most 64 (the P tile is one 128-byte atom wide), not %d", v.BlockN)
 	}
-	if v.TMA && v.Varlen {
-		return attn.Errorf(attn.ErrUnsupported, "kernels: WGMMA forward with tensor-map loads of packed variable-length batches")
-	}
 	if v.Stages != 2 || v.QInRegs {
 		return attn.Errorf(attn.ErrShape, "kernels: WGMMA forward wants 2 stages and Q in shared memory")
 	}
@@ -606,14 +603,16 @@ func (x *gen) hopperPrologueLoads() {
   __syncthreads();
 `)
 	x.raw(x.tmaCoords())
-	x.raw(`  // ---- prologue: Q, K and V of the first block, K of the second (one thread issues the copies)
+	x.raw(fmt.Sprintf(`  // ---- prologue: Q, K and V of the first block, K of the second (one thread issues the copies)
   if (tid == 0) {
-    tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
-    tma_tile<BN, KATOMS>(sK, mk_, barK, (nb_hi - 1) * BN, hk_, b, ck_);
-    tma_tile<BN, VATOMS>(sV, mv_, barV, (nb_hi - 1) * BN, hv_, b, cv_);
-    if (nb_hi - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + K_STAGE, mk_, barK + 8, (nb_hi - 2) * BN, hk_, b, ck_);
+    %s
+    %s
+    %s
+    if (nb_hi - 2 >= nb_lo) %s
   }
-  mbar_wait(barQ, 0);  // Q
+`, x.tmaTile("BM", "KATOMS", "sQ", "mq_", "barQ", "m0"), x.tmaTile("BN", "KATOMS", "sK", "mk_", "barK", "(nb_hi - 1) * BN"),
+		x.tmaTile("BN", "VATOMS", "sV", "mv_", "barV", "(nb_hi - 1) * BN"), x.tmaTile("BN", "KATOMS", "sK + K_STAGE", "mk_", "barK + 8", "(nb_hi - 2) * BN")))
+	x.raw(`  mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
 `)
 	x.flatZeroQ()
@@ -643,10 +642,17 @@ func (x *gen) flatZeroQ() {
 // the staged heads).
 func (x *gen) tmaCoords() string {
 	if !x.v.Flat {
-		return `  // tensor-map coordinates: (column, row, head, batch)
+		s := `  // tensor-map coordinates: (column, row, head, batch)
   const TensorMap *mq_ = &tp.q, *mk_ = &tp.k, *mv_ = &tp.v;
   const int hq_ = h, hk_ = kvh, hv_ = kvh, cq_ = 0, ck_ = 0, cv_ = 0;
 `
+		if x.v.Varlen {
+			s += `  // a packed batch: the maps span every sequence's rows (batch extent 1), the sequence's rows start at
+  // qs and ks; rows past the sequence are the next one's, masked (keys) or never stored (queries)
+  const int qrow_ = (int)qs, krow_ = (int)ks;
+`
+		}
+		return s
 	}
 	s := `  // tensor-map coordinates (column, row, head, batch) over flat rows: head h's elements start at column
   // h·d_k of its position's row; the boxes start flat_shift columns before it (at a multiple of 16 or 8),
@@ -679,6 +685,24 @@ func (x *gen) tmaCoords() string {
 `, FlatWidth(x.v.DK), FlatWidth(x.v.DV))
 }
 
+// tmaTile returns the call of tma_tile that loads a tile of rows rows and
+// atoms column atoms into dst from map m (mq_, mk_ or mv_: its head and
+// column coordinates hq_, cq_, …) on barrier bar, from row row of the
+// sequence: in a packed batch (Varlen) from the sequence's first row in the
+// map (qrow_ or krow_) and batch 0.
+func (x *gen) tmaTile(rows, atoms, dst, m, bar, row string) string {
+	t := strings.TrimSuffix(strings.TrimPrefix(m, "m"), "_") // q, k or v
+	batch := "b"
+	if x.v.Varlen {
+		first := "krow_"
+		if t == "q" {
+			first = "qrow_"
+		}
+		row, batch = first+" + "+row, "0"
+	}
+	return fmt.Sprintf("tma_tile<%s, %s>(%s, %s, %s, %s, h%s_, %s, c%s_);", rows, atoms, dst, m, bar, row, t, batch, t)
+}
+
 // hopperLoopLoads writes the top of a main-loop iteration: once every
 // warpgroup is done with K(nb) and V(nb + 1), their buffers take K(nb - 2)
 // and V(nb - 1).
@@ -703,10 +727,11 @@ func (x *gen) hopperLoopLoads() {
 	if x.v.WarpsN == 2 {
 		x.raw(" (and with P(nb + 1)); P(nb) is whole")
 	}
-	x.raw(`
+	x.raw(fmt.Sprintf(`
     if (tid == 0) {
-      if (nb - 2 >= nb_lo) tma_tile<BN, KATOMS>(sK + buf * K_STAGE, mk_, barK + 8 * buf, (nb - 2) * BN, hk_, b, ck_);
-      if (nb - 1 >= nb_lo) tma_tile<BN, VATOMS>(sV + (buf ^ 1) * V_STAGE, mv_, barV + 8 * (buf ^ 1), (nb - 1) * BN, hv_, b, cv_);
+      if (nb - 2 >= nb_lo) %s
+      if (nb - 1 >= nb_lo) %s
     }
-`)
+`, x.tmaTile("BN", "KATOMS", "sK + buf * K_STAGE", "mk_", "barK + 8 * buf", "(nb - 2) * BN"),
+		x.tmaTile("BN", "VATOMS", "sV + (buf ^ 1) * V_STAGE", "mv_", "barV + 8 * (buf ^ 1)", "(nb - 1) * BN")))
 }

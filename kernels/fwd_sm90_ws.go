@@ -150,21 +150,23 @@ func (x *gen) wsTileLoads(indent, first string) {
 		}
 		return first + " + " + s
 	}
-	x.raw(indentLines(fmt.Sprintf(`tma_tile<BM, KATOMS>(sQ, mq_, barQ, m0, hq_, b, cq_);
+	x.raw(indentLines(fmt.Sprintf(`%[3]s
 const int T = nb_hi - nb_lo;  // key blocks, s = 0 .. T-1 from the last (nb_hi - 1) down
 for (int s = 0; s <= T; ++s) {
   if (s < T) {  // K of block s: tile %[1]s, once tile %[1]s - 2 released its buffer
     const int g = %[1]s;
     if (g >= 2) mbar_wait(emptyK + 8 * (g & 1), ((g >> 1) - 1) & 1);
-    tma_tile<BN, KATOMS>(sK + (g & 1) * K_STAGE, mk_, barK + 8 * (g & 1), (nb_hi - 1 - s) * BN, hk_, b, ck_);
+    %[4]s
   }
   if (s >= 1) {  // V of block s - 1 (needed after S of block s): tile %[2]s
     const int g = %[2]s;
     if (g >= 2) mbar_wait(emptyV + 8 * (g & 1), ((g >> 1) - 1) & 1);
-    tma_tile<BN, VATOMS>(sV + (g & 1) * V_STAGE, mv_, barV + 8 * (g & 1), (nb_hi - s) * BN, hv_, b, cv_);
+    %[5]s
   }
 }
-`, num("s"), num("s - 1")), indent))
+`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", "sQ", "mq_", "barQ", "m0"),
+		x.tmaTile("BN", "KATOMS", "sK + (g & 1) * K_STAGE", "mk_", "barK + 8 * (g & 1)", "(nb_hi - 1 - s) * BN"),
+		x.tmaTile("BN", "VATOMS", "sV + (g & 1) * V_STAGE", "mv_", "barV + 8 * (g & 1)", "(nb_hi - s) * BN")), indent))
 }
 
 // wsRelease writes, for a warp-specialized kernel, a compute warp's release

@@ -64,7 +64,10 @@ type Variant struct {
 	// TMA loads the Q, K and V tiles of a WGMMA kernel with the tensor memory
 	// accelerator (bulk tensor copies completing on mbarriers; see tma.go)
 	// instead of per-thread cp.async. The launch passes TMAParams: the tensor
-	// maps of q, k and v, then Params. Not with Varlen.
+	// maps of q, k and v, then Params. In a packed batch (Varlen) the maps
+	// span every sequence's rows (TMATensor.Packed): a tile's rows past its
+	// sequence are the next sequence's, which the kernel masks (keys) or
+	// never stores (queries).
 	TMA bool
 	// Flat reads q, k and v of head dims whose rows start only 2- or 4-byte
 	// aligned in place, without staging copies (TMA only; fixed-length,
@@ -320,8 +323,8 @@ func (v Variant) Validate() error {
 	if v.WarpSpecialized && (!v.TMA || v.WarpsN != 1 || v.MinBlocks != 1) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a warp-specialized forward needs tensor-map loads, one warpgroup per row group and one CTA per SM (TMA %v, WarpsN %d, MinBlocks %d)", v.TMA, v.WarpsN, v.MinBlocks)
 	}
-	if v.Persistent && (!v.WarpSpecialized || v.Flat) {
-		return attn.Errorf(attn.ErrUnsupported, "kernels: a persistent forward needs the warp-specialized pipeline and rows not read in place (WarpSpecialized %v, Flat %v)", v.WarpSpecialized, v.Flat)
+	if v.Persistent && (!v.WarpSpecialized || v.Flat || v.Varlen) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: a persistent forward needs the warp-specialized pipeline, rows not read in place and a fixed-length batch (WarpSpecialized %v, Flat %v, Varlen %v)", v.WarpSpecialized, v.Flat, v.Varlen)
 	}
 	if v.PingPong && (!v.WarpSpecialized || v.WarpsM != 8) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong needs a warp-specialized forward with two compute warpgroups (WarpSpecialized %v, WarpsM %d)", v.WarpSpecialized, v.WarpsM)

@@ -116,9 +116,9 @@ func TestCompileHopper(t *testing.T) {
 	if testing.Short() {
 		vs = []Variant{vs[0], vs[6], vs[11], vs[16], vs[21]}
 	}
-	// tensor-map loads: every dim, plain and causal with softcap and bias
+	// tensor-map loads: every dim, plain, causal, softcap with bias, and packed batches (with dropout and a window)
 	for _, d := range [][2]int{{64, 64}, {128, 128}, {208, 208}, {256, 256}, {272, 272}, {320, 320}, {384, 384}, {512, 512}} {
-		for _, f := range fwdFeatures[:3] {
+		for _, f := range fwdFeatures[:4] {
 			v := hopperVariant(t, attn.BFloat16, d[0], d[1], f.set)
 			v.TMA = true
 			vs = append(vs, v)
@@ -144,8 +144,8 @@ func TestCompileHopper(t *testing.T) {
 
 // TestCompileHopperWarpSpecialized compiles warp-specialized forward
 // variants for sm_90a (NVRTC 12.0 or later) over every head-dim class of one
-// warpgroup per row group, plain and with the element-wise features, flat
-// rows too, with ping-pong and the early rescale (and persistent) and
+// warpgroup per row group, plain and with the element-wise features, packed
+// batches and flat rows too, with ping-pong and the early rescale (and persistent) and
 // without, and checks
 // ptxas's report as TestCompileHopper does: no spills
 // under the compute warpgroups' raised register budget, no serialized
@@ -157,13 +157,16 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	}
 	var vs []Variant
 	for _, d := range [][2]int{{64, 64}, {128, 128}, {208, 208}, {256, 256}, {320, 320}} {
-		for _, f := range fwdFeatures[:3] {
+		for _, f := range fwdFeatures[:4] {
 			v := hopperVariant(t, attn.BFloat16, d[0], d[1], f.set)
 			v.TMA, v.WarpSpecialized = true, true
 			vs = append(vs, v)
 			v.PingPong = true
 			v.EarlyRescale = v.geom().dvp <= 256
 			vs = append(vs, v)
+			if v.Varlen {
+				continue // (persistent CTAs take fixed-length batches)
+			}
 			v.Persistent = true
 			vs = append(vs, v)
 			if testing.Short() {
@@ -273,8 +276,15 @@ func TestBwdTMASource(t *testing.T) {
 		}
 	}
 	v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Features: Features{Varlen: true}, Vector: true, WGMMA: true, TMA: true}
-	if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
-		t.Errorf("packed batch with tensor maps: Validate = %v, want ErrUnsupported", err)
+	src, err := v.Source()
+	if err != nil {
+		t.Fatalf("packed batch with tensor maps: %v", err)
+	}
+	// a packed batch's boxes start at the sequence's first row (qr0, kr0) of batch element 0
+	for _, want := range []string{"&tp.a, bar + 8 * s, (int)qr0 + iq, hq, 0);", "&tp.a, bar + 8 * s, (int)kr0 + jk, kvh, 0);"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("packed batch with tensor maps: source lacks %q", want)
+		}
 	}
 	v.Varlen, v.WGMMA = false, false
 	if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {

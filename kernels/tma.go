@@ -75,6 +75,14 @@ type TMATensor struct {
 	BoxRows              uint32    // rows per box (BM for q, BN for k and v)
 }
 
+// Packed returns t over a packed batch of rows rows in all (the
+// sequences' rows one after another, batch extent 1): a kernel addresses a
+// sequence's rows from its first row in the packed tensor, batch 0.
+func (t TMATensor) Packed(rows int) TMATensor {
+	t.Rows, t.B, t.Strides[2] = uint64(rows), 1, 16
+	return t
+}
+
 // TMAStride returns the byte stride a tensor map gets for a dim of extent
 // elements elemStride elements apart (elements of elemSize bytes): a dim of
 // extent one is never stepped over and gets 16, which every encoder takes.

@@ -80,12 +80,24 @@ func TestTMASource(t *testing.T) {
 			t.Errorf("name %s has _tma", v.Name())
 		}
 	}
+	// a packed batch: boxes from the sequence's first row (qs, ks) of batch element 0
+	v := hopperVariant(t, attn.BFloat16, 128, 128, func(v *Variant) { v.Varlen = true })
+	v.TMA = true
+	src, err := v.Source()
+	if err != nil {
+		t.Fatalf("varlen: %v", err)
+	}
+	for _, want := range []string{"const int qrow_ = (int)qs, krow_ = (int)ks;", "(sQ, mq_, barQ, qrow_ + m0, hq_, 0, cq_);", "mk_, barK, krow_ + (nb_hi - 1) * BN, hk_, 0, ck_);"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("varlen: source lacks %q", want)
+		}
+	}
 	refused := []struct {
 		name string
 		edit func(*Variant)
 	}{
-		{"varlen", func(v *Variant) { v.Varlen = true }},
 		{"mma.sync kernel", func(v *Variant) { v.WGMMA = false }},
+		{"persistent packed batch", func(v *Variant) { v.Varlen, v.WarpSpecialized, v.Persistent = true, true, true }},
 	}
 	for _, c := range refused {
 		v := hopperVariant(t, attn.BFloat16, 128, 128, nil)
