@@ -209,6 +209,8 @@ func emuCases() []bwdCase {
 		{name: "d320-gqa-causal", b: 1, n: 37, m: 50, h: 2, hkv: 1, dk: 320, dv: 320, causal: true, dtypes: bf},
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
+		// tiles that run into the next sequence's rows (by tensor maps they are not zeros)
+		{name: "varlen-crossing-gqa", h: 4, hkv: 2, dk: 128, dv: 128, cuQ: []int32{0, 37, 207, 357}, cuK: []int32{0, 50, 180, 470}, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "varlen-staged-gqa", h: 4, hkv: 2, dk: 37, dv: 59, cuQ: []int32{0, 17, 17, 60}, cuK: []int32{0, 30, 41, 41}, causal: true, dtypes: []attn.DType{attn.Float16, attn.Float32}},
 		{name: "head-major-staged-gqa", b: 2, n: 37, m: 45, h: 4, hkv: 2, dk: 59, dv: 37, causal: true, headMajor: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "d199-gqa-causal", b: 1, n: 40, m: 70, h: 2, hkv: 1, dk: 199, dv: 199, causal: true, dtypes: bf},
