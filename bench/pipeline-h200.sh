@@ -25,8 +25,10 @@
 # the whole comparison: FLASHATTN_FWD_PIPELINE=<words> bash bench/run-h200.sh.
 #
 # Environment: PIPELINES (space-separated lists of kernels.ParsePipeline's
-# words; default lockstep, then ws, pingpong, early-rescale and persistent
-# added one at a time, and early-rescale alone), SHAPES (space-separated
+# words, timed; default lockstep, then ws, pingpong, early-rescale,
+# persistent and tma-store added one at a time, and tma-store and
+# early-rescale alone), CHECK_PIPELINES (those the check step tests under;
+# default three that together hold every part), SHAPES (space-separated
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
@@ -40,12 +42,14 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}
-PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale ws,pingpong,early-rescale,persistent early-rescale}
+PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale ws,pingpong,early-rescale,persistent ws,pingpong,early-rescale,persistent,tma-store tma-store early-rescale}
 SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 32:16:512:128 32:16:512:128:causal 4:32:4096:64 4:32:4096:64:causal 4:8:4096:256 4:8:4096:256:causal}
 ROUNDS=${ROUNDS:-2}
 BWD_SHAPES=${BWD_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:24:4608:128 4:32:4096:64 4:32:4096:64:causal}
 STEPS=${STEPS:-check,time,bwdcheck,wscheck,bwdtime}
 TILE_PIPELINE=${TILE_PIPELINE:-ws,pingpong,early-rescale}
+# the pipelines the check step runs the tests under: together every part, each in one run of at most 4 minutes
+CHECK_PIPELINES=${CHECK_PIPELINES:-ws,pingpong,early-rescale ws,pingpong,early-rescale,persistent,tma-store tma-store}
 BIN=$ROOT/.bin/flashattn
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -59,7 +63,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 tag() { echo "$1" | tr ',' '+'; }
 
 if [[ ",$STEPS," == *",check,"* ]]; then
-	for p in $PIPELINES; do
+	for p in $CHECK_PIPELINES; do
 		log=$OUT/check-$(tag "$p").log
 		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=$p timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
 			-test.run 'TestConformance|TestShapes|TestForwardNonFinite|TestForwardStaging|TestRepeatBitIdentical|TestForeignMemoryGraph') >"$log" 2>&1
@@ -153,7 +157,7 @@ if [[ ",$STEPS," == *",sanitize,"* ]]; then
 	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 	for tool in racecheck synccheck; do
 		log=$OUT/sanitize-$tool.log
-		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_PIPELINE=ws \
+		(cd "$ROOT/gpu" && FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent,tma-store FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_PIPELINE=ws \
 			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
 			-test.run 'TestShapes/(seq4224-causal-bf16|d127-gqa6:2-n>m)|TestDropoutAt') >"$log" 2>&1
 		printf 'sanitize %-10s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"

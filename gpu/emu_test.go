@@ -298,6 +298,8 @@ const (
 	emuHopperBulk                        // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
 	emuHopperBwdWS                       // the Hopper backward, tensor maps, the dK/dV kernel warp-specialized
 	emuHopperBwdWSBulk                   // ... and the atomic dQ by bulk reduce-adds
+	emuHopperSO                          // the Hopper forward, tensor maps, O stored by tensor maps
+	emuHopperPTSO                        // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
 )
 
 // emuBwdTMA reports whether an emulated backward kind loads its streamed
@@ -319,6 +321,10 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
 	case emuHopperPT:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true}
+	case emuHopperSO:
+		return kernels.Pipeline{StoreO: true}
+	case emuHopperPTSO:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
 	}
 	return kernels.Pipeline{}
 }

@@ -206,7 +206,7 @@ func (b *Backend) enqueueForward(s *cuda.Stream, pl *fwdPlan) error {
 	defer b.mu.Unlock()
 	args := b.pbuf[:kernels.ParamsSize]
 	if pl.v.TMA {
-		maps, err := b.tmaps.get(pl.tma[:], fwdTMANames, func(t kernels.TMATensor) (cuda.TensorMap, error) {
+		maps, err := b.tmaps.get(pl.tma[:], fwdTMANames(pl.v), func(t kernels.TMATensor) (cuda.TensorMap, error) {
 			return b.dev.EncodeTensorMap(tensorMapSpec(t))
 		})
 		if err != nil {

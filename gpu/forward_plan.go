@@ -162,6 +162,13 @@ func plan(r fwdRequest) (launch, error) {
 		return l, attn.Errorf(attn.ErrUnsupported, "cuda backend: grid of %d heads x %d batch elements (at most 65535 each)", p.H, p.B)
 	}
 	pr := fwdParams(r)
+	var omap kernels.TMATensor
+	if vr.StoreO {
+		// O by a tensor map where the encoder takes o's (the tiles' layout does not change without it)
+		ostr, ok := tmaStrides(r.o)
+		omap = vr.OutputTMATensor(&pr, ostr)
+		vr.StoreO = ok && tensorMapSpec(omap).Check() == nil
+	}
 	l.v = vr
 	l.params = pr
 	switch {
@@ -177,6 +184,9 @@ func plan(r fwdRequest) (launch, error) {
 			ts = [3]kernels.TMATensor{ts[0].Packed(p.TotalQ), ts[1].Packed(p.TotalK), ts[2].Packed(p.TotalK)}
 		}
 		l.tma = ts[:]
+		if vr.StoreO {
+			l.tma = append(l.tma, omap)
+		}
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
 	if vr.Persistent {
@@ -505,7 +515,7 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 		return
 	}
 	pl.params.Q, pl.params.K, pl.params.V = pl.params.Q+d, pl.params.K+d, pl.params.V+d
-	for i := range pl.tma {
+	for i := range min(3, len(pl.tma)) { // (a StoreO map after them is the output's: not staged)
 		pl.tma[i].Addr += d
 	}
 }
@@ -513,13 +523,19 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // pipelineFor returns the parts of want that Hopper variant v allows: warp
 // specialization with tensor-map loads, one warpgroup per row group and one
 // CTA per SM; ping-pong with two compute warpgroups besides; persistence
-// with warp specialization where the rows are not read in place; the early
-// rescale where the variant validates with it.
+// with warp specialization where the rows are not read in place and the
+// batch is not packed; the early rescale and the O store by tensor maps
+// where the variant validates with them.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
 	p.PingPong = want.PingPong && p.WarpSpecialized && v.WarpsM == 8
 	p.Persistent = want.Persistent && p.WarpSpecialized && !v.Flat && !v.Varlen
+	if want.StoreO {
+		w := v
+		w.Pipeline = kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: true}
+		p.StoreO = w.Validate() == nil
+	}
 	if want.EarlyRescale {
 		v.Pipeline = kernels.Pipeline{EarlyRescale: true}
 		p.EarlyRescale = v.Validate() == nil

@@ -23,11 +23,14 @@ var fwdEmuDriver = emuDriver("Params", fwdEmuPointers, []string{kernels.KernelNa
 
 // fwdEmuTMADriver is fwdEmuDriver for a tensor-map kernel, which takes
 // TmaParams (the maps' addresses and the Params in it relocated; staged:
-// the FlatStaged copies' maps too).
-func fwdEmuTMADriver(staged bool) string {
+// the FlatStaged copies' maps too, and StoreO's map of o).
+func fwdEmuTMADriver(v kernels.Variant) string {
 	ptrs := []string{"q.w[0]", "k.w[0]", "v.w[0]"}
-	if staged {
+	if v.FlatStaged {
 		ptrs = append(ptrs, "qs.w[0]", "ks.w[0]", "vs.w[0]")
+	}
+	if v.StoreO {
+		ptrs = append(ptrs, "o.w[0]")
 	}
 	for _, p := range fwdEmuPointers {
 		ptrs = append(ptrs, "p."+p)
@@ -78,7 +81,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
 	var part *fwdStaging
-	tma := kind == emuHopperTMA || emuPipeline(kind).WarpSpecialized
+	tma := kind == emuHopperTMA || emuPipeline(kind).WarpSpecialized || emuPipeline(kind).StoreO
 	if heads, ok := flatStagedHeads(p, dt, dq, dk, dv); ok && tma {
 		// the heads that do not fit in place go through staging copies, made by the pack kernel first
 		size := stagingAt(p, dq, dk, dv, nil, 0, heads).bytes
@@ -100,20 +103,27 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		l.v.Persistent != (emuPipeline(kind).Persistent && !l.v.Flat && !p.Varlen) {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
 	}
+	if want := emuPipeline(kind).StoreO && !l.v.Flat && !p.Varlen && p.DV%8 == 0; want {
+		w := l.v
+		w.StoreO = true
+		if want = w.Validate() == nil; l.v.StoreO != want {
+			t.Fatalf("plan %s: StoreO = %v, want %v", l.v.Name(), l.v.StoreO, want)
+		}
+	}
 	src, err := l.v.Source()
 	if err != nil {
 		t.Fatal(err)
 	}
 	driver, params, more := fwdEmuDriver, l.params.Pack(), []string(nil)
 	if l.v.WGMMA {
-		more = append(more, hopperEmuBlock(l.v.HopperProducts(), l.v.TMA, l.v.WarpSpecialized))
+		more = append(more, hopperEmuBlock(l.v.HopperProducts(), l.v.TMA, l.v.WarpSpecialized || l.v.StoreO))
 	}
 	if l.v.TMA {
 		maps := make([][128]byte, len(l.tma))
 		for i, x := range l.tma {
 			maps[i] = emuTensorMap(x)
 		}
-		driver, params = fwdEmuTMADriver(l.v.FlatStaged), make([]byte, l.v.TMAParamsSize())
+		driver, params = fwdEmuTMADriver(l.v), make([]byte, l.v.TMAParamsSize())
 		kernels.PackTMA(params, &l.params, maps...)
 	}
 	bin := emuBinary(t, src, "fwd.h", driver, more...)
@@ -202,10 +212,11 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
-			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent"}[kind], pr.name)
+			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent",
+				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
 				if emuPipeline(kind).WarpSpecialized && max(pr.dk, pr.dv) > 320 {
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")

@@ -70,7 +70,7 @@ func TestTensorMapCache(t *testing.T) {
 		{"back to three", key, 19, false},
 	}
 	for _, s := range steps {
-		names := fwdTMANames
+		names := fwdTMANames(kernels.Variant{})
 		if len(s.key) == 4 {
 			names = bwdTMANames
 		}

@@ -76,6 +76,10 @@ func (x *gen) epilogue() {
 		dscale = "p.drop_scale"
 	}
 	x.raw("  float nf_o = 0.f;  // x·0 summed over the O values this thread writes: NaN when one is not finite (fwd_mask.go)\n")
+	if v.StoreO {
+		x.epilogueTMAStore(dscale)
+		return
+	}
 	viaShared := v.WGMMA && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024
 	if viaShared {
 		x.epilogueViaShared(dscale)
@@ -174,4 +178,69 @@ func (x *gen) epilogueViaShared(dscale string) {
     %s
     for (int r = warp; r < rows; r += %s / 32) row_out((unsigned char*)(gO + r * o_rs), so + r * OP%s, p.d_v, lane);
   }`, cond, x.computeSync(), dscale, lse, x.computeSync(), x.computeThreads(), shift)
+}
+
+// tmaStorePrimitive is the bulk tensor store of a StoreO kernel: one box of
+// a tensor map from shared memory, in the issuing thread's bulk group
+// (WarpSpecializedPrimitives' bulk_commit and bulk_wait close and retire it).
+const tmaStorePrimitive = `// box (c0.., c1.., c2, c3) of the tensor map at generic address map from the swizzled shared tile at
+// src (1024-byte aligned); the parts outside the tensor are not written
+DEV void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+               ::"l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
+}
+`
+
+// epilogueTMAStore writes, for a StoreO kernel, the stores of O (scaled by
+// dscale / l) and LSE: each warpgroup writes its 64 rows of O in bf16/fp16
+// into its staging tile ([VATOMS][64][64], the 128-byte swizzle of the
+// map's boxes), and its first thread issues one bulk tensor store per atom
+// after the warpgroup's named barrier (4 + wg); the copy engine clips rows
+// past N and columns past DV. Before writing the tile, that thread waits
+// until its last stores (a persistent CTA's previous tile) are done reading
+// it. LSE is stored by the threads, as in the other epilogues.
+func (x *gen) epilogueTMAStore(dscale string) {
+	lse := ""
+	if x.v.LSE {
+		lse = "\n      if (" + x.lseWriter() + " && r < rows) " + lseStore("0")
+	}
+	x.p(`  {  // ---- O by the tensor memory accelerator: this warpgroup's 64 rows through its staging tile
+    const u32 so = s_base + SO_OFF + wg * (VATOMS * 64 * 128);  // [VATOMS][64][64], swizzled
+    unsigned char* sop = smem + (so - smem_addr(smem));
+    const bool issuer = (tid & 127) == 0;  // the warpgroup's first thread issues its stores
+    if (issuer) bulk_wait_read<0>();       // its last stores no longer read the tile
+    bar_sync(4 + wg, 128);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = wrow0 + g + 8 * hf, rl = r & 63;  // row within the block, within the warpgroup's 64
+      const float l = row_sum[0][hf];
+      const float inv = l == 0.f ? 0.f : %s / l;  // l = 0: no visible key; NaN: a NaN score
+      float nf = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT_O; ++nt) {
+        const int d = nt * 8 + 2 * c;  // value column (the pair d, d + 1)
+        const float a0 = o[0][nt][2 * hf] * inv, a1 = o[0][nt][2 * hf + 1] * inv;
+        nf = fmaf(a0, 0.f, fmaf(a1, 0.f, nf));
+        // atom d / 64, row rl, 16-byte chunk ((d mod 64) / 8) ^ (rl mod 8), element d mod 8
+        *(u32*)(sop + (d >> 6) * (64 * 128) + rl * 128 + ((((d & 63) >> 3) ^ (rl & 7)) << 4) + (d & 7) * 2) = pack2(a0, a1);
+      }
+      if (r < rows) nf_o += nf;%s
+    }
+    fence_proxy_async();  // the tile's stores, before the copy engine reads them
+    bar_sync(4 + wg, 128);
+    if (issuer) {
+#pragma unroll
+      for (int a = 0; a < VATOMS; ++a) tma_store_4d(&tp.o, so + a * (64 * 128), a * 64, m0 + 64 * wg, h, b);
+      bulk_commit();
+    }
+  }`, dscale, lse)
+}
+
+// storeOWait writes, for a StoreO kernel, the end of the kernel's stores:
+// each warpgroup's issuing thread waits until its bulk stores are complete
+// before the CTA ends (its shared memory must outlive their reads).
+func (x *gen) storeOWait() {
+	if x.v.StoreO {
+		x.raw("  if ((threadIdx.x & 127) == 0 && threadIdx.x < " + x.computeThreads() + ") bulk_wait<0>();  // this warpgroup's O stores complete\n")
+	}
 }

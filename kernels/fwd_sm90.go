@@ -62,7 +62,10 @@ func (g *geom) hopperGeom(v Variant) {
 	g.sq = g.ka * v.BlockM * 128
 	g.sk = 2 * g.ka * v.BlockN * 128
 	g.sv = 2 * g.va * v.BlockN * 128
-	g.smem = g.sq + g.sk + g.sv + g.sp + g.red + 1024
+	if v.StoreO {
+		g.so = g.va * v.BlockM * 128 // [warpgroups][VATOMS][64][64]: each warpgroup's O
+	}
+	g.smem = g.sq + g.sk + g.sv + g.so + g.sp + g.red + 1024
 	if v.TMA {
 		g.smem += tmaBarrierBytes
 	}
@@ -110,8 +113,11 @@ func (x *gen) hopperSource() {
 	if x.v.TMA {
 		x.raw(tmaPrimitives())
 	}
-	if x.v.WarpSpecialized {
+	if x.v.WarpSpecialized || x.v.StoreO {
 		x.raw(WarpSpecializedPrimitives())
+	}
+	if x.v.StoreO {
+		x.raw(tmaStorePrimitive)
 	}
 	for _, pr := range x.v.HopperProducts() {
 		x.raw(pr.source(x.v.DType))
@@ -194,8 +200,11 @@ func (x *gen) hopperConstants() {
 		x.p("constexpr int SP_OFF = %d;", g.sq+g.sk+g.sv)
 		x.p("constexpr int RED_OFF = %d;", g.sq+g.sk+g.sv+g.sp)
 	}
+	if v.StoreO {
+		x.p("constexpr int SO_OFF = %d;  // [warpgroups][VATOMS][64][64]: each warpgroup's O for the tensor-map store", g.sq+g.sk+g.sv)
+	}
 	if v.TMA {
-		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.sp+g.red)
+		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sp+g.red)
 	}
 	if v.WarpSpecialized {
 		x.wsConstants()
@@ -347,10 +356,13 @@ func (x *gen) hopperKernel() {
 		y := &gen{v: v, g: x.g}
 		y.hopperTile("kv0")
 		x.raw(indentLines(y.b.String(), "  "))
-		x.raw("  }\n}\n")
+		x.raw("  }\n")
+		x.storeOWait()
+		x.raw("}\n")
 		return
 	}
 	x.hopperTile("0")
+	x.storeOWait()
 	x.raw("}\n")
 }
 

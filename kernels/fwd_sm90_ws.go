@@ -240,11 +240,13 @@ var pipelineWords = []struct {
 	{"pingpong", func(p *Pipeline) *bool { return &p.PingPong }},
 	{"early-rescale", func(p *Pipeline) *bool { return &p.EarlyRescale }},
 	{"persistent", func(p *Pipeline) *bool { return &p.Persistent }},
+	{"tma-store", func(p *Pipeline) *bool { return &p.StoreO }},
 }
 
 // ParsePipeline reads a comma-separated list of pipeline words: "ws"
 // (WarpSpecialized), "pingpong" (PingPong, implies ws), "early-rescale"
-// (EarlyRescale) and "persistent" (Persistent, implies ws); "" and
+// (EarlyRescale), "persistent" (Persistent, implies ws) and "tma-store"
+// (StoreO); "" and
 // "lockstep" are the zero Pipeline. Unknown words give an error wrapping
 // attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -261,7 +263,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store)", w)
 	}
 	if p.PingPong || p.Persistent {
 		p.WarpSpecialized = true

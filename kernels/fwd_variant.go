@@ -129,6 +129,15 @@ type Pipeline struct {
 	// warpgroups finish the last one (fwd_sm90_ws.go). The grid is
 	// PersistentGrid. Not with Flat (its O goes through the shared tiles).
 	Persistent bool
+	// StoreO stores O by the tensor memory accelerator (fwd_epilogue.go):
+	// each warpgroup writes its 64 rows of O into a staging tile of its own
+	// in the map's swizzled layout, and one of its threads issues the bulk
+	// tensor stores, which the copy engine completes while the warpgroup
+	// goes on (with Persistent, into the next tile). A fourth tensor map,
+	// o's, follows those of q, k and v. WGMMA with TMA, WarpsN = 1, rows not
+	// read in place, a fixed-length batch, and DV a multiple of 8 (the map
+	// clips the stores at DV).
+	StoreO bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -147,6 +156,7 @@ type geom struct {
 	sq, sk   int // shared bytes of the Q tile and of all K buffers
 	sv, sp   int // shared bytes of all V buffers and of the P tile
 	red      int // shared bytes of the row-statistics exchange (WarpsN > 1)
+	so       int // shared bytes of the O staging tiles (StoreO)
 	smem     int // total dynamic shared memory
 	ka, va   int // WGMMA: 64-column swizzle atoms of a Q/K row and of a V row
 }
@@ -238,7 +248,7 @@ func wsSuffix(p Pipeline) string {
 	for _, part := range []struct {
 		on     bool
 		suffix string
-	}{{p.WarpSpecialized, "_ws"}, {p.PingPong, "_pp"}, {p.EarlyRescale, "_er"}, {p.Persistent, "_pt"}} {
+	}{{p.WarpSpecialized, "_ws"}, {p.PingPong, "_pp"}, {p.EarlyRescale, "_er"}, {p.Persistent, "_pt"}, {p.StoreO, "_so"}} {
 		if part.on {
 			s += part.suffix
 		}
@@ -325,6 +335,9 @@ func (v Variant) Validate() error {
 	}
 	if v.Persistent && (!v.WarpSpecialized || v.Flat || v.Varlen) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a persistent forward needs the warp-specialized pipeline, rows not read in place and a fixed-length batch (WarpSpecialized %v, Flat %v, Varlen %v)", v.WarpSpecialized, v.Flat, v.Varlen)
+	}
+	if v.StoreO && (!v.WGMMA || !v.TMA || v.WarpsN != 1 || v.Flat || v.Varlen || v.DV%8 != 0) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: O stored by tensor maps needs the Hopper kernel with tensor-map loads, one warpgroup per row group, rows not read in place, a fixed-length batch and DV a multiple of 8 (TMA %v, WarpsN %d, Flat %v, Varlen %v, DV %d)", v.TMA, v.WarpsN, v.Flat, v.Varlen, v.DV)
 	}
 	if v.PingPong && (!v.WarpSpecialized || v.WarpsM != 8) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong needs a warp-specialized forward with two compute warpgroups (WarpSpecialized %v, WarpsM %d)", v.WarpSpecialized, v.WarpsM)

@@ -177,6 +177,19 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	v := hopperVariant(t, attn.Float16, 128, 128, fwdFeatures[0].set)
 	v.TMA, v.Flat, v.FlatStaged, v.WarpSpecialized = true, true, true, true
 	vs = append(vs, v)
+	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
+	for _, d := range []int{64, 128, 208, 256} {
+		for _, f := range fwdFeatures[:2] {
+			v := hopperVariant(t, attn.BFloat16, d, d, f.set)
+			v.TMA, v.StoreO = true, true
+			if v.Validate() != nil {
+				continue
+			}
+			vs = append(vs, v)
+			v.WarpSpecialized, v.PingPong, v.EarlyRescale, v.Persistent = true, true, true, true
+			vs = append(vs, v)
+		}
+	}
 	checkHopperCompiles(t, c, vs)
 }
 

@@ -38,9 +38,11 @@ var tmaStructs = func() map[int]*CStruct[tmaArgs] {
 	six := append(append([]CField[tmaArgs](nil), three...),
 		tensorMapField("qs", "", m(3)), tensorMapField("ks", "", m(4)).Joined(),
 		tensorMapField("vs", "FlatStaged: the staging copies of the heads that do not fit in place", m(5)).Joined())
+	four := append(append([]CField[tmaArgs](nil), three...), tensorMapField("o", "StoreO: O, stored by the tensor memory accelerator", m(3)))
 	s3, s6 := NewCStruct("TmaParams", 64, append(three, params)...), NewCStruct("TmaParams", 64, append(six, params)...)
+	s4 := NewCStruct("TmaParams", 64, append(four, params)...)
 	s6.DocColumn = 22
-	return map[int]*CStruct[tmaArgs]{3: s3, 6: s6}
+	return map[int]*CStruct[tmaArgs]{3: s3, 4: s4, 6: s6}
 }()
 
 // tmaParamsSize is the size of a TMA kernel's argument with maps (3 or 6)
@@ -48,10 +50,13 @@ var tmaStructs = func() map[int]*CStruct[tmaArgs] {
 func tmaParamsSize(maps int) int { return tmaStructs[maps].Size() }
 
 // TMAMaps returns the number of tensor maps a TMA variant's argument holds:
-// q, k and v, and with FlatStaged their staging copies'.
+// q, k and v, and with FlatStaged their staging copies', with StoreO o's.
 func (v Variant) TMAMaps() int {
-	if v.FlatStaged {
+	switch {
+	case v.FlatStaged:
 		return 6
+	case v.StoreO:
+		return 4
 	}
 	return 3
 }
@@ -61,7 +66,7 @@ func (v Variant) TMAParamsSize() int { return tmaParamsSize(v.TMAMaps()) }
 
 // PackTMA writes the argument of a TMA kernel into b (tmaParamsSize of
 // len(maps) bytes: Variant.TMAParamsSize): the tensor maps (q, k, v, then
-// with FlatStaged the copies' qs, ks, vs), then p.
+// with FlatStaged the copies' qs, ks, vs, with StoreO o), then p.
 func PackTMA(b []byte, p *Params, maps ...[128]byte) {
 	tmaStructs[len(maps)].PackInto(b, &tmaArgs{maps: maps, p: p})
 }
@@ -173,3 +178,10 @@ DEV void tma_tile(u32 dst, const TensorMap* map, u32 bar, int row0, int head, in
 // tmaBarrierBytes is the shared memory of the TMA kernel's mbarriers: Q,
 // two K and two V buffers, 8 bytes each, rounded to 64.
 const tmaBarrierBytes = 64
+
+// OutputTMATensor returns the tensor description of o's map for a StoreO
+// launch with params p, given o's byte strides (position, head, batch):
+// DV columns (the stores clip there), boxes of 64 rows, one warpgroup's.
+func (v Variant) OutputTMATensor(p *Params, strides [3]uint64) TMATensor {
+	return TMATensor{Addr: p.O, Cols: uint64(v.DV), Rows: uint64(p.N), Heads: uint64(p.H), B: uint64(p.B), Strides: strides, BoxRows: 64}
+}

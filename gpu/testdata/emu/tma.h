@@ -12,6 +12,7 @@
 // ws.h) make the consumer side of a pipeline: consumers arrive on a stage's
 // "empty" barrier, the producer waits on its parity before reusing the stage.
 #include <map>
+#define EMU_TMA_H 1  // (ws.h's bulk tensor store needs TensorMap)
 
 // EmuMbar is one mbarrier: arrivals still pending in the current phase (of
 // count per phase), transaction bytes still expected, completed phases.

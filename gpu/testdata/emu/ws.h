@@ -2,6 +2,7 @@
 // under the same names): named barriers, plain mbarrier arrivals, setmaxnreg
 // and the bulk reduce-add with its groups. It relies on shim.h (named
 // barriers, waiting, deadlock detection) and tma.h (mbarriers).
+#include <functional>
 
 // ---- named barriers: bar.* are the .aligned forms (whole warps), barrier.*
 // let a warp's lanes arrive apart
@@ -90,16 +91,18 @@ inline void emu_setmaxnreg(bool inc, unsigned n) {
 template <unsigned N> inline void setmaxnreg_inc() { emu_setmaxnreg(true, N); }
 template <unsigned N> inline void setmaxnreg_dec() { emu_setmaxnreg(false, N); }
 
-// ---- bulk reduce-add (cp.reduce.async.bulk .add.f32) and bulk groups. A
-// reduction reads its shared source and adds into global memory when a
-// wait_group retires its group (the latest the hardware may), after checking
-// that the source still holds what it held at the issue: a source changed
-// before the wait is a failure, and so is a copy still pending (uncommitted
-// or unwaited) when the block ends.
+// ---- bulk reduce-add (cp.reduce.async.bulk .add.f32), bulk tensor store
+// (cp.async.bulk.tensor ... bulk_group) and bulk groups. A copy reads its
+// shared source and writes global memory when a wait_group retires its group
+// (the latest the hardware may), after checking that the source still holds
+// what it held at the issue: a source changed before the wait is a failure,
+// and so is a copy still pending (uncommitted or unwaited) when the block
+// ends.
 struct EmuBulkOp {
-  float* dst;
+  const char* what;
   u32 src, bytes;
-  std::vector<unsigned char> held;  // the source at the issue
+  std::vector<unsigned char> held;                     // the source at the issue
+  std::function<void(const unsigned char*)> apply;   // the global writes, from the held source
 };
 struct EmuBulk {
   std::vector<EmuBulkOp> open;                 // issued, not committed
@@ -111,7 +114,7 @@ static EmuHook emu_bulk_end(emu_block_end, [] {
   for (unsigned t = 0; t < emu_bulk.size(); ++t)
     if (!emu_bulk[t].open.empty() || !emu_bulk[t].groups.empty()) {
       char msg[200];
-      snprintf(msg, sizeof msg, "cp.reduce.async.bulk: thread %u ends with %zu copies uncommitted and %zu groups not waited for (cp.async.bulk.commit_group, cp.async.bulk.wait_group)",
+      snprintf(msg, sizeof msg, "bulk copies: thread %u ends with %zu copies uncommitted and %zu groups not waited for (cp.async.bulk.commit_group, cp.async.bulk.wait_group)",
                t, emu_bulk[t].open.size(), emu_bulk[t].groups.size());
       emu_fail(msg);
     }
@@ -122,8 +125,39 @@ inline void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
   if (bytes == 0 || bytes % 16 != 0) emu_fail("cp.reduce.async.bulk: size not a nonzero multiple of 16 bytes");
   if ((uintptr_t)dst % 16 != 0) emu_fail("cp.reduce.async.bulk: global destination not 16-byte aligned");
   if (src % 16 != 0 || src + (unsigned long long)bytes > EMU_SMEM) emu_fail("cp.reduce.async.bulk: shared source not 16-byte aligned or out of range");
-  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{dst, src, bytes, std::vector<unsigned char>(smem + src, smem + src + bytes)});
+  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{"cp.reduce.async.bulk", src, bytes, std::vector<unsigned char>(smem + src, smem + src + bytes),
+                                                 [dst, bytes](const unsigned char* held) {
+                                                   for (u32 i = 0; i < bytes / 4; ++i) {
+                                                     float v;
+                                                     memcpy(&v, held + 4 * i, 4);
+                                                     dst[i] += v;
+                                                   }
+                                                 }});
 }
+#ifdef EMU_TMA_H
+// the box (c0.., c1.., c2, c3) of 64 columns and the map's box rows, from the 128-byte swizzled tile at
+// src (1024-byte aligned): row r at r·128, 16-byte chunk c at c ^ (r mod 8); elements outside the tensor
+// are not written (the encoding is tma.h's)
+inline void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  const unsigned long long* w = map->w;
+  unsigned char* base = (unsigned char*)w[0];
+  const long long cols = (long long)w[1], rows = (long long)w[2], heads = (long long)w[3], batch = (long long)w[4];
+  const long long sr = (long long)w[5], sh = (long long)w[6], sb = (long long)w[7];
+  const int box = (int)w[8];
+  if (src % 1024 != 0 || src + (unsigned long long)box * 128 > EMU_SMEM) emu_fail("tma store: shared source not 1024-byte aligned or out of range");
+  if (c0 % 8 != 0) emu_fail("tma store: box start column not 16-byte aligned");
+  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{"cp.async.bulk.tensor (store)", src, (u32)box * 128, std::vector<unsigned char>(smem + src, smem + src + box * 128),
+                                                 [=](const unsigned char* held) {
+                                                   for (int r = 0; r < box; ++r)
+                                                     for (int ch = 0; ch < 8; ++ch)
+                                                       for (int e = 0; e < 8; ++e) {
+                                                         const long long col = c0 + 8 * ch + e, row = c1 + r;
+                                                         if (col < cols && row >= 0 && row < rows && c2 >= 0 && c2 < heads && c3 >= 0 && c3 < batch)
+                                                           memcpy(base + row * sr + c2 * sh + c3 * sb + col * 2, held + r * 128 + ((ch ^ (r & 7)) << 4) + 2 * e, 2);
+                                                       }
+                                                 }});
+}
+#endif
 inline void bulk_commit() {
   EmuBulk& b = emu_bulk[threadIdx.x];
   b.groups.push_back(std::move(b.open));
@@ -136,15 +170,11 @@ inline void emu_bulk_wait(int n) {
     for (const EmuBulkOp& op : b.groups.front()) {
       if (memcmp(smem + op.src, op.held.data(), op.bytes) != 0) {
         char msg[240];
-        snprintf(msg, sizeof msg, "cp.reduce.async.bulk: shared source [%u, %u) changed before cp.async.bulk.wait_group retired its group (thread %u)",
-                 op.src, op.src + op.bytes, threadIdx.x);
+        snprintf(msg, sizeof msg, "%s: shared source [%u, %u) changed before cp.async.bulk.wait_group retired its group (thread %u)",
+                 op.what, op.src, op.src + op.bytes, threadIdx.x);
         emu_fail(msg);
       }
-      for (u32 i = 0; i < op.bytes / 4; ++i) {
-        float v;
-        memcpy(&v, op.held.data() + 4 * i, 4);
-        op.dst[i] += v;
-      }
+      op.apply(op.held.data());
     }
     b.groups.erase(b.groups.begin());
   }
