@@ -208,6 +208,15 @@ func (in bwdInputs) tryPlan(algo DQAlgorithm, hopper bool) (*bwdPlan, error) {
 
 // tryPlanAt is tryPlan with the workspace at address ws.
 func (in bwdInputs) tryPlanAt(algo DQAlgorithm, hopper bool, ws uint64) (*bwdPlan, error) {
+	r := in.request(algo)
+	r.hopper, r.tma, r.a.Workspace = hopper, !envSet(os.Getenv(EnvNoTMA)), ws
+	return planBackward(r)
+}
+
+// request returns the planner's request for a backward of in with dQ
+// algorithm algo on fake device views, the workspace at address 0, the
+// Hopper kernels allowed with tensor maps (and none of the opt-in paths).
+func (in bwdInputs) request(algo DQAlgorithm) bwdRequest {
 	dt := in.q.DType
 	const fake = 1 << 30
 	var a bwdArgs
@@ -222,8 +231,7 @@ func (in bwdInputs) tryPlanAt(algo DQAlgorithm, hopper bool, ws uint64) (*bwdPla
 			a.DBias = biasView(fake, bt.DType, bt.Shape)
 		}
 	}
-	a.Workspace = ws
-	return planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: hopper, tma: !envSet(os.Getenv(EnvNoTMA))})
+	return bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 132, hopper: true, tma: true}
 }
 
 // TestPlanRecord compares the plans of the forward and backward corpora

@@ -51,6 +51,8 @@ func TestParsePipeline(t *testing.T) {
 		{"ws, pingpong,early-rescale", Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, "ws,pingpong,early-rescale"},
 		{"early-rescale", Pipeline{EarlyRescale: true}, "early-rescale"},
 		{"persistent", Pipeline{WarpSpecialized: true, Persistent: true}, "ws,persistent"},
+		{"tma-store", Pipeline{StoreO: true}, "tma-store"},
+		{"persistent,tma-store", Pipeline{WarpSpecialized: true, Persistent: true, StoreO: true}, "ws,persistent,tma-store"},
 	}
 	for _, c := range cases {
 		got, err := ParsePipeline(c.in)

@@ -1,0 +1,139 @@
+package gpu
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/flashattn/flashattn/attn"
+	"github.com/flashattn/flashattn/kernels"
+)
+
+// TestParseBwdPipeline checks the backward's pipeline words: lockstep and
+// ws are taken, the forward's other parts refused with ErrOption.
+func TestParseBwdPipeline(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want kernels.Pipeline
+		err  bool
+	}{
+		{"", kernels.Pipeline{}, false},
+		{"lockstep", kernels.Pipeline{}, false},
+		{"ws", kernels.Pipeline{WarpSpecialized: true}, false},
+		{"pingpong", kernels.Pipeline{}, true},
+		{"ws,persistent", kernels.Pipeline{}, true},
+		{"tma-store", kernels.Pipeline{}, true},
+		{"warp", kernels.Pipeline{}, true},
+	} {
+		got, err := parseBwdPipeline(c.in)
+		if c.err {
+			if !errors.Is(err, attn.ErrOption) {
+				t.Errorf("parseBwdPipeline(%q) = %+v, %v; want ErrOption", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("parseBwdPipeline(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+}
+
+// TestForwardPlanStoreO checks where the forward planner stores O by a
+// tensor map when asked (Pipeline.StoreO): fixed-length batches whose tiles
+// leave room for the staging tiles, with o's map (DV columns, N rows, boxes
+// of 64 rows) after those of q, k and v; not packed batches, rows read in
+// place, head dims whose tiles fill shared memory, or misaligned tensors.
+func TestForwardPlanStoreO(t *testing.T) {
+	base := fwdRecordCase{dt: attn.BFloat16, b: 2, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+	cases := []struct {
+		name string
+		edit func(*fwdRecordCase)
+		want bool
+	}{
+		{"d128", nil, true},
+		{"d64 causal", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Causal = 64, 64, true }, true},
+		{"d256: no room", func(c *fwdRecordCase) { c.dk, c.dv = 256, 256 }, false},
+		{"packed", func(c *fwdRecordCase) { c.cuQ, c.cuK = []int32{0, 50, 170}, []int32{0, 30, 200} }, false},
+		{"flat d59", func(c *fwdRecordCase) { c.dk, c.dv, c.h, c.hkv = 59, 59, 8, 8 }, false},
+		{"misaligned", func(c *fwdRecordCase) { c.misalign = 1 }, false},
+		{"mma.sync", func(c *fwdRecordCase) { c.wgmma, c.tma = false, false }, false},
+	}
+	for _, pipe := range []kernels.Pipeline{{StoreO: true}, {WarpSpecialized: true, PingPong: true, Persistent: true, StoreO: true}} {
+		for _, tc := range cases {
+			c := base
+			if tc.edit != nil {
+				tc.edit(&c)
+			}
+			c.name = tc.name
+			p, ts, _, _ := c.tensors(t)
+			pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
+				hopper: c.wgmma, tma: c.tma, pipeline: pipe, sms: 132})
+			if err != nil {
+				t.Fatalf("%s %v: %v", tc.name, pipe, err)
+			}
+			v := pl.v
+			if v.StoreO != tc.want {
+				t.Errorf("%s %v: %s, StoreO %v, want %v", tc.name, pipe, v.Name(), v.StoreO, tc.want)
+				continue
+			}
+			if !tc.want {
+				if len(pl.tma) > 3 && !v.FlatStaged {
+					t.Errorf("%s %v: %d tensor maps without StoreO", tc.name, pipe, len(pl.tma))
+				}
+				continue
+			}
+			if len(pl.tma) != 4 || v.TMAMaps() != 4 {
+				t.Fatalf("%s %v: %d tensor maps (%d declared), want 4", tc.name, pipe, len(pl.tma), v.TMAMaps())
+			}
+			o := pl.tma[3]
+			if o.Addr != ts[3].ptr() || o.Cols != uint64(p.DV) || o.Rows != uint64(p.N) || o.Heads != uint64(p.H) || o.B != uint64(p.B) || o.BoxRows != 64 {
+				t.Errorf("%s %v: o's map %+v", tc.name, pipe, o)
+			}
+			if tensorMapSpec(o).Check() != nil {
+				t.Errorf("%s %v: o's map %+v refused by the encoder's checks", tc.name, pipe, o)
+			}
+		}
+	}
+}
+
+// TestBackwardPlanWS checks where the backward planner takes the
+// warp-specialized kernels when asked (bwdRequest.ws): where the tiles come
+// by tensor maps, both dQ algorithms, with 384 threads in the dK/dV kernel
+// and, for the separate dQ, in the dQ kernel; not on cp.async tiles or fp32.
+func TestBackwardPlanWS(t *testing.T) {
+	cases := []struct {
+		name string
+		c    bwdCase
+		dt   attn.DType
+		tma  bool
+		want bool
+	}{
+		{"bf16 d128", bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}, attn.BFloat16, true, true},
+		{"fp16 d256 causal", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 256, dv: 256, causal: true}, attn.Float16, true, true},
+		{"bf16 d64 packed", bwdCase{h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 50, 120}, cuK: []int32{0, 40, 100}}, attn.BFloat16, true, true},
+		{"bf16 d128 cp.async", bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}, attn.BFloat16, false, false},
+		{"fp32 d64", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 64}, attn.Float32, true, false},
+	}
+	for i, tc := range cases {
+		in := tc.c.inputs(t, tc.dt, uint64(60+i))
+		for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+			for _, bulk := range []bool{false, true} {
+				r := in.request(algo)
+				r.tma, r.ws, r.bulkDQ = tc.tma, true, bulk
+				pl, err := planBackward(r)
+				if err != nil {
+					t.Fatalf("%s %v: %v", tc.name, algo, err)
+				}
+				if pl.v.WarpSpecialized != tc.want {
+					t.Errorf("%s %v bulk=%v: %s, WarpSpecialized %v, want %v", tc.name, algo, bulk, pl.v.Name(), pl.v.WarpSpecialized, tc.want)
+					continue
+				}
+				for _, l := range pl.launches {
+					ws := tc.want && (l.kernel == kernels.BwdDKDVKernel || l.kernel == kernels.BwdDQKernel)
+					if want := map[bool]int{false: l.threads, true: 384}[ws]; l.threads != want || ws && pl.v.DKDVSharedBytes() > kernels.MaxSharedBytes {
+						t.Errorf("%s %v bulk=%v: %s launches %d threads, want %d", tc.name, algo, bulk, l.kernel, l.threads, want)
+					}
+				}
+			}
+		}
+	}
+}
