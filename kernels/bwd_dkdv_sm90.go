@@ -196,7 +196,7 @@ func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 // over the query heads of the group and the query blocks that see the keys; %[4]s,
 // written once. grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
-%[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias(), g.wsBwdThreads())
+%[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias(), 32*t.Warps)
 	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	g.wsBwdConstants(b, true)
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
@@ -421,7 +421,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
         wg_t128(accW[0], aW%[3]s + (u64)((kk * 2048) >> 4), bW + (u64)((kk * 2048) >> 4), 1);
         wg_t%[1]d(accR[0], aR%[3]s + (u64)((kk * 2048) >> 4), bR + (u64)((kk * 2048) >> 4), 1);
       }
-`, dkp-128, g.pdsSync(), g.pBuf())
+`, dkp-128, g.pdsSync(), g.psBuf())
 	} else {
 		b.WriteString(`    fence_proxy_async();
     ` + g.pdsSync() + `
@@ -439,7 +439,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
         wg_t%[1]d(accdV[0], dPt%[3]s + (u64)((kk * 2048) >> 4), ddo + (u64)((kk * 2048) >> 4), 1);
         wg_t%[2]d(accdK[0], dSt%[4]s + (u64)((kk * 2048) >> 4), dq + (u64)((kk * 2048) >> 4), 1);
       }
-`, nv, nk, g.pBuf(), g.sBuf())
+`, nv, nk, g.psBuf(), g.psBuf())
 	}
 	b.WriteString("      wgmma_commit();\n    }\n")
 	if v.AtomicDQ {
@@ -453,7 +453,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
         wg_n%[1]d(accQ, dSk%[4]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
-`, nq, cond, nq/8, g.sBuf())
+`, nq, cond, nq/8, g.psBuf())
 		if v.BulkDQ {
 			g.dqBulk(b, nq)
 			return

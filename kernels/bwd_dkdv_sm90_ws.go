@@ -67,11 +67,6 @@ func (v BwdVariant) bwdWSSharedStep() bool {
 	return v.bwdHopperWide() || v.AtomicDQ
 }
 
-// wsBwdThreads returns the dK/dV kernel's block size.
-func (g *bwdGen) wsBwdThreads() int {
-	return 32 * g.v.bwdHopperTile().Warps
-}
-
 // wsBwdConstants writes, for a warp-specialized kernel (g.ws), the
 // compile-time constants of its pipeline; the dK/dV kernel's (dkdv) also
 // the distance between its P and dS buffers.
@@ -207,10 +202,9 @@ func (g *bwdGen) wsStepSync(what string) string {
 	return "bar_sync(2 + wg, 128);  // " + what
 }
 
-// pBuf and sBuf return what a descriptor of the P or dS tile adds for this
-// step's buffer: nothing with one buffer.
-func (g *bwdGen) pBuf() string { return g.sBuf() }
-func (g *bwdGen) sBuf() string {
+// psBuf returns what a descriptor of the P or dS tile adds for this step's
+// buffer: nothing with one buffer.
+func (g *bwdGen) psBuf() string {
 	if !g.ws || g.v.bwdWSBuffers() == 1 {
 		return ""
 	}
