@@ -28,11 +28,15 @@
 // run, and so they do with FLASHATTN_NO_WGMMA set when New runs or with
 // Backend.WGMMA cleared. The Hopper kernels load their streamed tiles with
 // the tensor memory accelerator (tensor maps encoded on the host, the last
-// launch's kept) for fixed-length batches whose rows and strides are whole
-// 16-byte units (staging copies included): q, k and v in the forward, q and
-// dO in the backward's dK/dV kernel, k and v in its dQ kernel; unless
-// FLASHATTN_NO_TMA is set when New runs or Backend.TMA is cleared. New
-// reads the environment once; every knob is a field of Backend.
+// launch's kept) for fixed-length and packed batches whose rows and strides
+// are whole 16-byte units (staging copies included): q, k and v in the
+// forward, q and dO in the backward's dK/dV kernel, k and v in its dQ
+// kernel; unless FLASHATTN_NO_TMA is set when New runs or Backend.TMA is
+// cleared. On those kernels the forward and the backward can run
+// warp-specialized pipelines (Backend.Pipeline, Backend.BwdPipeline; the
+// forward's also with persistent CTAs and O stored by tensor maps), opt-in
+// through FLASHATTN_FWD_PIPELINE and FLASHATTN_BWD_PIPELINE. New reads the
+// environment once; every knob is a field of Backend.
 //
 // For context parallelism on the device, the merge kernels fold a partial
 // forward result (O and its LSE) into a float32 Accumulator through the
