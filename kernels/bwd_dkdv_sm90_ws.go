@@ -188,7 +188,7 @@ func (g *bwdGen) pdsSync() string {
 	if !g.ws {
 		return "__syncthreads();  // P and dS of all BN keys in shared memory"
 	}
-	return g.wsStepSync("P and dS in shared memory, all this warpgroup's products read")
+	return g.wsStepSync("P and dS in shared memory for the products that read them")
 }
 
 // wsStepSync returns the named barrier of the warps that share P and dS
