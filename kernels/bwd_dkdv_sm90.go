@@ -7,7 +7,7 @@ import (
 
 // The Hopper backward kernels (BwdVariant.WGMMA, sm_90a): the dK/dV kernel
 // here, the separate dQ kernel in bwd_dq_sm90.go, what both share in
-// bwd_sm90.go.
+// bwd_sm90.go, their warp-specialized pipeline in bwd_sm90_ws.go.
 //
 // The dK/dV kernel.
 //

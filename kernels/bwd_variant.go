@@ -106,12 +106,12 @@ type BwdVariant struct {
 	// shared memory and one lane of each quad issues its two rows, which
 	// the copy engine adds while the warpgroup goes on.
 	BulkDQ bool
-	// WarpSpecialized (with WGMMA and TMA) runs the Hopper dK/dV kernel on
-	// a warp-specialized pipeline (bwd_dkdv_sm90_ws.go): a producer warp
-	// loads every step's q, dO, LSE2 and Delta against full and empty
-	// mbarriers per stage, and the two compute warpgroups, with the
-	// producer's registers (setmaxnreg), meet only where one reads what the
-	// other wrote.
+	// WarpSpecialized (with WGMMA and TMA) runs the Hopper dK/dV and dQ
+	// kernels on a warp-specialized pipeline (bwd_sm90_ws.go): a producer
+	// warp loads every step's streamed tiles (q, dO, LSE2 and Delta; k and
+	// v) against full and empty mbarriers per stage, and the two compute
+	// warpgroups, with the producer's registers (setmaxnreg), meet only
+	// where one reads what the other wrote.
 	WarpSpecialized bool
 }
 

@@ -5,10 +5,11 @@ import (
 	"strings"
 )
 
-// The warp-specialized pipeline of the Hopper dK/dV kernel
-// (BwdVariant.WarpSpecialized, sm_90a, tensor-map loads).
+// The warp-specialized pipeline of the Hopper backward kernels
+// (BwdVariant.WarpSpecialized, sm_90a, tensor-map loads): the dK/dV kernel
+// first, the dQ kernel's differences at the end.
 //
-// The block has a third warpgroup, the producer: threads NCOMPUTE ..
+// The dK/dV kernel's block has a third warpgroup, the producer: threads NCOMPUTE ..
 // NCOMPUTE + 127, after the two compute warpgroups, which keep the
 // indices, warps and key shares of the lockstep kernel. The producer
 // lowers its register budget (setmaxnreg) and the compute warpgroups raise
