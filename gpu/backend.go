@@ -53,8 +53,8 @@ type Backend struct {
 	// atomics from registers, wherever the variant allows it
 	// (kernels.BwdVariant.BulkDQ). New sets it when EnvBulkDQ is set.
 	BulkDQ bool
-	// BwdPipeline is the pipeline of the Hopper backward's dK/dV kernel
-	// wherever the variant allows it (tensor-map loads): the lockstep
+	// BwdPipeline is the pipeline of the Hopper backward's dK/dV and dQ
+	// kernels wherever the variant allows it (tensor-map loads): the lockstep
 	// pipeline (the zero value) or warp specialization (WarpSpecialized;
 	// kernels.BwdVariant.WarpSpecialized). Its other parts do not apply to
 	// the backward. New reads it from EnvBwdPipeline.

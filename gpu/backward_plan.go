@@ -244,8 +244,8 @@ type bwdRequest struct {
 	// bulkDQ adds the atomic dQ with bulk reduce-adds where the variant
 	// allows it (Backend.BulkDQ).
 	bulkDQ bool
-	// ws runs the dK/dV kernel warp-specialized where the variant allows it
-	// (Backend.BwdPipeline).
+	// ws runs the dK/dV and dQ kernels warp-specialized where the variant
+	// allows it (Backend.BwdPipeline).
 	ws bool
 }
 
