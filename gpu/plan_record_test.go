@@ -10,6 +10,7 @@ import (
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
 )
 
 // The plan record: for a corpus of forward and backward problems on fake
@@ -281,37 +282,54 @@ func stagingDesc(st *fwdStaging) string {
 // TestForwardRelocate checks that a forward plan made with its staging
 // copies at stagingPlanBase and moved to another address is the plan made
 // with the copies there: the host path plans before it allocates the
-// workspace.
+// workspace. With O stored by a tensor map too, whose map (the output's)
+// does not move.
 func TestForwardRelocate(t *testing.T) {
 	const at = 3<<40 + 256
-	moved := 0
+	moved, storeO := 0, 0
 	for _, c := range fwdRecordCases() {
 		if !c.staging {
 			continue
 		}
-		p, ts, _, dopt := c.tensors(t)
-		if p.Varlen {
-			dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{}
+		for _, pipe := range []kernels.Pipeline{{}, {StoreO: true}} {
+			moved += relocateCase(t, c, pipe, at, &storeO)
 		}
-		b := &Backend{WGMMA: c.wgmma, TMA: c.tma}
-		call := &fwdCall{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], opt: dopt}
-		pl, err := b.planForward(call, nil, true)
-		if err != nil || pl.st == nil {
-			continue
-		}
-		pl.moveStaging(nil, at)
-		l, st, err := planStaging(b.request(call), nil, at)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		if got, want := digest(pl.launch, *pl.st), digest(l, st); got != want {
-			t.Errorf("%s: moved plan %s %+v\nwant %s %+v", c.name, pl.v.Name(), pl.tma, l.v.Name(), l.tma)
-		}
-		moved++
 	}
-	if moved == 0 {
-		t.Fatal("no plan with staging copies")
+	if moved == 0 || storeO == 0 {
+		t.Fatalf("%d plans with staging copies, %d of them with O by a tensor map", moved, storeO)
 	}
+}
+
+// relocateCase is one case of TestForwardRelocate: it returns 1 when the
+// plan has staging copies (and counts the plans that store O by a tensor
+// map in storeO).
+func relocateCase(t *testing.T, c fwdRecordCase, pipe kernels.Pipeline, at uint64, storeO *int) int {
+	t.Helper()
+	p, ts, _, dopt := c.tensors(t)
+	if p.Varlen {
+		dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{}
+	}
+	b := &Backend{WGMMA: c.wgmma, TMA: c.tma, Pipeline: pipe}
+	call := &fwdCall{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], opt: dopt}
+	pl, err := b.planForward(call, nil, true)
+	if err != nil || pl.st == nil {
+		return 0
+	}
+	pl.moveStaging(nil, at)
+	l, st, err := planStaging(b.request(call), nil, at)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	if got, want := digest(pl.launch, *pl.st), digest(l, st); got != want {
+		t.Errorf("%s %v: moved plan %s %+v\nwant %s %+v", c.name, pipe, pl.v.Name(), pl.tma, l.v.Name(), l.tma)
+	}
+	if pl.v.StoreO {
+		*storeO++
+		if o := pl.tma[3]; o.Addr != ts[3].ptr() || o.Cols != uint64(p.DV) {
+			t.Errorf("%s: o's map %+v moved or not the output's %d columns", c.name, o, p.DV)
+		}
+	}
+	return 1
 }
 
 // TestBackwardBind checks that a backward plan made on a workspace at

@@ -134,9 +134,9 @@ type Pipeline struct {
 	// in the map's swizzled layout, and one of its threads issues the bulk
 	// tensor stores, which the copy engine completes while the warpgroup
 	// goes on (with Persistent, into the next tile). A fourth tensor map,
-	// o's, follows those of q, k and v. WGMMA with TMA, WarpsN = 1, rows not
-	// read in place, a fixed-length batch, and DV a multiple of 8 (the map
-	// clips the stores at DV).
+	// o's, follows those of q, k and v; it clips the stores at the call's
+	// head dim and length. WGMMA with TMA, WarpsN = 1, rows not read in
+	// place, a fixed-length batch, and the variant's DV a multiple of 8.
 	StoreO bool
 }
 

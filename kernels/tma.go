@@ -181,7 +181,8 @@ const tmaBarrierBytes = 64
 
 // OutputTMATensor returns the tensor description of o's map for a StoreO
 // launch with params p, given o's byte strides (position, head, batch):
-// DV columns (the stores clip there), boxes of 64 rows, one warpgroup's.
+// the call's p.DV columns (the stores clip there; a variant's DV may be a
+// staged, padded width), boxes of 64 rows, one warpgroup's.
 func (v Variant) OutputTMATensor(p *Params, strides [3]uint64) TMATensor {
-	return TMATensor{Addr: p.O, Cols: uint64(v.DV), Rows: uint64(p.N), Heads: uint64(p.H), B: uint64(p.B), Strides: strides, BoxRows: 64}
+	return TMATensor{Addr: p.O, Cols: uint64(p.DV), Rows: uint64(p.N), Heads: uint64(p.H), B: uint64(p.B), Strides: strides, BoxRows: 64}
 }
