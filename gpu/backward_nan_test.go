@@ -255,7 +255,7 @@ func TestBackwardNonFinite(t *testing.T) {
 				items = append(items, item{c, dt, in})
 				for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 					v := in.variant(t, algo, fam.hopper)
-					if v.WGMMA != fam.hopper || v.TMA != (fam.tma && c.cuQ == nil) {
+					if v.WGMMA != fam.hopper || v.TMA != fam.tma {
 						t.Fatalf("%s %v %v: plan %s is not of the family", c.name, dt, algo, v.Name())
 					}
 					if want := fam.tma && strings.HasPrefix(c.name, "flat-") && dt != attn.Float32; v.Flat != want {

@@ -1046,7 +1046,7 @@ func TestForwardNonFinite(t *testing.T) {
 				staged := f.wgmma && c.dk%8 != 0
 				vr := fwdPlanned(t, b, q, k, v, opt, staged)
 				t.Logf("%s", vr.Name())
-				if vr.WGMMA != f.wgmma || vr.TMA != (f.tma && c.segQ == nil) || vr.Flat != (f.tma && staged) {
+				if vr.WGMMA != f.wgmma || vr.TMA != f.tma || vr.Flat != (f.tma && staged) {
 					t.Fatalf("plan %s: not the %s kernels", vr.Name(), f.name)
 				}
 				res := fwdDeviceRunStaging(t, b, q, k, v, opt, staged)
