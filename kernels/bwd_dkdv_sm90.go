@@ -241,14 +241,11 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
   auto load_q = [&](int it, int s) {
     const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
     if (tid == 0) {
-      mbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128);
-      tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, %[3]s);
-      tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, %[4]s);
-    }
+%[3]s    }
     const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
     load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
   };
-`, swizzleAtoms(dkp), swizzleAtoms(dvp), g.tmaAt("iq", "qr0", "hq", "DK"), g.tmaAt("iq", "qr0", "hq", "DV"))
+`, swizzleAtoms(dkp), swizzleAtoms(dvp), g.qStageTMA("      "))
 	default:
 		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
   auto load_q = [&](int it, int s) {

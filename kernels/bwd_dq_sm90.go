@@ -82,12 +82,9 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
   auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;
     if (tid == 0) {
-      mbar_expect_tx(bar + 8 * s, (%[1]d + %[2]d) * BN * 128);
-      tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, %[3]s);
-      tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, %[4]s);
-    }
+%s    }
   };
-`, ka, va, g.tmaAt("jk", "kr0", "kvh", "DK"), g.tmaAt("jk", "kr0", "kvh", "DV"))
+`, g.kvStageTMA("      "))
 	default:
 		fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
     const int jk = (jb0 + it) * BN;

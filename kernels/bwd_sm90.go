@@ -127,6 +127,28 @@ func (g *bwdGen) tmaAt(row, first, h, d string) string {
 	return row + ", " + h + ", b"
 }
 
+// qStageTMA returns the statements (each line after indent) with which one
+// thread of the dK/dV kernel issues stage s's q and dO boxes for the step
+// at query row iq of head hq (QA and DA 64-column atoms), their bytes
+// announced on the stage's barrier.
+func (g *bwdGen) qStageTMA(indent string) string {
+	return fmt.Sprintf(`%[1]smbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128);
+%[1]stma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, %[2]s);
+%[1]stma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, %[3]s);
+`, indent, g.tmaAt("iq", "qr0", "hq", "DK"), g.tmaAt("iq", "qr0", "hq", "DV"))
+}
+
+// kvStageTMA returns the statements (each line after indent) with which one
+// thread of the dQ kernel issues stage s's k and v boxes for the step at
+// key row jk, their bytes announced on the stage's barrier.
+func (g *bwdGen) kvStageTMA(indent string) string {
+	ka, va := swizzleAtoms(g.v.DKPad()), swizzleAtoms(g.v.DVPad())
+	return fmt.Sprintf(`%[1]smbar_expect_tx(bar + 8 * s, (%[2]d + %[3]d) * BN * 128);
+%[1]stma_rows<BN, %[2]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, %[4]s);
+%[1]stma_rows<BN, %[3]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, %[5]s);
+`, indent, ka, va, g.tmaAt("jk", "kr0", "kvh", "DK"), g.tmaAt("jk", "kr0", "kvh", "DV"))
+}
+
 // flatZero returns, for Flat variants, the code run once the tiles loaded
 // once per block have landed: their columns outside the shifted head (tile
 // a: rows ra, padded width pa, shift sa, head dim da; likewise b) zeroed.

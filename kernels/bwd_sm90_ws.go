@@ -127,10 +127,7 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
           sD[s * BM + r] = in ? p.delta[so + r] : 0.f;
         }
         if (lane == 0) {  // its arrival announces the tiles' bytes; rows past the sequence come as zeros
-          mbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128);
-          tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, %[3]s);
-          tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, %[4]s);
-        } else {
+%[3]s        } else {
           mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored
         }
       }
@@ -138,7 +135,7 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
     return;
   }
   setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.tmaAt("iq", "qr0", "hq", "DK"), g.tmaAt("iq", "qr0", "hq", "DV"))
+`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.qStageTMA("          "))
 }
 
 // computeSync returns the statement with which the dK/dV kernel's compute
@@ -226,20 +223,17 @@ func (g *bwdGen) psBuf() string {
 // setmaxnreg, and its first thread's loads of every step's k and v; the
 // compute warpgroups go on after it with their register budget raised.
 func (g *bwdGen) wsDQProducer(b *strings.Builder) {
-	v := g.v
 	fmt.Fprintf(b, `  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
     if (tid == NCOMPUTE) {  // its first thread loads every step's k and v
       for (int it = 0; it < njb; ++it) {
         const int s = it & 1, jk = (jb0 + it) * BN;
         if (it >= 2) mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);  // step it - 2 released the stage
-        mbar_expect_tx(bar + 8 * s, (%[1]d + %[2]d) * BN * 128);  // rows past the sequence come as zeros
-        tma_rows<BN, %[1]d>(sK + s * K_STAGE, &tp.a, bar + 8 * s, %[3]s);
-        tma_rows<BN, %[2]d>(sV + s * V_STAGE, &tp.b, bar + 8 * s, %[4]s);
-      }
+        // rows past the sequence come as zeros
+%[1]s      }
     }
     return;
   }
   setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.tmaAt("jk", "kr0", "kvh", "DK"), g.tmaAt("jk", "kr0", "kvh", "DV"))
+`, g.kvStageTMA("        "))
 }
