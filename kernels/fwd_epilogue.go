@@ -206,7 +206,6 @@ func (x *gen) epilogueTMAStore(dscale string) {
 	}
 	x.p(`  {  // ---- O by the tensor memory accelerator: this warpgroup's 64 rows through its staging tile
     const u32 so = s_base + SO_OFF + wg * (VATOMS * 64 * 128);  // [VATOMS][64][64], swizzled
-    unsigned char* sop = smem + (so - smem_addr(smem));
     const bool issuer = (tid & 127) == 0;  // the warpgroup's first thread issues its stores
     if (issuer) bulk_wait_read<0>();       // its last stores no longer read the tile
     bar_sync(4 + wg, 128);
@@ -221,8 +220,7 @@ func (x *gen) epilogueTMAStore(dscale string) {
         const int d = nt * 8 + 2 * c;  // value column (the pair d, d + 1)
         const float a0 = o[0][nt][2 * hf] * inv, a1 = o[0][nt][2 * hf + 1] * inv;
         nf = fmaf(a0, 0.f, fmaf(a1, 0.f, nf));
-        // atom d / 64, row rl, 16-byte chunk ((d mod 64) / 8) ^ (rl mod 8), element d mod 8
-        *(u32*)(sop + (d >> 6) * (64 * 128) + rl * 128 + ((((d & 63) >> 3) ^ (rl & 7)) << 4) + (d & 7) * 2) = pack2(a0, a1);
+        sts32(so + sw_off<64, VCH>(rl, d >> 3) + (d & 7) * ESZ, pack2(a0, a1));  // row rl, 16-byte chunk d / 8
       }
       if (r < rows) nf_o += nf;%s
     }
