@@ -531,24 +531,63 @@ func checkForwardKeepMask(t *testing.T, dt attn.DType, packed bool, h, m, n, n2 
 	fwdCheck(t, dt, q, k, v, opt, res)
 }
 
-// TestRepeatBitIdentical runs one fwdProblem 50 times through the device API
-// and demands identical bytes.
+// TestRepeatBitIdentical runs one forward (causal, GQA, partial tiles,
+// with and without dropout) once through ForwardDevice and many times
+// through Forward, and checks that every run is bit-identical: the host
+// path's repeats with each other, and with the device path. A difference
+// is reported by where it lies (element count, first batch, row, head).
 func TestRepeatBitIdentical(t *testing.T) {
 	b := fwdBackend(t)
-	pr := fwdProblem{dt: attn.BFloat16, b: 2, n: 500, m: 700, h: 4, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true, Dropout: 0.1, Seed: 5}}
-	q, k, v, opt := pr.inputs(9)
-	first := fwdDeviceRun(t, b, q, k, v, opt)
-	want := append(cuda.AsBytes(first.O.Bits), cuda.AsBytes(first.LSE.F32)...)
-	for rep := 1; rep < 50; rep++ {
-		res, err := b.Forward(q, k, v, opt)
-		if err != nil {
-			t.Fatalf("Forward: %v", err)
+	for _, dropout := range []float64{0, 0.1} {
+		t.Run(fmt.Sprintf("dropout=%g", dropout), func(t *testing.T) {
+			pr := fwdProblem{dt: attn.BFloat16, b: 2, n: 500, m: 700, h: 4, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true, Dropout: dropout, Seed: 5}}
+			q, k, v, opt := pr.inputs(9)
+			first, err := b.Forward(q, k, v, opt)
+			if err != nil {
+				t.Fatalf("Forward: %v", err)
+			}
+			for rep := 1; rep < 50; rep++ {
+				res, err := b.Forward(q, k, v, opt)
+				if err != nil {
+					t.Fatalf("Forward: %v", err)
+				}
+				if d := resultDiff(pr, first, res); d != "" {
+					t.Fatalf("host repeat %d differs from the first host run: %s", rep, d)
+				}
+			}
+			if d := resultDiff(pr, first, fwdDeviceRun(t, b, q, k, v, opt)); d != "" {
+				t.Fatalf("the device path differs from the host path: %s", d)
+			}
+		})
+	}
+}
+
+// resultDiff describes where two forward results of pr differ bitwise
+// ("" when they do not): how many O and LSE elements differ, and the
+// batch element, query row and head of the first of each.
+func resultDiff(pr fwdProblem, a, b attn.Result) string {
+	var parts []string
+	count := func(name string, x, y []byte, size int, at func(i int) string) {
+		n, first := 0, -1
+		for i := 0; i+size <= len(x) && i+size <= len(y); i += size {
+			if !bytes.Equal(x[i:i+size], y[i:i+size]) {
+				if n == 0 {
+					first = i / size
+				}
+				n++
+			}
 		}
-		got := append(cuda.AsBytes(res.O.Bits), cuda.AsBytes(res.LSE.F32)...)
-		if !bytes.Equal(got, want) {
-			t.Fatalf("repeat %d differs", rep)
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d of %d elements, first at %s", name, n, len(x)/size, at(first)))
 		}
 	}
+	count("O", cuda.AsBytes(a.O.Bits), cuda.AsBytes(b.O.Bits), 2, func(i int) string { // [B, N, H, DV]
+		return fmt.Sprintf("b=%d row=%d head=%d col=%d", i/(pr.n*pr.h*pr.dv), i/(pr.h*pr.dv)%pr.n, i/pr.dv%pr.h, i%pr.dv)
+	})
+	count("LSE", cuda.AsBytes(a.LSE.F32), cuda.AsBytes(b.LSE.F32), 4, func(i int) string { // [B, H, N]
+		return fmt.Sprintf("b=%d head=%d row=%d", i/(pr.h*pr.n), i/pr.n%pr.h, i%pr.n)
+	})
+	return strings.Join(parts, "; ")
 }
 
 // TestDeviceErrors checks ForwardDevice's validation.

@@ -10,7 +10,7 @@
 // mma.sync kernels only), odd, big, hsweep (Hopper kernel tiles at N=4096),
 // sweep (mma.sync tile candidates, with -sweep).
 //
-//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,sync,odd,big,hsweep,sweep] [-staging=false]
+//	benchfwd [-dtype bf16] [-reps 30] [-sets 3] [-sweep] [-only main,sync,odd,big,hsweep,sweep] [-dims 64,128] [-staging=false]
 package main
 
 import (
@@ -60,6 +60,7 @@ func main() {
 	sets := flag.Int("sets", 3, "rotated input sets")
 	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
 	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, sweep); empty: all")
+	dims := flag.String("dims", "", "comma-separated head dims the hsweep group times; empty: all")
 	flag.BoolVar(&useStaging, "staging", true, "copy rows that allow only 2-byte loads into a padded staging workspace first (timed)")
 	flag.Parse()
 	dt, err := attn.ParseDType(*dtName)
@@ -113,6 +114,9 @@ func main() {
 		512: {hl2(32), hl2(16)},
 	}
 	for _, d := range []int{64, 128, 256, 199, 208, 257, 288, 320, 352, 384, 512} {
+		if *dims != "" && !strings.Contains(","+*dims+",", fmt.Sprintf(",%d,", d)) {
+			continue
+		}
 		for _, causal := range []bool{false, true} {
 			if causal && d%64 != 0 {
 				continue // odd dims: the odd group's shape only
