@@ -232,51 +232,64 @@ func NewProblem(q, k, v Tensor, opt Options) (*Problem, error) {
 			return nil, err
 		}
 	}
-	if p.H <= 0 || p.Hkv <= 0 {
-		return nil, Errorf(ErrShape, "heads H=%d, Hkv=%d must be positive", p.H, p.Hkv)
-	}
-	if p.H%p.Hkv != 0 {
-		return nil, Errorf(ErrShape, "query heads H=%d not a multiple of key/value heads Hkv=%d", p.H, p.Hkv)
-	}
-	if p.DK < 1 || p.DK > MaxHeadDim {
-		return nil, Errorf(ErrShape, "head dim DK=%d outside 1..%d", p.DK, MaxHeadDim)
-	}
-	if p.DV < 1 || p.DV > MaxHeadDim {
-		return nil, Errorf(ErrShape, "head dim DV=%d outside 1..%d", p.DV, MaxHeadDim)
-	}
-	if math.IsNaN(opt.Scale) || math.IsInf(opt.Scale, 0) {
-		return nil, Errorf(ErrOption, "scale %v is not finite", opt.Scale)
-	}
-	p.Scale = opt.Scale
-	if p.Scale == 0 {
-		p.Scale = 1 / math.Sqrt(float64(p.DK))
-	}
-	if math.IsNaN(opt.Softcap) || math.IsInf(opt.Softcap, 0) || opt.Softcap < 0 {
-		return nil, Errorf(ErrOption, "softcap %v is not finite and ≥ 0", opt.Softcap)
-	}
-	if !(opt.Dropout >= 0 && opt.Dropout < 1) {
-		return nil, Errorf(ErrOption, "dropout %v outside [0, 1)", opt.Dropout)
-	}
-	if opt.Dropout > 0 {
-		t, err := philox.Threshold(opt.Dropout)
-		if err != nil {
-			return nil, Errorf(ErrOption, "%v", err)
-		}
-		p.DropThreshold, p.DropScale = t, philox.Scale(t)
-	}
-	if opt.Align != AlignBottomRight && opt.Align != AlignTopLeft {
-		return nil, Errorf(ErrOption, "align %d is neither bottom-right nor top-left", int(opt.Align))
-	}
-	if err := p.CheckDropoutAt(); err != nil {
+	if err := p.Resolve(); err != nil {
 		return nil, err
 	}
-	p.ResolveMask()
 	if opt.Bias != nil {
 		if err := p.checkBias(opt.Bias.Tensor); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
+}
+
+// Resolve validates the heads, head dims and options of a problem whose
+// sizes and Opt are set, and resolves what follows from them: Scale, the
+// dropout's DropThreshold and DropScale, and the masks (ResolveMask).
+// NewProblem calls it; a backend that builds a Problem from tensors of its
+// own (device memory) calls it too, so that every path resolves the
+// options alike. The bias is checked by the caller, against its tensor.
+func (p *Problem) Resolve() error {
+	if p.H <= 0 || p.Hkv <= 0 {
+		return Errorf(ErrShape, "heads H=%d, Hkv=%d must be positive", p.H, p.Hkv)
+	}
+	if p.H%p.Hkv != 0 {
+		return Errorf(ErrShape, "query heads H=%d not a multiple of key/value heads Hkv=%d", p.H, p.Hkv)
+	}
+	if p.DK < 1 || p.DK > MaxHeadDim {
+		return Errorf(ErrShape, "head dim DK=%d outside 1..%d", p.DK, MaxHeadDim)
+	}
+	if p.DV < 1 || p.DV > MaxHeadDim {
+		return Errorf(ErrShape, "head dim DV=%d outside 1..%d", p.DV, MaxHeadDim)
+	}
+	if math.IsNaN(p.Opt.Scale) || math.IsInf(p.Opt.Scale, 0) {
+		return Errorf(ErrOption, "scale %v is not finite", p.Opt.Scale)
+	}
+	p.Scale = p.Opt.Scale
+	if p.Scale == 0 {
+		p.Scale = 1 / math.Sqrt(float64(p.DK))
+	}
+	if math.IsNaN(p.Opt.Softcap) || math.IsInf(p.Opt.Softcap, 0) || p.Opt.Softcap < 0 {
+		return Errorf(ErrOption, "softcap %v is not finite and ≥ 0", p.Opt.Softcap)
+	}
+	if !(p.Opt.Dropout >= 0 && p.Opt.Dropout < 1) {
+		return Errorf(ErrOption, "dropout %v outside [0, 1)", p.Opt.Dropout)
+	}
+	if p.Opt.Dropout > 0 {
+		t, err := philox.Threshold(p.Opt.Dropout)
+		if err != nil {
+			return Errorf(ErrOption, "%v", err)
+		}
+		p.DropThreshold, p.DropScale = t, philox.Scale(t)
+	}
+	if p.Opt.Align != AlignBottomRight && p.Opt.Align != AlignTopLeft {
+		return Errorf(ErrOption, "align %d is neither bottom-right nor top-left", int(p.Opt.Align))
+	}
+	if err := p.CheckDropoutAt(); err != nil {
+		return err
+	}
+	p.ResolveMask()
+	return nil
 }
 
 // CheckDropoutAt validates Opt.DropoutAt: offsets ≥ 0, and the call's

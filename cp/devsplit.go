@@ -2,7 +2,6 @@ package cp
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/gpu"
@@ -107,10 +106,11 @@ type devSplit struct {
 
 // deviceProblem returns the global problem of the split of contiguous
 // device tensors q [B, N, H, DK], k [B, M, Hkv, DK], v [B, M, Hkv, DV]
-// under opt, its mask resolved. It refuses with attn.ErrUnsupported what
-// the device split does not take: a packed batch, a bias. Under dropout
-// each call places its mask in the global problem's (Options.DropoutAt);
-// the CUDA backend takes key origins that are multiples of 16.
+// under opt, its options resolved (attn.Problem.Resolve). It refuses with
+// attn.ErrUnsupported what the device split does not take: a packed
+// batch, a bias. Under dropout each call places its mask in the global
+// problem's (Options.DropoutAt); the CUDA backend takes key origins that
+// are multiples of 16.
 func deviceProblem(q, k, v gpu.DeviceTensor, opt attn.Options) (*attn.Problem, error) {
 	if packed(opt) {
 		return nil, attn.Errorf(attn.ErrUnsupported, "cp: a packed batch split on one device")
@@ -130,15 +130,12 @@ func deviceProblem(q, k, v gpu.DeviceTensor, opt attn.Options) (*attn.Problem, e
 		}
 	}
 	gp := &attn.Problem{B: q.Shape[0], N: q.Shape[1], H: q.Shape[2], DK: q.Shape[3], M: k.Shape[1], Hkv: k.Shape[2], DV: v.Shape[3], Opt: opt}
-	if k.Shape[0] != gp.B || v.Shape[0] != gp.B || k.Shape[3] != gp.DK || v.Shape[1] != gp.M || v.Shape[2] != gp.Hkv ||
-		gp.Hkv < 1 || gp.H%gp.Hkv != 0 {
+	if k.Shape[0] != gp.B || v.Shape[0] != gp.B || k.Shape[3] != gp.DK || v.Shape[1] != gp.M || v.Shape[2] != gp.Hkv {
 		return nil, attn.Errorf(attn.ErrShape, "cp: q %v, k %v, v %v do not fit [B, N, H, DK], [B, M, Hkv, DK], [B, M, Hkv, DV]", q.Shape, k.Shape, v.Shape)
 	}
-	gp.Scale = opt.Scale
-	if gp.Scale == 0 {
-		gp.Scale = 1 / math.Sqrt(float64(gp.DK))
+	if err := gp.Resolve(); err != nil {
+		return nil, fmt.Errorf("cp: %w", err)
 	}
-	gp.ResolveMask()
 	return gp, nil
 }
 

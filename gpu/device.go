@@ -249,33 +249,9 @@ func deviceProblem(q, k, v DeviceTensor, opt DeviceOptions) (*attn.Problem, erro
 		}
 		p.DV = v.Shape[3]
 	}
-	if p.H <= 0 || p.Hkv <= 0 || p.H%p.Hkv != 0 {
-		return nil, attn.Errorf(attn.ErrShape, "heads H=%d, Hkv=%d: want positive, H a multiple of Hkv", p.H, p.Hkv)
-	}
-	if p.DK < 1 || p.DK > attn.MaxHeadDim || p.DV < 1 || p.DV > attn.MaxHeadDim {
-		return nil, attn.Errorf(attn.ErrShape, "head dims DK=%d DV=%d outside 1..%d", p.DK, p.DV, attn.MaxHeadDim)
-	}
-	o := opt.Options
-	if math.IsNaN(o.Scale) || math.IsInf(o.Scale, 0) {
-		return nil, attn.Errorf(attn.ErrOption, "scale %v is not finite", o.Scale)
-	}
-	p.Scale = o.Scale
-	if p.Scale == 0 {
-		p.Scale = 1 / math.Sqrt(float64(p.DK))
-	}
-	if math.IsNaN(o.Softcap) || math.IsInf(o.Softcap, 0) || o.Softcap < 0 {
-		return nil, attn.Errorf(attn.ErrOption, "softcap %v is not finite and ≥ 0", o.Softcap)
-	}
-	if !(o.Dropout >= 0 && o.Dropout < 1) {
-		return nil, attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", o.Dropout)
-	}
-	if err := p.CheckDropoutAt(); err != nil {
+	if err := p.Resolve(); err != nil {
 		return nil, err
 	}
-	if o.Align != attn.AlignBottomRight && o.Align != attn.AlignTopLeft {
-		return nil, attn.Errorf(attn.ErrOption, "align %d is neither bottom-right nor top-left", int(o.Align))
-	}
-	p.ResolveMask()
 	if opt.Bias != nil {
 		if p.Varlen {
 			return nil, attn.Errorf(attn.ErrUnsupported, "bias with a packed variable-length batch")
