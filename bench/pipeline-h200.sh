@@ -133,7 +133,8 @@ if [[ ",$STEPS," == *",time,"* ]]; then
 	summarize "$OUT/times.txt" "$labels" >>"$SUMMARY"
 fi
 
-BWD_CONFIGS="separate=FLASHATTN_DQ=separate atomic=FLASHATTN_DQ=atomic bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1
+BWD_CONFIGS="separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=lockstep atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=lockstep
+ bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=lockstep
  ws-separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws ws-atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=ws
  ws-bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=ws"
 # bwd_check PIPELINE LABEL: the gradient tests with the bulk dQ allowed (the tests run both dQ algorithms)

@@ -115,7 +115,7 @@ func BackwardWorkspaceBytes(p *attn.Problem, dt attn.DType, algo DQAlgorithm, db
 	if algo == DQAuto && !p.Opt.Deterministic {
 		return max(backwardWorkspace(p, dt, DQAtomic, dbias).total, backwardWorkspace(p, dt, DQSeparate, dbias).total)
 	}
-	return backwardWorkspace(p, dt, resolveDQ(p, algo, false), dbias).total
+	return backwardWorkspace(p, dt, resolveDQ(p, algo, DQKernels{}), dbias).total
 }
 
 // bwdVariantFor returns the kernel variant of a backward call.
@@ -271,15 +271,28 @@ type bwdPlan struct {
 }
 
 // planBackward validates the kernel choice of a backward call and returns
-// its launch sequence.
+// its launch sequence. The dQ algorithm the call leaves to the table
+// (DQAuto) is the row of the kernels that run it: planned first for the
+// warp-specialized kernels where the request asks for them, and again for
+// the lockstep ones where those kernels decline the call.
 func planBackward(r bwdRequest) (*bwdPlan, error) {
 	countPlan()
+	pl, err := planBackwardOn(r, r.ws)
+	if err == nil && r.ws && !pl.v.WarpSpecialized && resolveDQ(r.p, r.algo, DQKernels{Hopper: pl.v.WGMMA}) != pl.algo {
+		return planBackwardOn(r, false)
+	}
+	return pl, err
+}
+
+// planBackwardOn is planBackward with the dQ table's row for the
+// warp-specialized kernels (ws) or for the others.
+func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	p, dt, a := r.p, r.dt, &r.a
 	if err := checkDropoutAt(p); err != nil {
 		return nil, err
 	}
 	run := bwdHopperRuns(p, dt, a, r.hopper)
-	algo := resolveDQ(p, r.algo, run)
+	algo := resolveDQ(p, r.algo, DQKernels{Hopper: run, WarpSpecialized: ws})
 	if a.DBias != nil && a.Bias == nil {
 		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")
 	}
@@ -313,7 +326,7 @@ func planBackward(r bwdRequest) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if r.ws && pl.v.TMA {
+	if ws && pl.v.TMA && !bwdWSSlower(p) {
 		w := pl.v
 		w.WarpSpecialized = true
 		if w.Validate() == nil {
@@ -323,6 +336,12 @@ func planBackward(r bwdRequest) (*bwdPlan, error) {
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
 }
+
+// bwdWSSlower reports the problems whose warp-specialized backward
+// measured slower than the lockstep one, which keep the lockstep kernels:
+// head dims up to 32 without a mask (docs/kernels/backward.md, "The
+// warp-specialized backward by head dim").
+func bwdWSSlower(p *attn.Problem) bool { return max(p.DK, p.DV) <= 32 && !p.Masked }
 
 // bwdLaunches returns the kernel launches of a backward of p with variant
 // v and dQ algorithm algo (dbias: it computes dBias of dbiasElems

@@ -50,42 +50,57 @@ func (a DQAlgorithm) String() string {
 // dimension is at most MaxDim and whose query length per head is at least
 // MinN (and below MaxN, 0 meaning unbounded) use Algo. Hopper says which
 // kernels the row is for: -1 any, 0 the mma.sync kernels, 1 the Hopper
-// (wgmma) kernels. FixedLength limits the row to fixed-length batches (the
-// Hopper kernels load their tiles by tensor maps there, and by cp.async for
-// packed batches).
+// (wgmma) kernels; WarpSpecialized which pipeline of the Hopper kernels:
+// -1 any, 0 lockstep, 1 warp-specialized. FixedLength limits the row to
+// fixed-length batches.
 type dqRule struct {
-	MaxDim      int
-	Causal      int // -1 any, 0 not causal/windowed, 1 masked
-	MinN, MaxN  int
-	Hopper      int
-	FixedLength bool
-	Algo        DQAlgorithm
+	MaxDim          int
+	Causal          int // -1 any, 0 not causal/windowed, 1 masked
+	MinN, MaxN      int
+	Hopper          int
+	WarpSpecialized int
+	FixedLength     bool
+	Algo            DQAlgorithm
+}
+
+// DQKernels names the backward kernels that run a problem, as far as the
+// dQ table tells them apart.
+type DQKernels struct {
+	// Hopper: the Hopper (wgmma) kernels run it (kernels.BwdHopperOK).
+	Hopper bool
+	// WarpSpecialized: on their warp-specialized pipeline
+	// (kernels.BwdVariant.WarpSpecialized).
+	WarpSpecialized bool
 }
 
 // dqTable is the measured choice of dQ algorithm per shape class, first
 // matching row wins. The measurements behind each row are in
 // docs/kernels/backward.md ("The dQ algorithm table").
 var dqTable = []dqRule{
+	// the warp-specialized Hopper kernels, fixed-length batches: atomic at D ≤ 96, separate at D ≤ 128,
+	// masked or not
+	{MaxDim: 96, Causal: -1, Hopper: 1, WarpSpecialized: 1, FixedLength: true, Algo: DQAtomic},
+	{MaxDim: 128, Causal: -1, Hopper: 1, WarpSpecialized: 1, FixedLength: true, Algo: DQSeparate},
 	// the tensor-map Hopper kernels: atomic at D ≤ 64, separate at D ≤ 128 without a mask
-	{MaxDim: 64, Causal: -1, Hopper: 1, Algo: DQAtomic},
-	{MaxDim: 128, Causal: 0, Hopper: 1, FixedLength: true, Algo: DQSeparate},
+	{MaxDim: 64, Causal: -1, Hopper: 1, WarpSpecialized: -1, Algo: DQAtomic},
+	{MaxDim: 128, Causal: 0, Hopper: 1, WarpSpecialized: -1, FixedLength: true, Algo: DQSeparate},
 	// the Hopper kernels otherwise: atomic up to D = 128, separate beyond
-	{MaxDim: 128, Causal: -1, Hopper: 1, Algo: DQAtomic},
-	{MaxDim: 256, Causal: -1, Hopper: 1, Algo: DQSeparate},
+	{MaxDim: 128, Causal: -1, Hopper: 1, WarpSpecialized: -1, Algo: DQAtomic},
+	{MaxDim: 256, Causal: -1, Hopper: 1, WarpSpecialized: -1, Algo: DQSeparate},
 	// the mma.sync kernels: atomic everywhere (Options.Deterministic still picks DQSeparate)
-	{MaxDim: 512, Causal: -1, Hopper: -1, Algo: DQAtomic},
+	{MaxDim: 512, Causal: -1, Hopper: -1, WarpSpecialized: -1, Algo: DQAtomic},
 }
 
 // SelectDQAlgorithm returns the dQ algorithm the backward uses for p when
 // asked for DQAuto on the mma.sync kernels (SelectDQAlgorithmFor with
 // hopper false).
-func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm { return SelectDQAlgorithmFor(p, false) }
+func SelectDQAlgorithm(p *attn.Problem) DQAlgorithm { return SelectDQAlgorithmFor(p, DQKernels{}) }
 
 // SelectDQAlgorithmFor returns the dQ algorithm the backward uses for p when
 // asked for DQAuto: DQSeparate when p.Opt.Deterministic is set, otherwise
-// the first matching row of the measured table; hopper says that the Hopper
-// kernels run p (see kernels.BwdHopperOK).
-func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
+// the first matching row of the measured table for the kernels k that run
+// p.
+func SelectDQAlgorithmFor(p *attn.Problem, k DQKernels) DQAlgorithm {
 	if p.Opt.Deterministic {
 		return DQSeparate
 	}
@@ -97,7 +112,10 @@ func SelectDQAlgorithmFor(p *attn.Problem, hopper bool) DQAlgorithm {
 		if r.Causal >= 0 && (r.Causal == 1) != p.Masked {
 			continue
 		}
-		if r.Hopper >= 0 && (r.Hopper == 1) != hopper || r.FixedLength && p.Varlen {
+		if r.Hopper >= 0 && (r.Hopper == 1) != k.Hopper || r.FixedLength && p.Varlen {
+			continue
+		}
+		if r.WarpSpecialized >= 0 && (r.WarpSpecialized == 1) != (k.Hopper && k.WarpSpecialized) {
 			continue
 		}
 		return r.Algo
@@ -113,11 +131,11 @@ func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper bool) bool
 	return hopper && kernels.BwdHopperOK(bwdVariantFor(p, dt, a, DQSeparate))
 }
 
-// resolveDQ turns DQAuto into a concrete algorithm (hopper: the Hopper
-// kernels run p); Deterministic always wins over an explicit DQAtomic.
-func resolveDQ(p *attn.Problem, a DQAlgorithm, hopper bool) DQAlgorithm {
+// resolveDQ turns DQAuto into a concrete algorithm for the kernels k that
+// run p; Deterministic always wins over an explicit DQAtomic.
+func resolveDQ(p *attn.Problem, a DQAlgorithm, k DQKernels) DQAlgorithm {
 	if a == DQAuto || p.Opt.Deterministic {
-		return SelectDQAlgorithmFor(p, hopper)
+		return SelectDQAlgorithmFor(p, k)
 	}
 	return a
 }

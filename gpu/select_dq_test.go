@@ -11,31 +11,38 @@ import (
 // Deterministic always gets the separate (bit-for-bit) algorithm.
 func TestSelectDQAlgorithm(t *testing.T) {
 	cases := []struct {
-		name   string
-		p      attn.Problem
-		hopper bool
-		ask    DQAlgorithm
-		want   DQAlgorithm
+		name string
+		p    attn.Problem
+		k    DQKernels
+		ask  DQAlgorithm
+		want DQAlgorithm
 	}{
-		{"d64 short", attn.Problem{N: 512, M: 512, DK: 64, DV: 64}, false, DQAuto, DQAtomic},
-		{"d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, false, DQAuto, DQAtomic},
-		{"d256 mma.sync", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, false, DQAuto, DQAtomic},
-		{"d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 384}, false, DQAuto, DQAtomic},
-		{"hopper d128", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128}, true, DQAuto, DQSeparate},
-		{"hopper d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, true, DQAuto, DQAtomic},
-		{"hopper d128 packed", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Varlen: true}, true, DQAuto, DQAtomic},
-		{"hopper d96", attn.Problem{N: 1024, M: 1024, DK: 96, DV: 96}, true, DQAuto, DQSeparate},
-		{"hopper d64", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64}, true, DQAuto, DQAtomic},
-		{"hopper d256", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256, Masked: true}, true, DQAuto, DQSeparate},
-		{"hopper d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 512}, true, DQAuto, DQAtomic},
-		{"deterministic", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Opt: attn.Options{Deterministic: true}}, false, DQAuto, DQSeparate},
-		{"deterministic beats an explicit atomic", attn.Problem{N: 64, M: 64, DK: 64, DV: 64, Opt: attn.Options{Deterministic: true}}, true, DQAtomic, DQSeparate},
-		{"explicit separate", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64}, false, DQSeparate, DQSeparate},
-		{"explicit atomic on hopper", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, true, DQAtomic, DQAtomic},
+		{"d64 short", attn.Problem{N: 512, M: 512, DK: 64, DV: 64}, DQKernels{}, DQAuto, DQAtomic},
+		{"d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, DQKernels{}, DQAuto, DQAtomic},
+		{"d256 mma.sync", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, DQKernels{}, DQAuto, DQAtomic},
+		{"d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 384}, DQKernels{}, DQAuto, DQAtomic},
+		{"hopper d128", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128}, DQKernels{Hopper: true}, DQAuto, DQSeparate},
+		{"hopper d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, DQKernels{Hopper: true}, DQAuto, DQAtomic},
+		{"hopper d128 packed", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Varlen: true}, DQKernels{Hopper: true}, DQAuto, DQAtomic},
+		{"hopper d96", attn.Problem{N: 1024, M: 1024, DK: 96, DV: 96}, DQKernels{Hopper: true}, DQAuto, DQSeparate},
+		{"hopper d64", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64}, DQKernels{Hopper: true}, DQAuto, DQAtomic},
+		{"hopper d256", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256, Masked: true}, DQKernels{Hopper: true}, DQAuto, DQSeparate},
+		{"hopper d512", attn.Problem{N: 4096, M: 4096, DK: 512, DV: 512}, DQKernels{Hopper: true}, DQAuto, DQAtomic},
+		{"ws d64 causal", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64, Masked: true}, DQKernels{Hopper: true, WarpSpecialized: true}, DQAuto, DQAtomic},
+		{"ws d96", attn.Problem{N: 4096, M: 4096, DK: 96, DV: 96}, DQKernels{Hopper: true, WarpSpecialized: true}, DQAuto, DQAtomic},
+		{"ws d128", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128}, DQKernels{Hopper: true, WarpSpecialized: true}, DQAuto, DQSeparate},
+		{"ws d128 causal", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true}, DQKernels{Hopper: true, WarpSpecialized: true}, DQAuto, DQSeparate},
+		{"ws d128 packed: the lockstep rows", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Masked: true, Varlen: true}, DQKernels{Hopper: true, WarpSpecialized: true}, DQAuto, DQAtomic},
+		{"ws d256", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, DQKernels{Hopper: true, WarpSpecialized: true}, DQAuto, DQSeparate},
+		{"ws without the Hopper kernels: mma.sync rows", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128}, DQKernels{WarpSpecialized: true}, DQAuto, DQAtomic},
+		{"deterministic", attn.Problem{N: 4096, M: 4096, DK: 128, DV: 128, Opt: attn.Options{Deterministic: true}}, DQKernels{}, DQAuto, DQSeparate},
+		{"deterministic beats an explicit atomic", attn.Problem{N: 64, M: 64, DK: 64, DV: 64, Opt: attn.Options{Deterministic: true}}, DQKernels{Hopper: true}, DQAtomic, DQSeparate},
+		{"explicit separate", attn.Problem{N: 4096, M: 4096, DK: 64, DV: 64}, DQKernels{}, DQSeparate, DQSeparate},
+		{"explicit atomic on hopper", attn.Problem{N: 4096, M: 4096, DK: 256, DV: 256}, DQKernels{Hopper: true}, DQAtomic, DQAtomic},
 	}
 	for _, c := range cases {
-		if got := resolveDQ(&c.p, c.ask, c.hopper); got != c.want {
-			t.Errorf("%s: resolveDQ(%v, hopper %v) = %v, want %v", c.name, c.ask, c.hopper, got, c.want)
+		if got := resolveDQ(&c.p, c.ask, c.k); got != c.want {
+			t.Errorf("%s: resolveDQ(%v, %+v) = %v, want %v", c.name, c.ask, c.k, got, c.want)
 		}
 	}
 	// the Hopper kernels run 16-bit head dims up to 256, not fp32
