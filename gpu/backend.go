@@ -40,8 +40,11 @@ type Backend struct {
 	// Pipeline is the pipeline the Hopper forward runs on wherever the
 	// variant allows it (kernels.Pipeline; each part is dropped where it
 	// does not apply: warp specialization needs tensor-map loads and one
-	// warpgroup per row group, ping-pong two compute warpgroups). New reads
-	// it from EnvPipeline; the zero value is the lockstep pipeline.
+	// warpgroup per row group, ping-pong two compute warpgroups; the tiles
+	// and the classes that keep the lockstep kernels are
+	// kernels.HopperWSTable's). New reads it from EnvPipeline:
+	// DefaultPipeline unless the variable names another; the zero value is
+	// the lockstep pipeline.
 	Pipeline kernels.Pipeline
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
@@ -54,10 +57,12 @@ type Backend struct {
 	// (kernels.BwdVariant.BulkDQ). New sets it when EnvBulkDQ is set.
 	BulkDQ bool
 	// BwdPipeline is the pipeline of the Hopper backward's dK/dV and dQ
-	// kernels wherever the variant allows it (tensor-map loads): the lockstep
-	// pipeline (the zero value) or warp specialization (WarpSpecialized;
-	// kernels.BwdVariant.WarpSpecialized). Its other parts do not apply to
-	// the backward. New reads it from EnvBwdPipeline.
+	// kernels wherever the variant allows it (tensor-map loads) and it did
+	// not measure slower (head dims up to 32 without a mask keep lockstep):
+	// the lockstep pipeline (the zero value) or warp specialization
+	// (WarpSpecialized; kernels.BwdVariant.WarpSpecialized). Its other
+	// parts do not apply to the backward. New reads it from EnvBwdPipeline:
+	// DefaultBwdPipeline unless the variable names another.
 	BwdPipeline kernels.Pipeline
 
 	fill    filler      // the random-fill kernel
@@ -125,7 +130,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 	}
 	b.DQ = dq
 	if hopper {
-		pl, err := kernels.ParsePipeline(os.Getenv(EnvPipeline))
+		pl, err := parsePipeline(os.Getenv(EnvPipeline))
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("gpu: %s: %w", EnvPipeline, err)
@@ -187,17 +192,41 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 
 // EnvPipeline names the pipeline of the Hopper forward of new backends
 // (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.
-// "ws,pingpong,early-rescale".
+// "ws,pingpong,early-rescale" or "lockstep"; empty (or unset) means
+// DefaultPipeline.
 const EnvPipeline = "FLASHATTN_FWD_PIPELINE"
 
+// DefaultPipeline is the pipeline of the Hopper forward of new backends
+// when EnvPipeline is empty: warp specialization with ping-pong and the
+// early rescale (persistent CTAs and the O store by tensor maps stay
+// opt-in).
+var DefaultPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+
+// parsePipeline reads a forward pipeline in kernels.ParsePipeline's words
+// ("" is DefaultPipeline).
+func parsePipeline(s string) (kernels.Pipeline, error) {
+	if s == "" {
+		return DefaultPipeline, nil
+	}
+	return kernels.ParsePipeline(s)
+}
+
 // EnvBwdPipeline names the pipeline of the Hopper backward of new
-// backends (Backend.BwdPipeline): "lockstep" (or empty) or "ws".
+// backends (Backend.BwdPipeline): "lockstep" or "ws"; empty (or unset)
+// means DefaultBwdPipeline.
 const EnvBwdPipeline = "FLASHATTN_BWD_PIPELINE"
 
+// DefaultBwdPipeline is the pipeline of the Hopper backward of new
+// backends when EnvBwdPipeline is empty: warp specialization.
+var DefaultBwdPipeline = kernels.Pipeline{WarpSpecialized: true}
+
 // parseBwdPipeline reads a backward pipeline in kernels.ParsePipeline's
-// words, of which the backward takes lockstep and ws; the others give an
-// error wrapping attn.ErrOption.
+// words, of which the backward takes lockstep and ws ("" is
+// DefaultBwdPipeline); the others give an error wrapping attn.ErrOption.
 func parseBwdPipeline(s string) (kernels.Pipeline, error) {
+	if s == "" {
+		return DefaultBwdPipeline, nil
+	}
 	pl, err := kernels.ParsePipeline(s)
 	if err != nil {
 		return kernels.Pipeline{}, err

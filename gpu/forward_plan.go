@@ -152,6 +152,17 @@ func plan(r fwdRequest) (launch, error) {
 	}
 	if vr.WGMMA {
 		vr.Pipeline = pipelineFor(vr, r.pipeline)
+		if vr.WarpSpecialized && r.tiles == nil {
+			// the pipeline's own tile for the class or, where the lockstep kernels measured faster,
+			// the parts of the pipeline they take (early rescale, O by tensor maps)
+			switch wt, ok := kernels.HopperWSTile(vr); {
+			case !ok:
+				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO})
+			case wt != (kernels.Tile{}):
+				vr = wt.Apply(vr)
+				vr.Pipeline = pipelineFor(vr, r.pipeline)
+			}
+		}
 		// the kernel counts its tiles in an int
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}

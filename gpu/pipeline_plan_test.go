@@ -16,7 +16,7 @@ func TestParseBwdPipeline(t *testing.T) {
 		want kernels.Pipeline
 		err  bool
 	}{
-		{"", kernels.Pipeline{}, false},
+		{"", DefaultBwdPipeline, false},
 		{"lockstep", kernels.Pipeline{}, false},
 		{"ws", kernels.Pipeline{WarpSpecialized: true}, false},
 		{"pingpong", kernels.Pipeline{}, true},
@@ -138,5 +138,106 @@ func TestBackwardPlanWS(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestBackwardPlanWSAuto checks the warp-specialized backward's choices
+// left to the planner: the dQ algorithm from the table's rows for the
+// kernels that run the call (separate at D = 128 causal on the
+// warp-specialized kernels, atomic on the lockstep ones when tensor maps
+// are off), and the lockstep kernels where the warp-specialized ones
+// measured slower (head dims up to 32 without a mask).
+func TestBackwardPlanWSAuto(t *testing.T) {
+	cases := []struct {
+		name string
+		c    bwdCase
+		tma  bool
+		ws   bool
+		algo DQAlgorithm
+	}{
+		{"d128 causal", bwdCase{b: 1, n: 300, m: 300, h: 4, hkv: 2, dk: 128, dv: 128, causal: true}, true, true, DQSeparate},
+		{"d128 causal cp.async", bwdCase{b: 1, n: 300, m: 300, h: 4, hkv: 2, dk: 128, dv: 128, causal: true}, false, false, DQAtomic},
+		{"d96", bwdCase{b: 1, n: 300, m: 300, h: 2, hkv: 2, dk: 96, dv: 96}, true, true, DQAtomic},
+		{"d32", bwdCase{b: 1, n: 300, m: 300, h: 2, hkv: 2, dk: 32, dv: 32}, true, false, DQAtomic},
+		{"d32 causal", bwdCase{b: 1, n: 300, m: 300, h: 2, hkv: 2, dk: 32, dv: 32, causal: true}, true, true, DQAtomic},
+	}
+	for i, tc := range cases {
+		in := tc.c.inputs(t, attn.BFloat16, uint64(80+i))
+		r := in.request(DQAuto)
+		r.hopper, r.tma, r.ws = true, tc.tma, true
+		pl, err := planBackward(r)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if pl.v.WarpSpecialized != tc.ws || pl.algo != tc.algo {
+			t.Errorf("%s: %s, WarpSpecialized %v, dQ %v; want %v, %v", tc.name, pl.v.Name(), pl.v.WarpSpecialized, pl.algo, tc.ws, tc.algo)
+		}
+	}
+}
+
+// TestForwardPlanWSTiles checks the warp-specialized forward's tiles
+// (kernels.HopperWSTable): its own tile where the table has one, the
+// lockstep kernels where they measured faster (D = 64 with a mask, which
+// keeps the early rescale), HopperTable's tile for variants with extras
+// and head dims past the table, and the caller's tiles when given.
+func TestForwardPlanWSTiles(t *testing.T) {
+	full := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	cases := []struct {
+		name     string
+		edit     func(*fwdRecordCase)
+		pipe     kernels.Pipeline
+		bm, bn   int
+		ws, pp   bool
+		rescaled bool
+	}{
+		{"d64", func(c *fwdRecordCase) { c.dk, c.dv = 64, 64 }, full, 192, 128, true, false, true},
+		{"d64 causal: lockstep", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Causal = 64, 64, true }, full, 128, 64, false, false, true},
+		{"d128", nil, full, 128, 160, true, true, true},
+		{"d128 causal", func(c *fwdRecordCase) { c.opt.Causal = true }, full, 128, 160, true, true, true},
+		{"d128 dropout: HopperTable's extras tile", func(c *fwdRecordCase) { c.opt.Dropout = 0.1 }, full, 128, 64, true, true, true},
+		{"d256: HopperTable's tile", func(c *fwdRecordCase) { c.dk, c.dv = 256, 256 }, full, 128, 80, true, true, true},
+		{"d128 lockstep asked", nil, kernels.Pipeline{}, 128, 96, false, false, false},
+	}
+	for _, tc := range cases {
+		c := fwdRecordCase{dt: attn.BFloat16, b: 2, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+		if tc.edit != nil {
+			tc.edit(&c)
+		}
+		c.name = tc.name
+		p, ts, _, _ := c.tensors(t)
+		pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], hopper: true, tma: true, pipeline: tc.pipe, sms: 132})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		v := pl.v
+		if v.BlockM != tc.bm || v.BlockN != tc.bn || v.WarpSpecialized != tc.ws || v.PingPong != tc.pp || v.EarlyRescale != tc.rescaled {
+			t.Errorf("%s: %s; want %dx%d, ws %v, pingpong %v, early rescale %v", tc.name, v.Name(), tc.bm, tc.bn, tc.ws, tc.pp, tc.rescaled)
+		}
+		if pl.grid[0] != uint32((p.N+v.BlockM-1)/v.BlockM) {
+			t.Errorf("%s: grid %v for %d rows a block", tc.name, pl.grid, v.BlockM)
+		}
+	}
+	// the caller's tiles win over the table
+	c := fwdRecordCase{dt: attn.BFloat16, b: 1, n: 300, m: 200, h: 2, hkv: 2, dk: 64, dv: 64, wgmma: true, tma: true}
+	p, ts, _, _ := c.tensors(t)
+	mine := func(attn.DType, int, int, bool) (kernels.Tile, error) {
+		return kernels.Tile{BlockM: 128, BlockN: 48, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, nil
+	}
+	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], hopper: true, tma: true, pipeline: full, tiles: mine})
+	if err != nil || pl.v.BlockN != 48 || !pl.v.WarpSpecialized {
+		t.Errorf("caller's tile: %s, %v", pl.v.Name(), err)
+	}
+}
+
+// TestParsePipelineDefault checks that an empty forward pipeline variable
+// means DefaultPipeline and "lockstep" the lockstep kernels.
+func TestParsePipelineDefault(t *testing.T) {
+	for in, want := range map[string]kernels.Pipeline{"": DefaultPipeline, "lockstep": {}, "ws": {WarpSpecialized: true}} {
+		if got, err := parsePipeline(in); err != nil || got != want {
+			t.Errorf("parsePipeline(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	if _, err := parsePipeline("fast"); !errors.Is(err, attn.ErrOption) {
+		t.Errorf("parsePipeline(\"fast\"): %v, want ErrOption", err)
 	}
 }
