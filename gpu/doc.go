@@ -32,11 +32,14 @@
 // are whole 16-byte units (staging copies included): q, k and v in the
 // forward, q and dO in the backward's dK/dV kernel, k and v in its dQ
 // kernel; unless FLASHATTN_NO_TMA is set when New runs or Backend.TMA is
-// cleared. On those kernels the forward and the backward can run
-// warp-specialized pipelines (Backend.Pipeline, Backend.BwdPipeline; the
-// forward's also with persistent CTAs and O stored by tensor maps), opt-in
-// through FLASHATTN_FWD_PIPELINE and FLASHATTN_BWD_PIPELINE. New reads the
-// environment once; every knob is a field of Backend.
+// cleared. On those kernels the forward and the backward run
+// warp-specialized pipelines by default (Backend.Pipeline,
+// Backend.BwdPipeline: DefaultPipeline, DefaultBwdPipeline), except for
+// the problem classes where the lockstep kernels measured faster;
+// FLASHATTN_FWD_PIPELINE and FLASHATTN_BWD_PIPELINE choose others
+// ("lockstep"; the forward's persistent CTAs and O stored by tensor maps
+// are opt-in). New reads the environment once; every knob is a field of
+// Backend.
 //
 // For context parallelism on the device, the merge kernels fold a partial
 // forward result (O and its LSE) into a float32 Accumulator through the
