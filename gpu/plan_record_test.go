@@ -131,8 +131,15 @@ func (c fwdRecordCase) tensors(t *testing.T) (*attn.Problem, [5]DeviceTensor, *D
 // describes the launch.
 func fwdRecordLine(t *testing.T, c fwdRecordCase) string {
 	t.Helper()
+	return fwdRecordLineOn(t, c, kernels.Pipeline{})
+}
+
+// fwdRecordLineOn is fwdRecordLine with the backend's forward pipeline
+// pipe.
+func fwdRecordLineOn(t *testing.T, c fwdRecordCase, pipe kernels.Pipeline) string {
+	t.Helper()
 	p, ts, _, dopt := c.tensors(t)
-	b := &Backend{WGMMA: c.wgmma, TMA: c.tma}
+	b := &Backend{WGMMA: c.wgmma, TMA: c.tma, Pipeline: pipe}
 	if p.Varlen {
 		dopt.CuSeqlensQ, dopt.CuSeqlensK = &cuda.Buffer{}, &cuda.Buffer{} // at address 0
 	}
@@ -162,16 +169,31 @@ func bwdRecordLines(t *testing.T, c bwdCase) []string {
 					out = append(out, name+": error "+err.Error())
 					continue
 				}
-				var ls []string
-				for _, l := range pl.launches {
-					ls = append(ls, fmt.Sprintf("%s%v/%d/%d", l.kernel, l.grid, l.threads, l.smem))
-				}
-				out = append(out, fmt.Sprintf("%s: %s %v ws %d %s params %s", name, pl.v.Name(), pl.algo, pl.w.total,
-					strings.Join(ls, " "), digest(pl.params.Pack(), pl.tma, pl.w)))
+				out = append(out, bwdRecordLine(name, pl))
 			}
+		}
+		// the default pipeline, the dQ algorithm left to the table
+		t.Setenv(EnvNoTMA, "")
+		r := in.request(DQAuto)
+		r.ws = DefaultBwdPipeline.WarpSpecialized
+		name := fmt.Sprintf("bwd %s %v default pipeline %v", c.name, dt, DQAuto)
+		if pl, err := planBackward(r); err != nil {
+			out = append(out, name+": error "+err.Error())
+		} else {
+			out = append(out, bwdRecordLine(name, pl))
 		}
 	}
 	return out
+}
+
+// bwdRecordLine describes backward plan pl, named name.
+func bwdRecordLine(name string, pl *bwdPlan) string {
+	var ls []string
+	for _, l := range pl.launches {
+		ls = append(ls, fmt.Sprintf("%s%v/%d/%d", l.kernel, l.grid, l.threads, l.smem))
+	}
+	return fmt.Sprintf("%s: %s %v ws %d %s params %s", name, pl.v.Name(), pl.algo, pl.w.total,
+		strings.Join(ls, " "), digest(pl.params.Pack(), pl.tma, pl.w))
 }
 
 // bwdRecordInputs is bwdCase.inputs without data: shapes and options only.
@@ -241,6 +263,12 @@ func TestPlanRecord(t *testing.T) {
 	var lines []string
 	for _, c := range fwdRecordCases() {
 		lines = append(lines, fwdRecordLine(t, c))
+	}
+	for _, c := range fwdRecordCases() { // the default pipeline where the Hopper kernels run
+		if c.wgmma && c.tma {
+			c.name = "default pipeline " + c.name
+			lines = append(lines, fwdRecordLineOn(t, c, DefaultPipeline))
+		}
 	}
 	both := func(int, int) []attn.DType { return []attn.DType{attn.BFloat16, attn.Float16} }
 	for _, c := range append(bwdCases(), bwdCrossCases(113, 300, both)...) {
