@@ -40,6 +40,7 @@ type cudaDevice struct {
 
 	lastFwd *fwdArgs // the last forward's arguments, for Describe
 	lastDQ  string
+	lastBwd string // the last backward's kernel variant
 }
 
 type fwdArgs struct {
@@ -131,6 +132,9 @@ func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt 
 	}
 	bo.Workspace = d.ws
 	bo.DQ = algo
+	if bv, err := d.b.BackwardVariant(dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo); err == nil {
+		d.lastBwd = bv.Name()
+	}
 	algo, err = d.b.BackwardDevice(d.s, dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo)
 	d.lastDQ = algo.String()
 	return err
@@ -165,19 +169,23 @@ func (d *cudaDevice) ElapsedMs(start, end Event) (float64, error) {
 
 func (d *cudaDevice) Sync() error { return d.s.Synchronize() }
 
-// Describe returns the name of the last forward's kernel variant and the
-// last backward's dQ algorithm.
+// Describe returns the name of the last forward's kernel variant, and the
+// last backward's after " + " when a backward ran, and the last
+// backward's dQ algorithm.
 func (d *cudaDevice) Describe() (kernel, dq string) {
 	if a := d.lastFwd; a != nil {
 		if v, err := d.b.Variant(a.q, a.k, a.v, a.o, a.lse, a.opt); err == nil {
 			kernel = v.Name()
 		}
 	}
+	if d.lastBwd != "" {
+		kernel += " + " + d.lastBwd
+	}
 	return kernel, d.lastDQ
 }
 
 // Reset forgets the last launches (a new case begins).
-func (d *cudaDevice) Reset() { d.lastFwd, d.lastDQ = nil, "" }
+func (d *cudaDevice) Reset() { d.lastFwd, d.lastDQ, d.lastBwd = nil, "", "" }
 
 func (d *cudaDevice) Close() error {
 	var first error

@@ -50,7 +50,9 @@ type Record struct {
 	FirstMs float64 `json:"first_ms,omitempty"`
 	// TFLOPs is FLOPs over the median, in 10¹² operations per second.
 	TFLOPs float64 `json:"tflops"`
-	// KernelVariant and DQAlgorithm are what the backend reports it chose.
+	// KernelVariant and DQAlgorithm are what the backend reports it chose:
+	// the forward's kernel variant, then " + " and the backward's when the
+	// pass ran one.
 	KernelVariant string `json:"kernel_variant,omitempty"`
 	DQAlgorithm   string `json:"dq_algorithm,omitempty"`
 	// Status is "ok", "unsupported" or "error"; Message says why when not ok.

@@ -244,6 +244,22 @@ func bwdViews(p *attn.Problem, q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt
 	return a, nil
 }
 
+// BackwardVariant returns the kernel variant a BackwardDevice call with
+// these arguments runs (its dQ algorithm resolved), without compiling or
+// enqueueing anything. opt.Workspace is not read.
+func (b *Backend) BackwardVariant(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (kernels.BwdVariant, error) {
+	opt.Workspace = nil
+	p, a, err := bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv, opt)
+	if err != nil {
+		return kernels.BwdVariant{}, err
+	}
+	pl, err := planBackward(b.bwdRequest(p, q.DType, a, opt.DQ))
+	if err != nil {
+		return kernels.BwdVariant{}, err
+	}
+	return pl.v, nil
+}
+
 // PrepareBackward validates a BackwardDevice call, compiles its kernels
 // (so that the call itself only enqueues, as a CUDA graph capture needs)
 // and returns the dQ algorithm it will use and the workspace bytes it

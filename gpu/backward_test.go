@@ -414,6 +414,40 @@ func checkMaskedRowsZero(t testing.TB, in bwdInputs, dq attn.Tensor) {
 	}
 }
 
+// TestBackwardVariant checks that BackwardVariant names the kernels
+// PrepareBackward prepares: the dQ algorithm it resolves, and the
+// backend's pipeline on a tensor-map Hopper case.
+func TestBackwardVariant(t *testing.T) {
+	b := fwdBackend(t)
+	for _, c := range []bwdCase{
+		{name: "d128", b: 1, n: 256, m: 256, h: 4, hkv: 2, dk: 128, dv: 128},
+		{name: "d64 causal", b: 1, n: 256, m: 256, h: 2, hkv: 2, dk: 64, dv: 64, causal: true},
+	} {
+		in := c.inputs(t, attn.BFloat16, 31)
+		bufs := newTestBufs(t, b)
+		up, alloc := bufs.upload, bufs.alloc
+		q, k, v, dO := up(in.q), up(in.k), up(in.v), up(in.dO)
+		o := alloc(attn.BFloat16, in.p.OutputShape()...)
+		lse := alloc(attn.Float32, in.p.LSEShape()...)
+		dq, dk, dv := alloc(attn.BFloat16, in.q.Shape...), alloc(attn.BFloat16, in.k.Shape...), alloc(attn.BFloat16, in.v.Shape...)
+		opt := BackwardOptions{DeviceOptions: DeviceOptions{Options: in.opt}}
+		vr, err := b.BackwardVariant(q, k, v, o, lse, dO, dq, dk, dv, opt)
+		if err != nil {
+			t.Fatalf("%s: BackwardVariant: %v", c.name, err)
+		}
+		algo, _, err := b.PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv, opt)
+		if err != nil {
+			t.Fatalf("%s: PrepareBackward: %v", c.name, err)
+		}
+		if vr.AtomicDQ != (algo == DQAtomic) {
+			t.Errorf("%s: %s with dQ %v", c.name, vr.Name(), algo)
+		}
+		if want := b.WGMMA && b.TMA && b.BwdPipeline.WarpSpecialized; vr.WarpSpecialized != want {
+			t.Errorf("%s: %s, WarpSpecialized %v, want %v", c.name, vr.Name(), vr.WarpSpecialized, want)
+		}
+	}
+}
+
 // TestBackwardDeterministic repeats the separate algorithm 50 times and
 // demands bit-identical gradients (dBias included).
 func TestBackwardDeterministic(t *testing.T) {
