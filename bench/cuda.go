@@ -39,13 +39,18 @@ type cudaDevice struct {
 	fws *cuda.Buffer // the forward's staging workspace (odd head dims), grown as needed
 
 	lastFwd *fwdArgs // the last forward's arguments, for Describe
+	lastBwd *bwdArgs // the last backward's arguments, for Describe
 	lastDQ  string
-	lastBwd string // the last backward's kernel variant
 }
 
 type fwdArgs struct {
 	q, k, v, o, lse gpu.DeviceTensor
 	opt             gpu.DeviceOptions
+}
+
+type bwdArgs struct {
+	q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor
+	opt                             gpu.BackwardOptions
 }
 
 func (d *cudaDevice) Backend() string { return "cuda" }
@@ -122,20 +127,18 @@ func grow(dev *cuda.Device, buf **cuda.Buffer, n int64) error {
 }
 
 func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt attn.Options) error {
-	bo := gpu.BackwardOptions{DeviceOptions: gpu.DeviceOptions{Options: opt}}
-	algo, need, err := d.b.PrepareBackward(dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo)
+	a := bwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), gpu.BackwardOptions{DeviceOptions: gpu.DeviceOptions{Options: opt}}}
+	algo, need, err := d.b.PrepareBackward(a.q, a.k, a.v, a.o, a.lse, a.dO, a.dq, a.dk, a.dv, a.opt)
 	if err != nil {
 		return err
 	}
 	if err := grow(d.dev, &d.ws, need); err != nil {
 		return fmt.Errorf("bench: backward workspace: %w", err)
 	}
-	bo.Workspace = d.ws
-	bo.DQ = algo
-	if bv, err := d.b.BackwardVariant(dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo); err == nil {
-		d.lastBwd = bv.Name()
-	}
-	algo, err = d.b.BackwardDevice(d.s, dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), bo)
+	a.opt.Workspace = d.ws
+	a.opt.DQ = algo
+	d.lastBwd = &a
+	algo, err = d.b.BackwardDevice(d.s, a.q, a.k, a.v, a.o, a.lse, a.dO, a.dq, a.dk, a.dv, a.opt)
 	d.lastDQ = algo.String()
 	return err
 }
@@ -178,14 +181,16 @@ func (d *cudaDevice) Describe() (kernel, dq string) {
 			kernel = v.Name()
 		}
 	}
-	if d.lastBwd != "" {
-		kernel += " + " + d.lastBwd
+	if a := d.lastBwd; a != nil {
+		if v, err := d.b.BackwardVariant(a.q, a.k, a.v, a.o, a.lse, a.dO, a.dq, a.dk, a.dv, a.opt); err == nil {
+			kernel += " + " + v.Name()
+		}
 	}
 	return kernel, d.lastDQ
 }
 
 // Reset forgets the last launches (a new case begins).
-func (d *cudaDevice) Reset() { d.lastFwd, d.lastDQ, d.lastBwd = nil, "", "" }
+func (d *cudaDevice) Reset() { d.lastFwd, d.lastBwd, d.lastDQ = nil, nil, "" }
 
 func (d *cudaDevice) Close() error {
 	var first error

@@ -248,16 +248,24 @@ func bwdViews(p *attn.Problem, q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt
 // these arguments runs (its dQ algorithm resolved), without compiling or
 // enqueueing anything. opt.Workspace is not read.
 func (b *Backend) BackwardVariant(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (kernels.BwdVariant, error) {
-	opt.Workspace = nil
-	p, a, err := bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv, opt)
-	if err != nil {
-		return kernels.BwdVariant{}, err
-	}
-	pl, err := planBackward(b.bwdRequest(p, q.DType, a, opt.DQ))
+	_, _, pl, err := b.planDeviceBackward(q, k, v, o, lse, dO, dq, dk, dv, opt)
 	if err != nil {
 		return kernels.BwdVariant{}, err
 	}
 	return pl.v, nil
+}
+
+// planDeviceBackward validates the arguments of a device backward call
+// (opt.Workspace not read) and plans it; p is nil when the arguments are
+// invalid.
+func (b *Backend) planDeviceBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (p *attn.Problem, a bwdArgs, pl *bwdPlan, err error) {
+	opt.Workspace = nil
+	p, a, err = bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv, opt)
+	if err != nil {
+		return nil, a, nil, err
+	}
+	pl, err = planBackward(b.bwdRequest(p, q.DType, a, opt.DQ))
+	return p, a, pl, err
 }
 
 // PrepareBackward validates a BackwardDevice call, compiles its kernels
@@ -265,12 +273,10 @@ func (b *Backend) BackwardVariant(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, 
 // and returns the dQ algorithm it will use and the workspace bytes it
 // needs. opt.Workspace is not read.
 func (b *Backend) PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt BackwardOptions) (DQAlgorithm, int64, error) {
-	opt.Workspace = nil
-	p, a, err := bwdDeviceArgs(q, k, v, o, lse, dO, dq, dk, dv, opt)
-	if err != nil {
+	p, a, pl, err := b.planDeviceBackward(q, k, v, o, lse, dO, dq, dk, dv, opt)
+	if p == nil {
 		return opt.DQ, 0, err
 	}
-	pl, err := planBackward(b.bwdRequest(p, q.DType, a, opt.DQ))
 	if err != nil {
 		return resolveDQ(p, opt.DQ, DQKernels{Hopper: bwdHopperRuns(p, q.DType, &a, b.WGMMA)}), 0, err
 	}

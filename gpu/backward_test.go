@@ -424,12 +424,7 @@ func TestBackwardVariant(t *testing.T) {
 		{name: "d64 causal", b: 1, n: 256, m: 256, h: 2, hkv: 2, dk: 64, dv: 64, causal: true},
 	} {
 		in := c.inputs(t, attn.BFloat16, 31)
-		bufs := newTestBufs(t, b)
-		up, alloc := bufs.upload, bufs.alloc
-		q, k, v, dO := up(in.q), up(in.k), up(in.v), up(in.dO)
-		o := alloc(attn.BFloat16, in.p.OutputShape()...)
-		lse := alloc(attn.Float32, in.p.LSEShape()...)
-		dq, dk, dv := alloc(attn.BFloat16, in.q.Shape...), alloc(attn.BFloat16, in.k.Shape...), alloc(attn.BFloat16, in.v.Shape...)
+		q, k, v, o, lse, dO, dq, dk, dv := newTestBufs(t, b).bwdTensors(in)
 		opt := BackwardOptions{DeviceOptions: DeviceOptions{Options: in.opt}}
 		vr, err := b.BackwardVariant(q, k, v, o, lse, dO, dq, dk, dv, opt)
 		if err != nil {
@@ -638,6 +633,17 @@ func findBuf(bb *bwdBuffers, ptr uint64) *cuda.Buffer {
 	return nil
 }
 
+// bwdTensors uploads the inputs of a backward call of in (q, k, v, dO)
+// and allocates its forward outputs (o, lse) and gradients (dq, dk, dv).
+func (tb *testBufs) bwdTensors(in bwdInputs) (q, k, v, o, lse, dO, dq, dk, dv DeviceTensor) {
+	tb.t.Helper()
+	dt := in.q.DType
+	q, k, v, dO = tb.upload(in.q), tb.upload(in.k), tb.upload(in.v), tb.upload(in.dO)
+	o, lse = tb.alloc(dt, in.p.OutputShape()...), tb.alloc(attn.Float32, in.p.LSEShape()...)
+	dq, dk, dv = tb.alloc(dt, in.q.Shape...), tb.alloc(dt, in.k.Shape...), tb.alloc(dt, in.v.Shape...)
+	return q, k, v, o, lse, dO, dq, dk, dv
+}
+
 // TestBackwardWholeStep enqueues the forward and the backward on one stream
 // with no host synchronisation between them, captures both in a CUDA graph,
 // replays the graph twice and checks that the replays reproduce the eager
@@ -649,12 +655,7 @@ func TestBackwardWholeStep(t *testing.T) {
 	s := testStream(t, dev)
 	c := bwdCase{name: "step", b: 2, n: 256, m: 256, h: 4, hkv: 2, dk: 64, dv: 64, causal: true, dropout: 0.1, deterministic: true}
 	in := c.inputs(t, attn.BFloat16, 21)
-	bufs := newTestBufs(t, b)
-	up, alloc := bufs.upload, bufs.alloc
-	q, k, v, dO := up(in.q), up(in.k), up(in.v), up(in.dO)
-	o := alloc(attn.BFloat16, in.p.OutputShape()...)
-	lse := alloc(attn.Float32, in.p.LSEShape()...)
-	dq, dk, dv := alloc(attn.BFloat16, in.q.Shape...), alloc(attn.BFloat16, in.k.Shape...), alloc(attn.BFloat16, in.v.Shape...)
+	q, k, v, o, lse, dO, dq, dk, dv := newTestBufs(t, b).bwdTensors(in)
 	fopt := DeviceOptions{Options: in.opt}
 	bopt := BackwardOptions{DeviceOptions: fopt}
 	algo, wsBytes, err := b.PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv, bopt)

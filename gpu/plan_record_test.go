@@ -173,7 +173,6 @@ func bwdRecordLines(t *testing.T, c bwdCase) []string {
 			}
 		}
 		// the default pipeline, the dQ algorithm left to the table
-		t.Setenv(EnvNoTMA, "")
 		r := in.request(DQAuto)
 		r.ws = DefaultBwdPipeline.WarpSpecialized
 		name := fmt.Sprintf("bwd %s %v default pipeline %v", c.name, dt, DQAuto)

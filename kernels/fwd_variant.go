@@ -213,6 +213,11 @@ func (v Variant) splitKeys() bool { return v.WarpsN > 1 }
 // row maximum.
 func (v Variant) prescaled() bool { return v.PreScale || v.Softcap || v.Bias != BiasNone }
 
+// extras reports whether v has per-element extras on its scores (bias,
+// softcap, dropout, prescaled scores), which take registers the plain
+// tiles do not leave.
+func (v Variant) extras() bool { return v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale }
+
 // Name returns a short unique name of the variant, usable in file names.
 func (v Variant) Name() string {
 	b := func(x bool) int {

@@ -68,8 +68,7 @@ func TileForVariant(v Variant) (Tile, error) {
 	if err != nil {
 		return t, err
 	}
-	heavy := v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale
-	if heavy && t.WarpsM > 0 && t.BlockM/(16*t.WarpsM) > 1 && 2*t.WarpsM*t.WarpsN <= 16 {
+	if v.extras() && t.WarpsM > 0 && t.BlockM/(16*t.WarpsM) > 1 && 2*t.WarpsM*t.WarpsN <= 16 {
 		t.WarpsM *= 2
 	}
 	return t, nil
@@ -119,7 +118,7 @@ func HopperTile(v Variant) (Tile, bool) {
 	for _, r := range HopperTable {
 		if d <= r.MaxD {
 			t := r.Tile
-			if v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale {
+			if v.extras() {
 				t.BlockN = r.ExtrasN
 			}
 			return t, true
@@ -150,7 +149,7 @@ var HopperWSTable = []struct {
 // (HopperWSTable; zero: HopperTable's tile) and whether the pipeline runs
 // v at all (false: the lockstep pipeline measured faster for v's class).
 func HopperWSTile(v Variant) (Tile, bool) {
-	if v.Bias != BiasNone || v.Softcap || v.Dropout || v.PreScale {
+	if v.extras() {
 		return Tile{}, true
 	}
 	d := hopperTileDim(v.DK, v.DV)
