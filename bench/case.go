@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/flashattn/flashattn/attn"
@@ -71,6 +72,12 @@ type Case struct {
 	// Softcap and Dropout are as in attn.Options.
 	Softcap float64 `json:"softcap"`
 	Dropout float64 `json:"dropout"`
+	// Bias, when set, adds a random bias to the scores, broadcast as it
+	// names (BiasShapes: "bhnm" is [B, H, N, M], "1hnm" [1, H, N, M],
+	// "b1nm" [B, 1, N, M], "11nm" [1, 1, N, M]); BiasGrad asks the
+	// backward for its gradient.
+	Bias     string `json:"bias,omitempty"`
+	BiasGrad bool   `json:"bias_grad,omitempty"`
 	// Deterministic asks for bit-identical results (on the CUDA backend it
 	// forces the deterministic dQ algorithm).
 	Deterministic bool `json:"deterministic"`
@@ -141,7 +148,47 @@ func (c Case) Validate() error {
 	if !(c.Dropout >= 0 && c.Dropout < 1) {
 		return attn.Errorf(attn.ErrOption, "dropout %v outside [0, 1)", c.Dropout)
 	}
+	if err := c.validateBias(); err != nil {
+		return err
+	}
 	return c.validateCP()
+}
+
+// BiasShapes are the values of Case.Bias: each letter a dim of the bias,
+// b or h where it has the batch's or the heads' size, 1 where it
+// broadcasts.
+var BiasShapes = []string{"bhnm", "1hnm", "b1nm", "11nm"}
+
+// validateBias checks the bias fields: a known broadcast, a gradient only
+// with a bias, no bias with context parallelism (errors wrap
+// attn.ErrOption).
+func (c Case) validateBias() error {
+	switch {
+	case c.Bias == "" && c.BiasGrad:
+		return attn.Errorf(attn.ErrOption, "bias_grad without a bias")
+	case c.Bias == "":
+		return nil
+	case !slices.Contains(BiasShapes, c.Bias):
+		return attn.Errorf(attn.ErrOption, "bias %q is none of %s", c.Bias, strings.Join(BiasShapes, ", "))
+	case c.CPRanks > 0:
+		return attn.Errorf(attn.ErrOption, "bias with context parallelism")
+	}
+	return nil
+}
+
+// BiasShape returns the shape of the case's bias tensor, nil without one.
+func (c Case) BiasShape() []int {
+	if c.Bias == "" {
+		return nil
+	}
+	b, h := c.Batch, c.Heads
+	if c.Bias[0] == '1' {
+		b = 1
+	}
+	if c.Bias[1] == '1' {
+		h = 1
+	}
+	return []int{b, h, c.SeqlenQ, c.SeqlenK}
 }
 
 // validateCP checks the context-parallel fields: no ranks without a
@@ -225,12 +272,19 @@ func (c Case) Bytes() int64 {
 	if c.Pass != Forward {
 		n += (o+q+k+v)*es + lse // dO, dQ, dK, dV and Delta
 	}
+	if s := c.BiasShape(); s != nil {
+		bias := int64(attn.NumElements(s)) * es
+		n += bias
+		if c.BiasGrad && c.Pass != Forward {
+			n += bias
+		}
+	}
 	return n
 }
 
 // Mask returns a short description of the mask and options: "-" for none,
 // else words such as "causal", "causal tl", "win(128,0)", "cap 30",
-// "drop 0.1", "det".
+// "drop 0.1", "bias 1hnm", "dbias", "det".
 func (c Case) Mask() string {
 	var w []string
 	if c.Causal {
@@ -248,6 +302,12 @@ func (c Case) Mask() string {
 	}
 	if c.Dropout > 0 {
 		w = append(w, fmt.Sprintf("drop %g", c.Dropout))
+	}
+	if c.Bias != "" {
+		w = append(w, "bias "+c.Bias)
+		if c.BiasGrad {
+			w = append(w, "dbias")
+		}
 	}
 	if c.Deterministic {
 		w = append(w, "det")
@@ -301,6 +361,9 @@ func (c Case) Key() string {
 	}
 	k := fmt.Sprintf("%s|%d|%d|%d|%d|%d|%d|%d|%t|%s|%s|%g|%g|%t|%s", c.DType, c.Batch, c.SeqlenQ, c.SeqlenK,
 		c.Heads, c.KVHeads, c.HeadDim, c.HeadDimV, c.Causal, c.Align, w, c.Softcap, c.Dropout, c.Deterministic, c.Pass)
+	if c.Bias != "" {
+		k += fmt.Sprintf("|bias %s|%t", c.Bias, c.BiasGrad)
+	}
 	if c.CPRanks > 0 {
 		k += fmt.Sprintf("|cp%d|%s", c.CPRanks, c.CPScheme)
 	}

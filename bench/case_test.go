@@ -2,6 +2,7 @@ package bench
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -76,6 +77,11 @@ func TestValidate(t *testing.T) {
 		{"align", func(c *Case) { c.Align = "middle" }, attn.ErrOption},
 		{"dropout", func(c *Case) { c.Dropout = 1 }, attn.ErrOption},
 		{"softcap", func(c *Case) { c.Softcap = -1 }, attn.ErrOption},
+		{"bias", func(c *Case) { c.Bias = "1hnm" }, nil},
+		{"bias with its gradient", func(c *Case) { c.Bias, c.BiasGrad = "bhnm", true }, nil},
+		{"bias shape", func(c *Case) { c.Bias = "bh" }, attn.ErrOption},
+		{"bias gradient without a bias", func(c *Case) { c.BiasGrad = true }, attn.ErrOption},
+		{"bias with context parallelism", func(c *Case) { c.Bias, c.CPRanks = "11nm", 2 }, attn.ErrOption},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
@@ -99,6 +105,8 @@ func TestCaseText(t *testing.T) {
 			"B1 N10 M20 H2 D64/32", "causal tl det", "bf16 B1 N10 M20 H2 D64/32 causal tl det fwd"},
 		{Case{Batch: 1, SeqlenQ: 10, Heads: 2, HeadDim: 8, Window: &Window{Left: 3, Right: 0}, Softcap: 30, Dropout: 0.1},
 			"B1 N10 H2 D8", "win(3,0) cap 30 drop 0.1", "bf16 B1 N10 H2 D8 win(3,0) cap 30 drop 0.1 fwd"},
+		{Case{Batch: 1, SeqlenQ: 10, Heads: 2, HeadDim: 8, Bias: "b1nm", BiasGrad: true, Pass: Backward},
+			"B1 N10 H2 D8", "bias b1nm dbias", "bf16 B1 N10 H2 D8 bias b1nm dbias bwd"},
 	} {
 		c := tc.c
 		c.Normalize()
@@ -124,6 +132,26 @@ func TestKeyIgnoresPresetAndDefaults(t *testing.T) {
 	b.Causal = true
 	if a.Key() == b.Key() {
 		t.Errorf("causal and plain share key %q", a.Key())
+	}
+	keys := map[string]bool{a.Key(): true}
+	for _, c := range []Case{{Bias: "1hnm"}, {Bias: "11nm"}, {Bias: "1hnm", BiasGrad: true}} {
+		c.Batch, c.SeqlenQ, c.Heads, c.HeadDim = 1, 8, 2, 4
+		if keys[c.Key()] {
+			t.Errorf("bias %q (gradient %t) shares key %q", c.Bias, c.BiasGrad, c.Key())
+		}
+		keys[c.Key()] = true
+	}
+}
+
+func TestBiasShape(t *testing.T) {
+	for _, tc := range []struct {
+		bias string
+		want []int
+	}{{"", nil}, {"bhnm", []int{3, 4, 5, 6}}, {"1hnm", []int{1, 4, 5, 6}}, {"b1nm", []int{3, 1, 5, 6}}, {"11nm", []int{1, 1, 5, 6}}} {
+		c := Case{Batch: 3, Heads: 4, SeqlenQ: 5, SeqlenK: 6, Bias: tc.bias}
+		if got := c.BiasShape(); !slices.Equal(got, tc.want) {
+			t.Errorf("bias %q: shape %v, want %v", tc.bias, got, tc.want)
+		}
 	}
 }
 

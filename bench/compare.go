@@ -225,8 +225,9 @@ type MarkdownOptions struct {
 
 // WriteMarkdown writes the comparison: title, date, devices, commands, the
 // summary, a ratio overview per preset and pass, then per preset its plot
-// and its table (TFLOP/s per series, the best peer and the ratio), and for
-// the contention pair the time ratios.
+// and its table (TFLOP/s per series, the best peer and the ratio), for the
+// contention pair the time ratios, and for cases that differ from another
+// case of the preset only by their features the cost of each feature.
 func (c *Comparison) WriteMarkdown(w io.Writer, o MarkdownOptions) error {
 	if o.Level <= 0 {
 		o.Level = 2
@@ -337,6 +338,7 @@ func (c *Comparison) WriteMarkdown(w io.Writer, o MarkdownOptions) error {
 		if p.Name == "gqa-contention" {
 			writeContention(&b, c.Labels, p.Rows)
 		}
+		writeFeatureCost(&b, c.Labels, p.Rows)
 	}
 	if notes := c.failures(); len(notes) > 0 {
 		fmt.Fprintf(&b, "%s# Refusals and failures\n\n", h)
@@ -436,6 +438,56 @@ func writeContention(b *strings.Builder, labels []string, rows []CompareRow) {
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
+}
+
+// plain returns c without its features: no dropout, softcap, window, bias
+// or determinism.
+func plain(c Case) Case {
+	c.Dropout, c.Softcap, c.Window, c.Bias, c.BiasGrad, c.Deterministic = 0, 0, nil, "", false, false
+	return c
+}
+
+// writeFeatureCost writes, for each row that is another row of the preset
+// plus features (dropout, softcap, window, bias, determinism), each
+// series' rate over its rate on that plain row. Rates count visible pairs
+// only, so a window's ratio is its rate per visible pair.
+func writeFeatureCost(b *strings.Builder, labels []string, rows []CompareRow) {
+	plainRows := map[string]CompareRow{}
+	for _, r := range rows {
+		if plain(r.Case).Key() == r.Case.Key() {
+			plainRows[r.Case.Key()] = r
+		}
+	}
+	var lines []string
+	for _, r := range rows {
+		base, ok := plainRows[plain(r.Case).Key()]
+		if !ok || base.Case.Key() == r.Case.Key() {
+			continue
+		}
+		line := fmt.Sprintf("| %s | %s |", r.Case.Mask(), r.Case.Pass)
+		for _, l := range labels {
+			f, p := r.Cells[l], base.Cells[l]
+			if f.OK() && p.OK() && p.TFLOPs > 0 {
+				line += fmt.Sprintf(" %.2f |", f.TFLOPs/p.TFLOPs)
+			} else {
+				line += " — |"
+			}
+		}
+		lines = append(lines, line)
+	}
+	if len(lines) == 0 {
+		return
+	}
+	b.WriteString("Feature cost: each series' rate with the feature over its rate without it (same shape and pass; " +
+		"rates per visible pair); 1.00 costs nothing.\n\n| features | pass |")
+	for _, l := range labels {
+		fmt.Fprintf(b, " %s |", cell(l))
+	}
+	b.WriteString("\n|---|---|")
+	for range labels {
+		b.WriteString("--:|")
+	}
+	b.WriteString("\n" + strings.Join(lines, "\n") + "\n\n")
 }
 
 // fmtRatio formats a ratio with two decimals, or two significant digits

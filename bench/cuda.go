@@ -93,8 +93,19 @@ func (d *cudaDevice) Alloc(dt attn.DType, shape ...int) (DeviceTensor, error) {
 
 func dt(t DeviceTensor) gpu.DeviceTensor { return t.(gpu.DeviceTensor) }
 
-func (d *cudaDevice) Forward(q, k, v, o, lse DeviceTensor, opt attn.Options) error {
-	a := fwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), gpu.DeviceOptions{Options: opt}}
+// deviceOptions returns the device options of a call with the given bias
+// (nil without one).
+func deviceOptions(opt attn.Options, bias DeviceTensor) gpu.DeviceOptions {
+	o := gpu.DeviceOptions{Options: opt}
+	if bias != nil {
+		b := dt(bias)
+		o.Bias = &b
+	}
+	return o
+}
+
+func (d *cudaDevice) Forward(q, k, v, o, lse, bias DeviceTensor, opt attn.Options) error {
+	a := fwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), deviceOptions(opt, bias)}
 	need, err := d.b.PrepareForward(a.q, a.k, a.v, a.o, a.lse, a.opt)
 	if err != nil {
 		return err
@@ -126,8 +137,12 @@ func grow(dev *cuda.Device, buf **cuda.Buffer, n int64) error {
 	return nil
 }
 
-func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt attn.Options) error {
-	a := bwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), gpu.BackwardOptions{DeviceOptions: gpu.DeviceOptions{Options: opt}}}
+func (d *cudaDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv, bias, dbias DeviceTensor, opt attn.Options) error {
+	a := bwdArgs{dt(q), dt(k), dt(v), dt(o), dt(lse), dt(dO), dt(dq), dt(dk), dt(dv), gpu.BackwardOptions{DeviceOptions: deviceOptions(opt, bias)}}
+	if dbias != nil {
+		g := dt(dbias)
+		a.opt.DBias = &g
+	}
 	algo, need, err := d.b.PrepareBackward(a.q, a.k, a.v, a.o, a.lse, a.dO, a.dq, a.dk, a.dv, a.opt)
 	if err != nil {
 		return err

@@ -22,10 +22,12 @@ type Device interface {
 	Upload(t attn.Tensor) (DeviceTensor, error)
 	// Alloc returns an uninitialised device tensor.
 	Alloc(dt attn.DType, shape ...int) (DeviceTensor, error)
-	// Forward enqueues the forward: o and lse from q, k, v.
-	Forward(q, k, v, o, lse DeviceTensor, opt attn.Options) error
-	// Backward enqueues the backward: dq, dk, dv from q, k, v, o, lse, dO.
-	Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt attn.Options) error
+	// Forward enqueues the forward: o and lse from q, k, v (and the bias,
+	// nil without one).
+	Forward(q, k, v, o, lse, bias DeviceTensor, opt attn.Options) error
+	// Backward enqueues the backward: dq, dk, dv from q, k, v, o, lse, dO
+	// (and the bias, nil without one), and dbias when it is not nil.
+	Backward(q, k, v, o, lse, dO, dq, dk, dv, bias, dbias DeviceTensor, opt attn.Options) error
 	// NewEvent creates an event; Record enqueues it on the stream.
 	NewEvent() (Event, error)
 	Record(e Event) error
@@ -89,6 +91,8 @@ type deviceWork struct {
 	sets       []devSet
 	o, lse     DeviceTensor // outputs of a timed forward
 	dq, dk, dv DeviceTensor // outputs of a timed backward
+	bias       DeviceTensor // the case's bias (nil without one), shared by every set
+	dbias      DeviceTensor // its gradient, when the case asks for it
 	events     []Event      // created events, reused by every timed region
 	marks      int          // events recorded since the last Elapsed
 	owned      []DeviceTensor
@@ -148,6 +152,18 @@ func (r *DeviceRunner) Prepare(c Case) (w Workload, err error) {
 			return nil, err
 		}
 	}
+	if shape := c.BiasShape(); shape != nil {
+		// one bias serves every input set: it is larger than the cache
+		// whenever q, k and v are
+		if dw.bias, err = upload(shape...); err != nil {
+			return nil, err
+		}
+		if c.BiasGrad && c.Pass != Forward {
+			if dw.dbias, err = alloc(dt, shape...); err != nil {
+				return nil, err
+			}
+		}
+	}
 	n := RotationSets(c.Bytes(), r.d.CacheBytes())
 	for i := 0; i < n; i++ {
 		var s devSet
@@ -173,7 +189,7 @@ func (r *DeviceRunner) Prepare(c Case) (w Workload, err error) {
 			if s.lse, err = alloc(attn.Float32, B, H, N); err != nil {
 				return nil, err
 			}
-			if err = r.d.Forward(s.q, s.k, s.v, s.o, s.lse, dw.opt); err != nil {
+			if err = r.d.Forward(s.q, s.k, s.v, s.o, s.lse, dw.bias, dw.opt); err != nil {
 				return nil, fmt.Errorf("bench: forward for the backward's inputs: %w", err)
 			}
 		}
@@ -192,12 +208,12 @@ func (w *deviceWork) Run(set int) error {
 	o, lse := s.o, s.lse
 	if w.c.Pass != Backward {
 		o, lse = w.o, w.lse
-		if err := w.d.Forward(s.q, s.k, s.v, o, lse, w.opt); err != nil {
+		if err := w.d.Forward(s.q, s.k, s.v, o, lse, w.bias, w.opt); err != nil {
 			return err
 		}
 	}
 	if w.c.Pass != Forward {
-		return w.d.Backward(s.q, s.k, s.v, o, lse, s.dO, w.dq, w.dk, w.dv, w.opt)
+		return w.d.Backward(s.q, s.k, s.v, o, lse, s.dO, w.dq, w.dk, w.dv, w.bias, w.dbias, w.opt)
 	}
 	return nil
 }

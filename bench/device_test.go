@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -21,6 +22,14 @@ type fakeDevice struct {
 	backwards  int
 	failFwd    error
 	uploadSeen map[float32]bool
+	biasCalls  []biasCall
+}
+
+// biasCall is a forward or backward that had a bias: the shapes of the
+// bias and of its gradient (nil: not asked for).
+type biasCall struct {
+	pass       Pass
+	bias, grad []int
 }
 
 type fakeTensor struct {
@@ -56,15 +65,30 @@ func (d *fakeDevice) Alloc(dt attn.DType, shape ...int) (DeviceTensor, error) {
 	d.live[ft] = true
 	return ft, nil
 }
-func (d *fakeDevice) Forward(q, k, v, o, lse DeviceTensor, opt attn.Options) error {
+
+// noteBias records the shapes of a call's bias and gradient.
+func (d *fakeDevice) noteBias(pass Pass, bias, dbias DeviceTensor) {
+	if bias == nil {
+		return
+	}
+	c := biasCall{pass: pass, bias: bias.(*fakeTensor).shape}
+	if dbias != nil {
+		c.grad = dbias.(*fakeTensor).shape
+	}
+	d.biasCalls = append(d.biasCalls, c)
+}
+
+func (d *fakeDevice) Forward(q, k, v, o, lse, bias DeviceTensor, opt attn.Options) error {
 	if d.failFwd != nil {
 		return d.failFwd
 	}
+	d.noteBias(Forward, bias, nil)
 	d.forwards++
 	d.clock++
 	return nil
 }
-func (d *fakeDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, opt attn.Options) error {
+func (d *fakeDevice) Backward(q, k, v, o, lse, dO, dq, dk, dv, bias, dbias DeviceTensor, opt attn.Options) error {
+	d.noteBias(Backward, bias, dbias)
 	d.backwards++
 	d.clock++
 	return nil
@@ -121,6 +145,48 @@ func TestDeviceRunner(t *testing.T) {
 				t.Errorf("%d forwards for %d sets: want one per set before timing", d.forwards, sets)
 			}
 		})
+	}
+}
+
+func TestDeviceRunnerBias(t *testing.T) {
+	// The case's bias reaches every forward and backward, and its gradient
+	// every backward that asks for it.
+	for _, tc := range []struct {
+		bias       string
+		grad       bool
+		pass       Pass
+		shape      []int
+		gradOfBwds bool
+	}{
+		{"1hnm", false, Forward, []int{1, 2, 64, 48}, false},
+		{"b1nm", false, Backward, []int{3, 1, 64, 48}, false},
+		{"bhnm", true, Backward, []int{3, 2, 64, 48}, true},
+		{"11nm", true, ForwardBackward, []int{1, 1, 64, 48}, true},
+	} {
+		d := newFakeDevice(1 << 30)
+		c := Case{Batch: 3, SeqlenQ: 64, SeqlenK: 48, Heads: 2, HeadDim: 32, Bias: tc.bias, BiasGrad: tc.grad, Pass: tc.pass}
+		c.Normalize()
+		if rec := Run(NewDeviceRunner(d), c, Timing{MinRepeats: 2, MaxRepeats: 2}); !rec.OK() {
+			t.Fatalf("%v: %+v", c, rec)
+		}
+		count := map[Pass]int{}
+		for _, call := range d.biasCalls {
+			count[call.pass]++
+			want := []int(nil)
+			if call.pass == Backward && tc.gradOfBwds {
+				want = tc.shape
+			}
+			if !slices.Equal(call.bias, tc.shape) || !slices.Equal(call.grad, want) {
+				t.Errorf("%v: a %s call had bias %v and gradient %v, want %v and %v", c, call.pass, call.bias, call.grad, tc.shape, want)
+			}
+		}
+		// every call had the bias (a backward's inputs come from forwards)
+		if count[Forward] != d.forwards || count[Backward] != d.backwards || d.forwards == 0 || (d.backwards > 0) != (tc.pass != Forward) {
+			t.Errorf("%v: %d of %d forwards and %d of %d backwards had the bias", c, count[Forward], d.forwards, count[Backward], d.backwards)
+		}
+		if len(d.live) != 0 {
+			t.Errorf("%v: %d tensors left", c, len(d.live))
+		}
 	}
 }
 

@@ -58,6 +58,11 @@ func (r *HostRunner) Prepare(c Case) (Workload, error) {
 	dt, _ := c.DTypeValue()
 	opt := c.Options()
 	rng := rand.New(rand.NewPCG(caseSeed(c), 1))
+	if shape := c.BiasShape(); shape != nil {
+		// One bias serves every input set: it is larger than the cache
+		// whenever q, k and v are.
+		opt.Bias = &attn.Bias{Tensor: RandomTensor(rng, dt, shape...), RequiresGrad: c.BiasGrad}
+	}
 	nsets := RotationSets(c.Bytes(), r.cache)
 	w := &hostWork{b: r.b, c: c, opt: opt}
 	for i := 0; i < nsets; i++ {

@@ -2,14 +2,17 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"image/png"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cpu"
 )
 
@@ -286,5 +289,73 @@ func checkContains(t *testing.T, what, text string, wants []string) {
 		if !strings.Contains(text, want) {
 			t.Errorf("%s lacks %q:\n%s", what, want, text)
 		}
+	}
+}
+
+// biasCheckingBackend is a backend that fails every call whose bias is not
+// the one want describes: its shape, and whether its gradient is asked for
+// (and then returned).
+type biasCheckingBackend struct {
+	attn.Backend
+	c Case
+}
+
+func (b biasCheckingBackend) check(opt attn.Options) error {
+	got := []int(nil)
+	if opt.Bias != nil {
+		got = opt.Bias.Tensor.Shape
+	}
+	if !slices.Equal(got, b.c.BiasShape()) || (opt.Bias != nil && opt.Bias.RequiresGrad != b.c.BiasGrad) {
+		return fmt.Errorf("case %v: the call's bias is %v (gradient %t)", b.c, got, opt.Bias != nil && opt.Bias.RequiresGrad)
+	}
+	return nil
+}
+
+func (b biasCheckingBackend) Forward(q, k, v attn.Tensor, opt attn.Options) (attn.Result, error) {
+	if err := b.check(opt); err != nil {
+		return attn.Result{}, err
+	}
+	return b.Backend.Forward(q, k, v, opt)
+}
+
+func (b biasCheckingBackend) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
+	if err := b.check(opt); err != nil {
+		return attn.Gradients{}, err
+	}
+	g, err := b.Backend.Backward(q, k, v, o, lse, dO, opt)
+	if err == nil && b.c.BiasGrad && (g.DBias == nil || !slices.Equal(g.DBias.Shape, b.c.BiasShape())) {
+		return g, fmt.Errorf("case %v: no dBias of the bias's shape", b.c)
+	}
+	return g, err
+}
+
+func TestTinyFeaturesSweepCPU(t *testing.T) {
+	// The features preset runs on the CPU (each case's bias reaching the
+	// backend), and the comparison prints each feature's cost.
+	cs, err := PresetCases("tiny-features", "bf16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewFile("test")
+	for _, c := range cs {
+		r := Run(NewHostRunner(biasCheckingBackend{cpu.New(), c}, ""), c, Timing{MinRepeats: 1, MaxRepeats: 2, Budget: time.Millisecond})
+		if !r.OK() || r.TFLOPs <= 0 {
+			t.Errorf("%v: %+v", c, r)
+		}
+		f.Records = append(f.Records, r)
+	}
+	var b bytes.Buffer
+	if err := Compare([]*File{f}).WriteMarkdown(&b, MarkdownOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkContains(t, "comparison", b.String(), []string{
+		"### tiny-features\n",
+		"Feature cost: each series' rate with the feature over its rate without it",
+		"| features | pass | flashattn |",
+		"| drop 0.1 | fwd | ", "| cap 30 | bwd | ", "| win(16,0) | fwd | ", "| bias 1hnm | fwd | ",
+		"| bias 1hnm dbias | bwd | ", "| det | bwd | ",
+	})
+	if n := strings.Count(b.String(), "\n| drop 0.1 |"); n != 2 {
+		t.Errorf("%d dropout rows in the feature table, want 2 (fwd, bwd)", n)
 	}
 }

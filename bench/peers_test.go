@@ -85,6 +85,8 @@ func TestPeerScriptFakeTorch(t *testing.T) {
 		{Batch: 1, SeqlenQ: 64, Heads: 2, HeadDim: 32, Window: &Window{Left: 8, Right: 0}}, // no window in SDPA
 		{Batch: 1, SeqlenQ: 64, Heads: 2, HeadDim: 32, Deterministic: true, Pass: Backward},
 		{Batch: 1, SeqlenQ: 32, SeqlenK: 64, Heads: 2, HeadDim: 32, Causal: true},
+		{Batch: 1, SeqlenQ: 64, Heads: 2, HeadDim: 32, Bias: "1hnm", BiasGrad: true, Pass: Backward},
+		{Batch: 2, SeqlenQ: 32, SeqlenK: 64, Heads: 2, HeadDim: 32, Causal: true, Bias: "b1nm"},
 	}
 	for _, c := range extra {
 		c.Preset = "extra"
@@ -125,6 +127,9 @@ func TestPeerScriptFakeTorch(t *testing.T) {
 		{"torch-flash bf16 B1 N64 H2 D32 det bwd", StatusUnsupported, "", "deterministic"},
 		{"torch-math bf16 B1 N64 H2 D32 det bwd", StatusOK, "", ""},
 		{"torch-flash bf16 B1 N32 M64 H2 D32 causal fwd", StatusOK, "", ""},
+		{"torch-flash bf16 B1 N64 H2 D32 bias 1hnm dbias bwd", StatusUnsupported, "", "No available kernel"},
+		{"torch-mem_eff bf16 B1 N64 H2 D32 bias 1hnm dbias bwd", StatusOK, "", ""},
+		{"torch-cudnn bf16 B2 N32 M64 H2 D32 causal bias b1nm fwd", StatusOK, "", ""},
 	} {
 		r, ok := status[tc.key]
 		if !ok {

@@ -39,11 +39,17 @@ var presets = []Preset{
 	{Name: "gqa", Description: "gqa-kv and gqa-contention", Parts: []string{"gqa-kv", "gqa-contention"}},
 	{Name: "flux", Description: "1×24×4608×128, non-causal (a FLUX-style training step); fwd and bwd",
 		cases: fluxCases},
-	{Name: "all", Description: "seqlen, flux, gqa and headdim", Parts: []string{"seqlen", "flux", "gqa", "headdim"}},
+	{Name: "features", Description: "B=4 H=16 N=4096 D=128 plain, dropout 0.1, softcap 30, window (256, 0), bias [1, H, N, M] " +
+		"(and its gradient), deterministic; fwd and bwd",
+		cases: func() []Case { return featureCases(Case{Batch: 4, SeqlenQ: 4096, Heads: 16, HeadDim: 128}, 256) }},
+	{Name: "all", Description: "seqlen, flux, gqa, headdim and features", Parts: []string{"seqlen", "flux", "gqa", "headdim", "features"}},
 	{Name: "tiny-seqlen", Description: "CPU-sized: N = 32, 64, 128 with B·N = 256, H·D = 64, D ∈ {16, 32}, causal and not; fwd and bwd",
 		cases: tinySeqlenCases},
 	{Name: "tiny-headdim", Description: "CPU-sized: D ∈ {8, 16, 24, 32, 48, 64} at B=1, H=2, N=64; fwd and bwd",
 		cases: tinyHeaddimCases},
+	{Name: "tiny-features", Description: "CPU-sized features: B=1 H=2 N=128 D=32 plain, dropout 0.1, softcap 30, " +
+		"window (16, 0), bias [1, H, N, M] (and its gradient), deterministic; fwd and bwd",
+		cases: func() []Case { return featureCases(Case{Batch: 1, SeqlenQ: 128, Heads: 2, HeadDim: 32}, 16) }},
 	{Name: "tiny", Description: "tiny-seqlen and tiny-headdim", Parts: []string{"tiny-seqlen", "tiny-headdim"}},
 	{Name: "cp", Description: "context parallelism on virtual ranks: the FLUX step 1×24×4608×128 (ring, a2a), " +
 		"1×16×{32768, 98304}×128 causal (zigzag, a2a) over P = 2, 4, 8, and 1×16/2×32768×128 causal over 8 (zigzag, hybrid); fwd and bwd",
@@ -180,6 +186,27 @@ func contentionCases() []Case {
 		}
 	}
 	return out
+}
+
+// featureCases returns plain as it is and with each feature alone —
+// dropout 0.1, softcap 30, a window of left keys, a [1, H, N, M] bias,
+// deterministic — as forward and backward cases, and the bias with its
+// gradient as a backward case. Each feature's cost is its rate against
+// plain's (Comparison.WriteMarkdown's feature table).
+func featureCases(plain Case, left int) []Case {
+	variants := []Case{plain, plain, plain, plain, plain, plain}
+	variants[1].Dropout = 0.1
+	variants[2].Softcap = 30
+	variants[3].Window = &Window{Left: left, Right: 0}
+	variants[4].Bias = "1hnm"
+	variants[5].Deterministic = true
+	var out []Case
+	for _, c := range variants {
+		out = append(out, both(c)...)
+	}
+	grad := variants[4]
+	grad.BiasGrad, grad.Pass = true, Backward
+	return append(out, grad)
 }
 
 func fluxCases() []Case {

@@ -28,7 +28,11 @@ with enable_gqa=True; a backend that refuses that is timed with k and v
 expanded to all heads beforehand, and the record's kernel_variant says so.
 Causal with seqlen_q != seqlen_k uses PyTorch's causal_lower_right bias for
 bottom-right alignment and is_causal for top-left. Sliding windows and
-softcap do not exist in SDPA: those cases are recorded as unsupported.
+softcap do not exist in SDPA: those cases are recorded as unsupported. A bias
+("bias": "bhnm", "1hnm", "b1nm" or "11nm", a 1 where it broadcasts) is passed as
+a float attn_mask of the case's dtype, drawn once and shared by every input
+set (under a causal mask, the bias with -inf where the mask hides the key, as
+one tensor); with "bias_grad" the backward returns its gradient too.
 Deterministic cases run under torch.use_deterministic_algorithms(True);
 a backend that has no deterministic backward raises, which is recorded.
 
@@ -57,7 +61,7 @@ BACKENDS = ["flash", "cudnn", "mem_eff", "math"]
 CASE_FIELDS = [
     "preset", "dtype", "batch", "seqlen_q", "seqlen_k", "heads", "kv_heads",
     "head_dim", "head_dim_v", "causal", "align", "window", "softcap",
-    "dropout", "deterministic", "pass",
+    "dropout", "bias", "bias_grad", "deterministic", "pass",
 ]
 
 
@@ -107,7 +111,19 @@ def case_bytes(c):
     total = (q + k + v + o) * es + b * h * n * 4
     if c["pass"] != "fwd":
         total += (q + k + v + o) * es + b * h * n * 4
+    shape = bias_shape(c)
+    if shape:
+        bias = math.prod(shape) * es
+        total += bias * (2 if c.get("bias_grad") and c["pass"] != "fwd" else 1)
     return total
+
+
+def bias_shape(c):
+    """The shape of the case's bias, [B or 1, H or 1, N, M], or None."""
+    s = c.get("bias") or ""
+    if not s:
+        return None
+    return [c["batch"] if s[0] == "b" else 1, c["heads"] if s[1] == "h" else 1, c["seqlen_q"], c["seqlen_k"]]
 
 
 def rotation_sets(set_bytes, cache_bytes, max_sets=64):
@@ -177,6 +193,16 @@ class Peer:
         sets = rotation_sets(case_bytes(c), self.l2)
         gen = t.Generator(device="cuda")
         gen.manual_seed(hash((b, n, m, h, hk, dk, dv)) & 0x7FFFFFFF)
+        bias_grad = False
+        if bias_shape(c):
+            bias = t.randn(*bias_shape(c), device="cuda", dtype=dt, generator=gen)
+            if c["causal"]:
+                off = m - n if c["align"] != "top-left" else 0
+                visible = t.ones(n, m, device="cuda", dtype=t.bool).tril(diagonal=off)
+                bias = bias.masked_fill(~visible, float("-inf"))
+                kwargs.pop("is_causal", None)
+            bias_grad = bool(c.get("bias_grad")) and need_grad
+            mask = bias.requires_grad_(bias_grad)
         data = []
         for _ in range(sets):
             q = t.randn(b, h, n, dk, device="cuda", dtype=dt, generator=gen)
@@ -192,6 +218,9 @@ class Peer:
                 d["do"] = t.randn(b, h, n, dv, device="cuda", dtype=dt, generator=gen)
             data.append(d)
         kind = self.kinds[backend]
+
+        def inputs(d):
+            return (d["q"], d["k"], d["v"], mask) if bias_grad else (d["q"], d["k"], d["v"])
 
         def fwd(d):
             if mask is not None:
@@ -211,13 +240,13 @@ class Peer:
             def run(i):
                 d = data[i % sets]
                 with self.sdpa_kernel([kind]):
-                    t.autograd.grad(d["out"], (d["q"], d["k"], d["v"]), d["do"], retain_graph=True)
+                    t.autograd.grad(d["out"], inputs(d), d["do"], retain_graph=True)
         else:
             def run(i):
                 d = data[i % sets]
                 with self.sdpa_kernel([kind]):
                     out = fwd(d)
-                    t.autograd.grad(out, (d["q"], d["k"], d["v"]), d["do"])
+                    t.autograd.grad(out, inputs(d), d["do"])
         return run, sets, variant
 
     def measure(self, run, sets):

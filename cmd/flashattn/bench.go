@@ -43,6 +43,10 @@ Flags:
   --softcap X               softcap X*tanh(s/X) (default 0: off)
   --dropout P               dropout probability: 0, or 1/512 < P <= 1-1/512 (drawn
                             as the nearest multiple of 1/256; see package philox)
+  --bias bhnm|1hnm|b1nm|11nm
+                            add a random bias to the scores, of shape [B, H, N, M]
+                            with a 1 where it broadcasts (1hnm: [1, H, N, M])
+  --bias-grad               the backward computes the bias's gradient too
   --deterministic           demand bit-identical results (deterministic dQ)
   --warmup DURATION         least warm-up after the first run (default 50ms
                             on the CPU, 25ms on a GPU)
@@ -167,6 +171,8 @@ func runBench(args []string, stdout io.Writer) error {
 	fs.StringVar(&window, "window", "", "")
 	fs.Float64Var(&c.Softcap, "softcap", 0, "")
 	fs.Float64Var(&c.Dropout, "dropout", 0, "")
+	fs.StringVar(&c.Bias, "bias", "", "")
+	fs.BoolVar(&c.BiasGrad, "bias-grad", false, "")
 	fs.BoolVar(&c.Deterministic, "deterministic", false, "")
 	fs.BoolVar(&asJSON, "json", false, "")
 	timing.register(fs, true)

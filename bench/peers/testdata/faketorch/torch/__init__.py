@@ -2,8 +2,8 @@
 
 Tensors carry only their shape. scaled_dot_product_attention refuses what
 the real backends refuse in the cases the tests use: flash above head dim
-256, cuDNN with enable_gqa, and every backend but math under deterministic
-mode for a backward. Events read the host clock.
+256 and with an attn_mask tensor, cuDNN with enable_gqa, and every backend
+but math under deterministic mode for a backward. Events read the host clock.
 """
 
 import contextlib
@@ -13,6 +13,13 @@ import types
 
 __version__ = "0.0-fake"
 bfloat16, float16, float32 = "bf16", "fp16", "fp32"
+
+
+def __getattr__(name):
+    # torch.bool, answered here so that the builtin bool stays usable in this module
+    if name == "bool":
+        return "bool"
+    raise AttributeError(name)
 
 _state = {"deterministic": False, "backends": None}
 
@@ -34,6 +41,15 @@ class Tensor:
     def contiguous(self):
         return self
 
+    def tril(self, diagonal=0):
+        return self
+
+    def __invert__(self):
+        return self
+
+    def masked_fill(self, mask, value):
+        return Tensor(self.shape)
+
 
 class Generator:
     def __init__(self, device=None):
@@ -44,6 +60,10 @@ class Generator:
 
 
 def randn(*shape, device=None, dtype=None, generator=None):
+    return Tensor(shape)
+
+
+def ones(*shape, device=None, dtype=None):
     return Tensor(shape)
 
 
@@ -115,6 +135,8 @@ def sdpa_kernel(kinds):
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False):
     kind = (_state["backends"] or ["math"])[0]
     if kind == "flash" and q.shape[-1] > 256:
+        raise RuntimeError("No available kernel. Aborting execution.")
+    if kind == "flash" and isinstance(attn_mask, Tensor):
         raise RuntimeError("No available kernel. Aborting execution.")
     if kind == "cudnn" and enable_gqa:
         raise RuntimeError("No available kernel. Aborting execution.")
