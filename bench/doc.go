@@ -12,8 +12,10 @@
 // count only the visible pairs (attn.Problem.FLOPs), so a causal square
 // problem counts B·H·N(N+1)/2 pairs, about half. The backward counts 2.5
 // times the forward (five matrix products against two), and a timed forward
-// plus backward 3.5 times. Softmax, masking, softcap and dropout arithmetic
-// is not counted, and the recomputation a backward may do is not credited.
+// plus backward 3.5 times. Softmax, masking, softcap, bias and dropout
+// arithmetic (and the reduction of a broadcast bias's gradient) is not
+// counted, and the recomputation a backward may do is not credited, so a
+// feature's cost is its rate against the same shape without it.
 // TFLOP/s is that count divided by the median time.
 //
 // # Timing
