@@ -125,7 +125,7 @@ type call struct {
 	p       *attn.Problem
 	segs    []seg
 	q, k, v src
-	bias    view
+	bias    biasRows
 	hasBias bool
 	scale   float32
 	softcap float32
@@ -178,7 +178,7 @@ func newCall(q, k, v attn.Tensor, opt attn.Options) (*call, error) {
 	c.dkp, c.dvp = p.DK+p.DK%2, p.DV+p.DV%2
 	if opt.Bias != nil {
 		c.hasBias = true
-		c.bias = newBiasView(opt.Bias.Tensor)
+		c.bias = newBiasRows(opt.Bias.Tensor)
 	}
 	c.kblk = make([]int, p.B+1)
 	for b, sg := range c.segs {
@@ -200,6 +200,7 @@ type scratch struct {
 	dk, dv        []float32 // blockK×DK and blockK×DV gradient accumulators
 	m, l, alpha   []float32 // blockQ running max, sum and rescale factor
 	rows          []float32 // blockK×max(DK, DV) rows being packed
+	bias          []float32 // blockK: a row of a 16-bit bias, converted
 	keep          []bool    // blockK dropout decisions
 	poisoned      []bool    // blockQ rows whose scores so far are all NaN or -Inf, with a NaN
 	qb, pb, kb    []uint16  // bfloat16 tiles: blockQ×dkp queries, blockQ×blockK P, blockK rows of keys or values
@@ -215,7 +216,7 @@ func (c *call) newScratch() *scratch {
 		acc: make([]float32, blockQ*c.p.DV),
 		dk:  make([]float32, blockK*c.p.DK), dv: make([]float32, blockK*c.p.DV),
 		m: make([]float32, blockQ), l: make([]float32, blockQ), alpha: make([]float32, blockQ),
-		rows: make([]float32, blockK*d),
+		rows: make([]float32, blockK*d), bias: make([]float32, blockK),
 		keep: make([]bool, blockK), poisoned: make([]bool, blockQ),
 	}
 	if c.bf16 {
@@ -416,16 +417,6 @@ func (c *call) visibleIn(sg seg, i, j0, cols int) (lo, hi int) {
 // wantTanh), biased and masked to -Inf.
 func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh bool) {
 	p := c.p
-	bb, bh := sg.b, h
-	if c.hasBias {
-		s := p.Opt.Bias.Tensor.Shape
-		if s[0] == 1 {
-			bb = 0
-		}
-		if s[1] == 1 {
-			bh = 0
-		}
-	}
 	for r := 0; r < rows; r++ {
 		x := sc.s[r*blockK : r*blockK+cols]
 		vec.Scale(x, c.scale)
@@ -441,10 +432,7 @@ func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh b
 			}
 		}
 		if c.hasBias {
-			o := c.bias.row(bb, i0+r, bh) + j0
-			for j, b := range c.bias.data[o : o+cols] {
-				x[j] += b
-			}
+			c.bias.add(x, sg.b, h, i0+r, j0, sc.bias)
 		}
 		if p.Masked {
 			lo, hi := p.KeyRange(i0+r, sg.n, sg.m)

@@ -80,40 +80,53 @@ func (s src) store(b, i, h int, row []float32, scale float32) {
 	}
 }
 
-// view is a float32 image of a bias [B, H, N, M] whose last dimension is
-// contiguous: element (b, h, i, j) is at data[off + b·sb + h·sh + i·si + j].
-type view struct {
-	data            []float32
-	off, sb, si, sh int
+// biasRows reads the rows of an additive bias [bB, bH, N, M] where they
+// are stored, in any dtype and layout, a tile's row at a time (a float32
+// copy of the whole bias would cost a pass over it on one core per call).
+type biasRows struct {
+	t          attn.Tensor
+	st         []int
+	oneB, oneH bool // broadcast over the batch, over the heads
 }
 
-// row returns the index of element (b, h, i, 0).
-func (v view) row(b, i, h int) int { return v.off + v.sb*b + v.si*i + v.sh*h }
-
-// newBiasView returns the bias itself when it is float32 with a contiguous
-// last dimension, and otherwise a contiguous float32 copy.
-func newBiasView(t attn.Tensor) view {
+func newBiasRows(t attn.Tensor) biasRows {
 	st := t.Strides
 	if st == nil {
 		st = attn.ContiguousStrides(t.Shape)
 	}
-	nb, nh, ni, nj := t.Shape[0], t.Shape[1], t.Shape[2], t.Shape[3]
-	if t.DType == attn.Float32 && (st[3] == 1 || nj <= 1) {
-		return view{data: t.F32, off: t.Offset, sb: st[0], sh: st[1], si: st[2]}
+	return biasRows{t: t, st: st, oneB: t.Shape[0] == 1, oneH: t.Shape[1] == 1}
+}
+
+// add adds the bias of batch element b, head h and query i at keys
+// j0 … j0+len(x)-1 to x; tmp (at least len(x) long) holds the converted
+// row of a 16-bit bias.
+func (r biasRows) add(x []float32, b, h, i, j0 int, tmp []float32) {
+	if r.oneB {
+		b = 0
 	}
-	v := view{data: make([]float32, nb*nh*ni*nj), sb: nh * ni * nj, sh: ni * nj, si: nj}
-	for b := 0; b < nb; b++ {
-		for h := 0; h < nh; h++ {
-			for i := 0; i < ni; i++ {
-				o := t.Offset + b*st[0] + h*st[1] + i*st[2]
-				dst := v.data[v.row(b, i, h) : v.row(b, i, h)+nj]
-				for j := range dst {
-					dst[j] = t.Load(o + j*st[3])
-				}
-			}
+	if r.oneH {
+		h = 0
+	}
+	n := len(x)
+	o := r.t.Offset + b*r.st[0] + h*r.st[1] + i*r.st[2] + j0*r.st[3]
+	if r.st[3] != 1 && n > 1 {
+		for j := range x {
+			x[j] += r.t.Load(o + j*r.st[3])
 		}
+		return
 	}
-	return v
+	src := tmp[:n]
+	switch r.t.DType {
+	case attn.Float32:
+		src = r.t.F32[o : o+n]
+	case attn.Float16:
+		vec.Float16ToFloat32(src, r.t.Bits[o:o+n])
+	default:
+		vec.BF16ToFloat32(src, r.t.Bits[o:o+n])
+	}
+	for j, v := range src {
+		x[j] += v
+	}
 }
 
 // storeRow writes s·src[d] into the contiguous storage of t at off+d, rounded

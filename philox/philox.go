@@ -149,11 +149,23 @@ func (m Mask) Keep(i, j int) bool {
 // calling the generator once per group of sixteen keys.
 func (m Mask) KeepRow(i, j0 int, keep []bool) {
 	end := j0 + len(keep)
+	t := m.threshold
 	for j := j0; j < end; {
 		w := m.Words(i, j)
+		if j&15 == 0 && end-j >= 16 { // a whole group: its sixteen bytes in order
+			k := keep[j-j0 : j-j0+16]
+			for g, x := range w {
+				k[4*g] = x&0xFF < t
+				k[4*g+1] = x>>8&0xFF < t
+				k[4*g+2] = x>>16&0xFF < t
+				k[4*g+3] = x>>24 < t
+			}
+			j += 16
+			continue
+		}
 		next := min(end, (j|15)+1) // the first key of the next group
 		for ; j < next; j++ {
-			keep[j-j0] = byteOf(w, j) < m.threshold
+			keep[j-j0] = byteOf(w, j) < t
 		}
 	}
 }
