@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -42,6 +43,9 @@ func Run(t *testing.T, b attn.Backend, cfg Config) {
 			}
 			t.Run(tc.name, func(t *testing.T) {
 				for _, dt := range cfg.dtypes() {
+					if tc.dtypes != nil && !slices.Contains(tc.dtypes, dt) {
+						continue
+					}
 					t.Run(dt.String(), func(t *testing.T) { tc.check(t, b, dt, cfg) })
 				}
 			})
@@ -75,7 +79,8 @@ type testCase struct {
 	opt             attn.Options // without Bias
 	biasB, biasH    int          // bias shape [biasB, biasH, N, M]; 0: no bias
 	biasGrad        bool
-	short           bool // part of the Short subset
+	short           bool         // part of the Short subset
+	dtypes          []attn.DType // the dtypes it runs in (nil: every dtype of the Config)
 }
 
 func cases() []testCase {
@@ -147,7 +152,7 @@ func cases() []testCase {
 		{name: "strided-varlen-gapped", h: 2, hkv: 2, dk: 16, dv: 24, seqQ: []int{30, 45}, seqK: []int{60, 45}, lay: gapped,
 			opt: attn.Options{Causal: true}},
 	}
-	return cs
+	return append(cs, randomCases(48, 20261205, 12)...)
 }
 
 // inputs builds the tensors and options of tc in dtype dt.

@@ -102,3 +102,26 @@ func TestLayouts(t *testing.T) {
 		}
 	}
 }
+
+// TestRandomCases checks the drawn cases: the same draw every time, unique
+// names, the short subset first, 16-bit dtypes, and every case valid with
+// a row that sees two keys.
+func TestRandomCases(t *testing.T) {
+	a, b := randomCases(20, 7, 5), randomCases(20, 7, 5)
+	names := map[string]bool{}
+	for i, tc := range a {
+		if tc.name != b[i].name {
+			t.Fatalf("case %d drawn as %q and %q", i, tc.name, b[i].name)
+		}
+		if names[tc.name] {
+			t.Errorf("name %q twice", tc.name)
+		}
+		names[tc.name] = true
+		if tc.short != (i < 5) || len(tc.dtypes) != 2 || tc.dtypes[0] == attn.Float32 || tc.dtypes[1] == attn.Float32 {
+			t.Errorf("%s: short %t, dtypes %v", tc.name, tc.short, tc.dtypes)
+		}
+		if !tc.someRowSeesTwoKeys() {
+			t.Errorf("%s: no row sees two keys", tc.name)
+		}
+	}
+}

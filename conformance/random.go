@@ -1,0 +1,148 @@
+package conformance
+
+import (
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// randomCases returns n problems, the first short of them in the Short
+// subset, drawn from the cross product the table of cases covers one
+// feature at a time: head dims from 1 to 512 (odd, equal
+// or not), GQA and MQA, padded batches of 1 to 130 tokens and packed ones
+// with empty segments, every layout, causal masks in both alignments,
+// windows (sides up to 2^40), softcap, a logit scale, dropout and biases
+// of every broadcast with or without their gradient, each present or not
+// at random. The draw is fixed by seed, so the cases and their names are
+// the same in every run.
+//
+// They run in fp16 and bf16, where the criterion is relative to the naive
+// computation's error. Where the criterion cannot judge a result, the draw
+// stays out, not because a backend fails there: float32 (its fixed bound,
+// 1e-5 of the largest output, is below what float32 arithmetic reaches
+// when a gradient cancels terms of a hundred dot products, DV ≥ 100), logit
+// scales far above 1/sqrt(DK) (scores of tens), and problems in which no
+// row sees two keys (every gradient then cancels to zero, and the
+// criterion's scale of the cancelled terms, 1, is too small once DV or the
+// dropout scale is large).
+func randomCases(n int, seed uint64, short int) []testCase {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	dims := []int{1, 2, 3, 7, 8, 15, 16, 31, 33, 64, 65, 100, 128, 129, 200, 256, 257, 300, 512}
+	lens := []int{0, 1, 2, 5, 17, 40, 63, 64, 65, 100, 130}
+	pick := func(xs []int) int { return xs[r.IntN(len(xs))] }
+	var out []testCase
+	for len(out) < n {
+		tc := testCase{hkv: 1 + r.IntN(3)}
+		tc.h = tc.hkv * (1 + r.IntN(3))
+		tc.dk, tc.dv = pick(dims), pick(dims)
+		if r.IntN(2) == 0 {
+			tc.dv = tc.dk
+		}
+		if r.IntN(4) == 0 {
+			for range 1 + r.IntN(4) {
+				tc.seqQ = append(tc.seqQ, pick(lens))
+				tc.seqK = append(tc.seqK, pick(lens))
+			}
+		} else {
+			tc.b, tc.n, tc.m = 1+r.IntN(2), 1+r.IntN(130), 1+r.IntN(130)
+		}
+		tc.lay = layout(r.IntN(3))
+		o := &tc.opt
+		o.Causal = r.IntN(3) == 0
+		if r.IntN(2) == 0 {
+			o.Align = attn.AlignTopLeft
+		}
+		if r.IntN(4) == 0 {
+			sides := []int{-1, 0, 1, 5, 30, 1 << 40}
+			o.Window = &attn.Window{Left: pick(sides), Right: pick(sides)}
+		}
+		if r.IntN(4) == 0 {
+			o.Softcap = []float64{0.5, 2, 30}[r.IntN(3)]
+		}
+		if r.IntN(4) == 0 {
+			o.Scale = []float64{0.05, 0.1, 0.2}[r.IntN(3)]
+		}
+		if r.IntN(4) == 0 {
+			o.Dropout = []float64{0.1, 0.3}[r.IntN(2)]
+			o.Seed, o.Offset = r.Uint64(), r.Uint32()
+		}
+		if tc.seqQ == nil && r.IntN(4) == 0 {
+			tc.biasB, tc.biasH = 1, 1
+			if r.IntN(2) == 0 {
+				tc.biasB = tc.b
+			}
+			if r.IntN(2) == 0 {
+				tc.biasH = tc.h
+			}
+			tc.biasGrad = r.IntN(2) == 0
+		}
+		if !tc.someRowSeesTwoKeys() {
+			continue
+		}
+		tc.name = fmt.Sprintf("random-%02d-%s", len(out), tc.describe())
+		tc.short = len(out) < short
+		tc.dtypes = []attn.DType{attn.Float16, attn.BFloat16}
+		out = append(out, tc)
+	}
+	return out
+}
+
+// someRowSeesTwoKeys reports whether a query row of tc sees at least two
+// keys.
+func (tc testCase) someRowSeesTwoKeys() bool {
+	q, k, v, _, opt := tc.inputs(attn.Float32)
+	p, err := attn.NewProblem(q, k, v, opt)
+	if err != nil {
+		panic(fmt.Sprintf("conformance: random case %+v: %v", tc, err))
+	}
+	for b := range p.B {
+		_, n, _, m := p.Segment(b)
+		for i := range n {
+			if lo, hi := p.KeyRange(i, n, m); hi-lo >= 2 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// describe returns a short description of tc's shape and options for its
+// name, such as "b2-n87-m97-h6/3-d300-causal-tl-win5,-1-cap2-drop0.1-bias1x6-grad".
+func (tc testCase) describe() string {
+	s := fmt.Sprintf("b%d-n%d-m%d", tc.b, tc.n, tc.m)
+	if tc.seqQ != nil {
+		s = fmt.Sprintf("q%v-k%v", tc.seqQ, tc.seqK)
+	}
+	s += fmt.Sprintf("-h%d/%d-d%d", tc.h, tc.hkv, tc.dk)
+	if tc.dv != tc.dk {
+		s += fmt.Sprintf("/%d", tc.dv)
+	}
+	s += []string{"", "-bhnd", "-gapped"}[tc.lay]
+	o := tc.opt
+	if o.Causal {
+		s += "-causal"
+	}
+	if o.Align == attn.AlignTopLeft {
+		s += "-tl"
+	}
+	if w := o.Window; w != nil {
+		s += fmt.Sprintf("-win%d,%d", w.Left, w.Right)
+	}
+	if o.Softcap > 0 {
+		s += fmt.Sprintf("-cap%g", o.Softcap)
+	}
+	if o.Scale > 0 {
+		s += fmt.Sprintf("-scale%g", o.Scale)
+	}
+	if o.Dropout > 0 {
+		s += fmt.Sprintf("-drop%g", o.Dropout)
+	}
+	if tc.biasB > 0 {
+		s += fmt.Sprintf("-bias%dx%d", tc.biasB, tc.biasH)
+		if tc.biasGrad {
+			s += "-grad"
+		}
+	}
+	return s
+}
