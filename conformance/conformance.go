@@ -152,7 +152,7 @@ func cases() []testCase {
 		{name: "strided-varlen-gapped", h: 2, hkv: 2, dk: 16, dv: 24, seqQ: []int{30, 45}, seqK: []int{60, 45}, lay: gapped,
 			opt: attn.Options{Causal: true}},
 	}
-	return append(cs, randomCases(48, 20261205, 12)...)
+	return append(cs, randomCases(randomCount, randomSeed, randomShort)...)
 }
 
 // inputs builds the tensors and options of tc in dtype dt.

@@ -7,6 +7,50 @@ import (
 	"github.com/flashattn/flashattn/attn"
 )
 
+// The suite's random draw: how many cases, the seed, how many of them are in
+// the Short subset.
+const (
+	randomCount = 48
+	randomSeed  = 20261205
+	randomShort = 12
+)
+
+// RandomCase is one problem of the suite's random draw, for a backend's own
+// tests to run outside the suite (on an emulator of its kernels, say).
+type RandomCase struct {
+	// Name is the case's name in the suite.
+	Name string
+	// B, N and M size a padded batch; SeqQ and SeqK are the segment
+	// lengths of a packed one (nil otherwise).
+	B, N, M    int
+	SeqQ, SeqK []int
+	H, Hkv     int
+	DK, DV     int
+	// Opt holds the options but the bias (CuSeqlensQ/K are set for a
+	// packed batch); BiasB and BiasH, when positive, give the bias's
+	// shape [BiasB, BiasH, N, M], and BiasGrad asks for its gradient.
+	Opt          attn.Options
+	BiasB, BiasH int
+	BiasGrad     bool
+	// Short reports whether the case is in the Short subset.
+	Short bool
+}
+
+// RandomCases returns the suite's random cases, in the order Run runs them.
+// The suite runs them in fp16 and bf16, and with strided layouts too.
+func RandomCases() []RandomCase {
+	var out []RandomCase
+	for _, tc := range randomCases(randomCount, randomSeed, randomShort) {
+		c := RandomCase{Name: tc.name, B: tc.b, N: tc.n, M: tc.m, SeqQ: tc.seqQ, SeqK: tc.seqK, H: tc.h, Hkv: tc.hkv,
+			DK: tc.dk, DV: tc.dv, Opt: tc.opt, BiasB: tc.biasB, BiasH: tc.biasH, BiasGrad: tc.biasGrad, Short: tc.short}
+		if tc.seqQ != nil {
+			c.Opt.CuSeqlensQ, c.Opt.CuSeqlensK = cumulative(tc.seqQ), cumulative(tc.seqK)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // randomCases returns n problems, the first short of them in the Short
 // subset, drawn from the cross product the table of cases covers one
 // feature at a time: head dims from 1 to 512 (odd, equal

@@ -88,31 +88,24 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
-	tma := emuBwdTMA(kind)
+	tma := emuBwdTMA(kind) || kind == emuDefault
 	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk
-	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk
+	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || (kind == emuDefault && DefaultBwdPipeline.WarpSpecialized)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	if pl.v.WGMMA != hopper || pl.v.TMA != tma {
-		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Name(), kind)
-	}
-	if want := bulk && pl.v.AtomicDQ && !pl.v.Flat && max(pl.v.DKPad(), pl.v.DVPad()) <= 128; pl.v.BulkDQ != want {
-		t.Fatalf("plan %s: BulkDQ = %v, want %v", pl.v.Name(), pl.v.BulkDQ, want)
-	}
-	if want := ws && !bwdWSSlower(in.p); pl.v.WarpSpecialized != want {
-		t.Fatalf("plan %s: WarpSpecialized = %v, want %v", pl.v.Name(), pl.v.WarpSpecialized, want)
-	}
-	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
-		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
+	if kind == emuDefault {
+		t.Logf("%s", pl.v.Name())
+	} else {
+		emuCheckBwdPlan(t, pl, in.p, kind, hopper, tma, bulk, ws)
 	}
 	src, err := pl.v.Source()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var more []string
-	if hopper {
+	if pl.v.WGMMA {
 		more = append(more, hopperEmuBlock(pl.v.HopperProducts(), pl.v.TMA || pl.v.BulkDQ, pl.v.BulkDQ || pl.v.WarpSpecialized))
 	}
 	bin := emuBinary(t, src, "bwd.h", bwdEmuDriver(pl.v), more...)
@@ -222,6 +215,23 @@ func emuCases() []bwdCase {
 		{name: "flat-d199-causal", b: 2, n: 70, m: 90, h: 16, hkv: 16, dk: 199, dv: 199, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "flat-d201-185-softcap-bias-dropout", b: 1, n: 40, m: 70, h: 8, hkv: 8, dk: 201, dv: 185, softcap: 4, bias: []int{1, 8}, biasGrad: true, dropout: 0.1, dtypes: bf},
 		{name: "flat-d121-window", b: 1, n: 60, m: 80, h: 16, hkv: 16, dk: 121, dv: 121, window: &attn.Window{Left: 20, Right: 5}, dtypes: bf},
+	}
+}
+
+// emuCheckBwdPlan fails t unless pl runs the kernels kind asks for.
+func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels, hopper, tma, bulk, ws bool) {
+	t.Helper()
+	if pl.v.WGMMA != hopper || pl.v.TMA != tma {
+		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Name(), kind)
+	}
+	if want := bulk && pl.v.AtomicDQ && !pl.v.Flat && max(pl.v.DKPad(), pl.v.DVPad()) <= 128; pl.v.BulkDQ != want {
+		t.Fatalf("plan %s: BulkDQ = %v, want %v", pl.v.Name(), pl.v.BulkDQ, want)
+	}
+	if want := ws && !bwdWSSlower(p); pl.v.WarpSpecialized != want {
+		t.Fatalf("plan %s: WarpSpecialized = %v, want %v", pl.v.Name(), pl.v.WarpSpecialized, want)
+	}
+	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
+		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
 	}
 }
 

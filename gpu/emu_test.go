@@ -300,6 +300,7 @@ const (
 	emuHopperBwdWSBulk                   // ... and the atomic dQ by bulk reduce-adds
 	emuHopperSO                          // the Hopper forward, tensor maps, O stored by tensor maps
 	emuHopperPTSO                        // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
+	emuDefault                           // whatever the planner picks for a new backend's defaults (no check of the plan)
 )
 
 // emuBwdTMA reports whether an emulated backward kind loads its streamed
@@ -315,6 +316,8 @@ func emuBwdTMA(kind emuKernels) bool {
 // emuPipeline returns the forward pipeline of an emulated kind.
 func emuPipeline(kind emuKernels) kernels.Pipeline {
 	switch kind {
+	case emuDefault:
+		return DefaultPipeline
 	case emuHopperWS:
 		return kernels.Pipeline{WarpSpecialized: true}
 	case emuHopperPP:
