@@ -413,23 +413,15 @@ func (c *call) visibleIn(sg seg, i, j0, cols int) (lo, hi int) {
 
 // adjust turns the products q·k in the tile sc.s (leading dimension blockK)
 // of query head h, queries i0 … i0+rows-1 and keys j0 … j0+cols-1 of sg
-// into scores: scale·q·k, softcapped (tanh values saved in sc.th when
-// wantTanh), biased and masked to -Inf.
-func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh bool) {
+// into scores: scale·q·k, softcapped (the tanh values left in sc.th),
+// biased and masked to -Inf.
+func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int) {
 	p := c.p
 	for r := 0; r < rows; r++ {
 		x := sc.s[r*blockK : r*blockK+cols]
 		vec.Scale(x, c.scale)
 		if c.softcap > 0 {
-			inv := 1 / c.softcap
-			th := sc.th[r*blockK : r*blockK+cols]
-			for j, v := range x {
-				t := float32(math.Tanh(float64(v * inv)))
-				if wantTanh {
-					th[j] = t
-				}
-				x[j] = c.softcap * t
-			}
+			softcapRow(x, sc.th[r*blockK:r*blockK+cols], c.softcap)
 		}
 		if c.hasBias {
 			c.bias.add(x, sg.b, h, i0+r, j0, sc.bias)
@@ -444,6 +436,40 @@ func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int, wantTanh b
 				}
 			}
 		}
+	}
+}
+
+// softcapRow replaces each score s of x by cap·tanh(s/cap) and leaves
+// tanh(s/cap) in th (of x's length). Past |s/cap| = 1/4 the tanh is
+// (1 − e)/(1 + e) with e = exp(−2|s/cap|) from the vector kernels, within a
+// few float32 roundings of the exact value; below, where 1 − e would
+// cancel, its Taylor series to x⁹ (relative error under 1e-8).
+func softcapRow(x, th []float32, cap float32) {
+	const sign = 1 << 31
+	abs := func(f float32) float32 { return math.Float32frombits(math.Float32bits(f) &^ sign) }
+	inv := 1 / cap
+	// the exponentials only where some |s/cap| (or a NaN) needs them
+	for _, v := range x {
+		if !(abs(v*inv) < 1.0/4) {
+			for j, v := range x {
+				th[j] = -2 * abs(v*inv)
+			}
+			vec.ExpSub(th, 0)
+			break
+		}
+	}
+	for j, v := range x {
+		y := v * inv
+		var t float32
+		if abs(y) < 1.0/4 {
+			y2 := y * y
+			t = y * (1 + y2*(-1.0/3+y2*(2.0/15+y2*(-17.0/315+y2*(62.0/2835)))))
+		} else {
+			e := th[j]
+			t = math.Float32frombits(math.Float32bits((1-e)/(1+e)) | math.Float32bits(y)&sign)
+		}
+		th[j] = t
+		x[j] = cap * t
 	}
 }
 
@@ -595,7 +621,7 @@ func (f *fwd) unit(sc *scratch, u qunit, ch int) {
 			scale := f.scale
 			plain := f.plainTile(sg, i0, rows, j0, cols)
 			if !plain {
-				f.adjust(sc, sg, h, i0, rows, j0, cols, false)
+				f.adjust(sc, sg, h, i0, rows, j0, cols)
 				scale = 1
 			}
 			// SoftmaxOnline ignores NaN scores in its maximum, so a row

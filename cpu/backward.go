@@ -202,7 +202,7 @@ func (w *bwd) tileGrads(sc *scratch, sg seg, h, i0, rows, jb, li int, deriv bool
 		return sc.s
 	}
 	deriv = deriv && w.softcap > 0
-	w.adjust(sc, sg, h, i0, rows, j0, cols, deriv)
+	w.adjust(sc, sg, h, i0, rows, j0, cols)
 	vec.ExpRows(sc.s, blockK, rows, cols, 1, lse)
 	pd := sc.s
 	if dropout {
