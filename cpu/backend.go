@@ -439,16 +439,16 @@ func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int) {
 	}
 }
 
-// softcapRow replaces each score s of x by cap·tanh(s/cap) and leaves
-// tanh(s/cap) in th (of x's length). Past |s/cap| = 1/4 the tanh is
-// (1 − e)/(1 + e) with e = exp(−2|s/cap|) from the vector kernels, within a
-// few float32 roundings of the exact value; below, where 1 − e would
-// cancel, its Taylor series to x⁹ (relative error under 1e-8).
-func softcapRow(x, th []float32, cap float32) {
+// softcapRow replaces each score s of x by softcap·tanh(s/softcap) and
+// leaves tanh(s/softcap) in th (of x's length). Past |s/softcap| = 1/4
+// the tanh is (1 − e)/(1 + e) with e = exp(−2|s/softcap|) from the vector
+// kernels, within a few float32 roundings of the exact value; below, where
+// 1 − e would cancel, its Taylor series to x⁹ (relative error under 1e-8).
+func softcapRow(x, th []float32, softcap float32) {
 	const sign = 1 << 31
 	abs := func(f float32) float32 { return math.Float32frombits(math.Float32bits(f) &^ sign) }
-	inv := 1 / cap
-	// the exponentials only where some |s/cap| (or a NaN) needs them
+	inv := 1 / softcap
+	// the exponentials only where some |s/softcap| (or a NaN) needs them
 	for _, v := range x {
 		if !(abs(v*inv) < 1.0/4) {
 			for j, v := range x {
@@ -469,7 +469,7 @@ func softcapRow(x, th []float32, cap float32) {
 			t = math.Float32frombits(math.Float32bits((1-e)/(1+e)) | math.Float32bits(y)&sign)
 		}
 		th[j] = t
-		x[j] = cap * t
+		x[j] = softcap * t
 	}
 }
 
