@@ -90,7 +90,11 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	hopper := kind != emuMMA
 	tma := emuBwdTMA(kind) || kind == emuDefault
 	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk
-	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || (kind == emuDefault && DefaultBwdPipeline.WarpSpecialized)
+	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk
+	if kind == emuDefault {
+		_, bp, b := emuDefaultKnobs()
+		ws, bulk = bp.WarpSpecialized, b
+	}
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws})
 	if err != nil {
 		t.Fatalf("plan: %v", err)

@@ -300,8 +300,22 @@ const (
 	emuHopperBwdWSBulk                   // ... and the atomic dQ by bulk reduce-adds
 	emuHopperSO                          // the Hopper forward, tensor maps, O stored by tensor maps
 	emuHopperPTSO                        // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
-	emuDefault                           // whatever the planner picks for a new backend's defaults (no check of the plan)
+	emuDefault                           // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
+
+// emuDefaultKnobs returns the forward and backward pipelines and the bulk
+// dQ a new backend takes from the environment (EnvPipeline,
+// EnvBwdPipeline, EnvBulkDQ): those of emuDefault.
+func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
+	fwd, err := parsePipeline(os.Getenv(EnvPipeline))
+	if err != nil {
+		panic(err)
+	}
+	if bwd, err = parseBwdPipeline(os.Getenv(EnvBwdPipeline)); err != nil {
+		panic(err)
+	}
+	return fwd, bwd, envSet(os.Getenv(EnvBulkDQ))
+}
 
 // emuBwdTMA reports whether an emulated backward kind loads its streamed
 // tiles by tensor maps (and so takes fixed-length batches only).
@@ -317,7 +331,8 @@ func emuBwdTMA(kind emuKernels) bool {
 func emuPipeline(kind emuKernels) kernels.Pipeline {
 	switch kind {
 	case emuDefault:
-		return DefaultPipeline
+		fwd, _, _ := emuDefaultKnobs()
+		return fwd
 	case emuHopperWS:
 		return kernels.Pipeline{WarpSpecialized: true}
 	case emuHopperPP:

@@ -32,9 +32,11 @@ func randomEmuCases() []bwdCase {
 
 // TestRandomCasesEmulated runs the conformance suite's random cases — every
 // feature drawn together — through the kernels the planner picks for a new
-// backend's defaults (on sm_90 with tensor maps, device tensors without
-// staging), on the host emulator, against the float64 reference: the
-// forward (FLASHATTN_FWD_EMU) and the backward with both dQ algorithms
+// backend (on sm_90 with tensor maps, device tensors without staging; the
+// defaults, or the pipelines and bulk dQ that FLASHATTN_FWD_PIPELINE,
+// FLASHATTN_BWD_PIPELINE and FLASHATTN_BULK_DQ name, as New reads them), on
+// the host emulator, against the float64 reference: the forward
+// (FLASHATTN_FWD_EMU) and the backward with both dQ algorithms
 // (FLASHATTN_BWD_EMU); FLASHATTN_EMU_RANDOM=all runs every case, not only
 // the Short subset; needs g++.
 func TestRandomCasesEmulated(t *testing.T) {
