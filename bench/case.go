@@ -176,9 +176,10 @@ func (c Case) validateBias() error {
 	return nil
 }
 
-// BiasShape returns the shape of the case's bias tensor, nil without one.
+// BiasShape returns the shape of the case's bias tensor, nil without one
+// (or with a Bias that is none of BiasShapes).
 func (c Case) BiasShape() []int {
-	if c.Bias == "" {
+	if !slices.Contains(BiasShapes, c.Bias) {
 		return nil
 	}
 	b, h := c.Batch, c.Heads

@@ -147,7 +147,7 @@ func TestBiasShape(t *testing.T) {
 	for _, tc := range []struct {
 		bias string
 		want []int
-	}{{"", nil}, {"bhnm", []int{3, 4, 5, 6}}, {"1hnm", []int{1, 4, 5, 6}}, {"b1nm", []int{3, 1, 5, 6}}, {"11nm", []int{1, 1, 5, 6}}} {
+	}{{"", nil}, {"b", nil}, {"hb1nm", nil}, {"bhnm", []int{3, 4, 5, 6}}, {"1hnm", []int{1, 4, 5, 6}}, {"b1nm", []int{3, 1, 5, 6}}, {"11nm", []int{1, 1, 5, 6}}} {
 		c := Case{Batch: 3, Heads: 4, SeqlenQ: 5, SeqlenK: 6, Bias: tc.bias}
 		if got := c.BiasShape(); !slices.Equal(got, tc.want) {
 			t.Errorf("bias %q: shape %v, want %v", tc.bias, got, tc.want)
