@@ -78,6 +78,25 @@ func Block(c [4]uint32, k [2]uint32) [4]uint32 {
 	return c
 }
 
+// block2 is Block for two counters that differ only in their first word
+// (two consecutive groups of keys of one row), the rounds of both
+// interleaved so that their multiplications overlap.
+func block2(c0a, c0b, c1, c2, c3 uint32, k [2]uint32) (a, b [4]uint32) {
+	a1, a2, a3 := c1, c2, c3
+	b1, b2, b3 := c1, c2, c3
+	a0, b0 := c0a, c0b
+	k0, k1 := k[0], k[1]
+	for round := 0; round < 10; round++ {
+		pa0, pa1 := uint64(mul0)*uint64(a0), uint64(mul1)*uint64(a2)
+		pb0, pb1 := uint64(mul0)*uint64(b0), uint64(mul1)*uint64(b2)
+		a0, a1, a2, a3 = uint32(pa1>>32)^a1^k0, uint32(pa1), uint32(pa0>>32)^a3^k1, uint32(pa0)
+		b0, b1, b2, b3 = uint32(pb1>>32)^b1^k0, uint32(pb1), uint32(pb0>>32)^b3^k1, uint32(pb0)
+		k0 += weyl0
+		k1 += weyl1
+	}
+	return [4]uint32{a0, a1, a2, a3}, [4]uint32{b0, b1, b2, b3}
+}
+
 // Threshold returns T = ⌊256·(1 − p) + ½⌋, the number of the 256 values of
 // an element's 8-bit number that keep it under dropout probability p: 256
 // for p = 0, 1 … 255 for 1/512 < p ≤ 1 − 1/512. Any other p (in (0, 1) but
@@ -150,16 +169,25 @@ func (m Mask) Keep(i, j int) bool {
 func (m Mask) KeepRow(i, j0 int, keep []bool) {
 	end := j0 + len(keep)
 	t := m.threshold
+	group := func(k []bool, w [4]uint32) { // a whole group: its sixteen bytes in order
+		for g, x := range w {
+			k[4*g] = x&0xFF < t
+			k[4*g+1] = x>>8&0xFF < t
+			k[4*g+2] = x>>16&0xFF < t
+			k[4*g+3] = x>>24 < t
+		}
+	}
 	for j := j0; j < end; {
+		if j&15 == 0 && end-j >= 32 { // two whole groups, generated together
+			a, b := block2(uint32(j>>4), uint32(j>>4+1), uint32(i), m.bh, m.offset, m.key)
+			group(keep[j-j0:j-j0+16], a)
+			group(keep[j-j0+16:j-j0+32], b)
+			j += 32
+			continue
+		}
 		w := m.Words(i, j)
-		if j&15 == 0 && end-j >= 16 { // a whole group: its sixteen bytes in order
-			k := keep[j-j0 : j-j0+16]
-			for g, x := range w {
-				k[4*g] = x&0xFF < t
-				k[4*g+1] = x>>8&0xFF < t
-				k[4*g+2] = x>>16&0xFF < t
-				k[4*g+3] = x>>24 < t
-			}
+		if j&15 == 0 && end-j >= 16 {
+			group(keep[j-j0:j-j0+16], w)
 			j += 16
 			continue
 		}

@@ -78,7 +78,7 @@ func TestKeepRowMatchesKeep(t *testing.T) {
 	}
 	m := NewMask(0x1234567890abcdef, 7, th, 2, 5, 8)
 	for _, j0 := range []int{0, 1, 3, 4, 5, 15, 16, 17, 31, 100} {
-		for _, n := range []int{0, 1, 15, 16, 17, 23, 50} {
+		for _, n := range []int{0, 1, 15, 16, 17, 23, 31, 32, 33, 50, 64, 100} {
 			keep := make([]bool, n)
 			m.KeepRow(11, j0, keep)
 			for x := range keep {
