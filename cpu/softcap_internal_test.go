@@ -14,11 +14,8 @@ import (
 func TestSoftcapRow(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const softcap = 30
-	var x []float32
-	for _, v := range []float32{0, 1e-30, -1e-30, 1e-6, softcap / 4, softcap/4 - 1e-5, -softcap / 4, softcap * 0.999, 300, -3000, 1e30,
-		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())} {
-		x = append(x, v)
-	}
+	x := []float32{0, 1e-30, -1e-30, 1e-6, softcap / 4, softcap/4 - 1e-5, -softcap / 4, softcap * 0.999, 300, -3000, 1e30,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())}
 	for range 4000 {
 		x = append(x, float32(r.NormFloat64()*math.Pow(10, r.Float64()*4-2)))
 	}

@@ -104,7 +104,7 @@ type fwdRequest struct {
 	// launch (kernels.PersistentGrid).
 	sms int
 	// part, when set, holds staging copies of the heads that a flat-row
-	// kernel cannot read in place (stagingFor with head masks): the plan is
+	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
 	// allow it.
 	part *fwdStaging

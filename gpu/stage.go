@@ -36,17 +36,11 @@ type fwdStaging struct {
 // aligned address plans the same kernel.
 const stagingPlanBase = 1 << 40
 
-// stagingFor lays out the staging copies of q, k and v of problem p in ws
-// (nil: at stagingPlanBase, for sizes and the kernel choice only): every
-// head, or with heads only those each mask selects (kernels.FlatStagedHeads;
-// a zero mask: no copy of that tensor), for a kernels.Variant.FlatStaged
-// launch that reads the rest in place.
-func stagingFor(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, heads *[3]uint8) fwdStaging {
-	return stagingAt(p, q, k, v, ws, stagingPlanBase, heads)
-}
-
-// stagingAt is stagingFor with the copies at device address base when ws
-// is nil.
+// stagingAt lays out the staging copies of q, k and v of problem p in ws
+// (nil: at device address base — stagingPlanBase for sizes and the kernel
+// choice only): every head, or with heads only those each mask selects
+// (kernels.FlatStagedHeads; a zero mask: no copy of that tensor), for a
+// kernels.Variant.FlatStaged launch that reads the rest in place.
 func stagingAt(p *attn.Problem, q, k, v DeviceTensor, ws *cuda.Buffer, base uint64, heads *[3]uint8) fwdStaging {
 	var st fwdStaging
 	for i, t := range []DeviceTensor{q, k, v} {

@@ -92,13 +92,10 @@ func accOperands(n int) (ops, regs string) {
 	return strings.Join(o, ", "), strings.Join(r, ", ")
 }
 
-// wgmmaSS returns name(d, da, db, acc): d[64×n] (= or +=, acc ≠ 0 adds) A·B
-// with A (64×16, K-major) and B (16×n, K-major: stored n rows of k) both
-// read through shared-memory descriptors.
-func wgmmaSS(name string, dt attn.DType, n int) string { return wgmmaSST(name, dt, n, false, false) }
-
-// wgmmaSST is wgmmaSS with either operand stored transposed: tA, A
-// M-major (k rows of m contiguous elements); tB, B N-major (k rows of n).
+// wgmmaSST returns name(d, da, db, acc): d[64×n] (= or +=, acc ≠ 0 adds)
+// A·B with A (64×16) and B (16×n) both read through shared-memory
+// descriptors, each K-major or stored transposed: tA, A M-major (k rows of
+// m contiguous elements); tB, B N-major (k rows of n).
 func wgmmaSST(name string, dt attn.DType, n int, tA, tB bool) string {
 	ops, regs := accOperands(n)
 	k := n / 2
