@@ -201,6 +201,7 @@ type scratch struct {
 	m, l, alpha   []float32 // blockQ running max, sum and rescale factor
 	rows          []float32 // blockK×max(DK, DV) rows being packed
 	bias          []float32 // blockK: a row of a 16-bit bias, converted
+	touched       uint32    // what biasRows.touch returned, kept
 	keep          []bool    // blockK dropout decisions
 	poisoned      []bool    // blockQ rows whose scores so far are all NaN or -Inf, with a NaN
 	qb, pb, kb    []uint16  // bfloat16 tiles: blockQ×dkp queries, blockQ×blockK P, blockK rows of keys or values
@@ -417,6 +418,9 @@ func (c *call) visibleIn(sg seg, i, j0, cols int) (lo, hi int) {
 // biased and masked to -Inf.
 func (c *call) adjust(sc *scratch, sg seg, h, i0, rows, j0, cols int) {
 	p := c.p
+	if c.hasBias {
+		sc.touched += c.bias.touch(sg.b, h, i0, rows, j0, cols)
+	}
 	for r := 0; r < rows; r++ {
 		x := sc.s[r*blockK : r*blockK+cols]
 		vec.Scale(x, c.scale)

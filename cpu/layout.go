@@ -97,6 +97,33 @@ func newBiasRows(t attn.Tensor) biasRows {
 	return biasRows{t: t, st: st, oneB: t.Shape[0] == 1, oneH: t.Shape[1] == 1}
 }
 
+// touch reads the first and last element of the bias of queries
+// i0 … i0+rows-1 at keys j0 … j0+cols-1 (batch element b, head h) and
+// returns a value made of them (for the caller to keep, so that the loads
+// stay): loads that do not depend on each other, so that the rows' pieces,
+// each in other pages, come from memory together rather than one after
+// another as add reads them.
+func (r biasRows) touch(b, h, i0, rows, j0, cols int) uint32 {
+	if r.oneB {
+		b = 0
+	}
+	if r.oneH {
+		h = 0
+	}
+	o := r.t.Offset + b*r.st[0] + h*r.st[1] + i0*r.st[2] + j0*r.st[3]
+	last := (cols - 1) * r.st[3]
+	var s uint32
+	for i := 0; i < rows; i++ {
+		if r.t.DType == attn.Float32 {
+			s += math.Float32bits(r.t.F32[o]) ^ math.Float32bits(r.t.F32[o+last])
+		} else {
+			s += uint32(r.t.Bits[o]) ^ uint32(r.t.Bits[o+last])
+		}
+		o += r.st[2]
+	}
+	return s
+}
+
 // add adds the bias of batch element b, head h and query i at keys
 // j0 … j0+len(x)-1 to x; tmp (at least len(x) long) holds the converted
 // row of a 16-bit bias.
