@@ -3,6 +3,7 @@ package conformance
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -104,8 +105,8 @@ func TestLayouts(t *testing.T) {
 }
 
 // TestRandomCases checks the drawn cases: the same draw every time, unique
-// names, the short subset first, 16-bit dtypes, and every case valid with
-// a row that sees two keys.
+// names, the short subset first, 16-bit dtypes (and fp32 up to D = 128),
+// and every case valid with a row that sees two keys.
 func TestRandomCases(t *testing.T) {
 	a, b := randomCases(20, 7, 5), randomCases(20, 7, 5)
 	names := map[string]bool{}
@@ -117,8 +118,12 @@ func TestRandomCases(t *testing.T) {
 			t.Errorf("name %q twice", tc.name)
 		}
 		names[tc.name] = true
-		if tc.short != (i < 5) || len(tc.dtypes) != 2 || tc.dtypes[0] == attn.Float32 || tc.dtypes[1] == attn.Float32 {
-			t.Errorf("%s: short %t, dtypes %v", tc.name, tc.short, tc.dtypes)
+		want := []attn.DType{attn.Float16, attn.BFloat16}
+		if max(tc.dk, tc.dv) <= 128 {
+			want = append(want, attn.Float32)
+		}
+		if tc.short != (i < 5) || !slices.Equal(tc.dtypes, want) {
+			t.Errorf("%s: short %t, dtypes %v, want %v", tc.name, tc.short, tc.dtypes, want)
 		}
 		if !tc.someRowSeesTwoKeys() {
 			t.Errorf("%s: no row sees two keys", tc.name)

@@ -42,8 +42,8 @@
 // layout, gaps, offsets and non-unit element strides, with NaN in every
 // gap), bit-identical repeats, and every class of bad input (layouts whose
 // arithmetic overflows included) checked with errors.Is against the
-// sentinels of package attn. Then 48 cases drawn at random (a fixed seed,
-// fp16 and bf16) from the cross product of all of these — head dims, GQA,
+// sentinels of package attn. Then 48 cases drawn at random (a fixed seed;
+// fp16, bf16, and fp32 up to head dims of 128) from the cross product of all of these — head dims, GQA,
 // packed or padded batches, layouts, masks, windows, softcap, scale,
 // dropout and biases together — each named by what it holds, such as
 // "random-07-q[5 0 17]-k[7 3 0]-h6/2-d65/100-gapped-causal-cap2-drop0.1".
