@@ -9,8 +9,9 @@ import (
 )
 
 // randomEmuCases returns the conformance suite's random cases
-// (conformance.RandomCases) as backward cases, each in one 16-bit dtype,
-// alternating: the Short subset, or all of them when
+// (conformance.RandomCases) as backward cases, each in one dtype, taken in
+// turn from those the suite runs it in (bf16, fp16, and fp32 up to head
+// dims of 128): the Short subset, or all of them when
 // FLASHATTN_EMU_RANDOM=all.
 func randomEmuCases() []bwdCase {
 	var out []bwdCase
@@ -18,7 +19,11 @@ func randomEmuCases() []bwdCase {
 		if !rc.Short && os.Getenv("FLASHATTN_EMU_RANDOM") != "all" {
 			continue
 		}
-		dt := []attn.DType{attn.BFloat16, attn.Float16}[i%2]
+		dts := []attn.DType{attn.BFloat16, attn.Float16}
+		if max(rc.DK, rc.DV) <= 128 {
+			dts = append(dts, attn.Float32)
+		}
+		dt := dts[i%len(dts)]
 		c := bwdCase{name: rc.Name, b: rc.B, n: rc.N, m: rc.M, h: rc.H, hkv: rc.Hkv, dk: rc.DK, dv: rc.DV,
 			causal: rc.Opt.Causal, align: rc.Opt.Align, window: rc.Opt.Window, softcap: rc.Opt.Softcap, scale: rc.Opt.Scale,
 			dropout: rc.Opt.Dropout, cuQ: rc.Opt.CuSeqlensQ, cuK: rc.Opt.CuSeqlensK, biasGrad: rc.BiasGrad, dtypes: []attn.DType{dt}}
