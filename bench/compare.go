@@ -453,14 +453,16 @@ func plain(c Case) Case {
 // only, so a window's ratio is its rate per visible pair.
 func writeFeatureCost(b *strings.Builder, labels []string, rows []CompareRow) {
 	plainRows := map[string]CompareRow{}
-	for _, r := range rows {
-		if plain(r.Case).Key() == r.Case.Key() {
-			plainRows[r.Case.Key()] = r
+	plainKeys := make([]string, len(rows)) // of each row's case without its features
+	for i, r := range rows {
+		plainKeys[i] = plain(r.Case).Key()
+		if plainKeys[i] == r.Case.Key() {
+			plainRows[plainKeys[i]] = r
 		}
 	}
 	var lines []string
-	for _, r := range rows {
-		base, ok := plainRows[plain(r.Case).Key()]
+	for i, r := range rows {
+		base, ok := plainRows[plainKeys[i]]
 		if !ok || base.Case.Key() == r.Case.Key() {
 			continue
 		}

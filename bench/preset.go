@@ -188,13 +188,13 @@ func contentionCases() []Case {
 	return out
 }
 
-// featureCases returns plain as it is and with each feature alone —
+// featureCases returns base as it is and with each feature alone —
 // dropout 0.1, softcap 30, a window of left keys, a [1, H, N, M] bias,
 // deterministic — as forward and backward cases, and the bias with its
 // gradient as a backward case. Each feature's cost is its rate against
-// plain's (Comparison.WriteMarkdown's feature table).
-func featureCases(plain Case, left int) []Case {
-	variants := []Case{plain, plain, plain, plain, plain, plain}
+// base's (Comparison.WriteMarkdown's feature table).
+func featureCases(base Case, left int) []Case {
+	variants := []Case{base, base, base, base, base, base}
 	variants[1].Dropout = 0.1
 	variants[2].Softcap = 30
 	variants[3].Window = &Window{Left: left, Right: 0}

@@ -155,18 +155,25 @@ func cases() []testCase {
 	return append(cs, randomCases(randomCount, randomSeed, randomShort)...)
 }
 
-// inputs builds the tensors and options of tc in dtype dt.
-func (tc testCase) inputs(dt attn.DType) (q, k, v, dO attn.Tensor, opt attn.Options) {
-	h := fnv.New64a()
-	h.Write([]byte(tc.name))
-	r := rand.New(rand.NewPCG(h.Sum64(), uint64(dt)+1))
+// shapes returns the shapes of q, k, v and dO of tc and its options
+// without the bias (the cu_seqlens of a packed batch set).
+func (tc testCase) shapes() (qs, ks, vs, os []int, opt attn.Options) {
 	opt = tc.opt
-	qs, ks, vs, os := []int{tc.b, tc.n, tc.h, tc.dk}, []int{tc.b, tc.m, tc.hkv, tc.dk}, []int{tc.b, tc.m, tc.hkv, tc.dv}, []int{tc.b, tc.n, tc.h, tc.dv}
+	qs, ks, vs, os = []int{tc.b, tc.n, tc.h, tc.dk}, []int{tc.b, tc.m, tc.hkv, tc.dk}, []int{tc.b, tc.m, tc.hkv, tc.dv}, []int{tc.b, tc.n, tc.h, tc.dv}
 	if tc.seqQ != nil {
 		opt.CuSeqlensQ, opt.CuSeqlensK = cumulative(tc.seqQ), cumulative(tc.seqK)
 		tq, tk := int(opt.CuSeqlensQ[len(tc.seqQ)]), int(opt.CuSeqlensK[len(tc.seqK)])
 		qs, ks, vs, os = []int{tq, tc.h, tc.dk}, []int{tk, tc.hkv, tc.dk}, []int{tk, tc.hkv, tc.dv}, []int{tq, tc.h, tc.dv}
 	}
+	return qs, ks, vs, os, opt
+}
+
+// inputs builds the tensors and options of tc in dtype dt.
+func (tc testCase) inputs(dt attn.DType) (q, k, v, dO attn.Tensor, opt attn.Options) {
+	h := fnv.New64a()
+	h.Write([]byte(tc.name))
+	r := rand.New(rand.NewPCG(h.Sum64(), uint64(dt)+1))
+	qs, ks, vs, os, opt := tc.shapes()
 	q = randTensor(r, dt, tc.lay, 1, qs...)
 	k = randTensor(r, dt, tc.lay, 1, ks...)
 	v = randTensor(r, dt, tc.lay, 1, vs...)

@@ -42,12 +42,9 @@ type RandomCase struct {
 func RandomCases() []RandomCase {
 	var out []RandomCase
 	for _, tc := range randomCases(randomCount, randomSeed, randomShort) {
-		c := RandomCase{Name: tc.name, B: tc.b, N: tc.n, M: tc.m, SeqQ: tc.seqQ, SeqK: tc.seqK, H: tc.h, Hkv: tc.hkv,
-			DK: tc.dk, DV: tc.dv, Opt: tc.opt, BiasB: tc.biasB, BiasH: tc.biasH, BiasGrad: tc.biasGrad, Short: tc.short}
-		if tc.seqQ != nil {
-			c.Opt.CuSeqlensQ, c.Opt.CuSeqlensK = cumulative(tc.seqQ), cumulative(tc.seqK)
-		}
-		out = append(out, c)
+		_, _, _, _, opt := tc.shapes()
+		out = append(out, RandomCase{Name: tc.name, B: tc.b, N: tc.n, M: tc.m, SeqQ: tc.seqQ, SeqK: tc.seqK, H: tc.h, Hkv: tc.hkv,
+			DK: tc.dk, DV: tc.dv, Opt: opt, BiasB: tc.biasB, BiasH: tc.biasH, BiasGrad: tc.biasGrad, Short: tc.short})
 	}
 	return out
 }
@@ -139,8 +136,8 @@ func randomCases(n int, seed uint64, short int) []testCase {
 // someRowSeesTwoKeys reports whether a query row of tc sees at least two
 // keys.
 func (tc testCase) someRowSeesTwoKeys() bool {
-	q, k, v, _, opt := tc.inputs(attn.Float32)
-	p, err := attn.NewProblem(q, k, v, opt)
+	qs, ks, vs, _, opt := tc.shapes()
+	p, err := attn.NewProblem(attn.New(attn.Float32, qs...), attn.New(attn.Float32, ks...), attn.New(attn.Float32, vs...), opt)
 	if err != nil {
 		panic(fmt.Sprintf("conformance: random case %+v: %v", tc, err))
 	}

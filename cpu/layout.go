@@ -97,6 +97,18 @@ func newBiasRows(t attn.Tensor) biasRows {
 	return biasRows{t: t, st: st, oneB: t.Shape[0] == 1, oneH: t.Shape[1] == 1}
 }
 
+// at returns the storage index of the bias of batch element b, head h,
+// query i and key j, broadcast dims taken at 0.
+func (r biasRows) at(b, h, i, j int) int {
+	if r.oneB {
+		b = 0
+	}
+	if r.oneH {
+		h = 0
+	}
+	return r.t.Offset + b*r.st[0] + h*r.st[1] + i*r.st[2] + j*r.st[3]
+}
+
 // touch reads the first and last element of the bias of queries
 // i0 … i0+rows-1 at keys j0 … j0+cols-1 (batch element b, head h) and
 // returns a value made of them (for the caller to keep, so that the loads
@@ -104,13 +116,7 @@ func newBiasRows(t attn.Tensor) biasRows {
 // each in other pages, come from memory together rather than one after
 // another as add reads them.
 func (r biasRows) touch(b, h, i0, rows, j0, cols int) uint32 {
-	if r.oneB {
-		b = 0
-	}
-	if r.oneH {
-		h = 0
-	}
-	o := r.t.Offset + b*r.st[0] + h*r.st[1] + i0*r.st[2] + j0*r.st[3]
+	o := r.at(b, h, i0, j0)
 	last := (cols - 1) * r.st[3]
 	var s uint32
 	for i := 0; i < rows; i++ {
@@ -128,14 +134,8 @@ func (r biasRows) touch(b, h, i0, rows, j0, cols int) uint32 {
 // j0 … j0+len(x)-1 to x; tmp (at least len(x) long) holds the converted
 // row of a 16-bit bias.
 func (r biasRows) add(x []float32, b, h, i, j0 int, tmp []float32) {
-	if r.oneB {
-		b = 0
-	}
-	if r.oneH {
-		h = 0
-	}
 	n := len(x)
-	o := r.t.Offset + b*r.st[0] + h*r.st[1] + i*r.st[2] + j0*r.st[3]
+	o := r.at(b, h, i, j0)
 	if r.st[3] != 1 && n > 1 {
 		for j := range x {
 			x[j] += r.t.Load(o + j*r.st[3])

@@ -66,33 +66,33 @@ var ErrResolution = errors.New("philox: dropout probability not representable")
 // Block returns the four 32-bit words Philox4x32-10 produces for counter c
 // under key k.
 func Block(c [4]uint32, k [2]uint32) [4]uint32 {
-	for round := 0; round < 10; round++ {
-		p0 := uint64(mul0) * uint64(c[0])
-		p1 := uint64(mul1) * uint64(c[2])
-		hi0, lo0 := uint32(p0>>32), uint32(p0)
-		hi1, lo1 := uint32(p1>>32), uint32(p1)
-		c = [4]uint32{hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0}
-		k[0] += weyl0
-		k[1] += weyl1
+	c0, c1, c2, c3 := c[0], c[1], c[2], c[3]
+	k0, k1 := k[0], k[1]
+	for range 10 {
+		c0, c1, c2, c3 = round(c0, c1, c2, c3, k0, k1)
+		k0, k1 = k0+weyl0, k1+weyl1
 	}
-	return c
+	return [4]uint32{c0, c1, c2, c3}
+}
+
+// round is one Philox4x32 round of counter (c0, c1, c2, c3) under the
+// round's key (k0, k1).
+func round(c0, c1, c2, c3, k0, k1 uint32) (uint32, uint32, uint32, uint32) {
+	p0, p1 := uint64(mul0)*uint64(c0), uint64(mul1)*uint64(c2)
+	return uint32(p1>>32) ^ c1 ^ k0, uint32(p1), uint32(p0>>32) ^ c3 ^ k1, uint32(p0)
 }
 
 // block2 is Block for two counters that differ only in their first word
 // (two consecutive groups of keys of one row), the rounds of both
 // interleaved so that their multiplications overlap.
 func block2(c0a, c0b, c1, c2, c3 uint32, k [2]uint32) (a, b [4]uint32) {
-	a1, a2, a3 := c1, c2, c3
-	b1, b2, b3 := c1, c2, c3
-	a0, b0 := c0a, c0b
+	a0, a1, a2, a3 := c0a, c1, c2, c3
+	b0, b1, b2, b3 := c0b, c1, c2, c3
 	k0, k1 := k[0], k[1]
-	for round := 0; round < 10; round++ {
-		pa0, pa1 := uint64(mul0)*uint64(a0), uint64(mul1)*uint64(a2)
-		pb0, pb1 := uint64(mul0)*uint64(b0), uint64(mul1)*uint64(b2)
-		a0, a1, a2, a3 = uint32(pa1>>32)^a1^k0, uint32(pa1), uint32(pa0>>32)^a3^k1, uint32(pa0)
-		b0, b1, b2, b3 = uint32(pb1>>32)^b1^k0, uint32(pb1), uint32(pb0>>32)^b3^k1, uint32(pb0)
-		k0 += weyl0
-		k1 += weyl1
+	for range 10 {
+		a0, a1, a2, a3 = round(a0, a1, a2, a3, k0, k1)
+		b0, b1, b2, b3 = round(b0, b1, b2, b3, k0, k1)
+		k0, k1 = k0+weyl0, k1+weyl1
 	}
 	return [4]uint32{a0, a1, a2, a3}, [4]uint32{b0, b1, b2, b3}
 }

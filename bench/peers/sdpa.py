@@ -194,8 +194,9 @@ class Peer:
         gen = t.Generator(device="cuda")
         gen.manual_seed(hash((b, n, m, h, hk, dk, dv)) & 0x7FFFFFFF)
         bias_grad = False
-        if bias_shape(c):
-            bias = t.randn(*bias_shape(c), device="cuda", dtype=dt, generator=gen)
+        shape = bias_shape(c)
+        if shape:
+            bias = t.randn(*shape, device="cuda", dtype=dt, generator=gen)
             if c["causal"]:
                 off = m - n if c["align"] != "top-left" else 0
                 visible = t.ones(n, m, device="cuda", dtype=t.bool).tril(diagonal=off)
