@@ -12,10 +12,10 @@ import (
 	"github.com/flashattn/flashattn/cpu"
 )
 
-// overlapWait is how long a dK/dV exchange waits for its rank's next
-// backend call before it counts as not overlapped: long enough for any
-// scheduler, reached only when the ring waits for the exchange before it
-// computes.
+// overlapWait is how long a dK/dV exchange waits for its rank's backend
+// to run a call, and a step's first call for its step's exchange to
+// start, before each gives up: long enough for any scheduler, reached only
+// when the ring waits for the exchange before it computes.
 const overlapWait = 10 * time.Second
 
 // slowLink is one rank's transport. Each exchange that sends a message of
@@ -34,28 +34,69 @@ type slowLink struct {
 
 // Exchange holds a dK/dV exchange as described and then runs it.
 func (l *slowLink) Exchange(ctx context.Context, sends []Send, recvs []Recv) error {
+	l.be.exchangeEntered()
 	if slices.ContainsFunc(sends, func(s Send) bool { return len(s.Data) == l.gradLen }) && len(l.overlapped) < l.steps-1 {
 		l.overlapped = append(l.overlapped, l.be.busyOrStarts(overlapWait))
 	}
 	return l.Transport.Exchange(ctx, sends, recvs)
 }
 
-// stamped is one rank's backend that tracks its running backward calls.
+// stamped is one rank's backend that tracks its running backward calls
+// and meets its link: the first call of each ring step (a call on the
+// other K/V buffer than the call before) waits until the step's exchange
+// has started. The ring starts that exchange before the step computes,
+// but its goroutine may run only after the step's calls have all ended on
+// a loaded machine; the wait makes the exchange and the step's first call
+// meet whatever the scheduling.
 type stamped struct {
 	attn.Backend
 	mu      sync.Mutex
 	active  int
 	started chan struct{} // closed (and replaced) when a call starts
+	step    int           // the ring step of the last call, from 0
+	lastKV  *float32      // the K buffer of the last call
+	entered int           // exchanges started so far
+	entry   chan struct{} // closed (and replaced) when an exchange starts
 }
 
-func newStamped(b attn.Backend) *stamped { return &stamped{Backend: b, started: make(chan struct{})} }
+func newStamped(b attn.Backend) *stamped {
+	return &stamped{Backend: b, started: make(chan struct{}), step: -1, entry: make(chan struct{})}
+}
 
-// Backward runs one call, counted as running while it runs.
+// exchangeEntered records that an exchange has started.
+func (b *stamped) exchangeEntered() {
+	b.mu.Lock()
+	b.entered++
+	close(b.entry)
+	b.entry = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// Backward runs one call, counted as running while it runs; the first
+// call of a step first waits (at most overlapWait) for the step's
+// exchange to start.
 func (b *stamped) Backward(q, k, v, o, lse, dO attn.Tensor, opt attn.Options) (attn.Gradients, error) {
 	b.mu.Lock()
 	b.active++
 	close(b.started)
 	b.started = make(chan struct{})
+	if kv := &k.F32[0]; kv != b.lastKV {
+		b.lastKV = kv
+		b.step++
+	}
+	timeout := time.After(overlapWait)
+	for b.entered <= b.step {
+		entry := b.entry
+		b.mu.Unlock()
+		select {
+		case <-entry:
+		case <-timeout:
+			b.mu.Lock()
+			b.entered = b.step + 1 // give up on this step's exchange
+			continue
+		}
+		b.mu.Lock()
+	}
 	b.mu.Unlock()
 	defer func() {
 		b.mu.Lock()
