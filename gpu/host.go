@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -297,9 +298,12 @@ func (b *Backend) Download(s *cuda.Stream, t DeviceTensor) (attn.Tensor, error) 
 }
 
 // lateTensors allocates host output tensors on goroutines of their own, one
-// each, while the host path uploads and the kernels run: Go zeroes the heap
-// memory it reuses for a new slice, about as long per byte as the copy to
-// the device takes, and this hides that behind the copies.
+// each, while the host path uploads and the kernels run, and touches every
+// page of them there: Go either zeroes the heap memory it reuses for a new
+// slice or hands out fresh pages that the kernel maps on their first write,
+// each about as long per byte as the copy to the device takes, and this
+// hides both behind the copies rather than leaving the page faults to the
+// copies out of the pinned staging.
 type lateTensors struct {
 	ts []attn.Tensor
 	wg sync.WaitGroup
@@ -314,6 +318,7 @@ func allocLate(like ...attn.Tensor) *lateTensors {
 		go func() {
 			defer l.wg.Done()
 			l.ts[i] = attn.NewLike(h.DType, h)
+			prefault(l.ts[i])
 		}()
 	}
 	return l
@@ -323,6 +328,58 @@ func allocLate(like ...attn.Tensor) *lateTensors {
 func (l *lateTensors) wait() []attn.Tensor {
 	l.wg.Wait()
 	return l.ts
+}
+
+// prefaultChunk is the bytes one goroutine of prefault touches.
+const prefaultChunk = 8 << 20
+
+// prefaultWorkers bounds the goroutines prefault runs for one tensor.
+const prefaultWorkers = 4
+
+// prefault writes a zero into every 4 KiB page of t's storage (which is
+// zero, being new), on up to prefaultWorkers goroutines, so that the
+// kernel maps the pages that Go took fresh from the system now rather than
+// during the copies that fill them.
+func prefault(t attn.Tensor) {
+	var touch func(lo, hi int) // touches storage bytes [lo, hi)
+	var n int
+	switch {
+	case len(t.F32) > 0:
+		n = 4 * len(t.F32)
+		touch = func(lo, hi int) {
+			for i := lo / 4; i < hi/4; i += 1024 {
+				t.F32[i] = 0
+			}
+			t.F32[hi/4-1] = 0 // the last page, which the stride may step over
+		}
+	case len(t.Bits) > 0:
+		n = 2 * len(t.Bits)
+		touch = func(lo, hi int) {
+			for i := lo / 2; i < hi/2; i += 2048 {
+				t.Bits[i] = 0
+			}
+			t.Bits[hi/2-1] = 0 // the last page, which the stride may step over
+		}
+	default:
+		return
+	}
+	chunks := (n + prefaultChunk - 1) / prefaultChunk
+	workers := min(chunks, prefaultWorkers, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		touch(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := w; c < chunks; c += workers {
+				touch(c*prefaultChunk, min(n, (c+1)*prefaultChunk))
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // header returns a tensor of dt and shape with contiguous strides and no
