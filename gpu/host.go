@@ -336,6 +336,15 @@ const prefaultChunk = 8 << 20
 // prefaultWorkers bounds the goroutines prefault runs for one tensor.
 const prefaultWorkers = 4
 
+// touchPages writes a zero into every 4 KiB page of bytes [lo, hi) of x,
+// whose elements are size bytes.
+func touchPages[E uint16 | float32](x []E, size, lo, hi int) {
+	for i := lo / size; i < hi/size; i += 4096 / size {
+		x[i] = 0
+	}
+	x[hi/size-1] = 0 // the last page, which the stride may step over
+}
+
 // prefault writes a zero into every 4 KiB page of t's storage (which is
 // zero, being new), on up to prefaultWorkers goroutines, so that the
 // kernel maps the pages that Go took fresh from the system now rather than
@@ -345,21 +354,9 @@ func prefault(t attn.Tensor) {
 	var n int
 	switch {
 	case len(t.F32) > 0:
-		n = 4 * len(t.F32)
-		touch = func(lo, hi int) {
-			for i := lo / 4; i < hi/4; i += 1024 {
-				t.F32[i] = 0
-			}
-			t.F32[hi/4-1] = 0 // the last page, which the stride may step over
-		}
+		n, touch = 4*len(t.F32), func(lo, hi int) { touchPages(t.F32, 4, lo, hi) }
 	case len(t.Bits) > 0:
-		n = 2 * len(t.Bits)
-		touch = func(lo, hi int) {
-			for i := lo / 2; i < hi/2; i += 2048 {
-				t.Bits[i] = 0
-			}
-			t.Bits[hi/2-1] = 0 // the last page, which the stride may step over
-		}
+		n, touch = 2*len(t.Bits), func(lo, hi int) { touchPages(t.Bits, 2, lo, hi) }
 	default:
 		return
 	}
