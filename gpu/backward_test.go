@@ -83,6 +83,9 @@ func bwdCases() []bwdCase {
 		{name: "flat-d121-window", b: 1, n: 120, m: 160, h: 16, hkv: 16, dk: 121, dv: 121, window: &attn.Window{Left: 30, Right: 9}, dtypes: bf},
 		{name: "d80-112", b: 1, n: 100, m: 129, h: 2, hkv: 2, dk: 80, dv: 112, causal: true, dtypes: bf},
 		{name: "d512", b: 1, n: 70, m: 70, h: 2, hkv: 2, dk: 512, dv: 512, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
+		// the deep Hopper kernels (padded dims past 256): GQA, masks and every feature, uneven slices
+		{name: "d320-gqa-causal-dropout", b: 1, n: 150, m: 170, h: 4, hkv: 2, dk: 320, dv: 320, causal: true, dropout: 0.1, dtypes: bf},
+		{name: "d301-384-window-bias-softcap", b: 1, n: 100, m: 130, h: 2, hkv: 2, dk: 301, dv: 384, window: &attn.Window{Left: 25, Right: 7}, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: []attn.DType{attn.Float16}},
 		{name: "d1", b: 1, n: 40, m: 33, h: 2, hkv: 2, dk: 1, dv: 1, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "d16-512", b: 1, n: 50, m: 50, h: 2, hkv: 1, dk: 16, dv: 512, dtypes: bf},
 		{name: "d96-32", b: 1, n: 80, m: 100, h: 2, hkv: 2, dk: 96, dv: 32, dtypes: bf},

@@ -14,7 +14,8 @@ const (
 	DQAuto DQAlgorithm = iota
 	// DQAtomic accumulates dQ in fp32 with atomic adds from the dK/dV
 	// kernel (five matrix products), then converts it. Not bit-for-bit
-	// deterministic.
+	// deterministic. The Hopper kernels past head dim 256 have no atomic
+	// dQ: they take DQSeparate whatever is asked.
 	DQAtomic
 	// DQSeparate computes dQ in its own kernel that recomputes S, P and dP
 	// per query block (seven matrix products in all). Deterministic.
@@ -87,6 +88,8 @@ var dqTable = []dqRule{
 	// the Hopper kernels otherwise: atomic up to D = 128, separate beyond
 	{MaxDim: 128, Causal: -1, Hopper: 1, WarpSpecialized: -1, Algo: DQAtomic},
 	{MaxDim: 256, Causal: -1, Hopper: 1, WarpSpecialized: -1, Algo: DQSeparate},
+	// the Hopper kernels past 256 have no atomic dQ
+	{MaxDim: 512, Causal: -1, Hopper: 1, WarpSpecialized: -1, Algo: DQSeparate},
 	// the mma.sync kernels: atomic everywhere (Options.Deterministic still picks DQSeparate)
 	{MaxDim: 512, Causal: -1, Hopper: -1, WarpSpecialized: -1, Algo: DQAtomic},
 }
@@ -132,9 +135,10 @@ func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper bool) bool
 }
 
 // resolveDQ turns DQAuto into a concrete algorithm for the kernels k that
-// run p; Deterministic always wins over an explicit DQAtomic.
+// run p; Deterministic always wins over an explicit DQAtomic, and so do the
+// Hopper kernels past head dim 256, which have no atomic dQ.
 func resolveDQ(p *attn.Problem, a DQAlgorithm, k DQKernels) DQAlgorithm {
-	if a == DQAuto || p.Opt.Deterministic {
+	if a == DQAuto || p.Opt.Deterministic || k.Hopper && max(p.DK, p.DV) > 256 {
 		return SelectDQAlgorithmFor(p, k)
 	}
 	return a

@@ -181,7 +181,6 @@ func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 	v := g.v
 	t := v.bwdHopperTile()
 	l := v.bwdHopperLayout()
-	dkp, dvp := v.DKPad(), v.DVPad()
 	ka, va, _ := v.bwdHopperAtoms()
 	wide := v.bwdHopperWide()
 	crossed := v.bwdHopperCrossed()
@@ -233,29 +232,8 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 	switch {
 	case v.WarpSpecialized:
 		g.wsBwdProducer(b)
-	case v.TMA:
-		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q and dO by the tensor memory accelerator (one
-  // thread; rows past the sequence and columns past the head dim come as zeros), LSE2 and Delta rows
-  // by cp.async
-  constexpr int QA = %d, DA = %d;  // 64-column atoms of q and dO loaded (the rest are never read)
-  auto load_q = [&](int it, int s) {
-    const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
-    if (tid == 0) {
-%[3]s    }
-    const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
-    load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
-  };
-`, swizzleAtoms(dkp), swizzleAtoms(dvp), g.qStageTMA("      "))
 	default:
-		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
-  auto load_q = [&](int it, int s) {
-    const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
-    load_sw<BM, KCH, DK, NTH>(sQ + s * Q_STAGE, %s, %s, n - iq);
-    load_sw<BM, VCH, DV, NTH>(sdO + s * DO_STAGE, %s, %s, n - iq);
-    const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
-    load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
-  };
-`, g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
+		g.loadQ(b)
 	}
 	return kl, vl
 }
@@ -374,23 +352,9 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 `)
 	}
 	g.fullMask(b)
-	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: 64 queries x this warpgroup's BN/2 keys
-    float accS[1][%[1]d][4], accP[1][%[1]d][4];
-    {
-      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < DKP / 16; ++kk)
-        wg_s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKs + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();  // S
-#pragma unroll
-      for (int kk = 0; kk < DVP / 16; ++kk)
-        wg_s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dVs + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();  // dP
-      wgmma_wait<1>();  // S is done; dP still runs while P is computed
-      fence_acc(accS[0]);
-    }
-`, t.BlockN/16)
+	wgScores(b, "64 queries x this warpgroup's BN/2 keys",
+		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
+		"dq", "ddo", "dKs", "dVs", t.BlockN/16)
 	g.wsBwdRelease(b)
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: t.BlockN / 2, MT: 1, NT: t.BlockN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }

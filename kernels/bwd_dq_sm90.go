@@ -76,22 +76,8 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 	switch {
 	case g.ws:
 		g.wsDQProducer(b)
-	case v.TMA:
-		fmt.Fprintf(b, `  // stage s of the key-side tiles for step it: k and v by the tensor memory accelerator (one thread;
-  // rows past the sequence and columns past the head dim come as zeros)
-  auto load_kv = [&](int it, int s) {
-    const int jk = (jb0 + it) * BN;
-    if (tid == 0) {
-%s    }
-  };
-`, g.kvStageTMA("      "))
 	default:
-		fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
-    const int jk = (jb0 + it) * BN;
-    load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE, %s, %s, m - jk);
-    load_sw<BN, VCH, DV, NTH>(sV + s * V_STAGE, %s, %s, m - jk);
-  };
-`, g.in("k").at("jk", "kvh"), g.in("k").sr, g.in("v").at("jk", "kvh"), g.in("v").sr)
+		g.loadKV(b)
 	}
 	tq := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: dkp, MT: 1, NT: dkp / 8, Warps: 8}
 	b.WriteString("  " + strings.ReplaceAll(tq.accDecl("accQ"), "\n", "\n  "))
@@ -133,24 +119,10 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 `)
 	}
 	g.fullMask(b)
-	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: this warpgroup's 64 queries x BN keys (K and V K-major)
-    float accS[1][%[1]d][4], accP[1][%[1]d][4];
-    {
-      const u64 dk = sw128_desc(sK + st * K_STAGE, 16, 1024), dv = sw128_desc(sV + st * V_STAGE, 16, 1024);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < DKP / 16; ++kk)
-        wg_s(accS[0], dq + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dk + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();  // S
-#pragma unroll
-      for (int kk = 0; kk < DVP / 16; ++kk)
-        wg_s(accP[0], ddo + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dv + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
-      wgmma_commit();  // dP
-      wgmma_wait<1>();  // S is done; dP still runs while P is computed
-      fence_acc(accS[0]);
-    }
-    u32 dsp[1][%[1]d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K
-`, t.BlockN/8)
+	wgScores(b, "this warpgroup's 64 queries x BN keys (K and V K-major)",
+		"      const u64 dk = sw128_desc(sK + st * K_STAGE, 16, 1024), dv = sw128_desc(sV + st * V_STAGE, 16, 1024);\n",
+		"dq", "ddo", "dk", "dv", t.BlockN/8)
+	fmt.Fprintf(b, "    u32 dsp[1][%d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K\n", t.BlockN/8)
 	st := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: t.BlockN, MT: 1, NT: t.BlockN / 8, Warps: 8}
 	g.probs(b, st, "sL", "sD", false)
 	b.WriteString("    wgmma_wait<0>();  // dP\n    fence_acc(accP[0]);\n")

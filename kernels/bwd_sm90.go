@@ -14,10 +14,11 @@ import (
 // BwdHopperOK reports whether the Hopper backward kernels can run a backward
 // of v's dtype, head dims and load kind (ignoring v.WGMMA itself): 16-bit
 // elements, rows read with 16-byte copies (Vector, Staged or Flat), padded head
-// dims both at most 128 or both from 129 to 256, and no tile override.
+// dims both at most 128, both from 129 to 256 or both from 257 to 512 (the
+// deep kernels, bwd_sm90_deep.go), and no tile override.
 func BwdHopperOK(v BwdVariant) bool {
 	dk, dv := v.DKPad(), v.DVPad()
-	dims := dk <= 128 && dv <= 128 || dk > 128 && dv > 128 && dk <= 256 && dv <= 256
+	dims := dk <= 128 && dv <= 128 || dk > 128 && dv > 128 && dk <= 256 && dv <= 256 || dk > 256 && dv > 256
 	return (v.DType == attn.BFloat16 || v.DType == attn.Float16) && (v.Vector || v.Staged || v.Flat) && dims && v.Tiles.DKDV.BlockM == 0
 }
 
@@ -27,6 +28,9 @@ func BwdHopperOK(v BwdVariant) bool {
 // dK += dSᵀ·Q (wg_tN), the atomic dQ = dS·K (wg_nN) and the separate
 // dQ += dS·K with dS from registers (wg_rq).
 func (v BwdVariant) HopperProducts() []WGMMAProduct {
+	if v.bwdHopperDeep() {
+		return v.bwdDeepProducts()
+	}
 	dkp, bn := v.DKPad(), v.bwdHopperTile().BlockN
 	nv, nk, nq := v.bwdHopperCols()
 	ps := []WGMMAProduct{{Name: "wg_s", N: bn / 2}, {Name: fmt.Sprintf("wg_t%d", nv), N: nv, TA: true, TB: true}}
@@ -40,6 +44,85 @@ func (v BwdVariant) HopperProducts() []WGMMAProduct {
 		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
 	}
 	return append(ps, WGMMAProduct{Name: "wg_rq", N: dkp, TB: true, RegA: true})
+}
+
+// loadQ writes load_q(it, s), the loads of the Hopper dK/dV kernel's
+// query-side tiles of step it into stage s: q and dO by the tensor memory
+// accelerator (TMA variants) or by cp.async, LSE2 and Delta rows by
+// cp.async.
+func (g *bwdGen) loadQ(b *strings.Builder) {
+	if g.v.TMA {
+		fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q and dO by the tensor memory accelerator (one
+  // thread; rows past the sequence and columns past the head dim come as zeros), LSE2 and Delta rows
+  // by cp.async
+  constexpr int QA = %d, DA = %d;  // 64-column atoms of q and dO loaded (the rest are never read)
+  auto load_q = [&](int it, int s) {
+    const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
+    if (tid == 0) {
+%[3]s    }
+    const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
+    load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
+  };
+`, swizzleAtoms(g.v.DKPad()), swizzleAtoms(g.v.DVPad()), g.qStageTMA("      "))
+		return
+	}
+	fmt.Fprintf(b, `  // stage s of the query-side tiles for iteration it: q, dO, LSE2, Delta rows
+  auto load_q = [&](int it, int s) {
+    const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
+    load_sw<BM, KCH, DK, NTH>(sQ + s * Q_STAGE, %s, %s, n - iq);
+    load_sw<BM, VCH, DV, NTH>(sdO + s * DO_STAGE, %s, %s, n - iq);
+    const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
+    load_stats<BM, NTH>(sL + s * BM, sD + s * BM, p.lse2 + so, p.delta + so, n - iq);
+  };
+`, g.in("q").at("iq", "hq"), g.in("q").sr, g.in("do").at("iq", "hq"), g.in("do").sr)
+}
+
+// loadKV writes load_kv(it, s), the loads of the Hopper dQ kernel's
+// key-side tiles of step it into stage s: k and v by the tensor memory
+// accelerator (TMA variants) or by cp.async.
+func (g *bwdGen) loadKV(b *strings.Builder) {
+	if g.v.TMA {
+		fmt.Fprintf(b, `  // stage s of the key-side tiles for step it: k and v by the tensor memory accelerator (one thread;
+  // rows past the sequence and columns past the head dim come as zeros)
+  auto load_kv = [&](int it, int s) {
+    const int jk = (jb0 + it) * BN;
+    if (tid == 0) {
+%s    }
+  };
+`, g.kvStageTMA("      "))
+		return
+	}
+	fmt.Fprintf(b, `  auto load_kv = [&](int it, int s) {
+    const int jk = (jb0 + it) * BN;
+    load_sw<BN, KCH, DK, NTH>(sK + s * K_STAGE, %s, %s, m - jk);
+    load_sw<BN, VCH, DV, NTH>(sV + s * V_STAGE, %s, %s, m - jk);
+  };
+`, g.in("k").at("jk", "kvh"), g.in("k").sr, g.in("v").at("jk", "kvh"), g.in("v").sr)
+}
+
+// wgScores writes one warpgroup's S = Q·Kᵀ and dP = dO·Vᵀ into accS and
+// accP (nt blocks of 8 keys each), both operands K-major: the descriptors
+// named q, do (query-side tiles, BM rows an atom), k and v (key-side
+// tiles, BN rows an atom), those not in scope declared by decl inside the
+// block; the two products committed apart and S waited for, so that P is
+// computed while dP still runs. what describes the tile in a comment.
+func wgScores(b *strings.Builder, what, decl, q, do, k, v string, nt int) {
+	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: %[1]s
+    float accS[1][%[2]d][4], accP[1][%[2]d][4];
+    {
+%[3]s      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < DKP / 16; ++kk)
+        wg_s(accS[0], %[4]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), %[6]s + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+      wgmma_commit();  // S
+#pragma unroll
+      for (int kk = 0; kk < DVP / 16; ++kk)
+        wg_s(accP[0], %[5]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+      wgmma_commit();  // dP
+      wgmma_wait<1>();  // S is done; dP still runs while P is computed
+      fence_acc(accS[0]);
+    }
+`, what, nt, decl, q, do, k, v)
 }
 
 // hopperPrelude writes the device functions only the Hopper kernel uses.
@@ -85,7 +168,7 @@ DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
   }
 }
 `)
-	if !v.Vector {
+	if !v.Vector || v.bwdHopperDeep() {
 		b.WriteString(rowOutSource)
 	}
 	if v.Flat {

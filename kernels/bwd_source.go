@@ -291,10 +291,14 @@ func (g *bwdGen) source() string {
 	g.convertKernel(&b)
 	g.dbiasKernel(&b)
 	g.nfFixupKernel(&b)
-	if g.v.WGMMA {
+	switch {
+	case g.v.WGMMA && g.v.bwdHopperDeep():
+		g.dkdvKernelHopperDeep(&b)
+		g.dqKernelHopperDeep(&b)
+	case g.v.WGMMA:
 		g.dkdvKernelHopper(&b)
 		g.dqKernelHopper(&b)
-	} else {
+	default:
 		g.dkdvKernel(&b)
 		g.dqKernel(&b)
 	}

@@ -156,6 +156,9 @@ func (v BwdVariant) ResolvedTiles() BwdTiles {
 	t := defaultBwdTiles(v.DType, v.DKPad(), v.DVPad())
 	if v.WGMMA {
 		t.DKDV, t.DQ = v.bwdHopperTile(), v.bwdHopperDQTile()
+		if v.bwdHopperDeep() {
+			t.DKDV, t.DQ = v.bwdDeepTile(true), v.bwdDeepTile(false)
+		}
 	}
 	if v.Tiles.DKDV.BlockM != 0 {
 		t.DKDV = v.Tiles.DKDV
@@ -185,6 +188,9 @@ func (v BwdVariant) DQSharedBytes() int {
 
 // layouts returns the shared-memory maps of the dK/dV and dQ kernels.
 func (v BwdVariant) layouts() (dkdv, dq bwdSmemLayout) {
+	if v.WGMMA && v.bwdHopperDeep() {
+		return v.bwdDeepLayout(true), v.bwdDeepLayout(false)
+	}
 	if v.WGMMA {
 		return v.bwdHopperLayout(), v.bwdHopperDQLayout()
 	}
@@ -268,7 +274,10 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: rows read in place (Flat) need the Hopper kernels with tensor maps, a fixed-length batch and room for the shift, without Vector or Staged", v.Name())
 	}
 	if v.WGMMA && !BwdHopperOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128 or both 129..256, and no tile override", v.Name())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels want 16-bit elements, 16-byte loads, padded head dims both at most 128, both 129..256 or both 257..512, and no tile override", v.Name())
+	}
+	if v.WGMMA && v.bwdHopperDeep() && (v.AtomicDQ || v.Flat || v.WarpSpecialized) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the Hopper kernels past head dim 256 take the separate dQ, rows not read in place and the lockstep pipeline", v.Name())
 	}
 	if v.BulkDQ && (!v.WGMMA || !v.AtomicDQ || v.Flat || v.bwdHopperWide()) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: bulk reduce-adds of dQ need the Hopper kernels with the atomic dQ, padded head dims up to 128 and rows not read in place", v.Name())

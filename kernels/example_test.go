@@ -23,7 +23,7 @@ func ExampleHopperTile() {
 // Which backward head dims the Hopper kernels take (16-bit rows read with
 // 16-byte copies): both dims up to 128, or both from 129 to 256.
 func ExampleBwdHopperOK() {
-	for _, d := range [][2]int{{64, 64}, {128, 128}, {256, 256}, {64, 256}, {320, 320}} {
+	for _, d := range [][2]int{{64, 64}, {128, 128}, {256, 256}, {64, 256}, {320, 320}, {512, 256}} {
 		v := kernels.BwdVariant{DType: attn.BFloat16, DK: d[0], DV: d[1], Vector: true}
 		fmt.Println(d, kernels.BwdHopperOK(v))
 	}
@@ -32,5 +32,6 @@ func ExampleBwdHopperOK() {
 	// [128 128] true
 	// [256 256] true
 	// [64 256] false
-	// [320 320] false
+	// [320 320] true
+	// [512 256] false
 }

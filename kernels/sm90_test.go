@@ -238,6 +238,15 @@ func bwdHopperVariants() []BwdVariant {
 		BwdVariant{DType: attn.Float16, DK: 127, DV: 127, Features: Features{Mask: MaskWindow}, Staged: true, WGMMA: true},
 		BwdVariant{DType: attn.Float16, DK: 64, DV: 64, Features: Features{Mask: MaskWindow, Softcap: true, Bias: BiasF32, Dropout: true}, Vector: true, AtomicDQ: true, BiasGrad: true, WGMMA: true},
 		BwdVariant{DType: attn.BFloat16, DK: 256, DV: 256, Features: Features{Softcap: true, Dropout: true, Varlen: true}, Vector: true, AtomicDQ: true, WGMMA: true},
+		// past 256 (the deep kernels, separate dQ only): equal and uneven slices, every feature, a staged odd dim
+		BwdVariant{DType: attn.BFloat16, DK: 272, DV: 272, Vector: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 320, DV: 320, Features: Features{Mask: MaskFor(true)}, Vector: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 384, DV: 384, Vector: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 512, DV: 512, Vector: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 512, DV: 512, Features: Features{Mask: MaskFor(true)}, Vector: true, WGMMA: true},
+		BwdVariant{DType: attn.Float16, DK: 512, DV: 512, Features: Features{Mask: MaskWindow, Softcap: true, Bias: BiasF32, Dropout: true}, Vector: true, BiasGrad: true, WGMMA: true},
+		BwdVariant{DType: attn.Float16, DK: 301, DV: 384, Features: Features{Mask: MaskWindow}, Staged: true, WGMMA: true},
+		BwdVariant{DType: attn.BFloat16, DK: 320, DV: 320, Features: Features{Mask: MaskFor(true), Dropout: true, Varlen: true}, Vector: true, WGMMA: true},
 	)
 }
 
@@ -269,10 +278,17 @@ func TestBwdTMASource(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", v.Name(), err)
 		}
+		wait := func(stages int) string { // the wait for a step's streamed tiles
+			if stages == 1 {
+				return "mbar_wait(bar, it & 1);"
+			}
+			return "mbar_wait(bar + 8 * st, (it >> 1) & 1);"
+		}
+		tiles := v.ResolvedTiles()
 		for _, want := range []string{
 			BwdDKDVKernel + "(const __grid_constant__ BwdTmaParams tp)", BwdDQKernel + "(const __grid_constant__ BwdTmaParams tp)",
 			"static_assert(sizeof(BwdTmaParams) ==", "tma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a", "tma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b",
-			"(sK + s * K_STAGE, &tp.a", "(sV + s * V_STAGE, &tp.b", "mbar_wait(bar + 8 * st, (it >> 1) & 1);",
+			"(sK + s * K_STAGE, &tp.a", "(sV + s * V_STAGE, &tp.b", wait(tiles.DKDV.Stages), wait(tiles.DQ.Stages),
 			BwdPreKernel + "(const BwdParams p)",
 		} {
 			if !strings.Contains(src, want) {
@@ -374,7 +390,8 @@ func TestBwdHopperOK(t *testing.T) {
 		{"fp32", BwdVariant{DType: attn.Float32, DK: 64, DV: 64, Vector: true}, false},
 		{"element-wise loads", BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64}, false},
 		{"dk 64 dv 256", BwdVariant{DType: attn.BFloat16, DK: 64, DV: 256, Vector: true}, false},
-		{"dk 320", BwdVariant{DType: attn.BFloat16, DK: 320, DV: 320, Vector: true}, false},
+		{"dk 320 (the deep kernels)", BwdVariant{DType: attn.BFloat16, DK: 320, DV: 320, Vector: true}, true},
+		{"dk 512 dv 256", BwdVariant{DType: attn.BFloat16, DK: 512, DV: 256, Vector: true}, false},
 		{"tile override", BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, Tiles: BwdTiles{DKDV: BwdTile{64, 64, 4, 2, 1}}}, false},
 	}
 	for _, tt := range tests {
