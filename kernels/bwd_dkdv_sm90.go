@@ -214,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 	if v.WarpSpecialized {
 		g.wsBwdBarriers(b, l, 32, "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
 	} else {
-		g.tmaBarriers(b, l, "q and dO")
+		g.tmaBarriers(b, l, "q and dO", 2)
 	}
 	g.dkdvQueryRange(b)
 	fmt.Fprintf(b, `  const T* gk = %s;

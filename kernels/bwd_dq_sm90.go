@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 	if g.ws {
 		g.wsBwdBarriers(b, l, 1, "the producer thread's k and v tiles landed")
 	} else {
-		g.tmaBarriers(b, l, "k and v")
+		g.tmaBarriers(b, l, "k and v", 2)
 	}
 	g.dqKeyRange(b)
 	switch {

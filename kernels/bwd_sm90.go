@@ -266,13 +266,18 @@ func (g *bwdGen) hopperArgAlias() string {
 
 // tmaBarriers writes, for TMA variants, the two stage barriers of the
 // streamed tiles (what: which) at the layout's "bar" and their
-// initialization.
-func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string) {
+// initialization, for a kernel with stages stages of them (with one, the
+// second barrier is unused).
+func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string, stages int) {
 	if !g.v.TMA {
 		return
 	}
+	parity := "(it >> 1) & 1"
+	if stages == 1 {
+		parity = "it & 1"
+	}
 	fmt.Fprintf(b, `  // ---- mbarriers: stage s of %s landed (one arrival with the byte count, then the copies); the
-  // k-th fill of stage s completes phase k, so step it waits for parity (it >> 1) & 1
+  // k-th fill of stage s completes phase k, so step it waits for parity %s
   const u32 bar = s0 + %d;
   if (tid == 0) {
     mbar_init(bar, 1);
@@ -280,7 +285,7 @@ func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string) {
     mbar_fence_init();
   }
   __syncthreads();
-`, what, l.off["bar"])
+`, what, parity, l.off["bar"])
 }
 
 // tmaStageWait writes, for TMA variants, the wait for the streamed tiles

@@ -114,8 +114,9 @@ func (v BwdVariant) bwdDeepProducts() []WGMMAProduct {
 	return ps
 }
 
-// deepTiles writes the shared-memory addresses of the deep kernels' tiles.
-func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout) {
+// deepTiles writes the shared-memory addresses of the deep kernels' tiles
+// and the barriers of the streamed ones (stages of them).
+func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, stages int) {
 	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
   T* sP = reinterpret_cast<T*>(smem + %d);    // P  [BM][64], swizzled
   T* sdS = reinterpret_cast<T*>(smem + %d);   // dS [BM][64], swizzled
@@ -124,7 +125,7 @@ func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout) {
   const u32 sPa = s0 + %d, sdSa = s0 + %d;
   (void)sPa;
 `, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
-	g.tmaBarriers(b, l, "the streamed tiles")
+	g.tmaBarriers(b, l, "the streamed tiles", stages)
 }
 
 // deepStepStart writes the start of a deep kernel's step it (stage st)
@@ -195,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 %[5]s`, t.BlockN, l.total, BwdDKDVKernel, g.hopperArg(), g.hopperArgAlias(), t.Stages)
 	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	fmt.Fprintf(b, "  constexpr int KSL = %d, VSL = %d;  // 64-column slices of dK (warpgroup 1) and dV (warpgroup 0)\n", ka, va)
-	g.deepTiles(b, l)
+	g.deepTiles(b, l, t.Stages)
 	g.dkdvQueryRange(b)
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
@@ -291,7 +292,7 @@ func (g *bwdGen) dqKernelHopperDeep(b *strings.Builder) {
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 %[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias(), t.BlockN, c0-1, t.Stages)
 	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
-	g.deepTiles(b, l)
+	g.deepTiles(b, l, t.Stages)
 	g.dqKeyRange(b)
 	g.loadKV(b)
 	fmt.Fprintf(b, `  // dQ of the block's BM rows: columns 0 .. %[1]d on warpgroup 0, %[2]d .. DKP-1 on warpgroup 1
