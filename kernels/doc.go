@@ -51,7 +51,8 @@
 // fwd_mask, fwd_pv, fwd_epilogue, fwd_dropout, fwd_params; fwd_sm90 the
 // Hopper kernel), bwd_*.go the backward (bwd_variant, bwd_source, bwd_mma,
 // bwd_stage, bwd_params, bwd_nan; bwd_dkdv_sm90, bwd_dq_sm90 and bwd_sm90
-// the Hopper kernels; bwd_tma). Shared by both: features.go, headdim.go
+// the Hopper kernels, bwd_sm90_ws their warp-specialized pipeline,
+// bwd_sm90_deep those past head dim 256; bwd_tma). Shared by both: features.go, headdim.go
 // (every head-dim rounding rule), cstruct.go, tune.go (the tile tables),
 // stage.go (the staging copies), flat.go, tma.go, ptx.go, wgmma.go and
 // philox.go. cp_merge.go writes context parallelism's merge kernels, which
