@@ -122,6 +122,9 @@ func bwdNaNCases() []bwdNaNCase {
 			{'v', 0, 50, 0, -1, nan}, {'k', 0, 60, 0, 150, nan}, {'q', 0, 20, 0, -1, nan}, {'d', 0, 10, 0, 180, inf}}},
 		{c("d144-224-70x100-window", bf, 70, 100, 1, 1, 144, 224, false, br, &attn.Window{Left: 20, Right: 3}), []bwdPlant{
 			{'v', 0, 50, 0, 200, nan}, {'k', 0, 60, 0, -1, nan}, {'q', 0, 40, 0, 140, inf}, {'d', 0, 20, 0, -1, nan}}},
+		// past 256: the deep Hopper kernels (dK and dV transposed, 32 keys a block)
+		{c("d320-70x100-causal-tl", bf, 70, 100, 2, 1, 320, 320, true, tl, nil), []bwdPlant{
+			{'v', 0, 50, 0, -1, nan}, {'k', 0, 60, 0, 300, nan}, {'q', 0, 20, 1, -1, nan}, {'d', 0, 10, 0, 310, inf}}},
 		{c("fp32-d64-100-window", f32, 100, 100, 2, 2, 64, 64, false, br, &attn.Window{Left: 10, Right: 2}), []bwdPlant{
 			{'v', 0, 60, 0, -1, nan}, {'q', 0, 30, 1, -1, nan}, {'v', 0, 70, 1, 3, inf}, {'k', 0, 80, 0, -1, nan}, {'d', 0, 20, 1, -1, nan},
 			{'k', 0, 90, 1, 5, -inf}, {'q', 0, 95, 0, 7, inf}, {'d', 0, 50, 0, 2, inf}}},
