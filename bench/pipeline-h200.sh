@@ -32,9 +32,12 @@
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
-# bwdcheck, wscheck, bwdtime, tiles, sanitize; default all but tiles and
-# sanitize; wscheck is bwdcheck with the warp-specialized backward,
-# FLASHATTN_BWD_PIPELINE=ws; sanitize runs a few shapes of the full
+# bwdcheck, wscheck, keyrowscheck, bwdtime, tiles, sanitize; default all but
+# tiles and sanitize; wscheck is bwdcheck with the warp-specialized backward,
+# FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
+# FLASHATTN_BWD_KEY_ROWS=1), BWD_CONFIGS (the backward's timed choices,
+# space-separated LABEL=VAR=VALUE,VAR=VALUE; default the dQ algorithms on
+# both pipelines and the key-rows step); sanitize runs a few shapes of the full
 # pipeline, the bulk dQ and the warp-specialized backward under
 # compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
@@ -46,7 +49,7 @@ PIPELINES=${PIPELINES:-lockstep ws ws,pingpong ws,pingpong,early-rescale ws,ping
 SHAPES=${SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 1:24:4608:128 32:16:512:128 32:16:512:128:causal 4:32:4096:64 4:32:4096:64:causal 4:8:4096:256 4:8:4096:256:causal}
 ROUNDS=${ROUNDS:-2}
 BWD_SHAPES=${BWD_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:24:4608:128 4:32:4096:64 4:32:4096:64:causal}
-STEPS=${STEPS:-check,time,bwdcheck,wscheck,bwdtime}
+STEPS=${STEPS:-check,time,bwdcheck,wscheck,keyrowscheck,bwdtime}
 TILE_PIPELINE=${TILE_PIPELINE:-ws,pingpong,early-rescale}
 # the pipelines the check step runs the tests under: together every part, each in one run of at most 4 minutes
 CHECK_PIPELINES=${CHECK_PIPELINES:-ws,pingpong,early-rescale ws,pingpong,early-rescale,persistent,tma-store tma-store}
@@ -133,26 +136,32 @@ if [[ ",$STEPS," == *",time,"* ]]; then
 	summarize "$OUT/times.txt" "$labels" >>"$SUMMARY"
 fi
 
-BWD_CONFIGS="separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=lockstep atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=lockstep
+BWD_CONFIGS=${BWD_CONFIGS:-"separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=lockstep atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=lockstep
  bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=lockstep
  ws-separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws ws-atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=ws
- ws-bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=ws"
-# bwd_check PIPELINE LABEL: the gradient tests with the bulk dQ allowed (the tests run both dQ algorithms)
+ ws-bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=ws
+ ws-keyrows=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws,FLASHATTN_BWD_KEY_ROWS=1"}
+# bwd_check LABEL VAR=VALUE...: the gradient tests with the bulk dQ allowed (the tests run both dQ
+# algorithms) and the variables given
 bwd_check() {
-	local log=$OUT/bwdcheck-$2.log
-	(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_PIPELINE=$1 timeout --kill-after=10 280 "$ROOT/.bin/gpu.test" -test.v \
+	local label=$1 log=$OUT/bwdcheck-$1.log
+	shift
+	(cd "$ROOT/gpu" && env FLASHATTN_BULK_DQ=1 "$@" timeout --kill-after=10 280 "$ROOT/.bin/gpu.test" -test.v \
 		-test.run 'TestBackwardGradients|TestBackwardAtomicUnderLoad|TestBackwardWholeStep|TestBackwardNonFinite|TestBackwardDeterministic') >"$log" 2>&1
-	printf 'bwdcheck %-8s rc=%-3d %s failed subtests\n' "$2" "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
+	printf 'bwdcheck %-8s rc=%-3d %s failed subtests\n' "$label" "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
 }
 if [[ ",$STEPS," == *",bwdcheck,"* ]]; then
-	bwd_check lockstep bulk
+	bwd_check bulk FLASHATTN_BWD_PIPELINE=lockstep
 fi
 if [[ ",$STEPS," == *",wscheck,"* ]]; then
-	bwd_check ws ws
+	bwd_check ws FLASHATTN_BWD_PIPELINE=ws
+fi
+if [[ ",$STEPS," == *",keyrowscheck,"* ]]; then
+	bwd_check keyrows FLASHATTN_BWD_PIPELINE=ws FLASHATTN_BWD_KEY_ROWS=1
 fi
 if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"
-	summarize "$OUT/bwdtimes.txt" "separate atomic bulk ws-separate ws-atomic ws-bulk" >>"$SUMMARY"
+	summarize "$OUT/bwdtimes.txt" "$(for c in $BWD_CONFIGS; do printf '%s ' "${c%%=*}"; done)" >>"$SUMMARY"
 fi
 if [[ ",$STEPS," == *",sanitize,"* ]]; then
 	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -64,6 +64,11 @@ type Backend struct {
 	// parts do not apply to the backward. New reads it from EnvBwdPipeline:
 	// DefaultBwdPipeline unless the variable names another.
 	BwdPipeline kernels.Pipeline
+	// BwdKeyRows lets the warp-specialized Hopper dK/dV kernel compute S
+	// and dP with keys as rows wherever the variant allows it
+	// (kernels.BwdVariant.KeyRows, kernels.KeyRowsOK: head dims up to 128,
+	// the separate dQ, no dropout). New sets it when EnvBwdKeyRows is set.
+	BwdKeyRows bool
 
 	fill    filler      // the random-fill kernel
 	modules moduleCache // every other kernel: forward and backward variants, the pack kernel
@@ -102,8 +107,8 @@ func Open() (*Backend, error) {
 
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
-// EnvBwdPipeline, EnvBulkDQ, EnvDQ) once, into the knobs WGMMA, TMA,
-// Pipeline, BwdPipeline, BulkDQ and DQ.
+// EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvDQ) once, into the knobs
+// WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ, BwdKeyRows and DQ.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -111,14 +116,15 @@ func New(dev *cuda.Device) (*Backend, error) {
 	}
 	hopper := hopperCapable(dev)
 	b := &Backend{
-		dev:       dev,
-		stream:    s,
-		pool:      newMemPool(dev),
-		copier:    hostCopier{dev: dev},
-		Speculate: true,
-		WGMMA:     hopper,
-		BulkDQ:    hopper && envSet(os.Getenv(EnvBulkDQ)),
-		TMA:       hopper && !envSet(os.Getenv(EnvNoTMA)),
+		dev:        dev,
+		stream:     s,
+		pool:       newMemPool(dev),
+		copier:     hostCopier{dev: dev},
+		Speculate:  true,
+		WGMMA:      hopper,
+		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
+		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
+		TMA:        hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -189,6 +195,11 @@ const EnvDQ = "FLASHATTN_DQ"
 // EnvBulkDQ, when set to anything but "" or "0", lets the Hopper backward
 // of new backends add the atomic dQ with bulk reduce-adds (Backend.BulkDQ).
 const EnvBulkDQ = "FLASHATTN_BULK_DQ"
+
+// EnvBwdKeyRows, when set to anything but "" or "0", lets the
+// warp-specialized Hopper dK/dV kernel compute S and dP with keys as rows
+// (Backend.BwdKeyRows).
+const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 
 // EnvPipeline names the pipeline of the Hopper forward of new backends
 // (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.

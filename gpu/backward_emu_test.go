@@ -90,19 +90,21 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	hopper := kind != emuMMA
 	tma := emuBwdTMA(kind) || kind == emuDefault
 	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk
-	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk
+	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRows
+	keyRows := kind == emuHopperBwdWSKeyRows
 	if kind == emuDefault {
 		_, bp, b := emuDefaultKnobs()
 		ws, bulk = bp.WarpSpecialized, b
+		keyRows = envSet(os.Getenv(EnvBwdKeyRows))
 	}
-	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws})
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
 	if kind == emuDefault {
 		t.Logf("%s", pl.v.Name())
 	} else {
-		emuCheckBwdPlan(t, pl, in.p, kind, hopper, tma, bulk, ws)
+		emuCheckBwdPlan(t, pl, in.p, kind, hopper, tma, bulk, ws, keyRows)
 	}
 	src, err := pl.v.Source()
 	if err != nil {
@@ -211,6 +213,8 @@ func emuCases() []bwdCase {
 		{name: "varlen-d320-gqa", h: 4, hkv: 2, dk: 320, dv: 320, cuQ: []int32{0, 37, 37, 100}, cuK: []int32{0, 50, 81, 81}, causal: true, dtypes: bf},
 		{name: "head-major-d288", b: 2, n: 37, m: 45, h: 2, hkv: 1, dk: 288, dv: 288, headMajor: true, dtypes: []attn.DType{attn.Float16}},
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
+		// the element-wise features without dropout (which the key-rows step declines), DK ≠ DV
+		{name: "softcap-bias-grad-window-d64-96", b: 2, n: 45, m: 90, h: 2, hkv: 1, dk: 64, dv: 96, softcap: 4, bias: []int{2, 1}, biasGrad: true, window: &attn.Window{Left: 20, Right: 5}, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
 		// tiles that run into the next sequence's rows (by tensor maps they are not zeros)
 		{name: "varlen-crossing-gqa", h: 4, hkv: 2, dk: 128, dv: 128, cuQ: []int32{0, 37, 207, 357}, cuK: []int32{0, 50, 180, 470}, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
@@ -229,7 +233,7 @@ func emuCases() []bwdCase {
 }
 
 // emuCheckBwdPlan fails t unless pl runs the kernels kind asks for.
-func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels, hopper, tma, bulk, ws bool) {
+func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels, hopper, tma, bulk, ws, keyRows bool) {
 	t.Helper()
 	if pl.v.WGMMA != hopper || pl.v.TMA != tma {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", pl.v.Name(), kind)
@@ -240,6 +244,11 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	// (the Hopper kernels past head dim 256 have only the lockstep pipeline)
 	if want := ws && !bwdWSSlower(p) && max(pl.v.DKPad(), pl.v.DVPad()) <= 256; pl.v.WarpSpecialized != want {
 		t.Fatalf("plan %s: WarpSpecialized = %v, want %v", pl.v.Name(), pl.v.WarpSpecialized, want)
+	}
+	w := pl.v
+	w.KeyRows = false
+	if want := keyRows && kernels.KeyRowsOK(w); pl.v.KeyRows != want {
+		t.Fatalf("plan %s: KeyRows = %v, want %v", pl.v.Name(), pl.v.KeyRows, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
@@ -399,4 +408,4 @@ var bwdEmuFamilies = []struct {
 	name string
 	kind emuKernels
 }{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
-	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}}
+	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows}}

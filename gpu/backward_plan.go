@@ -247,6 +247,9 @@ type bwdRequest struct {
 	// ws runs the dK/dV and dQ kernels warp-specialized where the variant
 	// allows it (Backend.BwdPipeline).
 	ws bool
+	// keyRows has the warp-specialized dK/dV kernel compute S and dP with
+	// keys as rows where the variant allows it (Backend.BwdKeyRows).
+	keyRows bool
 }
 
 // bwdRequest returns the planner's request for a backward of p in dt on
@@ -255,7 +258,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	if algo == DQAuto {
 		algo = b.DQ
 	}
-	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized}
+	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -329,6 +332,13 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if ws && pl.v.TMA && !bwdWSSlower(p) {
 		w := pl.v
 		w.WarpSpecialized = true
+		if w.Validate() == nil {
+			pl.v = w
+		}
+	}
+	if r.keyRows && kernels.KeyRowsOK(pl.v) {
+		w := pl.v
+		w.KeyRows = true
 		if w.Validate() == nil {
 			pl.v = w
 		}

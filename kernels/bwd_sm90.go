@@ -43,6 +43,7 @@ func (v BwdVariant) HopperProducts() []WGMMAProduct {
 	if v.AtomicDQ {
 		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
 	}
+	ps = append(ps, v.keyRowsProducts()...)
 	return append(ps, WGMMAProduct{Name: "wg_rq", N: dkp, TB: true, RegA: true})
 }
 
@@ -100,29 +101,31 @@ func (g *bwdGen) loadKV(b *strings.Builder) {
 `, g.in("k").at("jk", "kvh"), g.in("k").sr, g.in("v").at("jk", "kvh"), g.in("v").sr)
 }
 
-// wgScores writes one warpgroup's S = Q·Kᵀ and dP = dO·Vᵀ into accS and
-// accP (nt blocks of 8 keys each), both operands K-major: the descriptors
-// named q, do (query-side tiles, BM rows an atom), k and v (key-side
-// tiles, BN rows an atom), those not in scope declared by decl inside the
-// block; the two products committed apart and S waited for, so that P is
-// computed while dP still runs. what describes the tile in a comment.
-func wgScores(b *strings.Builder, what, decl, q, do, k, v string, nt int) {
+// wgScores writes one warpgroup's S = A·Bᵀ and dP = C·Dᵀ (S = Q·Kᵀ and dP
+// = dO·Vᵀ, or transposed, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ) into accS and accP
+// (nt blocks of 8 columns each), every operand K-major: the descriptors
+// named sa, sb, pa, pb, those not in scope declared by decl inside the
+// block, the A tiles with aRows rows an atom and the B tiles bRows (BM for
+// the query-side tiles, BN for the key-side ones); the two products
+// committed apart and S waited for, so that P is computed while dP still
+// runs. what describes the tile in a comment.
+func wgScores(b *strings.Builder, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int) {
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: %[1]s
     float accS[1][%[2]d][4], accP[1][%[2]d][4];
     {
 %[3]s      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DKP / 16; ++kk)
-        wg_s(accS[0], %[4]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), %[6]s + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        wg_s(accS[0], %[4]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[5]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // S
 #pragma unroll
       for (int kk = 0; kk < DVP / 16; ++kk)
-        wg_s(accP[0], %[5]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * BN * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        wg_s(accP[0], %[6]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // dP
       wgmma_wait<1>();  // S is done; dP still runs while P is computed
       fence_acc(accS[0]);
     }
-`, what, nt, decl, q, do, k, v)
+`, what, nt, decl, sa, sb, pa, pb, aRows, bRows)
 }
 
 // hopperPrelude writes the device functions only the Hopper kernel uses.

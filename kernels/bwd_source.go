@@ -508,22 +508,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       for (int c = 0; c < 2; ++c) {
         const float s = accS[mt][nt][hh * 2 + c];
 `)
-	switch {
-	case !v.Softcap && !v.Biased():
-		b.WriteString("        x[c] = fmaf(s, p.scale_log2, -lr[mt][hh]);\n")
-	default:
-		if v.Softcap {
-			fmt.Fprintf(b, "        const float th = %s(s * p.softcap_in);\n", softcapTanh(v.DType))
-			b.WriteString("        fc[mt][nt][hh * 2 + c] = 1.f - th * th;\n")
-			b.WriteString("        float sv = p.softcap * th;\n")
-		} else {
-			b.WriteString("        float sv = s * p.scale;\n")
-		}
-		if v.Biased() {
-			b.WriteString("        if (qi < n && kj + c < m) sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + qi * p.bias_si + (kj + c) * p.bias_sj]);\n")
-		}
-		b.WriteString("        x[c] = fmaf(sv, FA_LOG2E, -lr[mt][hh]);\n")
-	}
+	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c"))
 	b.WriteString(`        if (!full && !visible(qi, kj + c, m, off, p.left, p.right)) x[c] = -FA_INF;
       }
       float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
@@ -550,6 +535,29 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 		b.WriteString("      accS[mt][nt][hh * 2] = p0; accS[mt][nt][hh * 2 + 1] = p1;\n")
 	}
 	b.WriteString("    }\n")
+}
+
+// logit returns the statements (each line after indent) that set x[c],
+// the base-2 logit of the score s of element (query qi, key kj) less its
+// row's LSE2 lse: scaled, or through the softcap (keeping 1 − tanh² in
+// fc), plus the bias.
+func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
+	v := g.v
+	if !v.Softcap && !v.Biased() {
+		return indent + "x[c] = fmaf(s, p.scale_log2, -" + lse + ");\n"
+	}
+	var b strings.Builder
+	if v.Softcap {
+		fmt.Fprintf(&b, "%sconst float th = %s(s * p.softcap_in);\n", indent, softcapTanh(v.DType))
+		fmt.Fprintf(&b, "%s%s = 1.f - th * th;\n%sfloat sv = p.softcap * th;\n", indent, fc, indent)
+	} else {
+		b.WriteString(indent + "float sv = s * p.scale;\n")
+	}
+	if v.Biased() {
+		fmt.Fprintf(&b, "%[1]sif (%[2]s < n && %[3]s < m) sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + %[2]s * p.bias_si + (%[3]s) * p.bias_sj]);\n", indent, qi, kj)
+	}
+	fmt.Fprintf(&b, "%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, lse)
+	return b.String()
 }
 
 // bwdPairLoop opens the loop over the accumulator pairs of a warp's S

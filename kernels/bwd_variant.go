@@ -113,6 +113,12 @@ type BwdVariant struct {
 	// warpgroups, with the producer's registers (setmaxnreg), meet only
 	// where one reads what the other wrote.
 	WarpSpecialized bool
+	// KeyRows (with WarpSpecialized, padded head dims up to 128, the
+	// separate dQ and no dropout: KeyRowsOK) computes S and dP in the
+	// dK/dV kernel transposed, keys as rows, so that P and dS feed the dV
+	// and dK products from registers instead of through shared memory
+	// (bwd_sm90_keyrows.go).
+	KeyRows bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -285,6 +291,9 @@ func (v BwdVariant) Validate() error {
 	if v.WarpSpecialized && (!v.WGMMA || !v.TMA) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the warp-specialized dK/dV kernel needs the Hopper kernels with tensor-map loads", v.Name())
 	}
+	if v.KeyRows && !KeyRowsOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, the separate dQ and no dropout", v.Name())
+	}
 	if v.TMA && !v.WGMMA {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels", v.Name())
 	}
@@ -324,7 +333,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

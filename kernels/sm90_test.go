@@ -422,13 +422,66 @@ func TestBwdCompileHopper(t *testing.T) {
 	tma := bwdHopperTMAVariants()
 	bulk := bwdHopperBulkDQVariants()
 	ws := bwdHopperWSVariants()
+	keyRows := bwdHopperKeyRowsVariants()
 	if testing.Short() {
 		vs = []BwdVariant{vs[1], vs[5], vs[17]}
 		tma = []BwdVariant{tma[1], tma[9], tma[len(tma)-3]}
 		bulk = bulk[:2]
 		ws = []BwdVariant{ws[0], ws[len(ws)/2], ws[len(ws)-1]}
+		keyRows = []BwdVariant{keyRows[0], keyRows[len(keyRows)-1]}
 	}
-	checkBwdHopperCompiles(t, c, append(append(append(vs, tma...), bulk...), ws...))
+	checkBwdHopperCompiles(t, c, append(append(append(append(vs, tma...), bulk...), ws...), keyRows...))
+}
+
+// bwdHopperKeyRowsVariants returns the variants of bwdHopperWSVariants
+// that take the key-rows step, with it.
+func bwdHopperKeyRowsVariants() []BwdVariant {
+	var vs []BwdVariant
+	for _, v := range bwdHopperWSVariants() {
+		if KeyRowsOK(v) {
+			v.KeyRows = true
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// TestKeyRowsSource checks the key-rows step's source: S and dP with the
+// key tiles as A, the dV and dK products from registers, and neither P nor
+// dS stored; and that Validate refuses it where KeyRowsOK does not hold.
+func TestKeyRowsSource(t *testing.T) {
+	vs := bwdHopperKeyRowsVariants()
+	if len(vs) < 4 {
+		t.Fatalf("%d key-rows variants", len(vs))
+	}
+	for _, v := range vs {
+		src, err := v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", v.Name(), err)
+		}
+		for _, want := range []string{"wg_s(accS[0], dKs + ", "wg_rq(accdK[0], as, dqn", "(accdV[0], ap, ddn"} {
+			if !strings.Contains(src, want) {
+				t.Errorf("%s: source lacks %q", v.Name(), want)
+			}
+		}
+		if strings.Contains(src, "sw_elem<BM>(il, jl)") {
+			t.Errorf("%s: the key-rows step stores P or dS", v.Name())
+		}
+	}
+	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
+	for name, v := range map[string]BwdVariant{
+		"atomic dQ": func() BwdVariant { w := base; w.AtomicDQ = true; return w }(),
+		"dropout":   func() BwdVariant { w := base; w.Dropout = true; return w }(),
+		"lockstep":  func() BwdVariant { w := base; w.WarpSpecialized = false; return w }(),
+		"d192":      func() BwdVariant { w := base; w.DK, w.DV = 192, 192; return w }(),
+	} {
+		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
+		}
+	}
+	if err := base.Validate(); err != nil {
+		t.Errorf("base: %v", err)
+	}
 }
 
 // bwdHopperWSVariants returns the variants of bwdHopperTMAVariants with

@@ -1,0 +1,142 @@
+package kernels
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Scores by key rows (BwdVariant.KeyRows): the warp-specialized Hopper
+// dK/dV kernel's step for head dims up to 128 with the separate dQ, as
+// FlashAttention-3 arranges it. Warpgroup w owns keys 64w .. 64w+63 of the
+// block, as in the other step, but computes S and dP transposed:
+//
+//	Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ    64 keys × the BM = 64 queries, both operands
+//	                          K-major (the same instruction as S = Q·Kᵀ with
+//	                          the operands swapped)
+//	Pᵀ, dSᵀ                    element-wise with the query's LSE2 and Delta
+//	                          per column; kept as 16-bit pairs of
+//	                          consecutive queries, which is the A operand
+//	                          layout of a k16 step
+//	dV += Pᵀ·dO, dK += dSᵀ·Q   A from those registers, B (dO, q) read
+//	                          N-major from shared memory
+//
+// so neither P nor dS goes through shared memory and the warpgroups never
+// meet inside the loop. dK and dV keep the other step's layout (rows:
+// keys), and with it its stores. Dropout is declined (its keep bits are
+// drawn for query rows), and so is the atomic dQ (it would need dS by
+// query rows in shared memory).
+
+// KeyRowsOK reports whether v (with KeyRows set or not) can take the
+// key-rows step: the warp-specialized Hopper kernels, padded head dims up
+// to 128, the separate dQ, no dropout.
+func KeyRowsOK(v BwdVariant) bool {
+	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.AtomicDQ && !v.Dropout
+}
+
+// keyRowsProducts returns the product wrappers the key-rows step adds: dV
+// += Pᵀ·dO with A from registers (wg_rv; dK += dSᵀ·Q takes the dQ kernel's
+// wg_rq, both of N = DKP, where DV pads to the same width).
+func (v BwdVariant) keyRowsProducts() []WGMMAProduct {
+	if !v.KeyRows || v.DVPad() == v.DKPad() {
+		return nil
+	}
+	return []WGMMAProduct{{Name: "wg_rv", N: v.DVPad(), TB: true, RegA: true}}
+}
+
+// dkdvSM90StepKeyRows writes the key-rows loop over query blocks (the
+// counterpart of dkdvSM90Step).
+func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
+	v := g.v
+	rv := "wg_rq"
+	if v.DVPad() != v.DKPad() {
+		rv = "wg_rv"
+	}
+	b.WriteString(`  for (int it = 0; it < iters; ++it) {
+    const int st = it & 1;
+    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
+    mbar_wait(bar + 8 * st, (it >> 1) & 1);  // q, dO, LSE2 and Delta of step it (the producer's)
+`)
+	g.fullMask(b)
+	wgScores(b, "keys as rows: this warpgroup's BN/2 keys x the BM queries",
+		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
+		"dKs", "dq", "dVs", "ddo", "BN", "BM", bwdHopperBM/8)
+	g.wsBwdRelease(b)
+	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
+    float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) { lc[nt][c] = sL[st * BM + nt * 8 + 2 * t4 + c]; dc[nt][c] = sD[st * BM + nt * 8 + 2 * t4 + c]; }
+%[1]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+        float x[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float s = accS[0][nt][hh * 2 + c];
+%[2]s          if (!full && !visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;
+        }
+        pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));
+      }
+    wgmma_wait<0>();  // dPᵀ
+    fence_acc(accP[0]);
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+        (void)kj; (void)qi;
+        float pr[2], ds[2];
+        unpack2(pk[nt][hh], pr[0], pr[1]);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float d = pr[c] * (accP[0][nt][hh * 2 + c] - dc[nt][c]);
+%[3]s          ds[c] = d;
+        }
+        dsk[nt][hh] = pack2(ds[0], ds[1]);
+      }
+    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q over the BM queries: A from registers (k16 step kk: query
+    // columns 16kk .. 16kk+15), dO and q read N-major
+    {
+      const u64 ddn = sw128_desc(sdO + st * DO_STAGE, BM * 128, 1024), dqn = sw128_desc(sQ + st * Q_STAGE, BM * 128, 1024);
+      fence_acc(accdV[0]);
+      fence_acc(accdK[0]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) {
+        const u32 ap[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+        const u32 as[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
+        %[4]s(accdV[0], ap, ddn + (u64)((kk * 2048) >> 4));
+        wg_rq(accdK[0], as, dqn + (u64)((kk * 2048) >> 4));
+      }
+      wgmma_commit();
+    }
+`, g.keyRowsSoftcapDecl(), g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj"), g.keyRowsChain(), rv)
+}
+
+// keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of
+// this thread's elements.
+func (g *bwdGen) keyRowsSoftcapDecl() string {
+	if !g.v.Softcap {
+		return ""
+	}
+	return "    float fc[BM / 8][4];  // 1 - tanh² of each element's softcap\n"
+}
+
+// keyRowsChain returns the statements that finish d, the gradient of
+// element (key kj, query qi + c)'s logit: its dBias scratch entry and the
+// softcap's chain rule.
+func (g *bwdGen) keyRowsChain() string {
+	v := g.v
+	var b strings.Builder
+	if v.BiasGrad {
+		b.WriteString("          if (qi + c < n && kj < m) p.dbias_scratch[(((long long)b * p.H + h) * p.N + qi + c) * p.M + kj] = d;\n")
+	}
+	if v.Softcap {
+		b.WriteString("          d *= fc[nt][hh * 2 + c];\n")
+	}
+	return b.String()
+}
