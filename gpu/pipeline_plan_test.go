@@ -141,6 +141,42 @@ func TestBackwardPlanWS(t *testing.T) {
 	}
 }
 
+// TestBackwardPlanKeyRows checks where the backward planner takes the
+// key-rows step when asked (bwdRequest.keyRows): the warp-specialized
+// kernels at head dims up to 128 with the separate dQ and no dropout, not
+// the atomic dQ, dropout, wider head dims or the lockstep kernels, nor
+// anything unasked.
+func TestBackwardPlanKeyRows(t *testing.T) {
+	d128 := bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}
+	cases := []struct {
+		name    string
+		c       bwdCase
+		algo    DQAlgorithm
+		ws, ask bool
+		want    bool
+	}{
+		{"d128 separate", d128, DQSeparate, true, true, true},
+		{"d128 separate unasked", d128, DQSeparate, true, false, false},
+		{"d128 atomic", d128, DQAtomic, true, true, false},
+		{"d128 lockstep", d128, DQSeparate, false, true, false},
+		{"d64-96 causal softcap", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 96, causal: true, softcap: 4}, DQSeparate, true, true, true},
+		{"d128 dropout", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQSeparate, true, true, false},
+		{"d192", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 192, dv: 192}, DQSeparate, true, true, false},
+	}
+	for i, tc := range cases {
+		in := tc.c.inputs(t, attn.BFloat16, uint64(90+i))
+		r := in.request(tc.algo)
+		r.hopper, r.tma, r.ws, r.keyRows = true, true, tc.ws, tc.ask
+		pl, err := planBackward(r)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if pl.v.KeyRows != tc.want {
+			t.Errorf("%s: %s, KeyRows %v, want %v", tc.name, pl.v.Name(), pl.v.KeyRows, tc.want)
+		}
+	}
+}
+
 // TestBackwardPlanWSAuto checks the warp-specialized backward's choices
 // left to the planner: the dQ algorithm from the table's rows for the
 // kernels that run the call (separate at D = 128 causal on the
