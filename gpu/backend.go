@@ -69,6 +69,11 @@ type Backend struct {
 	// (kernels.BwdVariant.KeyRows, kernels.KeyRowsOK: head dims up to 128,
 	// the separate dQ, no dropout). New sets it when EnvBwdKeyRows is set.
 	BwdKeyRows bool
+	// BwdDeep lets the backward run the Hopper kernels past head dim 256
+	// (kernels.BwdHopperDeep) where WGMMA allows the Hopper kernels;
+	// otherwise the mma.sync kernels serve those head dims. New sets it
+	// when EnvBwdDeep is set.
+	BwdDeep bool
 
 	fill    filler      // the random-fill kernel
 	modules moduleCache // every other kernel: forward and backward variants, the pack kernel
@@ -107,8 +112,9 @@ func Open() (*Backend, error) {
 
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
-// EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvDQ) once, into the knobs
-// WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ, BwdKeyRows and DQ.
+// EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdDeep, EnvDQ) once, into
+// the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdDeep
+// and DQ.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -124,6 +130,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		WGMMA:      hopper,
 		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
 		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
+		BwdDeep:    hopper && envSet(os.Getenv(EnvBwdDeep)),
 		TMA:        hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
@@ -200,6 +207,10 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 // warp-specialized Hopper dK/dV kernel compute S and dP with keys as rows
 // (Backend.BwdKeyRows).
 const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
+
+// EnvBwdDeep, when set to anything but "" or "0", lets the backward of new
+// backends run the Hopper kernels past head dim 256 (Backend.BwdDeep).
+const EnvBwdDeep = "FLASHATTN_BWD_DEEP"
 
 // EnvPipeline names the pipeline of the Hopper forward of new backends
 // (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.

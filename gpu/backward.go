@@ -278,7 +278,7 @@ func (b *Backend) PrepareBackward(q, k, v, o, lse, dO, dq, dk, dv DeviceTensor, 
 		return opt.DQ, 0, err
 	}
 	if err != nil {
-		return resolveDQ(p, opt.DQ, DQKernels{Hopper: bwdHopperRuns(p, q.DType, &a, b.WGMMA)}), 0, err
+		return resolveDQ(p, opt.DQ, DQKernels{Hopper: bwdHopperRuns(p, q.DType, &a, b.WGMMA, b.BwdDeep)}), 0, err
 	}
 	if _, err := b.module(bwdModuleSpec(pl.v)); err != nil {
 		return pl.algo, 0, err
@@ -304,7 +304,7 @@ func (b *Backend) BackwardDevice(s *cuda.Stream, q, k, v, o, lse, dO, dq, dk, dv
 	if perr == nil {
 		algo = pl.algo
 	} else {
-		algo = resolveDQ(p, opt.DQ, DQKernels{Hopper: bwdHopperRuns(p, q.DType, &a, b.WGMMA)})
+		algo = resolveDQ(p, opt.DQ, DQKernels{Hopper: bwdHopperRuns(p, q.DType, &a, b.WGMMA, b.BwdDeep)})
 	}
 	need := BackwardWorkspaceBytes(p, q.DType, algo, a.DBias != nil)
 	if opt.Workspace == nil || opt.Workspace.Size() < need {

@@ -92,12 +92,13 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk
 	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRows
 	keyRows := kind == emuHopperBwdWSKeyRows
+	deep := true // the emulator checks the Hopper kernels past 256 whether or not a backend allows them
 	if kind == emuDefault {
 		_, bp, b := emuDefaultKnobs()
 		ws, bulk = bp.WarpSpecialized, b
-		keyRows = envSet(os.Getenv(EnvBwdKeyRows))
+		keyRows, deep = envSet(os.Getenv(EnvBwdKeyRows)), envSet(os.Getenv(EnvBwdDeep))
 	}
-	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows})
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows, deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -292,7 +293,7 @@ func emuBackwardCases(t *testing.T, kind emuKernels) int {
 			continue // rows read in place are for the Hopper kernels
 		}
 		for _, dt := range c.dtypes {
-			if kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
+			if kind != emuMMA && !bwdHopperTakes(dt, c.dk, c.dv) {
 				continue
 			}
 			ran += emuCheckCase(t, c, dt, uint64(ci+100), kind)
@@ -349,7 +350,7 @@ func TestBackwardEmulatedCross(t *testing.T) {
 					continue
 				}
 				for _, dt := range c.dtypes {
-					if k.kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv) {
+					if k.kind != emuMMA && !bwdHopperTakes(dt, c.dk, c.dv) {
 						continue // the planner picks the mma.sync kernels
 					}
 					emuCheckCase(t, c, dt, uint64(ci+700), k.kind)

@@ -218,7 +218,7 @@ func TestBackwardEmulatedNonFinite(t *testing.T) {
 				}
 				for _, dt := range c.dtypes {
 					switch {
-					case k.kind != emuMMA && !bwdHopperDims(dt, c.dk, c.dv):
+					case k.kind != emuMMA && !bwdHopperTakes(dt, c.dk, c.dv):
 						continue // the planner picks the mma.sync kernels
 					}
 					in := c.inputs(t, dt, uint64(ci+1200))

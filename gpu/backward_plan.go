@@ -250,6 +250,8 @@ type bwdRequest struct {
 	// keyRows has the warp-specialized dK/dV kernel compute S and dP with
 	// keys as rows where the variant allows it (Backend.BwdKeyRows).
 	keyRows bool
+	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
+	deep bool
 }
 
 // bwdRequest returns the planner's request for a backward of p in dt on
@@ -258,7 +260,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	if algo == DQAuto {
 		algo = b.DQ
 	}
-	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows}
+	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows, deep: b.BwdDeep}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -294,7 +296,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if err := checkDropoutAt(p); err != nil {
 		return nil, err
 	}
-	run := bwdHopperRuns(p, dt, a, r.hopper)
+	run := bwdHopperRuns(p, dt, a, r.hopper, r.deep)
 	algo := resolveDQ(p, r.algo, DQKernels{Hopper: run, WarpSpecialized: ws})
 	if a.DBias != nil && a.Bias == nil {
 		return nil, attn.Errorf(attn.ErrOption, "backward: dBias without bias")

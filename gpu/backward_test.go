@@ -943,9 +943,17 @@ func TestBackwardGradientsCross(t *testing.T) {
 }
 
 // bwdHopperDims reports whether the Hopper backward kernels take head dims
-// dk, dv in dt (kernels.BwdHopperOK), so that the planner picks them on an
-// H200.
+// dk, dv in dt (kernels.BwdHopperOK) and a new backend lets them (those
+// past 256 under EnvBwdDeep), so that the planner picks them on an H200.
 func bwdHopperDims(dt attn.DType, dk, dv int) bool {
+	v := kernels.BwdVariant{DType: dt, DK: dk, DV: dv, Vector: true, WGMMA: true}
+	return bwdHopperTakes(dt, dk, dv) && (envSet(os.Getenv(EnvBwdDeep)) || !kernels.BwdHopperDeep(v))
+}
+
+// bwdHopperTakes reports whether the Hopper backward kernels take head dims
+// dk, dv in dt (kernels.BwdHopperOK), those past 256 included: the
+// emulator's families, whose requests allow them.
+func bwdHopperTakes(dt attn.DType, dk, dv int) bool {
 	return kernels.BwdHopperOK(kernels.BwdVariant{DType: dt, DK: dk, DV: dv, Vector: true, WGMMA: true})
 }
 

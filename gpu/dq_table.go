@@ -127,11 +127,13 @@ func SelectDQAlgorithmFor(p *attn.Problem, k DQKernels) DQAlgorithm {
 }
 
 // bwdHopperRuns reports whether the backward of p in dt with arguments a
-// runs the Hopper kernels on a device where they are available (hopper).
-// It decides both the kernels planBackward picks and the row of the dQ table
+// runs the Hopper kernels on a device where they are available (hopper),
+// those past head dim 256 only where allowed (deep: Backend.BwdDeep). It
+// decides both the kernels planBackward picks and the row of the dQ table
 // that applies, so the two cannot disagree.
-func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper bool) bool {
-	return hopper && kernels.BwdHopperOK(bwdVariantFor(p, dt, a, DQSeparate))
+func bwdHopperRuns(p *attn.Problem, dt attn.DType, a *bwdArgs, hopper, deep bool) bool {
+	v := bwdVariantFor(p, dt, a, DQSeparate)
+	return hopper && kernels.BwdHopperOK(v) && (deep || !kernels.BwdHopperDeep(v))
 }
 
 // resolveDQ turns DQAuto into a concrete algorithm for the kernels k that

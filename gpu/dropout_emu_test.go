@@ -206,7 +206,7 @@ func TestDropoutKeepMaskBackwardEmulated(t *testing.T) {
 	const h, n, m = 2, 63, 120
 	for _, fam := range bwdEmuFamilies {
 		for _, dt := range []attn.DType{attn.BFloat16, attn.Float32} {
-			if fam.kind != emuMMA && !bwdHopperDims(dt, m, n+1) {
+			if fam.kind != emuMMA && !bwdHopperTakes(dt, m, n+1) {
 				continue
 			}
 			in := dropoutMaskInputs(t, dt, h, n, m)

@@ -172,14 +172,23 @@ func bwdRecordLines(t *testing.T, c bwdCase) []string {
 				out = append(out, bwdRecordLine(name, pl))
 			}
 		}
-		// the default pipeline, the dQ algorithm left to the table
-		r := in.request(DQAuto)
-		r.ws = DefaultBwdPipeline.WarpSpecialized
-		name := fmt.Sprintf("bwd %s %v default pipeline %v", c.name, dt, DQAuto)
-		if pl, err := planBackward(r); err != nil {
-			out = append(out, name+": error "+err.Error())
-		} else {
-			out = append(out, bwdRecordLine(name, pl))
+		// the default pipeline, the dQ algorithm left to the table; past 256 also with the deep
+		// Hopper kernels allowed
+		for _, deep := range []bool{false, true} {
+			if deep && max(c.dk, c.dv) <= 256 {
+				continue
+			}
+			r := in.request(DQAuto)
+			r.ws, r.deep = DefaultBwdPipeline.WarpSpecialized, deep
+			name := fmt.Sprintf("bwd %s %v default pipeline %v", c.name, dt, DQAuto)
+			if deep {
+				name += " deep"
+			}
+			if pl, err := planBackward(r); err != nil {
+				out = append(out, name+": error "+err.Error())
+			} else {
+				out = append(out, bwdRecordLine(name, pl))
+			}
 		}
 	}
 	return out

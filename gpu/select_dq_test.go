@@ -54,7 +54,7 @@ func TestSelectDQAlgorithm(t *testing.T) {
 		shape := []int{1, 64, 1, 256}
 		a.Q, a.K, a.V, a.O, a.DO = seqView(256, dt, shape), seqView(256, dt, shape), seqView(256, dt, shape), seqView(256, dt, shape), seqView(256, dt, shape)
 		a.DQ, a.DK, a.DV = a.Q, a.K, a.V
-		return bwdHopperRuns(p, dt, &a, true)
+		return bwdHopperRuns(p, dt, &a, true, false)
 	}
 	if !runs(attn.BFloat16) || runs(attn.Float32) {
 		t.Error("bwdHopperRuns: wrong kernels for bf16 or fp32 at D=256")

@@ -41,6 +41,13 @@ import (
 // (padded head dims past 256; BwdHopperOK takes both past 256 or neither).
 func (v BwdVariant) bwdHopperDeep() bool { return v.DKPad() > 256 }
 
+// BwdHopperDeep reports whether the Hopper kernels of v (as BwdHopperOK
+// takes them, v.WGMMA set or not) are the deep ones of head dims past 256.
+func BwdHopperDeep(v BwdVariant) bool {
+	v.WGMMA = true
+	return v.bwdHopperDeep()
+}
+
 // Tile of both deep kernels: query rows and keys a step.
 const (
 	bwdDeepBM = 64
