@@ -246,9 +246,7 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	if want := ws && !bwdWSSlower(p) && max(pl.v.DKPad(), pl.v.DVPad()) <= 256; pl.v.WarpSpecialized != want {
 		t.Fatalf("plan %s: WarpSpecialized = %v, want %v", pl.v.Name(), pl.v.WarpSpecialized, want)
 	}
-	w := pl.v
-	w.KeyRows = false
-	if want := keyRows && kernels.KeyRowsOK(w); pl.v.KeyRows != want {
+	if want := keyRows && kernels.KeyRowsOK(pl.v); pl.v.KeyRows != want {
 		t.Fatalf("plan %s: KeyRows = %v, want %v", pl.v.Name(), pl.v.KeyRows, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {

@@ -338,7 +338,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if r.keyRows && kernels.KeyRowsOK(pl.v) {
+	if r.keyRows {
 		w := pl.v
 		w.KeyRows = true
 		if w.Validate() == nil {

@@ -348,12 +348,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	if g.ws {
 		g.wsBwdStepStart(b)
 	} else {
-		b.WriteString("    cp_async_wait0();\n")
-		g.tmaStageWait(b)
-		b.WriteString(`    fence_proxy_async();
-    __syncthreads();  // tile it landed for every thread; every warpgroup is done with iteration it-1
-    if (it + 1 < iters) { load_q(it + 1, st ^ 1); cp_async_commit(); }
-`)
+		g.lockstepStepStart(b, 2, "load_q", "iters")
 	}
 	g.fullMask(b)
 	wgScores(b, "64 queries x this warpgroup's BN/2 keys",

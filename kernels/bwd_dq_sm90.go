@@ -111,12 +111,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 	if g.ws {
 		b.WriteString("    mbar_wait(bar + 8 * st, (it >> 1) & 1);  // k and v of step it (the producer's)\n")
 	} else {
-		b.WriteString("    cp_async_wait0();\n")
-		g.tmaStageWait(b)
-		b.WriteString(`    fence_proxy_async();
-    __syncthreads();  // tile it landed for every thread; every warpgroup is done with tile it-1
-    if (it + 1 < njb) { load_kv(it + 1, st ^ 1); cp_async_commit(); }
-`)
+		g.lockstepStepStart(b, 2, "load_kv", "njb")
 	}
 	g.fullMask(b)
 	wgScores(b, "this warpgroup's 64 queries x BN keys (K and V K-major)",

@@ -171,7 +171,7 @@ DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
   }
 }
 `)
-	if !v.Vector || v.bwdHopperDeep() {
+	if v.stagedStores() {
 		b.WriteString(rowOutSource)
 	}
 	if v.Flat {
@@ -289,6 +289,45 @@ func (g *bwdGen) tmaBarriers(b *strings.Builder, l bwdSmemLayout, what string, s
   }
   __syncthreads();
 `, what, parity, l.off["bar"])
+}
+
+// lockstepStepStart writes the start of step it (stage st) of a lockstep
+// Hopper kernel over iters steps whose streamed tiles load (a lambda of
+// (it, stage)) brings. With two stages: the wait for step it's tiles
+// (loaded during step it-1, the first before the loop), then the loads of
+// step it+1 into the other stage, which step it-1 has finished reading
+// (its products were waited for). With one: once every warpgroup is done
+// with step it-1's tiles, step it's loads and the wait until they landed.
+func (g *bwdGen) lockstepStepStart(b *strings.Builder, stages int, load, iters string) {
+	if stages == 1 {
+		fmt.Fprintf(b, `    __syncthreads();  // every warpgroup is done with step it-1's tiles (its products were waited for)
+    %s(it, 0);
+    cp_async_commit();
+    cp_async_wait0();
+`, load)
+		if g.v.TMA {
+			b.WriteString("    mbar_wait(bar, it & 1);  // the streamed tiles of step it (one stage: the k-th fill completes phase k)\n")
+		}
+		b.WriteString(`    fence_proxy_async();
+    __syncthreads();  // step it's tiles landed for every thread
+`)
+		return
+	}
+	b.WriteString("    cp_async_wait0();\n")
+	g.tmaStageWait(b)
+	fmt.Fprintf(b, `    fence_proxy_async();
+    __syncthreads();  // step it's tiles landed for every thread; every warpgroup is done with step it-1
+    if (it + 1 < %[2]s) { %[1]s(it + 1, st ^ 1); cp_async_commit(); }
+`, load, iters)
+}
+
+// stageOf returns the stage of step it in a kernel of stages stages of
+// streamed tiles.
+func stageOf(stages int) string {
+	if stages == 1 {
+		return "0"
+	}
+	return "it & 1"
 }
 
 // tmaStageWait writes, for TMA variants, the wait for the streamed tiles

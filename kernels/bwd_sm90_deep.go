@@ -99,6 +99,12 @@ func (v BwdVariant) bwdDeepLayoutStages(dkdv bool, stages int) bwdSmemLayout {
 	return l
 }
 
+// stagedStores reports whether v's Hopper kernels store their gradients
+// through row-major tiles in shared memory, one warp a row (stage_pair,
+// row_out): rows of an odd head dim, which allow no paired stores, and
+// the deep kernels, whose dK and dV come transposed.
+func (v BwdVariant) stagedStores() bool { return !v.Vector || v.bwdHopperDeep() }
+
 // bwdDeepDQCols returns the dQ columns of warpgroup 0 in the deep dQ
 // kernel (warpgroup 1 takes the rest): half of the 64-column slices,
 // rounded up, so that both shares start on a swizzle atom.
@@ -133,37 +139,6 @@ func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, stages int) {
   (void)sPa;
 `, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
 	g.tmaBarriers(b, l, "the streamed tiles", stages)
-}
-
-// deepStepStart writes the start of a deep kernel's step it (stage st)
-// over iters steps whose streamed tiles load (a lambda of (it, stage))
-// brings: with one stage, once every warpgroup is done with step it-1's
-// tiles, step it's loads and the wait until they landed; with two, the
-// wait for step it's tiles (loaded during step it-1, the first before the
-// loop) and then the loads of step it+1 into the other stage, which step
-// it-1 has finished reading (its products were waited for).
-func (g *bwdGen) deepStepStart(b *strings.Builder, stages int, load, iters string) {
-	if stages == 1 {
-		fmt.Fprintf(b, `    const int st = 0;
-    __syncthreads();  // every warpgroup is done with step it-1's tiles (its products were waited for)
-    %s(it, 0);
-    cp_async_commit();
-    cp_async_wait0();
-`, load)
-		if g.v.TMA {
-			b.WriteString("    mbar_wait(bar, it & 1);  // the streamed tiles of step it (one stage: the k-th fill completes phase k)\n")
-		}
-		b.WriteString(`    fence_proxy_async();
-    __syncthreads();  // step it's tiles landed for every thread
-`)
-		return
-	}
-	b.WriteString("    const int st = it & 1;\n    cp_async_wait0();\n")
-	g.tmaStageWait(b)
-	fmt.Fprintf(b, `    fence_proxy_async();
-    __syncthreads();  // step it's tiles landed for every thread; every warpgroup is done with step it-1
-    if (it + 1 < %[2]s) { %[1]s(it + 1, st ^ 1); cp_async_commit(); }
-`, load, iters)
 }
 
 // deepScores writes S and dP of a deep kernel's step (the 64 queries ×
@@ -212,10 +187,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 	ms := max(ka, va)
 	fmt.Fprintf(b, `  // this warpgroup's gradient, transposed: acc[slice][key block of 8][4] (rows: 64 columns of the
   // slice; columns: the BN keys), dVᵀ on warpgroup 0, dKᵀ on warpgroup 1
-  float acc[%[1]d][BN / 8][4];
-#pragma unroll
-  for (int i_ = 0; i_ < %[1]d * BN / 8 * 4; ++i_) (&acc[0][0][0])[i_] = 0.f;
-  const int nsl = wg ? KSL : VSL;  // this warpgroup's slices
+  %[6]sconst int nsl = wg ? KSL : VSL;  // this warpgroup's slices
   (void)nsl;
   if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %[2]s, m - j0);
@@ -224,8 +196,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   }
   for (int it = 0; it < iters; ++it) {
     const int h = kvh * G + it / nib, i0 = (ib0 + it %% nib) * BM;
-`, ms, g.in("k").sr, g.in("v").sr, firstLoad(t.Stages, "load_q"))
-	g.deepStepStart(b, t.Stages, "load_q", "iters")
+    const int st = %[5]s;
+`, ms, g.in("k").sr, g.in("v").sr, firstLoad(t.Stages, "load_q"), stageOf(t.Stages),
+		strings.ReplaceAll(bwdWarpTile{MT: ms, NT: bwdDeepBN / 8}.accDecl("acc"), "\n", "\n  "))
+	g.lockstepStepStart(b, t.Stages, "load_q", "iters")
 	g.deepScores(b, true, "sQ + st * Q_STAGE", "sdO + st * DO_STAGE", "sK", "sV", "(sL + st * BM)", "(sD + st * BM)")
 	guard := ""
 	if ka != va {
@@ -303,10 +277,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 	g.dqKeyRange(b)
 	g.loadKV(b)
 	fmt.Fprintf(b, `  // dQ of the block's BM rows: columns 0 .. %[1]d on warpgroup 0, %[2]d .. DKP-1 on warpgroup 1
-  float accQ[1][%[3]d][4];
-#pragma unroll
-  for (int i_ = 0; i_ < %[3]d * 4; ++i_) (&accQ[0][0][0])[i_] = 0.f;
-  if (njb > 0) {
+  %[3]sif (njb > 0) {
     load_sw<BM, KCH, DK, NTH>(sQ, %[4]s, %[5]s, n - i0);
     load_sw<BM, VCH, DV, NTH>(sdO, %[6]s, %[7]s, n - i0);
     const long long so = b * p.stat_sb + h * p.stat_sh + qr0 + i0;
@@ -315,8 +286,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   }
   for (int it = 0; it < njb; ++it) {
     const int j0 = (jb0 + it) * BN;
-`, c0-1, c0, c0/8, g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr, firstLoad(t.Stages, "load_kv"))
-	g.deepStepStart(b, t.Stages, "load_kv", "njb")
+    const int st = %[9]s;
+`, c0-1, c0, strings.ReplaceAll(bwdWarpTile{MT: 1, NT: c0 / 8}.accDecl("accQ"), "\n", "\n  "), g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr, firstLoad(t.Stages, "load_kv"), stageOf(t.Stages))
+	g.lockstepStepStart(b, t.Stages, "load_kv", "njb")
 	g.deepScores(b, false, "sQ", "sdO", "sK + st * K_STAGE", "sV + st * V_STAGE", "sL", "sD")
 	share := func(n int, col0 string) string {
 		return fmt.Sprintf(`#pragma unroll
@@ -343,22 +315,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   T* sgq = reinterpret_cast<T*>(smem);
   static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
   __syncthreads();  // every warpgroup is done with the tiles
-  {
-    const int cw = wg ? %d : 0, nw = wg ? %d : %d;  // this warpgroup's first column and columns
-#pragma unroll
-    for (int nt = 0; nt < %d; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = (warp & 3) * 16 + g + hh * 8, c = nt * 8 + 2 * t4;
-        if (c < nw) {
-          sgq[r * PQ + cw + c] = t_from_f(accQ[0][nt][hh * 2] * p.scale);
-          sgq[r * PQ + cw + c + 1] = t_from_f(accQ[0][nt][hh * 2 + 1] * p.scale);
-        }
-      }
-  }
+  if (wg == 0) {  // columns 0 .. %d
+`, l.total-1024, c0-1)
+	shared := bwdStoreOpt{Shared: true}
+	bwdStoreWarpgroup(b, "accQ", c0, "sgq", "PQ", "BM", "DK", "p.scale", 0, shared)
+	fmt.Fprintf(b, "  } else {  // columns %d ..\n", c0)
+	bwdStoreWarpgroup(b, "accQ", c1, "sgq", "PQ", "BM", "DK", "p.scale", c0, shared)
+	b.WriteString(`  }
   __syncthreads();
   T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;
-`, l.total-1024, c0, c1, c0, c0/8)
+`)
 	bwdRowsOut(b, "sgq", "PQ", "gq", "p.dq_sr", "BM", "n - i0", "DK")
 	nfQueryCheck(b, false)
 	b.WriteString("}\n")

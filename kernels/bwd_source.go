@@ -246,8 +246,9 @@ __device__ __forceinline__ void store_pair(T* g, int col, float a, float b_) {
   if (%[4]scol + 1 < D) g[col + 1] = t_from_f(b_);
 }
 `, g.vectorPairStore(), lo("col >= 0 && "), lo("col >= 0 && "), lo("col >= -1 && "))
-		if v.WGMMA {
-			b.WriteString(`// stage_pair writes elements col and col+1 (those in [0, D)) of a row of a shared-memory tile, which
+	}
+	if v.WGMMA && v.stagedStores() {
+		b.WriteString(`// stage_pair writes elements col and col+1 (those in [0, D)) of a row of a shared-memory tile, which
 // bwdRowsOut's loop then writes out whole
 template <int D>
 __device__ __forceinline__ void stage_pair(T* s, int col, float a, float b_) {
@@ -255,7 +256,6 @@ __device__ __forceinline__ void stage_pair(T* s, int col, float a, float b_) {
   if (col + 1 >= 0 && col + 1 < D) s[col + 1] = t_from_f(b_);
 }
 `)
-		}
 	}
 	if v.Staged {
 		b.WriteString(stageSource)
