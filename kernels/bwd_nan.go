@@ -71,6 +71,18 @@ DEV void nf_fold(const float (&acc)[A][B_][4], bool& bad) {  // any non-finite a
 #pragma unroll
       for (int e = 0; e < 4; ++e) bad |= nf_bad(acc[a][c][e]);
 }
+// nf_fold_cols: the same over the columns under LIMIT of a warpgroup product's accumulator whose first
+// column is c0 (element e of block c: column c0 + 8c + 2·(lane mod 4) + e mod 2); the columns from LIMIT
+// on, computed from tiles never loaded there and never stored, are left out
+template <int LIMIT, int B_>
+DEV void nf_fold_cols(const float (&acc)[1][B_][4], int c0, bool& bad) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int c = 0; c < B_; ++c)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (c0 + 8 * c + 2 * t4 + (e & 1) < LIMIT) bad |= nf_bad(acc[0][c][e]);
+}
 `)
 }
 
@@ -238,13 +250,31 @@ DEV void nf_query(const BwdParams& p, int b, int h, long long qr0, long long kr0
 
 // nfKeysCheck writes the dK/dV kernels' check after their stores: the
 // accumulators accs folded into a flag and the vote (nfVote).
-func nfKeysCheck(b *strings.Builder, perWarp bool, accs ...string) {
+func nfKeysCheck(b *strings.Builder, perWarp bool, accs ...nfAcc) {
 	b.WriteString("  {  // ---- non-finite dK or dV (rare: a NaN or an infinity in the inputs; see bwd_nan.go)\n    bool nfo = false;\n")
 	for _, a := range accs {
-		fmt.Fprintf(b, "    nf_fold(%s, nfo);\n", a)
+		if a.limit == "" {
+			fmt.Fprintf(b, "    nf_fold(%s, nfo);\n", a.name)
+			continue
+		}
+		fmt.Fprintf(b, "    nf_fold_cols<%s>(%s, %s, nfo);\n", a.limit, a.name, a.col0)
 	}
 	nfVote(b, perWarp)
 	b.WriteString("  }\n")
+}
+
+// nfAcc is an accumulator the non-finite check folds: all of it, or with
+// limit the columns under limit of a warpgroup product's accumulator whose
+// first column is col0 (nf_fold_cols).
+type nfAcc struct{ name, col0, limit string }
+
+// nfAll returns the accumulators names, each folded whole.
+func nfAll(names ...string) []nfAcc {
+	accs := make([]nfAcc, len(names))
+	for i, n := range names {
+		accs[i] = nfAcc{name: n}
+	}
+	return accs
 }
 
 // nfVote writes the vote on nfo: the block's (perWarp: each warp's, where

@@ -105,31 +105,56 @@ func (v BwdVariant) bwdDeepLayoutStages(dkdv bool, stages int) bwdSmemLayout {
 // the deep kernels, whose dK and dV come transposed.
 func (v BwdVariant) stagedStores() bool { return !v.Vector || v.bwdHopperDeep() }
 
-// bwdDeepDQCols returns the dQ columns of warpgroup 0 in the deep dQ
-// kernel (warpgroup 1 takes the rest): half of the 64-column slices,
-// rounded up, so that both shares start on a swizzle atom.
-func (v BwdVariant) bwdDeepDQCols() (c0, c1 int) {
-	dkp := v.DKPad()
-	c0 = (swizzleAtoms(dkp) + 1) / 2 * 64
-	return c0, dkp - c0
+// bwdDeepDQCols returns the columns of the deep dQ kernel's product on
+// each warpgroup (n: half of the 64-column atoms, rounded up) and the
+// first of them on warpgroup 1 (from: its product ends with the last
+// atom). Both warpgroups run the same product, since a branch around a
+// warpgroup product makes ptxas serialize them all; with an odd number of
+// atoms they overlap by one, which warpgroup 1 does not store.
+func (v BwdVariant) bwdDeepDQCols() (n, from int) {
+	a := swizzleAtoms(v.DKPad())
+	h := (a + 1) / 2
+	return h * 64, (a - h) * 64
 }
+
+// bwdDeepTails reports whether v's deep kernels zero the tails of their
+// tiles' last 64-column atoms (the columns from the padded head dim on): a
+// padded dim short of a whole atom, loaded by cp.async, which never writes
+// those columns, while the transposed products read whole atoms (the
+// tensor memory accelerator fills them with zeros).
+func (v BwdVariant) bwdDeepTails() bool {
+	return v.bwdHopperDeep() && !v.TMA && (v.DKPad()%64 != 0 || v.DVPad()%64 != 0)
+}
+
+// zeroTailSource is zero_tail, which zeroes the atom tails of a swizzled
+// tile.
+const zeroTailSource = `// zero_tail zeroes 16-byte chunks [c0, c1) of every row of the swizzled tile of ROWS rows at t: the
+// tail of its last 64-column atom, past the padded head dim (no load writes it; the transposed
+// products read whole atoms, and what they read must be finite)
+template <int ROWS>
+DEV void zero_tail(unsigned char* t, int c0, int c1, int tid, int nth) {
+  for (int i = tid; i < ROWS * (c1 - c0); i += nth) {
+    const int r = i / (c1 - c0), c = c0 + i % (c1 - c0);
+    u32* x = reinterpret_cast<u32*>(t + sw_off<ROWS>(r, c));
+    x[0] = x[1] = x[2] = x[3] = 0u;
+  }
+}
+`
 
 // bwdDeepProducts returns the warpgroup product wrappers of the deep
 // kernels: S and dP (wg_s, 16 keys), the transposed dK and dV slices
 // (wg_t32: 64 columns × 32 keys) and the two shares of dQ (wg_nN).
 func (v BwdVariant) bwdDeepProducts() []WGMMAProduct {
-	ps := []WGMMAProduct{{Name: "wg_s", N: bwdDeepBN / 2}, {Name: "wg_t32", N: bwdDeepBN, TA: true, TB: true}}
-	c0, c1 := v.bwdDeepDQCols()
-	ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", c0), N: c0, TB: true})
-	if c1 != c0 {
-		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", c1), N: c1, TB: true})
-	}
-	return ps
+	n, _ := v.bwdDeepDQCols()
+	return []WGMMAProduct{{Name: "wg_s", N: bwdDeepBN / 2}, {Name: "wg_t32", N: bwdDeepBN, TA: true, TB: true},
+		{Name: fmt.Sprintf("wg_n%d", n), N: n, TB: true}}
 }
 
 // deepTiles writes the shared-memory addresses of the deep kernels' tiles
-// and the barriers of the streamed ones (stages of them).
-func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, stages int) {
+// (the dK/dV kernel's with dkdv), the barriers of the streamed ones
+// (stages of them) and, where they need it, the zeroing of the tiles'
+// atom tails (bwdDeepTails).
+func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, dkdv bool, stages int) {
 	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
   T* sP = reinterpret_cast<T*>(smem + %d);    // P  [BM][64], swizzled
   T* sdS = reinterpret_cast<T*>(smem + %d);   // dS [BM][64], swizzled
@@ -139,6 +164,29 @@ func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, stages int) {
   (void)sPa;
 `, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
 	g.tmaBarriers(b, l, "the streamed tiles", stages)
+	if !g.v.bwdDeepTails() {
+		return
+	}
+	sq, sk := stages, 1
+	if !dkdv {
+		sq, sk = 1, stages
+	}
+	ka, va := swizzleAtoms(g.v.DKPad()), swizzleAtoms(g.v.DVPad())
+	b.WriteString("  // the atom tails past the padded head dims, zeroed once (the first step's fence and barrier publish them)\n")
+	for _, x := range []struct {
+		tile, rows            string // the tile and its rows' name
+		n, stages, pad, atoms int    // its rows, stages, padded head dim and atoms
+	}{
+		{"sQ", "BM", bwdDeepBM, sq, g.v.DKPad(), ka}, {"sdO", "BM", bwdDeepBM, sq, g.v.DVPad(), va},
+		{"sK", "BN", bwdDeepBN, sk, g.v.DKPad(), ka}, {"sV", "BN", bwdDeepBN, sk, g.v.DVPad(), va},
+	} {
+		if x.pad%64 == 0 {
+			continue
+		}
+		for s := 0; s < x.stages; s++ {
+			fmt.Fprintf(b, "  zero_tail<%s>(smem + (%s - s0) + %d, %d, %d, tid, NTH);\n", x.rows, x.tile, s*x.atoms*x.n*128, x.pad/8, x.atoms*8)
+		}
+	}
 }
 
 // deepScores writes S and dP of a deep kernel's step (the 64 queries ×
@@ -178,7 +226,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 %[5]s`, t.BlockN, l.total, BwdDKDVKernel, g.hopperArg(), g.hopperArgAlias(), t.Stages)
 	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	fmt.Fprintf(b, "  constexpr int KSL = %d, VSL = %d;  // 64-column slices of dK (warpgroup 1) and dV (warpgroup 0)\n", ka, va)
-	g.deepTiles(b, l, t.Stages)
+	g.deepTiles(b, l, true, t.Stages)
 	g.dkdvQueryRange(b)
 	fmt.Fprintf(b, `  const T* gk = %s;
   const T* gv = %s;
@@ -201,10 +249,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 		strings.ReplaceAll(bwdWarpTile{MT: ms, NT: bwdDeepBN / 8}.accDecl("acc"), "\n", "\n  "))
 	g.lockstepStepStart(b, t.Stages, "load_q", "iters")
 	g.deepScores(b, true, "sQ + st * Q_STAGE", "sdO + st * DO_STAGE", "sK", "sV", "(sL + st * BM)", "(sD + st * BM)")
-	guard := ""
-	if ka != va {
-		guard = "if (sl < nsl) "
-	}
 	fmt.Fprintf(b, `    // ---- dVᵀ += dOᵀ·P (warpgroup 0) or dKᵀ += Qᵀ·dS (warpgroup 1), slice by slice over the BM queries:
     // A is the slice's atom of dO or q read M-major, B the P or dS tile read N-major
     {
@@ -213,19 +257,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
       for (int sl = 0; sl < %[1]d; ++sl) fence_acc(acc[sl]);
       wgmma_fence();
 #pragma unroll
-      for (int sl = 0; sl < %[1]d; ++sl)
-        %[2]s{
+      for (int sl = 0; sl < %[1]d; ++sl) {
+        // past this warpgroup's slices (dK and dV of different widths) the last one again, whose
+        // columns are never stored: a branch around a warpgroup product would serialize them all
+        const int ss = sl < nsl ? sl : nsl - 1;
 #pragma unroll
-          for (int kk = 0; kk < BM / 16; ++kk)
-            wg_t32(acc[sl], da + (u64)((sl * BM * 128 + kk * 2048) >> 4), db + (u64)((kk * 2048) >> 4), 1);
-        }
+        for (int kk = 0; kk < BM / 16; ++kk)
+          wg_t32(acc[sl], da + (u64)((ss * BM * 128 + kk * 2048) >> 4), db + (u64)((kk * 2048) >> 4), 1);
+      }
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
       for (int sl = 0; sl < %[1]d; ++sl) fence_acc(acc[sl]);
     }
   }
-`, ms, guard)
+`, ms)
 	fmt.Fprintf(b, `  // ---- dK and dV through shared memory: row-major tiles [BN][DKP + 8] and [BN][DVP + 8] over the free
   // tiles (element (column c, key j) of a transposed slice goes to row j), then one warp a row
   constexpr int PK = DKP + 8, PV = DVP + 8;
@@ -253,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 `, l.total-1024, ms)
 	bwdRowsOut(b, "sgk", "PK", "gdk", "p.dk_sr", "BN", "m - j0", "DK")
 	bwdRowsOut(b, "sgv", "PV", "gdv", "p.dv_sr", "BN", "m - j0", "DV")
-	nfKeysCheck(b, false, "acc")
+	nfKeysCheck(b, false, nfAll("acc")...)
 	b.WriteString("}\n\n")
 }
 
@@ -264,19 +310,20 @@ func (g *bwdGen) dqKernelHopperDeep(b *strings.Builder) {
 	l := v.bwdDeepLayout(false)
 	dkp, dvp := v.DKPad(), v.DVPad()
 	ka, va := swizzleAtoms(dkp), swizzleAtoms(dvp)
-	c0, c1 := v.bwdDeepDQCols()
+	nc, from := v.bwdDeepDQCols()
 	fmt.Fprintf(b, `// dQ (separate algorithm, Hopper, head dims past 256): one block per (query block of %[1]d rows,
 // batch, query head); loops over the visible key blocks of %[6]d keys recomputing S, P and dP, each
-// warpgroup for 16 of the keys; dQ += dS·K with dS from shared memory, warpgroup 0 owning dQ's
-// columns 0 .. %[7]d, warpgroup 1 the rest; no atomics; %[8]d stage(s) of k and v.
+// warpgroup for 16 of the keys; dQ += dS·K with dS from shared memory, each warpgroup %[7]d of dQ's
+// columns (warpgroup 0 from column 0, warpgroup 1 from column %[9]d, storing those from %[7]d); no
+// atomics; %[8]d stage(s) of k and v.
 // grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
-%[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias(), t.BlockN, c0-1, t.Stages)
+%[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias(), t.BlockN, nc, t.Stages, from)
 	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
-	g.deepTiles(b, l, t.Stages)
+	g.deepTiles(b, l, false, t.Stages)
 	g.dqKeyRange(b)
 	g.loadKV(b)
-	fmt.Fprintf(b, `  // dQ of the block's BM rows: columns 0 .. %[1]d on warpgroup 0, %[2]d .. DKP-1 on warpgroup 1
+	fmt.Fprintf(b, `  // dQ of the block's BM rows, %[1]d columns a warpgroup: from column 0 on warpgroup 0, from %[2]d on warpgroup 1
   %[3]sif (njb > 0) {
     load_sw<BM, KCH, DK, NTH>(sQ, %[4]s, %[5]s, n - i0);
     load_sw<BM, VCH, DV, NTH>(sdO, %[6]s, %[7]s, n - i0);
@@ -287,40 +334,35 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   for (int it = 0; it < njb; ++it) {
     const int j0 = (jb0 + it) * BN;
     const int st = %[9]s;
-`, c0-1, c0, strings.ReplaceAll(bwdWarpTile{MT: 1, NT: c0 / 8}.accDecl("accQ"), "\n", "\n  "), g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr, firstLoad(t.Stages, "load_kv"), stageOf(t.Stages))
+`, nc, from, strings.ReplaceAll(bwdWarpTile{MT: 1, NT: nc / 8}.accDecl("accQ"), "\n", "\n  "), g.in("q").at("i0", "h"), g.in("q").sr, g.in("do").at("i0", "h"), g.in("do").sr, firstLoad(t.Stages, "load_kv"), stageOf(t.Stages))
 	g.lockstepStepStart(b, t.Stages, "load_kv", "njb")
 	g.deepScores(b, false, "sQ", "sdO", "sK + st * K_STAGE", "sV + st * V_STAGE", "sL", "sD")
-	share := func(n int, col0 string) string {
-		return fmt.Sprintf(`#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          wg_n%d(*reinterpret_cast<float(*)[%d][4]>(&accQ[0][0][0]), dsk + (u64)(((kk & 3) * 32) >> 4), dkn + (u64)(((%s / 64) * BN * 128 + kk * 2048) >> 4), 1);
-`, n, n/8, col0)
-	}
-	fmt.Fprintf(b, `    // ---- dQ += dS·K over the BN keys: dS K-major, K N-major from this warpgroup's first column
+	fmt.Fprintf(b, `    // ---- dQ += dS·K over the BN keys: dS K-major, K N-major from this warpgroup's first column (the
+    // same product on both warpgroups, no branch around it)
     {
-      const u64 dsk = sw128_desc(sdSa, 16, 1024), dkn = sw128_desc(sK + st * K_STAGE, BN * 128, 1024);
+      const u64 dsk = sw128_desc(sdSa, 16, 1024);
+      const u64 dkn = sw128_desc(sK + st * K_STAGE + (wg ? %[3]d * BN * 128 : 0), BN * 128, 1024);
       fence_acc(accQ[0]);
       wgmma_fence();
-      if (wg == 0) {
-%s      } else {
-%s      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wg_n%[1]d(*reinterpret_cast<float(*)[%[2]d][4]>(&accQ[0][0][0]), dsk + (u64)(((kk & 3) * 32) >> 4), dkn + (u64)((kk * 2048) >> 4), 1);
       wgmma_commit();
       wgmma_wait<0>();
       fence_acc(accQ[0]);
     }
   }
-`, share(c0, "0"), share(c1, fmt.Sprint(c0)))
+`, nc, nc/8, from/64)
 	fmt.Fprintf(b, `  // ---- dQ through shared memory: a row-major tile [BM][DKP + 8] over the free tiles, then one warp a row
   constexpr int PQ = DKP + 8;
   T* sgq = reinterpret_cast<T*>(smem);
   static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
   __syncthreads();  // every warpgroup is done with the tiles
   if (wg == 0) {  // columns 0 .. %d
-`, l.total-1024, c0-1)
-	shared := bwdStoreOpt{Shared: true}
-	bwdStoreWarpgroup(b, "accQ", c0, "sgq", "PQ", "BM", "DK", "p.scale", 0, shared)
-	fmt.Fprintf(b, "  } else {  // columns %d ..\n", c0)
-	bwdStoreWarpgroup(b, "accQ", c1, "sgq", "PQ", "BM", "DK", "p.scale", c0, shared)
+`, l.total-1024, nc-1)
+	bwdStoreWarpgroup(b, "accQ", nc, "sgq", "PQ", "BM", "DK", "p.scale", 0, bwdStoreOpt{Shared: true})
+	fmt.Fprintf(b, "  } else {  // columns %d .. (the overlap with warpgroup 0 left to it)\n", nc)
+	bwdStoreWarpgroup(b, "accQ", nc, "sgq", "PQ", "BM", "DK", "p.scale", from, bwdStoreOpt{Shared: true, From: nc - from})
 	b.WriteString(`  }
   __syncthreads();
   T* gq = p.dq + b * p.dq_sb + (qr0 + i0) * p.dq_sr + h * p.dq_sh;

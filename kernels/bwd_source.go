@@ -706,6 +706,7 @@ func bwdStoreAcc(b *strings.Builder, t bwdWarpTile, acc, dst, rowStride, rowLimi
 type bwdStoreOpt struct {
 	Shift  string
 	Shared bool
+	From   int // the first accumulator column stored (a multiple of 8)
 }
 
 // colShift returns the term subtracted from an accumulator's column to
@@ -737,18 +738,23 @@ func bwdRowsOut(b *strings.Builder, src, pitch, dst, rowStride, rows, limit, d s
 
 // bwdStoreWarpgroup writes a warpgroup product's accumulator acc[1][n/8][4]
 // (64 rows, one 16-row slice per warp of the warpgroup) to columns col0 ..
-// col0+n−1 of dst's rows, times factor: rows under rowLimit, columns under d.
+// col0+n−1 of dst's rows (from col0+From with opt's From), times factor:
+// rows under rowLimit, columns under d.
 func bwdStoreWarpgroup(b *strings.Builder, acc string, n int, dst, rowStride, rowLimit, d, factor string, col0 int, opt ...bwdStoreOpt) {
+	from := 0
+	if len(opt) > 0 {
+		from = opt[0].From / 8
+	}
 	fmt.Fprintf(b, `  {
 #pragma unroll
-    for (int nt = 0; nt < %[1]d; ++nt)
+    for (int nt = %[11]d; nt < %[1]d; ++nt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int r = (warp & 3) * 16 + g + hh * 8, c = %[2]d + nt * 8 + 2 * t4%[9]s;
       if (r < %[3]s) %[10]s<%[4]s>(%[5]s + r * %[6]s, c, %[7]s[0][nt][hh * 2] * %[8]s, %[7]s[0][nt][hh * 2 + 1] * %[8]s);
     }
   }
-`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor, colShift(opt), storeFn(opt))
+`, n/8, col0, rowLimit, d, dst, rowStride, acc, factor, colShift(opt), storeFn(opt), from)
 }
 
 // bwdPipelineStep writes the start of iteration it of a kernel's main
@@ -839,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 	b.WriteString("  T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;\n")
 	bwdStoreAcc(b, tdk, "accdK", "gdk", "p.dk_sr", "m - j0", "DK", "p.scale")
 	bwdStoreAcc(b, tdv, "accdV", "gdv", "p.dv_sr", "m - j0", "DV", "1.f")
-	nfKeysCheck(b, false, "accdK", "accdV")
+	nfKeysCheck(b, false, nfAll("accdK", "accdV")...)
 	b.WriteString("}\n\n")
 }
 

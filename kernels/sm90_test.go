@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -644,5 +645,50 @@ func TestBwdHopperPad(t *testing.T) {
 		if got, gotV := v.DKPad(), v.DVPad(); got != c.want || gotV != c.want {
 			t.Errorf("D=%d wgmma=%v: padded to %d, %d, want %d", c.d, c.wgmma, got, gotV, c.want)
 		}
+	}
+}
+
+// TestDeepProductsUnbranched checks that no warpgroup product of the deep
+// kernels lies in a branch (a block opened by if or else): ptxas
+// serializes every warpgroup product of a kernel that has one in a
+// divergent branch.
+func TestDeepProductsUnbranched(t *testing.T) {
+	product := regexp.MustCompile(`\bwg_(s|t32|n\d+)\(`)
+	literal := regexp.MustCompile(`"([^"\\]|\\.)*"`)
+	n := 0
+	for _, v := range append(bwdHopperVariants(), bwdHopperTMAVariants()...) {
+		if !v.bwdHopperDeep() {
+			continue
+		}
+		n++
+		src, err := v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", v.Name(), err)
+		}
+		src = src[strings.Index(src, `extern "C" __global__`):]
+		var stack []bool // each open block: opened by if or else
+		for i, line := range strings.Split(src, "\n") {
+			if c := strings.Index(line, "//"); c >= 0 {
+				line = line[:c]
+			}
+			line = literal.ReplaceAllString(line, `""`)
+			branch := strings.Contains(line, "if (") || strings.Contains(line, "else")
+			if product.MatchString(line) && slices.Contains(stack, true) {
+				t.Errorf("%s: line %d: a warpgroup product in a branch: %s", v.Name(), i+1, strings.TrimSpace(line))
+			}
+			for _, r := range line {
+				switch r {
+				case '{':
+					stack = append(stack, branch)
+				case '}':
+					if len(stack) > 0 {
+						stack = stack[:len(stack)-1]
+					}
+				}
+			}
+		}
+	}
+	if n < 6 {
+		t.Fatalf("%d deep variants", n)
 	}
 }
