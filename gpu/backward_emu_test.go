@@ -163,9 +163,14 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 // finite reports whether every input of the call (q, k, v, dO and the
 // bias) is finite.
 func (in bwdInputs) finite() bool {
-	ts := []attn.Tensor{in.q, in.k, in.v, in.dO}
-	if in.opt.Bias != nil {
-		ts = append(ts, in.opt.Bias.Tensor)
+	return allFinite(in.opt, in.q, in.k, in.v, in.dO)
+}
+
+// allFinite reports whether every element of ts and of opt's bias is
+// finite.
+func allFinite(opt attn.Options, ts ...attn.Tensor) bool {
+	if opt.Bias != nil {
+		ts = append(ts, opt.Bias.Tensor)
 	}
 	for _, x := range ts {
 		for _, f := range x.Float32s() {
