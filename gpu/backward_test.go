@@ -356,7 +356,7 @@ func TestBackwardGradients(t *testing.T) {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(ci+1))
 			items = append(items, bwdItem{c, dt, in})
-			vs = append(vs, in.variant(t, DQAtomic, hopperCapable(dev)), in.variant(t, DQSeparate, hopperCapable(dev)))
+			vs = append(vs, in.backendVariant(t, DQAtomic, hopperCapable(dev)), in.backendVariant(t, DQSeparate, hopperCapable(dev)))
 		}
 	}
 	bwdPrewarm(t, dev, vs)
@@ -765,6 +765,20 @@ func bwdPrewarm(t testing.TB, dev *cuda.Device, vs []kernels.BwdVariant) {
 func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels.BwdVariant {
 	t.Helper()
 	return in.plan(t, algo, hopper).v
+}
+
+// backendVariant is variant as the test backend plans it: with the deep
+// Hopper kernels past 256 under EnvBwdDeep.
+func (in bwdInputs) backendVariant(t testing.TB, algo DQAlgorithm, hopper bool) kernels.BwdVariant {
+	t.Helper()
+	r := in.request(algo)
+	r.hopper, r.tma = hopper, !envSet(os.Getenv(EnvNoTMA))
+	r.deep = hopper && envSet(os.Getenv(EnvBwdDeep))
+	pl, err := planBackward(r)
+	if err != nil {
+		t.Fatalf("plan: %v", err)
+	}
+	return pl.v
 }
 
 // plan returns the launch plan of a backward of in with algo on fake,
