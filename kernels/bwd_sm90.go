@@ -174,11 +174,8 @@ DEV void load_sw(u32 s, const T* g, long long rs, int rlim, int dlim = D) {
 	if v.stagedStores() {
 		b.WriteString(rowOutSource)
 	}
-	if v.bwdDeepTails() {
-		b.WriteString(zeroTailSource)
-	}
-	if v.Flat {
-		b.WriteString(zeroColsSource)
+	if v.Flat || v.bwdDeepTails() {
+		b.WriteString(zeroColsSource) // flat rows' neighbours, the deep kernels' atom tails
 	}
 }
 

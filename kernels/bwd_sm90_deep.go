@@ -126,21 +126,6 @@ func (v BwdVariant) bwdDeepTails() bool {
 	return v.bwdHopperDeep() && !v.TMA && (v.DKPad()%64 != 0 || v.DVPad()%64 != 0)
 }
 
-// zeroTailSource is zero_tail, which zeroes the atom tails of a swizzled
-// tile.
-const zeroTailSource = `// zero_tail zeroes 16-byte chunks [c0, c1) of every row of the swizzled tile of ROWS rows at t: the
-// tail of its last 64-column atom, past the padded head dim (no load writes it; the transposed
-// products read whole atoms, and what they read must be finite)
-template <int ROWS>
-DEV void zero_tail(unsigned char* t, int c0, int c1, int tid, int nth) {
-  for (int i = tid; i < ROWS * (c1 - c0); i += nth) {
-    const int r = i / (c1 - c0), c = c0 + i % (c1 - c0);
-    u32* x = reinterpret_cast<u32*>(t + sw_off<ROWS>(r, c));
-    x[0] = x[1] = x[2] = x[3] = 0u;
-  }
-}
-`
-
 // bwdDeepProducts returns the warpgroup product wrappers of the deep
 // kernels: S and dP (wg_s, 16 keys), the transposed dK and dV slices
 // (wg_t32: 64 columns × 32 keys) and the two shares of dQ (wg_nN).
@@ -184,7 +169,7 @@ func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, dkdv bool, stage
 			continue
 		}
 		for s := 0; s < x.stages; s++ {
-			fmt.Fprintf(b, "  zero_tail<%s>(smem + (%s - s0) + %d, %d, %d, tid, NTH);\n", x.rows, x.tile, s*x.atoms*x.n*128, x.pad/8, x.atoms*8)
+			fmt.Fprintf(b, "  zero_cols<%s>(smem + (%s - s0) + %d, 0, %d, %d, tid, NTH);\n", x.rows, x.tile, s*x.atoms*x.n*128, x.pad, x.atoms*64)
 		}
 	}
 }
