@@ -67,7 +67,7 @@ type Backend struct {
 	// BwdKeyRows lets the warp-specialized Hopper dK/dV kernel compute S
 	// and dP with keys as rows wherever the variant allows it
 	// (kernels.BwdVariant.KeyRows, kernels.KeyRowsOK: head dims up to 128,
-	// the separate dQ, no dropout). New sets it when EnvBwdKeyRows is set.
+	// no dropout). New sets it when EnvBwdKeyRows is set.
 	BwdKeyRows bool
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
 	// (kernels.BwdHopperDeep) where WGMMA allows the Hopper kernels;

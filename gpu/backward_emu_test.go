@@ -89,9 +89,9 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
 	tma := emuBwdTMA(kind) || kind == emuDefault
-	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk
-	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRows
-	keyRows := kind == emuHopperBwdWSKeyRows
+	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk
+	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk
+	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || keyRows
 	deep := true // the emulator checks the Hopper kernels past 256 whether or not a backend allows them
 	if kind == emuDefault {
 		_, bp, b := emuDefaultKnobs()
@@ -439,4 +439,5 @@ var bwdEmuFamilies = []struct {
 	name string
 	kind emuKernels
 }{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
-	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows}}
+	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows},
+	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}}

@@ -30,6 +30,11 @@ import (
 // barriers, setmaxnreg, bulk reduce-add); a block none of whose threads can
 // proceed fails as a deadlock naming what each thread waits for. They check
 // indexing, masking, layouts and synchronisation without a GPU, not speed.
+// Fibers take turns round robin; FLASHATTN_EMU_SCHEDULE=warp lets one warp
+// run ahead of the others as far as the kernel's barriers allow, which a
+// missing barrier between warps fails (NaN read from shared memory not yet
+// stored) where the round robin, stopping every warp at each
+// warp-synchronous step, hides it.
 // Each family runs when its variable is set: FLASHATTN_FWD_EMU (the forward
 // and its pack kernel), FLASHATTN_BWD_EMU (the backward), FLASHATTN_CP_EMU
 // (context parallelism's merge kernels).
@@ -289,19 +294,20 @@ func emuTensorMap(x kernels.TMATensor) cuda.TensorMap {
 type emuKernels int
 
 const (
-	emuMMA                emuKernels = iota // the mma.sync kernels
-	emuHopper                               // the Hopper kernels, tiles by cp.async
-	emuHopperTMA                            // the Hopper kernels, streamed tiles by tensor maps
-	emuHopperWS                             // the Hopper forward, tensor maps, warp-specialized
-	emuHopperPP                             // ... with ping-pong and the early rescale of O
-	emuHopperPT                             // ... and persistent CTAs
-	emuHopperBulk                           // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
-	emuHopperBwdWS                          // the Hopper backward, tensor maps, the dK/dV kernel warp-specialized
-	emuHopperBwdWSBulk                      // ... and the atomic dQ by bulk reduce-adds
-	emuHopperBwdWSKeyRows                   // the Hopper backward, tensor maps, warp-specialized, S and dP with keys as rows
-	emuHopperSO                             // the Hopper forward, tensor maps, O stored by tensor maps
-	emuHopperPTSO                           // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
-	emuDefault                              // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
+	emuMMA                    emuKernels = iota // the mma.sync kernels
+	emuHopper                                   // the Hopper kernels, tiles by cp.async
+	emuHopperTMA                                // the Hopper kernels, streamed tiles by tensor maps
+	emuHopperWS                                 // the Hopper forward, tensor maps, warp-specialized
+	emuHopperPP                                 // ... with ping-pong and the early rescale of O
+	emuHopperPT                                 // ... and persistent CTAs
+	emuHopperBulk                               // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
+	emuHopperBwdWS                              // the Hopper backward, tensor maps, the dK/dV kernel warp-specialized
+	emuHopperBwdWSBulk                          // ... and the atomic dQ by bulk reduce-adds
+	emuHopperBwdWSKeyRows                       // the Hopper backward, tensor maps, warp-specialized, S and dP with keys as rows
+	emuHopperBwdWSKeyRowsBulk                   // ... and the atomic dQ by bulk reduce-adds
+	emuHopperSO                                 // the Hopper forward, tensor maps, O stored by tensor maps
+	emuHopperPTSO                               // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
+	emuDefault                                  // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
 // emuDefaultKnobs returns the forward and backward pipelines and the bulk
@@ -322,7 +328,7 @@ func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
 // tiles by tensor maps (and so takes fixed-length batches only).
 func emuBwdTMA(kind emuKernels) bool {
 	switch kind {
-	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows:
+	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk:
 		return true
 	}
 	return false

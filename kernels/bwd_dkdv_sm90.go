@@ -101,14 +101,24 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	bm, bn := bwdHopperBM, v.bwdHopperTile().BlockN
 	var l bwdSmemLayout
 	add := l.addSwizzled
-	add("sK", ka*bn*128)          // [KATOMS][BN][64]
-	add("sV", vka*bn*128)         // [VKATOMS][BN][64]
-	add("sQ", 2*ka*bm*128)        // [2][KATOMS][BM][64]
-	add("sdO", 2*va*bm*128)       // [2][VATOMS][BM][64]
-	add("sP", bufs*bn/64*bm*128)  // [buffers][BN/64][BM][64]
-	add("sdS", bufs*bn/64*bm*128) // [buffers][BN/64][BM][64]
-	add("sL", 2*bm*4)             // [2][BM] LSE2
-	add("sD", 2*bm*4)             // [2][BM] Delta
+	add("sK", ka*bn*128)             // [KATOMS][BN][64]
+	add("sV", vka*bn*128)            // [VKATOMS][BN][64]
+	add("sQ", 2*ka*bm*128)           // [2][KATOMS][BM][64]
+	add("sdO", 2*va*bm*128)          // [2][VATOMS][BM][64]
+	pds := bufs * bn / 64 * bm * 128 // [buffers][BN/64][BM][64]
+	switch {
+	case v.KeyRows && v.AtomicDQ:
+		add("sP", 0) // P and dSᵀ stay in registers; dS goes to its tile for the dQ product
+		add("sdS", pds)
+	case v.KeyRows:
+		add("sP", 0)
+		add("sdS", 0)
+	default:
+		add("sP", pds)
+		add("sdS", pds)
+	}
+	add("sL", 2*bm*4) // [2][BM] LSE2
+	add("sD", 2*bm*4) // [2][BM] Delta
 	if v.TMA {
 		l.add("bar", 16) // [2] mbarriers: stage s of q and dO landed
 	}
@@ -339,8 +349,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	t := v.bwdHopperTile()
 	dkp := v.DKPad()
 	crossed := v.bwdHopperCrossed()
-	nv, nk, nq := v.bwdHopperCols()
-	split := v.bwdHopperSplitDQ()
+	nv, nk, _ := v.bwdHopperCols()
 	b.WriteString(`  for (int it = 0; it < iters; ++it) {
     const int st = it & 1;
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
@@ -402,23 +411,36 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 `, nv, nk, g.psBuf(), g.psBuf())
 	}
 	b.WriteString("      wgmma_commit();\n    }\n")
-	if v.AtomicDQ {
-		cond := ""
-		if !split {
-			cond = "if (wg == 0) "
-		}
-		fmt.Fprintf(b, `    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[1]d), added to the fp32 accumulator
+	g.dqAtomic(b)
+}
+
+// dqAtomic writes, for AtomicDQ, the end of a dK/dV step: dQ += dS·K over
+// the block's BN keys (dS of this step's buffer in shared memory, stored
+// and ordered by the barrier before), added to the fp32 accumulator by
+// vector atomics or, with BulkDQ, by bulk reduce-adds (dqBulk).
+func (g *bwdGen) dqAtomic(b *strings.Builder) {
+	v := g.v
+	if !v.AtomicDQ {
+		return
+	}
+	_, _, nq := v.bwdHopperCols()
+	split := v.bwdHopperSplitDQ()
+	cond := ""
+	if !split {
+		cond = "if (wg == 0) "
+	}
+	fmt.Fprintf(b, `    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[1]d), added to the fp32 accumulator
     %[2]s{
       float accQ[%[3]d][4];
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
         wg_n%[1]d(accQ, dSk%[4]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
 `, nq, cond, nq/8, g.psBuf())
-		if v.BulkDQ {
-			g.dqBulk(b, nq)
-			return
-		}
-		fmt.Fprintf(b, `      wgmma_commit();
+	if v.BulkDQ {
+		g.dqBulk(b, nq)
+		return
+	}
+	fmt.Fprintf(b, `      wgmma_commit();
       wgmma_wait<0>();
       fence_acc(accQ);
       float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
@@ -431,7 +453,6 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
         }
     }
 `, nq/8, g.flatLimit("sk_", "DK"))
-	}
 }
 
 // dqBulk writes the end of the atomic dQ step with BulkDQ: the tile (this

@@ -6,9 +6,9 @@ import (
 )
 
 // Scores by key rows (BwdVariant.KeyRows): the warp-specialized Hopper
-// dK/dV kernel's step for head dims up to 128 with the separate dQ, as
-// FlashAttention-3 arranges it. Warpgroup w owns keys 64w .. 64w+63 of the
-// block, as in the other step, but computes S and dP transposed:
+// dK/dV kernel's step for head dims up to 128, as FlashAttention-3
+// arranges it. Warpgroup w owns keys 64w .. 64w+63 of the block, as in
+// the other step, but computes S and dP transposed:
 //
 //	Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ    64 keys × the BM = 64 queries, both operands
 //	                          K-major (the same instruction as S = Q·Kᵀ with
@@ -20,17 +20,23 @@ import (
 //	dV += Pᵀ·dO, dK += dSᵀ·Q   A from those registers, B (dO, q) read
 //	                          N-major from shared memory
 //
-// so neither P nor dS goes through shared memory and the warpgroups never
-// meet inside the loop. dK and dV keep the other step's layout (rows:
+// so that with the separate dQ neither P nor dS goes through shared memory
+// and the warpgroups never meet inside the loop. dK and dV keep the other step's layout (rows:
 // keys), and with it its stores. Dropout is declined (its keep bits are
-// drawn for query rows), and so is the atomic dQ (it would need dS by
-// query rows in shared memory).
+// drawn for query rows).
+//
+// With the atomic dQ (AtomicDQ, BulkDQ or not) dS goes to shared memory
+// after all, as FlashAttention-3 has it: each warpgroup stores its dSᵀ
+// elements at their (query, key) place of the other step's dS tile, both
+// warpgroups meet on named barrier 1 once the dV and dK products are
+// issued, and dQ += dS·K (and its reduction) is the other step's. P has no
+// tile in this step, and dS one only with the atomic dQ.
 
 // KeyRowsOK reports whether v (with KeyRows set or not) can take the
 // key-rows step: the warp-specialized Hopper kernels, padded head dims up
-// to 128, the separate dQ, no dropout.
+// to 128, no dropout.
 func KeyRowsOK(v BwdVariant) bool {
-	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.AtomicDQ && !v.Dropout
+	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout
 }
 
 // keyRowsProducts returns the product wrappers the key-rows step adds: dV
@@ -56,6 +62,11 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
     mbar_wait(bar + 8 * st, (it >> 1) & 1);  // q, dO, LSE2 and Delta of step it (the producer's)
 `)
+	if v.AtomicDQ {
+		b.WriteString(`    const u32 pso = st * PS_BUF;  // this step's dS buffer
+    T* const sdSb = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(sdS) + pso);
+`)
+	}
 	g.fullMask(b)
 	wgScores(b, "keys as rows: this warpgroup's BN/2 keys x the BM queries",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
@@ -96,7 +107,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
           float d = pr[c] * (accP[0][nt][hh * 2 + c] - dc[nt][c]);
 %[3]s          ds[c] = d;
         }
-        dsk[nt][hh] = pack2(ds[0], ds[1]);
+        dsk[nt][hh] = pack2(ds[0], ds[1]);%[5]s
       }
     // ---- dV += Pᵀ·dO and dK += dSᵀ·Q over the BM queries: A from registers (k16 step kk: query
     // columns 16kk .. 16kk+15), dO and q read N-major
@@ -114,7 +125,25 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
       }
       wgmma_commit();
     }
-`, g.keyRowsSoftcapDecl(), g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj"), g.keyRowsChain(), rv)
+`, g.keyRowsSoftcapDecl(), g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj"), g.keyRowsChain(), rv, g.keyRowsStoreDS())
+	if v.AtomicDQ {
+		b.WriteString("    fence_proxy_async();\n    " + g.wsStepSync("dS of all BN keys in shared memory for the dQ product") + "\n")
+		g.dqAtomic(b)
+	}
+}
+
+// keyRowsStoreDS returns, with the atomic dQ, the stores of a thread's two
+// dSᵀ elements of (key kj, queries qi, qi + 1) at their places (query
+// row, key column) of this step's dS tile, the dQ product's A operand,
+// rounded as the packed pair dK's product reads.
+func (g *bwdGen) keyRowsStoreDS() string {
+	if !g.v.AtomicDQ {
+		return ""
+	}
+	return `
+        const int kl = 64 * wg + 16 * (warp & 3) + g + 8 * hh, ql = nt * 8 + 2 * t4;  // in the block
+        sdSb[sw_elem<BM>(ql, kl)] = t_from_f(ds[0]);
+        sdSb[sw_elem<BM>(ql + 1, kl)] = t_from_f(ds[1]);`
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

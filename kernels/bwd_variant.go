@@ -113,10 +113,10 @@ type BwdVariant struct {
 	// warpgroups, with the producer's registers (setmaxnreg), meet only
 	// where one reads what the other wrote.
 	WarpSpecialized bool
-	// KeyRows (with WarpSpecialized, padded head dims up to 128, the
-	// separate dQ and no dropout: KeyRowsOK) computes S and dP in the
-	// dK/dV kernel transposed, keys as rows, so that P and dS feed the dV
-	// and dK products from registers instead of through shared memory
+	// KeyRows (with WarpSpecialized, padded head dims up to 128 and no
+	// dropout: KeyRowsOK) computes S and dP in the dK/dV kernel
+	// transposed, keys as rows, so that P and dS feed the dV and dK
+	// products from registers instead of through shared memory
 	// (bwd_sm90_keyrows.go).
 	KeyRows bool
 }

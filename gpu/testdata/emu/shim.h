@@ -97,10 +97,43 @@ static ucontext_t emu_main;
 static emu_dim3 blockIdx, gridDim, blockDim;
 #define threadIdx (emu_cur->tid)
 
-// emu_switch runs the next unfinished fiber after the current one; it
-// returns false when the current fiber is the only one left.
+static long emu_idle;  // yields without progress since the last progress
+
+// emu_warp_ahead reports whether FLASHATTN_EMU_SCHEDULE=warp asks for the
+// warp-ahead schedule: a yielding thread hands over to the next unfinished
+// thread of its own warp while the warp's threads have yielded fewer than
+// twice each without progress, so that one warp runs as far ahead of the
+// others as the kernel's barriers let it. The default round robin lets
+// every other thread run at each warp-synchronous step, which hides a
+// missing barrier between warps (a warp reading another's shared-memory
+// stores before they are ordered).
+static bool emu_warp_ahead() {
+  static const bool on = [] {
+    const char* e = getenv("FLASHATTN_EMU_SCHEDULE");
+    if (e == nullptr || *e == 0 || strcmp(e, "round-robin") == 0) return false;
+    if (strcmp(e, "warp") != 0) emu_fail("FLASHATTN_EMU_SCHEDULE: want round-robin or warp");
+    return true;
+  }();
+  return on;
+}
+
+// emu_switch runs the next unfinished fiber after the current one (of its
+// warp first under the warp-ahead schedule); it returns false when the
+// current fiber is the only one left.
 static bool emu_switch() {
   const int n = (int)emu_fibers.size(), prev = emu_cur_i;
+  if (emu_warp_ahead() && emu_idle <= 64) {
+    const int w0 = prev / 32 * 32, wn = std::min(n, w0 + 32);
+    for (int i = 1; i < wn - w0; ++i) {
+      const int j = w0 + (prev - w0 + i) % (wn - w0);
+      if (!emu_fibers[j].done) {
+        emu_cur_i = j;
+        emu_cur = &emu_fibers[j];
+        swapcontext(&emu_fibers[prev].ctx, &emu_fibers[j].ctx);
+        return true;
+      }
+    }
+  }
   for (int i = 1; i < n; ++i) {
     const int j = (prev + i) % n;
     if (!emu_fibers[j].done) {
@@ -132,7 +165,6 @@ struct EmuHook {
 // ever proceed: the block is deadlocked, and the emulation fails naming
 // what each blocked thread waits for (and what the headers registered in
 // emu_deadlock_notes add about their objects).
-static long emu_idle;  // yields without progress since the last progress
 static std::vector<std::string (*)()> emu_deadlock_notes;
 inline void emu_progress() { emu_idle = 0; }
 static std::string emu_wait_text(const EmuWaitOn& on) {
