@@ -416,33 +416,53 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 
 // dqAtomic writes, for AtomicDQ, the end of a dK/dV step: dQ += dS·K over
 // the block's BN keys (dS of this step's buffer in shared memory, stored
-// and ordered by the barrier before), added to the fp32 accumulator by
-// vector atomics or, with BulkDQ, by bulk reduce-adds (dqBulk).
+// and ordered by the barrier before), added to the fp32 accumulator
+// (dqReduce) once it is complete.
 func (g *bwdGen) dqAtomic(b *strings.Builder) {
-	v := g.v
-	if !v.AtomicDQ {
+	if !g.v.AtomicDQ {
 		return
 	}
-	_, _, nq := v.bwdHopperCols()
-	split := v.bwdHopperSplitDQ()
-	cond := ""
-	if !split {
-		cond = "if (wg == 0) "
-	}
+	_, _, nq := g.v.bwdHopperCols()
 	fmt.Fprintf(b, `    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[1]d), added to the fp32 accumulator
     %[2]s{
       float accQ[%[3]d][4];
-#pragma unroll
+`, nq, g.dqCond(), nq/8)
+	g.dqProduct(b)
+	g.dqReduce(b, "      wgmma_commit();\n      wgmma_wait<0>();\n")
+}
+
+// dqCond returns the condition on the warpgroup that computes the atomic
+// dQ: none where both split its columns, else warpgroup 0 alone.
+func (g *bwdGen) dqCond() string {
+	if g.v.bwdHopperSplitDQ() {
+		return ""
+	}
+	return "if (wg == 0) "
+}
+
+// dqProduct writes the atomic dQ's product into accQ: dS of this step's
+// buffer times K, over the block's BN keys.
+func (g *bwdGen) dqProduct(b *strings.Builder) {
+	_, _, nq := g.v.bwdHopperCols()
+	fmt.Fprintf(b, `#pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wg_n%[1]d(accQ, dSk%[4]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
-`, nq, cond, nq/8, g.psBuf())
+        wg_n%[1]d(accQ, dSk%[2]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), dKn + (u64)((kk * 2048) >> 4), kk > 0);
+`, nq, g.psBuf())
+}
+
+// dqReduce writes, after pre (the statements that complete the dQ
+// product), the addition of accQ to the fp32 accumulator: by vector
+// atomics, or with BulkDQ by bulk reduce-adds (dqBulk); it closes the
+// block dqAtomic opened.
+func (g *bwdGen) dqReduce(b *strings.Builder, pre string) {
+	v := g.v
+	_, _, nq := v.bwdHopperCols()
+	b.WriteString(pre)
 	if v.BulkDQ {
 		g.dqBulk(b, nq)
 		return
 	}
-	fmt.Fprintf(b, `      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(accQ);
+	fmt.Fprintf(b, `      fence_acc(accQ);
       float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
 #pragma unroll
       for (int nt = 0; nt < %[1]d; ++nt)
@@ -455,7 +475,8 @@ func (g *bwdGen) dqAtomic(b *strings.Builder) {
 `, nq/8, g.flatLimit("sk_", "DK"))
 }
 
-// dqBulk writes the end of the atomic dQ step with BulkDQ: the tile (this
+// dqBulk writes the end of the atomic dQ step with BulkDQ, once the
+// product is complete: the tile (this
 // warpgroup's nq columns of the block's BM rows) into shared memory, then
 // one bulk reduce-add per row into the fp32 accumulator, issued by lane 0
 // of the quad that holds the row. Each such lane first waits until its
@@ -465,9 +486,7 @@ func (g *bwdGen) dqAtomic(b *strings.Builder) {
 // columns past the head dim (up to the accumulator's padded width, the
 // head stride dqa_sh) are zeros: K's columns there are zero-filled.
 func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
-	fmt.Fprintf(b, `      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(accQ);
+	fmt.Fprintf(b, `      fence_acc(accQ);
       constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
       float* sq = sdQ + (dq0 / %[2]d) * BM * QP;  // this warpgroup's tile
       if (t4 == 0) bulk_wait_read<0>();  // this lane's reduce-adds of the last step no longer read its rows

@@ -107,29 +107,72 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
           float d = pr[c] * (accP[0][nt][hh * 2 + c] - dc[nt][c]);
 %[3]s          ds[c] = d;
         }
-        dsk[nt][hh] = pack2(ds[0], ds[1]);%[5]s
+        dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s
       }
-    // ---- dV += Pᵀ·dO and dK += dSᵀ·Q over the BM queries: A from registers (k16 step kk: query
-    // columns 16kk .. 16kk+15), dO and q read N-major
+`, g.keyRowsSoftcapDecl(), g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj"), g.keyRowsChain(), g.keyRowsStoreDS())
+	if v.AtomicDQ {
+		g.keyRowsProductsAtomic(b, rv)
+		return
+	}
+	keyRowsDV(b, rv, true)
+}
+
+// keyRowsDV writes dV += Pᵀ·dO over the BM queries (rv: the product's
+// wrapper) and, with dK, dK += dSᵀ·Q beside it in one commit group; dqn,
+// q's descriptor for dK, is declared before the group.
+func keyRowsDV(b *strings.Builder, rv string, dK bool) {
+	what, dkProduct := "dV += Pᵀ·dO", ""
+	if dK {
+		what = "dV += Pᵀ·dO and dK += dSᵀ·Q"
+		dkProduct = `        const u32 as[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
+        wg_rq(accdK[0], as, dqn + (u64)((kk * 2048) >> 4));
+`
+	}
+	fmt.Fprintf(b, `    // ---- %[1]s over the BM queries: A from registers (k16 step kk: query columns 16kk .. 16kk+15),
+    // dO and q read N-major
+    const u64 dqn = sw128_desc(sQ + st * Q_STAGE, BM * 128, 1024);
     {
-      const u64 ddn = sw128_desc(sdO + st * DO_STAGE, BM * 128, 1024), dqn = sw128_desc(sQ + st * Q_STAGE, BM * 128, 1024);
+      const u64 ddn = sw128_desc(sdO + st * DO_STAGE, BM * 128, 1024);
       fence_acc(accdV[0]);
       fence_acc(accdK[0]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) {
         const u32 ap[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-        const u32 as[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
-        %[4]s(accdV[0], ap, ddn + (u64)((kk * 2048) >> 4));
-        wg_rq(accdK[0], as, dqn + (u64)((kk * 2048) >> 4));
-      }
+        %[2]s(accdV[0], ap, ddn + (u64)((kk * 2048) >> 4));
+%[3]s      }
       wgmma_commit();
     }
-`, g.keyRowsSoftcapDecl(), g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj"), g.keyRowsChain(), rv, g.keyRowsStoreDS())
-	if v.AtomicDQ {
-		b.WriteString("    fence_proxy_async();\n    " + g.wsStepSync("dS of all BN keys in shared memory for the dQ product") + "\n")
-		g.dqAtomic(b)
-	}
+`, what, rv, dkProduct)
+}
+
+// keyRowsProductsAtomic writes the key-rows step's products with the
+// atomic dQ in FlashAttention-3's order: dV += Pᵀ·dO; the barrier after
+// which dS of all BN keys is in shared memory; dQ += dS·K; dK += dSᵀ·Q;
+// then, once dV and dQ are complete and while dK still runs, dQ's
+// reduction (dqReduce). The wait that closes the step retires dK.
+func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
+	_, _, nq := g.v.bwdHopperCols()
+	keyRowsDV(b, rv, false)
+	fmt.Fprintf(b, `    fence_proxy_async();
+    %[1]s
+    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[2]d), then dK += dSᵀ·Q (A from registers,
+    // q read N-major); dQ is added to the fp32 accumulator while dK runs
+    float accQ[%[3]d][4];
+    %[4]s{
+`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), nq, nq/8, g.dqCond())
+	g.dqProduct(b)
+	fmt.Fprintf(b, `      wgmma_commit();
+    }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      const u32 as[4] = {dsk[2 * kk][0], dsk[2 * kk][1], dsk[2 * kk + 1][0], dsk[2 * kk + 1][1]};
+      wg_rq(accdK[0], as, dqn + (u64)((kk * 2048) >> 4));
+    }
+    wgmma_commit();
+    %[1]s{
+`, g.dqCond())
+	g.dqReduce(b, "      wgmma_wait<1>();  // dV and dQ complete; dK runs on\n")
 }
 
 // keyRowsStoreDS returns, with the atomic dQ, the stores of a thread's two
