@@ -46,6 +46,12 @@ type Backend struct {
 	// DefaultPipeline unless the variable names another; the zero value is
 	// the lockstep pipeline.
 	Pipeline kernels.Pipeline
+	// ShortPipeline, when not nil, is the pipeline of Hopper forward calls
+	// with at most ShortKeys keys, in place of Pipeline. New sets it to
+	// DefaultShortPipeline when EnvPipeline is empty, and leaves it nil
+	// when the variable names a pipeline (that pipeline then serves every
+	// call).
+	ShortPipeline *kernels.Pipeline
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -149,6 +155,10 @@ func New(dev *cuda.Device) (*Backend, error) {
 			return nil, fmt.Errorf("gpu: %s: %w", EnvPipeline, err)
 		}
 		b.Pipeline = pl
+		if os.Getenv(EnvPipeline) == "" {
+			short := DefaultShortPipeline
+			b.ShortPipeline = &short
+		}
 		bp, err := parseBwdPipeline(os.Getenv(EnvBwdPipeline))
 		if err != nil {
 			s.Close()
@@ -223,6 +233,17 @@ const EnvPipeline = "FLASHATTN_FWD_PIPELINE"
 // early rescale (persistent CTAs and the O store by tensor maps stay
 // opt-in).
 var DefaultPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+
+// DefaultShortPipeline is the pipeline of the Hopper forward of new
+// backends, when EnvPipeline is empty, for calls with at most ShortKeys
+// keys: DefaultPipeline with persistent CTAs and the O store by tensor
+// maps, whose epilogue and tile changes weigh most where each tile has few
+// key blocks (docs/kernels/forward.md).
+var DefaultShortPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
+
+// ShortKeys is the largest key length of the forward calls that take
+// Backend.ShortPipeline.
+const ShortKeys = 512
 
 // parsePipeline reads a forward pipeline in kernels.ParsePipeline's words
 // ("" is DefaultPipeline).

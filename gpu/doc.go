@@ -37,9 +37,10 @@
 // Backend.BwdPipeline: DefaultPipeline, DefaultBwdPipeline), except for
 // the problem classes where the lockstep kernels measured faster;
 // FLASHATTN_FWD_PIPELINE and FLASHATTN_BWD_PIPELINE choose others
-// ("lockstep"; the forward's persistent CTAs and O stored by tensor maps
-// are opt-in). New reads the environment once; every knob is a field of
-// Backend.
+// ("lockstep"). The forward's persistent CTAs and O stored by tensor maps
+// serve calls of at most ShortKeys keys by default
+// (Backend.ShortPipeline, DefaultShortPipeline) and are opt-in past them.
+// New reads the environment once; every knob is a field of Backend.
 //
 // For context parallelism on the device, the merge kernels fold a partial
 // forward result (O and its LSE) into a float32 Accumulator through the

@@ -431,14 +431,24 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.Pipeline}
-	if b.Pipeline.Persistent {
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p)}
+	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()
 	}
 	if c.p.Varlen {
 		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}
 	return r
+}
+
+// forwardPipeline returns the Hopper forward pipeline the backend asks for p:
+// ShortPipeline where it is set and p has at most ShortKeys keys, else
+// Pipeline.
+func (b *Backend) forwardPipeline(p *attn.Problem) kernels.Pipeline {
+	if b.ShortPipeline != nil && p.M <= ShortKeys {
+		return *b.ShortPipeline
+	}
+	return b.Pipeline
 }
 
 // planForward plans call c once: the launch on the caller's tensors or,

@@ -277,3 +277,33 @@ func TestParsePipelineDefault(t *testing.T) {
 		t.Errorf("parsePipeline(\"fast\"): %v, want ErrOption", err)
 	}
 }
+
+// TestForwardShortPipeline checks the forward pipeline a backend asks for
+// by key length: ShortPipeline up to ShortKeys keys, Pipeline past them
+// and wherever ShortPipeline is nil; and that a D = 128 forward of 512
+// keys plans persistent CTAs with O stored by a tensor map under it.
+func TestForwardShortPipeline(t *testing.T) {
+	short := DefaultShortPipeline
+	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short}
+	for _, c := range []struct {
+		m    int
+		want kernels.Pipeline
+	}{{1, short}, {ShortKeys, short}, {ShortKeys + 1, DefaultPipeline}, {4096, DefaultPipeline}} {
+		if got := b.forwardPipeline(&attn.Problem{N: c.m, M: c.m}); got != c.want {
+			t.Errorf("M = %d: pipeline %+v, want %+v", c.m, got, c.want)
+		}
+	}
+	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}); got != DefaultPipeline {
+		t.Errorf("without ShortPipeline: %+v, want %+v", got, DefaultPipeline)
+	}
+	c := fwdRecordCase{name: "short", dt: attn.BFloat16, b: 2, n: ShortKeys, m: ShortKeys, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+	p, ts, _, _ := c.tensors(t)
+	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
+		hopper: true, tma: true, pipeline: b.forwardPipeline(p), sms: 132})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := pl.v; !v.WarpSpecialized || !v.Persistent || !v.StoreO {
+		t.Errorf("%s: want warp-specialized, persistent, O by tensor map", v.Name())
+	}
+}
