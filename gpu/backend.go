@@ -47,7 +47,8 @@ type Backend struct {
 	// the lockstep pipeline.
 	Pipeline kernels.Pipeline
 	// ShortPipeline, when not nil, is the pipeline of Hopper forward calls
-	// with at most ShortKeys keys, in place of Pipeline. New sets it to
+	// with at most ShortKeys keys (causal: ShortCausalKeys), in place of
+	// Pipeline. New sets it to
 	// DefaultShortPipeline when EnvPipeline is empty, and leaves it nil
 	// when the variable names a pipeline (that pipeline then serves every
 	// call).
@@ -78,7 +79,7 @@ type Backend struct {
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
 	// (kernels.BwdHopperDeep) where WGMMA allows the Hopper kernels;
 	// otherwise the mma.sync kernels serve those head dims. New sets it
-	// when EnvBwdDeep is set.
+	// unless EnvBwdDeep is "0".
 	BwdDeep bool
 
 	fill    filler      // the random-fill kernel
@@ -136,7 +137,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		WGMMA:      hopper,
 		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
 		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
-		BwdDeep:    hopper && envSet(os.Getenv(EnvBwdDeep)),
+		BwdDeep:    hopper && envBwdDeep(),
 		TMA:        hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
@@ -218,9 +219,13 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 // (Backend.BwdKeyRows).
 const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 
-// EnvBwdDeep, when set to anything but "" or "0", lets the backward of new
-// backends run the Hopper kernels past head dim 256 (Backend.BwdDeep).
+// EnvBwdDeep, when "0", keeps the backward of new backends off the Hopper
+// kernels past head dim 256 (Backend.BwdDeep), on the mma.sync kernels.
 const EnvBwdDeep = "FLASHATTN_BWD_DEEP"
+
+// envBwdDeep reports whether EnvBwdDeep lets new backends run the Hopper
+// backward past head dim 256: unless it is "0".
+func envBwdDeep() bool { return os.Getenv(EnvBwdDeep) != "0" }
 
 // EnvPipeline names the pipeline of the Hopper forward of new backends
 // (Backend.Pipeline) in kernels.ParsePipeline's words, e.g.
@@ -236,14 +241,17 @@ var DefaultPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, Ea
 
 // DefaultShortPipeline is the pipeline of the Hopper forward of new
 // backends, when EnvPipeline is empty, for calls with at most ShortKeys
-// keys: DefaultPipeline with persistent CTAs and the O store by tensor
-// maps, whose epilogue and tile changes weigh most where each tile has few
-// key blocks (docs/kernels/forward.md).
+// keys (causal: ShortCausalKeys): DefaultPipeline with persistent CTAs and
+// the O store by tensor maps, whose epilogue and tile changes weigh most
+// where each tile has few key blocks (docs/kernels/forward.md).
 var DefaultShortPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
 
 // ShortKeys is the largest key length of the forward calls that take
-// Backend.ShortPipeline.
-const ShortKeys = 512
+// Backend.ShortPipeline, and ShortCausalKeys that of causal calls.
+const (
+	ShortKeys       = 512
+	ShortCausalKeys = 4096
+)
 
 // parsePipeline reads a forward pipeline in kernels.ParsePipeline's words
 // ("" is DefaultPipeline).

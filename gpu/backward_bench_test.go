@@ -81,7 +81,7 @@ func (s *bwdBenchSet) autoDQ(t *testing.T, dev *cuda.Device) DQAlgorithm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resolveDQ(s.p, DQAuto, DQKernels{Hopper: bwdHopperRuns(s.p, attn.BFloat16, &a, hopperCapable(dev), envSet(os.Getenv(EnvBwdDeep)))})
+	return resolveDQ(s.p, DQAuto, DQKernels{Hopper: bwdHopperRuns(s.p, attn.BFloat16, &a, hopperCapable(dev), envBwdDeep())})
 }
 
 // bwdKernelTimes runs the backward of set with algo reps times after

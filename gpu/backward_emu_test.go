@@ -96,7 +96,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	if kind == emuDefault {
 		_, bp, b := emuDefaultKnobs()
 		ws, bulk = bp.WarpSpecialized, b
-		keyRows, deep = envSet(os.Getenv(EnvBwdKeyRows)), envSet(os.Getenv(EnvBwdDeep))
+		keyRows, deep = envSet(os.Getenv(EnvBwdKeyRows)), envBwdDeep()
 	}
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows, deep: deep})
 	if err != nil {

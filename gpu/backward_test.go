@@ -768,12 +768,12 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels
 }
 
 // backendVariant is variant as the test backend plans it: with the deep
-// Hopper kernels past 256 under EnvBwdDeep.
+// Hopper kernels past 256 unless EnvBwdDeep keeps them off.
 func (in bwdInputs) backendVariant(t testing.TB, algo DQAlgorithm, hopper bool) kernels.BwdVariant {
 	t.Helper()
 	r := in.request(algo)
 	r.hopper, r.tma = hopper, !envSet(os.Getenv(EnvNoTMA))
-	r.deep = hopper && envSet(os.Getenv(EnvBwdDeep))
+	r.deep = hopper && envBwdDeep()
 	pl, err := planBackward(r)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
@@ -958,9 +958,10 @@ func TestBackwardGradientsCross(t *testing.T) {
 
 // bwdHopperDims reports whether the Hopper backward kernels take head dims
 // dk, dv in dt (kernels.BwdHopperOK) and a new backend lets them (those
-// past 256 under EnvBwdDeep), so that the planner picks them on an H200.
+// past 256 unless EnvBwdDeep keeps them off), so that the planner picks
+// them on an H200.
 func bwdHopperDims(dt attn.DType, dk, dv int) bool {
-	return bwdHopperTakes(dt, dk, dv) && (envSet(os.Getenv(EnvBwdDeep)) || max(dk, dv) <= 256)
+	return bwdHopperTakes(dt, dk, dv) && (envBwdDeep() || max(dk, dv) <= 256)
 }
 
 // bwdHopperTakes reports whether the Hopper backward kernels take head dims

@@ -442,10 +442,10 @@ func (b *Backend) request(c *fwdCall) fwdRequest {
 }
 
 // forwardPipeline returns the Hopper forward pipeline the backend asks for p:
-// ShortPipeline where it is set and p has at most ShortKeys keys, else
-// Pipeline.
+// ShortPipeline where it is set and p has at most ShortKeys keys (causal:
+// ShortCausalKeys), else Pipeline.
 func (b *Backend) forwardPipeline(p *attn.Problem) kernels.Pipeline {
-	if b.ShortPipeline != nil && p.M <= ShortKeys {
+	if b.ShortPipeline != nil && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys) {
 		return *b.ShortPipeline
 	}
 	return b.Pipeline

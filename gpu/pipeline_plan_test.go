@@ -143,9 +143,9 @@ func TestBackwardPlanWS(t *testing.T) {
 
 // TestBackwardPlanKeyRows checks where the backward planner takes the
 // key-rows step when asked (bwdRequest.keyRows): the warp-specialized
-// kernels at head dims up to 128 with the separate dQ and no dropout, not
-// the atomic dQ, dropout, wider head dims or the lockstep kernels, nor
-// anything unasked.
+// kernels at head dims up to 128 without dropout, with the separate dQ
+// and at padded dK 128 with the atomic one; not dropout, wider head dims
+// or the lockstep kernels, nor anything unasked.
 func TestBackwardPlanKeyRows(t *testing.T) {
 	d128 := bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}
 	cases := []struct {
@@ -157,7 +157,8 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 	}{
 		{"d128 separate", d128, DQSeparate, true, true, true},
 		{"d128 separate unasked", d128, DQSeparate, true, false, false},
-		{"d128 atomic", d128, DQAtomic, true, true, false},
+		{"d128 atomic", d128, DQAtomic, true, true, true},
+		{"d64 atomic: one warpgroup's dQ", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 64}, DQAtomic, true, true, false},
 		{"d128 lockstep", d128, DQSeparate, false, true, false},
 		{"d64-96 causal softcap", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 96, causal: true, softcap: 4}, DQSeparate, true, true, true},
 		{"d128 dropout", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQSeparate, true, true, false},
@@ -279,18 +280,22 @@ func TestParsePipelineDefault(t *testing.T) {
 }
 
 // TestForwardShortPipeline checks the forward pipeline a backend asks for
-// by key length: ShortPipeline up to ShortKeys keys, Pipeline past them
-// and wherever ShortPipeline is nil; and that a D = 128 forward of 512
-// keys plans persistent CTAs with O stored by a tensor map under it.
+// by key length: ShortPipeline up to ShortKeys keys (causal:
+// ShortCausalKeys), Pipeline past them and wherever ShortPipeline is nil;
+// and that a D = 128 forward of 512 keys plans persistent CTAs with O
+// stored by a tensor map under it.
 func TestForwardShortPipeline(t *testing.T) {
 	short := DefaultShortPipeline
 	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short}
 	for _, c := range []struct {
-		m    int
-		want kernels.Pipeline
-	}{{1, short}, {ShortKeys, short}, {ShortKeys + 1, DefaultPipeline}, {4096, DefaultPipeline}} {
-		if got := b.forwardPipeline(&attn.Problem{N: c.m, M: c.m}); got != c.want {
-			t.Errorf("M = %d: pipeline %+v, want %+v", c.m, got, c.want)
+		m      int
+		causal bool
+		want   kernels.Pipeline
+	}{{1, false, short}, {ShortKeys, false, short}, {ShortKeys + 1, false, DefaultPipeline}, {4096, false, DefaultPipeline},
+		{ShortCausalKeys, true, short}, {ShortCausalKeys + 1, true, DefaultPipeline}} {
+		p := &attn.Problem{N: c.m, M: c.m, Opt: attn.Options{Causal: c.causal}}
+		if got := b.forwardPipeline(p); got != c.want {
+			t.Errorf("M = %d causal %v: pipeline %+v, want %+v", c.m, c.causal, got, c.want)
 		}
 	}
 	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}); got != DefaultPipeline {

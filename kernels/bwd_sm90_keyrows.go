@@ -25,7 +25,8 @@ import (
 // keys), and with it its stores. Dropout is declined (its keep bits are
 // drawn for query rows).
 //
-// With the atomic dQ (AtomicDQ, BulkDQ or not) dS goes to shared memory
+// With the atomic dQ (AtomicDQ, BulkDQ or not; padded dK 128, where the
+// warpgroups split dQ's columns) dS goes to shared memory
 // after all, as FlashAttention-3 has it: each warpgroup stores its dSᵀ
 // elements at their (query, key) place of the other step's dS tile, both
 // warpgroups meet on named barrier 1 once the dV and dK products are
@@ -34,9 +35,12 @@ import (
 
 // KeyRowsOK reports whether v (with KeyRows set or not) can take the
 // key-rows step: the warp-specialized Hopper kernels, padded head dims up
-// to 128, no dropout.
+// to 128, no dropout; with the atomic dQ only where both warpgroups share
+// its columns (padded dK 128): where warpgroup 0 alone computes it, its
+// product sits in a branch, and ptxas (NVRTC 13.0) then serializes every
+// warpgroup product of the kernel.
 func KeyRowsOK(v BwdVariant) bool {
-	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout
+	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout && (!v.AtomicDQ || v.bwdHopperSplitDQ())
 }
 
 // keyRowsProducts returns the product wrappers the key-rows step adds: dV

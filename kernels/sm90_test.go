@@ -450,8 +450,10 @@ func bwdHopperKeyRowsVariants() []BwdVariant {
 }
 
 // TestKeyRowsSource checks the key-rows step's source: S and dP with the
-// key tiles as A, the dV and dK products from registers, and neither P nor
-// dS stored; and that Validate refuses it where KeyRowsOK does not hold.
+// key tiles as A, the dV and dK products from registers, P never stored
+// and dS only with the atomic dQ (at its query-row place, before the
+// barrier and the dQ product, reduced once dV and dQ are complete); and
+// that Validate refuses it where KeyRowsOK does not hold.
 func TestKeyRowsSource(t *testing.T) {
 	vs := bwdHopperKeyRowsVariants()
 	if len(vs) < 4 {
@@ -468,15 +470,35 @@ func TestKeyRowsSource(t *testing.T) {
 			}
 		}
 		if strings.Contains(src, "sw_elem<BM>(il, jl)") {
-			t.Errorf("%s: the key-rows step stores P or dS", v.Name())
+			t.Errorf("%s: the key-rows step stores P or dS by query rows", v.Name())
+		}
+		store := strings.Index(src, "sdSb[sw_elem<BM>(ql, kl)]")
+		if !v.AtomicDQ {
+			if store >= 0 {
+				t.Errorf("%s: dS stored without the atomic dQ", v.Name())
+			}
+			continue
+		}
+		barrier := strings.Index(src, "in shared memory for the dQ product")
+		product := -1 // the dQ product, after the barrier
+		if k := strings.Index(src[max(barrier, 0):], "(accQ, dSk"); barrier >= 0 && k >= 0 {
+			product = barrier + k
+		}
+		reduce := strings.Index(src, "wgmma_wait<1>();  // dV and dQ complete")
+		if store < 0 || barrier < store || product < barrier || reduce < product {
+			t.Errorf("%s: dS store at %d, barrier at %d, dQ product at %d, reduction at %d: want them in that order", v.Name(), store, barrier, product, reduce)
 		}
 	}
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
+	for _, w := range []BwdVariant{base, func() BwdVariant { w := base; w.AtomicDQ = true; return w }(), func() BwdVariant { w := base; w.AtomicDQ, w.BulkDQ = true, true; return w }()} {
+		if err := w.Validate(); err != nil {
+			t.Errorf("%s: %v", w.Name(), err)
+		}
+	}
 	for name, v := range map[string]BwdVariant{
-		"atomic dQ": func() BwdVariant { w := base; w.AtomicDQ = true; return w }(),
-		"dropout":   func() BwdVariant { w := base; w.Dropout = true; return w }(),
-		"lockstep":  func() BwdVariant { w := base; w.WarpSpecialized = false; return w }(),
-		"d192":      func() BwdVariant { w := base; w.DK, w.DV = 192, 192; return w }(),
+		"dropout":  func() BwdVariant { w := base; w.Dropout = true; return w }(),
+		"lockstep": func() BwdVariant { w := base; w.WarpSpecialized = false; return w }(),
+		"d192":     func() BwdVariant { w := base; w.DK, w.DV = 192, 192; return w }(),
 	} {
 		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
 			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
