@@ -34,6 +34,10 @@ type shape struct {
 	tile       *kernels.Tile // nil: the tuning table
 	label      string
 	noWGMMA    bool // time the mma.sync kernels even where the Hopper kernel applies
+	// per-element extras: softcap (0: none), dropout probability (0: none),
+	// and a bias [1, 1, N, N] of the element type
+	softcap, dropout float64
+	bias             bool
 }
 
 func (s shape) flops() float64 {
@@ -59,7 +63,7 @@ func main() {
 	reps := flag.Int("reps", 30, "timed repeats per shape")
 	sets := flag.Int("sets", 3, "rotated input sets")
 	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
-	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, sweep); empty: all")
+	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, hsweep, xsweep, sweep); empty: all")
 	dims := flag.String("dims", "", "comma-separated head dims the hsweep group times; empty: all")
 	flag.BoolVar(&useStaging, "staging", true, "copy rows that allow only 2-byte loads into a padded staging workspace first (timed)")
 	flag.Parse()
@@ -124,6 +128,17 @@ func main() {
 			for i := range hop[d] {
 				t := hop[d][i]
 				add("hsweep", shape{d: d, n: 4096, h: max(1, (2048+d/2)/d), b: 4, causal: causal, tile: &t, label: "hsweep"})
+			}
+		}
+	}
+	// Hopper key tiles of variants with per-element extras (softcap, dropout, bias) at D = 128,
+	// under the backend's forward pipeline (FLASHATTN_FWD_PIPELINE)
+	for _, x := range []shape{{softcap: 30, label: "softcap"}, {dropout: 0.1, label: "dropout"}, {bias: true, label: "bias"}} {
+		for _, causal := range []bool{false, true} {
+			for _, bn := range []int{64, 96, 128, 160} {
+				t := hl(128, bn)
+				add("xsweep", shape{d: 128, n: 4096, h: 16, b: 4, causal: causal, tile: &t, label: "x-" + x.label,
+					softcap: x.softcap, dropout: x.dropout, bias: x.bias})
 			}
 		}
 	}
@@ -256,7 +271,12 @@ func tensors(dev *cuda.Device, dt attn.DType, s shape) ([]gpu.DeviceTensor, erro
 		out = append(out, t)
 	}
 	l, err := gpu.NewDeviceTensor(dev, attn.Float32, s.b, s.h, s.n)
-	return append(out, l), err
+	out = append(out, l)
+	if err != nil || !s.bias {
+		return out, err
+	}
+	bias, err := gpu.NewDeviceTensor(dev, dt, 1, 1, s.n, s.n)
+	return append(out, bias), err
 }
 
 // variantOf returns the kernel a shape runs.
@@ -273,7 +293,7 @@ func variantOf(b *gpu.Backend, dt attn.DType, s shape) (kernels.Variant, error) 
 	withTile(b, s.tile)
 	defer withTile(b, nil)
 	defer withWGMMA(b, !s.noWGMMA)()
-	opt := options(s)
+	opt := options(s, set)
 	ws, err := stagingFor(b, set, &opt)
 	if err != nil {
 		return kernels.Variant{}, err
@@ -306,8 +326,14 @@ func stagingFor(b *gpu.Backend, set []gpu.DeviceTensor, opt *gpu.DeviceOptions) 
 	return ws, nil
 }
 
-func options(s shape) gpu.DeviceOptions {
-	return gpu.DeviceOptions{Options: attn.Options{Causal: s.causal}}
+// options returns the forward options of s on the tensors of set (the bias,
+// when s has one, is its sixth).
+func options(s shape, set []gpu.DeviceTensor) gpu.DeviceOptions {
+	opt := gpu.DeviceOptions{Options: attn.Options{Causal: s.causal, Softcap: s.softcap, Dropout: s.dropout, Seed: 1}}
+	if s.bias {
+		opt.Bias = &set[5]
+	}
+	return opt
 }
 
 // withTile makes the backend use tile t for every kernel (nil: the table).
@@ -354,7 +380,10 @@ func timeShape(b *gpu.Backend, s *cuda.Stream, dt attn.DType, sh shape, nsets, r
 		if err != nil {
 			return 0, err
 		}
-		for j := 0; j < 4; j++ {
+		for j := range set {
+			if j == 4 {
+				continue // the LSE: an output
+			}
 			if err := b.FillRandom(s, set[j], uint64(100*i+j+1)); err != nil {
 				return 0, err
 			}
@@ -363,7 +392,7 @@ func timeShape(b *gpu.Backend, s *cuda.Stream, dt attn.DType, sh shape, nsets, r
 	withTile(b, sh.tile)
 	defer withTile(b, nil)
 	defer withWGMMA(b, !sh.noWGMMA)()
-	opt := options(sh)
+	opt := options(sh, sets[0])
 	ws, err := stagingFor(b, sets[0], &opt)
 	if err != nil {
 		return 0, err
