@@ -207,6 +207,8 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "bf16-d256-dropout", dt: attn.BFloat16, b: 1, n: 70, m: 130, h: 1, hkv: 1, dk: 256, dv: 256, opt: attn.Options{Dropout: 0.2, Seed: 5}},
 		{name: "bf16-d320-causal", dt: attn.BFloat16, b: 1, n: 50, m: 70, h: 1, hkv: 1, dk: 320, dv: 320, opt: attn.Options{Causal: true}},
 		{name: "bf16-d512", dt: attn.BFloat16, b: 1, n: 30, m: 40, h: 1, hkv: 1, dk: 512, dv: 512},
+		// past 320 the warpgroups split the keys: each loads the bias of its own half
+		{name: "fp16-d384-bias-causal", dt: attn.Float16, b: 1, n: 50, m: 110, h: 2, hkv: 1, dk: 384, dv: 384, opt: attn.Options{Causal: true}, biasB: 1, bias: 2},
 		// many key blocks: every K and V buffer reused several times (the warp-specialized pipeline's
 		// empty barriers through several phases)
 		{name: "bf16-d128-long-causal", dt: attn.BFloat16, b: 1, n: 130, m: 1000, h: 3, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}},

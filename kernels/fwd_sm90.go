@@ -405,6 +405,7 @@ func (x *gen) hopperTile(first string) {
     qk_wgmma(s[0], dq, %s);
     wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
+	x.biasPrefetch("    ", "n0")
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
@@ -444,6 +445,7 @@ func (x *gen) hopperTile(first string) {
 	x.p("      %s", pv)
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPass)
+	x.biasPrefetch("      ", "(nb - 1) * BN")
 	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
 `)
@@ -542,6 +544,24 @@ func indentLines(s, indent string) string {
 		b.WriteString(l)
 	}
 	return b.String()
+}
+
+// biasPrefetch writes, for a variant with a bias, the loads of the bias of
+// the key block whose first key is n0 (an expression) into bpre, this
+// thread's elements in the layout of s, issued while the block's S product
+// runs so that their latency hides under it; transform then adds them.
+func (x *gen) biasPrefetch(indent, n0 string) {
+	if x.v.Bias == BiasNone {
+		return
+	}
+	x.raw(indentLines(fmt.Sprintf(`// ---- the bias of this block's scores, loaded while S runs (0 past the keys)
+float bpre[MT][NT_S][4];
+{
+  const int nb0 = %s;
+%s%s        bpre[mt][nt][e] = br != nullptr && j < m ? bias_load(br + j * bias_km) : 0.f;
+      }
+}
+`, n0, indentLines(scoreElements, "  "), indentLines(fmt.Sprintf(biasElement, "nb0"), "        ")), indent))
 }
 
 // blockSoftmax writes the element-wise stage of one key block whose first key
