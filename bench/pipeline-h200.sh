@@ -32,8 +32,8 @@
 # B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
-# bwdcheck, wscheck, keyrowscheck, bwdtime, tiles, sanitize; default all but
-# tiles and sanitize; wscheck is bwdcheck with the warp-specialized backward,
+# bwdcheck, wscheck, keyrowscheck, bwdtime, tiles, xtiles, sanitize; default
+# all but tiles, xtiles and sanitize; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
 # FLASHATTN_BWD_KEY_ROWS=1), BWD_CONFIGS (the backward's timed choices,
 # space-separated LABEL=VAR=VALUE,VAR=VALUE; default the dQ algorithms on
@@ -41,7 +41,9 @@
 # pipeline, the bulk dQ and the warp-specialized backward under
 # compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
-# -only hsweep`, under this pipeline; default ws,pingpong,early-rescale).
+# -only hsweep`, under this pipeline; default ws,pingpong,early-rescale;
+# xtiles: the key tiles of softcap, dropout and bias variants at D = 128,
+# `benchfwd -only xsweep`, under the default pipeline).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}
@@ -140,7 +142,8 @@ BWD_CONFIGS=${BWD_CONFIGS:-"separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELIN
  bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=lockstep
  ws-separate=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws ws-atomic=FLASHATTN_DQ=atomic,FLASHATTN_BWD_PIPELINE=ws
  ws-bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=ws
- ws-keyrows=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws,FLASHATTN_BWD_KEY_ROWS=1"}
+ ws-keyrows=FLASHATTN_DQ=separate,FLASHATTN_BWD_PIPELINE=ws,FLASHATTN_BWD_KEY_ROWS=1
+ ws-keyrows-bulk=FLASHATTN_DQ=atomic,FLASHATTN_BULK_DQ=1,FLASHATTN_BWD_PIPELINE=ws,FLASHATTN_BWD_KEY_ROWS=1"}
 # bwd_check LABEL VAR=VALUE...: the gradient tests with the bulk dQ allowed (the tests run both dQ
 # algorithms) and the variables given
 bwd_check() {
@@ -171,11 +174,22 @@ if [[ ",$STEPS," == *",sanitize,"* ]]; then
 			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
 			-test.run 'TestShapes/(seq4224-causal-bf16|d127-gqa6:2-n>m)|TestDropoutAt') >"$log" 2>&1
 		printf 'sanitize %-10s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"
+		# the backward's key-rows step with the bulk dQ, and the deep kernels past 256
+		log=$OUT/sanitize-bwd-$tool.log
+		(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_KEY_ROWS=1 FLASHATTN_BWD_CASES='^(plain|d320)' \
+			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
+			-test.run 'TestBackwardGradients$') >"$log" 2>&1
+		printf 'sanitize bwd %-6s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"
 	done
 fi
 if [[ ",$STEPS," == *",tiles,"* ]]; then
 	FLASHATTN_FWD_PIPELINE=$TILE_PIPELINE timeout --kill-after=10 540 "$ROOT/.bin/benchfwd" -only hsweep -reps 20 >"$OUT/tiles.log" 2>&1
 	echo "tiles ($TILE_PIPELINE) rc=$?" >>"$SUMMARY"
 	tail -n 60 "$OUT/tiles.log" >>"$SUMMARY"
+fi
+if [[ ",$STEPS," == *",xtiles,"* ]]; then
+	timeout --kill-after=10 300 "$ROOT/.bin/benchfwd" -only xsweep -reps 20 >"$OUT/xtiles.log" 2>&1
+	echo "xtiles rc=$?" >>"$SUMMARY"
+	grep -E 'x-|spill +[1-9]' "$OUT/xtiles.log" >>"$SUMMARY"
 fi
 cat "$SUMMARY"
