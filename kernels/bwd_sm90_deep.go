@@ -181,9 +181,10 @@ func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, dkdv bool, stage
 // writes the dBias scratch.
 func (g *bwdGen) deepScores(b *strings.Builder, dkdv bool, sq, sdo, sk, sv, sl, sd string) {
 	g.fullMask(b)
-	wgScores(b, "the BM queries x this warpgroup's BN/2 keys", fmt.Sprintf(`      const u64 dq = sw128_desc(%s, 16, 1024), ddo = sw128_desc(%s, 16, 1024);
-      const u64 dk = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024), dv = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024);
-`, sq, sdo, sk, sv), "dq", "dk", "ddo", "dv", "BM", "BN", bwdDeepBN/16)
+	wgScores(b, "the BM queries x this warpgroup's BN/2 keys", fmt.Sprintf(`      u64 dq = sw128_desc(%s, 16, 1024), ddo = sw128_desc(%s, 16, 1024);
+      u64 dk = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024), dv = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024);
+      %s
+`, sq, sdo, sk, sv, deepOpaque("dq", "ddo", "dk", "dv")), "dq", "dk", "ddo", "dv", "BM", "BN", bwdDeepBN/16)
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: bwdDeepBN / 2, MT: 1, NT: bwdDeepBN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }
 	g.probs(b, st, sl, sd, dkdv)
@@ -193,6 +194,23 @@ func (g *bwdGen) deepScores(b *strings.Builder, dkdv bool, sq, sdo, sk, sv, sl, 
 	b.WriteString(`    fence_proxy_async();
     __syncthreads();  // P and dS of all BN keys stored, before the products that read them
 `)
+}
+
+// deepOpaque returns the statement that hides the descriptors names from
+// the compiler's loop-invariant hoisting (opaque): each product step's
+// descriptor (base + a constant) is then formed where the step issues,
+// instead of all of a product's steps (32 at D = 512, 64-bit each) living
+// in registers across the loop over query blocks, as the forward's
+// products found (docs/kernels/forward.md).
+func deepOpaque(names ...string) string {
+	var b strings.Builder
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "opaque(%s);", n)
+	}
+	return b.String() + "  // the step descriptors are formed per step, not hoisted into registers"
 }
 
 // dkdvKernelHopperDeep writes BwdDKDVKernel for deep variants.
@@ -237,7 +255,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 	fmt.Fprintf(b, `    // ---- dVᵀ += dOᵀ·P (warpgroup 0) or dKᵀ += Qᵀ·dS (warpgroup 1), slice by slice over the BM queries:
     // A is the slice's atom of dO or q read M-major, B the P or dS tile read N-major
     {
-      const u64 da = sw128_desc(wg ? sQ + st * Q_STAGE : sdO + st * DO_STAGE, 16, 1024), db = sw128_desc(wg ? sdSa : sPa, BM * 128, 1024);
+      u64 da = sw128_desc(wg ? sQ + st * Q_STAGE : sdO + st * DO_STAGE, 16, 1024), db = sw128_desc(wg ? sdSa : sPa, BM * 128, 1024);
+      %[2]s
 #pragma unroll
       for (int sl = 0; sl < %[1]d; ++sl) fence_acc(acc[sl]);
       wgmma_fence();
@@ -256,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
       for (int sl = 0; sl < %[1]d; ++sl) fence_acc(acc[sl]);
     }
   }
-`, ms)
+`, ms, deepOpaque("da", "db"))
 	fmt.Fprintf(b, `  // ---- dK and dV through shared memory: row-major tiles [BN][DKP + 8] and [BN][DVP + 8] over the free
   // tiles (element (column c, key j) of a transposed slice goes to row j), then one warp a row
   constexpr int PK = DKP + 8, PV = DVP + 8;
