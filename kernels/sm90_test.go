@@ -677,16 +677,7 @@ func TestBwdHopperPad(t *testing.T) {
 func TestDeepProductsUnbranched(t *testing.T) {
 	product := regexp.MustCompile(`\bwg_(s|t32|n\d+)\(`)
 	literal := regexp.MustCompile(`"([^"\\]|\\.)*"`)
-	n := 0
-	for _, v := range append(bwdHopperVariants(), bwdHopperTMAVariants()...) {
-		if !v.bwdHopperDeep() {
-			continue
-		}
-		n++
-		src, err := v.Source()
-		if err != nil {
-			t.Fatalf("%s: %v", v.Name(), err)
-		}
+	for v, src := range deepSources(t) {
 		src = src[strings.Index(src, `extern "C" __global__`):]
 		var stack []bool // each open block: opened by if or else
 		for i, line := range strings.Split(src, "\n") {
@@ -710,7 +701,42 @@ func TestDeepProductsUnbranched(t *testing.T) {
 			}
 		}
 	}
-	if n < 6 {
-		t.Fatalf("%d deep variants", n)
+}
+
+// deepSources returns the sources of the deep test variants of
+// bwdHopperVariants and bwdHopperTMAVariants, failing t on fewer than six.
+func deepSources(t *testing.T) map[BwdVariant]string {
+	t.Helper()
+	out := map[BwdVariant]string{}
+	for _, v := range append(bwdHopperVariants(), bwdHopperTMAVariants()...) {
+		if !v.bwdHopperDeep() {
+			continue
+		}
+		src, err := v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", v.Name(), err)
+		}
+		out[v] = src
+	}
+	if len(out) < 6 {
+		t.Fatalf("%d deep variants", len(out))
+	}
+	return out
+}
+
+// TestDeepDescriptorsOpaque checks that the deep Hopper kernels hide the
+// base descriptors of their long products from loop-invariant hoisting:
+// S and dP in both kernels, the transposed dV and dK products in the
+// dK/dV kernel.
+func TestDeepDescriptorsOpaque(t *testing.T) {
+	for v, src := range deepSources(t) {
+		for _, want := range []string{"opaque(dq); opaque(ddo); opaque(dk); opaque(dv);", "opaque(da); opaque(db);"} {
+			if !strings.Contains(src, want) {
+				t.Errorf("%s: source lacks %q", v.Name(), want)
+			}
+		}
+		if c := strings.Count(src, "opaque(dq); opaque(ddo); opaque(dk); opaque(dv);"); c != 2 {
+			t.Errorf("%s: S and dP descriptors hidden in %d kernels, want 2", v.Name(), c)
+		}
 	}
 }
