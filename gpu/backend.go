@@ -150,13 +150,14 @@ func New(dev *cuda.Device) (*Backend, error) {
 	}
 	b.DQ = dq
 	if hopper {
-		pl, err := parsePipeline(os.Getenv(EnvPipeline))
+		named := os.Getenv(EnvPipeline)
+		pl, err := parsePipeline(named)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("gpu: %s: %w", EnvPipeline, err)
 		}
 		b.Pipeline = pl
-		if os.Getenv(EnvPipeline) == "" {
+		if named == "" {
 			short := DefaultShortPipeline
 			b.ShortPipeline = &short
 		}

@@ -346,6 +346,7 @@ func checkGrads(t *testing.T, dt attn.DType, g attn.Gradients, ref, naive *cpu.R
 
 func TestBackwardGradients(t *testing.T) {
 	dev, s := bwdTestDevice(t)
+	b := bwdTestBackend(t, dev)
 	var items []bwdItem
 	var vs []kernels.BwdVariant
 	only := os.Getenv("FLASHATTN_BWD_CASES") // a regular expression: only the cases whose names match
@@ -356,7 +357,7 @@ func TestBackwardGradients(t *testing.T) {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(ci+1))
 			items = append(items, bwdItem{c, dt, in})
-			vs = append(vs, in.backendVariant(t, DQAtomic, hopperCapable(dev)), in.backendVariant(t, DQSeparate, hopperCapable(dev)))
+			vs = append(vs, in.backendVariant(t, b, DQAtomic), in.backendVariant(t, b, DQSeparate))
 		}
 	}
 	bwdPrewarm(t, dev, vs)
@@ -767,14 +768,12 @@ func (in bwdInputs) variant(t testing.TB, algo DQAlgorithm, hopper bool) kernels
 	return in.plan(t, algo, hopper).v
 }
 
-// backendVariant is variant as the test backend plans it: with the deep
-// Hopper kernels past 256 unless EnvBwdDeep keeps them off.
-func (in bwdInputs) backendVariant(t testing.TB, algo DQAlgorithm, hopper bool) kernels.BwdVariant {
+// backendVariant is variant as the test backend b plans it
+// (bwdTestRequest: its pipeline, bulk dQ, key rows and deep kernels), on
+// in's fake views.
+func (in bwdInputs) backendVariant(t testing.TB, b *Backend, algo DQAlgorithm) kernels.BwdVariant {
 	t.Helper()
-	r := in.request(algo)
-	r.hopper, r.tma = hopper, !envSet(os.Getenv(EnvNoTMA))
-	r.deep = hopper && envBwdDeep()
-	pl, err := planBackward(r)
+	pl, err := planBackward(bwdTestRequest(b, in.p, in.q.DType, in.request(algo).a, algo))
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

@@ -101,22 +101,21 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	bm, bn := bwdHopperBM, v.bwdHopperTile().BlockN
 	var l bwdSmemLayout
 	add := l.addSwizzled
-	add("sK", ka*bn*128)             // [KATOMS][BN][64]
-	add("sV", vka*bn*128)            // [VKATOMS][BN][64]
-	add("sQ", 2*ka*bm*128)           // [2][KATOMS][BM][64]
-	add("sdO", 2*va*bm*128)          // [2][VATOMS][BM][64]
-	pds := bufs * bn / 64 * bm * 128 // [buffers][BN/64][BM][64]
-	switch {
-	case v.KeyRows && v.AtomicDQ:
-		add("sP", 0) // P and dSᵀ stay in registers; dS goes to its tile for the dQ product
-		add("sdS", pds)
-	case v.KeyRows:
-		add("sP", 0)
-		add("sdS", 0)
-	default:
-		add("sP", pds)
-		add("sdS", pds)
+	add("sK", ka*bn*128)    // [KATOMS][BN][64]
+	add("sV", vka*bn*128)   // [VKATOMS][BN][64]
+	add("sQ", 2*ka*bm*128)  // [2][KATOMS][BM][64]
+	add("sdO", 2*va*bm*128) // [2][VATOMS][BM][64]
+	// P and dS [buffers][BN/64][BM][64]; the key-rows step keeps P in registers, and dS too unless
+	// the atomic dQ reads it
+	sp, sds := bufs*bn/64*bm*128, bufs*bn/64*bm*128
+	if v.KeyRows {
+		sp = 0
+		if !v.AtomicDQ {
+			sds = 0
+		}
 	}
+	add("sP", sp)
+	add("sdS", sds)
 	add("sL", 2*bm*4) // [2][BM] LSE2
 	add("sD", 2*bm*4) // [2][BM] Delta
 	if v.TMA {
@@ -451,19 +450,18 @@ func (g *bwdGen) dqProduct(b *strings.Builder) {
 }
 
 // dqReduce writes, after pre (the statements that complete the dQ
-// product), the addition of accQ to the fp32 accumulator: by vector
+// product) and accQ's fence, the addition of accQ to the fp32 accumulator: by vector
 // atomics, or with BulkDQ by bulk reduce-adds (dqBulk); it closes the
 // block dqAtomic opened.
 func (g *bwdGen) dqReduce(b *strings.Builder, pre string) {
 	v := g.v
 	_, _, nq := v.bwdHopperCols()
-	b.WriteString(pre)
+	b.WriteString(pre + "      fence_acc(accQ);\n")
 	if v.BulkDQ {
 		g.dqBulk(b, nq)
 		return
 	}
-	fmt.Fprintf(b, `      fence_acc(accQ);
-      float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
+	fmt.Fprintf(b, `      float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
 #pragma unroll
       for (int nt = 0; nt < %[1]d; ++nt)
 #pragma unroll
@@ -486,8 +484,7 @@ func (g *bwdGen) dqReduce(b *strings.Builder, pre string) {
 // columns past the head dim (up to the accumulator's padded width, the
 // head stride dqa_sh) are zeros: K's columns there are zero-filled.
 func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
-	fmt.Fprintf(b, `      fence_acc(accQ);
-      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
+	fmt.Fprintf(b, `      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
       float* sq = sdQ + (dq0 / %[2]d) * BM * QP;  // this warpgroup's tile
       if (t4 == 0) bulk_wait_read<0>();  // this lane's reduce-adds of the last step no longer read its rows
       __syncwarp();

@@ -154,7 +154,9 @@ func keyRowsDV(b *strings.Builder, rv string, dK bool) {
 // atomic dQ in FlashAttention-3's order: dV += Pᵀ·dO; the barrier after
 // which dS of all BN keys is in shared memory; dQ += dS·K; dK += dSᵀ·Q;
 // then, once dV and dQ are complete and while dK still runs, dQ's
-// reduction (dqReduce). The wait that closes the step retires dK.
+// reduction (dqReduce). The wait that closes the step retires dK. Both
+// warpgroups run every product: KeyRowsOK takes the atomic dQ only where
+// they split its columns.
 func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
 	_, _, nq := g.v.bwdHopperCols()
 	keyRowsDV(b, rv, false)
@@ -163,8 +165,8 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
     // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[2]d), then dK += dSᵀ·Q (A from registers,
     // q read N-major); dQ is added to the fp32 accumulator while dK runs
     float accQ[%[3]d][4];
-    %[4]s{
-`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), nq, nq/8, g.dqCond())
+    {
+`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), nq, nq/8)
 	g.dqProduct(b)
 	fmt.Fprintf(b, `      wgmma_commit();
     }
@@ -174,8 +176,8 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
       wg_rq(accdK[0], as, dqn + (u64)((kk * 2048) >> 4));
     }
     wgmma_commit();
-    %[1]s{
-`, g.dqCond())
+    {
+`)
 	g.dqReduce(b, "      wgmma_wait<1>();  // dV and dQ complete; dK runs on\n")
 }
 

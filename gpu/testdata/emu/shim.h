@@ -122,26 +122,22 @@ static bool emu_warp_ahead() {
 // current fiber is the only one left.
 static bool emu_switch() {
   const int n = (int)emu_fibers.size(), prev = emu_cur_i;
+  auto to = [&](int j) {
+    emu_cur_i = j;
+    emu_cur = &emu_fibers[j];
+    swapcontext(&emu_fibers[prev].ctx, &emu_fibers[j].ctx);
+    return true;
+  };
   if (emu_warp_ahead() && emu_idle <= 64) {
     const int w0 = prev / 32 * 32, wn = std::min(n, w0 + 32);
     for (int i = 1; i < wn - w0; ++i) {
       const int j = w0 + (prev - w0 + i) % (wn - w0);
-      if (!emu_fibers[j].done) {
-        emu_cur_i = j;
-        emu_cur = &emu_fibers[j];
-        swapcontext(&emu_fibers[prev].ctx, &emu_fibers[j].ctx);
-        return true;
-      }
+      if (!emu_fibers[j].done) return to(j);
     }
   }
   for (int i = 1; i < n; ++i) {
     const int j = (prev + i) % n;
-    if (!emu_fibers[j].done) {
-      emu_cur_i = j;
-      emu_cur = &emu_fibers[j];
-      swapcontext(&emu_fibers[prev].ctx, &emu_fibers[j].ctx);
-      return true;
-    }
+    if (!emu_fibers[j].done) return to(j);
   }
   return false;
 }
