@@ -3,6 +3,7 @@ package cp
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/flashattn/flashattn/attn"
@@ -24,8 +25,8 @@ type DeviceSplit struct {
 	P        int
 	Backward bool
 	// Calls is the number of attention calls over all steps and ranks;
-	// Merges the number of merge kernels (resets, merges or gradient adds,
-	// finishes).
+	// Merges the number of merge kernels (the forward's combines; the
+	// backward's resets, gradient adds and finishes).
 	Calls, Merges int
 	// SingleMs is the single call (ForwardDevice or BackwardDevice) over
 	// the whole problem.
@@ -371,8 +372,15 @@ func (g *gpuOps) backward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, opt 
 
 func (g *gpuOps) reset(a gpu.Accumulator) error { return g.b.ResetAccumulator(g.s, a) }
 
-func (g *gpuOps) merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error {
-	return g.b.MergeForward(g.s, a, r0, o, lse)
+func (g *gpuOps) combine(parts, partsLSE, o, lse gpu.DeviceTensor) error {
+	return g.b.CombineForward(g.s, parts, partsLSE, o, lse)
+}
+
+func (g *gpuOps) clearLSE(lse gpu.DeviceTensor) error {
+	if lse.DType != attn.Float32 || lse.Buf == nil || lse.Offset != 0 || !dense(lse) || lse.Buf.Size() != int64(lse.NumElements())*4 {
+		return attn.Errorf(attn.ErrLayout, "cp: clear of a %v %v LSE: want a float32 tensor filling its buffer", lse.DType, lse.Shape)
+	}
+	return g.b.Device().Memset32Async(lse.Buf, math.Float32bits(float32(math.Inf(-1))), g.s)
 }
 
 func (g *gpuOps) add(a gpu.Accumulator, r0 int, d gpu.DeviceTensor) error {

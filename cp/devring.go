@@ -13,8 +13,9 @@ import (
 // on its compute stream against the K/V block it holds, while its
 // communication stream copies the block its predecessor holds into r's
 // other K/V buffer: the block of step s+1, device to device, overlapping
-// the step. The forward merges every call's partial result into the
-// rank's float32 accumulator on the compute stream, in step order. The
+// the step. The forward writes every call's partial result into a slot
+// of the rank's (devSplit) on the compute stream and combines the slots
+// after the last step. The
 // backward sends K/V round again; the float32 dK/dV accumulator of the
 // block a rank holds travels with the block, one step behind it (the
 // communication stream copies the predecessor's accumulator in while the
@@ -98,10 +99,8 @@ type devRing struct {
 	so         streamOps
 	cs, ms     []streamID            // each rank's compute and communication streams
 	cops, mops []devOps              // the operations on them
-	kbuf, vbuf [][2]gpu.DeviceTensor // each rank's K/V buffers: step s ≥ 1 reads slot s%2
-	partsO     []gpu.DeviceTensor    // each rank's partial results
-	partsLSE   []gpu.DeviceTensor
-	partsDQ    []gpu.DeviceTensor // each rank's partial gradients
+	kbuf, vbuf [][2]gpu.DeviceTensor // each rank's K/V buffers: step s ≥ 1 reads buffer s%2
+	partsDQ    []gpu.DeviceTensor    // each rank's partial gradients
 	partsDK    []gpu.DeviceTensor
 	partsDV    []gpu.DeviceTensor
 	tk, tv     [][2]gpu.Accumulator // each rank's travelling dK, dV accumulators
@@ -110,7 +109,7 @@ type devRing struct {
 }
 
 // newDevRing lays the problem out as newDevSplit does on so's origin
-// stream and adds each rank's streams, K/V buffers and partial results.
+// stream and adds each rank's streams and K/V buffers.
 func newDevRing(so streamOps, st Strategy, p int, q, k, v gpu.DeviceTensor, opt attn.Options) (*devRing, error) {
 	x, err := newDevSplit(so, st, p, q, k, v, opt)
 	if err != nil {
@@ -129,10 +128,10 @@ func newDevRing(so streamOps, st Strategy, p int, q, k, v gpu.DeviceTensor, opt 
 		}
 	}
 	gp := x.gp
-	nq, nk := gp.N/p, gp.M/p
+	nk := gp.M / p
 	g.kbuf, g.vbuf = make([][2]gpu.DeviceTensor, p), make([][2]gpu.DeviceTensor, p)
 	for r := range p {
-		// step s ≥ 1 reads slot s%2: slot 1 from P = 2, slot 0 from P = 3
+		// step s ≥ 1 reads buffer s%2: buffer 1 from P = 2, buffer 0 from P = 3
 		for s := 1; s < min(p, 3); s++ {
 			if g.kbuf[r][s%2], err = so.alloc(x.dt, gp.B, nk, gp.Hkv, gp.DK); err != nil {
 				return nil, err
@@ -142,11 +141,7 @@ func newDevRing(so streamOps, st Strategy, p int, q, k, v gpu.DeviceTensor, opt 
 			}
 		}
 	}
-	if g.partsO, err = g.perRank(x.partO, x.dt, gp.B, nq, gp.H, gp.DV); err != nil {
-		return nil, err
-	}
-	g.partsLSE, err = g.perRank(x.partLSE, attn.Float32, gp.B, gp.H, nq)
-	return g, err
+	return g, nil
 }
 
 // addStream appends a new stream to ids and its operations to ops.
@@ -338,10 +333,9 @@ func (g *devRing) pullAcc(r, s int) error {
 }
 
 // forward enqueues the ring forward of every rank: at each step the
-// step's calls on the rank's compute stream, each followed by the merge
-// of its partial result into the rank's accumulator, while the
-// communication streams copy the next blocks in; last, each accumulator
-// finished into the rank's O and LSE.
+// step's calls on the rank's compute stream, each into its slot, while
+// the communication streams copy the next blocks in; last, each rank's
+// slots combined into its O and LSE.
 func (g *devRing) forward() error {
 	if err := g.begin(); err != nil {
 		return err
@@ -376,24 +370,21 @@ func (g *devRing) pullAll(s int) error {
 func (g *devRing) forwardStep(r, s int, tasks []task) error {
 	c, cs := g.cops[r], g.cs[r]
 	if s == 0 {
-		if err := c.reset(g.acc[r]); err != nil {
+		if err := g.clearSlots(c, r); err != nil {
 			return err
 		}
 	} else if err := g.awaitKV(r, s, tasks); err != nil {
 		return err
 	}
 	k, v := g.kvAt(r, s)
-	for _, t := range tasks {
-		o, lse := view(g.partsO[r], 1, 0, t.nq), view(g.partsLSE[r], 2, 0, t.nq)
+	for i, t := range tasks {
+		o, lse := g.partial(r, g.plan[s][r].slot+i, t)
 		if err := c.forward(view(g.q[r], 1, t.q0, t.nq), view(k, 1, t.k0, t.nk), view(v, 1, t.k0, t.nk), o, lse, taskOptions(g.gp, t)); err != nil {
-			return err
-		}
-		if err := c.merge(g.acc[r], t.q0, o, lse); err != nil {
 			return err
 		}
 	}
 	if s == g.p-1 {
-		if err := c.finish(g.acc[r], g.o[r], &g.lse[r]); err != nil {
+		if err := c.combine(g.partsO[r], g.partsLSE[r], g.o[r], g.lse[r]); err != nil {
 			return err
 		}
 	}

@@ -292,9 +292,10 @@ func (d *asyncDev) backward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, op
 	return fakeOps{d, 0}.backward(q, k, v, o, lse, dO, dq, dk, dv, opt)
 }
 func (d *asyncDev) reset(a gpu.Accumulator) error { return fakeOps{d, 0}.reset(a) }
-func (d *asyncDev) merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error {
-	return fakeOps{d, 0}.merge(a, r0, o, lse)
+func (d *asyncDev) combine(parts, partsLSE, o, lse gpu.DeviceTensor) error {
+	return fakeOps{d, 0}.combine(parts, partsLSE, o, lse)
 }
+func (d *asyncDev) clearLSE(lse gpu.DeviceTensor) error { return fakeOps{d, 0}.clearLSE(lse) }
 func (d *asyncDev) add(a gpu.Accumulator, r0 int, g gpu.DeviceTensor) error {
 	return fakeOps{d, 0}.add(a, r0, g)
 }
@@ -384,8 +385,15 @@ func (f fakeOps) reset(a gpu.Accumulator) error {
 	return nil
 }
 
-func (f fakeOps) merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error {
-	f.d.enqueue(f.s, "merge", []gpu.DeviceTensor{o, lse}, accumulator(a), func(h *hostDev) error { return h.merge(a, r0, o, lse) })
+func (f fakeOps) combine(parts, partsLSE, o, lse gpu.DeviceTensor) error {
+	f.d.enqueue(f.s, "combine", []gpu.DeviceTensor{parts, partsLSE}, []gpu.DeviceTensor{o, lse}, func(h *hostDev) error {
+		return h.combine(parts, partsLSE, o, lse)
+	})
+	return nil
+}
+
+func (f fakeOps) clearLSE(lse gpu.DeviceTensor) error {
+	f.d.enqueue(f.s, "clear", nil, []gpu.DeviceTensor{lse}, func(h *hostDev) error { return h.clearLSE(lse) })
 	return nil
 }
 

@@ -12,10 +12,12 @@ import (
 // chunks, and the K/V chunks its block holds when it visits another
 // rank), then enqueues, step by step and rank by rank, the attention
 // calls the host ring plans for that step (ring.tasks, the same code) on
-// views of those shards, and after each call the kernel that merges its
-// partial result into the rank's float32 accumulator (forward) or adds
-// its gradients into the float32 accumulators of dQ and of the K/V
-// block's owner (backward). Everything runs on one stream, so the sum of
+// views of those shards. In the forward each call writes its partial
+// result into a slot of its own, and after the last step one kernel per
+// rank combines the rank's slots into its O and LSE (each partial read
+// once, no float32 accumulator written at every step); in the backward
+// each call is followed by the kernel that adds its gradients into the
+// float32 accumulators of dQ and of the K/V block's owner. Everything runs on one stream, so the sum of
 // its kernel times is the compute a real P-GPU run spreads over its GPUs,
 // communication aside. The operations go through devOps: package gpu's
 // backend on a stream, or in tests a host implementation over the same
@@ -32,13 +34,18 @@ type devOps interface {
 	forward(q, k, v, o, lse gpu.DeviceTensor, opt attn.Options) error
 	// backward computes dq, dk, dv (BackwardDevice).
 	backward(q, k, v, o, lse, dO, dq, dk, dv gpu.DeviceTensor, opt attn.Options) error
-	// reset, merge, add and finish are the merge kernels
-	// (gpu.Backend.ResetAccumulator, MergeForward, AddGradient,
-	// FinishAccumulator).
+	// reset, add and finish are the backward's merge kernels
+	// (gpu.Backend.ResetAccumulator, AddGradient, FinishAccumulator).
 	reset(a gpu.Accumulator) error
-	merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error
 	add(a gpu.Accumulator, r0 int, g gpu.DeviceTensor) error
 	finish(a gpu.Accumulator, out gpu.DeviceTensor, lse *gpu.DeviceTensor) error
+	// combine folds the forward's partial results, parts [K, B, n, H, D]
+	// and partsLSE [K, B, H, n], into o and lse
+	// (gpu.Backend.CombineForward).
+	combine(parts, partsLSE, o, lse gpu.DeviceTensor) error
+	// clearLSE sets every element of lse, a float32 tensor filling its
+	// buffer, to −inf: partial rows that saw no key.
+	clearLSE(lse gpu.DeviceTensor) error
 }
 
 // opKind selects the operations a split pass enqueues, so that the
@@ -46,16 +53,18 @@ type devOps interface {
 type opKind uint8
 
 const (
-	opAttention opKind = 1 << iota // the attention calls
-	opMerge                        // the merge kernels: resets, merges or gradient adds, finishes
+	opAttention opKind = 1 << iota // the attention calls (and the forward's slot clears before them)
+	opMerge                        // the merge kernels: the forward's combines, the backward's resets, gradient adds and finishes
 	opAll       = opAttention | opMerge
 )
 
 // devStep is the work of one rank at one ring step: the owner of the K/V
-// block it holds and the attention calls the ring plans for it.
+// block it holds, the attention calls the ring plans for it and the
+// forward's slot of the first (the others follow).
 type devStep struct {
 	rank, owner int
 	tasks       []task
+	slot        int
 }
 
 // devPlan returns the steps of a ring split of gp (mask resolved) over p
@@ -64,6 +73,7 @@ type devStep struct {
 // ring's own plan.
 func devPlan(gp *attn.Problem, l Layout, p int) ([][]devStep, error) {
 	plan := make([][]devStep, p)
+	slots := make([]int, p)
 	for s := range p {
 		for r := range p {
 			g := layoutRing(l, gp, p, r)
@@ -71,7 +81,8 @@ func devPlan(gp *attn.Problem, l Layout, p int) ([][]devStep, error) {
 			if err != nil {
 				return nil, fmt.Errorf("cp: rank %d, step %d: %w", r, s, err)
 			}
-			plan[s] = append(plan[s], devStep{rank: r, owner: g.owner(s), tasks: ts})
+			plan[s] = append(plan[s], devStep{rank: r, owner: g.owner(s), tasks: ts, slot: slots[r]})
+			slots[r] += len(ts)
 		}
 	}
 	return plan, nil
@@ -92,16 +103,18 @@ type devSplit struct {
 	// o and lse are each rank's forward results ([B, N/P, H, DV],
 	// [B, H, N/P]): the forward's outputs, the backward's inputs.
 	o, lse []gpu.DeviceTensor
-	// acc is each rank's forward accumulator; partO and partLSE hold one
-	// call's partial result (its first rows).
-	acc             []gpu.Accumulator
-	partO, partLSE  gpu.DeviceTensor
-	dO, dq, dk, dv  []gpu.DeviceTensor // the backward's per-rank shards
-	dqAcc, dkAcc    []gpu.Accumulator
-	dvAcc           []gpu.Accumulator
-	partDQ, partDK  gpu.DeviceTensor
-	partDV          gpu.DeviceTensor
-	calls, launches int // attention calls and merge kernels of the last pass
+	// partsO and partsLSE are each rank's forward slots, [K, B, N/P, H,
+	// DV] and [K, B, H, N/P]: the partial result of the rank's k-th call
+	// in slot k, at the call's rows; clear marks the ranks whose slots
+	// hold rows no call writes (their LSE is cleared to −inf first).
+	partsO, partsLSE []gpu.DeviceTensor
+	clear            []bool
+	dO, dq, dk, dv   []gpu.DeviceTensor // the backward's per-rank shards
+	dqAcc, dkAcc     []gpu.Accumulator
+	dvAcc            []gpu.Accumulator
+	partDQ, partDK   gpu.DeviceTensor
+	partDV           gpu.DeviceTensor
+	calls, launches  int // attention calls and merge kernels of the last pass
 }
 
 // deviceProblem returns the global problem of the split of contiguous
@@ -193,14 +206,59 @@ func newDevSplit(ops devOps, st Strategy, p int, q, k, v gpu.DeviceTensor, opt a
 	if x.lse, err = x.allocRanks(attn.Float32, gp.B, gp.H, nq); err != nil {
 		return nil, err
 	}
-	if x.partO, err = ops.alloc(x.dt, gp.B, nq, gp.H, gp.DV); err != nil {
-		return nil, err
-	}
-	if x.partLSE, err = ops.alloc(attn.Float32, gp.B, gp.H, nq); err != nil {
-		return nil, err
-	}
-	x.acc, err = x.accumulators(nq, gp.H, gp.DV, true)
+	err = x.allocSlots()
 	return x, err
+}
+
+// allocSlots allocates each rank's forward slots, one per call of the
+// rank, and marks the ranks whose slots a call covers only in part.
+func (x *devSplit) allocSlots() error {
+	gp := x.gp
+	nq := gp.N / x.p
+	slots := make([]int, x.p)
+	x.clear = make([]bool, x.p)
+	for _, steps := range x.plan {
+		for _, st := range steps {
+			slots[st.rank] += len(st.tasks)
+			for _, t := range st.tasks {
+				x.clear[st.rank] = x.clear[st.rank] || t.q0 != 0 || t.nq != nq
+			}
+		}
+	}
+	x.partsO, x.partsLSE = make([]gpu.DeviceTensor, x.p), make([]gpu.DeviceTensor, x.p)
+	for r, k := range slots {
+		var err error
+		if x.partsO[r], err = x.ops.alloc(x.dt, k, gp.B, nq, gp.H, gp.DV); err != nil {
+			return err
+		}
+		if x.partsLSE[r], err = x.ops.alloc(attn.Float32, k, gp.B, gp.H, nq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// partial returns the views of rank r's slot k at the rows of call t:
+// where the call writes its O and LSE.
+func (x *devSplit) partial(r, k int, t task) (o, lse gpu.DeviceTensor) {
+	return view(slotOf(x.partsO[r], k), 1, t.q0, t.nq), view(slotOf(x.partsLSE[r], k), 2, t.q0, t.nq)
+}
+
+// slotOf returns slot k of t, a tensor of slots along its first axis, as
+// a tensor of the other axes.
+func slotOf(t gpu.DeviceTensor, k int) gpu.DeviceTensor {
+	v := view(t, 0, k, 1)
+	v.Shape, v.Strides = v.Shape[1:], v.Strides[1:]
+	return v
+}
+
+// clearSlots enqueues the clear of rank r's slot LSEs when some of their
+// rows no call writes.
+func (x *devSplit) clearSlots(ops devOps, r int) error {
+	if !x.clear[r] || x.partsLSE[r].NumElements() == 0 {
+		return nil
+	}
+	return ops.clearLSE(x.partsLSE[r])
 }
 
 // allocRanks allocates one tensor of the shape per rank.
@@ -311,29 +369,30 @@ func checkPlan(plan [][]devStep, nq, nk int) error {
 }
 
 // view returns the rows [start, start+n) of t along axis: a planned call's
-// rows, inside t (checkPlan), or a partial result's first rows.
+// rows, inside t (checkPlan), a slot of a partial result, or its first rows.
 func view(t gpu.DeviceTensor, axis, start, n int) gpu.DeviceTensor {
 	v, _ := t.Narrow(axis, start, n) // (in range: see checkPlan)
 	return v
 }
 
-// forward enqueues the forward of every rank and step: for each planned
-// call, the attention of the rank's query rows against the visiting
-// block's keys into the partial result, then its merge into the rank's
-// accumulator; last, each accumulator finished into the rank's O and LSE.
-// kinds selects what is enqueued.
+// forward enqueues the forward of every rank and step: the clear of the
+// slots that need one, then for each planned call the attention of the
+// rank's query rows against the visiting block's keys into its slot;
+// last, each rank's slots combined into its O and LSE. kinds selects what
+// is enqueued: the clears go with the calls, so that the combines alone
+// read the slots as the last calls left them.
 func (x *devSplit) forward(kinds opKind) error {
 	x.calls, x.launches = 0, 0
-	for r := range x.p {
-		if err := x.mergeOp(kinds, func() error { return x.ops.reset(x.acc[r]) }); err != nil {
-			return err
+	if kinds&opAttention != 0 {
+		for r := range x.p {
+			if err := x.clearSlots(x.ops, r); err != nil {
+				return err
+			}
 		}
-	}
-	for s, steps := range x.plan {
-		for _, st := range steps {
-			for _, t := range st.tasks {
-				o, lse := view(x.partO, 1, 0, t.nq), view(x.partLSE, 2, 0, t.nq)
-				if kinds&opAttention != 0 {
+		for s, steps := range x.plan {
+			for _, st := range steps {
+				for i, t := range st.tasks {
+					o, lse := x.partial(st.rank, st.slot+i, t)
 					x.calls++
 					err := x.ops.forward(view(x.q[st.rank], 1, t.q0, t.nq), view(x.k[st.owner], 1, t.k0, t.nk), view(x.v[st.owner], 1, t.k0, t.nk),
 						o, lse, taskOptions(x.gp, t))
@@ -341,15 +400,12 @@ func (x *devSplit) forward(kinds opKind) error {
 						return fmt.Errorf("cp: rank %d, step %d: %w", st.rank, s, err)
 					}
 				}
-				if err := x.mergeOp(kinds, func() error { return x.ops.merge(x.acc[st.rank], t.q0, o, lse) }); err != nil {
-					return fmt.Errorf("cp: rank %d, step %d: %w", st.rank, s, err)
-				}
 			}
 		}
 	}
 	for r := range x.p {
-		if err := x.mergeOp(kinds, func() error { return x.ops.finish(x.acc[r], x.o[r], &x.lse[r]) }); err != nil {
-			return err
+		if err := x.mergeOp(kinds, func() error { return x.ops.combine(x.partsO[r], x.partsLSE[r], x.o[r], x.lse[r]) }); err != nil {
+			return fmt.Errorf("cp: rank %d: %w", r, err)
 		}
 	}
 	return nil

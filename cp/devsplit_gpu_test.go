@@ -131,7 +131,7 @@ func TestMeasureDeviceSplit(t *testing.T) {
 					tasks += len(s.tasks)
 				}
 			}
-			merges := 2*p + tasks
+			merges := p // the forward: a combine per rank
 			if backward {
 				merges = 6*p + 3*tasks
 			}

@@ -127,20 +127,27 @@ func (h *hostDev) reset(a gpu.Accumulator) error {
 	return nil
 }
 
-// merge runs accum.merge on a copy of the accumulator and writes it back.
-func (h *hostDev) merge(a gpu.Accumulator, r0 int, o, lse gpu.DeviceTensor) error {
-	sh := a.O.Shape
-	acc := newAccum(sh[0], sh[1], sh[2], sh[3])
-	copy(acc.o, h.host(a.O).Float32s())
-	for i, l := range h.host(*a.LSE).Float32s() {
-		acc.lse[i] = float64(l)
+// combine merges the slots in order with accum.merge (the device
+// combine's semantics) and writes the result, rounded to o's dtype.
+func (h *hostDev) combine(parts, partsLSE, o, lse gpu.DeviceTensor) error {
+	sh := parts.Shape
+	acc := newAccum(sh[1], sh[2], sh[3], sh[4])
+	for k := range sh[0] {
+		acc.merge(attn.Result{O: h.download(slotOf(parts, k)), LSE: h.download(slotOf(partsLSE, k))}, 0)
 	}
-	acc.merge(attn.Result{O: h.download(o), LSE: h.download(lse)}, r0)
-	res, err := acc.result(attn.Float32)
+	res, err := acc.result(o.DType)
 	if err == nil {
-		err = errors.Join(attn.CopyInto(h.host(a.O), res.O), attn.CopyInto(h.host(*a.LSE), res.LSE))
+		err = errors.Join(attn.CopyInto(h.host(o), res.O), attn.CopyInto(h.host(lse), res.LSE))
 	}
 	return err
+}
+
+func (h *hostDev) clearLSE(lse gpu.DeviceTensor) error {
+	if !dense(lse) || lse.Offset != 0 || h.store[lse.Buf].NumElements() != lse.NumElements() {
+		return attn.Errorf(attn.ErrLayout, "clear of an LSE %v not filling its buffer", lse.Shape)
+	}
+	h.host(lse).Fill(float32(math.Inf(-1)))
+	return nil
 }
 
 // add adds g into the accumulator's rows from r0 with addRows.
@@ -434,8 +441,8 @@ func TestDevicePlanMatchesRing(t *testing.T) {
 
 // TestDeviceSplitKinds checks that a pass enqueues the attention calls
 // alone, the merge kernels alone or both, as asked, and counts them: the
-// forward P resets, a merge per call and P finishes; the backward three
-// resets and three finishes per rank and three adds per call.
+// forward a combine per rank; the backward three resets and three
+// finishes per rank and three adds per call.
 func TestDeviceSplitKinds(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
 	const p = 4
@@ -453,14 +460,15 @@ func TestDeviceSplitKinds(t *testing.T) {
 			tasks += len(s.tasks)
 		}
 	}
+	fwd := p // the forward: a combine per rank (the slot clears go with the calls)
 	for _, tc := range []struct {
 		kinds           opKind
 		backward        bool
 		calls, launches int
 	}{
-		{opAll, false, tasks, 2*p + tasks},
+		{opAll, false, tasks, fwd},
 		{opAttention, false, tasks, 0},
-		{opMerge, false, 0, 2*p + tasks},
+		{opMerge, false, 0, fwd},
 		{opAll, true, tasks, 6*p + 3*tasks},
 		{opAttention, true, tasks, 0},
 		{opMerge, true, 0, 6*p + 3*tasks},

@@ -180,10 +180,11 @@
 // step by step and rank by rank, the calls the host ring plans for that
 // step (the same planning code) run as ForwardDevice on views of the
 // rank's query shard and of the visiting block's owner's K/V shards, each
-// followed by the kernel that merges its partial result into the rank's
-// float32 accumulator (gpu.Backend.MergeForward, the host merge's
-// semantics with the LSE kept in float32), and each accumulator is
-// finished into the rank's O and LSE. The backward runs BackwardDevice per
+// writing its partial result into a slot of the rank's own (a slot per
+// call), and after the last step one kernel per rank combines its slots
+// into its O and LSE (gpu.Backend.CombineForward: the host merge's
+// semantics, each partial read once and no float32 accumulator written
+// per step). The backward runs BackwardDevice per
 // call and adds dQ into the rank's float32 accumulator and dK, dV into
 // those of the block's owner (gpu.Backend.AddGradient), each owner's sums
 // in the host ring's order. All of it runs on one stream; the single call
@@ -203,8 +204,8 @@
 // GPU as P GPUs would run it, everything on the device. Every rank has a
 // compute stream and a communication stream. At step s the compute stream
 // runs the rank's calls of the step (the host ring's plan) on views of its
-// shards and of the K/V block it holds, each followed by the merge kernel
-// into its float32 accumulator, while the communication stream copies the
+// shards and of the K/V block it holds, each into its slot (the slots
+// combined after the last step), while the communication stream copies the
 // block its predecessor holds, device to device, into the rank's other
 // K/V buffer: the block of step s+1 (double buffers; step 0 reads the
 // rank's own shards). The backward sends K/V round again; the float32

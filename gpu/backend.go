@@ -76,6 +76,13 @@ type Backend struct {
 	// (kernels.BwdVariant.KeyRows, kernels.KeyRowsOK: head dims up to 128,
 	// no dropout). New sets it when EnvBwdKeyRows is set.
 	BwdKeyRows bool
+	// BwdKeyRowsAuto runs that key-rows step, with the atomic dQ added by
+	// bulk reduce-adds, on the problems where it measured faster than the
+	// table's choice (keyRowsFaster: head dims 65–128 without a mask or
+	// window, at least 1024 queries, fixed length), for calls that leave
+	// the dQ algorithm to the backend (DQAuto) and are not deterministic.
+	// New sets it unless EnvBwdKeyRows is "0".
+	BwdKeyRowsAuto bool
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
 	// (kernels.BwdHopperDeep) where WGMMA allows the Hopper kernels;
 	// otherwise the mma.sync kernels serve those head dims. New sets it
@@ -137,8 +144,10 @@ func New(dev *cuda.Device) (*Backend, error) {
 		WGMMA:      hopper,
 		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
 		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
-		BwdDeep:    hopper && envBwdDeep(),
-		TMA:        hopper && !envSet(os.Getenv(EnvNoTMA)),
+
+		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
+		BwdDeep:        hopper && envBwdDeep(),
+		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -216,8 +225,9 @@ const EnvDQ = "FLASHATTN_DQ"
 const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 
 // EnvBwdKeyRows, when set to anything but "" or "0", lets the
-// warp-specialized Hopper dK/dV kernel compute S and dP with keys as rows
-// (Backend.BwdKeyRows).
+// warp-specialized Hopper dK/dV kernel of new backends compute S and dP
+// with keys as rows wherever it can (Backend.BwdKeyRows); unset, only where
+// it measured faster (Backend.BwdKeyRowsAuto); "0", nowhere.
 const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 
 // EnvBwdDeep, when "0", keeps the backward of new backends off the Hopper

@@ -93,12 +93,15 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk
 	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || keyRows
 	deep := true // the emulator checks the Hopper kernels past 256 whether or not a backend allows them
+	keyRowsAuto := false
 	if kind == emuDefault {
 		_, bp, b := emuDefaultKnobs()
 		ws, bulk = bp.WarpSpecialized, b
 		keyRows, deep = envSet(os.Getenv(EnvBwdKeyRows)), envBwdDeep()
+		keyRowsAuto = os.Getenv(EnvBwdKeyRows) != "0"
 	}
-	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows, deep: deep})
+	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
+		keyRowsAuto: keyRowsAuto, deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

@@ -248,8 +248,9 @@ type bwdRequest struct {
 	// allows it (Backend.BwdPipeline).
 	ws bool
 	// keyRows has the warp-specialized dK/dV kernel compute S and dP with
-	// keys as rows where the variant allows it (Backend.BwdKeyRows).
-	keyRows bool
+	// keys as rows where the variant allows it (Backend.BwdKeyRows);
+	// keyRowsAuto where it measured faster (Backend.BwdKeyRowsAuto).
+	keyRows, keyRowsAuto bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -260,7 +261,8 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	if algo == DQAuto {
 		algo = b.DQ
 	}
-	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows, deep: b.BwdDeep}
+	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
+		keyRowsAuto: b.BwdKeyRowsAuto, deep: b.BwdDeep}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -279,9 +281,22 @@ type bwdPlan struct {
 // its launch sequence. The dQ algorithm the call leaves to the table
 // (DQAuto) is the row of the kernels that run it: planned first for the
 // warp-specialized kernels where the request asks for them, and again for
-// the lockstep ones where those kernels decline the call.
+// the lockstep ones where those kernels decline the call. Where the
+// request allows the key-rows step where it measured faster, the call is
+// such a problem and its dQ algorithm is left to the table or atomic, it
+// takes that step with the atomic dQ by bulk reduce-adds, unless the
+// variant declines one of them; so a call planned again with the
+// algorithm its first plan returned (PrepareBackward, then
+// BackwardDevice) gets the same plan.
 func planBackward(r bwdRequest) (*bwdPlan, error) {
 	countPlan()
+	if r.keyRowsAuto && r.ws && r.hopper && r.algo != DQSeparate && keyRowsFaster(r.p) {
+		k := r
+		k.algo, k.bulkDQ, k.keyRows = DQAtomic, true, true
+		if pl, err := planBackwardOn(k, true); err == nil && pl.v.KeyRows && pl.v.BulkDQ && pl.algo == DQAtomic {
+			return pl, nil
+		}
+	}
 	pl, err := planBackwardOn(r, r.ws)
 	if err == nil && r.ws && !pl.v.WarpSpecialized && resolveDQ(r.p, r.algo, DQKernels{Hopper: pl.v.WGMMA}) != pl.algo {
 		return planBackwardOn(r, false)
@@ -347,6 +362,16 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
+}
+
+// keyRowsFaster reports the problems whose backward measured faster on the
+// key-rows step with the atomic dQ by bulk reduce-adds than on the dQ
+// table's choice for the warp-specialized kernels: head dims 65–128 (their
+// larger), no mask or window, at least 1024 queries, fixed length, not
+// deterministic (docs/kernels/backward.md, "Keys as rows").
+func keyRowsFaster(p *attn.Problem) bool {
+	d := max(p.DK, p.DV)
+	return d > 64 && d <= 128 && !p.Masked && !p.Varlen && p.N >= 1024 && !p.Opt.Deterministic
 }
 
 // bwdWSSlower reports the problems whose warp-specialized backward

@@ -205,6 +205,9 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "fp16-d128-window-top-left", dt: attn.Float16, b: 1, n: 150, m: 90, h: 1, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Window: &attn.Window{Left: 30, Right: 7}, Align: attn.AlignTopLeft}},
 		{name: "bf16-d208-softcap-bias", dt: attn.BFloat16, b: 2, n: 40, m: 60, h: 2, hkv: 2, dk: 208, dv: 208, opt: attn.Options{Softcap: 3}, biasB: 1, bias: 2},
 		{name: "bf16-d256-dropout", dt: attn.BFloat16, b: 1, n: 70, m: 130, h: 1, hkv: 1, dk: 256, dv: 256, opt: attn.Options{Dropout: 0.2, Seed: 5}},
+		// D = 128 with extras: the warp-specialized pipeline's extras tile (kernels.HopperWSTable), three key blocks
+		{name: "fp16-d128-softcap-bias-dropout-causal", dt: attn.Float16, b: 1, n: 150, m: 300, h: 2, hkv: 1, dk: 128, dv: 128,
+			opt: attn.Options{Softcap: 5, Dropout: 0.2, Seed: 7, Causal: true}, biasB: 1, bias: 2},
 		{name: "bf16-d320-causal", dt: attn.BFloat16, b: 1, n: 50, m: 70, h: 1, hkv: 1, dk: 320, dv: 320, opt: attn.Options{Causal: true}},
 		{name: "bf16-d512", dt: attn.BFloat16, b: 1, n: 30, m: 40, h: 1, hkv: 1, dk: 512, dv: 512},
 		// past 320 the warpgroups split the keys: each loads the bias of its own half

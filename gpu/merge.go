@@ -132,6 +132,63 @@ func (b *Backend) FinishAccumulator(s *cuda.Stream, a Accumulator, out DeviceTen
 	return b.launchMerge(s, c, "finish accumulator")
 }
 
+// CombineForward enqueues on s the combination of K partial forward
+// results of one call into its finished result: parts [K, B, n, H, D] of
+// the attention dtype and partsLSE [K, B, H, n] float32, slot k holding O
+// and LSE as ForwardDevice writes them for rows of the call against one
+// block of keys, into out [B, n, H, D] and lse [B, H, n]. A slot row whose
+// LSE is −inf saw no key there and its O is not read, so the rows of a slot
+// no call wrote need only their LSE set to −inf. The result is that of
+// merging the slots in order into a reset Accumulator (MergeForward) and
+// finishing it (FinishAccumulator), with the same semantics, but without
+// the accumulator: each partial result is read once and nothing float32 is
+// written. It fails as MergeForward does.
+func (b *Backend) CombineForward(s *cuda.Stream, parts, partsLSE, out, lse DeviceTensor) error {
+	c, err := combineCall(parts, partsLSE, out, lse)
+	if err != nil {
+		return fmt.Errorf("gpu: combine forward: %w", err)
+	}
+	return b.launchMerge(s, c, "combine forward")
+}
+
+// combineCall validates the tensors of a combine and returns its call:
+// slot 0 of parts and partsLSE as the partial result, out and lse as the
+// output.
+func combineCall(parts, partsLSE, out, lse DeviceTensor) (*mergeCall, error) {
+	if len(parts.Shape) != 5 {
+		return nil, attn.Errorf(attn.ErrShape, "partial results shape %v, want [K, B, n, H, D]", parts.Shape)
+	}
+	if len(partsLSE.Shape) != 4 {
+		return nil, attn.Errorf(attn.ErrShape, "partial LSEs shape %v, want [K, B, H, n]", partsLSE.Shape)
+	}
+	sh := parts.Shape
+	c := &mergeCall{kernel: kernels.MergeCombineKernel, bsz: sh[1], n: sh[2], h: sh[3], d: sh[4], slots: sh[0]}
+	if c.d > kernels.MergeMaxD {
+		return nil, attn.Errorf(attn.ErrShape, "partial results: feature dim %d past %d", c.d, kernels.MergeMaxD)
+	}
+	if err := sameShape("partial LSEs", partsLSE.Shape, c.slots, c.bsz, c.h, c.n); err != nil {
+		return nil, err
+	}
+	if c.slots > 0 { // (no slot: nothing to read, every row O = 0 and LSE = −inf)
+		c.parts, c.partsLSE = parts, partsLSE
+		ps, ls := parts.strides(), partsLSE.strides()
+		c.slotStride, c.slotLSEStride = int64(ps[0]), int64(ls[0])
+		slot0, slot0LSE := parts, partsLSE
+		slot0.Shape, slot0.Strides = sh[1:], ps[1:]
+		slot0LSE.Shape, slot0LSE.Strides = partsLSE.Shape[1:], ls[1:]
+		if err := c.partial(slot0, &slot0LSE, 0); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.output(out, &lse); err != nil {
+		return nil, err
+	}
+	if out.DType != parts.DType {
+		return nil, attn.Errorf(attn.ErrDType, "output dtype %v, partial results %v", out.DType, parts.DType)
+	}
+	return c, nil
+}
+
 // PrepareMerge compiles the merge kernels of dtype dt ahead of their first
 // launch (as a CUDA graph capture needs).
 func (b *Backend) PrepareMerge(dt attn.DType) error {
@@ -153,12 +210,18 @@ type mergeCall struct {
 	bsz, n   int        // batch and accumulator rows
 	h, d     int
 	r0, rows int
-	acc      DeviceTensor
-	accLSE   *DeviceTensor
-	src      DeviceTensor
-	srcLSE   *DeviceTensor
-	dst      DeviceTensor
-	dstLSE   *DeviceTensor
+	// slots is a combine's count of partial results, src's and srcLSE's
+	// slot 0, the others slotStride and slotLSEStride elements on; parts
+	// and partsLSE are the whole tensors of slots
+	slots                     int
+	slotStride, slotLSEStride int64
+	parts, partsLSE           DeviceTensor
+	acc                       DeviceTensor
+	accLSE                    *DeviceTensor
+	src                       DeviceTensor
+	srcLSE                    *DeviceTensor
+	dst                       DeviceTensor
+	dstLSE                    *DeviceTensor
 }
 
 // mergeAccumulator validates the shapes and dtypes of a and returns a
@@ -263,7 +326,8 @@ func (c *mergeCall) layouts() error {
 		feat bool
 	}
 	for _, x := range []arg{{"accumulator", &c.acc, true}, {"accumulator LSE", c.accLSE, false}, {"partial", &c.src, true},
-		{"partial LSE", c.srcLSE, false}, {"output", &c.dst, true}, {"output LSE", c.dstLSE, false}} {
+		{"partial LSE", c.srcLSE, false}, {"output", &c.dst, true}, {"output LSE", c.dstLSE, false},
+		{"partial results", &c.parts, true}, {"partial LSEs", &c.partsLSE, false}} {
 		if x.t == nil || x.t.Shape == nil {
 			continue
 		}
@@ -279,7 +343,7 @@ func (c *mergeCall) layouts() error {
 func (c *mergeCall) params() (kernels.MergeParams, int64) {
 	blocks, shift := kernels.MergeLaunch(c.bsz, c.rows, c.h, c.d)
 	p := kernels.MergeParams{B: int32(c.bsz), Rows: int32(c.rows), H: int32(c.h), D: int32(c.d), R0: int32(c.r0), Shift: shift,
-		Vec: c.d%kernels.MergeChunk == 0}
+		Vec: c.d%kernels.MergeChunk == 0, Slots: int32(c.slots), SlotStride: c.slotStride, SlotLSEStride: c.slotLSEStride}
 	// rows of 16-byte aligned starts: every tensor of elements, at its address and by each stride
 	vec := func(t DeviceTensor) {
 		st := t.strides()
@@ -300,12 +364,15 @@ func (c *mergeCall) params() (kernels.MergeParams, int64) {
 		st := t.strides()
 		return [3]int64{int64(st[0]), int64(st[1]), int64(st[2])}
 	}
-	p.Acc, p.AccStrides = c.acc.ptr(), rowStrides(c.acc)
-	vec(c.acc)
-	p.AccLSE, p.AccLSEStrides = lseStrides(c.accLSE)
+	if c.acc.Shape != nil {
+		p.Acc, p.AccStrides = c.acc.ptr(), rowStrides(c.acc)
+		vec(c.acc)
+		p.AccLSE, p.AccLSEStrides = lseStrides(c.accLSE)
+	}
 	if c.src.Shape != nil {
 		p.Src, p.SrcStrides = c.src.ptr(), rowStrides(c.src)
 		vec(c.src)
+		p.Vec = p.Vec && (uint64(c.slotStride)*uint64(c.src.DType.Size()))%16 == 0
 		p.SrcLSE, p.SrcLSEStrides = lseStrides(c.srcLSE)
 	}
 	if c.dst.Shape != nil {

@@ -450,3 +450,122 @@ func nanTensor(shape ...int) attn.Tensor {
 	x.Fill(float32(math.NaN()))
 	return x
 }
+
+// TestCombineEmulated runs the combine on the host emulator: four partial
+// results in the slots of one tensor, each covering some rows (the rest
+// of a slot: LSE −inf and O NaN, which must not be read), with −inf, NaN
+// and +inf LSEs, gaps of ±80 between slots and a NaN in one O, folded
+// into the finished O and LSE. They must match merging the slots one by
+// one into an accumulator and finishing it (mergeRef) within the rounding
+// of the dtype; NaN and infinities exactly.
+func TestCombineEmulated(t *testing.T) {
+	emuSkip(t, mergeEmuEnv, "merge")
+	runMergeEmu(t, []int{128, 59, 8, 3}, combineCase)
+}
+
+// combineCase is one TestCombineEmulated case on e: the slots and the
+// outputs lie in the layouts rowsL and lseL.
+func combineCase(t *testing.T, e mergeExec, dt attn.DType, d int, rowsL, lseL emuLayout) {
+	const k, bsz, n, h = 4, 2, 24, 3
+	rng := rand.New(rand.NewPCG(uint64(d), uint64(dt)+5))
+	ninf, pinf, nan := float32(math.Inf(-1)), float32(math.Inf(1)), float32(math.NaN())
+	covers := []struct{ r0, rows int }{{0, n}, {4, 11}, {n - 7, 7}, {0, 12}}
+	ov := make([]float32, k*bsz*n*h*d)
+	lv := make([]float32, k*bsz*h*n)
+	for i := range ov {
+		ov[i] = nan
+	}
+	for i := range lv {
+		lv[i] = ninf
+	}
+	ref := newMergeRef(bsz, n, h, d)
+	for s, cv := range covers {
+		for b := range bsz {
+			for i := cv.r0; i < cv.r0+cv.rows; i++ {
+				for hh := range h {
+					li := ((s*bsz+b)*h+hh)*n + i
+					lv[li] = float32(rng.Float64()*6 - 3)
+					if s > 0 && i%3 == 0 {
+						lv[li] = lv[((b*h)+hh)*n+i] + float32(80*(2*(s%2)-1)) // ±80 from slot 0's
+					}
+					for j := range d {
+						ov[(((s*bsz+b)*n+i)*h+hh)*d+j] = float32(rng.NormFloat64())
+					}
+				}
+			}
+		}
+	}
+	// specials (slot, b, head, row): NaN seen by several slots and by one, +inf seen by several and by one
+	at := func(s, b, hh, i int) int { return ((s*bsz+b)*h+hh)*n + i }
+	lv[at(1, 0, 1, 5)] = nan
+	lv[at(2, 1, 0, n-1)], lv[at(0, 1, 0, n-1)] = nan, ninf
+	lv[at(3, 0, 2, 1)] = pinf
+	lv[at(1, 1, 2, 14)], lv[at(0, 1, 2, 14)] = pinf, ninf
+	lv[at(0, 0, 0, 20)] = ninf                          // a row only slot 2 sees
+	lv[at(0, 1, 1, 3)], lv[at(3, 1, 1, 3)] = ninf, ninf // a row no slot sees
+	ov[(((2*bsz+0)*n+n-3)*h+1)*d+d/2] = nan             // a NaN in a partial O
+	parts := attn.FromFloat32(dt, ov, k, bsz, n, h, d)
+	partsLSE := attn.FromFloat32(attn.Float32, lv, k, bsz, h, n)
+	pv, plv := parts.Float32s(), partsLSE.Float32s() // as the dtype holds them
+	for s := range k {
+		ref.merge(pv[s*bsz*n*h*d:][:bsz*n*h*d], plv[s*bsz*h*n:][:bsz*h*n], n, 0)
+	}
+	pp, pl := putTensor(e, parts, rowsL), putTensor(e, partsLSE, lseL)
+	out := putTensor(e, nanTensorOf(dt, bsz, n, h, d), rowsL)
+	outLSE := putTensor(e, nanTensor(bsz, h, n), lseL)
+	c, err := combineCall(pp.dev, pl.dev, out.dev, outLSE.dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := c.params(); p.Vec != (d%kernels.MergeChunk == 0 && rowsL.offset == 0) {
+		t.Fatalf("16-byte path %v", p.Vec)
+	}
+	e.run(c)
+	tol := map[attn.DType]float64{attn.BFloat16: 1.0 / 128, attn.Float16: 1.0 / 1024, attn.Float32: 2e-6}[dt]
+	got, gotLSE := readTensor(t, e, out).Float32s(), readTensor(t, e, outLSE).Float32s()
+	for i, w := range ref.o {
+		if !mergeClose(got[i], w, tol) {
+			t.Fatalf("O element %d = %v, want %v", i, got[i], w)
+		}
+	}
+	for i, w := range ref.lse {
+		if !mergeClose(gotLSE[i], w, 1e-6) {
+			t.Fatalf("LSE %d = %v, want %v", i, gotLSE[i], w)
+		}
+	}
+}
+
+// TestCombineNoSlotsEmulated runs the combine of no partial result at
+// all (a rank whose calls are all masked out): every row O = 0, LSE = −inf.
+func TestCombineNoSlotsEmulated(t *testing.T) {
+	emuSkip(t, mergeEmuEnv, "merge")
+	runMergeEmu(t, []int{64}, func(t *testing.T, e mergeExec, dt attn.DType, d int, rowsL, lseL emuLayout) {
+		const bsz, n, h = 2, 5, 3
+		out := putTensor(e, nanTensorOf(dt, bsz, n, h, d), rowsL)
+		outLSE := putTensor(e, nanTensor(bsz, h, n), lseL)
+		parts := DeviceTensor{DType: dt, Shape: []int{0, bsz, n, h, d}}
+		partsLSE := DeviceTensor{DType: attn.Float32, Shape: []int{0, bsz, h, n}}
+		c, err := combineCall(parts, partsLSE, out.dev, outLSE.dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.run(c)
+		for i, x := range readTensor(t, e, out).Float32s() {
+			if x != 0 {
+				t.Fatalf("O element %d = %v, want 0", i, x)
+			}
+		}
+		for i, x := range readTensor(t, e, outLSE).Float32s() {
+			if !math.IsInf(float64(x), -1) {
+				t.Fatalf("LSE %d = %v, want -inf", i, x)
+			}
+		}
+	})
+}
+
+// nanTensorOf returns a tensor of dtype dt and the shape, every element NaN.
+func nanTensorOf(dt attn.DType, shape ...int) attn.Tensor {
+	x := attn.New(dt, shape...)
+	x.Fill(float32(math.NaN()))
+	return x
+}

@@ -48,8 +48,8 @@ func (e *mergeDev) run(c *mergeCall) {
 	}
 }
 
-// TestMergeOnDevice runs the cases of TestMergeEmulated and
-// TestMergeGradientEmulated on the GPU. Skips without one.
+// TestMergeOnDevice runs the cases of TestMergeEmulated,
+// TestMergeGradientEmulated and TestCombineEmulated on the GPU. Skips without one.
 func TestMergeOnDevice(t *testing.T) {
 	b := fwdBackend(t)
 	for _, dt := range []attn.DType{attn.BFloat16, attn.Float16, attn.Float32} {
@@ -59,6 +59,7 @@ func TestMergeOnDevice(t *testing.T) {
 					s := testStream(t, b.Device())
 					mergeCase(t, &mergeDev{t: t, b: b, s: s}, dt, d, l.rows, l.lse)
 					gradCase(t, &mergeDev{t: t, b: b, s: s}, dt, d, l.rows, l.lse)
+					combineCase(t, &mergeDev{t: t, b: b, s: s}, dt, d, l.rows, l.lse)
 				})
 			}
 		}

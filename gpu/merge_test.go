@@ -42,6 +42,13 @@ func TestMergeErrors(t *testing.T) {
 		{"finish without LSE", b.FinishAccumulator(nil, acc, bf(2, 10, 3, 64), nil), attn.ErrOption},
 		{"finish gradient with LSE", b.FinishAccumulator(nil, grad, bf(2, 10, 3, 64), &outLSE), attn.ErrOption},
 		{"no buffer", b.MergeForward(nil, acc, 0, bf(2, 4, 3, 64), f32(2, 3, 4)), attn.ErrLayout},
+		{"combine rank", b.CombineForward(nil, bf(2, 10, 3, 64), f32(4, 2, 3, 10), bf(2, 10, 3, 64), outLSE), attn.ErrShape},
+		{"combine LSE slots", b.CombineForward(nil, bf(4, 2, 10, 3, 64), f32(3, 2, 3, 10), bf(2, 10, 3, 64), outLSE), attn.ErrShape},
+		{"combine LSE dtype", b.CombineForward(nil, bf(4, 2, 10, 3, 64), bf(4, 2, 3, 10), bf(2, 10, 3, 64), outLSE), attn.ErrDType},
+		{"combine output rows", b.CombineForward(nil, bf(4, 2, 10, 3, 64), f32(4, 2, 3, 10), bf(2, 9, 3, 64), outLSE), attn.ErrShape},
+		{"combine output dtype", b.CombineForward(nil, bf(4, 2, 10, 3, 64), f32(4, 2, 3, 10), f32(2, 10, 3, 64), outLSE), attn.ErrDType},
+		{"combine feature dim", b.CombineForward(nil, bf(1, 1, 1, 1, kernels.MergeMaxD+1), f32(1, 1, 1, 1), bf(1, 1, 1, kernels.MergeMaxD+1), f32(1, 1, 1)), attn.ErrShape},
+		{"combine no buffer", b.CombineForward(nil, bf(4, 2, 10, 3, 64), f32(4, 2, 3, 10), bf(2, 10, 3, 64), outLSE), attn.ErrLayout},
 	}
 	for _, tt := range tests {
 		if !errors.Is(tt.err, tt.want) {

@@ -178,6 +178,61 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 	}
 }
 
+// TestBackwardPlanKeyRowsAuto checks where the planner takes the key-rows
+// step with the atomic dQ by bulk reduce-adds on its own (keyRowsFaster):
+// D = 65–128 without a mask, at least 1024 queries, fixed length, the dQ
+// algorithm left to it or atomic, not deterministic, warp-specialized
+// tensor-map kernels; elsewhere the table's choice stands. Planned again
+// with the algorithm the plan returned, as BackwardDevice plans after
+// PrepareBackward, every call keeps its kernels.
+func TestBackwardPlanKeyRowsAuto(t *testing.T) {
+	d128 := bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128}
+	det := d128
+	det.deterministic = true
+	causal := d128
+	causal.causal = true
+	short := d128
+	short.n, short.m = 512, 512
+	cases := []struct {
+		name     string
+		c        bwdCase
+		algo     DQAlgorithm
+		ws, auto bool
+		want     bool
+		wantAlgo DQAlgorithm
+	}{
+		{"d128", d128, DQAuto, true, true, true, DQAtomic},
+		{"d128 off", d128, DQAuto, true, false, false, DQSeparate},
+		{"d128 lockstep", d128, DQAuto, false, true, false, DQSeparate},
+		{"d128 separate asked", d128, DQSeparate, true, true, false, DQSeparate},
+		{"d128 atomic asked", d128, DQAtomic, true, true, true, DQAtomic},
+		{"d128 deterministic", det, DQAuto, true, true, false, DQSeparate},
+		{"d128 causal", causal, DQAuto, true, true, false, DQSeparate},
+		{"d128 N = 512", short, DQAuto, true, true, false, DQSeparate},
+		{"d128-96 gqa", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 128, dv: 96}, DQAuto, true, true, true, DQAtomic},
+		{"d96-128: dQ of one warpgroup declined", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 96, dv: 128}, DQAuto, true, true, false, DQSeparate},
+		{"d64", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, true, false, DQAtomic},
+		{"d128 dropout", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQAuto, true, true, false, DQSeparate},
+	}
+	for i, tc := range cases {
+		in := tc.c.inputs(t, attn.BFloat16, uint64(120+i))
+		r := in.request(tc.algo)
+		r.hopper, r.tma, r.ws, r.keyRowsAuto = true, true, tc.ws, tc.auto
+		pl, err := planBackward(r)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if pl.v.KeyRows != tc.want || pl.v.BulkDQ != tc.want || pl.algo != tc.wantAlgo {
+			t.Errorf("%s: %s (%v), want key rows and bulk dQ %v, %v", tc.name, pl.v.Name(), pl.algo, tc.want, tc.wantAlgo)
+		}
+		r.algo = pl.algo
+		again, err := planBackward(r)
+		if err != nil || again.v.Name() != pl.v.Name() {
+			t.Errorf("%s: planned again with %v: %s, %v; want %s", tc.name, pl.algo, again.v.Name(), err, pl.v.Name())
+		}
+	}
+}
+
 // TestBackwardPlanWSAuto checks the warp-specialized backward's choices
 // left to the planner: the dQ algorithm from the table's rows for the
 // kernels that run the call (separate at D = 128 causal on the
@@ -215,8 +270,9 @@ func TestBackwardPlanWSAuto(t *testing.T) {
 // TestForwardPlanWSTiles checks the warp-specialized forward's tiles
 // (kernels.HopperWSTable): its own tile where the table has one, the
 // lockstep kernels where they measured faster (D = 64 with a mask, which
-// keeps the early rescale), HopperTable's tile for variants with extras
-// and head dims past the table, and the caller's tiles when given.
+// keeps the early rescale), the extras tile at D = 128, HopperTable's tile
+// for variants with extras at D = 64 and head dims past the table, and the
+// caller's tiles when given.
 func TestForwardPlanWSTiles(t *testing.T) {
 	full := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
 	cases := []struct {
@@ -231,7 +287,9 @@ func TestForwardPlanWSTiles(t *testing.T) {
 		{"d64 causal: lockstep", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Causal = 64, 64, true }, full, 128, 64, false, false, true},
 		{"d128", nil, full, 128, 160, true, true, true},
 		{"d128 causal", func(c *fwdRecordCase) { c.opt.Causal = true }, full, 128, 160, true, true, true},
-		{"d128 dropout: HopperTable's extras tile", func(c *fwdRecordCase) { c.opt.Dropout = 0.1 }, full, 128, 64, true, true, true},
+		{"d128 dropout: the extras tile", func(c *fwdRecordCase) { c.opt.Dropout = 0.1 }, full, 128, 128, true, true, true},
+		{"d128 causal softcap: the extras tile", func(c *fwdRecordCase) { c.opt.Causal, c.opt.Softcap = true, 30 }, full, 128, 128, true, true, true},
+		{"d64 dropout: HopperTable's extras tile", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Dropout = 64, 64, 0.1 }, full, 128, 32, true, true, true},
 		{"d256: HopperTable's tile", func(c *fwdRecordCase) { c.dk, c.dv = 256, 256 }, full, 128, 80, true, true, true},
 		{"d128 lockstep asked", nil, kernels.Pipeline{}, 128, 96, false, false, false},
 	}

@@ -172,14 +172,15 @@ func bwdRecordLines(t *testing.T, c bwdCase) []string {
 				out = append(out, bwdRecordLine(name, pl))
 			}
 		}
-		// the default pipeline, the dQ algorithm left to the table; past 256 also with the deep
+		// the default pipeline and the key-rows step where it measured faster, the dQ algorithm
+		// left to the table; past 256 also with the deep
 		// Hopper kernels allowed
 		for _, deep := range []bool{false, true} {
 			if deep && max(c.dk, c.dv) <= 256 {
 				continue
 			}
 			r := in.request(DQAuto)
-			r.ws, r.deep = DefaultBwdPipeline.WarpSpecialized, deep
+			r.ws, r.deep, r.keyRowsAuto = DefaultBwdPipeline.WarpSpecialized, deep, true // as New sets them
 			name := fmt.Sprintf("bwd %s %v default pipeline %v", c.name, dt, DQAuto)
 			if deep {
 				name += " deep"
@@ -279,7 +280,9 @@ func TestPlanRecord(t *testing.T) {
 		}
 	}
 	both := func(int, int) []attn.DType { return []attn.DType{attn.BFloat16, attn.Float16} }
-	for _, c := range append(bwdCases(), bwdCrossCases(113, 300, both)...) {
+	// and a problem of the key-rows step's class (Backend.BwdKeyRowsAuto), on the default pipeline
+	keyRows := bwdCase{name: "keyrows-d128-n1024", b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 128, dv: 128, dtypes: both(0, 0)}
+	for _, c := range append(append(bwdCases(), bwdCrossCases(113, 300, both)...), keyRows) {
 		lines = append(lines, bwdRecordLines(t, c)...)
 	}
 	got := strings.Join(lines, "\n") + "\n"

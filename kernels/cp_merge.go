@@ -15,28 +15,33 @@ import (
 // log(exp(LSE1 − m) + exp(LSE2 − m)), m = max(LSE1, LSE2), the row
 // scalars in double precision. A backward split over key blocks gives
 // partial gradients that add up in a float32 accumulator. One module per
-// element type holds four kernels that share one argument (MergeParams):
+// element type holds five kernels that share one argument (MergeParams):
 //
 //   - MergeResetKernel: accumulator rows set to O = 0 and LSE = −inf (no key
 //     seen yet), or to 0 for a gradient accumulator (no LSE);
 //   - MergeKernel: a partial forward result merged into accumulator rows;
 //   - MergeAddKernel: a partial gradient added into accumulator rows;
 //   - MergeFinishKernel: accumulator rows rounded to the element type (and
-//     their LSE copied), the result of the whole call.
+//     their LSE copied), the result of the whole call;
+//   - MergeCombineKernel: every partial forward result of a call at once
+//     (slots of one tensor) folded into the finished result, without an
+//     accumulator: each partial is read once and nothing float32 is
+//     written.
 //
 // The LSE is the natural-log one the forward kernels write (LSE =
 // (max·scale·log2 e + log2 l)·ln 2, −inf for a row that saw no key).
 
 // Names of the merge kernels (MergeSource).
 const (
-	MergeResetKernel  = "fa_cp_reset"
-	MergeKernel       = "fa_cp_merge"
-	MergeAddKernel    = "fa_cp_add"
-	MergeFinishKernel = "fa_cp_finish"
+	MergeResetKernel   = "fa_cp_reset"
+	MergeKernel        = "fa_cp_merge"
+	MergeAddKernel     = "fa_cp_add"
+	MergeFinishKernel  = "fa_cp_finish"
+	MergeCombineKernel = "fa_cp_combine"
 )
 
 // MergeKernels lists the kernels of a merge module.
-var MergeKernels = []string{MergeResetKernel, MergeKernel, MergeAddKernel, MergeFinishKernel}
+var MergeKernels = []string{MergeResetKernel, MergeKernel, MergeAddKernel, MergeFinishKernel, MergeCombineKernel}
 
 // MergeThreads is the block size of the merge kernels.
 const MergeThreads = 256
@@ -51,14 +56,18 @@ const MergeChunk = 8
 // type and its LSE [B, H, Rows] (float32), the float32 accumulator [B, n,
 // H, D] and its LSE [B, H, n], whose row R0+i pairs with row i of src and
 // dst, and dst [B, Rows, H, D] of the element type with its LSE [B, H,
-// Rows]. A kernel reads and writes only the tensors it names (see
-// MergeSource); the others may be 0.
+// Rows]. MergeCombineKernel reads Slots partial results: slot k is src
+// and its LSE moved by k·SlotStride and k·SlotLSEStride elements. A kernel
+// reads and writes only the tensors it names (see MergeSource); the others
+// may be 0.
 type MergeParams struct {
 	Src, SrcLSE, Acc, AccLSE, Dst, DstLSE uint64 // device addresses of element 0 (AccLSE 0: a gradient accumulator)
 	// Strides in elements: batch, row, head for the [B, rows, H, D]
 	// tensors; batch, head, row for the LSEs.
 	SrcStrides, SrcLSEStrides, AccStrides, AccLSEStrides, DstStrides, DstLSEStrides [3]int64
+	SlotStride, SlotLSEStride                                                       int64 // elements between slots (combine)
 	B, Rows, H, D, R0                                                               int32
+	Slots                                                                           int32 // partial results (combine)
 	// Shift is log2 of the threads per row (MergeLaunch); Vec selects whole
 	// 16-byte loads and stores (every row of every tensor 16-byte aligned,
 	// D a multiple of MergeChunk).
@@ -92,11 +101,16 @@ var mergeParamsStruct = func() *CStruct[MergeParams] {
 	fields = append(fields, str("dst", "batch, row, head", func(p *P) *[3]int64 { return &p.DstStrides })...)
 	fields = append(fields, str("dst_lse", "batch, head, row", func(p *P) *[3]int64 { return &p.DstLSEStrides })...)
 	fields = append(fields,
+		CI64("long long", "slot_s", "", func(p *P) int64 { return p.SlotStride }),
+		CI64("long long", "slot_lse_s", "elements between the slots of src and src_lse (combine)", func(p *P) int64 { return p.SlotLSEStride }).Joined(),
+	)
+	fields = append(fields,
 		CI32("int", "b", "", func(p *P) int32 { return p.B }),
 		CI32("int", "rows", "", func(p *P) int32 { return p.Rows }).Joined(),
 		CI32("int", "h", "", func(p *P) int32 { return p.H }).Joined(),
 		CI32("int", "d", "", func(p *P) int32 { return p.D }).Joined(),
 		CI32("int", "r0", "accumulator row of row 0", func(p *P) int32 { return p.R0 }).Joined(),
+		CI32("int", "slots", "partial results (combine)", func(p *P) int32 { return p.Slots }),
 		CI32("int", "shift", "log2 threads per row", func(p *P) int32 { return p.Shift }),
 		CI32("int", "vec", "16-byte loads and stores", func(p *P) int32 {
 			if p.Vec {
@@ -147,14 +161,14 @@ func MergeSource(dt attn.DType) (string, error) {
 	}
 	return fmt.Sprintf(mergeTemplate, dt, include, bwdCType(dt), bwdConvFuncs("t", dt), PrimitivesBegin, PrimitivesEnd,
 		mergeParamsStruct.Decl(), mergeParamsStruct.SizeAssert(), MergeThreads, MergeChunk,
-		MergeResetKernel, MergeKernel, MergeAddKernel, MergeFinishKernel, cTypes), nil
+		MergeResetKernel, MergeKernel, MergeAddKernel, MergeFinishKernel, cTypes, MergeCombineKernel), nil
 }
 
 // mergeTemplate is the merge module: %[1]v the element type, %[2]s its
 // header, %[3]s its C type, %[4]s its conversions, %[5]s and %[6]s the
 // (empty) primitives block, %[7]s and %[8]s the parameter struct, %[9]d
-// MergeThreads, %[10]d MergeChunk, %[11]s … %[14]s the kernel names, %[15]s the
-// basic types.
+// MergeThreads, %[10]d MergeChunk, %[11]s … %[14]s and %[16]s the kernel names,
+// %[15]s the basic types.
 const mergeTemplate = `// flashattn context-parallel merge kernels, element type %[1]v.
 // Generated by package kernels (cp_merge.go).
 //
@@ -165,6 +179,7 @@ const mergeTemplate = `// flashattn context-parallel merge kernels, element type
 //   acc_lse [B, H, n]        float  the accumulator's LSE (-inf: no key yet); null for a gradient
 //   dst     [B, rows, H, D]  T      the finished result
 //   dst_lse [B, H, rows]     float  its LSE
+//   slots   src and src_lse moved by k·slot_s and k·slot_lse_s: partial result k of a combine
 // Threads: one thread per chunk of %[10]d consecutive elements of a row (b, i, h), 2^shift threads
 // per row (the least power of two covering ceil(D/%[10]d) chunks), %[9]d/2^shift rows per block, the
 // rows ordered (b, h, i) so that the LSEs of a block's rows are consecutive in memory.
@@ -319,5 +334,63 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) %[14]s(const MergePa
   load_chunk(ACC(r), r.n, p.vec, y, Same());
   store_chunk(DST(r), r.n, p.vec, y, ToT());
   if (p.acc_lse && p.dst_lse && r.c == 0) *DST_LSE(r) = *ACC_LSE(r);
+}
+
+// %[16]s: the partial results of slots [0, slots), each of rows [0, rows) of one key block, folded at
+// once into dst rows [0, rows) and dst_lse: the result of merging them one by one into an accumulator
+// (%[12]s, in slot order) and finishing it (%[14]s), without the accumulator. A slot row whose LSE is
+// -inf saw no key and is not read; a row no slot saw gets O = 0 and LSE = -inf; a row one slot saw
+// takes that slot's row as it is; otherwise, with m the largest LSE, in double precision:
+//   e_k = exp(l_k - m) <= 1, s = sum_k e_k, O = sum_k (e_k/s)·O_k, LSE = m + log(s).
+// A NaN LSE or an m of +inf (inf - inf) makes e_k, s and so the row NaN, as the pairwise merge does.
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) %[16]s(const MergeParams p) {
+  const MergeRow r = merge_row(p);
+  if (!r.ok) return;
+  const float* lse = SRC_LSE(r);  // the row's LSE in slot 0
+  const T* src = SRC(r);          // the thread's chunk in slot 0
+  // pass 1: the largest LSE (fmaxf skips NaN; pass 2 catches it), the slots that saw a key
+  float m = NEG_INF;
+  int seen = 0, last = 0;
+  for (int k = 0; k < p.slots; k++) {
+    const float l = lse[(i64)k * p.slot_lse_s];
+    if (l == NEG_INF) continue;
+    m = fmaxf(m, l);
+    seen++;
+    last = k;
+  }
+  float y[CHUNK];
+  float out_lse;
+  if (seen <= 1) {  // no slot: O = 0, LSE = -inf; one slot: its row as it is
+    if (seen == 0) {
+#pragma unroll
+      for (int j = 0; j < CHUNK; j++) y[j] = 0.f;
+      out_lse = NEG_INF;
+    } else {
+      load_chunk(src + (i64)last * p.slot_s, r.n, p.vec, y, FromT());
+      out_lse = lse[(i64)last * p.slot_lse_s];
+    }
+  } else {
+    // pass 2: y = sum_k e_k·O_k unnormalized (e_k <= 1), then scaled by 1/s
+#pragma unroll
+    for (int j = 0; j < CHUNK; j++) y[j] = 0.f;
+    double s = 0.0;
+    for (int k = 0; k < p.slots; k++) {
+      const float l = lse[(i64)k * p.slot_lse_s];
+      if (l == NEG_INF) continue;
+      const double e = exp((double)l - (double)m);
+      s += e;
+      float x[CHUNK];
+      load_chunk(src + (i64)k * p.slot_s, r.n, p.vec, x, FromT());
+      const float ef = (float)e;
+#pragma unroll
+      for (int j = 0; j < CHUNK; j++) y[j] = fmaf(ef, x[j], y[j]);
+    }
+    const float inv = (float)(1.0 / s);
+#pragma unroll
+    for (int j = 0; j < CHUNK; j++) y[j] *= inv;
+    out_lse = (float)((double)m + log(s));
+  }
+  store_chunk(DST(r), r.n, p.vec, y, ToT());
+  if (r.c == 0) *DST_LSE(r) = out_lse;
 }
 `

@@ -34,7 +34,7 @@ func TestMergeLaunch(t *testing.T) {
 	}
 }
 
-// TestMergeSource checks that each element type's module holds the four
+// TestMergeSource checks that each element type's module holds the five
 // kernels and its parameter struct of the Go packing's size, and that
 // other types are refused with attn.ErrDType.
 func TestMergeSource(t *testing.T) {
@@ -52,8 +52,8 @@ func TestMergeSource(t *testing.T) {
 	if _, err := MergeSource(attn.DType(17)); !errors.Is(err, attn.ErrDType) {
 		t.Errorf("dtype 17: %v, want ErrDType", err)
 	}
-	if n := len(MergeParams{}.Pack()); n != mergeParamsStruct.Size() || n != 224 {
-		t.Errorf("MergeParams packs into %d bytes, want %d (224)", n, mergeParamsStruct.Size())
+	if n := len(MergeParams{}.Pack()); n != mergeParamsStruct.Size() || n != 240 {
+		t.Errorf("MergeParams packs into %d bytes, want %d (240)", n, mergeParamsStruct.Size())
 	}
 }
 

@@ -128,39 +128,42 @@ func HopperTile(v Variant) (Tile, bool) {
 }
 
 // HopperWSTable holds the tiles of the warp-specialized Hopper forward
-// (Pipeline.WarpSpecialized) of variants without per-element extras, by
-// the larger padded head dim, for problems without a mask (Plain) and with
-// a causal or window mask (Masked): compute warpgroups with 240 registers
-// (160 with three) take wider tiles than HopperTable's. A zero tile keeps
-// the lockstep kernels on HopperTable's tile for the class, where they
-// measured faster. Head dims past the last row, and variants with extras,
-// take HopperTable's tile on the pipeline. Measured on the H200
+// (Pipeline.WarpSpecialized), by the larger padded head dim: for problems
+// without a mask (Plain) and with a causal or window mask (Masked), and
+// for variants with per-element extras, masked or not (Extras): compute
+// warpgroups with 240 registers (160 with three) take wider tiles than
+// HopperTable's. A zero Plain or Masked tile keeps the lockstep kernels on
+// HopperTable's tile for the class, where they measured faster; a zero
+// Extras tile, and head dims past the last row, take HopperTable's tile on
+// the pipeline. Plain and Masked measured on the H200, Extras on the H100
 // (docs/kernels/forward.md, "Tiles of the warp-specialized forward").
 var HopperWSTable = []struct {
-	MaxD          int
-	Plain, Masked Tile
+	MaxD                  int
+	Plain, Masked, Extras Tile
 }{
-	{64, Tile{BlockM: 192, BlockN: 128, WarpsM: 12, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, Tile{}},
+	{64, Tile{BlockM: 192, BlockN: 128, WarpsM: 12, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, Tile{}, Tile{}},
 	{128, Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
-		Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+		Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
+		Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
 }
 
 // HopperWSTile returns the tile of v's warp-specialized Hopper forward
 // (HopperWSTable; zero: HopperTable's tile) and whether the pipeline runs
 // v at all (false: the lockstep pipeline measured faster for v's class).
 func HopperWSTile(v Variant) (Tile, bool) {
-	if v.extras() {
-		return Tile{}, true
-	}
 	d := hopperTileDim(v.DK, v.DV)
 	for _, r := range HopperWSTable {
-		if d <= r.MaxD {
-			t := r.Plain
-			if v.Mask != MaskNone {
-				t = r.Masked
-			}
-			return t, t != (Tile{})
+		if d > r.MaxD {
+			continue
 		}
+		if v.extras() {
+			return r.Extras, true
+		}
+		t := r.Plain
+		if v.Mask != MaskNone {
+			t = r.Masked
+		}
+		return t, t != (Tile{})
 	}
 	return Tile{}, true
 }

@@ -281,7 +281,9 @@ func tensors(dev *cuda.Device, dt attn.DType, s shape) ([]gpu.DeviceTensor, erro
 
 // variantOf returns the kernel a shape runs.
 func variantOf(b *gpu.Backend, dt attn.DType, s shape) (kernels.Variant, error) {
-	set, err := tensors(b.Device(), dt, shape{d: s.d, n: 1, h: s.h, b: 1})
+	one := s // one query row of one batch element, the shape's bias kept
+	one.n, one.b = 1, 1
+	set, err := tensors(b.Device(), dt, one)
 	defer freeAll(set)
 	if err != nil {
 		return kernels.Variant{}, err
