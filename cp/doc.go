@@ -34,8 +34,12 @@
 // pairs and run with the top-left window that reproduces the global mask
 // there (any causal alignment or window of the global problem is a window
 // of such a rectangle), and wholly visible pairs that tile one rectangle
-// run as one call. Under a causal mask with the Zigzag layout every rank
-// computes the same number of pairs at every step. The partial outputs
+// run as one call; so do pairs whose visible parts one window masks in the
+// local order, as zigzag's own block under a causal mask is one causal
+// triangle over its two chunks (without dropout, whose mask needs chunks
+// consecutive in the global sequence). Under a causal mask with the Zigzag
+// layout every rank computes the same number of pairs at every step, in
+// one call. The partial outputs
 // merge through their LSE in float32 (the LSE in float64) with the
 // overflow-safe formula O = Σ exp(LSE_s − LSE)·O_s, LSE = m + log Σ
 // exp(LSE_s − m); a block whose rows see no key contributes nothing. O is

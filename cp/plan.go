@@ -1,6 +1,10 @@
 package cp
 
-import "github.com/flashattn/flashattn/attn"
+import (
+	"math"
+
+	"github.com/flashattn/flashattn/attn"
+)
 
 // chunk is a run of consecutive positions of the global sequence held
 // contiguously in a local buffer.
@@ -113,7 +117,8 @@ func planBlock(gp *attn.Problem, qc, kc chunk) (t task, ok bool, err error) {
 // qs against the visiting key chunks ks. Blocks with no visible pair are
 // skipped; when the visible blocks are all wholly visible and form one
 // rectangle of consecutive local chunks, they become one call (under
-// dropout only when the chunks are consecutive globally too).
+// dropout only when the chunks are consecutive globally too), and so do
+// blocks whose visible pairs one window masks in the local order (band).
 func plan(gp *attn.Problem, qs, ks []chunk) ([]task, error) {
 	var blocks []block
 	for qi, qc := range qs {
@@ -130,6 +135,11 @@ func plan(gp *attn.Problem, qs, ks []chunk) ([]task, error) {
 	}
 	if t, ok := rectangle(blocks, qs, ks, gp.Opt.Dropout > 0); ok {
 		return []task{t}, nil
+	}
+	if len(blocks) > 1 {
+		if t, ok := band(gp, qs, ks); ok {
+			return []task{t}, nil
+		}
 	}
 	tasks := make([]task, len(blocks))
 	for i, b := range blocks {
@@ -180,4 +190,116 @@ func span(cs []chunk, global bool) (int, bool) {
 		n += c.n
 	}
 	return n, true
+}
+
+// band reports whether the visible pairs of a step, over all its query
+// chunks qs and key chunks ks (each list contiguous in the local buffers),
+// are exactly those of one top-left window over a rectangle of local rows
+// and keys, and returns that one call. Zigzag's own-block step is one: its
+// query and key chunks r and 2P−1−r hold two causal triangles and the
+// whole block between them, which in the local order are one causal
+// triangle. Each local row's visible keys must be one run, the rows with
+// any one run, and every row's run that of the window. Dropout places its
+// mask by global positions, which a call over chunks apart in the global
+// sequence cannot, so it is declined.
+func band(gp *attn.Problem, qs, ks []chunk) (task, bool) {
+	if gp.Opt.Dropout > 0 || !localRun(qs) || !localRun(ks) {
+		return task{}, false
+	}
+	type run struct{ lo, hi int } // visible keys of a local row, from ks[0].local
+	var rows []run
+	var globals []int // each row's global position
+	r0, r1, kmin, kmax := -1, -1, math.MaxInt, 0
+	for _, qc := range qs {
+		for i := range qc.n {
+			g := qc.global + i
+			x := run{-1, -1}
+			lo, hi := gp.KeyRange(g, gp.N, gp.M)
+			for _, kc := range ks {
+				a, b := max(lo, kc.global), min(hi, kc.global+kc.n)
+				if a >= b {
+					continue
+				}
+				a, b = a-kc.global+kc.local-ks[0].local, b-kc.global+kc.local-ks[0].local
+				switch {
+				case x.lo < 0:
+					x = run{a, b}
+				case a == x.hi:
+					x.hi = b
+				default:
+					return task{}, false // two runs in one row
+				}
+			}
+			at := len(rows)
+			rows, globals = append(rows, x), append(globals, g)
+			if x.lo < 0 {
+				continue
+			}
+			if r1 >= 0 && at != r1+1 {
+				return task{}, false // the visible rows are not contiguous
+			}
+			if r0 < 0 {
+				r0 = at
+			}
+			r1 = at
+			kmin, kmax = min(kmin, x.lo), max(kmax, x.hi)
+		}
+	}
+	if r0 < 0 {
+		return task{}, false
+	}
+	nk := kmax - kmin
+	// the window's sides, from the first row whose run a side cuts (none: that side open)
+	left, right := -1, -1
+	cutLeft, cutRight := false, false
+	for i, x := range rows[r0 : r1+1] {
+		if lo := x.lo - kmin; lo > 0 && !cutLeft {
+			left, cutLeft = i-lo, true
+		}
+		if hi := x.hi - kmin; hi < nk && !cutRight {
+			right, cutRight = hi-1-i, true
+		}
+	}
+	if (cutLeft && left < 0) || (cutRight && right < 0) {
+		return task{}, false // a side a window cannot have
+	}
+	for i, x := range rows[r0 : r1+1] {
+		lo, hi := 0, nk
+		if left >= 0 {
+			lo = max(0, i-left)
+		}
+		if right >= 0 {
+			hi = min(nk, i+right+1)
+		}
+		if x.lo-kmin != lo || x.hi-kmin != hi {
+			return task{}, false
+		}
+	}
+	t := task{q0: qs[0].local + r0, nq: r1 + 1 - r0, k0: ks[0].local + kmin, nk: nk, gq0: globals[r0], gk0: keyGlobal(ks, kmin)}
+	if left >= 0 || right >= 0 {
+		t.window = &attn.Window{Left: left, Right: right}
+	}
+	return t, true
+}
+
+// localRun reports whether the chunks follow each other in the local
+// buffer.
+func localRun(cs []chunk) bool {
+	for i := 1; i < len(cs); i++ {
+		if cs[i].local != cs[i-1].local+cs[i-1].n {
+			return false
+		}
+	}
+	return len(cs) > 0
+}
+
+// keyGlobal returns the global position of the key at local offset off
+// from the first of the chunks ks (a run in the local buffer).
+func keyGlobal(ks []chunk, off int) int {
+	for _, kc := range ks {
+		if at := off - (kc.local - ks[0].local); at < kc.n {
+			return kc.global + at
+		}
+	}
+	return ks[len(ks)-1].global + ks[len(ks)-1].n
 }

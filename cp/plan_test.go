@@ -10,7 +10,8 @@ import (
 // TestPlanCoversMask checks that the tasks of every rank over every step
 // compute each visible pair of the global mask exactly once and nothing
 // else, and that under a causal mask the zigzag layout gives every rank
-// the same work at every step, in at most one call after the first step.
+// the same work at every step, in one call at each (the first step's own
+// block as one causal band).
 func TestPlanCoversMask(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -45,7 +46,7 @@ func TestPlanCoversMask(t *testing.T) {
 							for _, tk := range tasks {
 								work[r] += taskPairs(tk)
 							}
-							if l == Zigzag && tc.name == "causal" && s > 0 && len(tasks) != 1 {
+							if l == Zigzag && tc.name == "causal" && len(tasks) != 1 {
 								t.Errorf("step %d, rank %d: %d calls, want 1", s, r, len(tasks))
 							}
 						}
@@ -61,6 +62,46 @@ func TestPlanCoversMask(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// TestBand checks the one call of a step whose visible pairs one window
+// masks in the local order: zigzag's own block under a causal mask (one
+// causal triangle over both chunks), and the steps it declines: two runs
+// in a row (a sliding window over chunks apart in the global sequence),
+// dropout, and chunks apart in the local buffer.
+func TestBand(t *testing.T) {
+	causal := attn.Options{Causal: true}
+	tests := []struct {
+		name   string
+		opt    attn.Options
+		qs, ks []chunk
+		want   *task // nil: declined
+	}{
+		{"zigzag own block, causal", causal, chunksFor(Zigzag, 2, 0, 24), chunksFor(Zigzag, 2, 0, 24),
+			&task{q0: 0, nq: 48, k0: 0, nk: 48, gq0: 0, gk0: 0, window: &attn.Window{Left: -1, Right: 0}}},
+		{"zigzag own block of rank 1, causal", causal, chunksFor(Zigzag, 2, 1, 24), chunksFor(Zigzag, 2, 1, 24),
+			&task{q0: 0, nq: 48, k0: 0, nk: 48, gq0: 24, gk0: 24, window: &attn.Window{Left: -1, Right: 0}}},
+		{"zigzag own block, sliding window", attn.Options{Window: &attn.Window{Left: 9, Right: 4}}, chunksFor(Zigzag, 2, 0, 24), chunksFor(Zigzag, 2, 0, 24), nil},
+		{"zigzag own block, dropout", attn.Options{Causal: true, Dropout: 0.1}, chunksFor(Zigzag, 2, 0, 24), chunksFor(Zigzag, 2, 0, 24), nil},
+		{"chunks apart locally", causal, []chunk{{0, 0, 24}, {30, 72, 24}}, []chunk{{0, 0, 24}, {30, 72, 24}}, nil},
+	}
+	for _, tt := range tests {
+		gp := &attn.Problem{N: 96, M: 96, Opt: tt.opt}
+		gp.ResolveMask()
+		got, ok := band(gp, tt.qs, tt.ks)
+		if ok != (tt.want != nil) {
+			t.Errorf("%s: band %v, want %v (%+v)", tt.name, ok, tt.want != nil, got)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		w := *tt.want
+		if got.q0 != w.q0 || got.nq != w.nq || got.k0 != w.k0 || got.nk != w.nk || got.gq0 != w.gq0 || got.gk0 != w.gk0 ||
+			(got.window == nil) != (w.window == nil) || got.window != nil && *got.window != *w.window {
+			t.Errorf("%s: %+v (window %v), want %+v (window %v)", tt.name, got, got.window, w, w.window)
 		}
 	}
 }

@@ -246,7 +246,8 @@ func TestPackedRefused(t *testing.T) {
 }
 
 // TestPackedCalls checks the ring's packing of the calls of a step: one
-// call per window without dropout, one per block and sequence with it.
+// call per window without dropout (zigzag's own block one causal band), one per
+// block and sequence with it.
 func TestPackedCalls(t *testing.T) {
 	cu := []int32{0, 8, 8, 24}
 	for _, tc := range []struct {
@@ -258,7 +259,8 @@ func TestPackedCalls(t *testing.T) {
 	}{
 		{"full", attn.Options{}, Contiguous, 1, 1},
 		{"causal own block", attn.Options{Causal: true}, Contiguous, 0, 1},
-		{"causal zigzag own block", attn.Options{Causal: true}, Zigzag, 0, 2},
+		{"causal zigzag own block: one causal band", attn.Options{Causal: true}, Zigzag, 0, 1},
+		{"causal zigzag own block under dropout: three blocks a sequence", attn.Options{Causal: true, Dropout: 0.1}, Zigzag, 0, 6},
 		{"causal zigzag later block", attn.Options{Causal: true}, Zigzag, 1, 1},
 		{"dropout full", attn.Options{Dropout: 0.1}, Contiguous, 1, 2},
 	} {
