@@ -47,8 +47,9 @@ type Backend struct {
 	// the lockstep pipeline.
 	Pipeline kernels.Pipeline
 	// ShortPipeline, when not nil, is the pipeline of Hopper forward calls
-	// with at most ShortKeys keys (causal: ShortCausalKeys), in place of
-	// Pipeline. New sets it to
+	// with at most ShortKeys keys (causal: ShortCausalKeys) or a window of
+	// both sides bounded that spans at most ShortWindowKeys+1 keys, in
+	// place of Pipeline. New sets it to
 	// DefaultShortPipeline when EnvPipeline is empty, and leaves it nil
 	// when the variable names a pipeline (that pipeline then serves every
 	// call).
@@ -252,16 +253,20 @@ var DefaultPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, Ea
 
 // DefaultShortPipeline is the pipeline of the Hopper forward of new
 // backends, when EnvPipeline is empty, for calls with at most ShortKeys
-// keys (causal: ShortCausalKeys): DefaultPipeline with persistent CTAs and
+// keys (causal: ShortCausalKeys) or a window of at most ShortWindowKeys+1
+// keys a row: DefaultPipeline with persistent CTAs and
 // the O store by tensor maps, whose epilogue and tile changes weigh most
 // where each tile has few key blocks (docs/kernels/forward.md).
 var DefaultShortPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
 
 // ShortKeys is the largest key length of the forward calls that take
-// Backend.ShortPipeline, and ShortCausalKeys that of causal calls.
+// Backend.ShortPipeline, and ShortCausalKeys that of causal calls;
+// ShortWindowKeys is the largest Left+Right of a window (both sides
+// bounded) whose calls take it whatever their length.
 const (
 	ShortKeys       = 512
 	ShortCausalKeys = 4096
+	ShortWindowKeys = 2048
 )
 
 // parsePipeline reads a forward pipeline in kernels.ParsePipeline's words

@@ -445,10 +445,17 @@ func (b *Backend) request(c *fwdCall) fwdRequest {
 // ShortPipeline where it is set and p has at most ShortKeys keys (causal:
 // ShortCausalKeys), else Pipeline.
 func (b *Backend) forwardPipeline(p *attn.Problem) kernels.Pipeline {
-	if b.ShortPipeline != nil && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys) {
+	if b.ShortPipeline != nil && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
 		return *b.ShortPipeline
 	}
 	return b.Pipeline
+}
+
+// shortWindow reports whether p's mask (resolved) is a window of both sides
+// bounded, spanning at most ShortWindowKeys+1 keys a row: few key blocks a
+// tile whatever the length, as in a short call.
+func shortWindow(p *attn.Problem) bool {
+	return p.Masked && p.Left >= 0 && p.Right >= 0 && p.Left+p.Right <= ShortWindowKeys
 }
 
 // planForward plans call c once: the launch on the caller's tensors or,

@@ -339,7 +339,8 @@ func TestParsePipelineDefault(t *testing.T) {
 
 // TestForwardShortPipeline checks the forward pipeline a backend asks for
 // by key length: ShortPipeline up to ShortKeys keys (causal:
-// ShortCausalKeys), Pipeline past them and wherever ShortPipeline is nil;
+// ShortCausalKeys) and for windows of at most ShortWindowKeys+1 keys a
+// row, Pipeline past them and wherever ShortPipeline is nil;
 // and that a D = 128 forward of 512 keys plans persistent CTAs with O
 // stored by a tensor map under it.
 func TestForwardShortPipeline(t *testing.T) {
@@ -354,6 +355,19 @@ func TestForwardShortPipeline(t *testing.T) {
 		p := &attn.Problem{N: c.m, M: c.m, Opt: attn.Options{Causal: c.causal}}
 		if got := b.forwardPipeline(p); got != c.want {
 			t.Errorf("M = %d causal %v: pipeline %+v, want %+v", c.m, c.causal, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		w    attn.Window
+		want kernels.Pipeline
+	}{{attn.Window{Left: 256, Right: 0}, short}, {attn.Window{Left: 128, Right: 128}, short},
+		{attn.Window{Left: ShortWindowKeys, Right: 0}, short}, {attn.Window{Left: ShortWindowKeys, Right: 1}, DefaultPipeline},
+		{attn.Window{Left: 256, Right: -1}, DefaultPipeline}, {attn.Window{Left: -1, Right: 256}, DefaultPipeline}} {
+		w := c.w
+		p := &attn.Problem{N: 8192, M: 8192, Opt: attn.Options{Window: &w}}
+		p.ResolveMask()
+		if got := b.forwardPipeline(p); got != c.want {
+			t.Errorf("window %+v over 8192 keys: pipeline %+v, want %+v", c.w, got, c.want)
 		}
 	}
 	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}); got != DefaultPipeline {
