@@ -364,6 +364,36 @@ func TestBackwardGradients(t *testing.T) {
 	bwdCheckItems(t, dev, s, items)
 }
 
+// TestBackwardKeyRowsDefault runs the problems of the key-rows step's class
+// (Backend.BwdKeyRowsAuto: D = 65–128 without a mask, at least 1024
+// queries), which bwdCases' short sequences do not reach, with both dQ
+// algorithms on a new backend: the dQ left atomic must plan the key-rows
+// step with the bulk dQ on a Hopper device, and every gradient must meet
+// the criterion. Skips without a GPU.
+func TestBackwardKeyRowsDefault(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	b := bwdTestBackend(t, dev)
+	both := []attn.DType{attn.BFloat16, attn.Float16}
+	var items []bwdItem
+	var vs []kernels.BwdVariant
+	for ci, c := range []bwdCase{
+		{name: "keyrows-d128-n1024", b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dtypes: both},
+		{name: "keyrows-d128-96-gqa-n1100-m1300", b: 2, n: 1100, m: 1300, h: 4, hkv: 2, dk: 128, dv: 96, dtypes: both[:1]},
+	} {
+		for _, dt := range c.dtypes {
+			in := c.inputs(t, dt, uint64(200+ci))
+			items = append(items, bwdItem{c, dt, in})
+			v := in.backendVariant(t, b, DQAtomic)
+			if b.BwdKeyRowsAuto && b.BwdPipeline.WarpSpecialized && (!v.KeyRows || !v.BulkDQ) {
+				t.Errorf("%s %v: %s, want the key-rows step with the bulk dQ", c.name, dt, v.Name())
+			}
+			vs = append(vs, v, in.backendVariant(t, b, DQSeparate))
+		}
+	}
+	bwdPrewarm(t, dev, vs)
+	bwdCheckItems(t, dev, s, items)
+}
+
 // bwdItem is one backward case in one dtype, with its inputs.
 type bwdItem struct {
 	c  bwdCase
