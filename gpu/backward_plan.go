@@ -368,7 +368,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 // key-rows step with the atomic dQ by bulk reduce-adds than on the dQ
 // table's choice for the warp-specialized kernels: head dims 65–128 (their
 // larger), no mask or window, at least 1024 queries, fixed length, not
-// deterministic (docs/kernels/backward.md, "Keys as rows").
+// deterministic (docs/kernels/backward.md, "Scores by key rows").
 func keyRowsFaster(p *attn.Problem) bool {
 	d := max(p.DK, p.DV)
 	return d > 64 && d <= 128 && !p.Masked && !p.Varlen && p.N >= 1024 && !p.Opt.Deterministic
