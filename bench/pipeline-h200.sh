@@ -29,11 +29,14 @@
 # persistent and tma-store added one at a time, and tma-store and
 # early-rescale alone), CHECK_PIPELINES (those the check step tests under;
 # default three that together hold every part), SHAPES (space-separated
-# B:H:N:D[:causal]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
+# B:H:N:D[:causal or -[:L,R, a window]]; default D = 128 at N = 4096, 16384, FLUX's 4608 and 512,
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
-# (default the D = 64 and 128 ones), ROUNDS (2), STEPS (check, time,
-# bwdcheck, wscheck, keyrowscheck, bwdtime, tiles, xtiles, sanitize; default
-# all but tiles, xtiles and sanitize; wscheck is bwdcheck with the warp-specialized backward,
+# (default the D = 64 and 128 ones), WIN_SHAPES (B:H:N:D:-:L,R, the windows
+# wintime times), ROUNDS (2), STEPS (check, time,
+# bwdcheck, wscheck, keyrowscheck, bwdtime, wintime, tiles, xtiles, sanitize;
+# default all but wintime, tiles, xtiles and sanitize; wintime times the
+# forward under windows on the default pipeline and on the short-sequence
+# one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
 # FLASHATTN_BWD_KEY_ROWS=1), BWD_CONFIGS (the backward's timed choices,
 # space-separated LABEL=VAR=VALUE,VAR=VALUE; default the dQ algorithms on
@@ -82,9 +85,10 @@ time_configs() {
 	local file=$1 pass=$2 shapes=$3 configs=$4
 	: >"$file"
 	for s in $shapes; do
-		IFS=: read -r b h n d causal <<<"$s"
+		IFS=: read -r b h n d causal win <<<"$s"
 		flags=(--pass "$pass" --batch "$b" --heads "$h" --seqlen-q "$n" --head-dim "$d" --budget 500ms)
 		[ "${causal:-}" = causal ] && flags+=(--causal)
+		[ -n "${win:-}" ] && flags+=(--window "$win")
 		for r in $(seq "$ROUNDS"); do
 			for cfg in $configs; do
 				label=${cfg%%=*}
@@ -165,6 +169,12 @@ fi
 if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"
 	summarize "$OUT/bwdtimes.txt" "$(for c in $BWD_CONFIGS; do printf '%s ' "${c%%=*}"; done)" >>"$SUMMARY"
+fi
+WIN_SHAPES=${WIN_SHAPES:-4:16:4096:128:-:256,0 4:16:4096:128:-:128,128 4:16:4096:128:-:1024,0 4:16:4096:128:-:2048,0 4:16:4096:128:-:4096,0}
+if [[ ",$STEPS," == *",wintime,"* ]]; then
+	wconfigs="ws+pingpong+early-rescale=FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale short=FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent,tma-store"
+	time_configs "$OUT/wintimes.txt" fwd "$WIN_SHAPES" "$wconfigs"
+	summarize "$OUT/wintimes.txt" "ws+pingpong+early-rescale short" >>"$SUMMARY"
 fi
 if [[ ",$STEPS," == *",sanitize,"* ]]; then
 	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
