@@ -9,7 +9,7 @@ import (
 
 // TestPlanCoversMask checks that the tasks of every rank over every step
 // compute each visible pair of the global mask exactly once and nothing
-// else, and that under a causal mask the zigzag layout gives every rank
+// else (pair by pair, through the chunks' local and global places), and that under a causal mask the zigzag layout gives every rank
 // the same work at every step, in one call at each (the first step's own
 // block as one causal band).
 func TestPlanCoversMask(t *testing.T) {
@@ -36,15 +36,18 @@ func TestPlanCoversMask(t *testing.T) {
 					}
 					c := l.numChunks(p)
 					total := 0
+					seen := make([]int, tc.n*tc.m) // how many calls compute each global pair
 					for s := range p {
 						work := make([]int, p)
 						for r := range p {
-							tasks, err := plan(gp, chunksFor(l, p, r, tc.n/c), chunksFor(l, p, (r-s+p)%p, tc.m/c))
+							qs, ks := chunksFor(l, p, r, tc.n/c), chunksFor(l, p, (r-s+p)%p, tc.m/c)
+							tasks, err := plan(gp, qs, ks)
 							if err != nil {
 								t.Fatal(err)
 							}
 							for _, tk := range tasks {
 								work[r] += taskPairs(tk)
+								markPairs(seen, tc.m, tk, qs, ks)
 							}
 							if l == Zigzag && tc.name == "causal" && len(tasks) != 1 {
 								t.Errorf("step %d, rank %d: %d calls, want 1", s, r, len(tasks))
@@ -60,8 +63,38 @@ func TestPlanCoversMask(t *testing.T) {
 					if total != want {
 						t.Errorf("the tasks compute %d pairs, the mask has %d", total, want)
 					}
+					for i := range tc.n {
+						lo, hi := gp.KeyRange(i, tc.n, tc.m)
+						for j := range tc.m {
+							if in := j >= lo && j < hi; seen[i*tc.m+j] != map[bool]int{false: 0, true: 1}[in] {
+								t.Fatalf("pair (%d, %d), visible %v: computed %d times", i, j, in, seen[i*tc.m+j])
+							}
+						}
+					}
 				})
 			}
+		}
+	}
+}
+
+// markPairs counts in seen (global pairs, m keys a row) the pairs task tk
+// computes: its local rows and keys under its top-left window, placed in
+// the global sequence by the chunks qs and ks.
+func markPairs(seen []int, m int, tk task, qs, ks []chunk) {
+	lp := attn.Problem{N: tk.nq, M: tk.nk, Opt: attn.Options{Align: attn.AlignTopLeft, Window: tk.window}}
+	lp.ResolveMask()
+	global := func(cs []chunk, local int) int {
+		for _, c := range cs {
+			if local >= c.local && local < c.local+c.n {
+				return c.global + local - c.local
+			}
+		}
+		panic("a local position outside the chunks")
+	}
+	for i := range tk.nq {
+		lo, hi := lp.KeyRange(i, tk.nq, tk.nk)
+		for j := max(lo, 0); j < min(hi, tk.nk); j++ {
+			seen[global(qs, tk.q0+i)*m+global(ks, tk.k0+j)]++
 		}
 	}
 }
