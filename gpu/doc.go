@@ -47,7 +47,9 @@
 // forward result (O and its LSE) into a float32 Accumulator through the
 // LSEs, add partial gradients into one, and round the sum to the
 // attention dtype once (ResetAccumulator, MergeForward, AddGradient,
-// FinishAccumulator); Download copies a device tensor back to the host.
+// FinishAccumulator), or combine the partial forward results of a whole
+// call, held in slots of one tensor, in one kernel (CombineForward);
+// Download copies a device tensor back to the host.
 //
 // Every call is validated once (attn.NewProblem for host tensors, the same
 // rules for device tensors) and planned once; the host forms upload their
