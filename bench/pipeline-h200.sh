@@ -33,8 +33,8 @@
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), WIN_SHAPES (B:H:N:D:-:L,R, the windows
 # wintime times), ROUNDS (2), STEPS (check, time,
-# bwdcheck, wscheck, keyrowscheck, bwdtime, wintime, tiles, xtiles, sanitize;
-# default all but wintime, tiles, xtiles and sanitize; wintime times the
+# bwdcheck, wscheck, keyrowscheck, bwdtime, wintime, tiles, xtiles, ntiles,
+# sanitize; default all but wintime, tiles, xtiles, ntiles and sanitize; wintime times the
 # forward under windows on the default pipeline and on the short-sequence
 # one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
@@ -46,7 +46,8 @@
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
 # -only hsweep`, under this pipeline; default ws,pingpong,early-rescale;
 # xtiles: the key tiles of softcap, dropout and bias variants at D = 128,
-# `benchfwd -only xsweep`, under the default pipeline).
+# `benchfwd -only xsweep`, under the default pipeline; ntiles: 128 and 160
+# keys at D = 128 from N = 512 to 16384, `benchfwd -only nsweep`).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}
@@ -201,5 +202,10 @@ if [[ ",$STEPS," == *",xtiles,"* ]]; then
 	timeout --kill-after=10 300 "$ROOT/.bin/benchfwd" -only xsweep -reps 20 >"$OUT/xtiles.log" 2>&1
 	echo "xtiles rc=$?" >>"$SUMMARY"
 	grep -E 'x-|spill +[1-9]' "$OUT/xtiles.log" >>"$SUMMARY"
+fi
+if [[ ",$STEPS," == *",ntiles,"* ]]; then
+	timeout --kill-after=10 300 "$ROOT/.bin/benchfwd" -only nsweep -reps 20 >"$OUT/ntiles.log" 2>&1
+	echo "ntiles rc=$?" >>"$SUMMARY"
+	grep -E 'nsweep|spill +[1-9]' "$OUT/ntiles.log" >>"$SUMMARY"
 fi
 cat "$SUMMARY"

@@ -63,7 +63,7 @@ func main() {
 	reps := flag.Int("reps", 30, "timed repeats per shape")
 	sets := flag.Int("sets", 3, "rotated input sets")
 	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
-	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, hsweep, xsweep, sweep); empty: all")
+	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, hsweep, xsweep, nsweep, sweep); empty: all")
 	dims := flag.String("dims", "", "comma-separated head dims the hsweep group times; empty: all")
 	flag.BoolVar(&useStaging, "staging", true, "copy rows that allow only 2-byte loads into a padded staging workspace first (timed)")
 	flag.Parse()
@@ -139,6 +139,20 @@ func main() {
 				t := hl(128, bn)
 				add("xsweep", shape{d: 128, n: 4096, h: 16, b: 4, causal: causal, tile: &t, label: "x-" + x.label,
 					softcap: x.softcap, dropout: x.dropout, bias: x.bias})
+			}
+		}
+	}
+	// Hopper key tiles at D = 128 by length: 160 keys pad a sequence of 512 to 640 keys, 128 do not
+	// (the default pipeline for each length: short sequences take persistent CTAs)
+	for _, n := range []int{512, 1024, 2048, 4096, 4608, 16384} {
+		for _, causal := range []bool{false, true} {
+			for _, bn := range []int{128, 160} {
+				t := hl(128, bn)
+				h, bs := 16, max(1, 16384/n)
+				if n == 4608 {
+					h, bs = 24, 1 // FLUX's step
+				}
+				add("nsweep", shape{d: 128, n: n, h: h, b: bs, causal: causal, tile: &t, label: "nsweep"})
 			}
 		}
 	}
