@@ -97,7 +97,8 @@ type fwdProblem struct {
 	dk, dv      int
 	segQ, segK  []int // packed batch segment lengths
 	opt         attn.Options
-	biasB, bias int // bias [biasB, biasH, N, M] when bias > 0 (biasH)
+	biasB, bias int        // bias [biasB, biasH, N, M] when bias > 0 (biasH)
+	biasDT      attn.DType // the bias's dtype (0: dt)
 }
 
 // inputs returns the tensors and options of pr.
@@ -120,7 +121,11 @@ func (pr fwdProblem) inputs(seed uint64) (q, k, v attn.Tensor, opt attn.Options)
 	k = fwdRand(r, pr.dt, 1, pr.b, pr.m, pr.hkv, pr.dk)
 	v = fwdRand(r, pr.dt, 1, pr.b, pr.m, pr.hkv, pr.dv)
 	if pr.bias > 0 {
-		opt.Bias = &attn.Bias{Tensor: fwdRand(r, pr.dt, 1, pr.biasB, pr.bias, pr.n, pr.m)}
+		bdt := pr.dt
+		if pr.biasDT != 0 {
+			bdt = pr.biasDT
+		}
+		opt.Bias = &attn.Bias{Tensor: fwdRand(r, bdt, 1, pr.biasB, pr.bias, pr.n, pr.m)}
 	}
 	return q, k, v, opt
 }

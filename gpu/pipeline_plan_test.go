@@ -384,3 +384,31 @@ func TestForwardShortPipeline(t *testing.T) {
 		t.Errorf("%s: want warp-specialized, persistent, O by tensor map", v.Name())
 	}
 }
+
+// TestForwardBiasPair checks where the forward loads two keys of the bias
+// at once (kernels.Params.BiasPair): contiguous keys and every row start
+// aligned to two elements, whatever the broadcast dims.
+func TestForwardBiasPair(t *testing.T) {
+	c := fwdRecordCase{name: "bias", dt: attn.BFloat16, b: 2, n: 100, m: 130, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, wgmma: true, tma: true}
+	p, ts, bias, _ := c.tensors(t)
+	for _, tc := range []struct {
+		name string
+		edit func(*DeviceTensor)
+		want int32
+	}{
+		{"contiguous, batch broadcast", func(*DeviceTensor) {}, 1},
+		{"odd row stride", func(b *DeviceTensor) { b.Strides = []int{2 * 100 * 131, 100 * 131, 131, 1} }, 0},
+		{"keys two apart", func(b *DeviceTensor) { b.Strides = []int{2 * 100 * 260, 100 * 260, 260, 2} }, 0},
+		{"start at an odd element", func(b *DeviceTensor) { b.base += 2 }, 0},
+		{"float32, contiguous", func(b *DeviceTensor) { b.DType = attn.Float32 }, 1},
+		{"float32, start 4 bytes off", func(b *DeviceTensor) { b.DType, b.base = attn.Float32, b.base+4 }, 0},
+	} {
+		bt := *bias
+		bt.Shape = append([]int(nil), bias.Shape...)
+		tc.edit(&bt)
+		pr := fwdParams(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: &bt})
+		if pr.BiasPair != tc.want {
+			t.Errorf("%s: BiasPair %d, want %d (strides %v at %#x)", tc.name, pr.BiasPair, tc.want, bt.Strides, bt.ptr())
+		}
+	}
+}
