@@ -72,9 +72,10 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 `)
 	}
 	g.fullMask(b)
+	pre := g.keyRowsBiasPrefetch(b)
 	wgScores(b, "keys as rows: this warpgroup's BN/2 keys x the BM queries",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
-		"dKs", "dq", "dVs", "ddo", "BN", "BM", bwdHopperBM/8)
+		"dKs", "dq", "dVs", "ddo", "BN", "BM", bwdHopperBM/8, pre)
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
     float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns
@@ -113,7 +114,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         }
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s
       }
-`, g.keyRowsSoftcapDecl(), g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj"), g.keyRowsChain(), g.keyRowsStoreDS())
+`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -193,6 +194,35 @@ func (g *bwdGen) keyRowsStoreDS() string {
         const int kl = 64 * wg + 16 * (warp & 3) + g + 8 * hh, ql = nt * 8 + 2 * t4;  // in the block
         sdSb[sw_elem<BM>(ql, kl)] = t_from_f(ds[0]);
         sdSb[sw_elem<BM>(ql + 1, kl)] = t_from_f(ds[1]);`
+}
+
+// keyRowsBiasPrefetch declares, for a biased variant, the bias of this
+// thread's elements of the step, bpre[nt][e] in the layout of accS[0],
+// and returns the loads that fill it, which wgScores issues under the S
+// and dP products (0 outside the sequence, as the logit's own load
+// gives); the loads would otherwise wait for S.
+func (g *bwdGen) keyRowsBiasPrefetch(b *strings.Builder) string {
+	if !g.v.Biased() {
+		return ""
+	}
+	b.WriteString("    float bpre[BM / 8][4];  // the bias of element (key half e >> 1, query e & 1) of query column block nt\n")
+	return `      // the bias of this step's elements, loaded while S and dP run
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * (e >> 1), qi = i0 + nt * 8 + 2 * t4 + (e & 1);
+          bpre[nt][e] = qi < n && kj < m ? bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + qi * p.bias_si + kj * p.bias_sj]) : 0.f;
+        }
+`
+}
+
+// keyRowsLogit returns the logit of element (key kj, query qi + c): the
+// shared logit, its bias from the prefetched bpre.
+func (g *bwdGen) keyRowsLogit() string {
+	g.biasPre = "bpre[nt][hh * 2 + c]"
+	defer func() { g.biasPre = "" }()
+	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj")
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

@@ -23,6 +23,9 @@ type bwdGen struct {
 	// ws is set while the dK/dV kernel of a warp-specialized variant is
 	// written (its compute threads meet on named barriers).
 	ws bool
+	// biasPre, when set, is the expression of the element's bias loaded
+	// ahead (0 outside the sequence), which logit adds instead of loading.
+	biasPre string
 }
 
 // at returns the C address of element (il, jl) of the shared tile named tile.
@@ -553,7 +556,10 @@ func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
 	} else {
 		b.WriteString(indent + "float sv = s * p.scale;\n")
 	}
-	if v.Biased() {
+	switch {
+	case v.Biased() && g.biasPre != "":
+		fmt.Fprintf(&b, "%ssv += %s;  // (loaded ahead)\n", indent, g.biasPre)
+	case v.Biased():
 		fmt.Fprintf(&b, "%[1]sif (%[2]s < n && %[3]s < m) sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + %[2]s * p.bias_si + (%[3]s) * p.bias_sj]);\n", indent, qi, kj)
 	}
 	fmt.Fprintf(&b, "%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, lse)
