@@ -105,10 +105,10 @@ type devSplit struct {
 	o, lse []gpu.DeviceTensor
 	// partsO and partsLSE are each rank's forward slots, [K, B, N/P, H,
 	// DV] and [K, B, H, N/P]: the partial result of the rank's k-th call
-	// in slot k, at the call's rows; clear marks the ranks whose slots
-	// hold rows no call writes (their LSE is cleared to −inf first).
+	// in slot k, at the call's rows; clearFirst marks the ranks whose
+	// slots hold rows no call writes (their LSE is cleared to −inf first).
 	partsO, partsLSE []gpu.DeviceTensor
-	clear            []bool
+	clearFirst       []bool
 	dO, dq, dk, dv   []gpu.DeviceTensor // the backward's per-rank shards
 	dqAcc, dkAcc     []gpu.Accumulator
 	dvAcc            []gpu.Accumulator
@@ -216,12 +216,12 @@ func (x *devSplit) allocSlots() error {
 	gp := x.gp
 	nq := gp.N / x.p
 	slots := make([]int, x.p)
-	x.clear = make([]bool, x.p)
+	x.clearFirst = make([]bool, x.p)
 	for _, steps := range x.plan {
 		for _, st := range steps {
 			slots[st.rank] += len(st.tasks)
 			for _, t := range st.tasks {
-				x.clear[st.rank] = x.clear[st.rank] || t.q0 != 0 || t.nq != nq
+				x.clearFirst[st.rank] = x.clearFirst[st.rank] || t.q0 != 0 || t.nq != nq
 			}
 		}
 	}
@@ -255,7 +255,7 @@ func slotOf(t gpu.DeviceTensor, k int) gpu.DeviceTensor {
 // clearSlots enqueues the clear of rank r's slot LSEs when some of their
 // rows no call writes.
 func (x *devSplit) clearSlots(ops devOps, r int) error {
-	if !x.clear[r] || x.partsLSE[r].NumElements() == 0 {
+	if !x.clearFirst[r] || x.partsLSE[r].NumElements() == 0 {
 		return nil
 	}
 	return ops.clearLSE(x.partsLSE[r])
