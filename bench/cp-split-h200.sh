@@ -31,6 +31,7 @@
 #
 # Output: $OUT/log.txt, every stage's output with times (a table per
 # shape: P, pass, single call, step calls, merge kernels, total, ratio,
+# parts (steps + merges timed apart, over the single call),
 # the device ring's time and a rank's step); the summary prints last.
 # Environment: STAGES (comma-separated: check, ring-check, long-full,
 # long-causal, flux; default all), RANKS (2,4,8), PASS (fwdbwd), REPEATS

@@ -23,8 +23,11 @@ type CPSplitResult struct {
 	AttentionMs float64 `json:"attention_ms"`
 	MergeMs     float64 `json:"merge_ms"`
 	TotalMs     float64 `json:"total_ms"`
-	// Ratio is TotalMs / SingleMs, the cost of splitting (1: none).
-	Ratio float64 `json:"ratio"`
+	// Ratio is TotalMs / SingleMs, the cost of splitting (1: none);
+	// PartsRatio is (AttentionMs + MergeMs) / SingleMs, the same with the
+	// calls and the merge kernels timed apart.
+	Ratio      float64 `json:"ratio"`
+	PartsRatio float64 `json:"parts_ratio"`
 	// RingMs is the split as cp.DeviceRing runs it: every rank's calls on
 	// its compute stream while its communication stream copies the next
 	// K/V block (and dK/dV), all ranks at once on the one GPU;
@@ -108,7 +111,7 @@ func MeasureCPSplit(c Case, s cp.Strategy, ps []int, repeats int) ([]CPSplitResu
 			}
 			out = append(out, CPSplitResult{Scheme: s.String(), Ranks: p, Pass: pass, SingleMs: roundMs(d.SingleMs),
 				AttentionMs: roundMs(d.AttentionMs), MergeMs: roundMs(d.MergeMs), TotalMs: roundMs(d.TotalMs),
-				Ratio: d.Ratio(), RingMs: roundMs(d.RingMs), RingStepMs: roundMs(d.RingStepMs()), Calls: d.Calls, Merges: d.Merges, Repeats: d.Repeats})
+				Ratio: d.Ratio(), PartsRatio: d.PartsRatio(), RingMs: roundMs(d.RingMs), RingStepMs: roundMs(d.RingStepMs()), Calls: d.Calls, Merges: d.Merges, Repeats: d.Repeats})
 		}
 	}
 	return out, nil

@@ -53,6 +53,15 @@ func (d DeviceSplit) Ratio() float64 {
 	return d.TotalMs / d.SingleMs
 }
 
+// PartsRatio returns (AttentionMs + MergeMs) / SingleMs: the cost of
+// splitting with the calls and the merge kernels timed apart (1: none).
+func (d DeviceSplit) PartsRatio() float64 {
+	if d.SingleMs <= 0 {
+		return 0
+	}
+	return (d.AttentionMs + d.MergeMs) / d.SingleMs
+}
+
 // RingStepMs returns RingMs / P²: the ring's time shared out over its P
 // steps and P ranks, one rank's step were the ranks' work, with its
 // copies overlapped as on the one GPU, spread over P GPUs.

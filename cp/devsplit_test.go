@@ -548,3 +548,21 @@ func TestDeviceSplitRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceSplitRatios checks the ratios a measured split reports: the
+// whole split and its parts timed apart over the single call, and 0 where
+// the single call has no time.
+func TestDeviceSplitRatios(t *testing.T) {
+	for _, tc := range []struct {
+		d            DeviceSplit
+		ratio, parts float64
+	}{
+		{DeviceSplit{SingleMs: 10, AttentionMs: 10.5, MergeMs: 0.3, TotalMs: 11}, 1.1, 1.08},
+		{DeviceSplit{SingleMs: 2, AttentionMs: 2, TotalMs: 2}, 1, 1},
+		{DeviceSplit{AttentionMs: 1, MergeMs: 1, TotalMs: 2}, 0, 0},
+	} {
+		if r, p := tc.d.Ratio(), tc.d.PartsRatio(); math.Abs(r-tc.ratio) > 1e-12 || math.Abs(p-tc.parts) > 1e-12 {
+			t.Errorf("%+v: ratio %v, parts %v; want %v, %v", tc.d, r, p, tc.ratio, tc.parts)
+		}
+	}
+}

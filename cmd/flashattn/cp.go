@@ -260,14 +260,15 @@ func printCPSplit(w io.Writer, c bench.Case, s cp.Strategy, rs []bench.CPSplitRe
 	fmt.Fprintf(w, "case     %s\n", c.String())
 	fmt.Fprintf(w, "cp       %v: every rank's step calls and merge kernels back to back on one stream, against the single call;\n", s)
 	fmt.Fprintf(w, "         ring: the same as the device ring runs it, each rank's calls on its compute stream while its\n")
-	fmt.Fprintf(w, "         communication stream copies the next block, all ranks at once; step: ring / P², a rank's step\n")
+	fmt.Fprintf(w, "         communication stream copies the next block, all ranks at once; step: ring / P², a rank's step;\n")
+	fmt.Fprintf(w, "         ratio: total / single; parts: (steps + merges) / single, the two timed apart\n")
 	if len(rs) > 0 {
 		fmt.Fprintf(w, "         (CUDA graphs timed by events, medians of %d replays; ms)\n", rs[0].Repeats)
 	}
-	fmt.Fprintf(w, "%4s %-4s %10s %10s %10s %10s %8s %10s %10s %6s %7s\n", "P", "pass", "single", "steps", "merges", "total", "ratio", "ring", "step", "calls", "kernels")
+	fmt.Fprintf(w, "%4s %-4s %10s %10s %10s %10s %8s %8s %10s %10s %6s %7s\n", "P", "pass", "single", "steps", "merges", "total", "ratio", "parts", "ring", "step", "calls", "kernels")
 	for _, r := range rs {
-		fmt.Fprintf(w, "%4d %-4s %10.4g %10.4g %10.4g %10.4g %7.3f× %10.4g %10.4g %6d %7d\n", r.Ranks, r.Pass, r.SingleMs, r.AttentionMs, r.MergeMs, r.TotalMs, r.Ratio,
-			r.RingMs, r.RingStepMs, r.Calls, r.Merges)
+		fmt.Fprintf(w, "%4d %-4s %10.4g %10.4g %10.4g %10.4g %7.3f× %7.3f× %10.4g %10.4g %6d %7d\n", r.Ranks, r.Pass, r.SingleMs, r.AttentionMs, r.MergeMs, r.TotalMs, r.Ratio,
+			r.PartsRatio, r.RingMs, r.RingStepMs, r.Calls, r.Merges)
 	}
 }
 

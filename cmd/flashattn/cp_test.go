@@ -248,16 +248,16 @@ func TestBenchCPSplitErrors(t *testing.T) {
 func TestPrintCPSplit(t *testing.T) {
 	var b strings.Builder
 	rs := []bench.CPSplitResult{
-		{Scheme: "zigzag", Ranks: 2, Pass: bench.Forward, SingleMs: 1, AttentionMs: 1.05, MergeMs: 0.02, TotalMs: 1.07, Ratio: 1.07, RingMs: 1.2, RingStepMs: 0.3, Calls: 8, Merges: 12, Repeats: 5},
-		{Scheme: "zigzag", Ranks: 4, Pass: bench.Backward, SingleMs: 2, AttentionMs: 2.2, MergeMs: 0.1, TotalMs: 2.3, Ratio: 1.15, RingMs: 2.4, RingStepMs: 0.15, Calls: 32, Merges: 120, Repeats: 5},
+		{Scheme: "zigzag", Ranks: 2, Pass: bench.Forward, SingleMs: 1, AttentionMs: 1.05, MergeMs: 0.02, TotalMs: 1.07, Ratio: 1.07, PartsRatio: 1.07, RingMs: 1.2, RingStepMs: 0.3, Calls: 8, Merges: 12, Repeats: 5},
+		{Scheme: "zigzag", Ranks: 4, Pass: bench.Backward, SingleMs: 2, AttentionMs: 2.2, MergeMs: 0.1, TotalMs: 2.3, Ratio: 1.15, PartsRatio: 1.15, RingMs: 2.4, RingStepMs: 0.15, Calls: 32, Merges: 120, Repeats: 5},
 	}
 	printCPSplit(&b, bench.Case{Batch: 1, SeqlenQ: 4608, SeqlenK: 4608, Heads: 24, KVHeads: 24, HeadDim: 128, HeadDimV: 128, Causal: true}, cp.ZigzagStrategy, rs)
 	out := b.String()
 	for _, want := range []string{
 		"medians of 5 replays",
-		"   P pass     single      steps     merges      total    ratio       ring       step  calls kernels",
-		"   2 fwd           1       1.05       0.02       1.07   1.070×        1.2        0.3      8      12",
-		"   4 bwd           2        2.2        0.1        2.3   1.150×        2.4       0.15     32     120",
+		"   P pass     single      steps     merges      total    ratio    parts       ring       step  calls kernels",
+		"   2 fwd           1       1.05       0.02       1.07   1.070×   1.070×        1.2        0.3      8      12",
+		"   4 bwd           2        2.2        0.1        2.3   1.150×   1.150×        2.4       0.15     32     120",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
