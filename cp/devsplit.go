@@ -215,18 +215,17 @@ func newDevSplit(ops devOps, st Strategy, p int, q, k, v gpu.DeviceTensor, opt a
 func (x *devSplit) allocSlots() error {
 	gp := x.gp
 	nq := gp.N / x.p
-	slots := make([]int, x.p)
 	x.clearFirst = make([]bool, x.p)
 	for _, steps := range x.plan {
 		for _, st := range steps {
-			slots[st.rank] += len(st.tasks)
 			for _, t := range st.tasks {
 				x.clearFirst[st.rank] = x.clearFirst[st.rank] || t.q0 != 0 || t.nq != nq
 			}
 		}
 	}
 	x.partsO, x.partsLSE = make([]gpu.DeviceTensor, x.p), make([]gpu.DeviceTensor, x.p)
-	for r, k := range slots {
+	for r, last := range x.plan[x.p-1] {
+		k := last.slot + len(last.tasks) // the rank's calls (devPlan numbers their slots)
 		var err error
 		if x.partsO[r], err = x.ops.alloc(x.dt, k, gp.B, nq, gp.H, gp.DV); err != nil {
 			return err
@@ -273,9 +272,9 @@ func (x *devSplit) allocRanks(dt attn.DType, shape ...int) ([]gpu.DeviceTensor, 
 	return out, nil
 }
 
-// accumulators allocates one float32 accumulator [B, n, h, d] per rank
-// (with its LSE when lse is set).
-func (x *devSplit) accumulators(n, h, d int, lse bool) ([]gpu.Accumulator, error) {
+// accumulators allocates one float32 gradient accumulator [B, n, h, d]
+// per rank.
+func (x *devSplit) accumulators(n, h, d int) ([]gpu.Accumulator, error) {
 	out := make([]gpu.Accumulator, x.p)
 	for r := range out {
 		o, err := x.ops.alloc(attn.Float32, x.gp.B, n, h, d)
@@ -283,13 +282,6 @@ func (x *devSplit) accumulators(n, h, d int, lse bool) ([]gpu.Accumulator, error
 			return nil, err
 		}
 		out[r].O = o
-		if lse {
-			l, err := x.ops.alloc(attn.Float32, x.gp.B, h, n)
-			if err != nil {
-				return nil, err
-			}
-			out[r].LSE = &l
-		}
 	}
 	return out, nil
 }
@@ -493,7 +485,7 @@ func (x *devSplit) setBackward(o, lse, dO gpu.DeviceTensor) error {
 		if *g.out, err = x.allocRanks(x.dt, full...); err != nil {
 			return err
 		}
-		if *g.acc, err = x.accumulators(g.shape[0], g.shape[1], g.shape[2], false); err != nil {
+		if *g.acc, err = x.accumulators(g.shape[0], g.shape[1], g.shape[2]); err != nil {
 			return err
 		}
 		if *g.part, err = x.ops.alloc(x.dt, full...); err != nil {

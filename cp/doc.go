@@ -209,8 +209,8 @@
 // compute stream and a communication stream. At step s the compute stream
 // runs the rank's calls of the step (the host ring's plan) on views of its
 // shards and of the K/V block it holds, each into its slot (the slots
-// combined after the last step; a rank holds one slot per call, P for the
-// ring and zigzag, each the size of its O in the attention dtype, where a
+// combined after the last step; a rank holds one slot per call, P where
+// each step is one call, each the size of its O in the attention dtype, where a
 // per-step merge needs one slot and a float32 accumulator), while the
 // communication stream copies the
 // block its predecessor holds, device to device, into the rank's other

@@ -208,7 +208,6 @@ func band(gp *attn.Problem, qs, ks []chunk) (task, bool) {
 	}
 	type run struct{ lo, hi int } // visible keys of a local row, from ks[0].local
 	var rows []run
-	var globals []int // each row's global position
 	r0, r1, kmin, kmax := -1, -1, math.MaxInt, 0
 	for _, qc := range qs {
 		for i := range qc.n {
@@ -231,7 +230,7 @@ func band(gp *attn.Problem, qs, ks []chunk) (task, bool) {
 				}
 			}
 			at := len(rows)
-			rows, globals = append(rows, x), append(globals, g)
+			rows = append(rows, x)
 			if x.lo < 0 {
 				continue
 			}
@@ -275,7 +274,7 @@ func band(gp *attn.Problem, qs, ks []chunk) (task, bool) {
 			return task{}, false
 		}
 	}
-	t := task{q0: qs[0].local + r0, nq: r1 + 1 - r0, k0: ks[0].local + kmin, nk: nk, gq0: globals[r0], gk0: keyGlobal(ks, kmin)}
+	t := task{q0: qs[0].local + r0, nq: r1 + 1 - r0, k0: ks[0].local + kmin, nk: nk, gq0: globalAt(qs, r0), gk0: globalAt(ks, kmin)}
 	if left >= 0 || right >= 0 {
 		t.window = &attn.Window{Left: left, Right: right}
 	}
@@ -293,13 +292,13 @@ func localRun(cs []chunk) bool {
 	return len(cs) > 0
 }
 
-// keyGlobal returns the global position of the key at local offset off
-// from the first of the chunks ks (a run in the local buffer).
-func keyGlobal(ks []chunk, off int) int {
-	for _, kc := range ks {
-		if at := off - (kc.local - ks[0].local); at < kc.n {
-			return kc.global + at
+// globalAt returns the global position of the position at local offset
+// off from the first of the chunks cs (a run in the local buffer).
+func globalAt(cs []chunk, off int) int {
+	for _, c := range cs {
+		if at := off - (c.local - cs[0].local); at < c.n {
+			return c.global + at
 		}
 	}
-	return ks[len(ks)-1].global + ks[len(ks)-1].n
+	return cs[len(cs)-1].global + cs[len(cs)-1].n
 }

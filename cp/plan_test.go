@@ -83,18 +83,10 @@ func TestPlanCoversMask(t *testing.T) {
 func markPairs(seen []int, m int, tk task, qs, ks []chunk) {
 	lp := attn.Problem{N: tk.nq, M: tk.nk, Opt: attn.Options{Align: attn.AlignTopLeft, Window: tk.window}}
 	lp.ResolveMask()
-	global := func(cs []chunk, local int) int {
-		for _, c := range cs {
-			if local >= c.local && local < c.local+c.n {
-				return c.global + local - c.local
-			}
-		}
-		panic("a local position outside the chunks")
-	}
 	for i := range tk.nq {
 		lo, hi := lp.KeyRange(i, tk.nq, tk.nk)
 		for j := max(lo, 0); j < min(hi, tk.nk); j++ {
-			seen[global(qs, tk.q0+i)*m+global(ks, tk.k0+j)]++
+			seen[globalAt(qs, tk.q0+i-qs[0].local)*m+globalAt(ks, tk.k0+j-ks[0].local)]++
 		}
 	}
 }

@@ -81,7 +81,8 @@ type Backend struct {
 	// bulk reduce-adds, on the problems where it measured faster than the
 	// table's choice (keyRowsFaster: head dims 65–128 without a mask or
 	// window, at least 1024 queries, fixed length), for calls that leave
-	// the dQ algorithm to the backend (DQAuto) and are not deterministic.
+	// the dQ algorithm to the backend (DQAuto) or ask for DQAtomic and are
+	// not deterministic.
 	// New sets it unless EnvBwdKeyRows is "0".
 	BwdKeyRowsAuto bool
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
@@ -257,7 +258,11 @@ var DefaultPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, Ea
 // keys a row: DefaultPipeline with persistent CTAs and
 // the O store by tensor maps, whose epilogue and tile changes weigh most
 // where each tile has few key blocks (docs/kernels/forward.md).
-var DefaultShortPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
+var DefaultShortPipeline = func() kernels.Pipeline {
+	p := DefaultPipeline
+	p.Persistent, p.StoreO = true, true
+	return p
+}()
 
 // ShortKeys is the largest key length of the forward calls that take
 // Backend.ShortPipeline, and ShortCausalKeys that of causal calls;

@@ -448,7 +448,7 @@ func (b *Backend) request(c *fwdCall) fwdRequest {
 
 // forwardPipeline returns the Hopper forward pipeline the backend asks for p:
 // ShortPipeline where it is set and p has at most ShortKeys keys (causal:
-// ShortCausalKeys), else Pipeline.
+// ShortCausalKeys) or a short window (shortWindow), else Pipeline.
 func (b *Backend) forwardPipeline(p *attn.Problem) kernels.Pipeline {
 	if b.ShortPipeline != nil && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
 		return *b.ShortPipeline

@@ -162,17 +162,16 @@ func combineCall(parts, partsLSE, out, lse DeviceTensor) (*mergeCall, error) {
 		return nil, attn.Errorf(attn.ErrShape, "partial LSEs shape %v, want [K, B, H, n]", partsLSE.Shape)
 	}
 	sh := parts.Shape
-	c := &mergeCall{kernel: kernels.MergeCombineKernel, bsz: sh[1], n: sh[2], h: sh[3], d: sh[4], slots: sh[0]}
+	c := &mergeCall{kernel: kernels.MergeCombineKernel, bsz: sh[1], n: sh[2], h: sh[3], d: sh[4]}
 	if c.d > kernels.MergeMaxD {
 		return nil, attn.Errorf(attn.ErrShape, "partial results: feature dim %d past %d", c.d, kernels.MergeMaxD)
 	}
-	if err := sameShape("partial LSEs", partsLSE.Shape, c.slots, c.bsz, c.h, c.n); err != nil {
+	if err := sameShape("partial LSEs", partsLSE.Shape, sh[0], c.bsz, c.h, c.n); err != nil {
 		return nil, err
 	}
-	if c.slots > 0 { // (no slot: nothing to read, every row O = 0 and LSE = −inf)
+	if sh[0] > 0 { // (no slot: nothing to read, every row O = 0 and LSE = −inf)
 		c.parts, c.partsLSE = parts, partsLSE
 		ps, ls := parts.strides(), partsLSE.strides()
-		c.slotStride, c.slotLSEStride = int64(ps[0]), int64(ls[0])
 		slot0, slot0LSE := parts, partsLSE
 		slot0.Shape, slot0.Strides = sh[1:], ps[1:]
 		slot0LSE.Shape, slot0LSE.Strides = partsLSE.Shape[1:], ls[1:]
@@ -210,18 +209,15 @@ type mergeCall struct {
 	bsz, n   int        // batch and accumulator rows
 	h, d     int
 	r0, rows int
-	// slots is a combine's count of partial results, src's and srcLSE's
-	// slot 0, the others slotStride and slotLSEStride elements on; parts
-	// and partsLSE are the whole tensors of slots
-	slots                     int
-	slotStride, slotLSEStride int64
-	parts, partsLSE           DeviceTensor
-	acc                       DeviceTensor
-	accLSE                    *DeviceTensor
-	src                       DeviceTensor
-	srcLSE                    *DeviceTensor
-	dst                       DeviceTensor
-	dstLSE                    *DeviceTensor
+	// parts and partsLSE are a combine's partial results, [K, B, n, H, D]
+	// and [K, B, H, n] (unset for none): src and srcLSE are their slot 0
+	parts, partsLSE DeviceTensor
+	acc             DeviceTensor
+	accLSE          *DeviceTensor
+	src             DeviceTensor
+	srcLSE          *DeviceTensor
+	dst             DeviceTensor
+	dstLSE          *DeviceTensor
 }
 
 // mergeAccumulator validates the shapes and dtypes of a and returns a
@@ -343,7 +339,10 @@ func (c *mergeCall) layouts() error {
 func (c *mergeCall) params() (kernels.MergeParams, int64) {
 	blocks, shift := kernels.MergeLaunch(c.bsz, c.rows, c.h, c.d)
 	p := kernels.MergeParams{B: int32(c.bsz), Rows: int32(c.rows), H: int32(c.h), D: int32(c.d), R0: int32(c.r0), Shift: shift,
-		Vec: c.d%kernels.MergeChunk == 0, Slots: int32(c.slots), SlotStride: c.slotStride, SlotLSEStride: c.slotLSEStride}
+		Vec: c.d%kernels.MergeChunk == 0}
+	if c.parts.Shape != nil { // a combine: the slots of src and srcLSE
+		p.Slots, p.SlotStride, p.SlotLSEStride = int32(c.parts.Shape[0]), int64(c.parts.strides()[0]), int64(c.partsLSE.strides()[0])
+	}
 	// rows of 16-byte aligned starts: every tensor of elements, at its address and by each stride
 	vec := func(t DeviceTensor) {
 		st := t.strides()
@@ -372,7 +371,7 @@ func (c *mergeCall) params() (kernels.MergeParams, int64) {
 	if c.src.Shape != nil {
 		p.Src, p.SrcStrides = c.src.ptr(), rowStrides(c.src)
 		vec(c.src)
-		p.Vec = p.Vec && (uint64(c.slotStride)*uint64(c.src.DType.Size()))%16 == 0
+		p.Vec = p.Vec && (uint64(p.SlotStride)*uint64(c.src.DType.Size()))%16 == 0
 		p.SrcLSE, p.SrcLSEStrides = lseStrides(c.srcLSE)
 	}
 	if c.dst.Shape != nil {

@@ -445,11 +445,7 @@ func gradCase(t *testing.T, e mergeExec, dt attn.DType, d int, lay, _ emuLayout)
 }
 
 // nanTensor returns a float32 tensor of the shape, every element NaN.
-func nanTensor(shape ...int) attn.Tensor {
-	x := attn.New(attn.Float32, shape...)
-	x.Fill(float32(math.NaN()))
-	return x
-}
+func nanTensor(shape ...int) attn.Tensor { return nanTensorOf(attn.Float32, shape...) }
 
 // TestCombineEmulated runs the combine on the host emulator: four partial
 // results in the slots of one tensor, each covering some rows (the rest

@@ -165,17 +165,27 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 		{"d192", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 192, dv: 192}, DQSeparate, true, true, false},
 	}
 	for i, tc := range cases {
-		in := tc.c.inputs(t, attn.BFloat16, uint64(90+i))
-		r := in.request(tc.algo)
-		r.hopper, r.tma, r.ws, r.keyRows = true, true, tc.ws, tc.ask
-		pl, err := planBackward(r)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(90+i), tc.algo, func(r *bwdRequest) { r.ws, r.keyRows = tc.ws, tc.ask })
 		if pl.v.KeyRows != tc.want {
 			t.Errorf("%s: %s, KeyRows %v, want %v", tc.name, pl.v.Name(), pl.v.KeyRows, tc.want)
 		}
 	}
+}
+
+// hopperPlan plans the backward of case c in bf16 (inputs drawn with seed)
+// with dQ algorithm algo on a Hopper device with tensor maps, the request
+// edited by set first, failing t (naming the case name) on an error; it
+// returns the plan and the request.
+func hopperPlan(t *testing.T, name string, c bwdCase, seed uint64, algo DQAlgorithm, set func(*bwdRequest)) (*bwdPlan, bwdRequest) {
+	t.Helper()
+	r := c.inputs(t, attn.BFloat16, seed).request(algo)
+	r.hopper, r.tma = true, true
+	set(&r)
+	pl, err := planBackward(r)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return pl, r
 }
 
 // TestBackwardPlanKeyRowsAuto checks where the planner takes the key-rows
@@ -215,13 +225,7 @@ func TestBackwardPlanKeyRowsAuto(t *testing.T) {
 		{"d128 dropout", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQAuto, true, true, false, DQSeparate},
 	}
 	for i, tc := range cases {
-		in := tc.c.inputs(t, attn.BFloat16, uint64(120+i))
-		r := in.request(tc.algo)
-		r.hopper, r.tma, r.ws, r.keyRowsAuto = true, true, tc.ws, tc.auto
-		pl, err := planBackward(r)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
+		pl, r := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) { r.ws, r.keyRowsAuto = tc.ws, tc.auto })
 		if pl.v.KeyRows != tc.want || pl.v.BulkDQ != tc.want || pl.algo != tc.wantAlgo {
 			t.Errorf("%s: %s (%v), want key rows and bulk dQ %v, %v", tc.name, pl.v.Name(), pl.algo, tc.want, tc.wantAlgo)
 		}
@@ -254,13 +258,7 @@ func TestBackwardPlanWSAuto(t *testing.T) {
 		{"d32 causal", bwdCase{b: 1, n: 300, m: 300, h: 2, hkv: 2, dk: 32, dv: 32, causal: true}, true, true, DQAtomic},
 	}
 	for i, tc := range cases {
-		in := tc.c.inputs(t, attn.BFloat16, uint64(80+i))
-		r := in.request(DQAuto)
-		r.hopper, r.tma, r.ws = true, tc.tma, true
-		pl, err := planBackward(r)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
-		}
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(80+i), DQAuto, func(r *bwdRequest) { r.tma, r.ws = tc.tma, true })
 		if pl.v.WarpSpecialized != tc.ws || pl.algo != tc.algo {
 			t.Errorf("%s: %s, WarpSpecialized %v, dQ %v; want %v, %v", tc.name, pl.v.Name(), pl.v.WarpSpecialized, pl.algo, tc.ws, tc.algo)
 		}

@@ -212,7 +212,7 @@ func (g *bwdGen) keyRowsBiasPrefetch(b *strings.Builder) string {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * (e >> 1), qi = i0 + nt * 8 + 2 * t4 + (e & 1);
-          bpre[nt][e] = qi < n && kj < m ? bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + qi * p.bias_si + kj * p.bias_sj]) : 0.f;
+          bpre[nt][e] = qi < n && kj < m ? ` + biasLoad("qi", "kj") + ` : 0.f;
         }
 `
 }
@@ -220,9 +220,7 @@ func (g *bwdGen) keyRowsBiasPrefetch(b *strings.Builder) string {
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the
 // shared logit, its bias from the prefetched bpre.
 func (g *bwdGen) keyRowsLogit() string {
-	g.biasPre = "bpre[nt][hh * 2 + c]"
-	defer func() { g.biasPre = "" }()
-	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj")
+	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj", "bpre[nt][hh * 2 + c]")
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

@@ -23,9 +23,6 @@ type bwdGen struct {
 	// ws is set while the dK/dV kernel of a warp-specialized variant is
 	// written (its compute threads meet on named barriers).
 	ws bool
-	// biasPre, when set, is the expression of the element's bias loaded
-	// ahead (0 outside the sequence), which logit adds instead of loading.
-	biasPre string
 }
 
 // at returns the C address of element (il, jl) of the shared tile named tile.
@@ -511,7 +508,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       for (int c = 0; c < 2; ++c) {
         const float s = accS[mt][nt][hh * 2 + c];
 `)
-	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c"))
+	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c", ""))
 	b.WriteString(`        if (!full && !visible(qi, kj + c, m, off, p.left, p.right)) x[c] = -FA_INF;
       }
       float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
@@ -543,8 +540,9 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 // logit returns the statements (each line after indent) that set x[c],
 // the base-2 logit of the score s of element (query qi, key kj) less its
 // row's LSE2 lse: scaled, or through the softcap (keeping 1 − tanh² in
-// fc), plus the bias.
-func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
+// fc), plus the bias: pre, the element's bias loaded ahead (0 outside the
+// sequence), or where pre is empty loaded here (biasLoad).
+func (g *bwdGen) logit(indent, lse, fc, qi, kj, pre string) string {
 	v := g.v
 	if !v.Softcap && !v.Biased() {
 		return indent + "x[c] = fmaf(s, p.scale_log2, -" + lse + ");\n"
@@ -557,13 +555,19 @@ func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
 		b.WriteString(indent + "float sv = s * p.scale;\n")
 	}
 	switch {
-	case v.Biased() && g.biasPre != "":
-		fmt.Fprintf(&b, "%ssv += %s;  // (loaded ahead)\n", indent, g.biasPre)
+	case v.Biased() && pre != "":
+		fmt.Fprintf(&b, "%ssv += %s;  // (loaded ahead)\n", indent, pre)
 	case v.Biased():
-		fmt.Fprintf(&b, "%[1]sif (%[2]s < n && %[3]s < m) sv += bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + %[2]s * p.bias_si + (%[3]s) * p.bias_sj]);\n", indent, qi, kj)
+		fmt.Fprintf(&b, "%sif (%s < n && %s < m) sv += %s;\n", indent, qi, kj, biasLoad(qi, kj))
 	}
 	fmt.Fprintf(&b, "%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, lse)
 	return b.String()
+}
+
+// biasLoad returns the bias of element (query qi, key kj) as a float, for
+// qi and kj inside the sequence.
+func biasLoad(qi, kj string) string {
+	return fmt.Sprintf("bt_to_f(p.bias[b * p.bias_sb + h * p.bias_sh + %s * p.bias_si + (%s) * p.bias_sj])", qi, kj)
 }
 
 // bwdPairLoop opens the loop over the accumulator pairs of a warp's S

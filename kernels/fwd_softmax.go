@@ -1,10 +1,6 @@
 package kernels
 
-import (
-	"fmt"
-
-	"github.com/flashattn/flashattn/attn"
-)
+import "github.com/flashattn/flashattn/attn"
 
 // Softmax. The kernel keeps, per query row, the running maximum row_max and
 // the running sum row_sum of exp2(s·SC − row_max·SC) over the keys seen so
@@ -62,24 +58,6 @@ func (x *gen) biasSetup() {
     }`, x.v.biasSize(), x.v.biasSize())
 }
 
-// scoreElements opens the loops over this thread's score elements (mt,
-// nt, e) of a block, in the layout of s; the body and the innermost
-// loop's closing brace follow.
-const scoreElements = `#pragma unroll
-for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-  for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-`
-
-// biasElement is the key j of score element (mt, nt, e) of the block whose
-// first key is the format's argument, and br the bias row of its query
-// (nullptr past the rows).
-const biasElement = `const int j = %s + key0 + nt * 8 + 2 * c + (e & 1);
-const char* br = brow[mt][e >> 1];
-`
-
 // transform writes the score transform of prescaled variants: softcap or
 // scale, then bias, into base-2 units.
 func (x *gen) transform() {
@@ -97,7 +75,15 @@ func (x *gen) transform() {
 	if v.Bias != BiasNone {
 		x.raw(" + bias·log2e")
 	}
-	x.raw("\n" + indentLines(scoreElements, "    ") + "          float t = s[mt][nt][e];\n")
+	x.raw(`
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float t = s[mt][nt][e];
+`)
 	if v.Softcap {
 		x.p("          t = %s(t * p.softcap_in) * p.softcap_out;", softcapTanh(v.DType))
 	} else {
@@ -107,8 +93,10 @@ func (x *gen) transform() {
 	case v.Bias != BiasNone && v.WGMMA:
 		x.raw("          t += bpre[mt][nt][e] * LOG2E;  // (loaded while S ran: biasPrefetch)\n")
 	case v.Bias != BiasNone:
-		x.raw(indentLines(fmt.Sprintf(biasElement, "n0"), "          "))
-		x.raw("          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;\n")
+		x.raw(`          const int j = n0 + key0 + nt * 8 + 2 * c + (e & 1);
+          const char* br = brow[mt][e >> 1];
+          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;
+`)
 	}
 	x.raw("          s[mt][nt][e] = t;\n        }\n")
 }

@@ -295,8 +295,8 @@ func tensors(dev *cuda.Device, dt attn.DType, s shape) ([]gpu.DeviceTensor, erro
 
 // variantOf returns the kernel a shape runs.
 func variantOf(b *gpu.Backend, dt attn.DType, s shape) (kernels.Variant, error) {
-	one := s // one query row of one batch element, the shape's bias kept
-	one.n, one.b = 1, 1
+	one := s // one batch element: the shape's length and bias kept, which pick the pipeline (gpu.Backend.ShortPipeline)
+	one.b = 1
 	set, err := tensors(b.Device(), dt, one)
 	defer freeAll(set)
 	if err != nil {
