@@ -33,12 +33,13 @@
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), WIN_SHAPES (B:H:N:D:-:L,R, the windows
 # wintime times), ROUNDS (2), STEPS (check, time,
-# bwdcheck, wscheck, keyrowscheck, bwdtime, wintime, tiles, xtiles, ntiles,
-# sanitize; default all but wintime, tiles, xtiles, ntiles and sanitize; wintime times the
+# bwdcheck, wscheck, keyrowscheck, q80check, bwdtime, wintime, tiles, xtiles, ntiles,
+# sanitize; default all but q80check, wintime, tiles, xtiles, ntiles and sanitize; wintime times the
 # forward under windows on the default pipeline and on the short-sequence
 # one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
-# FLASHATTN_BWD_KEY_ROWS=1), BWD_CONFIGS (the backward's timed choices,
+# FLASHATTN_BWD_KEY_ROWS=1, q80check that with steps of 80 queries too,
+# FLASHATTN_BWD_QUERY_STEP=80), BWD_CONFIGS (the backward's timed choices,
 # space-separated LABEL=VAR=VALUE,VAR=VALUE; default the dQ algorithms on
 # both pipelines and the key-rows step); sanitize runs a few shapes of the full
 # pipeline, the bulk dQ and the warp-specialized backward under
@@ -166,6 +167,9 @@ if [[ ",$STEPS," == *",wscheck,"* ]]; then
 fi
 if [[ ",$STEPS," == *",keyrowscheck,"* ]]; then
 	bwd_check keyrows FLASHATTN_BWD_PIPELINE=ws FLASHATTN_BWD_KEY_ROWS=1
+fi
+if [[ ",$STEPS," == *",q80check,"* ]]; then
+	bwd_check q80 FLASHATTN_BWD_PIPELINE=ws FLASHATTN_BWD_KEY_ROWS=1 FLASHATTN_BWD_QUERY_STEP=80
 fi
 if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 	time_configs "$OUT/bwdtimes.txt" bwd "$BWD_SHAPES" "$BWD_CONFIGS"

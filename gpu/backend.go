@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -85,6 +86,11 @@ type Backend struct {
 	// not deterministic.
 	// New sets it unless EnvBwdKeyRows is "0".
 	BwdKeyRowsAuto bool
+	// BwdQueryStep, when not zero, is the number of queries a step of the
+	// key-rows dK/dV kernel takes where the variant allows it
+	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
+	// separate dQ); zero keeps 64. New reads it from EnvBwdQueryStep.
+	BwdQueryStep int
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
 	// (kernels.BwdHopperDeep) where WGMMA allows the Hopper kernels;
 	// otherwise the mma.sync kernels serve those head dims. New sets it
@@ -128,9 +134,9 @@ func Open() (*Backend, error) {
 
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
-// EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdDeep, EnvDQ) once, into
-// the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdDeep
-// and DQ.
+// EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
+// EnvDQ) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ,
+// BwdKeyRows, BwdQueryStep, BwdDeep and DQ.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -153,6 +159,10 @@ func New(dev *cuda.Device) (*Backend, error) {
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
+	}
+	if b.BwdQueryStep, err = parseQueryStep(os.Getenv(EnvBwdQueryStep)); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("gpu: %s: %w", EnvBwdQueryStep, err)
 	}
 	dq, err := ParseDQAlgorithm(os.Getenv(EnvDQ))
 	if err != nil {
@@ -231,6 +241,24 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 // with keys as rows wherever it can (Backend.BwdKeyRows); unset, only where
 // it measured faster (Backend.BwdKeyRowsAuto); "0", nowhere.
 const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
+
+// EnvBwdQueryStep names the queries a step of the key-rows dK/dV kernel of
+// new backends takes where the variant allows it (Backend.BwdQueryStep):
+// unset or 64 for the default, or 80.
+const EnvBwdQueryStep = "FLASHATTN_BWD_QUERY_STEP"
+
+// parseQueryStep returns the Backend.BwdQueryStep that s (EnvBwdQueryStep's
+// value) names: 0 for "" or "64", 80 for "80"; anything else is an error
+// wrapping attn.ErrOption.
+func parseQueryStep(s string) (int, error) {
+	switch strings.TrimSpace(s) {
+	case "", "64":
+		return 0, nil
+	case "80":
+		return 80, nil
+	}
+	return 0, attn.Errorf(attn.ErrOption, "query step %q: want 64 or 80", s)
+}
 
 // EnvBwdDeep, when "0", keeps the backward of new backends off the Hopper
 // kernels past head dim 256 (Backend.BwdDeep), on the mma.sync kernels.

@@ -90,7 +90,11 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	hopper := kind != emuMMA
 	tma := emuBwdTMA(kind) || kind == emuDefault
 	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk
-	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk
+	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || kind == emuHopperBwdWSKeyRows80
+	queryStep := 0
+	if kind == emuHopperBwdWSKeyRows80 {
+		queryStep = 80
+	}
 	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || keyRows
 	deep := true // the emulator checks the Hopper kernels past 256 whether or not a backend allows them
 	keyRowsAuto := false
@@ -101,7 +105,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 		keyRowsAuto = os.Getenv(EnvBwdKeyRows) != "0"
 	}
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, deep: deep})
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -284,6 +288,9 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	if want := keyRows && kernels.KeyRowsOK(pl.v); pl.v.KeyRows != want {
 		t.Fatalf("plan %s: KeyRows = %v, want %v", pl.v.Name(), pl.v.KeyRows, want)
 	}
+	if want := kind == emuHopperBwdWSKeyRows80 && pl.v.KeyRows && !pl.v.AtomicDQ; (pl.v.QueryStep == 80) != want {
+		t.Fatalf("plan %s: QueryStep = %d, want 80: %v", pl.v.Name(), pl.v.QueryStep, want)
+	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
 	}
@@ -443,4 +450,4 @@ var bwdEmuFamilies = []struct {
 	kind emuKernels
 }{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
 	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows},
-	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}}
+	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}, {"hopper-tma-ws-keyrows-q80", emuHopperBwdWSKeyRows80}}

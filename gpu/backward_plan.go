@@ -251,6 +251,9 @@ type bwdRequest struct {
 	// keys as rows where the variant allows it (Backend.BwdKeyRows);
 	// keyRowsAuto where it measured faster (Backend.BwdKeyRowsAuto).
 	keyRows, keyRowsAuto bool
+	// queryStep, when not zero, is the queries a key-rows step takes where
+	// the variant allows it (Backend.BwdQueryStep).
+	queryStep int
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -262,7 +265,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, deep: b.BwdDeep}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, deep: b.BwdDeep}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -359,6 +362,11 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		if w.Validate() == nil {
 			pl.v = w
 		}
+	}
+	if r.queryStep != 0 && pl.v.KeyRows {
+		w := pl.v
+		w.QueryStep = r.queryStep
+		pl.tryTMA(w) // q's and dO's maps take the step's rows a box
 	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil

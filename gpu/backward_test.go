@@ -379,6 +379,7 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 	for ci, c := range []bwdCase{
 		{name: "keyrows-d128-n1024", b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dtypes: both},
 		{name: "keyrows-d128-96-gqa-n1100-m1300", b: 2, n: 1100, m: 1300, h: 4, hkv: 2, dk: 128, dv: 96, dtypes: both[:1]},
+		{name: "keyrows-d128-bias-grad-softcap-n1024-m1040", b: 2, n: 1024, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: both[:1]},
 	} {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(200+ci))

@@ -305,6 +305,7 @@ const (
 	emuHopperBwdWSBulk                          // ... and the atomic dQ by bulk reduce-adds
 	emuHopperBwdWSKeyRows                       // the Hopper backward, tensor maps, warp-specialized, S and dP with keys as rows
 	emuHopperBwdWSKeyRowsBulk                   // ... and the atomic dQ by bulk reduce-adds
+	emuHopperBwdWSKeyRows80                     // the key-rows step over 80 queries (the separate dQ; the atomic one keeps 64)
 	emuHopperSO                                 // the Hopper forward, tensor maps, O stored by tensor maps
 	emuHopperPTSO                               // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
 	emuDefault                                  // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
@@ -328,7 +329,7 @@ func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
 // tiles by tensor maps (and so takes fixed-length batches only).
 func emuBwdTMA(kind emuKernels) bool {
 	switch kind {
-	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk:
+	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk, emuHopperBwdWSKeyRows80:
 		return true
 	}
 	return false

@@ -37,6 +37,28 @@ func TestParseBwdPipeline(t *testing.T) {
 	}
 }
 
+// TestParseQueryStep checks the values EnvBwdQueryStep takes.
+func TestParseQueryStep(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int
+		err  bool
+	}{
+		{"", 0, false}, {"64", 0, false}, {" 80 ", 80, false}, {"96", 0, true}, {"0", 0, true}, {"eighty", 0, true},
+	} {
+		got, err := parseQueryStep(c.in)
+		if c.err {
+			if !errors.Is(err, attn.ErrOption) {
+				t.Errorf("parseQueryStep(%q) = %d, %v; want ErrOption", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("parseQueryStep(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+}
+
 // TestForwardPlanStoreO checks where the forward planner stores O by a
 // tensor map when asked (Pipeline.StoreO): fixed-length batches whose tiles
 // leave room for the staging tiles, with o's map (DV columns, N rows, boxes
@@ -168,6 +190,46 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(90+i), tc.algo, func(r *bwdRequest) { r.ws, r.keyRows = tc.ws, tc.ask })
 		if pl.v.KeyRows != tc.want {
 			t.Errorf("%s: %s, KeyRows %v, want %v", tc.name, pl.v.Name(), pl.v.KeyRows, tc.want)
+		}
+	}
+}
+
+// TestBackwardPlanQueryStep checks where the planner takes steps of 80
+// queries when asked (bwdRequest.queryStep): the key-rows step with the
+// separate dQ, q's and dO's tensor maps then 80 rows a box; the atomic dQ,
+// the other step and an unasked plan keep 64.
+func TestBackwardPlanQueryStep(t *testing.T) {
+	d128 := bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}
+	for i, tc := range []struct {
+		name         string
+		c            bwdCase
+		algo         DQAlgorithm
+		keyRows, ask bool
+		want         int
+	}{
+		{"separate", d128, DQSeparate, true, true, 80},
+		{"separate causal", bwdCase{b: 2, n: 170, m: 190, h: 2, hkv: 2, dk: 128, dv: 96, causal: true}, DQSeparate, true, true, 80},
+		{"separate unasked", d128, DQSeparate, true, false, 64},
+		{"atomic", d128, DQAtomic, true, true, 64},
+		{"not key rows", d128, DQSeparate, false, true, 64},
+	} {
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) {
+			r.ws, r.keyRows = true, tc.keyRows
+			if tc.ask {
+				r.queryStep = 80
+			}
+		})
+		got := pl.v.ResolvedTiles().DKDV.BlockM
+		if got != tc.want {
+			t.Errorf("%s: %s, %d queries a step, want %d", tc.name, pl.v.Name(), got, tc.want)
+		}
+		if !pl.v.TMA || len(pl.tma) != 4 {
+			t.Fatalf("%s: %s without its four tensor maps", tc.name, pl.v.Name())
+		}
+		for _, m := range pl.tma[:2] {
+			if int(m.BoxRows) != got {
+				t.Errorf("%s: q or dO map of %d rows a box, the step takes %d", tc.name, m.BoxRows, got)
+			}
 		}
 	}
 }

@@ -47,8 +47,24 @@ import (
 // forward's 128-byte swizzle (see fwd_sm90.go): rows of 64 elements, 16-byte
 // chunk c of row r at chunk c ^ (r mod 8), wider rows as several such atoms.
 
-// bwdHopperBM is the number of query rows per step of the Hopper kernel.
+// bwdHopperBM is the number of query rows per step of the Hopper kernel
+// unless the variant sets another (BwdVariant.QueryStep).
 const bwdHopperBM = 64
+
+// QueryStepOK reports whether v's QueryStep is one its Hopper dK/dV kernel
+// takes: the default (0), or 80 on the key-rows step with the
+// separate dQ (the atomic dQ's product would need 80 rows, which a
+// warpgroup product, 64 rows, cannot take without computing dQ
+// transposed).
+func QueryStepOK(v BwdVariant) bool {
+	switch v.QueryStep {
+	case 0:
+		return true
+	case 80:
+		return v.KeyRows && !v.AtomicDQ
+	}
+	return false
+}
 
 // bwdHopperWide reports whether v's Hopper kernel splits columns (head dims
 // past 128) rather than keys between its warpgroups.
@@ -71,7 +87,11 @@ func (v BwdVariant) bwdHopperTile() BwdTile {
 	if v.WarpSpecialized {
 		warps = 12 // and the producer warpgroup
 	}
-	return BwdTile{BlockM: bwdHopperBM, BlockN: bn, Warps: warps, Stages: 2, MinBlocks: 1}
+	bm := bwdHopperBM
+	if v.QueryStep != 0 {
+		bm = v.QueryStep
+	}
+	return BwdTile{BlockM: bm, BlockN: bn, Warps: warps, Stages: 2, MinBlocks: 1}
 }
 
 // bwdHopperAtoms returns the 64-column atoms of the q and k tiles (ka), of
@@ -98,7 +118,8 @@ func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 // dS tiles.
 func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	ka, va, vka := v.bwdHopperAtoms()
-	bm, bn := bwdHopperBM, v.bwdHopperTile().BlockN
+	t := v.bwdHopperTile()
+	bm, bn := t.BlockM, t.BlockN
 	var l bwdSmemLayout
 	add := l.addSwizzled
 	add("sK", ka*bn*128)    // [KATOMS][BN][64]
@@ -359,7 +380,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 		g.lockstepStepStart(b, 2, "load_q", "iters")
 	}
 	g.fullMask(b)
-	wgScores(b, "64 queries x this warpgroup's BN/2 keys",
+	wgScores(b, "wg_s", "64 queries x this warpgroup's BN/2 keys",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
 		"dq", "dKs", "ddo", "dVs", "BM", "BN", t.BlockN/16, "")
 	g.wsBwdRelease(b)

@@ -114,7 +114,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 		g.lockstepStepStart(b, 2, "load_kv", "njb")
 	}
 	g.fullMask(b)
-	wgScores(b, "this warpgroup's 64 queries x BN keys (K and V K-major)",
+	wgScores(b, "wg_s", "this warpgroup's 64 queries x BN keys (K and V K-major)",
 		"      const u64 dk = sw128_desc(sK + st * K_STAGE, 16, 1024), dv = sw128_desc(sV + st * V_STAGE, 16, 1024);\n",
 		"dq", "dk", "ddo", "dv", "BM", "BN", t.BlockN/8, "")
 	fmt.Fprintf(b, "    u32 dsp[1][%d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K\n", t.BlockN/8)

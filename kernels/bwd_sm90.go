@@ -103,7 +103,8 @@ func (g *bwdGen) loadKV(b *strings.Builder) {
 
 // wgScores writes one warpgroup's S = A·Bᵀ and dP = C·Dᵀ (S = Q·Kᵀ and dP
 // = dO·Vᵀ, or transposed, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ) into accS and accP
-// (nt blocks of 8 columns each), every operand K-major: the descriptors
+// (nt blocks of 8 columns each) with the product wrapper prod, every
+// operand K-major: the descriptors
 // named sa, sb, pa, pb, those not in scope declared by decl inside the
 // block, the A tiles with aRows rows an atom and the B tiles bRows (BM for
 // the query-side tiles, BN for the key-side ones); the two products
@@ -111,23 +112,23 @@ func (g *bwdGen) loadKV(b *strings.Builder) {
 // runs; pre, code issued after both products and before the wait for S,
 // runs under them (the key-rows step's bias loads). what describes the
 // tile in a comment.
-func wgScores(b *strings.Builder, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int, pre string) {
+func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int, pre string) {
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: %[1]s
     float accS[1][%[2]d][4], accP[1][%[2]d][4];
     {
 %[3]s      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DKP / 16; ++kk)
-        wg_s(accS[0], %[4]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[5]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        %[11]s(accS[0], %[4]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[5]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // S
 #pragma unroll
       for (int kk = 0; kk < DVP / 16; ++kk)
-        wg_s(accP[0], %[6]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        %[11]s(accP[0], %[6]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // dP
 %[10]s      wgmma_wait<1>();  // S is done; dP still runs while P is computed
       fence_acc(accS[0]);
     }
-`, what, nt, decl, sa, sb, pa, pb, aRows, bRows, pre)
+`, what, nt, decl, sa, sb, pa, pb, aRows, bRows, pre, prod)
 }
 
 // hopperPrelude writes the device functions only the Hopper kernel uses.

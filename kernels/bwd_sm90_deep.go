@@ -181,7 +181,7 @@ func (g *bwdGen) deepTiles(b *strings.Builder, l bwdSmemLayout, dkdv bool, stage
 // writes the dBias scratch.
 func (g *bwdGen) deepScores(b *strings.Builder, dkdv bool, sq, sdo, sk, sv, sl, sd string) {
 	g.fullMask(b)
-	wgScores(b, "the BM queries x this warpgroup's BN/2 keys", fmt.Sprintf(`      u64 dq = sw128_desc(%s, 16, 1024), ddo = sw128_desc(%s, 16, 1024);
+	wgScores(b, "wg_s", "the BM queries x this warpgroup's BN/2 keys", fmt.Sprintf(`      u64 dq = sw128_desc(%s, 16, 1024), ddo = sw128_desc(%s, 16, 1024);
       u64 dk = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024), dv = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024);
       %s
 `, sq, sdo, sk, sv, deepOpaque("dq", "ddo", "dk", "dv")), "dq", "dk", "ddo", "dv", "BM", "BN", bwdDeepBN/16, "")

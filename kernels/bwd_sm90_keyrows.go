@@ -10,7 +10,8 @@ import (
 // arranges it. Warpgroup w owns keys 64w .. 64w+63 of the block, as in
 // the other step, but computes S and dP transposed:
 //
-//	Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ    64 keys × the BM = 64 queries, both operands
+//	Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ    64 keys × the BM queries (64, or 80:
+//	                          QueryStep), both operands
 //	                          K-major (the same instruction as S = Q·Kᵀ with
 //	                          the operands swapped)
 //	Pᵀ, dSᵀ                    element-wise with the query's LSE2 and Delta
@@ -45,12 +46,32 @@ func KeyRowsOK(v BwdVariant) bool {
 
 // keyRowsProducts returns the product wrappers the key-rows step adds: dV
 // += Pᵀ·dO with A from registers (wg_rv; dK += dSᵀ·Q takes the dQ kernel's
-// wg_rq, both of N = DKP, where DV pads to the same width).
+// wg_rq, both of N = DKP, where DV pads to the same width), and Sᵀ and dPᵀ
+// over a step of other than 64 queries (keyRowsScores).
 func (v BwdVariant) keyRowsProducts() []WGMMAProduct {
-	if !v.KeyRows || v.DVPad() == v.DKPad() {
+	if !v.KeyRows {
 		return nil
 	}
-	return []WGMMAProduct{{Name: "wg_rv", N: v.DVPad(), TB: true, RegA: true}}
+	var ps []WGMMAProduct
+	if v.DVPad() != v.DKPad() {
+		ps = append(ps, WGMMAProduct{Name: "wg_rv", N: v.DVPad(), TB: true, RegA: true})
+	}
+	if name := v.keyRowsScores(); name != "wg_s" {
+		ps = append(ps, WGMMAProduct{Name: name, N: v.bwdHopperTile().BlockM})
+	}
+	return ps
+}
+
+// keyRowsScores returns the product wrapper of the key-rows step's Sᵀ and
+// dPᵀ (64 keys × the step's queries): the other step's wg_s where the step
+// has as many queries as a warpgroup has keys (64), else wg_sq, which the
+// dQ kernel's S (64 queries × 64 keys) does not share.
+func (v BwdVariant) keyRowsScores() string {
+	t := v.bwdHopperTile()
+	if t.BlockM == t.BlockN/2 {
+		return "wg_s"
+	}
+	return "wg_sq"
 }
 
 // dkdvSM90StepKeyRows writes the key-rows loop over query blocks (the
@@ -73,9 +94,9 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	}
 	g.fullMask(b)
 	pre := g.keyRowsBiasPrefetch(b)
-	wgScores(b, "keys as rows: this warpgroup's BN/2 keys x the BM queries",
+	wgScores(b, v.keyRowsScores(), "keys as rows: this warpgroup's BN/2 keys x the BM queries",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
-		"dKs", "dq", "dVs", "ddo", "BN", "BM", bwdHopperBM/8, pre)
+		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8, pre)
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
     float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns

@@ -81,7 +81,8 @@ func (g *bwdGen) wsBwdConstants(b *strings.Builder, dkdv bool) {
   constexpr int PRODUCER_REGS = %d, COMPUTE_REGS = %d;  // register budgets after setmaxnreg
 `, wsProducerRegs, regs)
 	if dkdv {
-		tile := v.bwdHopperTile().BlockN / 64 * bwdHopperBM * 128
+		t := v.bwdHopperTile()
+		tile := t.BlockN / 64 * t.BlockM * 128
 		fmt.Fprintf(b, "  constexpr int PS_BUF = %d;  // bytes from buffer 0 of the P and dS tiles to buffer 1 (0: one buffer)\n", (v.bwdWSBuffers()-1)*tile)
 	}
 }

@@ -3,6 +3,7 @@ package kernels
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -437,16 +438,20 @@ func TestBwdCompileHopper(t *testing.T) {
 }
 
 // bwdHopperKeyRowsVariants returns the variants of bwdHopperWSVariants
-// that take the key-rows step, with it.
+// that take the key-rows step, with it, and those with the separate dQ
+// also over steps of 80 queries.
 func bwdHopperKeyRowsVariants() []BwdVariant {
-	var vs []BwdVariant
+	var vs, q80 []BwdVariant
 	for _, v := range bwdHopperWSVariants() {
 		if KeyRowsOK(v) {
 			v.KeyRows = true
 			vs = append(vs, v)
+			if v.QueryStep = 80; QueryStepOK(v) {
+				q80 = append(q80, v)
+			}
 		}
 	}
-	return vs
+	return append(vs, q80...)
 }
 
 // TestKeyRowsSource checks the key-rows step's source: S and dP with the
@@ -464,7 +469,8 @@ func TestKeyRowsSource(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", v.Name(), err)
 		}
-		for _, want := range []string{"wg_s(accS[0], dKs + ", "wg_rq(accdK[0], as, dqn", "(accdV[0], ap, ddn"} {
+		for _, want := range []string{v.keyRowsScores() + "(accS[0], dKs + ", "wg_rq(accdK[0], as, dqn", "(accdV[0], ap, ddn",
+			fmt.Sprintf("constexpr int BM = %d, BN = 128", v.ResolvedTiles().DKDV.BlockM)} {
 			if !strings.Contains(src, want) {
 				t.Errorf("%s: source lacks %q", v.Name(), want)
 			}
@@ -490,15 +496,20 @@ func TestKeyRowsSource(t *testing.T) {
 		}
 	}
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
-	for _, w := range []BwdVariant{base, func() BwdVariant { w := base; w.AtomicDQ = true; return w }(), func() BwdVariant { w := base; w.AtomicDQ, w.BulkDQ = true, true; return w }()} {
+	for _, w := range []BwdVariant{base, func() BwdVariant { w := base; w.AtomicDQ = true; return w }(), func() BwdVariant { w := base; w.AtomicDQ, w.BulkDQ = true, true; return w }(),
+		func() BwdVariant { w := base; w.QueryStep = 80; return w }()} {
 		if err := w.Validate(); err != nil {
 			t.Errorf("%s: %v", w.Name(), err)
 		}
 	}
 	for name, v := range map[string]BwdVariant{
-		"dropout":  func() BwdVariant { w := base; w.Dropout = true; return w }(),
-		"lockstep": func() BwdVariant { w := base; w.WarpSpecialized = false; return w }(),
-		"d192":     func() BwdVariant { w := base; w.DK, w.DV = 192, 192; return w }(),
+		"dropout":                 func() BwdVariant { w := base; w.Dropout = true; return w }(),
+		"lockstep":                func() BwdVariant { w := base; w.WarpSpecialized = false; return w }(),
+		"d192":                    func() BwdVariant { w := base; w.DK, w.DV = 192, 192; return w }(),
+		"80 queries, atomic dQ":   func() BwdVariant { w := base; w.QueryStep, w.AtomicDQ = 80, true; return w }(),
+		"80 queries, no key rows": func() BwdVariant { w := base; w.QueryStep, w.KeyRows = 80, false; return w }(),
+		"64 queries named":        func() BwdVariant { w := base; w.QueryStep = 64; return w }(),
+		"96 queries":              func() BwdVariant { w := base; w.QueryStep = 96; return w }(),
 	} {
 		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
 			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
