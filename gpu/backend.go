@@ -89,7 +89,8 @@ type Backend struct {
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
-	// separate dQ); zero keeps 64. New reads it from EnvBwdQueryStep.
+	// separate dQ or the atomic one by bulk reduce-adds); zero keeps 64.
+	// New reads it from EnvBwdQueryStep.
 	BwdQueryStep int
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
 	// (kernels.BwdHopperDeep) where WGMMA allows the Hopper kernels;

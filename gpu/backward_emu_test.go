@@ -89,10 +89,11 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	a.Workspace = ar.poisoned(int(BackwardWorkspaceBytes(in.p, in.q.DType, algo, in.opt.Bias != nil && in.opt.Bias.RequiresGrad)))
 	hopper := kind != emuMMA
 	tma := emuBwdTMA(kind) || kind == emuDefault
-	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk
-	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || kind == emuHopperBwdWSKeyRows80
+	q80 := kind == emuHopperBwdWSKeyRows80 || kind == emuHopperBwdWSKeyRows80Bulk
+	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk || kind == emuHopperBwdWSKeyRows80Bulk
+	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || q80
 	queryStep := 0
-	if kind == emuHopperBwdWSKeyRows80 {
+	if q80 {
 		queryStep = 80
 	}
 	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || keyRows
@@ -288,7 +289,8 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	if want := keyRows && kernels.KeyRowsOK(pl.v); pl.v.KeyRows != want {
 		t.Fatalf("plan %s: KeyRows = %v, want %v", pl.v.Name(), pl.v.KeyRows, want)
 	}
-	if want := kind == emuHopperBwdWSKeyRows80 && pl.v.KeyRows && !pl.v.AtomicDQ; (pl.v.QueryStep == 80) != want {
+	q80 := kind == emuHopperBwdWSKeyRows80 || kind == emuHopperBwdWSKeyRows80Bulk
+	if want := q80 && pl.v.KeyRows && (!pl.v.AtomicDQ || pl.v.BulkDQ); (pl.v.QueryStep == 80) != want {
 		t.Fatalf("plan %s: QueryStep = %d, want 80: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
@@ -450,4 +452,5 @@ var bwdEmuFamilies = []struct {
 	kind emuKernels
 }{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
 	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows},
-	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}, {"hopper-tma-ws-keyrows-q80", emuHopperBwdWSKeyRows80}}
+	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}, {"hopper-tma-ws-keyrows-q80", emuHopperBwdWSKeyRows80},
+	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}}

@@ -290,11 +290,6 @@ func fwdParams(r fwdRequest) kernels.Params {
 			return int64(st[d])
 		}
 		pr.BiasStrideB, pr.BiasStrideH, pr.BiasStrideN, pr.BiasStrideM = z(0), z(1), z(2), z(3)
-		// keys j, j+1 (j even) in one load: contiguous keys, every row start aligned to two elements
-		bsz := int64(bias.DType.Size())
-		if pr.BiasStrideM == 1 && int64(pr.Bias)%(2*bsz) == 0 && pr.BiasStrideB%2 == 0 && pr.BiasStrideH%2 == 0 && pr.BiasStrideN%2 == 0 {
-			pr.BiasPair = 1
-		}
 	}
 	if opt.Dropout > 0 {
 		pr.DropThreshold, pr.DropScale = r.p.DropThreshold, float32(r.p.DropScale)

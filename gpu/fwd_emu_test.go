@@ -208,7 +208,7 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		// D = 128 with extras: the warp-specialized pipeline's extras tile (kernels.HopperWSTable), three key blocks
 		{name: "fp16-d128-softcap-bias-dropout-causal", dt: attn.Float16, b: 1, n: 150, m: 300, h: 2, hkv: 1, dk: 128, dv: 128,
 			opt: attn.Options{Softcap: 5, Dropout: 0.2, Seed: 7, Causal: true}, biasB: 1, bias: 2},
-		// a bias whose rows start at odd keys (M odd: each key loaded alone), and a float32 bias (pairs as float2)
+		// a bias whose rows start at odd keys (M odd), and a float32 bias
 		{name: "bf16-d128-bias-m301-causal", dt: attn.BFloat16, b: 1, n: 150, m: 301, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true}, biasB: 1, bias: 2},
 		{name: "bf16-d64-bias-fp32", dt: attn.BFloat16, b: 2, n: 70, m: 90, h: 2, hkv: 1, dk: 64, dv: 64, biasB: 2, bias: 1, biasDT: attn.Float32},
 		{name: "bf16-d320-causal", dt: attn.BFloat16, b: 1, n: 50, m: 70, h: 1, hkv: 1, dk: 320, dv: 320, opt: attn.Options{Causal: true}},

@@ -196,25 +196,28 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 
 // TestBackwardPlanQueryStep checks where the planner takes steps of 80
 // queries when asked (bwdRequest.queryStep): the key-rows step with the
-// separate dQ, q's and dO's tensor maps then 80 rows a box; the atomic dQ,
-// the other step and an unasked plan keep 64.
+// separate dQ or the atomic one by bulk reduce-adds (computed transposed),
+// q's and dO's tensor maps then 80 rows a box; the atomic dQ by vector
+// atomics, the other step and an unasked plan keep 64.
 func TestBackwardPlanQueryStep(t *testing.T) {
 	d128 := bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}
 	for i, tc := range []struct {
-		name         string
-		c            bwdCase
-		algo         DQAlgorithm
-		keyRows, ask bool
-		want         int
+		name               string
+		c                  bwdCase
+		algo               DQAlgorithm
+		keyRows, bulk, ask bool
+		want               int
 	}{
-		{"separate", d128, DQSeparate, true, true, 80},
-		{"separate causal", bwdCase{b: 2, n: 170, m: 190, h: 2, hkv: 2, dk: 128, dv: 96, causal: true}, DQSeparate, true, true, 80},
-		{"separate unasked", d128, DQSeparate, true, false, 64},
-		{"atomic", d128, DQAtomic, true, true, 64},
-		{"not key rows", d128, DQSeparate, false, true, 64},
+		{"separate", d128, DQSeparate, true, false, true, 80},
+		{"separate causal", bwdCase{b: 2, n: 170, m: 190, h: 2, hkv: 2, dk: 128, dv: 96, causal: true}, DQSeparate, true, false, true, 80},
+		{"separate unasked", d128, DQSeparate, true, false, false, 64},
+		{"atomic by vector atomics", d128, DQAtomic, true, false, true, 64},
+		{"atomic by bulk reduce-adds", d128, DQAtomic, true, true, true, 80},
+		{"atomic by bulk reduce-adds unasked", d128, DQAtomic, true, true, false, 64},
+		{"not key rows", d128, DQSeparate, false, false, true, 64},
 	} {
 		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) {
-			r.ws, r.keyRows = true, tc.keyRows
+			r.ws, r.keyRows, r.bulkDQ = true, tc.keyRows, tc.bulk
 			if tc.ask {
 				r.queryStep = 80
 			}
@@ -442,33 +445,5 @@ func TestForwardShortPipeline(t *testing.T) {
 	}
 	if v := pl.v; !v.WarpSpecialized || !v.Persistent || !v.StoreO {
 		t.Errorf("%s: want warp-specialized, persistent, O by tensor map", v.Name())
-	}
-}
-
-// TestForwardBiasPair checks where the forward loads two keys of the bias
-// at once (kernels.Params.BiasPair): contiguous keys and every row start
-// aligned to two elements, whatever the broadcast dims.
-func TestForwardBiasPair(t *testing.T) {
-	c := fwdRecordCase{name: "bias", dt: attn.BFloat16, b: 2, n: 100, m: 130, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, wgmma: true, tma: true}
-	p, ts, bias, _ := c.tensors(t)
-	for _, tc := range []struct {
-		name string
-		edit func(*DeviceTensor)
-		want int32
-	}{
-		{"contiguous, batch broadcast", func(*DeviceTensor) {}, 1},
-		{"odd row stride", func(b *DeviceTensor) { b.Strides = []int{2 * 100 * 131, 100 * 131, 131, 1} }, 0},
-		{"keys two apart", func(b *DeviceTensor) { b.Strides = []int{2 * 100 * 260, 100 * 260, 260, 2} }, 0},
-		{"start at an odd element", func(b *DeviceTensor) { b.base += 2 }, 0},
-		{"float32, contiguous", func(b *DeviceTensor) { b.DType = attn.Float32 }, 1},
-		{"float32, start 4 bytes off", func(b *DeviceTensor) { b.DType, b.base = attn.Float32, b.base+4 }, 0},
-	} {
-		bt := *bias
-		bt.Shape = append([]int(nil), bias.Shape...)
-		tc.edit(&bt)
-		pr := fwdParams(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: &bt})
-		if pr.BiasPair != tc.want {
-			t.Errorf("%s: BiasPair %d, want %d (strides %v at %#x)", tc.name, pr.BiasPair, tc.want, bt.Strides, bt.ptr())
-		}
 	}
 }

@@ -52,18 +52,42 @@ import (
 const bwdHopperBM = 64
 
 // QueryStepOK reports whether v's QueryStep is one its Hopper dK/dV kernel
-// takes: the default (0), or 80 on the key-rows step with the
-// separate dQ (the atomic dQ's product would need 80 rows, which a
-// warpgroup product, 64 rows, cannot take without computing dQ
-// transposed).
+// takes: the default (0), or 80 on the key-rows step with the separate dQ
+// or the atomic one by bulk reduce-adds, which then computes dQ
+// transposed (bwdDQTransposed); the vector atomics add pairs of
+// consecutive columns, which the transposed product does not hold.
 func QueryStepOK(v BwdVariant) bool {
 	switch v.QueryStep {
 	case 0:
 		return true
 	case 80:
-		return v.KeyRows && !v.AtomicDQ
+		return v.KeyRows && (!v.AtomicDQ || v.BulkDQ)
 	}
 	return false
+}
+
+// bwdDQTransposed reports whether v's dK/dV kernel computes the atomic dQ
+// transposed, dQᵀ = Kᵀ·dSᵀ (this warpgroup's dQ columns as the product's
+// 64 rows, the step's queries as its columns): on a step of 80 queries,
+// which a warpgroup product's 64 rows cannot hold.
+func (v BwdVariant) bwdDQTransposed() bool {
+	return v.AtomicDQ && v.bwdHopperTile().BlockM != bwdHopperBM
+}
+
+// bwdDQPitch returns the row pitch, in floats, of the bulk dQ tile in
+// shared memory: a warpgroup's nq columns and a pad that spreads a warp's
+// stores over the banks. Rows of nq + 8 take the paired stores of the
+// product by query rows (the eight rows a warp reaches at once fall on
+// distinct banks in each half-warp); nq + 4 the single stores of the
+// transposed product (a warp's eight columns and four rows, two apart,
+// fall on 32 distinct banks). Both keep rows 16-byte aligned for the
+// bulk copies.
+func (v BwdVariant) bwdDQPitch() int {
+	_, _, nq := v.bwdHopperCols()
+	if v.bwdDQTransposed() {
+		return nq + 4
+	}
+	return nq + 8
 }
 
 // bwdHopperWide reports whether v's Hopper kernel splits columns (head dims
@@ -146,17 +170,11 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
 	}
 	if v.BulkDQ {
-		_, _, nq := v.bwdHopperCols()
-		l.add("sdQ", v.bwdHopperDQWarpgroups()*bm*(nq+bwdDQPad)*4) // [warpgroups][BM][nq + 8] fp32
+		l.add("sdQ", v.bwdHopperDQWarpgroups()*bm*v.bwdDQPitch()*4) // [warpgroups][BM][pitch] fp32
 	}
 	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
 	return l
 }
-
-// bwdDQPad is the padding, in floats, of a row of the bulk dQ tile in
-// shared memory: rows nq + 8 floats apart, so that the eight rows a warp's
-// 8-byte stores reach at once fall on distinct banks in each half-warp.
-const bwdDQPad = 8
 
 // bwdHopperDQWarpgroups returns the number of warpgroups that compute the
 // atomic dQ: both when they split its columns, else warpgroup 0.
@@ -243,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 `, l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
 	if v.BulkDQ {
 		_, _, nq := v.bwdHopperCols()
-		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], nq+bwdDQPad, bwdDQPad)
+		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], v.bwdDQPitch(), v.bwdDQPitch()-nq)
 	}
 	if v.WarpSpecialized {
 		g.wsBwdBarriers(b, l, 32, "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
@@ -347,13 +365,20 @@ func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
 `)
 	}
 	if v.AtomicDQ {
-		if split {
+		switch {
+		case v.bwdDQTransposed():
+			fmt.Fprintf(b, `  // dQᵀ = Kᵀ·dSᵀ: K read M-major from this warpgroup's first dQ column (its 64 columns, one atom, are
+  // the product's rows); dS K-major as B (the step's queries its columns, atoms of 64 keys BM·128 bytes apart)
+  const int dq0 = wg * %d;
+  const u64 dSk = sw128_desc(sdSa, 16, 1024), dKt = sw128_desc(sK + dq0 / 64 * BN * 128, 16, 1024);
+`, nq)
+		case split:
 			fmt.Fprintf(b, `  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
   // warpgroup's first dQ column (the next 64 columns BN·128 bytes further)
   const int dq0 = wg * %d;
   const u64 dSk = sw128_desc(sdSa, 16, 1024), dKn = sw128_desc(sK + dq0 / 64 * BN * 128, BN * 128, 1024);
 `, nq)
-		} else {
+		default:
 			b.WriteString(`  // dQ = dS·K (warpgroup 0 alone): dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major
   constexpr int dq0 = 0;
   const u64 dSk = sw128_desc(sdSa, 16, 1024), dKn = sw128_desc(sK, BN * 128, 1024);
@@ -382,7 +407,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	g.fullMask(b)
 	wgScores(b, "wg_s", "64 queries x this warpgroup's BN/2 keys",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
-		"dq", "dKs", "ddo", "dVs", "BM", "BN", t.BlockN/16, "")
+		"dq", "dKs", "ddo", "dVs", "BM", "BN", t.BlockN/16)
 	g.wsBwdRelease(b)
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: t.BlockN / 2, MT: 1, NT: t.BlockN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }
@@ -461,8 +486,16 @@ func (g *bwdGen) dqCond() string {
 }
 
 // dqProduct writes the atomic dQ's product into accQ: dS of this step's
-// buffer times K, over the block's BN keys.
+// buffer times K, over the block's BN keys (transposed, Kᵀ times dSᵀ:
+// bwdDQTransposed).
 func (g *bwdGen) dqProduct(b *strings.Builder) {
+	if g.v.bwdDQTransposed() {
+		fmt.Fprintf(b, `#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wg_qt(accQ, dKt + (u64)((kk * 2048) >> 4), dSk%[1]s + (u64)(((kk >> 2) * BM * 128 + (kk & 3) * 32) >> 4), kk > 0);
+`, g.psBuf())
+		return
+	}
 	_, _, nq := g.v.bwdHopperCols()
 	fmt.Fprintf(b, `#pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
@@ -478,6 +511,10 @@ func (g *bwdGen) dqReduce(b *strings.Builder, pre string) {
 	v := g.v
 	_, _, nq := v.bwdHopperCols()
 	b.WriteString(pre + "      fence_acc(accQ);\n")
+	if v.bwdDQTransposed() {
+		g.dqBulkTransposed(b, nq)
+		return
+	}
 	if v.BulkDQ {
 		g.dqBulk(b, nq)
 		return
@@ -529,7 +566,37 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
         bulk_commit();
       }
     }
-`, nq+bwdDQPad, nq, nq/8)
+`, g.v.bwdDQPitch(), nq, nq/8)
+}
+
+// dqBulkTransposed is dqBulk for the transposed product (bwdDQTransposed):
+// a query row of the tile gathers elements of all four warps of the
+// warpgroup, so the warpgroup meets (named barrier 2 + wg) once every
+// issuing thread's reduce-adds of the last step are done reading the tile
+// and again once the tile is whole; then thread r of the warpgroup issues
+// row r.
+func (g *bwdGen) dqBulkTransposed(b *strings.Builder, nq int) {
+	fmt.Fprintf(b, `      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
+      float* sq = sdQ + wg * BM * QP;  // this warpgroup's tile
+      const int r = tid & 127;  // the tile row this thread issues (r < BM)
+      if (r < BM) bulk_wait_read<0>();  // this thread's reduce-add of the last step no longer reads its row
+      bar_sync(2 + wg, 128);  // nobody in the warpgroup still reads the tile
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sq[(nt * 8 + 2 * t4 + (e & 1)) * QP + 16 * (warp & 3) + g + 8 * (e >> 1)] = accQ[nt][e];
+      fence_proxy_async();  // the stores, before the copy engine reads them
+      bar_sync(2 + wg, 128);  // the tile is whole
+      if (r < BM) {
+        if (i0 + r < n) {
+          float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0 + r) * p.dqa_sr + h * p.dqa_sh + dq0;
+          bulk_reduce_add_f32(gq, smem_u32(sq + r * QP), min(%[2]d, (int)p.dqa_sh - dq0) * 4);
+        }
+        bulk_commit();
+      }
+    }
+`, g.v.bwdDQPitch(), nq)
 }
 
 // dkdvSM90Store closes the loop and stores dK and dV (through shared
@@ -586,7 +653,10 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 		accs = []nfAcc{{"accdK", "c0", "DKP"}, {"accdV", "c0", "DVP"}}
 	}
 	nfKeysCheck(b, g.ws, accs...)
-	if v.BulkDQ {
+	switch {
+	case v.bwdDQTransposed():
+		b.WriteString("  if ((tid & 127) < BM) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
+	case v.BulkDQ:
 		b.WriteString("  if (t4 == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	}
 	b.WriteString("}\n\n")

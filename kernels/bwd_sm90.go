@@ -25,7 +25,8 @@ func BwdHopperOK(v BwdVariant) bool {
 // HopperProducts returns the warpgroup product wrappers of v's Hopper
 // kernels (v.WGMMA): S and dP (wg_s: 64 queries x BN/2 keys in the dK/dV
 // kernel, x BN keys in the dQ kernel, the same count), dV += Pᵀ·dO and
-// dK += dSᵀ·Q (wg_tN), the atomic dQ = dS·K (wg_nN) and the separate
+// dK += dSᵀ·Q (wg_tN), the atomic dQ = dS·K (wg_nN; transposed, wg_qt:
+// dQᵀ = Kᵀ·dSᵀ over a step of 80 queries) and the separate
 // dQ += dS·K with dS from registers (wg_rq).
 func (v BwdVariant) HopperProducts() []WGMMAProduct {
 	if v.bwdHopperDeep() {
@@ -40,7 +41,10 @@ func (v BwdVariant) HopperProducts() []WGMMAProduct {
 	if r := dkp - 128; v.bwdHopperCrossed() && r != 128 {
 		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_t%d", r), N: r, TA: true, TB: true})
 	}
-	if v.AtomicDQ {
+	switch {
+	case v.bwdDQTransposed():
+		ps = append(ps, WGMMAProduct{Name: "wg_qt", N: v.bwdHopperTile().BlockM, TA: true})
+	case v.AtomicDQ:
 		ps = append(ps, WGMMAProduct{Name: fmt.Sprintf("wg_n%d", nq), N: nq, TB: true})
 	}
 	ps = append(ps, v.keyRowsProducts()...)
@@ -109,26 +113,24 @@ func (g *bwdGen) loadKV(b *strings.Builder) {
 // block, the A tiles with aRows rows an atom and the B tiles bRows (BM for
 // the query-side tiles, BN for the key-side ones); the two products
 // committed apart and S waited for, so that P is computed while dP still
-// runs; pre, code issued after both products and before the wait for S,
-// runs under them (the key-rows step's bias loads). what describes the
-// tile in a comment.
-func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int, pre string) {
+// runs. what describes the tile in a comment.
+func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int) {
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: %[1]s
     float accS[1][%[2]d][4], accP[1][%[2]d][4];
     {
 %[3]s      wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DKP / 16; ++kk)
-        %[11]s(accS[0], %[4]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[5]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        %[10]s(accS[0], %[4]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[5]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // S
 #pragma unroll
       for (int kk = 0; kk < DVP / 16; ++kk)
-        %[11]s(accP[0], %[6]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
+        %[10]s(accP[0], %[6]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // dP
-%[10]s      wgmma_wait<1>();  // S is done; dP still runs while P is computed
+      wgmma_wait<1>();  // S is done; dP still runs while P is computed
       fence_acc(accS[0]);
     }
-`, what, nt, decl, sa, sb, pa, pb, aRows, bRows, pre, prod)
+`, what, nt, decl, sa, sb, pa, pb, aRows, bRows, prod)
 }
 
 // hopperPrelude writes the device functions only the Hopper kernel uses.

@@ -93,10 +93,9 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 `)
 	}
 	g.fullMask(b)
-	pre := g.keyRowsBiasPrefetch(b)
 	wgScores(b, v.keyRowsScores(), "keys as rows: this warpgroup's BN/2 keys x the BM queries",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
-		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8, pre)
+		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8)
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
     float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns
@@ -182,13 +181,19 @@ func keyRowsDV(b *strings.Builder, rv string, dK bool) {
 func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
 	_, _, nq := g.v.bwdHopperCols()
 	keyRowsDV(b, rv, false)
+	what := fmt.Sprintf("dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %d)", nq)
+	acc := fmt.Sprintf("float accQ[%d][4];", nq/8)
+	if g.v.bwdDQTransposed() {
+		what = fmt.Sprintf("dQᵀ += Kᵀ·dSᵀ over the block's BN keys (this warpgroup's columns dq0 .. dq0 + %d as rows,\n    // the BM queries as columns)", nq)
+		acc = "float accQ[BM / 8][4];  // element (column dq0 + 16(warp & 3) + g + 8hh, query 8nt + 2t4 + c) at [nt][2hh + c]"
+	}
 	fmt.Fprintf(b, `    fence_proxy_async();
     %[1]s
-    // ---- dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %[2]d), then dK += dSᵀ·Q (A from registers,
+    // ---- %[2]s, then dK += dSᵀ·Q (A from registers,
     // q read N-major); dQ is added to the fp32 accumulator while dK runs
-    float accQ[%[3]d][4];
+    %[3]s
     {
-`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), nq, nq/8)
+`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), what, acc)
 	g.dqProduct(b)
 	fmt.Fprintf(b, `      wgmma_commit();
     }
@@ -217,31 +222,10 @@ func (g *bwdGen) keyRowsStoreDS() string {
         sdSb[sw_elem<BM>(ql + 1, kl)] = t_from_f(ds[1]);`
 }
 
-// keyRowsBiasPrefetch declares, for a biased variant, the bias of this
-// thread's elements of the step, bpre[nt][e] in the layout of accS[0],
-// and returns the loads that fill it, which wgScores issues under the S
-// and dP products (0 outside the sequence, as the logit's own load
-// gives); the loads would otherwise wait for S.
-func (g *bwdGen) keyRowsBiasPrefetch(b *strings.Builder) string {
-	if !g.v.Biased() {
-		return ""
-	}
-	b.WriteString("    float bpre[BM / 8][4];  // the bias of element (key half e >> 1, query e & 1) of query column block nt\n")
-	return `      // the bias of this step's elements, loaded while S and dP run
-#pragma unroll
-      for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * (e >> 1), qi = i0 + nt * 8 + 2 * t4 + (e & 1);
-          bpre[nt][e] = qi < n && kj < m ? ` + biasLoad("qi", "kj") + ` : 0.f;
-        }
-`
-}
-
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the
-// shared logit, its bias from the prefetched bpre.
+// shared logit.
 func (g *bwdGen) keyRowsLogit() string {
-	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj", "bpre[nt][hh * 2 + c]")
+	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj")
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

@@ -508,7 +508,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       for (int c = 0; c < 2; ++c) {
         const float s = accS[mt][nt][hh * 2 + c];
 `)
-	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c", ""))
+	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c"))
 	b.WriteString(`        if (!full && !visible(qi, kj + c, m, off, p.left, p.right)) x[c] = -FA_INF;
       }
       float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
@@ -542,7 +542,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 // row's LSE2 lse: scaled, or through the softcap (keeping 1 − tanh² in
 // fc), plus the bias: pre, the element's bias loaded ahead (0 outside the
 // sequence), or where pre is empty loaded here (biasLoad).
-func (g *bwdGen) logit(indent, lse, fc, qi, kj, pre string) string {
+func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
 	v := g.v
 	if !v.Softcap && !v.Biased() {
 		return indent + "x[c] = fmaf(s, p.scale_log2, -" + lse + ");\n"
@@ -554,10 +554,7 @@ func (g *bwdGen) logit(indent, lse, fc, qi, kj, pre string) string {
 	} else {
 		b.WriteString(indent + "float sv = s * p.scale;\n")
 	}
-	switch {
-	case v.Biased() && pre != "":
-		fmt.Fprintf(&b, "%ssv += %s;  // (loaded ahead)\n", indent, pre)
-	case v.Biased():
+	if v.Biased() {
 		fmt.Fprintf(&b, "%sif (%s < n && %s < m) sv += %s;\n", indent, qi, kj, biasLoad(qi, kj))
 	}
 	fmt.Fprintf(&b, "%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, lse)

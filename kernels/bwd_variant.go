@@ -121,9 +121,11 @@ type BwdVariant struct {
 	KeyRows bool
 	// QueryStep is the number of queries a step of the Hopper dK/dV
 	// kernel takes: 0 for the default (64); 80 with KeyRows and the
-	// separate dQ (QueryStepOK), FlashAttention-3's step at head dim 128,
-	// whose S and dP products are 80 queries wide and whose dV and dK
-	// products take five k16 steps instead of four.
+	// separate dQ or the atomic one by bulk reduce-adds (QueryStepOK),
+	// FlashAttention-3's step at head dim 128, whose S and dP products are
+	// 80 queries wide, whose dV and dK products take five k16 steps
+	// instead of four, and whose atomic dQ is computed transposed (dQᵀ =
+	// Kᵀ·dSᵀ: a warpgroup product has 64 rows).
 	QueryStep int
 }
 
@@ -301,7 +303,7 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, the separate dQ and no dropout", v.Name())
 	}
 	if !QueryStepOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64) or 80 with the key-rows step and the separate dQ", v.Name(), v.QueryStep)
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64) or 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds", v.Name(), v.QueryStep)
 	}
 	if v.TMA && !v.WGMMA {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels", v.Name())

@@ -34,7 +34,6 @@ type Params struct {
 	WinRight   int32
 	AlignBR    int32 // 1: diagonal at i + M - N (bottom-right); 0: at i
 	OVec2      int32 // 1: O rows allow paired stores (even dims, aligned)
-	BiasPair   int32 // 1: bias keys j, j+1 (j even) load as one (keys contiguous, rows aligned to two elements)
 
 	DropThreshold uint32  // dropout: keep iff the element's 8-bit number < T = round(256·(1 − p)) (package philox)
 	DropScale     float32 // dropout: 256/T
@@ -94,7 +93,6 @@ var paramsStruct = func() *CStruct[Params] {
 		CI32("int", "win_right", "window: keys after the diagonal (-1 unbounded)", func(p *Params) int32 { return p.WinRight }),
 		CI32("int", "align_br", "1: diagonal aligned bottom-right", func(p *Params) int32 { return p.AlignBR }),
 		CI32("int", "o_vec2", "1: O stores may pair two elements", func(p *Params) int32 { return p.OVec2 }),
-		CI32("int", "bias_pair", "1: bias keys j, j+1 (j even) load as one", func(p *Params) int32 { return p.BiasPair }),
 		CU32("u32", "drop_threshold", "dropout: keep iff the 8-bit number u < T (package philox)", func(p *Params) uint32 { return p.DropThreshold }),
 		CF32("drop_scale", "dropout: 256/T", func(p *Params) float32 { return p.DropScale }),
 		CU32("u32", "seed_lo", "philox key, low word of the seed", func(p *Params) uint32 { return p.SeedLo }),

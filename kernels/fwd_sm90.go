@@ -554,8 +554,7 @@ func (x *gen) biasPrefetch(indent, n0 string) {
 	if x.v.Bias == BiasNone {
 		return
 	}
-	x.raw(indentLines(fmt.Sprintf(`// ---- the bias of this block's scores, loaded while S runs (0 past the keys): each pair of
-// consecutive keys (j even) of a row in one load where p.bias_pair allows it
+	x.raw(indentLines(fmt.Sprintf(`// ---- the bias of this block's scores, loaded while S runs (0 past the keys)
 float bpre[MT][NT_S][4];
 {
   const int nb0 = %s;
@@ -564,20 +563,10 @@ float bpre[MT][NT_S][4];
 #pragma unroll
     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {  // elements 2hf and 2hf + 1: keys j and j + 1 of row half hf
-        const int j = nb0 + key0 + nt * 8 + 2 * c;
-        const char* br = brow[mt][hf];
-        float b0 = 0.f, b1 = 0.f;
-        if (br != nullptr) {
-          if (p.bias_pair && j + 1 < m) {
-            bias_load2(br + j * bias_km, b0, b1);
-          } else {
-            if (j < m) b0 = bias_load(br + j * bias_km);
-            if (j + 1 < m) b1 = bias_load(br + (j + 1) * bias_km);
-          }
-        }
-        bpre[mt][nt][2 * hf] = b0;
-        bpre[mt][nt][2 * hf + 1] = b1;
+      for (int e = 0; e < 4; ++e) {
+        const int j = nb0 + key0 + nt * 8 + 2 * c + (e & 1);
+        const char* br = brow[mt][e >> 1];
+        bpre[mt][nt][e] = br != nullptr && j < m ? bias_load(br + j * bias_km) : 0.f;
       }
 }
 `, n0), indent))

@@ -12,26 +12,17 @@ import "github.com/flashattn/flashattn/attn"
 // key so far has maximum −inf; its subtrahend is taken as 0 so that every
 // exp2 gives 0 rather than NaN.
 
-// biasFuncs writes the bias element loader, and for the Hopper kernels the
-// loader of two consecutive keys in one load (bias_load2: p aligned to two
-// elements).
+// biasFuncs writes the bias element loader.
 func (x *gen) biasFuncs() string {
-	var one, two string
 	switch x.v.Bias {
 	case BiasF32:
-		one = "DEV float bias_load(const char* p) { return *(const float*)p; }\n"
-		two = "DEV void bias_load2(const char* p, float& a, float& b) { const float2 w = *(const float2*)p; a = w.x; b = w.y; }\n"
+		return "DEV float bias_load(const char* p) { return *(const float*)p; }\n"
 	case BiasBF16:
-		one = "DEV float bias_load(const char* p) { return bf16_to_f32(*(const u16*)p); }\n"
-		two = "DEV void bias_load2(const char* p, float& a, float& b) { const u32 w = *(const u32*)p; a = bf16_to_f32((u16)w); b = bf16_to_f32((u16)(w >> 16)); }\n"
+		return "DEV float bias_load(const char* p) { return bf16_to_f32(*(const u16*)p); }\n"
 	case BiasF16:
-		one = "DEV float bias_load(const char* p) { return f16_to_f32(*(const u16*)p); }\n"
-		two = "DEV void bias_load2(const char* p, float& a, float& b) { const u32 w = *(const u32*)p; a = f16_to_f32((u16)w); b = f16_to_f32((u16)(w >> 16)); }\n"
+		return "DEV float bias_load(const char* p) { return f16_to_f32(*(const u16*)p); }\n"
 	}
-	if !x.v.WGMMA {
-		return one
-	}
-	return one + two
+	return ""
 }
 
 func (v Variant) biasSize() int {

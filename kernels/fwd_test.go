@@ -190,16 +190,16 @@ func TestTuneTable(t *testing.T) {
 
 func TestParamsLayout(t *testing.T) {
 	if ParamsSize != 320 {
-		t.Fatalf("ParamsSize %d, want 320: 9 pointers, 19 strides, 24 four-byte fields", ParamsSize)
+		t.Fatalf("ParamsSize %d, want 320: 9 pointers, 19 strides, 23 four-byte fields, 4 bytes of tail padding", ParamsSize)
 	}
 	// Every field lands at its offset with its value.
 	p := Params{Q: 0x1122334455667788, CuSeqlensK: 0xabcdef, NFFlag: 0x77, QStrideB: -3, BiasStrideM: 1 << 40, B: 7, DV: 257,
-		ScaleLog2: 1.5, WinLeft: -1, BiasPair: 1, DropThreshold: 0xfedcba98, DropOffset: 0x01020304}
+		ScaleLog2: 1.5, WinLeft: -1, DropThreshold: 0xfedcba98, DropOffset: 0x01020304}
 	b := p.Pack()
 	checks := []layoutCheck{
 		{"q", 0, 8, 0x1122334455667788}, {"cu_k", 56, 8, 0xabcdef}, {"nf_flag", 64, 8, 0x77}, {"q_sb", 72, 8, uint64(1<<64 - 3)},
 		{"bias_sm", 216, 8, 1 << 40}, {"b", 224, 4, 7}, {"d_v", 248, 4, 257}, {"scale_log2", 252, 4, uint64(math.Float32bits(1.5))},
-		{"win_left", 264, 4, 0xffffffff}, {"bias_pair", 280, 4, 1}, {"drop_threshold", 284, 4, 0xfedcba98}, {"drop_offset", 300, 4, 0x01020304}, {"k", 8, 8, 0},
+		{"win_left", 264, 4, 0xffffffff}, {"drop_threshold", 280, 4, 0xfedcba98}, {"drop_offset", 296, 4, 0x01020304}, {"k", 8, 8, 0},
 	}
 	checkLayout(t, paramsStruct, b, checks)
 	decl := cParams()

@@ -487,7 +487,11 @@ func TestKeyRowsSource(t *testing.T) {
 		}
 		barrier := strings.Index(src, "in shared memory for the dQ product")
 		product := -1 // the dQ product, after the barrier
-		if k := strings.Index(src[max(barrier, 0):], "(accQ, dSk"); barrier >= 0 && k >= 0 {
+		marker := "(accQ, dSk"
+		if v.bwdDQTransposed() {
+			marker = "wg_qt(accQ, dKt"
+		}
+		if k := strings.Index(src[max(barrier, 0):], marker); barrier >= 0 && k >= 0 {
 			product = barrier + k
 		}
 		reduce := strings.Index(src, "wgmma_wait<1>();  // dV and dQ complete")
