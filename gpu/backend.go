@@ -243,6 +243,12 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 // it measured faster (Backend.BwdKeyRowsAuto); "0", nowhere.
 const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 
+// EnvLineInfo, when set to anything but "" or "0", compiles the kernels
+// with source line information (NVRTC's -lineinfo), so that
+// compute-sanitizer and Nsight Compute name the generated source's lines;
+// the code is the same, the cache keeps the two apart.
+const EnvLineInfo = "FLASHATTN_LINEINFO"
+
 // EnvBwdQueryStep names the queries a step of the key-rows dK/dV kernel of
 // new backends takes where the variant allows it (Backend.BwdQueryStep):
 // unset or 64 for the default, or 80.

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"sort"
 	"sync"
@@ -243,7 +244,11 @@ func (b *Backend) build(m *module) {
 		m.err = err
 		return
 	}
-	mod, err := b.dev.Compile(cuda.CompileRequest{Name: s.name + ".cu", Source: src, Verbose: s.verbose, ArchSpecific: s.arch})
+	var opts []string
+	if envSet(os.Getenv(EnvLineInfo)) {
+		opts = append(opts, "-lineinfo")
+	}
+	mod, err := b.dev.Compile(cuda.CompileRequest{Name: s.name + ".cu", Source: src, Options: opts, Verbose: s.verbose, ArchSpecific: s.arch})
 	if err != nil {
 		m.err = fmt.Errorf("gpu: compile %s %s: %w", s.what, s.name, err)
 		return

@@ -264,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], v.bwdDQPitch(), v.bwdDQPitch()-nq)
 	}
 	if v.WarpSpecialized {
-		g.wsBwdBarriers(b, l, 32, "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
+		g.wsBwdBarriers(b, l, 32, "NCOMPUTE", "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
 	} else {
 		g.tmaBarriers(b, l, "q and dO", 2)
 	}

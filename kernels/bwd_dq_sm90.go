@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
   float* sD = reinterpret_cast<float*>(smem + %d);
 `, l.off["sQ"], l.off["sdO"], l.off["sK"], l.off["sV"], l.off["sL"], l.off["sD"])
 	if g.ws {
-		g.wsBwdBarriers(b, l, 1, "the producer thread's k and v tiles landed")
+		g.wsBwdBarriers(b, l, 1, "NCOMPUTE / 32", "the producer thread's k and v tiles landed")
 	} else {
 		g.tmaBarriers(b, l, "k and v", 2)
 	}

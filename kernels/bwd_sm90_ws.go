@@ -24,8 +24,10 @@ import (
 // and every lane then arrives on the stage's full barrier (count 32), so
 // that the phase completes once the statistics are stored and the tiles'
 // bytes have landed. Before refilling a stage it waits for that stage's
-// empty barrier, on which each compute warp arrives once it is done with
-// the stage (count: the compute warps).
+// empty barrier, on which each compute thread arrives once it is done with
+// the stage (count: the compute threads, which read LSE2 and Delta
+// themselves; the dQ kernel's stages, read only by warpgroup products, are
+// released by one lane a warp).
 //
 // A compute warpgroup's step waits for its stage's full barrier, computes
 // S and dP, and after the wait for S — by which point its dV and dK
@@ -90,22 +92,24 @@ func (g *bwdGen) wsBwdConstants(b *strings.Builder, dkdv bool) {
 // wsBwdBarriers writes the full and empty mbarriers of the two stages and
 // their initialization (in place of tmaBarriers), ending with the kernel's
 // only block-wide barrier. The full barriers take fullCount arrivals (what:
-// whose, and what lands) and the tiles' bytes.
-func (g *bwdGen) wsBwdBarriers(b *strings.Builder, l bwdSmemLayout, fullCount int, what string) {
-	fmt.Fprintf(b, `  // ---- mbarriers of stage s: full (bar + 8s: %[3]s) and empty (empty + 8s: every compute warp is done
-  // with the stage); the k-th fill of stage s completes phase k of its full barrier, the k-th release
-  // phase k of its empty one
+// whose, and what lands) and the tiles' bytes, the empty ones emptyCount
+// (an expression: every compute thread, where the threads read the stage
+// themselves, or one lane a warp, where only warpgroup products read it).
+func (g *bwdGen) wsBwdBarriers(b *strings.Builder, l bwdSmemLayout, fullCount int, emptyCount, what string) {
+	fmt.Fprintf(b, `  // ---- mbarriers of stage s: full (bar + 8s: %[3]s) and empty (empty + 8s: the compute threads are
+  // done with the stage, %[5]s arrivals); the k-th fill of stage s completes phase k of its full barrier,
+  // the k-th release phase k of its empty one
   const u32 bar = s0 + %[1]d, empty = s0 + %[2]d;
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       mbar_init(bar + 8 * s, %[4]d);
-      mbar_init(empty + 8 * s, NCOMPUTE / 32);
+      mbar_init(empty + 8 * s, %[5]s);
     }
     mbar_fence_init();
   }
   __syncthreads();  // the only block-wide barrier: the producer warpgroup leaves the compute threads after it
-`, l.off["bar"], l.off["empty"], what, fullCount)
+`, l.off["bar"], l.off["empty"], what, fullCount, emptyCount)
 }
 
 // wsBwdProducer writes the producer warpgroup's branch: setmaxnreg, and
@@ -161,19 +165,20 @@ func (g *bwdGen) wsBwdStepStart(b *strings.Builder) {
 `)
 }
 
-// wsBwdRelease writes, for a warp-specialized kernel, each compute warp's
-// release of the previous step's stage, once its S wait has also retired
-// that step's dV and dK products (the last readers of the stage's q and
-// dO; its LSE2 and Delta were read into registers before), and with one
-// buffer of P and dS the barrier before their stores.
+// wsBwdRelease writes, for a warp-specialized kernel, each compute
+// thread's release of the previous step's stage, once its S wait has also
+// retired that step's dV and dK products (the last readers of the stage's q
+// and dO; its LSE2 and Delta it read into registers before), and with one
+// buffer of P and dS the barrier before their stores. Every thread arrives
+// (the empty barriers count NCOMPUTE): with one arrival a warp after
+// __syncwarp the other lanes' reads of LSE2 and Delta would be ordered
+// before the producer's next stores only through the warp barrier, which
+// compute-sanitizer's racecheck does not follow (TestMbarrierHandoff).
 func (g *bwdGen) wsBwdRelease(b *strings.Builder) {
 	if !g.ws {
 		return
 	}
-	b.WriteString(`    if (it > 0) {  // dV and dK of step it - 1 are complete: this warp is done with its stage
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + 8 * (st ^ 1));
-    }
+	b.WriteString(`    if (it > 0) mbar_arrive(empty + 8 * (st ^ 1));  // dV and dK of step it - 1 are complete: this thread is done with its stage
 `)
 	if g.v.bwdWSBuffers() == 1 {
 		b.WriteString("    " + g.wsStepSync("every warp that reads P and dS issued the products of step it - 1 (one buffer)") + "\n")
