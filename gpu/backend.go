@@ -80,8 +80,9 @@ type Backend struct {
 	BwdKeyRows bool
 	// BwdKeyRowsAuto runs that key-rows step, with the atomic dQ added by
 	// bulk reduce-adds, on the problems where it measured faster than the
-	// table's choice (keyRowsFaster: head dims 65–128 without a mask or
-	// window, at least 1024 queries, fixed length), for calls that leave
+	// table's choice (keyRowsFaster: head dims 65–128, at least 512
+	// queries without a mask or window and 1024 with one, fixed length),
+	// for calls that leave
 	// the dQ algorithm to the backend (DQAuto) or ask for DQAtomic and are
 	// not deterministic.
 	// New sets it unless EnvBwdKeyRows is "0".

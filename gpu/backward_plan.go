@@ -76,7 +76,12 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 	w.total = 2 * stat
 	if algo == DQAtomic {
 		w.dqacc = w.total
-		w.total += align256(rows * int64(p.H) * int64(kernels.BwdDQAccDim(p.DK)) * 4)
+		size := rows * int64(p.H) * int64(kernels.BwdDQAccDim(p.DK))
+		if !p.Varlen && kernels.BwdDQAccDim(p.DK) == 128 { // room for the tiled layout too (kernels.BwdVariant.DQAccTiled: 128 columns), whichever the plan takes
+			tb, _ := kernels.BwdDQAccTiledStrides(p.N, p.H)
+			size = max(size, int64(p.B)*tb)
+		}
+		w.total += align256(size * 4)
 	}
 	if kernels.BwdNeedsStaging(dt, p.DK, p.DV) {
 		// Padded copies [rows, heads, staged dim] in the batch layout of the
@@ -368,18 +373,27 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.QueryStep = r.queryStep
 		pl.tryTMA(w) // q's and dO's maps take the step's rows a box
 	}
+	if pl.v.DQAccTiled() {
+		sb, sh := kernels.BwdDQAccTiledStrides(p.N, p.H)
+		pl.params.DQAccS = kernels.BwdStrides{Batch: sb, Head: sh}
+	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the
-// key-rows step with the atomic dQ by bulk reduce-adds than on the dQ
-// table's choice for the warp-specialized kernels: head dims 65–128 (their
-// larger), no mask or window, at least 1024 queries, fixed length, not
-// deterministic (docs/kernels/backward.md, "Scores by key rows").
+// key-rows step with the atomic dQ by bulk reduce-adds (into the tiled
+// accumulator) than on the dQ table's choice for the warp-specialized
+// kernels: head dims 65–128 (their larger), at least 512 queries without a
+// mask or window and 1024 with one, fixed length, not deterministic
+// (docs/kernels/backward.md, "The tiled dQ accumulator").
 func keyRowsFaster(p *attn.Problem) bool {
 	d := max(p.DK, p.DV)
-	return d > 64 && d <= 128 && !p.Masked && !p.Varlen && p.N >= 1024 && !p.Opt.Deterministic
+	minN := 512
+	if p.Masked {
+		minN = 1024
+	}
+	return d > 64 && d <= 128 && !p.Varlen && p.N >= minN && !p.Opt.Deterministic
 }
 
 // bwdWSSlower reports the problems whose warp-specialized backward

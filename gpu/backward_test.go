@@ -365,8 +365,8 @@ func TestBackwardGradients(t *testing.T) {
 }
 
 // TestBackwardKeyRowsDefault runs the problems of the key-rows step's class
-// (Backend.BwdKeyRowsAuto: D = 65–128 without a mask, at least 1024
-// queries), which bwdCases' short sequences do not reach, with both dQ
+// (Backend.BwdKeyRowsAuto: D = 65–128, at least 512 queries without a mask
+// and 1024 with one), which bwdCases' short sequences do not reach, with both dQ
 // algorithms on a new backend: the dQ left atomic must plan the key-rows
 // step with the bulk dQ on a Hopper device, and every gradient must meet
 // the criterion. Skips without a GPU.
@@ -379,6 +379,8 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 	for ci, c := range []bwdCase{
 		{name: "keyrows-d128-n1024", b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dtypes: both},
 		{name: "keyrows-d128-96-gqa-n1100-m1300", b: 2, n: 1100, m: 1300, h: 4, hkv: 2, dk: 128, dv: 96, dtypes: both[:1]},
+		{name: "keyrows-d128-causal-br-gqa-n1040-m1100", b: 1, n: 1040, m: 1100, h: 4, hkv: 2, dk: 128, dv: 128, causal: true, dtypes: both[:1]},
+		{name: "keyrows-d120-n600", b: 2, n: 600, m: 700, h: 2, hkv: 2, dk: 120, dv: 120, dtypes: both[:1]},
 		{name: "keyrows-d128-bias-grad-softcap-n1024-m1040", b: 2, n: 1024, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: both[:1]},
 	} {
 		for _, dt := range c.dtypes {

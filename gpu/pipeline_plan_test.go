@@ -255,7 +255,8 @@ func hopperPlan(t *testing.T, name string, c bwdCase, seed uint64, algo DQAlgori
 
 // TestBackwardPlanKeyRowsAuto checks where the planner takes the key-rows
 // step with the atomic dQ by bulk reduce-adds on its own (keyRowsFaster):
-// D = 65–128 without a mask, at least 1024 queries, fixed length, the dQ
+// D = 65–128, at least 512 queries without a mask and 1024 with one, fixed
+// length, the dQ
 // algorithm left to it or atomic, not deterministic, warp-specialized
 // tensor-map kernels; elsewhere the table's choice stands. Planned again
 // with the algorithm the plan returned, as BackwardDevice plans after
@@ -268,6 +269,10 @@ func TestBackwardPlanKeyRowsAuto(t *testing.T) {
 	causal.causal = true
 	short := d128
 	short.n, short.m = 512, 512
+	shorter := d128
+	shorter.n, shorter.m = 256, 256
+	shortCausal := causal
+	shortCausal.n, shortCausal.m = 512, 512
 	cases := []struct {
 		name     string
 		c        bwdCase
@@ -282,8 +287,10 @@ func TestBackwardPlanKeyRowsAuto(t *testing.T) {
 		{"d128 separate asked", d128, DQSeparate, true, true, false, DQSeparate},
 		{"d128 atomic asked", d128, DQAtomic, true, true, true, DQAtomic},
 		{"d128 deterministic", det, DQAuto, true, true, false, DQSeparate},
-		{"d128 causal", causal, DQAuto, true, true, false, DQSeparate},
-		{"d128 N = 512", short, DQAuto, true, true, false, DQSeparate},
+		{"d128 causal", causal, DQAuto, true, true, true, DQAtomic},
+		{"d128 causal N = 512", shortCausal, DQAuto, true, true, false, DQSeparate},
+		{"d128 N = 512", short, DQAuto, true, true, true, DQAtomic},
+		{"d128 N = 256", shorter, DQAuto, true, true, false, DQSeparate},
 		{"d128-96 gqa", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 128, dv: 96}, DQAuto, true, true, true, DQAtomic},
 		{"d96-128: dQ of one warpgroup declined", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 96, dv: 128}, DQAuto, true, true, false, DQSeparate},
 		{"d64", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, true, false, DQAtomic},

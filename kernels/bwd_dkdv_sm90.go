@@ -66,6 +66,43 @@ func QueryStepOK(v BwdVariant) bool {
 	return false
 }
 
+// DQAccTiled reports whether v's fp32 dQ accumulator is tiled: a Hopper
+// dK/dV kernel adding a fixed-length batch's dQ by bulk reduce-adds with the warpgroups splitting its 128 columns, by
+// query rows (not transposed). Each warpgroup's 64 × 64 tile of a step is
+// then one contiguous 16 KB block of the accumulator (BwdDQTileFloats), added
+// by one bulk reduce-add, where rows of the row layout need one each. The
+// accumulator of batch b, head h holds blocks of BwdDQTileRows query rows,
+// each two such tiles (columns 0..63, 64..127), rows of 64 floats whose
+// 8-float chunks are swizzled by the row (chunk c of row r at c ^ (r mod 8),
+// so that a warp's paired stores into the shared tile fall on distinct
+// banks); dqa_sh is a head's floats, dqa_sb a batch element's, dqa_sr
+// unused (BwdDQAccTiledStrides). The pre kernel zeroes it and the convert
+// kernel reads it in that order.
+func (v BwdVariant) DQAccTiled() bool {
+	return v.BulkDQ && v.WGMMA && !v.Varlen && v.bwdHopperSplitDQ() && !v.bwdDQTransposed()
+}
+
+// BwdDQTileRows is the query rows of a block of the tiled dQ accumulator
+// (BwdVariant.DQAccTiled), BwdDQTileFloats the floats of one of its tiles.
+const (
+	BwdDQTileRows   = bwdHopperBM
+	BwdDQTileFloats = BwdDQTileRows * 64
+)
+
+// BwdDQAccTiledStrides returns the batch and head strides, in floats, of
+// the tiled dQ accumulator of n queries and h heads: blocks of
+// BwdDQTileRows rows (n rounded up), two tiles a block.
+func BwdDQAccTiledStrides(n, h int) (batch, head int64) {
+	head = int64((n+BwdDQTileRows-1)/BwdDQTileRows) * 2 * BwdDQTileFloats
+	return int64(h) * head, head
+}
+
+// dqAccTiledAt returns the C expression of the float offset, from a head's
+// start, of element (row i, column d) of the tiled dQ accumulator.
+func dqAccTiledAt(i, d string) string {
+	return fmt.Sprintf("((((%[1]s) >> 6) * 2 + ((%[2]s) >> 6)) * %[3]d + ((%[1]s) & 63) * 64 + (((%[2]s) & 63) ^ (((%[1]s) & 7) << 3)))", i, d, BwdDQTileFloats)
+}
+
 // bwdDQTransposed reports whether v's dK/dV kernel computes the atomic dQ
 // transposed, dQᵀ = Kᵀ·dSᵀ (this warpgroup's dQ columns as the product's
 // 64 rows, the step's queries as its columns): on a step of 80 queries,
@@ -84,6 +121,9 @@ func (v BwdVariant) bwdDQTransposed() bool {
 // bulk copies.
 func (v BwdVariant) bwdDQPitch() int {
 	_, _, nq := v.bwdHopperCols()
+	if v.DQAccTiled() {
+		return nq // the accumulator's tile as it is, its chunks swizzled instead of its rows padded
+	}
 	if v.bwdDQTransposed() {
 		return nq + 4
 	}
@@ -261,7 +301,11 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 `, l.off["sP"], l.off["sdS"], l.off["sL"], l.off["sD"], l.off["sP"], l.off["sdS"])
 	if v.BulkDQ {
 		_, _, nq := v.bwdHopperCols()
-		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, rows padded by %d\n", l.off["sdQ"], v.bwdDQPitch(), v.bwdDQPitch()-nq)
+		layout := fmt.Sprintf("rows padded by %d", v.bwdDQPitch()-nq)
+		if v.DQAccTiled() {
+			layout = "in the accumulator tile's order"
+		}
+		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, %s\n", l.off["sdQ"], v.bwdDQPitch(), layout)
 	}
 	if v.WarpSpecialized {
 		g.wsBwdBarriers(b, l, 32, "NCOMPUTE", "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
@@ -542,6 +586,10 @@ func (g *bwdGen) dqReduce(b *strings.Builder, pre string) {
 // columns past the head dim (up to the accumulator's padded width, the
 // head stride dqa_sh) are zeros: K's columns there are zero-filled.
 func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
+	if g.v.DQAccTiled() {
+		g.dqBulkTiled(b)
+		return
+	}
 	fmt.Fprintf(b, `      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
       float* sq = sdQ + (dq0 / %[2]d) * BM * QP;  // this warpgroup's tile
       if (t4 == 0) bulk_wait_read<0>();  // this lane's reduce-adds of the last step no longer read its rows
@@ -567,6 +615,34 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
       }
     }
 `, g.v.bwdDQPitch(), nq, nq/8)
+}
+
+// dqBulkTiled is dqBulk for the tiled accumulator (DQAccTiled): the
+// warpgroup's 64 × 64 tile goes to shared memory in the accumulator tile's
+// own order, and once the warpgroup met (named barrier 2 + wg) its first
+// thread adds the whole tile with one bulk reduce-add; before the stores
+// the warpgroup meets once that thread's reduce-add of the last step is
+// done reading the tile.
+func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
+	fmt.Fprintf(b, `      float* sq = sdQ + wg * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
+      const bool issuer = (tid & 127) == 0;  // the thread that adds the tile
+      if (issuer) bulk_wait_read<0>();  // its reduce-add of the last step no longer reads the tile
+      bar_sync(2 + wg, 128);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
+          *reinterpret_cast<float2*>(sq + il * 64 + (jl ^ ((il & 7) << 3))) = make_float2(accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
+        }
+      fence_proxy_async();  // the stores, before the copy engine reads them
+      bar_sync(2 + wg, 128);  // the tile is whole
+      if (issuer) {
+        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((i0 >> 6) * 2 + wg) * %[1]d, smem_u32(sq), %[2]d);
+        bulk_commit();
+      }
+    }
+`, BwdDQTileFloats, BwdDQTileFloats*4)
 }
 
 // dqBulkTransposed is dqBulk for the transposed product (bwdDQTransposed):
@@ -654,6 +730,8 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 	}
 	nfKeysCheck(b, g.ws, accs...)
 	switch {
+	case v.DQAccTiled():
+		b.WriteString("  if ((tid & 127) == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	case v.bwdDQTransposed():
 		b.WriteString("  if ((tid & 127) < BM) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	case v.BulkDQ:

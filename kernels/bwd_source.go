@@ -337,7 +337,12 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
       p.lse2[si] = l == -FA_INF ? FA_INF : l * FA_LOG2E;
     }
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, preRowDot(v))
-	if v.AtomicDQ {
+	switch {
+	case v.DQAccTiled():
+		fmt.Fprintf(b, `    float* ga = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator (rows past n are added zeros, never read)
+    for (int d = lane; d < 128; d += 32) ga[%s] = 0.f;
+`, dqAccTiledAt("i", "d"))
+	case v.AtomicDQ:
 		fmt.Fprintf(b, `    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     for (int d = lane; d < %d; d += 32) gq[d] = 0.f;  // the whole padded row: vector adds touch it
 `, BwdDQAccDim(v.DK))
@@ -386,6 +391,12 @@ func flatAccShift(v BwdVariant) string {
 
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
+	acc := "    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;\n"
+	elem := "gs[d" + flatAccShift(v) + "]"
+	if v.DQAccTiled() {
+		acc = "    const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator\n"
+		elem = "gs[" + dqAccTiledAt("i", "d") + "]"
+	}
 	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -395,11 +406,10 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
     if (i >= n) break;
-    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
-    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
+%s    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
     bool bad = false;
     for (int d = lane; d < %d; d += 32) {
-      const float x = gs[d%s] * p.scale;
+      const float x = %s * p.scale;
       bad |= nf_bad(x);
       gq[d] = t_from_f(x);
     }
@@ -409,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   }
 }
 
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, v.DK, flatAccShift(v))
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, v.DK, elem)
 }
 
 func (g *bwdGen) dbiasKernel(b *strings.Builder) {
