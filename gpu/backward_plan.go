@@ -77,8 +77,8 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 	if algo == DQAtomic {
 		w.dqacc = w.total
 		size := rows * int64(p.H) * int64(kernels.BwdDQAccDim(p.DK))
-		if !p.Varlen && kernels.BwdDQAccDim(p.DK) == 128 { // room for the tiled layout too (kernels.BwdVariant.DQAccTiled: 128 columns), whichever the plan takes
-			tb, _ := kernels.BwdDQAccTiledStrides(p.N, p.H)
+		if cols := kernels.BwdDQAccTiledCols(p.DK); !p.Varlen && cols > 0 { // room for the tiled layout too (kernels.BwdVariant.DQAccTiled), whichever the plan takes
+			tb, _ := kernels.BwdDQAccTiledStrides(p.N, p.H, cols)
 			size = max(size, int64(p.B)*tb)
 		}
 		w.total += align256(size * 4)
@@ -374,7 +374,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		pl.tryTMA(w) // q's and dO's maps take the step's rows a box
 	}
 	if pl.v.DQAccTiled() {
-		sb, sh := kernels.BwdDQAccTiledStrides(p.N, p.H)
+		sb, sh := kernels.BwdDQAccTiledStrides(p.N, p.H, kernels.BwdDQAccTiledCols(p.DK))
 		pl.params.DQAccS = kernels.BwdStrides{Batch: sb, Head: sh}
 	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)

@@ -67,20 +67,24 @@ func QueryStepOK(v BwdVariant) bool {
 }
 
 // DQAccTiled reports whether v's fp32 dQ accumulator is tiled: a Hopper
-// dK/dV kernel adding a fixed-length batch's dQ by bulk reduce-adds with the warpgroups splitting its 128 columns, by
-// query rows (not transposed). Each warpgroup's 64 × 64 tile of a step is
-// then one contiguous 16 KB block of the accumulator (BwdDQTileFloats), added
-// by one bulk reduce-add, where rows of the row layout need one each. The
-// accumulator of batch b, head h holds blocks of BwdDQTileRows query rows,
-// each two such tiles (columns 0..63, 64..127), rows of 64 floats whose
-// 8-float chunks are swizzled by the row (chunk c of row r at c ^ (r mod 8),
-// so that a warp's paired stores into the shared tile fall on distinct
-// banks); dqa_sh is a head's floats, dqa_sb a batch element's, dqa_sr
-// unused (BwdDQAccTiledStrides). The pre kernel zeroes it and the convert
-// kernel reads it in that order.
+// dK/dV kernel adding a fixed-length batch's dQ by bulk reduce-adds, by
+// query rows (not transposed), at padded DK 128 (the warpgroups split dQ's
+// columns) or 64 (warpgroup 0 computes them). Each warpgroup's 64 × 64 tile
+// of a step is then one contiguous 16 KB block of the accumulator
+// (BwdDQTileFloats), added by one bulk reduce-add, where rows of the row
+// layout need one each. The accumulator of batch b, head h holds blocks of
+// BwdDQTileRows query rows, each DKP/64 such tiles (columns 0..63, 64..127),
+// rows of 64 floats whose 8-float chunks are swizzled by the row (chunk c
+// of row r at c ^ (r mod 8), so that a warp's paired stores into the shared
+// tile fall on distinct banks); dqa_sh is a head's floats, dqa_sb a batch
+// element's, dqa_sr unused (BwdDQAccTiledStrides). The pre kernel zeroes it
+// and the convert kernel reads it in that order.
 func (v BwdVariant) DQAccTiled() bool {
-	return v.BulkDQ && v.WGMMA && !v.Varlen && v.bwdHopperSplitDQ() && !v.bwdDQTransposed()
+	return v.BulkDQ && v.WGMMA && !v.Varlen && !v.bwdDQTransposed() && (v.bwdHopperSplitDQ() || v.DKPad() == 64)
 }
+
+// dqAccTiles returns the tiles of a block of v's tiled dQ accumulator.
+func (v BwdVariant) dqAccTiles() int { return v.DKPad() / 64 }
 
 // BwdDQTileRows is the query rows of a block of the tiled dQ accumulator
 // (BwdVariant.DQAccTiled), BwdDQTileFloats the floats of one of its tiles.
@@ -89,18 +93,30 @@ const (
 	BwdDQTileFloats = BwdDQTileRows * 64
 )
 
+// BwdDQAccTiledCols returns the columns of the tiled dQ accumulator of
+// head dim dk (BwdVariant.DQAccTiled), 64 or 128, or 0 where the padded
+// head dim takes the row layout.
+func BwdDQAccTiledCols(dk int) int {
+	switch p := padMMA(dk); p {
+	case 64, 128:
+		return p
+	}
+	return 0
+}
+
 // BwdDQAccTiledStrides returns the batch and head strides, in floats, of
-// the tiled dQ accumulator of n queries and h heads: blocks of
-// BwdDQTileRows rows (n rounded up), two tiles a block.
-func BwdDQAccTiledStrides(n, h int) (batch, head int64) {
-	head = int64((n+BwdDQTileRows-1)/BwdDQTileRows) * 2 * BwdDQTileFloats
+// the tiled dQ accumulator of n queries, h heads and cols columns
+// (BwdDQAccTiledCols): blocks of BwdDQTileRows rows (n rounded up), cols/64
+// tiles a block.
+func BwdDQAccTiledStrides(n, h, cols int) (batch, head int64) {
+	head = int64((n+BwdDQTileRows-1)/BwdDQTileRows) * int64(cols/64) * BwdDQTileFloats
 	return int64(h) * head, head
 }
 
 // dqAccTiledAt returns the C expression of the float offset, from a head's
-// start, of element (row i, column d) of the tiled dQ accumulator.
-func dqAccTiledAt(i, d string) string {
-	return fmt.Sprintf("((((%[1]s) >> 6) * 2 + ((%[2]s) >> 6)) * %[3]d + ((%[1]s) & 63) * 64 + (((%[2]s) & 63) ^ (((%[1]s) & 7) << 3)))", i, d, BwdDQTileFloats)
+// start, of element (row i, column d) of v's tiled dQ accumulator.
+func (v BwdVariant) dqAccTiledAt(i, d string) string {
+	return fmt.Sprintf("((((%[1]s) >> 6) * %[4]d + ((%[2]s) >> 6)) * %[3]d + ((%[1]s) & 63) * 64 + (((%[2]s) & 63) ^ (((%[1]s) & 7) << 3)))", i, d, BwdDQTileFloats, v.dqAccTiles())
 }
 
 // bwdDQTransposed reports whether v's dK/dV kernel computes the atomic dQ
@@ -624,12 +640,12 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
 // the warpgroup meets once that thread's reduce-add of the last step is
 // done reading the tile.
 func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
-	fmt.Fprintf(b, `      float* sq = sdQ + wg * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
+	fmt.Fprintf(b, `      float* sq = sdQ + (dq0 / 64) * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
       const bool issuer = (tid & 127) == 0;  // the thread that adds the tile
       if (issuer) bulk_wait_read<0>();  // its reduce-add of the last step no longer reads the tile
       bar_sync(2 + wg, 128);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 64 / 8; ++nt)  // the tile's 64 columns (a warpgroup's share of dQ, nq)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
@@ -638,11 +654,11 @@ func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
       fence_proxy_async();  // the stores, before the copy engine reads them
       bar_sync(2 + wg, 128);  // the tile is whole
       if (issuer) {
-        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((i0 >> 6) * 2 + wg) * %[1]d, smem_u32(sq), %[2]d);
+        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((i0 >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
         bulk_commit();
       }
     }
-`, BwdDQTileFloats, BwdDQTileFloats*4)
+`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles())
 }
 
 // dqBulkTransposed is dqBulk for the transposed product (bwdDQTransposed):

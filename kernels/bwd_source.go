@@ -340,8 +340,8 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 	switch {
 	case v.DQAccTiled():
 		fmt.Fprintf(b, `    float* ga = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator (rows past n are added zeros, never read)
-    for (int d = lane; d < 128; d += 32) ga[%s] = 0.f;
-`, dqAccTiledAt("i", "d"))
+    for (int d = lane; d < %d; d += 32) ga[%s] = 0.f;
+`, v.DKPad(), v.dqAccTiledAt("i", "d"))
 	case v.AtomicDQ:
 		fmt.Fprintf(b, `    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     for (int d = lane; d < %d; d += 32) gq[d] = 0.f;  // the whole padded row: vector adds touch it
@@ -395,7 +395,7 @@ func (g *bwdGen) convertKernel(b *strings.Builder) {
 	elem := "gs[d" + flatAccShift(v) + "]"
 	if v.DQAccTiled() {
 		acc = "    const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator\n"
-		elem = "gs[" + dqAccTiledAt("i", "d") + "]"
+		elem = "gs[" + v.dqAccTiledAt("i", "d") + "]"
 	}
 	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {

@@ -755,3 +755,44 @@ func TestDeepDescriptorsOpaque(t *testing.T) {
 		}
 	}
 }
+
+// TestDQAccTiledSource checks where the dQ accumulator is tiled (the bulk
+// dQ by query rows at padded DK 64 or 128, fixed length) and that those
+// kernels add each warpgroup's tile with one 16 KB bulk reduce-add from its
+// first thread, zero and read the accumulator in the tile order, and issue
+// no per-row reduce-adds.
+func TestDQAccTiledSource(t *testing.T) {
+	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, AtomicDQ: true, BulkDQ: true, WGMMA: true, TMA: true, WarpSpecialized: true}
+	edit := func(f func(*BwdVariant)) BwdVariant { v := base; f(&v); return v }
+	for _, tc := range []struct {
+		name  string
+		v     BwdVariant
+		tiled bool
+	}{
+		{"d128", base, true},
+		{"d128 key rows", edit(func(v *BwdVariant) { v.KeyRows = true }), true},
+		{"d128 lockstep", edit(func(v *BwdVariant) { v.WarpSpecialized = false }), true},
+		{"d64", edit(func(v *BwdVariant) { v.DK, v.DV = 64, 64 }), true},
+		{"d120-96", edit(func(v *BwdVariant) { v.DK, v.DV = 120, 96 }), true},
+		{"d96", edit(func(v *BwdVariant) { v.DK, v.DV = 96, 96 }), false},
+		{"d128 varlen", edit(func(v *BwdVariant) { v.Varlen, v.TMA, v.WarpSpecialized = true, false, false }), false},
+		{"d128 vector atomics", edit(func(v *BwdVariant) { v.BulkDQ = false }), false},
+		{"d128 80 queries (transposed)", edit(func(v *BwdVariant) { v.KeyRows, v.QueryStep = true, 80 }), false},
+	} {
+		if got := tc.v.DQAccTiled(); got != tc.tiled {
+			t.Errorf("%s: DQAccTiled %v, want %v", tc.name, got, tc.tiled)
+			continue
+		}
+		src, err := tc.v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		whole := "smem_u32(sq), 16384);"
+		if got := strings.Count(src, whole); tc.tiled != (got == 1) {
+			t.Errorf("%s: %d whole-tile reduce-adds", tc.name, got)
+		}
+		if tc.tiled && (strings.Count(src, "the tiled accumulator") != 2 || strings.Contains(src, "smem_u32(sq + il * QP)")) {
+			t.Errorf("%s: the pre or convert kernel not in the tile order, or rows reduced one by one", tc.name)
+		}
+	}
+}
