@@ -103,6 +103,9 @@ type fwdRequest struct {
 	// sms is the device's multiprocessor count, the CTAs of a persistent
 	// launch (kernels.PersistentGrid).
 	sms int
+	// biasStaged stages a 16-bit bias through shared memory where the
+	// variant and the bias's layout allow it (Backend.FwdBiasStaged).
+	biasStaged bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -166,13 +169,20 @@ func plan(r fwdRequest) (launch, error) {
 		// the kernel counts its tiles in an int
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}
+	pr := fwdParams(r)
+	if r.biasStaged && vr.WarpSpecialized && biasStageable(pr) {
+		w := vr
+		w.BiasStaged = true
+		if w.Validate() == nil {
+			vr = w
+		}
+	}
 	if err := vr.Validate(); err != nil {
 		return l, err
 	}
 	if p.H > 65535 || p.B > 65535 {
 		return l, attn.Errorf(attn.ErrUnsupported, "cuda backend: grid of %d heads x %d batch elements (at most 65535 each)", p.H, p.B)
 	}
-	pr := fwdParams(r)
 	var omap kernels.TMATensor
 	if vr.StoreO {
 		// O by a tensor map where the encoder takes o's (the tiles' layout does not change without it)
@@ -205,6 +215,15 @@ func plan(r fwdRequest) (launch, error) {
 		l.grid = [3]uint32{uint32(kernels.PersistentGrid(tiles, r.sms)), 1, 1}
 	}
 	return l, nil
+}
+
+// biasStageable reports whether the bias of parameters pr can be staged
+// through shared memory by 16-byte copies (kernels.Variant.BiasStaged): a
+// 16-bit bias (the variant checks the type) with contiguous keys, its start
+// and every row, head and batch stride 16-byte aligned.
+func biasStageable(pr kernels.Params) bool {
+	aligned := func(elems int64) bool { return elems*2%16 == 0 }
+	return pr.Bias != 0 && pr.Bias%16 == 0 && pr.BiasStrideM == 1 && aligned(pr.BiasStrideN) && aligned(pr.BiasStrideH) && aligned(pr.BiasStrideB)
 }
 
 // fwdVariant returns the variant of r before its tile is chosen, and
@@ -431,7 +450,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p)}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p), biasStaged: b.FwdBiasStaged}
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -91,7 +92,8 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles})
+	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles,
+		biasStaged: envSet(os.Getenv(EnvFwdBiasStaged))})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -382,6 +384,37 @@ func TestForwardEmulatedWideTiles(t *testing.T) {
 					t.Fatalf("plan %s: not the tile and pipeline asked for", vr.Name())
 				}
 				fwdCheck(t, c.pr.dt, q, k, v, opt, res)
+			})
+		}
+	}
+}
+
+// TestForwardEmulatedBiasStaged runs biased forwards on the warp-specialized
+// Hopper kernels with the bias staged through shared memory
+// (EnvFwdBiasStaged, kernels.Variant.BiasStaged) on the host emulator
+// against the float64 reference: rows past the queries in the last block,
+// keys past M, broadcast batch or head dims, both 16-bit bias types, a mask,
+// softcap and dropout; a bias whose rows are not 16-byte aligned keeps the
+// loads from global memory (FLASHATTN_FWD_EMU=1; needs g++).
+func TestForwardEmulatedBiasStaged(t *testing.T) {
+	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
+	t.Setenv(EnvFwdBiasStaged, "1")
+	cases := []fwdProblem{
+		{name: "bf16-d128-causal-m304", dt: attn.BFloat16, b: 1, n: 150, m: 304, h: 2, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}, biasB: 1, bias: 2},
+		{name: "fp16-d64-softcap-window-m136", dt: attn.Float16, b: 2, n: 100, m: 136, h: 2, hkv: 2, dk: 64, dv: 64, opt: attn.Options{Softcap: 5, Window: &attn.Window{Left: 40, Right: 9}}, biasB: 2, bias: 1},
+		{name: "bf16-d128-dropout-m264-fp16bias", dt: attn.BFloat16, b: 1, n: 130, m: 264, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Dropout: 0.2, Seed: 9}, biasB: 1, bias: 1, biasDT: attn.Float16},
+		{name: "bf16-d128-m301-unaligned", dt: attn.BFloat16, b: 1, n: 70, m: 301, h: 2, hkv: 2, dk: 128, dv: 128, biasB: 1, bias: 2},
+	}
+	for _, kind := range []emuKernels{emuHopperWS, emuHopperPP, emuHopperPT} {
+		for i, pr := range cases {
+			q, k, v, opt := pr.inputs(uint64(900 + i))
+			t.Run(fmt.Sprintf("%d/%s", kind, pr.name), func(t *testing.T) {
+				res, vr := fwdEmuRunOn(t, q, k, v, opt, kind)
+				want := pr.m%8 == 0 && vr.BlockN%64 == 0
+				if vr.BiasStaged != want {
+					t.Fatalf("plan %s: BiasStaged = %v, want %v", vr.Name(), vr.BiasStaged, want)
+				}
+				fwdCheck(t, pr.dt, q, k, v, opt, res)
 			})
 		}
 	}

@@ -454,3 +454,29 @@ func TestForwardShortPipeline(t *testing.T) {
 		t.Errorf("%s: want warp-specialized, persistent, O by tensor map", v.Name())
 	}
 }
+
+// TestBiasStageable checks which bias layouts the staged bias takes
+// (16-byte copies: contiguous keys, start and strides 16-byte aligned,
+// broadcast dims as stride 0).
+func TestBiasStageable(t *testing.T) {
+	ok := kernels.Params{Bias: 0x10000, BiasStrideB: 0, BiasStrideH: 4096 * 4096, BiasStrideN: 4096, BiasStrideM: 1}
+	for _, tc := range []struct {
+		name string
+		edit func(*kernels.Params)
+		want bool
+	}{
+		{"contiguous, batch broadcast", func(*kernels.Params) {}, true},
+		{"rows of 4100 keys", func(p *kernels.Params) { p.BiasStrideN, p.BiasStrideH = 4100, 4100*4096 }, false},
+		{"rows of 4104 keys", func(p *kernels.Params) { p.BiasStrideN, p.BiasStrideH = 4104, 4104*4096 }, true},
+		{"keys two apart", func(p *kernels.Params) { p.BiasStrideM = 2 }, false},
+		{"start 2 bytes off", func(p *kernels.Params) { p.Bias += 2 }, false},
+		{"head stride of 4 elements", func(p *kernels.Params) { p.BiasStrideH = 4 }, false},
+		{"no bias", func(p *kernels.Params) { p.Bias = 0 }, false},
+	} {
+		p := ok
+		tc.edit(&p)
+		if got := biasStageable(p); got != tc.want {
+			t.Errorf("%s: biasStageable = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

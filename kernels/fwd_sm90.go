@@ -65,7 +65,10 @@ func (g *geom) hopperGeom(v Variant) {
 	if v.StoreO {
 		g.so = g.va * v.BlockM * 128 // [warpgroups][VATOMS][64][64]: each warpgroup's O
 	}
-	g.smem = g.sq + g.sk + g.sv + g.so + g.sp + g.red + 1024
+	if v.BiasStaged {
+		g.sb = 2 * v.BlockM * v.BlockN * 2 // [2][BM][BN] 16-bit: the current and the next key block's bias
+	}
+	g.smem = g.sq + g.sk + g.sv + g.so + g.sb + g.sp + g.red + 1024
 	if v.TMA {
 		g.smem += tmaBarrierBytes
 	}
@@ -203,8 +206,11 @@ func (x *gen) hopperConstants() {
 	if v.StoreO {
 		x.p("constexpr int SO_OFF = %d;  // [warpgroups][VATOMS][64][64]: each warpgroup's O for the tensor-map store", g.sq+g.sk+g.sv)
 	}
+	if v.BiasStaged {
+		x.p("constexpr int SB_OFF = %d;  // [2][BM][BN] 16-bit: the staged bias of the current and the next key block", g.sq+g.sk+g.sv+g.so)
+	}
 	if v.TMA {
-		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sp+g.red)
+		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sb+g.sp+g.red)
 	}
 	if v.WarpSpecialized {
 		x.wsConstants()
@@ -391,6 +397,9 @@ func (x *gen) hopperTile(first string) {
 
 `)
 	x.hopperPrologueLoads()
+	if v.BiasStaged {
+		x.biasStageCopy("  ", "nb_hi - 1")
+	}
 	x.pingPongStart()
 	x.raw(`  {
     const int n0 = (nb_hi - 1) * BN;  // first key of the block
@@ -405,7 +414,11 @@ func (x *gen) hopperTile(first string) {
     qk_wgmma(s[0], dq, %s);
     wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
-	x.biasPrefetch("    ", "n0")
+	if v.BiasStaged {
+		x.biasStageRead("    ", "nb_hi - 1", "nb_hi - 2 >= nb_lo")
+	} else {
+		x.biasPrefetch("    ", "n0")
+	}
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
@@ -445,7 +458,11 @@ func (x *gen) hopperTile(first string) {
 	x.p("      %s", pv)
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPass)
-	x.biasPrefetch("      ", "(nb - 1) * BN")
+	if v.BiasStaged {
+		x.biasStageRead("      ", "nb - 1", "nb - 2 >= nb_lo")
+	} else {
+		x.biasPrefetch("      ", "(nb - 1) * BN")
+	}
 	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
 `)

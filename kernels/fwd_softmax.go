@@ -32,9 +32,10 @@ func (v Variant) biasSize() int {
 	return 2
 }
 
-// biasSetup writes the per-lane bias row pointers.
+// biasSetup writes the per-lane bias row pointers (none for a staged bias,
+// which is read from shared memory).
 func (x *gen) biasSetup() {
-	if x.v.Bias == BiasNone {
+	if x.v.Bias == BiasNone || x.v.BiasStaged {
 		return
 	}
 	x.p(`  // ---- bias rows of this lane (sequence positions m0 + wrow0 + 16·mt + g + 8·hf); 0 strides broadcast

@@ -96,6 +96,13 @@ type Variant struct {
 	FlatStaged bool
 	// Pipeline selects the Hopper forward's pipeline (fwd_sm90_ws.go).
 	Pipeline
+	// BiasStaged (WGMMA, WarpSpecialized, WarpsN = 1, a 16-bit bias whose
+	// keys are contiguous and whose rows, like its start, are 16-byte
+	// aligned: the host checks) copies each key block's bias tile into
+	// shared memory with cp.async one block ahead, and the softmax reads it
+	// from there, instead of loading every element from global memory while
+	// the block's S product runs (fwd_sm90_bias.go).
+	BiasStaged bool
 }
 
 // Pipeline is the schedule of a Hopper (WGMMA) forward kernel beyond its
@@ -157,6 +164,7 @@ type geom struct {
 	sv, sp   int // shared bytes of all V buffers and of the P tile
 	red      int // shared bytes of the row-statistics exchange (WarpsN > 1)
 	so       int // shared bytes of the O staging tiles (StoreO)
+	sb       int // shared bytes of the staged bias tiles (BiasStaged)
 	smem     int // total dynamic shared memory
 	ka, va   int // WGMMA: 64-column swizzle atoms of a Q/K row and of a V row
 }
@@ -232,7 +240,7 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + biasStagedSuffix(v.BiasStaged)
 }
 
 // flatSuffix is the name suffix of Flat (and FlatStaged) variants.
@@ -262,6 +270,13 @@ func wsSuffix(p Pipeline) string {
 }
 
 // tmaSuffix is the name suffix of TMA variants.
+func biasStagedSuffix(staged bool) string {
+	if staged {
+		return "_bs"
+	}
+	return ""
+}
+
 func tmaSuffix(tma bool) string {
 	if tma {
 		return "_tma"
@@ -322,6 +337,9 @@ func (v Variant) Validate() error {
 	}
 	if v.Bias != BiasNone && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: bias with packed variable-length batches")
+	}
+	if v.BiasStaged && (v.Bias != BiasBF16 && v.Bias != BiasF16 || !v.WGMMA || !v.WarpSpecialized || v.WarpsN != 1 || !biasStageRowsOK(v)) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: a bias staged through shared memory needs a 16-bit bias, the warp-specialized WGMMA kernel with one warpgroup a row group and a key tile of a multiple of 64")
 	}
 	if v.MinBlocks < 1 || v.MinBlocks > 8 {
 		return attn.Errorf(attn.ErrShape, "kernels: MinBlocks=%d outside 1..8", v.MinBlocks)

@@ -796,3 +796,39 @@ func TestDQAccTiledSource(t *testing.T) {
 		}
 	}
 }
+
+// TestBiasStagedSource checks the staged bias (Variant.BiasStaged): the
+// copies of the first key block before the loop and of the next one after
+// each block's reads, the wait and the warpgroup's barrier before the
+// reads, no per-element global bias loads; and that Validate refuses it
+// off the warp-specialized kernels, for a float32 bias and for key tiles
+// that are not a multiple of 64.
+func TestBiasStagedSource(t *testing.T) {
+	base := hopperVariant(t, attn.BFloat16, 128, 128, func(v *Variant) { v.Bias = BiasBF16 })
+	base.TMA, base.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	base.BiasStaged = true
+	src, err := base.Source()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := strings.Index(src, "stage the bias of key block nb_hi - 1")
+	read := strings.Index(src, "bar_sync(6 + wg, 128)")
+	next := strings.Index(src, "stage the bias of key block (nb_hi - 1) - 1")
+	loop := strings.Index(src, "stage the bias of key block (nb - 1) - 1")
+	if first < 0 || read < first || next < read || loop < next {
+		t.Errorf("staging order: first copy %d, read %d, next copy %d, loop copy %d", first, read, next, loop)
+	}
+	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") {
+		t.Error("a staged bias still loaded element by element from global memory in the main kernel")
+	}
+	for name, v := range map[string]Variant{
+		"lockstep": func() Variant { w := base; w.Pipeline = Pipeline{}; return w }(),
+		"float32":  func() Variant { w := base; w.Bias = BiasF32; return w }(),
+		"no bias":  func() Variant { w := base; w.Bias = BiasNone; return w }(),
+		"keys 96":  func() Variant { w := base; w.BlockN = 96; return w }(),
+	} {
+		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package kernels
+
+import "fmt"
+
+// The staged bias of the Hopper forward (Variant.BiasStaged). Each compute
+// warpgroup copies its 64 rows of a key block's bias, a [64][BN] tile of
+// 16-bit values, into one of two shared buffers with cp.async, one key
+// block ahead: the copy of block nb − 1 is issued while block nb is
+// computed, so that its latency hides under a whole step instead of under
+// one S product. A thread copies the 16-byte chunks (tid mod 128) + 128k
+// of the tile, BN/8 chunks a row; chunk ch of row r sits at ch ^ (r mod 8)
+// of its row (a warp's reads of its accumulator elements then fall on 32
+// distinct banks; BN a multiple of 64 keeps the swizzle inside the row).
+// Rows past the block's queries and keys past m are zero-filled. Before
+// reading a block's tile the warpgroup waits for its own copies and meets
+// on named barrier 6 + wg, which also orders its last reads of the other
+// buffer before the copies of the next block into it.
+
+// biasStageRowsOK reports whether v's key tile allows the staged bias's
+// swizzle (BlockN a multiple of 64).
+func biasStageRowsOK(v Variant) bool { return v.BlockN%64 == 0 }
+
+// biasStageCopy writes the copies of key block blk's bias (an expression)
+// into buffer blk & 1, committed as one group.
+func (x *gen) biasStageCopy(indent, blk string) {
+	x.raw(indentLines(fmt.Sprintf(`// ---- stage the bias of key block %[1]s into its buffer: this warpgroup's 64 rows, zeros past the rows and keys
+{
+  const int sblk = %[1]s, sj0 = sblk * BN;
+  const u32 sdst = s_base + SB_OFF + (sblk & 1) * (BM * BN * 2) + wg * (64 * BN * 2);
+#pragma unroll
+  for (int k = 0; k < 64 * (BN / 8) / 128; ++k) {
+    const int q = (tid & 127) + 128 * k, r = q / (BN / 8), ch = q %% (BN / 8);
+    const int row = 64 * wg + r, j = sj0 + 8 * ch;
+    const bool ok = row < rows && j < m;
+    const char* src = ok ? (const char*)p.bias + ((i64)b * p.bias_sb + (i64)h * p.bias_sh + (i64)(m0 + row) * p.bias_sn + j) * 2 : (const char*)p.bias;
+    cp_async(sdst + r * (BN * 2) + ((ch ^ (r & 7)) << 4), src, ok ? (u32)min(16, (m - j) * 2) : 0u);
+  }
+  cp_commit();
+}
+`, blk), indent))
+}
+
+// biasStageRead writes, for key block blk (an expression; next, the
+// condition under which block blk − 1 exists), the wait for the block's
+// staged bias, the reads of this thread's elements into bpre (the layout
+// of s), and the copies of block blk − 1 into the other buffer.
+func (x *gen) biasStageRead(indent, blk, next string) {
+	cvt := "bf16_to_f32"
+	if x.v.Bias == BiasF16 {
+		cvt = "f16_to_f32"
+	}
+	x.raw(indentLines(fmt.Sprintf(`// ---- the bias of this block's scores, staged in shared memory one block ahead
+float bpre[MT][NT_S][4];
+{
+  cp_wait<0>();
+  bar_sync(6 + wg, 128);  // this warpgroup's copies of the block landed; its reads of the other buffer are done
+  const unsigned char* sb = smem + (s_base - smem_addr(smem)) + SB_OFF + ((%[1]s) & 1) * (BM * BN * 2) + wg * (64 * BN * 2);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {  // keys key0 + 8nt + 2c and the next of row half hf
+        const int r = (wm & 3) * 16 + mt * 16 + g + 8 * hf, col = key0 + nt * 8 + 2 * c;
+        const u32 w = *reinterpret_cast<const u32*>(sb + r * (BN * 2) + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2);
+        bpre[mt][nt][2 * hf] = %[2]s((u16)w);
+        bpre[mt][nt][2 * hf + 1] = %[2]s((u16)(w >> 16));
+      }
+}
+if (%[3]s) {
+`, blk, cvt, next), indent))
+	x.biasStageCopy(indent+"  ", "("+blk+") - 1")
+	x.raw(indent + "}\n")
+}
