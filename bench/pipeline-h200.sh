@@ -33,8 +33,11 @@
 # and D = 64 and 256 at 4096, the seqlen sweep's H·D = 2048), BWD_SHAPES
 # (default the D = 64 and 128 ones), WIN_SHAPES (B:H:N:D:-:L,R, the windows
 # wintime times), ROUNDS (2), STEPS (check, time,
-# bwdcheck, wscheck, keyrowscheck, q80check, bwdtime, wintime, tiles, xtiles, ntiles,
-# sanitize; default all but q80check, wintime, tiles, xtiles, ntiles and sanitize; wintime times the
+# bwdcheck, wscheck, keyrowscheck, q80check, bwdtime, wintime, biastime, tiles, xtiles, ntiles,
+# sanitize; default all but q80check, wintime, biastime, tiles, xtiles, ntiles and sanitize;
+# biastime times the forward with a [1,1,N,M] bias loaded from global memory and staged through
+# shared memory (FLASHATTN_FWD_BIAS_STAGED=1) on BIAS_SHAPES, after the gradient-free forward
+# tests under the staging; wintime times the
 # forward under windows on the default pipeline and on the short-sequence
 # one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
@@ -95,7 +98,7 @@ time_configs() {
 			for cfg in $configs; do
 				label=${cfg%%=*}
 				IFS=, read -ra vars <<<"${cfg#*=}"
-				line=$(env "${vars[@]}" timeout 120 "$BIN" bench "${flags[@]}" --json 2>>"$OUT/time.err" |
+				line=$(env "${vars[@]}" timeout 120 "$BIN" bench "${flags[@]}" ${BENCH_FLAGS:-} --json 2>>"$OUT/time.err" |
 					python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"], r.get("kernel_variant",""), r.get("dq_algorithm",""))' 2>>"$OUT/time.err")
 				echo "$s $label $r $line" | tee -a "$file"
 			done
@@ -180,6 +183,15 @@ if [[ ",$STEPS," == *",wintime,"* ]]; then
 	wconfigs="ws+pingpong+early-rescale=FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale short=FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent,tma-store"
 	time_configs "$OUT/wintimes.txt" fwd "$WIN_SHAPES" "$wconfigs"
 	summarize "$OUT/wintimes.txt" "ws+pingpong+early-rescale short" >>"$SUMMARY"
+fi
+BIAS_SHAPES=${BIAS_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 4:32:4096:64}
+if [[ ",$STEPS," == *",biastime,"* ]]; then
+	log=$OUT/biascheck.log
+	(cd "$ROOT/gpu" && FLASHATTN_FWD_BIAS_STAGED=1 timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
+		-test.run 'TestShapes|TestForwardNonFinite|TestConformance') >"$log" 2>&1
+	printf 'biascheck rc=%-3d %s failed subtests\n' "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
+	BENCH_FLAGS="--bias 11nm" time_configs "$OUT/biastimes.txt" fwd "$BIAS_SHAPES" "global=FLASHATTN_FWD_BIAS_STAGED=0 staged=FLASHATTN_FWD_BIAS_STAGED=1"
+	summarize "$OUT/biastimes.txt" "global staged" >>"$SUMMARY"
 fi
 if [[ ",$STEPS," == *",sanitize,"* ]]; then
 	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
