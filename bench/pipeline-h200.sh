@@ -35,9 +35,9 @@
 # wintime times), ROUNDS (2), STEPS (check, time,
 # bwdcheck, wscheck, keyrowscheck, q80check, bwdtime, wintime, biastime, tiles, xtiles, ntiles,
 # sanitize; default all but q80check, wintime, biastime, tiles, xtiles, ntiles and sanitize;
-# biastime times the forward with a [1,1,N,M] bias loaded from global memory and staged through
-# shared memory (FLASHATTN_FWD_BIAS_STAGED=1) on BIAS_SHAPES, after the gradient-free forward
-# tests under the staging; wintime times the
+# biastime times the forward and the backward with a [1,1,N,M] bias loaded from global memory
+# and staged through shared memory (FLASHATTN_BIAS_STAGED=1) on BIAS_SHAPES, after the forward
+# and gradient tests under the staging; wintime times the
 # forward under windows on the default pipeline and on the short-sequence
 # one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
@@ -187,11 +187,14 @@ fi
 BIAS_SHAPES=${BIAS_SHAPES:-4:16:4096:128 4:16:4096:128:causal 1:16:16384:128 4:32:4096:64}
 if [[ ",$STEPS," == *",biastime,"* ]]; then
 	log=$OUT/biascheck.log
-	(cd "$ROOT/gpu" && FLASHATTN_FWD_BIAS_STAGED=1 timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
-		-test.run 'TestShapes|TestForwardNonFinite|TestConformance') >"$log" 2>&1
+	(cd "$ROOT/gpu" && FLASHATTN_BIAS_STAGED=1 timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
+		-test.run 'TestShapes|TestForwardNonFinite|TestConformance|TestBackwardGradients$|TestBackwardKeyRowsDefault') >"$log" 2>&1
 	printf 'biascheck rc=%-3d %s failed subtests\n' "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
-	BENCH_FLAGS="--bias 11nm" time_configs "$OUT/biastimes.txt" fwd "$BIAS_SHAPES" "global=FLASHATTN_FWD_BIAS_STAGED=0 staged=FLASHATTN_FWD_BIAS_STAGED=1"
-	summarize "$OUT/biastimes.txt" "global staged" >>"$SUMMARY"
+	for pass in fwd bwd; do
+		BENCH_FLAGS="--bias 11nm" time_configs "$OUT/biastimes-$pass.txt" $pass "$BIAS_SHAPES" "global=FLASHATTN_BIAS_STAGED=0 staged=FLASHATTN_BIAS_STAGED=1"
+		echo "bias, $pass:" >>"$SUMMARY"
+		summarize "$OUT/biastimes-$pass.txt" "global staged" >>"$SUMMARY"
+	done
 fi
 if [[ ",$STEPS," == *",sanitize,"* ]]; then
 	SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -87,11 +87,13 @@ type Backend struct {
 	// not deterministic.
 	// New sets it unless EnvBwdKeyRows is "0".
 	BwdKeyRowsAuto bool
-	// FwdBiasStaged has the warp-specialized Hopper forward copy a 16-bit
-	// bias's key blocks into shared memory one block ahead and read it
-	// there (kernels.Variant.BiasStaged), where the bias's layout allows
-	// 16-byte copies. New sets it when EnvFwdBiasStaged is set.
-	FwdBiasStaged bool
+	// BiasStaged stages a 16-bit bias through shared memory where the
+	// bias's layout allows 16-byte copies: the warp-specialized Hopper
+	// forward copies its key blocks one block ahead
+	// (kernels.Variant.BiasStaged), the backward's key-rows step has the
+	// producer copy each step's tile (kernels.BwdVariant.BiasStaged).
+	// New sets it when EnvBiasStaged is set.
+	BiasStaged bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -142,9 +144,9 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvFwdBiasStaged) once, into the knobs WGMMA, TMA, Pipeline,
+// EnvDQ, EnvBiasStaged) once, into the knobs WGMMA, TMA, Pipeline,
 // BwdPipeline, BulkDQ, BwdKeyRows, BwdQueryStep, BwdDeep, DQ and
-// FwdBiasStaged.
+// BiasStaged.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -162,7 +164,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
 
 		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
-		FwdBiasStaged:  hopper && envSet(os.Getenv(EnvFwdBiasStaged)),
+		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
@@ -251,10 +253,10 @@ const EnvBulkDQ = "FLASHATTN_BULK_DQ"
 // it measured faster (Backend.BwdKeyRowsAuto); "0", nowhere.
 const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 
-// EnvFwdBiasStaged, when set to anything but "" or "0", lets the Hopper
-// forward of new backends stage a bias through shared memory
-// (Backend.FwdBiasStaged).
-const EnvFwdBiasStaged = "FLASHATTN_FWD_BIAS_STAGED"
+// EnvBiasStaged, when set to anything but "" or "0", lets the Hopper
+// forward and backward of new backends stage a bias through shared memory
+// (Backend.BiasStaged).
+const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels
 // with source line information (NVRTC's -lineinfo), so that

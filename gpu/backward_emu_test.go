@@ -106,7 +106,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 		keyRowsAuto = os.Getenv(EnvBwdKeyRows) != "0"
 	}
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, deep: deep})
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: envSet(os.Getenv(EnvBiasStaged)), deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -293,6 +293,10 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	if want := q80 && pl.v.KeyRows && (!pl.v.AtomicDQ || pl.v.BulkDQ); (pl.v.QueryStep == 80) != want {
 		t.Fatalf("plan %s: QueryStep = %d, want 80: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
+	staged16 := pl.v.Bias == kernels.BiasBF16 || pl.v.Bias == kernels.BiasF16
+	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0; pl.v.BiasStaged != want {
+		t.Fatalf("plan %s: BiasStaged = %v, want %v", pl.v.Name(), pl.v.BiasStaged, want)
+	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
 	}
@@ -454,3 +458,32 @@ var bwdEmuFamilies = []struct {
 	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows},
 	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}, {"hopper-tma-ws-keyrows-q80", emuHopperBwdWSKeyRows80},
 	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}}
+
+// TestBackwardEmulatedBiasStaged runs biased backwards on the key-rows
+// families with the bias staged through shared memory (EnvBiasStaged,
+// kernels.BwdVariant.BiasStaged) on the host emulator against the float64
+// reference, both dQ algorithms: dBias and softcap, a causal mask with a
+// batch-broadcast bias, queries past the last step and keys past M, and a
+// bias whose rows are not 16-byte aligned, which keeps the global loads
+// (FLASHATTN_BWD_EMU=1; needs g++).
+func TestBackwardEmulatedBiasStaged(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	t.Setenv(EnvBiasStaged, "1")
+	cases := []bwdCase{
+		{name: "d128-bias-grad-softcap-m136", b: 1, n: 100, m: 136, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: []attn.DType{attn.BFloat16}},
+		{name: "d64-96-causal-bias-bcast-m200", b: 2, n: 90, m: 200, h: 2, hkv: 1, dk: 64, dv: 96, bias: []int{1, 2}, causal: true, dtypes: []attn.DType{attn.Float16}},
+		{name: "d128-bias-m130-unaligned", b: 1, n: 70, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dtypes: []attn.DType{attn.BFloat16}},
+	}
+	for _, f := range bwdEmuFamilies {
+		if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
+			continue
+		}
+		t.Run(f.name, func(t *testing.T) {
+			for ci, c := range cases {
+				for _, dt := range c.dtypes {
+					emuCheckCase(t, c, dt, uint64(ci+950), f.kind)
+				}
+			}
+		})
+	}
+}

@@ -259,6 +259,10 @@ type bwdRequest struct {
 	// queryStep, when not zero, is the queries a key-rows step takes where
 	// the variant allows it (Backend.BwdQueryStep).
 	queryStep int
+	// biasStaged stages a 16-bit bias through shared memory in the
+	// key-rows step where the variant and the bias's layout allow it
+	// (Backend.BiasStaged).
+	biasStaged bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -270,7 +274,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, deep: b.BwdDeep}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.BiasStaged, deep: b.BwdDeep}
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
@@ -373,12 +377,28 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.QueryStep = r.queryStep
 		pl.tryTMA(w) // q's and dO's maps take the step's rows a box
 	}
+	if r.biasStaged && pl.v.KeyRows && bwdBiasStageable(pl.params) {
+		w := pl.v
+		w.BiasStaged = true
+		if w.Validate() == nil {
+			pl.v = w
+		}
+	}
 	if pl.v.DQAccTiled() {
 		sb, sh := kernels.BwdDQAccTiledStrides(p.N, p.H, kernels.BwdDQAccTiledCols(p.DK))
 		pl.params.DQAccS = kernels.BwdStrides{Batch: sb, Head: sh}
 	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
+}
+
+// bwdBiasStageable reports whether the bias of parameters pr can be staged
+// through shared memory by 16-byte copies (kernels.BwdVariant.BiasStaged):
+// contiguous keys, its start and every row, head and batch stride 16-byte
+// aligned (the variant checks the 16-bit type).
+func bwdBiasStageable(pr kernels.BwdParams) bool {
+	aligned := func(elems int64) bool { return elems*2%16 == 0 }
+	return pr.Bias != 0 && pr.Bias%16 == 0 && pr.BiasJ == 1 && aligned(pr.BiasI) && aligned(pr.BiasH) && aligned(pr.BiasB)
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the

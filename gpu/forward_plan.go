@@ -104,7 +104,7 @@ type fwdRequest struct {
 	// launch (kernels.PersistentGrid).
 	sms int
 	// biasStaged stages a 16-bit bias through shared memory where the
-	// variant and the bias's layout allow it (Backend.FwdBiasStaged).
+	// variant and the bias's layout allow it (Backend.BiasStaged).
 	biasStaged bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
@@ -450,7 +450,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p), biasStaged: b.FwdBiasStaged}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p), biasStaged: b.BiasStaged}
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()
 	}

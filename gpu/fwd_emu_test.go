@@ -93,7 +93,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
 	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles,
-		biasStaged: envSet(os.Getenv(EnvFwdBiasStaged))})
+		biasStaged: envSet(os.Getenv(EnvBiasStaged))})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -391,14 +391,14 @@ func TestForwardEmulatedWideTiles(t *testing.T) {
 
 // TestForwardEmulatedBiasStaged runs biased forwards on the warp-specialized
 // Hopper kernels with the bias staged through shared memory
-// (EnvFwdBiasStaged, kernels.Variant.BiasStaged) on the host emulator
+// (EnvBiasStaged, kernels.Variant.BiasStaged) on the host emulator
 // against the float64 reference: rows past the queries in the last block,
 // keys past M, broadcast batch or head dims, both 16-bit bias types, a mask,
 // softcap and dropout; a bias whose rows are not 16-byte aligned keeps the
 // loads from global memory (FLASHATTN_FWD_EMU=1; needs g++).
 func TestForwardEmulatedBiasStaged(t *testing.T) {
 	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
-	t.Setenv(EnvFwdBiasStaged, "1")
+	t.Setenv(EnvBiasStaged, "1")
 	cases := []fwdProblem{
 		{name: "bf16-d128-causal-m304", dt: attn.BFloat16, b: 1, n: 150, m: 304, h: 2, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}, biasB: 1, bias: 2},
 		{name: "fp16-d64-softcap-window-m136", dt: attn.Float16, b: 2, n: 100, m: 136, h: 2, hkv: 2, dk: 64, dv: 64, opt: attn.Options{Softcap: 5, Window: &attn.Window{Left: 40, Right: 9}}, biasB: 2, bias: 1},

@@ -217,6 +217,9 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	}
 	add("sP", sp)
 	add("sdS", sds)
+	if v.BiasStaged {
+		l.add("sB", 2*bm*bn*2) // [2][BM][BN] 16-bit: each stage's bias tile, 16-byte chunks swizzled by the row
+	}
 	add("sL", 2*bm*4) // [2][BM] LSE2
 	add("sD", 2*bm*4) // [2][BM] Delta
 	if v.TMA {
@@ -323,6 +326,7 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 		}
 		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, %s\n", l.off["sdQ"], v.bwdDQPitch(), layout)
 	}
+	g.bwdBiasStageDecls(b, l)
 	if v.WarpSpecialized {
 		g.wsBwdBarriers(b, l, 32, "NCOMPUTE", "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
 	} else {

@@ -87,6 +87,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
     const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
     mbar_wait(bar + 8 * st, (it >> 1) & 1);  // q, dO, LSE2 and Delta of step it (the producer's)
 `)
+	g.bwdBiasStageStep(b)
 	if v.AtomicDQ {
 		b.WriteString(`    const u32 pso = st * PS_BUF;  // this step's dS buffer
     T* const sdSb = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(sdS) + pso);
@@ -223,9 +224,14 @@ func (g *bwdGen) keyRowsStoreDS() string {
 }
 
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the
-// shared logit.
+// shared logit, its bias read from the step's staged tile where the
+// variant stages it (BiasStaged).
 func (g *bwdGen) keyRowsLogit() string {
-	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj")
+	bias := ""
+	if g.v.BiasStaged {
+		bias = "bt_to_f(*reinterpret_cast<const BT*>(sBst + bias_tile_at(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)))"
+	}
+	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

@@ -518,7 +518,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       for (int c = 0; c < 2; ++c) {
         const float s = accS[mt][nt][hh * 2 + c];
 `)
-	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c"))
+	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c", ""))
 	b.WriteString(`        if (!full && !visible(qi, kj + c, m, off, p.left, p.right)) x[c] = -FA_INF;
       }
       float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
@@ -550,9 +550,9 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 // logit returns the statements (each line after indent) that set x[c],
 // the base-2 logit of the score s of element (query qi, key kj) less its
 // row's LSE2 lse: scaled, or through the softcap (keeping 1 − tanh² in
-// fc), plus the bias: pre, the element's bias loaded ahead (0 outside the
-// sequence), or where pre is empty loaded here (biasLoad).
-func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
+// fc), plus the bias inside the sequence: bias, the element's bias as an
+// expression, or where it is empty loaded from global memory (biasLoad).
+func (g *bwdGen) logit(indent, lse, fc, qi, kj, bias string) string {
 	v := g.v
 	if !v.Softcap && !v.Biased() {
 		return indent + "x[c] = fmaf(s, p.scale_log2, -" + lse + ");\n"
@@ -565,7 +565,10 @@ func (g *bwdGen) logit(indent, lse, fc, qi, kj string) string {
 		b.WriteString(indent + "float sv = s * p.scale;\n")
 	}
 	if v.Biased() {
-		fmt.Fprintf(&b, "%sif (%s < n && %s < m) sv += %s;\n", indent, qi, kj, biasLoad(qi, kj))
+		if bias == "" {
+			bias = biasLoad(qi, kj)
+		}
+		fmt.Fprintf(&b, "%sif (%s < n && %s < m) sv += %s;\n", indent, qi, kj, bias)
 	}
 	fmt.Fprintf(&b, "%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, lse)
 	return b.String()

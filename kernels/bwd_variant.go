@@ -127,6 +127,13 @@ type BwdVariant struct {
 	// instead of four, and whose atomic dQ is computed transposed (dQᵀ =
 	// Kᵀ·dSᵀ: a warpgroup product has 64 rows).
 	QueryStep int
+	// BiasStaged (with KeyRows, a 16-bit bias whose keys are contiguous
+	// and whose rows, like its start, are 16-byte aligned: the host checks;
+	// fixed length) has the producer warp copy each step's [BM][BN] bias
+	// tile into a shared stage beside q and dO, and the key-rows step read
+	// its elements there instead of from global memory
+	// (bwd_sm90_bias.go).
+	BiasStaged bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -302,6 +309,9 @@ func (v BwdVariant) Validate() error {
 	if v.KeyRows && !KeyRowsOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, the separate dQ and no dropout", v.Name())
 	}
+	if v.BiasStaged && !bwdBiasStageOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a bias staged through shared memory needs the key-rows step, a 16-bit bias and a fixed-length batch", v.Name())
+	}
 	if !QueryStepOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64) or 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds", v.Name(), v.QueryStep)
 	}
@@ -344,7 +354,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)
