@@ -377,7 +377,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.QueryStep = r.queryStep
 		pl.tryTMA(w) // q's and dO's maps take the step's rows a box
 	}
-	if r.biasStaged && pl.v.KeyRows && bwdBiasStageable(pl.params) {
+	if pr := pl.params; r.biasStaged && pl.v.KeyRows && biasStageable(pr.Bias, pr.BiasJ, pr.BiasI, pr.BiasH, pr.BiasB) {
 		w := pl.v
 		w.BiasStaged = true
 		if w.Validate() == nil {
@@ -390,15 +390,6 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	}
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
-}
-
-// bwdBiasStageable reports whether the bias of parameters pr can be staged
-// through shared memory by 16-byte copies (kernels.BwdVariant.BiasStaged):
-// contiguous keys, its start and every row, head and batch stride 16-byte
-// aligned (the variant checks the 16-bit type).
-func bwdBiasStageable(pr kernels.BwdParams) bool {
-	aligned := func(elems int64) bool { return elems*2%16 == 0 }
-	return pr.Bias != 0 && pr.Bias%16 == 0 && pr.BiasJ == 1 && aligned(pr.BiasI) && aligned(pr.BiasH) && aligned(pr.BiasB)
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the

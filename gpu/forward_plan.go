@@ -170,7 +170,7 @@ func plan(r fwdRequest) (launch, error) {
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}
 	pr := fwdParams(r)
-	if r.biasStaged && vr.WarpSpecialized && biasStageable(pr) {
+	if r.biasStaged && vr.WarpSpecialized && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) {
 		w := vr
 		w.BiasStaged = true
 		if w.Validate() == nil {
@@ -217,13 +217,22 @@ func plan(r fwdRequest) (launch, error) {
 	return l, nil
 }
 
-// biasStageable reports whether the bias of parameters pr can be staged
-// through shared memory by 16-byte copies (kernels.Variant.BiasStaged): a
-// 16-bit bias (the variant checks the type) with contiguous keys, its start
-// and every row, head and batch stride 16-byte aligned.
-func biasStageable(pr kernels.Params) bool {
-	aligned := func(elems int64) bool { return elems*2%16 == 0 }
-	return pr.Bias != 0 && pr.Bias%16 == 0 && pr.BiasStrideM == 1 && aligned(pr.BiasStrideN) && aligned(pr.BiasStrideH) && aligned(pr.BiasStrideB)
+// biasStageable reports whether a 16-bit bias at device address ptr, with
+// element strides keys (between keys) and rows (rows, heads, batch
+// elements; 0 where broadcast), can be staged through shared memory by
+// 16-byte copies (kernels.Variant.BiasStaged, kernels.BwdVariant.BiasStaged;
+// the variants check the type): contiguous keys, the start and every
+// stride 16-byte aligned.
+func biasStageable(ptr uint64, keys int64, rows ...int64) bool {
+	if ptr == 0 || ptr%16 != 0 || keys != 1 {
+		return false
+	}
+	for _, s := range rows {
+		if s*2%16 != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // fwdVariant returns the variant of r before its tile is chosen, and

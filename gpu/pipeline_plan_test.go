@@ -475,7 +475,7 @@ func TestBiasStageable(t *testing.T) {
 	} {
 		p := ok
 		tc.edit(&p)
-		if got := biasStageable(p); got != tc.want {
+		if got := biasStageable(p.Bias, p.BiasStrideM, p.BiasStrideN, p.BiasStrideH, p.BiasStrideB); got != tc.want {
 			t.Errorf("%s: biasStageable = %v, want %v", tc.name, got, tc.want)
 		}
 	}
