@@ -397,8 +397,8 @@ func (x *gen) hopperTile(first string) {
 
 `)
 	x.hopperPrologueLoads()
-	if v.BiasStaged {
-		x.biasStageCopy("  ", "nb_hi - 1")
+	if v.BiasStaged && v.Persistent {
+		x.biasStageCopy("  ", "nb_hi - 1") // (the other pipelines issue it before their waits for Q and K)
 	}
 	x.pingPongStart()
 	x.raw(`  {

@@ -104,6 +104,9 @@ func (x *gen) wsPrologue() {
 	} else {
 		x.raw("  // ---- compute warpgroup (it starts with the largest budget already: no setmaxnreg)\n")
 	}
+	if x.v.BiasStaged {
+		x.biasStageCopy("  ", "nb_hi - 1") // under the waits for Q and K
+	}
 	x.raw(`  mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
 `)
