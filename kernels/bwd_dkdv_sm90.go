@@ -80,11 +80,11 @@ func QueryStepOK(v BwdVariant) bool {
 // element's, dqa_sr unused (BwdDQAccTiledStrides). The pre kernel zeroes it
 // and the convert kernel reads it in that order.
 func (v BwdVariant) DQAccTiled() bool {
-	return v.BulkDQ && v.WGMMA && !v.Varlen && !v.bwdDQTransposed() && (v.bwdHopperSplitDQ() || v.DKPad() == 64)
+	return v.BulkDQ && v.WGMMA && !v.Varlen && !v.bwdDQTransposed() && BwdDQAccTiledCols(v.DK) > 0
 }
 
 // dqAccTiles returns the tiles of a block of v's tiled dQ accumulator.
-func (v BwdVariant) dqAccTiles() int { return v.DKPad() / 64 }
+func (v BwdVariant) dqAccTiles() int { return BwdDQAccTiledCols(v.DK) / 64 }
 
 // BwdDQTileRows is the query rows of a block of the tiled dQ accumulator
 // (BwdVariant.DQAccTiled), BwdDQTileFloats the floats of one of its tiles.
@@ -114,9 +114,19 @@ func BwdDQAccTiledStrides(n, h, cols int) (batch, head int64) {
 }
 
 // dqAccTiledAt returns the C expression of the float offset, from a head's
-// start, of element (row i, column d) of v's tiled dQ accumulator.
+// start, of element (row i, column d) of v's tiled dQ accumulator: its
+// tile's, then its place in the tile (dqTileAt).
 func (v BwdVariant) dqAccTiledAt(i, d string) string {
-	return fmt.Sprintf("((((%[1]s) >> 6) * %[4]d + ((%[2]s) >> 6)) * %[3]d + ((%[1]s) & 63) * 64 + (((%[2]s) & 63) ^ (((%[1]s) & 7) << 3)))", i, d, BwdDQTileFloats, v.dqAccTiles())
+	return fmt.Sprintf("((((%[1]s) >> 6) * %[4]d + ((%[2]s) >> 6)) * %[3]d + %[5]s)", i, d, BwdDQTileFloats, v.dqAccTiles(),
+		dqTileAt("(("+i+") & 63)", "(("+d+") & 63)"))
+}
+
+// dqTileAt returns the C expression of the float offset of element (row
+// i, column d) within a 64 × 64 tile of the tiled dQ accumulator, whose
+// 8-float chunks are swizzled by the row; the shared tile a warpgroup adds
+// from has the same order.
+func dqTileAt(i, d string) string {
+	return fmt.Sprintf("(%[1]s * 64 + (%[2]s ^ ((%[1]s & 7) << 3)))", i, d)
 }
 
 // bwdDQTransposed reports whether v's dK/dV kernel computes the atomic dQ
@@ -218,7 +228,7 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	add("sP", sp)
 	add("sdS", sds)
 	if v.BiasStaged {
-		l.add("sB", 2*bm*bn*2) // [2][BM][BN] 16-bit: each stage's bias tile, 16-byte chunks swizzled by the row
+		l.add("sB", 2*bm*bn*2) // [2][BN/64][BM][64] 16-bit, swizzled (sw_off): each stage's bias tile
 	}
 	add("sL", 2*bm*4) // [2][BM] LSE2
 	add("sD", 2*bm*4) // [2][BM] Delta
@@ -639,60 +649,59 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
 
 // dqBulkTiled is dqBulk for the tiled accumulator (DQAccTiled): the
 // warpgroup's 64 × 64 tile goes to shared memory in the accumulator tile's
-// own order, and once the warpgroup met (named barrier 2 + wg) its first
-// thread adds the whole tile with one bulk reduce-add; before the stores
-// the warpgroup meets once that thread's reduce-add of the last step is
-// done reading the tile.
+// own order, and the warpgroup's first thread adds the whole tile with one
+// bulk reduce-add (wgTileReduce).
 func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
-	fmt.Fprintf(b, `      float* sq = sdQ + (dq0 / 64) * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
+	g.wgTileReduce(b, fmt.Sprintf(`      float* sq = sdQ + (dq0 / 64) * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
       const bool issuer = (tid & 127) == 0;  // the thread that adds the tile
-      if (issuer) bulk_wait_read<0>();  // its reduce-add of the last step no longer reads the tile
-      bar_sync(2 + wg, 128);
-#pragma unroll
+`, BwdDQTileFloats), "issuer", fmt.Sprintf(`#pragma unroll
       for (int nt = 0; nt < 64 / 8; ++nt)  // the tile's 64 columns (a warpgroup's share of dQ, nq)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
-          *reinterpret_cast<float2*>(sq + il * 64 + (jl ^ ((il & 7) << 3))) = make_float2(accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
+          *reinterpret_cast<float2*>(sq + %[1]s) = make_float2(accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
         }
-      fence_proxy_async();  // the stores, before the copy engine reads them
-      bar_sync(2 + wg, 128);  // the tile is whole
-      if (issuer) {
-        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((i0 >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
-        bulk_commit();
-      }
-    }
-`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles())
+`, dqTileAt("il", "jl")), fmt.Sprintf(`        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((i0 >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
+`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles()))
 }
 
 // dqBulkTransposed is dqBulk for the transposed product (bwdDQTransposed):
-// a query row of the tile gathers elements of all four warps of the
-// warpgroup, so the warpgroup meets (named barrier 2 + wg) once every
-// issuing thread's reduce-adds of the last step are done reading the tile
-// and again once the tile is whole; then thread r of the warpgroup issues
-// row r.
+// each thread stores its elements at their (query, column) place of a tile
+// of query rows, and thread r of the warpgroup adds row r (wgTileReduce).
 func (g *bwdGen) dqBulkTransposed(b *strings.Builder, nq int) {
-	fmt.Fprintf(b, `      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
+	g.wgTileReduce(b, fmt.Sprintf(`      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
       float* sq = sdQ + wg * BM * QP;  // this warpgroup's tile
       const int r = tid & 127;  // the tile row this thread issues (r < BM)
-      if (r < BM) bulk_wait_read<0>();  // this thread's reduce-add of the last step no longer reads its row
-      bar_sync(2 + wg, 128);  // nobody in the warpgroup still reads the tile
-#pragma unroll
+`, g.v.bwdDQPitch()), "r < BM", `#pragma unroll
       for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           sq[(nt * 8 + 2 * t4 + (e & 1)) * QP + 16 * (warp & 3) + g + 8 * (e >> 1)] = accQ[nt][e];
-      fence_proxy_async();  // the stores, before the copy engine reads them
-      bar_sync(2 + wg, 128);  // the tile is whole
-      if (r < BM) {
-        if (i0 + r < n) {
+`, fmt.Sprintf(`        if (i0 + r < n) {
           float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0 + r) * p.dqa_sr + h * p.dqa_sh + dq0;
-          bulk_reduce_add_f32(gq, smem_u32(sq + r * QP), min(%[2]d, (int)p.dqa_sh - dq0) * 4);
+          bulk_reduce_add_f32(gq, smem_u32(sq + r * QP), min(%[1]d, (int)p.dqa_sh - dq0) * 4);
         }
-        bulk_commit();
+`, nq))
+}
+
+// wgTileReduce writes the end of an atomic dQ step whose shared tile rows
+// gather elements of every warp of the warpgroup (dqBulkTiled,
+// dqBulkTransposed): decls (the tile, the issuing threads); the issuing
+// threads (issuer) wait until their reduce-adds of the last step are done
+// reading the tile, and the warpgroup meets (named barrier 2 + wg); the
+// stores; the proxy fence and a second meeting, after which the tile is
+// whole; the issuing threads' reduce-adds (issue) and their commit. It
+// closes the block dqAtomic opened.
+func (g *bwdGen) wgTileReduce(b *strings.Builder, decls, issuer, stores, issue string) {
+	fmt.Fprintf(b, `%[1]s      if (%[2]s) bulk_wait_read<0>();  // this thread's reduce-adds of the last step no longer read the tile
+      bar_sync(2 + wg, 128);  // nobody in the warpgroup still reads the tile
+%[3]s      fence_proxy_async();  // the stores, before the copy engine reads them
+      bar_sync(2 + wg, 128);  // the tile is whole
+      if (%[2]s) {
+%[4]s        bulk_commit();
       }
     }
-`, g.v.bwdDQPitch(), nq)
+`, decls, issuer, stores, issue)
 }
 
 // dkdvSM90Store closes the loop and stores dK and dV (through shared

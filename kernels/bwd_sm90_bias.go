@@ -9,19 +9,17 @@ import (
 // The producer warp, beside each step's LSE2 and Delta, copies the step's
 // bias tile — the BM queries × the block's BN keys, 16-bit — into the
 // stage's shared buffer with cp.async: lane l copies the 16-byte chunks
-// l + 32k, BN/8 chunks a row, chunk ch of row r at ch ^ (r mod 8) of its
-// row, zeros past the queries and keys. It waits for its copies before it
-// arrives on the stage's full barrier, so the compute warps find the tile
-// complete when the phase completes, and the stage's empty barrier orders
-// their reads before its next copies. A compute thread's elements of a
-// step are 16 queries × 2 keys, eight consecutive keys a chunk across the
-// lanes of a quad group, four rows two apart across the quads: the swizzle
-// puts the four rows' chunks on distinct banks.
+// l + 32k, BN/8 chunks a row, in the layout of the kernel's other swizzled
+// tiles (sw_off), zeros past the queries and keys. It waits for its copies
+// before it arrives on the stage's full barrier, so the compute warps find
+// the tile complete when the phase completes, and the stage's empty
+// barrier orders their reads before its next copies. A compute thread
+// reads its 16 queries × 2 keys at sw_elem, the places where the atomic
+// dQ's step stores the same elements of dS (no bank conflicts).
 
 // bwdBiasStageOK reports whether v can stage its bias: the key-rows step
 // (the only reader written for it), a 16-bit bias, fixed length, and a
-// key tile whose rows' chunks the swizzle keeps inside the row (BN a
-// multiple of 64).
+// key tile of whole swizzle atoms (BN a multiple of 64).
 func bwdBiasStageOK(v BwdVariant) bool {
 	return v.KeyRows && (v.Bias == BiasBF16 || v.Bias == BiasF16) && !v.Varlen && v.bwdHopperTile().BlockN%64 == 0
 }
@@ -39,7 +37,7 @@ for (int q = lane; q < BM * (BN / 8); q += 32) {
   const int r = q / (BN / 8), ch = q % (BN / 8), qi = iq + r, kj = j0 + 8 * ch;
   const bool ok = qi < n && kj < m;
   const BT* src = ok ? p.bias + b * p.bias_sb + hq * p.bias_sh + qi * p.bias_si + kj : p.bias;
-  cp_async_sw(sB + s * B_STAGE + r * (BN * 2) + ((ch ^ (r & 7)) << 4), src, ok ? (u32)min(16, (m - kj) * 2) : 0u);
+  cp_async_sw(sB + s * B_STAGE + sw_off<BM>(r, ch), src, ok ? (u32)min(16, (m - kj) * 2) : 0u);
 }
 cp_async_commit();
 `
@@ -56,18 +54,16 @@ func (g *bwdGen) bwdBiasStageWait(indent string) string {
 	return indent + "cp_async_wait0();  // this lane's copies of the bias tile landed\n"
 }
 
-// bwdBiasStageDecls writes, for a variant with a staged bias, the stage
-// size, the tile's address function and, per step, nothing: the step's
-// tile base sBst is declared by bwdBiasStageStep.
+// bwdBiasStageDecls writes, for a variant with a staged bias, the
+// addresses of the stages' tiles and the size of one (bwdBiasStageStep
+// takes a step's).
 func (g *bwdGen) bwdBiasStageDecls(b *strings.Builder, l bwdSmemLayout) {
 	if !g.v.BiasStaged {
 		return
 	}
-	fmt.Fprintf(b, `  const u32 sB = s0 + %[1]d;  // [2][BM][BN] 16-bit: each stage's bias tile, 16-byte chunks swizzled by the row
-  const unsigned char* sBp = smem + %[1]d;
+	fmt.Fprintf(b, `  const u32 sB = s0 + %[1]d;  // [2][BN/64][BM][64] 16-bit, swizzled: each stage's bias tile
+  const BT* sBp = reinterpret_cast<const BT*>(smem + %[1]d);
   constexpr int B_STAGE = BM * BN * 2;  // bytes of one stage of the bias tile
-  // byte offset of element (query ql of the step, key kl of the block) in a stage's bias tile
-  auto bias_tile_at = [](int ql, int kl) { return ql * (BN * 2) + (((kl >> 3) ^ (ql & 7)) << 4) + (kl & 7) * 2; };
 `, l.off["sB"])
 }
 
@@ -77,5 +73,5 @@ func (g *bwdGen) bwdBiasStageStep(b *strings.Builder) {
 	if !g.v.BiasStaged {
 		return
 	}
-	b.WriteString("    const unsigned char* sBst = sBp + st * B_STAGE;  // this step's bias tile (the producer's)\n")
+	b.WriteString("    const BT* sBst = sBp + st * (B_STAGE / 2);  // this step's bias tile (the producer's)\n")
 }

@@ -229,7 +229,7 @@ func (g *bwdGen) keyRowsStoreDS() string {
 func (g *bwdGen) keyRowsLogit() string {
 	bias := ""
 	if g.v.BiasStaged {
-		bias = "bt_to_f(*reinterpret_cast<const BT*>(sBst + bias_tile_at(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)))"
+		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
 	}
 	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
 }

@@ -207,7 +207,7 @@ func (x *gen) hopperConstants() {
 		x.p("constexpr int SO_OFF = %d;  // [warpgroups][VATOMS][64][64]: each warpgroup's O for the tensor-map store", g.sq+g.sk+g.sv)
 	}
 	if v.BiasStaged {
-		x.p("constexpr int SB_OFF = %d;  // [2][BM][BN] 16-bit: the staged bias of the current and the next key block", g.sq+g.sk+g.sv+g.so)
+		x.p("constexpr int SB_OFF = %d;  // [2][warpgroups][BN/64][64][64] 16-bit, swizzled (sw_off): the staged bias of the current and the next key block", g.sq+g.sk+g.sv+g.so)
 	}
 	if v.TMA {
 		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sb+g.sp+g.red)
@@ -581,12 +581,10 @@ float bpre[MT][NT_S][4];
     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int j = nb0 + key0 + nt * 8 + 2 * c + (e & 1);
-        const char* br = brow[mt][e >> 1];
-        bpre[mt][nt][e] = br != nullptr && j < m ? bias_load(br + j * bias_km) : 0.f;
+%s        bpre[mt][nt][e] = br != nullptr && j < m ? bias_load(br + j * bias_km) : 0.f;
       }
 }
-`, n0), indent))
+`, n0, indentLines(biasElement("nb0"), "        ")), indent))
 }
 
 // blockSoftmax writes the element-wise stage of one key block whose first key

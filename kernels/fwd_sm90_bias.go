@@ -8,16 +8,17 @@ import "fmt"
 // block ahead: the copy of block nb − 1 is issued while block nb is
 // computed, so that its latency hides under a whole step instead of under
 // one S product. A thread copies the 16-byte chunks (tid mod 128) + 128k
-// of the tile, BN/8 chunks a row; chunk ch of row r sits at ch ^ (r mod 8)
-// of its row (a warp's reads of its accumulator elements then fall on 32
-// distinct banks; BN a multiple of 64 keeps the swizzle inside the row).
-// Rows past the block's queries and keys past m are zero-filled. Before
+// of the tile, BN/8 chunks a row, into the layout of the kernel's other
+// swizzled tiles (sw_off: 64-key atoms, chunk c of row r at c ^ (r mod 8)
+// within its atom), so that a warp's reads of its accumulator elements
+// fall on 32 distinct banks; BN a multiple of 64 fills whole atoms. Rows
+// past the block's queries and keys past m are zero-filled. Before
 // reading a block's tile the warpgroup waits for its own copies and meets
 // on named barrier 6 + wg, which also orders its last reads of the other
 // buffer before the copies of the next block into it.
 
-// biasStageRowsOK reports whether v's key tile allows the staged bias's
-// swizzle (BlockN a multiple of 64).
+// biasStageRowsOK reports whether v's key tile fills whole swizzle atoms
+// (BlockN a multiple of 64).
 func biasStageRowsOK(v Variant) bool { return v.BlockN%64 == 0 }
 
 // biasStageCopy writes the copies of key block blk's bias (an expression)
@@ -33,7 +34,7 @@ func (x *gen) biasStageCopy(indent, blk string) {
     const int row = 64 * wg + r, j = sj0 + 8 * ch;
     const bool ok = row < rows && j < m;
     const char* src = ok ? (const char*)p.bias + ((i64)b * p.bias_sb + (i64)h * p.bias_sh + (i64)(m0 + row) * p.bias_sn + j) * 2 : (const char*)p.bias;
-    cp_async(sdst + r * (BN * 2) + ((ch ^ (r & 7)) << 4), src, ok ? (u32)min(16, (m - j) * 2) : 0u);
+    cp_async(sdst + sw_off<64, BN / 8>(r, ch), src, ok ? (u32)min(16, (m - j) * 2) : 0u);
   }
   cp_commit();
 }
@@ -62,7 +63,7 @@ float bpre[MT][NT_S][4];
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {  // keys key0 + 8nt + 2c and the next of row half hf
         const int r = (wm & 3) * 16 + mt * 16 + g + 8 * hf, col = key0 + nt * 8 + 2 * c;
-        const u32 w = *reinterpret_cast<const u32*>(sb + r * (BN * 2) + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2);
+        const u32 w = *reinterpret_cast<const u32*>(sb + sw_off<64, BN / 8>(r, col >> 3) + (col & 7) * 2);
         bpre[mt][nt][2 * hf] = %[2]s((u16)w);
         bpre[mt][nt][2 * hf + 1] = %[2]s((u16)(w >> 16));
       }

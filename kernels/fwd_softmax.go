@@ -50,6 +50,14 @@ func (x *gen) biasSetup() {
     }`, x.v.biasSize(), x.v.biasSize())
 }
 
+// biasElement returns the declarations of score element (mt, nt, e)'s key
+// j, in the block whose first key is n0 (an expression), and of br, its
+// query's bias row (nullptr past the rows): what the bias loads of the
+// transform and of the Hopper prefetch (biasPrefetch) index.
+func biasElement(n0 string) string {
+	return "const int j = " + n0 + " + key0 + nt * 8 + 2 * c + (e & 1);\nconst char* br = brow[mt][e >> 1];\n"
+}
+
 // transform writes the score transform of prescaled variants: softcap or
 // scale, then bias, into base-2 units.
 func (x *gen) transform() {
@@ -85,10 +93,8 @@ func (x *gen) transform() {
 	case v.Bias != BiasNone && v.WGMMA:
 		x.raw("          t += bpre[mt][nt][e] * LOG2E;  // (loaded while S ran: biasPrefetch)\n")
 	case v.Bias != BiasNone:
-		x.raw(`          const int j = n0 + key0 + nt * 8 + 2 * c + (e & 1);
-          const char* br = brow[mt][e >> 1];
-          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;
-`)
+		x.raw(indentLines(biasElement("n0"), "          "))
+		x.raw("          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;\n")
 	}
 	x.raw("          s[mt][nt][e] = t;\n        }\n")
 }

@@ -848,7 +848,7 @@ func TestBwdBiasStagedSource(t *testing.T) {
 	copies := strings.Index(src, "the step's bias tile [BM][BN] into stage s")
 	wait := strings.Index(src, "this lane's copies of the bias tile landed")
 	arrive := strings.Index(src, "mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored")
-	read := strings.Index(src, "sv += bt_to_f(*reinterpret_cast<const BT*>(sBst + bias_tile_at(")
+	read := strings.Index(src, "sv += bt_to_f(sBst[sw_elem<BM>(")
 	if copies < 0 || wait < copies || arrive < wait || read < 0 {
 		t.Errorf("copies at %d, wait at %d, arrival at %d, staged read at %d", copies, wait, arrive, read)
 	}
