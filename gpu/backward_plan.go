@@ -345,7 +345,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if v.Staged != (pl.w.pq != 0) {
 		return nil, fmt.Errorf("flashattn: backward %s: staging buffers and variant disagree", v.Name())
 	}
-	pl.params = bwdParams(p, a, pl.w)
+	pl.setParams()
 	if run && r.tma && (!p.Varlen || packedTMARows(p)) {
 		if !v.Staged || !pl.useFlat(p, dt, a) {
 			pl.useTMA()
@@ -384,10 +384,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if pl.v.DQAccTiled() {
-		sb, sh := kernels.BwdDQAccTiledStrides(p.N, p.H, kernels.BwdDQAccTiledCols(p.DK))
-		pl.params.DQAccS = kernels.BwdStrides{Batch: sb, Head: sh}
-	}
+	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
 }
@@ -448,13 +445,27 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 	return ls
 }
 
+// setParams sets the plan's kernel parameters from its problem, views and
+// workspace, in the layouts of its variant: the tiled dQ accumulator's
+// strides where the variant adds dQ into one (kernels.BwdVariant.DQAccTiled).
+// Planning and bind both set them here, so that a plan bound to its
+// workspace keeps the layouts its kernels were generated for.
+func (pl *bwdPlan) setParams() {
+	p := pl.r.p
+	pl.params = bwdParams(p, &pl.r.a, pl.w)
+	if pl.v.DQAccTiled() {
+		sb, sh := kernels.BwdDQAccTiledStrides(p.N, p.H, kernels.BwdDQAccTiledCols(p.DK))
+		pl.params.DQAccS = kernels.BwdStrides{Batch: sb, Head: sh}
+	}
+}
+
 // bind points a plan made on a workspace at address 0 (the host path
 // plans before it allocates) at the workspace at address ws: the kernel
 // parameters and the tensor maps of the staging copies in it. The kernels
 // stay those planned (a workspace is 256-byte aligned wherever it lies).
 func (pl *bwdPlan) bind(ws uint64) {
 	pl.r.a.Workspace = ws
-	pl.params = bwdParams(pl.r.p, &pl.r.a, pl.w)
+	pl.setParams()
 	if pl.v.TMA {
 		pl.tma = pl.tmaTensors(pl.v)
 	}

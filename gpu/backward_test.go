@@ -395,6 +395,26 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 	}
 	bwdPrewarm(t, dev, vs)
 	bwdCheckItems(t, dev, s, items)
+	bwdCheckHost(t, b, items)
+}
+
+// bwdCheckHost runs every item through the host path (Backend.Backward on
+// host tensors, the dQ algorithm left to the planner) and checks the
+// gradients as bwdCheckItems does. The host path plans before it
+// allocates its workspace and binds the plan to it afterwards: the same
+// kernels and layouts as the device path's, which these runs check.
+func bwdCheckHost(t *testing.T, b *Backend, items []bwdItem) {
+	for _, it := range items {
+		t.Run(fmt.Sprintf("%s/%v/host", it.c.name, it.dt), func(t *testing.T) {
+			in := it.in
+			g, err := b.Backward(in.q, in.k, in.v, in.o, in.lse, in.dO, in.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref, naive := in.oracles(t)
+			checkGrads(t, it.dt, g, ref, naive)
+		})
+	}
 }
 
 // bwdItem is one backward case in one dtype, with its inputs.
