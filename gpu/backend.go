@@ -94,6 +94,12 @@ type Backend struct {
 	// producer copy each step's tile (kernels.BwdVariant.BiasStaged).
 	// New sets it when EnvBiasStaged is set.
 	BiasStaged bool
+	// BiasStagedAuto stages the bias where that measured faster than loads
+	// from global memory: in the forward wherever the tiles fit beside the
+	// pipeline's others (BiasStaged also gives up the store of O by a
+	// tensor map for them), in the backward under a mask or window.
+	// New sets it unless EnvBiasStaged is "0".
+	BiasStagedAuto bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -165,6 +171,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 
 		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
+		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
@@ -255,7 +262,8 @@ const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 
 // EnvBiasStaged, when set to anything but "" or "0", lets the Hopper
 // forward and backward of new backends stage a bias through shared memory
-// (Backend.BiasStaged).
+// wherever they can (Backend.BiasStaged); unset, only where it measured
+// faster (Backend.BiasStagedAuto); "0", nowhere.
 const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels

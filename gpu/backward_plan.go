@@ -261,7 +261,7 @@ type bwdRequest struct {
 	queryStep int
 	// biasStaged stages a 16-bit bias through shared memory in the
 	// key-rows step where the variant and the bias's layout allow it
-	// (Backend.BiasStaged).
+	// (Backend.BiasStaged, Backend.BiasStagedAuto).
 	biasStaged bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
@@ -274,7 +274,14 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.BiasStaged, deep: b.BwdDeep}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), deep: b.BwdDeep}
+}
+
+// bwdBiasStaged reports whether the backend's backward of p stages its
+// bias where the variant allows it: everywhere with BiasStaged, under a
+// mask or window with BiasStagedAuto.
+func (b *Backend) bwdBiasStaged(p *attn.Problem) bool {
+	return b.BiasStaged || b.BiasStagedAuto && p.Masked
 }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of

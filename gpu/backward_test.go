@@ -382,6 +382,8 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 		{name: "keyrows-d128-causal-br-gqa-n1040-m1100", b: 1, n: 1040, m: 1100, h: 4, hkv: 2, dk: 128, dv: 128, causal: true, dtypes: both[:1]},
 		{name: "keyrows-d120-n600", b: 2, n: 600, m: 700, h: 2, hkv: 2, dk: 120, dv: 120, dtypes: both[:1]},
 		{name: "keyrows-d128-bias-grad-softcap-n1024-m1040", b: 2, n: 1024, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: both[:1]},
+		// a mask with a 16-bit bias: the bias staged by default (Backend.BiasStagedAuto)
+		{name: "keyrows-d128-causal-bias-grad-n1040", b: 1, n: 1040, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both},
 	} {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(200+ci))
@@ -389,6 +391,9 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 			v := in.backendVariant(t, b, DQAtomic)
 			if b.BwdKeyRowsAuto && b.BwdPipeline.WarpSpecialized && (!v.KeyRows || !v.BulkDQ) {
 				t.Errorf("%s %v: %s, want the key-rows step with the bulk dQ", c.name, dt, v.Name())
+			}
+			if want := v.KeyRows && c.bias != nil && b.bwdBiasStaged(in.p); v.BiasStaged != want {
+				t.Errorf("%s %v: %s, staged bias %v, want %v", c.name, dt, v.Name(), v.BiasStaged, want)
 			}
 			vs = append(vs, v, in.backendVariant(t, b, DQSeparate))
 		}

@@ -104,8 +104,10 @@ type fwdRequest struct {
 	// launch (kernels.PersistentGrid).
 	sms int
 	// biasStaged stages a 16-bit bias through shared memory where the
-	// variant and the bias's layout allow it (Backend.BiasStaged).
-	biasStaged bool
+	// variant and the bias's layout allow it; biasOverStoreO also where the
+	// staged tiles need the room of O's staging tile, O then stored from
+	// registers (Backend.BiasStaged, Backend.BiasStagedAuto).
+	biasStaged, biasOverStoreO bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -173,6 +175,9 @@ func plan(r fwdRequest) (launch, error) {
 	if r.biasStaged && vr.WarpSpecialized && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) {
 		w := vr
 		w.BiasStaged = true
+		if w.Validate() != nil && w.StoreO && r.biasOverStoreO {
+			w.StoreO = false // the bias tiles take the room of O's staging tile
+		}
 		if w.Validate() == nil {
 			vr = w
 		}
@@ -459,7 +464,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p), biasStaged: b.BiasStaged}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p), biasStaged: b.BiasStaged || b.BiasStagedAuto, biasOverStoreO: b.BiasStaged}
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()
 	}

@@ -356,6 +356,56 @@ func TestBackwardBindKeepsLayouts(t *testing.T) {
 	}
 }
 
+// TestBiasStagedPlans checks where the planners stage a 16-bit bias
+// through shared memory under the backend's two knobs: by default
+// (BiasStagedAuto) the forward wherever the staged tiles fit beside the
+// pipeline's (not the short causal pipeline's, whose store of O by a
+// tensor map keeps its room) and the key-rows backward under a mask only;
+// with BiasStaged everywhere the variants allow, the short pipeline then
+// storing O from registers.
+func TestBiasStagedPlans(t *testing.T) {
+	long := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	short := long
+	short.Persistent, short.StoreO = true, true
+	cases := []struct {
+		name      string
+		causal    bool
+		pipe      kernels.Pipeline
+		auto, all bool
+		fwd, bwd  bool
+		fwdStoreO bool
+	}{
+		{"plain, default", false, long, true, false, true, false, false},
+		{"causal, default", true, long, true, false, true, true, false},
+		{"causal short pipeline, default", true, short, true, false, false, true, true},
+		{"plain, everywhere", false, long, true, true, true, true, false},
+		{"causal short pipeline, everywhere", true, short, true, true, true, true, false},
+		{"plain, nowhere", false, long, false, false, false, false, false},
+		{"causal, nowhere", true, short, false, false, false, false, true},
+	}
+	for i, tc := range cases {
+		be := &Backend{BiasStaged: tc.all, BiasStagedAuto: tc.auto}
+		rc := fwdRecordCase{dt: attn.BFloat16, b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true, bias: []int{1, 1}}
+		rc.opt.Causal = tc.causal
+		p, ts, bias, _ := rc.tensors(t)
+		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: bias,
+			hopper: true, tma: true, pipeline: tc.pipe, sms: 132, biasStaged: be.BiasStaged || be.BiasStagedAuto, biasOverStoreO: be.BiasStaged})
+		if err != nil {
+			t.Fatalf("%s: forward: %v", tc.name, err)
+		}
+		if pl.v.BiasStaged != tc.fwd || pl.v.StoreO != tc.fwdStoreO {
+			t.Errorf("%s: forward %s: staged %v, StoreO %v; want %v, %v", tc.name, pl.v.Name(), pl.v.BiasStaged, pl.v.StoreO, tc.fwd, tc.fwdStoreO)
+		}
+		c := bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, causal: tc.causal, bias: []int{1, 1}}
+		bp, _ := hopperPlan(t, tc.name, c, uint64(160+i), DQAuto, func(r *bwdRequest) {
+			r.ws, r.keyRowsAuto, r.biasStaged = true, true, be.bwdBiasStaged(r.p)
+		})
+		if !bp.v.KeyRows || bp.v.BiasStaged != tc.bwd {
+			t.Errorf("%s: backward %s: key rows %v, staged %v; want key rows, staged %v", tc.name, bp.v.Name(), bp.v.KeyRows, bp.v.BiasStaged, tc.bwd)
+		}
+	}
+}
+
 // TestBackwardPlanWSAuto checks the warp-specialized backward's choices
 // left to the planner: the dQ algorithm from the table's rows for the
 // kernels that run the call (separate at D = 128 causal on the

@@ -64,7 +64,7 @@ func main() {
 	sets := flag.Int("sets", 3, "rotated input sets")
 	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
 	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, hsweep, xsweep, nsweep, sweep); empty: all")
-	dims := flag.String("dims", "", "comma-separated head dims the hsweep group times; empty: all")
+	dims := flag.String("dims", "", "comma-separated head dims the hsweep and xsweep groups time; empty: all")
 	flag.BoolVar(&useStaging, "staging", true, "copy rows that allow only 2-byte loads into a padded staging workspace first (timed)")
 	flag.Parse()
 	dt, err := attn.ParseDType(*dtName)
@@ -131,14 +131,20 @@ func main() {
 			}
 		}
 	}
-	// Hopper key tiles of variants with per-element extras (softcap, dropout, bias) at D = 128,
-	// under the backend's forward pipeline (FLASHATTN_FWD_PIPELINE)
-	for _, x := range []shape{{softcap: 30, label: "softcap"}, {dropout: 0.1, label: "dropout"}, {bias: true, label: "bias"}} {
-		for _, causal := range []bool{false, true} {
-			for _, bn := range []int{64, 96, 128, 160} {
-				t := hl(128, bn)
-				add("xsweep", shape{d: 128, n: 4096, h: 16, b: 4, causal: causal, tile: &t, label: "x-" + x.label,
-					softcap: x.softcap, dropout: x.dropout, bias: x.bias})
+	// Hopper key tiles of variants with per-element extras (softcap, dropout, bias) at D = 64 and
+	// 128 (-dims picks), under the backend's forward pipeline (FLASHATTN_FWD_PIPELINE)
+	xkeys := map[int][]int{64: {32, 64, 128}, 128: {64, 96, 128, 160}}
+	for _, d := range []int{64, 128} {
+		if *dims != "" && !strings.Contains(","+*dims+",", fmt.Sprintf(",%d,", d)) {
+			continue
+		}
+		for _, x := range []shape{{softcap: 30, label: "softcap"}, {dropout: 0.1, label: "dropout"}, {bias: true, label: "bias"}} {
+			for _, causal := range []bool{false, true} {
+				for _, bn := range xkeys[d] {
+					t := hl(128, bn)
+					add("xsweep", shape{d: d, n: 4096, h: 2048 / d, b: 4, causal: causal, tile: &t, label: "x-" + x.label,
+						softcap: x.softcap, dropout: x.dropout, bias: x.bias})
+				}
 			}
 		}
 	}
