@@ -309,53 +309,6 @@ func TestBackwardPlanKeyRowsAuto(t *testing.T) {
 	}
 }
 
-// TestBackwardBindKeepsLayouts checks that a plan made before its
-// workspace is allocated (the host path's) and then bound to it has the
-// kernel parameters of a plan made on that workspace: the tiled dQ
-// accumulator's strides above all, which the kernels were generated for
-// (a bound plan that took the row layout's added every head's dQ into
-// head 0's tiles).
-func TestBackwardBindKeepsLayouts(t *testing.T) {
-	const ws = 1 << 30
-	cases := []struct {
-		name  string
-		c     bwdCase
-		algo  DQAlgorithm
-		set   func(*bwdRequest)
-		tiled bool
-	}{
-		{"d128 key rows", bwdCase{b: 2, n: 512, m: 512, h: 2, hkv: 2, dk: 128, dv: 128}, DQAuto, func(r *bwdRequest) { r.ws, r.keyRowsAuto = true, true }, true},
-		{"d128 gqa causal key rows", bwdCase{b: 1, n: 1024, m: 1024, h: 4, hkv: 2, dk: 128, dv: 128, causal: true}, DQAuto, func(r *bwdRequest) { r.ws, r.keyRowsAuto = true, true }, true},
-		{"d64 bulk", bwdCase{b: 2, n: 256, m: 256, h: 3, hkv: 3, dk: 64, dv: 64}, DQAtomic, func(r *bwdRequest) { r.ws, r.bulkDQ = true, true }, true},
-		{"d100 atomic rows", bwdCase{b: 2, n: 256, m: 256, h: 2, hkv: 2, dk: 100, dv: 100}, DQAtomic, func(r *bwdRequest) { r.ws = true }, false},
-		{"d128 separate", bwdCase{b: 2, n: 256, m: 256, h: 2, hkv: 2, dk: 128, dv: 128}, DQSeparate, func(r *bwdRequest) { r.ws = true }, false},
-	}
-	for i, tc := range cases {
-		pl, r := hopperPlan(t, tc.name, tc.c, uint64(140+i), tc.algo, tc.set)
-		if pl.v.DQAccTiled() != tc.tiled {
-			t.Fatalf("%s: %s tiled dQ accumulator %v, want %v", tc.name, pl.v.Name(), pl.v.DQAccTiled(), tc.tiled)
-		}
-		pl.bind(ws)
-		r.a.Workspace = ws
-		direct, err := planBackward(r)
-		if err != nil {
-			t.Fatalf("%s: planned on the workspace: %v", tc.name, err)
-		}
-		if direct.v.Name() != pl.v.Name() {
-			t.Fatalf("%s: planned on the workspace: %s, bound: %s", tc.name, direct.v.Name(), pl.v.Name())
-		}
-		if pl.params != direct.params {
-			t.Errorf("%s: bound parameters differ from those planned on the workspace:\nbound  %+v\ndirect %+v", tc.name, pl.params, direct.params)
-		}
-		if tc.tiled {
-			sb, sh := kernels.BwdDQAccTiledStrides(tc.c.n, tc.c.h, kernels.BwdDQAccTiledCols(tc.c.dk))
-			if want := (kernels.BwdStrides{Batch: sb, Head: sh}); pl.params.DQAccS != want {
-				t.Errorf("%s: bound dQ accumulator strides %+v, want the tiled layout's %+v", tc.name, pl.params.DQAccS, want)
-			}
-		}
-	}
-}
-
 // TestBiasStagedPlans checks where the planners stage a 16-bit bias
 // through shared memory under the backend's two knobs: by default
 // (BiasStagedAuto) the forward wherever the staged tiles fit beside the

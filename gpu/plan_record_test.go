@@ -373,26 +373,66 @@ func relocateCase(t *testing.T, c fwdRecordCase, pipe kernels.Pipeline, at uint6
 
 // TestBackwardBind checks that a backward plan made on a workspace at
 // address 0 and bound to another is the plan made on a workspace there:
-// the host path plans before it allocates the workspace.
+// the host path plans before it allocates the workspace. Over the backward
+// corpus and problems of the key-rows step's class, under the planner's
+// knobs: none, the defaults New sets (the warp-specialized pipeline, the
+// key-rows step where it measured faster, the staged bias under a mask),
+// and the opt-in ones (bulk dQ; key rows, bulk dQ and staged bias
+// everywhere). A plan with the tiled dQ accumulator keeps its strides (a
+// bound plan that took the row layout's once added every head's dQ into
+// head 0's tiles).
 func TestBackwardBind(t *testing.T) {
 	const at = 5<<40 + 256
-	for _, c := range bwdCases() {
+	both := []attn.DType{attn.BFloat16, attn.Float16}
+	cases := append(bwdCases(),
+		bwdCase{name: "keyrows-d128-n1024", b: 2, n: 1024, m: 1024, h: 3, hkv: 3, dk: 128, dv: 128, dtypes: both},
+		bwdCase{name: "keyrows-d128-causal-bias-gqa-n1040", b: 2, n: 1040, m: 1040, h: 4, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 4}, biasGrad: true, dtypes: both[:1]},
+		bwdCase{name: "bulk-d64-n300", b: 2, n: 300, m: 260, h: 3, hkv: 3, dk: 64, dv: 64, dtypes: both[:1]})
+	knobs := []struct {
+		name string
+		set  func(r *bwdRequest)
+	}{
+		{"none", func(*bwdRequest) {}},
+		{"defaults", func(r *bwdRequest) {
+			r.ws, r.keyRowsAuto = DefaultBwdPipeline.WarpSpecialized, true
+			r.biasStaged = (&Backend{BiasStagedAuto: true}).bwdBiasStaged(r.p)
+		}},
+		{"bulk dQ", func(r *bwdRequest) { r.ws, r.bulkDQ = true, true }},
+		{"key rows, bulk dQ, staged bias", func(r *bwdRequest) { r.ws, r.keyRows, r.bulkDQ, r.biasStaged = true, true, true, true }},
+	}
+	tiled := 0
+	for _, c := range cases {
 		for _, dt := range c.dtypes {
 			in := bwdRecordInputs(t, c, dt)
-			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
-				pl, err := in.tryPlanAt(algo, true, 0)
-				if err != nil {
-					t.Fatalf("%s %v: %v", c.name, dt, err)
-				}
-				want, err := in.tryPlanAt(algo, true, at)
-				if err != nil {
-					t.Fatalf("%s %v: %v", c.name, dt, err)
-				}
-				pl.bind(at)
-				if got, w := digest(pl.v, pl.params.Pack(), pl.tma, pl.launches), digest(want.v, want.params.Pack(), want.tma, want.launches); got != w {
-					t.Errorf("%s %v %v: bound plan %s differs from %s", c.name, dt, algo, pl.v.Name(), want.v.Name())
+			for _, k := range knobs {
+				for _, algo := range []DQAlgorithm{DQAuto, DQAtomic, DQSeparate} {
+					r := in.request(algo)
+					k.set(&r)
+					pl, err := planBackward(r)
+					if err != nil {
+						t.Fatalf("%s %v %s %v: %v", c.name, dt, k.name, algo, err)
+					}
+					r.a.Workspace = at
+					want, err := planBackward(r)
+					if err != nil {
+						t.Fatalf("%s %v %s %v: %v", c.name, dt, k.name, algo, err)
+					}
+					pl.bind(at)
+					if got, w := digest(pl.v, pl.params.Pack(), pl.tma, pl.launches), digest(want.v, want.params.Pack(), want.tma, want.launches); got != w {
+						t.Errorf("%s %v %s %v: bound plan %s differs from %s", c.name, dt, k.name, algo, pl.v.Name(), want.v.Name())
+					}
+					if pl.v.DQAccTiled() {
+						tiled++
+						sb, sh := kernels.BwdDQAccTiledStrides(in.p.N, in.p.H, kernels.BwdDQAccTiledCols(in.p.DK))
+						if w := (kernels.BwdStrides{Batch: sb, Head: sh}); pl.params.DQAccS != w {
+							t.Errorf("%s %v %s %v: bound %s's dQ accumulator strides %+v, want the tiled layout's %+v", c.name, dt, k.name, algo, pl.v.Name(), pl.params.DQAccS, w)
+						}
+					}
 				}
 			}
 		}
+	}
+	if tiled == 0 {
+		t.Errorf("no plan took the tiled dQ accumulator")
 	}
 }
