@@ -50,9 +50,10 @@
 # compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
 # -only hsweep`, under this pipeline; default ws,pingpong,early-rescale;
-# xtiles: the key tiles of softcap, dropout and bias variants at D = 128,
+# xtiles: the key tiles of softcap, dropout and bias variants at D = 64 and 128,
 # `benchfwd -only xsweep`, under the default pipeline; ntiles: 128 and 160
-# keys at D = 128 from N = 512 to 16384, `benchfwd -only nsweep`).
+# keys at D = 128 and 192 and 128 query rows at D = 64 from N = 512 to 16384, `benchfwd -only
+# nsweep`).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.pipeline-out}

@@ -64,7 +64,7 @@ func main() {
 	sets := flag.Int("sets", 3, "rotated input sets")
 	sweep := flag.Bool("sweep", false, "also time candidate tiles at N=4096")
 	only := flag.String("only", "", "comma-separated groups to time (main, odd, big, hsweep, xsweep, nsweep, sweep); empty: all")
-	dims := flag.String("dims", "", "comma-separated head dims the hsweep and xsweep groups time; empty: all")
+	dims := flag.String("dims", "", "comma-separated head dims the hsweep, xsweep and nsweep groups time; empty: all")
 	flag.BoolVar(&useStaging, "staging", true, "copy rows that allow only 2-byte loads into a padded staging workspace first (timed)")
 	flag.Parse()
 	dt, err := attn.ParseDType(*dtName)
@@ -148,17 +148,25 @@ func main() {
 			}
 		}
 	}
-	// Hopper key tiles at D = 128 by length: 160 keys pad a sequence of 512 to 640 keys, 128 do not
-	// (the default pipeline for each length: short sequences take persistent CTAs)
-	for _, n := range []int{512, 1024, 2048, 4096, 4608, 16384} {
-		for _, causal := range []bool{false, true} {
-			for _, bn := range []int{128, 160} {
-				t := hl(128, bn)
-				h, bs := 16, max(1, 16384/n)
-				if n == 4608 {
-					h, bs = 24, 1 // FLUX's step
+	// Hopper tiles by length (the default pipeline for each length: short sequences take
+	// persistent CTAs): at D = 128 the keys, 160 padding a sequence of 512 to 640 keys where
+	// 128 do not; at D = 64 the query rows, 192 (three warpgroups) padding 512 queries to 576
+	// and 1024 to 1152 where 128 do not (-dims picks)
+	ntiles := map[int][]kernels.Tile{128: {hl(128, 128), hl(128, 160)}, 64: {hl(192, 128), hl(128, 128)}}
+	for _, d := range []int{128, 64} {
+		if *dims != "" && !strings.Contains(","+*dims+",", fmt.Sprintf(",%d,", d)) {
+			continue
+		}
+		for _, n := range []int{512, 1024, 2048, 4096, 4608, 16384} {
+			for _, causal := range []bool{false, true} {
+				for i := range ntiles[d] {
+					t := ntiles[d][i]
+					h, bs := 2048/d, max(1, 16384/n)
+					if n == 4608 {
+						h, bs = 3072/d, 1 // FLUX's step (H·D = 3072)
+					}
+					add("nsweep", shape{d: d, n: n, h: h, b: bs, causal: causal, tile: &t, label: "nsweep"})
 				}
-				add("nsweep", shape{d: 128, n: n, h: h, b: bs, causal: causal, tile: &t, label: "nsweep"})
 			}
 		}
 	}
