@@ -142,7 +142,7 @@ if [[ ",$STEPS," == *",time,"* ]]; then
 	configs=""
 	labels=""
 	for p in $PIPELINES; do
-		configs+=" $(tag "$p")=FLASHATTN_FWD_PIPELINE=$p"
+		configs+=" $(tag "$p")=FLASHATTN_FWD_PIPELINE=$(tag "$p")"  # (the + form: time_configs splits settings at commas)
 		labels+=" $(tag "$p")"
 	done
 	time_configs "$OUT/times.txt" fwd "$SHAPES" "$configs"
@@ -182,7 +182,7 @@ if [[ ",$STEPS," == *",bwdtime,"* ]]; then
 fi
 WIN_SHAPES=${WIN_SHAPES:-4:16:4096:128:-:256,0 4:16:4096:128:-:128,128 4:16:4096:128:-:1024,0 4:16:4096:128:-:2048,0 4:16:4096:128:-:4096,0}
 if [[ ",$STEPS," == *",wintime,"* ]]; then
-	wconfigs="ws+pingpong+early-rescale=FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale short=FLASHATTN_FWD_PIPELINE=ws,pingpong,early-rescale,persistent,tma-store"
+	wconfigs="ws+pingpong+early-rescale=FLASHATTN_FWD_PIPELINE=ws+pingpong+early-rescale short=FLASHATTN_FWD_PIPELINE=ws+pingpong+early-rescale+persistent+tma-store"
 	time_configs "$OUT/wintimes.txt" fwd "$WIN_SHAPES" "$wconfigs"
 	summarize "$OUT/wintimes.txt" "ws+pingpong+early-rescale short" >>"$SUMMARY"
 fi

@@ -246,19 +246,19 @@ var pipelineWords = []struct {
 	{"tma-store", func(p *Pipeline) *bool { return &p.StoreO }},
 }
 
-// ParsePipeline reads a comma-separated list of pipeline words: "ws"
-// (WarpSpecialized), "pingpong" (PingPong, implies ws), "early-rescale"
-// (EarlyRescale), "persistent" (Persistent, implies ws) and "tma-store"
-// (StoreO); "" and
-// "lockstep" are the zero Pipeline. Unknown words give an error wrapping
-// attn.ErrOption.
+// ParsePipeline reads a list of pipeline words separated by commas or
+// plus signs (the form that survives a comma-separated list of settings):
+// "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
+// "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws)
+// and "tma-store" (StoreO); "" and "lockstep" are the zero Pipeline.
+// Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
 	var p Pipeline
 	if s == "" || s == "lockstep" {
 		return p, nil
 	}
 next:
-	for _, w := range strings.Split(s, ",") {
+	for _, w := range strings.Split(strings.ReplaceAll(s, "+", ","), ",") {
 		w = strings.TrimSpace(w)
 		for _, pw := range pipelineWords {
 			if w == pw.word {

@@ -53,6 +53,7 @@ func TestParsePipeline(t *testing.T) {
 		{"persistent", Pipeline{WarpSpecialized: true, Persistent: true}, "ws,persistent"},
 		{"tma-store", Pipeline{StoreO: true}, "tma-store"},
 		{"persistent,tma-store", Pipeline{WarpSpecialized: true, Persistent: true, StoreO: true}, "ws,persistent,tma-store"},
+		{"ws+pingpong+early-rescale", Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, "ws,pingpong,early-rescale"},
 	}
 	for _, c := range cases {
 		got, err := ParsePipeline(c.in)
@@ -63,7 +64,7 @@ func TestParsePipeline(t *testing.T) {
 			t.Errorf("ParsePipeline(%q) = %+v, %v; want %+v", got.String(), back, err, got)
 		}
 	}
-	for _, bad := range []string{"warp", "ws,,pingpong", "lockstep,ws"} {
+	for _, bad := range []string{"warp", "ws,,pingpong", "ws++pingpong", "lockstep,ws"} {
 		if _, err := ParsePipeline(bad); !errors.Is(err, attn.ErrOption) {
 			t.Errorf("ParsePipeline(%q): %v, want ErrOption", bad, err)
 		}
