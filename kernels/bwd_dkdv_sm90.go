@@ -115,9 +115,10 @@ func BwdDQAccTiledStrides(n, h, cols int) (batch, head int64) {
 
 // dqAccTiledAt returns the C expression of the float offset, from a head's
 // start, of element (row i, column d) of v's tiled dQ accumulator: its
-// tile's, then its place in the tile (dqTileAt).
+// tile's, then its place in the tile (dqTileAt). The tile's offset is
+// 64-bit: a head's accumulator passes 2^31 floats from 2^24 queries.
 func (v BwdVariant) dqAccTiledAt(i, d string) string {
-	return fmt.Sprintf("((((%[1]s) >> 6) * %[4]d + ((%[2]s) >> 6)) * %[3]d + %[5]s)", i, d, BwdDQTileFloats, v.dqAccTiles(),
+	return fmt.Sprintf("((long long)(((%[1]s) >> 6) * %[4]d + ((%[2]s) >> 6)) * %[3]d + %[5]s)", i, d, BwdDQTileFloats, v.dqAccTiles(),
 		dqTileAt("(("+i+") & 63)", "(("+d+") & 63)"))
 }
 
