@@ -57,7 +57,7 @@ step compile 120 "$ROOT/.bin/kernels.test" -test.v -test.run "${COMPILE_RUN:-Tes
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$SANITIZER" ] && step sanitize 240 "$SANITIZER" --tool memcheck --leak-check no --error-exitcode 9 \
 	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestForwardStaging|TestBackwardGradients/(d59|d111-127|d199-257)/'
-step grad 240 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|TestBackwardDeterministic|TestBackwardAtomicUnderLoad|TestBackwardWholeStep'
+step grad 300 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|TestBackwardKeyRowsDefault|TestBackwardDeterministic|TestBackwardAtomicUnderLoad|TestBackwardWholeStep'
 step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards|TestForwardStaging'
 step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestDropoutAt|TestSoftcapChain|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
 [ -x "$ROOT/.bin/flashattn" ] && step demo 240 "$ROOT/.bin/flashattn" demo
