@@ -37,8 +37,9 @@
 # sanitize; default all but q80check, wintime, biastime, tiles, xtiles, ntiles and sanitize;
 # biastime times the forward and the backward with a [1,1,N,M] bias loaded from global memory,
 # staged where the default stages it, and staged wherever it can be (FLASHATTN_BIAS_STAGED=0,
-# unset, 1; BIAS_CONFIGS) on BIAS_SHAPES, after the forward and gradient tests under the
-# staging everywhere (BIAS_CHECK=0 skips them); wintime times the
+# unset, 1; BIAS_CONFIGS, LABEL=VAR=VALUE,VAR=VALUE each, e.g. adding
+# tracked=FLASHATTN_BIAS_STAGED=1,FLASHATTN_BIAS_TRACKED=1) on BIAS_SHAPES, after the forward
+# and gradient tests under the staging everywhere (BIAS_CHECK=0 skips them); wintime times the
 # forward under windows on the default pipeline and on the short-sequence
 # one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,

@@ -100,6 +100,11 @@ type Backend struct {
 	// tensor map for them), in the backward under a mask or window.
 	// New sets it unless EnvBiasStaged is "0".
 	BiasStagedAuto bool
+	// BiasTracked has the backward's producer hand its bias copies to the
+	// stage's barrier instead of waiting for them where it stages the bias
+	// (kernels.BwdVariant.BiasTracked). New sets it when EnvBiasTracked is
+	// set.
+	BiasTracked bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -172,6 +177,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
+		BiasTracked:    hopper && envSet(os.Getenv(EnvBiasTracked)),
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
@@ -265,6 +271,11 @@ const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 // wherever they can (Backend.BiasStaged); unset, only where it measured
 // faster (Backend.BiasStagedAuto); "0", nowhere.
 const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
+
+// EnvBiasTracked, when set to anything but "" or "0", has the backward of
+// new backends hand its staged bias copies to the stage's barrier
+// (Backend.BiasTracked).
+const EnvBiasTracked = "FLASHATTN_BIAS_TRACKED"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels
 // with source line information (NVRTC's -lineinfo), so that

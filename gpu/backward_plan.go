@@ -263,6 +263,9 @@ type bwdRequest struct {
 	// key-rows step where the variant and the bias's layout allow it
 	// (Backend.BiasStaged, Backend.BiasStagedAuto).
 	biasStaged bool
+	// biasTracked hands a staged bias's copies to the stage's barrier
+	// (Backend.BiasTracked).
+	biasTracked bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -274,7 +277,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), deep: b.BwdDeep}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), biasTracked: b.BiasTracked, deep: b.BwdDeep}
 }
 
 // bwdBiasStaged reports whether the backend's backward of p stages its
@@ -386,7 +389,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	}
 	if pr := pl.params; r.biasStaged && pl.v.KeyRows && biasStageable(pr.Bias, pr.BiasJ, pr.BiasI, pr.BiasH, pr.BiasB) {
 		w := pl.v
-		w.BiasStaged = true
+		w.BiasStaged, w.BiasTracked = true, r.biasTracked
 		if w.Validate() == nil {
 			pl.v = w
 		}

@@ -141,6 +141,9 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	}
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
+	if v.BiasTracked {
+		b.WriteString(ptxCpAsyncMbarArrive("cp_async_mbar_arrive"))
+	}
 	b.WriteString(wgmmaPrimitives())
 	for _, pr := range v.HopperProducts() {
 		b.WriteString(pr.source(v.DType))
