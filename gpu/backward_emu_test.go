@@ -106,7 +106,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 		keyRowsAuto = os.Getenv(EnvBwdKeyRows) != "0"
 	}
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: envSet(os.Getenv(EnvBiasStaged)), biasTracked: envSet(os.Getenv(EnvBiasTracked)), deep: deep})
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: emuBiasKnobs(kind).bwdBiasStaged(in.p), biasTracked: emuBiasKnobs(kind).BiasTracked, deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

@@ -326,6 +326,18 @@ func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
 	return fwd, bwd, envSet(os.Getenv(EnvBulkDQ))
 }
 
+// emuBiasKnobs returns the bias staging knobs of an emulated kind's plans:
+// those New sets under the environment of the moment for the default
+// kind, those the environment asks for (EnvBiasStaged, EnvBiasTracked)
+// for the others.
+func emuBiasKnobs(kind emuKernels) *Backend {
+	return &Backend{
+		BiasStaged:     envSet(os.Getenv(EnvBiasStaged)),
+		BiasStagedAuto: kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
+		BiasTracked:    envSet(os.Getenv(EnvBiasTracked)),
+	}
+}
+
 // emuBwdTMA reports whether an emulated backward kind loads its streamed
 // tiles by tensor maps (and so takes fixed-length batches only).
 func emuBwdTMA(kind emuKernels) bool {
