@@ -160,7 +160,7 @@ func plan(r fwdRequest) (launch, error) {
 		if vr.WarpSpecialized && r.tiles == nil {
 			// the pipeline's own tile for the class or, where the lockstep kernels measured faster,
 			// the parts of the pipeline they take (early rescale, O by tensor maps)
-			switch wt, ok := kernels.HopperWSTile(vr); {
+			switch wt, ok := kernels.HopperWSTile(vr, p.M); {
 			case !ok:
 				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO})
 			case wt != (kernels.Tile{}):

@@ -101,7 +101,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		t.Fatalf("plan %s: not FlatStaged with the heads' staging copies", l.v.Name())
 	}
 	ws := emuPipeline(kind).WarpSpecialized
-	if _, ok := kernels.HopperWSTile(l.v); ws && tiles == nil && !ok {
+	if _, ok := kernels.HopperWSTile(l.v, p.M); ws && tiles == nil && !ok {
 		ws = false // a class whose lockstep kernels measured faster (kernels.HopperWSTable)
 	}
 	if kind != emuDefault && (l.v.WGMMA != (kind != emuMMA) || l.v.TMA != tma || l.v.WarpSpecialized != ws ||

@@ -388,7 +388,8 @@ func TestBackwardPlanWSAuto(t *testing.T) {
 }
 
 // TestForwardPlanWSTiles checks the warp-specialized forward's tiles
-// (kernels.HopperWSTable): its own tile where the table has one, the
+// (kernels.HopperWSTable): its own tile where the table has one, with 128
+// keys rather than 160 at D = 128 for calls of at most 1024 keys, the
 // lockstep kernels where they measured faster (D = 64 with a mask, which
 // keeps the early rescale), the extras tile at D = 128, HopperTable's tile
 // for variants with extras at D = 64 and head dims past the table, and the
@@ -405,8 +406,11 @@ func TestForwardPlanWSTiles(t *testing.T) {
 	}{
 		{"d64", func(c *fwdRecordCase) { c.dk, c.dv = 64, 64 }, full, 192, 128, true, false, true},
 		{"d64 causal: lockstep", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Causal = 64, 64, true }, full, 128, 64, false, false, true},
-		{"d128", nil, full, 128, 160, true, true, true},
-		{"d128 causal", func(c *fwdRecordCase) { c.opt.Causal = true }, full, 128, 160, true, true, true},
+		{"d128 M = 200: 128 keys", nil, full, 128, 128, true, true, true},
+		{"d128 causal M = 200: 128 keys", func(c *fwdRecordCase) { c.opt.Causal = true }, full, 128, 128, true, true, true},
+		{"d128 M = 1024: 128 keys", func(c *fwdRecordCase) { c.m = 1024 }, full, 128, 128, true, true, true},
+		{"d128 M = 1025", func(c *fwdRecordCase) { c.m = 1025 }, full, 128, 160, true, true, true},
+		{"d128 causal M = 2048", func(c *fwdRecordCase) { c.n, c.m, c.opt.Causal = 2048, 2048, true }, full, 128, 160, true, true, true},
 		{"d128 dropout: the extras tile", func(c *fwdRecordCase) { c.opt.Dropout = 0.1 }, full, 128, 128, true, true, true},
 		{"d128 causal softcap: the extras tile", func(c *fwdRecordCase) { c.opt.Causal, c.opt.Softcap = true, 30 }, full, 128, 128, true, true, true},
 		{"d64 dropout: HopperTable's extras tile", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Dropout = 64, 64, 0.1 }, full, 128, 32, true, true, true},

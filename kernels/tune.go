@@ -135,22 +135,28 @@ func HopperTile(v Variant) (Tile, bool) {
 // HopperTable's. A zero Plain or Masked tile keeps the lockstep kernels on
 // HopperTable's tile for the class, where they measured faster; a zero
 // Extras tile, and head dims past the last row, take HopperTable's tile on
-// the pipeline. Plain and Masked measured on the H200, Extras on the H100
-// (docs/kernels/forward.md, "Tiles of the warp-specialized forward").
+// the pipeline. Calls with at most ShortKeys keys take ShortN keys a
+// Plain or Masked tile (zero: the tile's own): 160 keys pad 512 keys to
+// 640 and 1024 to 1120. Plain and Masked measured on the H200, Extras and
+// ShortN on the H100 (docs/kernels/forward.md, "Tiles of the
+// warp-specialized forward").
 var HopperWSTable = []struct {
 	MaxD                  int
 	Plain, Masked, Extras Tile
+	ShortKeys, ShortN     int
 }{
-	{64, Tile{BlockM: 192, BlockN: 128, WarpsM: 12, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, Tile{}, Tile{}},
+	{64, Tile{BlockM: 192, BlockN: 128, WarpsM: 12, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, Tile{}, Tile{}, 0, 0},
 	{128, Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
 		Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
-		Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}},
+		Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
+		1024, 128},
 }
 
-// HopperWSTile returns the tile of v's warp-specialized Hopper forward
-// (HopperWSTable; zero: HopperTable's tile) and whether the pipeline runs
-// v at all (false: the lockstep pipeline measured faster for v's class).
-func HopperWSTile(v Variant) (Tile, bool) {
+// HopperWSTile returns the tile of v's warp-specialized Hopper forward for
+// a call with keys keys a row (HopperWSTable; zero: HopperTable's tile)
+// and whether the pipeline runs v at all (false: the lockstep pipeline
+// measured faster for v's class).
+func HopperWSTile(v Variant, keys int) (Tile, bool) {
 	d := hopperTileDim(v.DK, v.DV)
 	for _, r := range HopperWSTable {
 		if d > r.MaxD {
@@ -162,6 +168,9 @@ func HopperWSTile(v Variant) (Tile, bool) {
 		t := r.Plain
 		if v.Mask != MaskNone {
 			t = r.Masked
+		}
+		if t != (Tile{}) && r.ShortN != 0 && keys <= r.ShortKeys {
+			t.BlockN = r.ShortN
 		}
 		return t, t != (Tile{})
 	}
