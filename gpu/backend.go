@@ -108,7 +108,8 @@ type Backend struct {
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
-	// separate dQ or the atomic one by bulk reduce-adds); zero keeps 64.
+	// separate dQ or the atomic one by bulk reduce-adds, 128 with the
+	// separate dQ at padded head dims up to 64); zero keeps 64.
 	// New reads it from EnvBwdQueryStep.
 	BwdQueryStep int
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
@@ -285,20 +286,22 @@ const EnvLineInfo = "FLASHATTN_LINEINFO"
 
 // EnvBwdQueryStep names the queries a step of the key-rows dK/dV kernel of
 // new backends takes where the variant allows it (Backend.BwdQueryStep):
-// unset or 64 for the default, or 80.
+// unset or 64 for the default, 80, or 128.
 const EnvBwdQueryStep = "FLASHATTN_BWD_QUERY_STEP"
 
 // parseQueryStep returns the Backend.BwdQueryStep that s (EnvBwdQueryStep's
-// value) names: 0 for "" or "64", 80 for "80"; anything else is an error
-// wrapping attn.ErrOption.
+// value) names: 0 for "" or "64", 80 for "80", 128 for "128"; anything
+// else is an error wrapping attn.ErrOption.
 func parseQueryStep(s string) (int, error) {
 	switch strings.TrimSpace(s) {
 	case "", "64":
 		return 0, nil
 	case "80":
 		return 80, nil
+	case "128":
+		return 128, nil
 	}
-	return 0, attn.Errorf(attn.ErrOption, "query step %q: want 64 or 80", s)
+	return 0, attn.Errorf(attn.ErrOption, "query step %q: want 64, 80 or 128", s)
 }
 
 // EnvBwdDeep, when "0", keeps the backward of new backends off the Hopper

@@ -91,10 +91,13 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	tma := emuBwdTMA(kind) || kind == emuDefault
 	q80 := kind == emuHopperBwdWSKeyRows80 || kind == emuHopperBwdWSKeyRows80Bulk
 	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk || kind == emuHopperBwdWSKeyRows80Bulk
-	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || q80
+	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || q80 || kind == emuHopperBwdWSKeyRows128
 	queryStep := 0
-	if q80 {
+	switch {
+	case q80:
 		queryStep = 80
+	case kind == emuHopperBwdWSKeyRows128:
+		queryStep = 128
 	}
 	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || keyRows
 	deep := true // the emulator checks the Hopper kernels past 256 whether or not a backend allows them
@@ -293,6 +296,9 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	if want := q80 && pl.v.KeyRows && (!pl.v.AtomicDQ || pl.v.BulkDQ); (pl.v.QueryStep == 80) != want {
 		t.Fatalf("plan %s: QueryStep = %d, want 80: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
+	if want := kind == emuHopperBwdWSKeyRows128 && pl.v.KeyRows && !pl.v.AtomicDQ && max(pl.v.DKPad(), pl.v.DVPad()) <= 64; (pl.v.QueryStep == 128) != want {
+		t.Fatalf("plan %s: QueryStep = %d, want 128: %v", pl.v.Name(), pl.v.QueryStep, want)
+	}
 	staged16 := pl.v.Bias == kernels.BiasBF16 || pl.v.Bias == kernels.BiasF16
 	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0; pl.v.BiasStaged != want || pl.v.BiasTracked != (want && envSet(os.Getenv(EnvBiasTracked))) {
 		t.Fatalf("plan %s: BiasStaged = %v, BiasTracked = %v, want %v", pl.v.Name(), pl.v.BiasStaged, pl.v.BiasTracked, want)
@@ -457,7 +463,7 @@ var bwdEmuFamilies = []struct {
 }{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
 	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows},
 	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}, {"hopper-tma-ws-keyrows-q80", emuHopperBwdWSKeyRows80},
-	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}}
+	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}, {"hopper-tma-ws-keyrows-q128", emuHopperBwdWSKeyRows128}}
 
 // TestBackwardEmulatedBiasStaged runs biased backwards on the key-rows
 // families with the bias staged through shared memory (EnvBiasStaged,

@@ -307,6 +307,7 @@ const (
 	emuHopperBwdWSKeyRowsBulk                     // ... and the atomic dQ by bulk reduce-adds
 	emuHopperBwdWSKeyRows80                       // the key-rows step over 80 queries (the separate dQ; the atomic one by vector atomics keeps 64)
 	emuHopperBwdWSKeyRows80Bulk                   // ... and the atomic dQ by bulk reduce-adds, transposed
+	emuHopperBwdWSKeyRows128                      // the key-rows step over 128 queries at padded head dims up to 64 (the separate dQ)
 	emuHopperSO                                   // the Hopper forward, tensor maps, O stored by tensor maps
 	emuHopperPTSO                                 // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
 	emuDefault                                    // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
@@ -342,7 +343,7 @@ func emuBiasKnobs(kind emuKernels) *Backend {
 // tiles by tensor maps (and so takes fixed-length batches only).
 func emuBwdTMA(kind emuKernels) bool {
 	switch kind {
-	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk, emuHopperBwdWSKeyRows80, emuHopperBwdWSKeyRows80Bulk:
+	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk, emuHopperBwdWSKeyRows80, emuHopperBwdWSKeyRows80Bulk, emuHopperBwdWSKeyRows128:
 		return true
 	}
 	return false

@@ -44,7 +44,7 @@ func TestParseQueryStep(t *testing.T) {
 		want int
 		err  bool
 	}{
-		{"", 0, false}, {"64", 0, false}, {" 80 ", 80, false}, {"96", 0, true}, {"0", 0, true}, {"eighty", 0, true},
+		{"", 0, false}, {"64", 0, false}, {" 80 ", 80, false}, {"128", 128, false}, {"96", 0, true}, {"0", 0, true}, {"eighty", 0, true},
 	} {
 		got, err := parseQueryStep(c.in)
 		if c.err {
@@ -202,25 +202,25 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 func TestBackwardPlanQueryStep(t *testing.T) {
 	d128 := bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}
 	for i, tc := range []struct {
-		name               string
-		c                  bwdCase
-		algo               DQAlgorithm
-		keyRows, bulk, ask bool
-		want               int
+		name          string
+		c             bwdCase
+		algo          DQAlgorithm
+		keyRows, bulk bool
+		ask, want     int
 	}{
-		{"separate", d128, DQSeparate, true, false, true, 80},
-		{"separate causal", bwdCase{b: 2, n: 170, m: 190, h: 2, hkv: 2, dk: 128, dv: 96, causal: true}, DQSeparate, true, false, true, 80},
-		{"separate unasked", d128, DQSeparate, true, false, false, 64},
-		{"atomic by vector atomics", d128, DQAtomic, true, false, true, 64},
-		{"atomic by bulk reduce-adds", d128, DQAtomic, true, true, true, 80},
-		{"atomic by bulk reduce-adds unasked", d128, DQAtomic, true, true, false, 64},
-		{"not key rows", d128, DQSeparate, false, false, true, 64},
+		{"separate", d128, DQSeparate, true, false, 80, 80},
+		{"separate causal", bwdCase{b: 2, n: 170, m: 190, h: 2, hkv: 2, dk: 128, dv: 96, causal: true}, DQSeparate, true, false, 80, 80},
+		{"separate unasked", d128, DQSeparate, true, false, 0, 64},
+		{"atomic by vector atomics", d128, DQAtomic, true, false, 80, 64},
+		{"atomic by bulk reduce-adds", d128, DQAtomic, true, true, 80, 80},
+		{"atomic by bulk reduce-adds unasked", d128, DQAtomic, true, true, 0, 64},
+		{"not key rows", d128, DQSeparate, false, false, 80, 64},
+		{"128 at d128: declined", d128, DQSeparate, true, false, 128, 64},
+		{"128 separate d64", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64, causal: true}, DQSeparate, true, false, 128, 128},
+		{"128 atomic d64: declined", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64}, DQAtomic, true, true, 128, 64},
 	} {
 		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) {
-			r.ws, r.keyRows, r.bulkDQ = true, tc.keyRows, tc.bulk
-			if tc.ask {
-				r.queryStep = 80
-			}
+			r.ws, r.keyRows, r.bulkDQ, r.queryStep = true, tc.keyRows, tc.bulk, tc.ask
 		})
 		got := pl.v.ResolvedTiles().DKDV.BlockM
 		if got != tc.want {

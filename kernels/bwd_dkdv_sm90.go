@@ -52,16 +52,20 @@ import (
 const bwdHopperBM = 64
 
 // QueryStepOK reports whether v's QueryStep is one its Hopper dK/dV kernel
-// takes: the default (0), or 80 on the key-rows step with the separate dQ
+// takes: the default (0); 80 on the key-rows step with the separate dQ
 // or the atomic one by bulk reduce-adds, which then computes dQ
-// transposed (bwdDQTransposed); the vector atomics add pairs of
-// consecutive columns, which the transposed product does not hold.
+// transposed (bwdDQTransposed; the vector atomics add pairs of
+// consecutive columns, which the transposed product does not hold); or
+// 128 on the key-rows step with the separate dQ at padded head dims up to
+// 64, FlashAttention-3's step there.
 func QueryStepOK(v BwdVariant) bool {
 	switch v.QueryStep {
 	case 0:
 		return true
 	case 80:
 		return v.KeyRows && (!v.AtomicDQ || v.BulkDQ)
+	case 128:
+		return v.KeyRows && !v.AtomicDQ && v.DKPad() <= 64 && v.DVPad() <= 64
 	}
 	return false
 }

@@ -99,12 +99,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8)
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
-    float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns
-#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) { lc[nt][c] = sL[st * BM + nt * 8 + 2 * t4 + c]; dc[nt][c] = sD[st * BM + nt * 8 + 2 * t4 + c]; }
-%[1]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
+%[5]s%[1]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
@@ -130,12 +125,12 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         unpack2(pk[nt][hh], pr[0], pr[1]);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          float d = pr[c] * (accP[0][nt][hh * 2 + c] - dc[nt][c]);
+          float d = pr[c] * (accP[0][nt][hh * 2 + c] - %[6]s);
 %[3]s          ds[c] = d;
         }
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s
       }
-`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS())
+`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsDelta())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -231,7 +226,46 @@ func (g *bwdGen) keyRowsLogit() string {
 	if g.v.BiasStaged {
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
 	}
-	return g.logit("          ", "lc[nt][c]", "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
+	return g.logit("          ", g.keyRowsLSE2(), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
+}
+
+// keyRowsStatsInRegs reports whether the key-rows step keeps the LSE2 and
+// Delta of its thread's query columns in registers (steps of up to 80
+// queries) or reads them from the stage where it uses them (128: beside
+// Sᵀ, dPᵀ and their 16-bit pairs of 128 queries they would not fit).
+func (g *bwdGen) keyRowsStatsInRegs() bool { return g.v.bwdHopperTile().BlockM <= 80 }
+
+// keyRowsStatsDecl declares the LSE2 and Delta of the thread's query
+// columns: loaded into registers, or pointers to them in the stage.
+func (g *bwdGen) keyRowsStatsDecl() string {
+	if !g.keyRowsStatsInRegs() {
+		return `    // LSE2 and Delta of this thread's query columns 8nt + 2t4 + c, read from the stage where they are used
+    const float* lcs = sL + st * BM + 2 * t4;
+    const float* dcs = sD + st * BM + 2 * t4;
+`
+	}
+	return `    float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns
+#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) { lc[nt][c] = sL[st * BM + nt * 8 + 2 * t4 + c]; dc[nt][c] = sD[st * BM + nt * 8 + 2 * t4 + c]; }
+`
+}
+
+// keyRowsLSE2 and keyRowsDelta return the LSE2 and Delta of query column
+// 8nt + 2t4 + c (keyRowsStatsDecl).
+func (g *bwdGen) keyRowsLSE2() string {
+	if !g.keyRowsStatsInRegs() {
+		return "lcs[nt * 8 + c]"
+	}
+	return "lc[nt][c]"
+}
+
+func (g *bwdGen) keyRowsDelta() string {
+	if !g.keyRowsStatsInRegs() {
+		return "dcs[nt * 8 + c]"
+	}
+	return "dc[nt][c]"
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

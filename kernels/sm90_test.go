@@ -438,20 +438,22 @@ func TestBwdCompileHopper(t *testing.T) {
 }
 
 // bwdHopperKeyRowsVariants returns the variants of bwdHopperWSVariants
-// that take the key-rows step, with it, and those with the separate dQ
-// also over steps of 80 queries.
+// that take the key-rows step, with it, and those that take them also
+// over steps of 80 queries and of 128 (QueryStepOK).
 func bwdHopperKeyRowsVariants() []BwdVariant {
-	var vs, q80 []BwdVariant
+	var vs, steps []BwdVariant
 	for _, v := range bwdHopperWSVariants() {
 		if KeyRowsOK(v) {
 			v.KeyRows = true
 			vs = append(vs, v)
-			if v.QueryStep = 80; QueryStepOK(v) {
-				q80 = append(q80, v)
+			for _, q := range []int{80, 128} {
+				if v.QueryStep = q; QueryStepOK(v) {
+					steps = append(steps, v)
+				}
 			}
 		}
 	}
-	return append(vs, q80...)
+	return append(vs, steps...)
 }
 
 // TestKeyRowsSource checks the key-rows step's source: S and dP with the
@@ -478,6 +480,11 @@ func TestKeyRowsSource(t *testing.T) {
 		if strings.Contains(src, "sw_elem<BM>(il, jl)") {
 			t.Errorf("%s: the key-rows step stores P or dS by query rows", v.Name())
 		}
+		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];")
+		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "lcs[nt * 8 + c]") && strings.Contains(src, "dcs[nt * 8 + c]")
+		if wantStage := v.QueryStep == 128; inRegs == wantStage || fromStage != wantStage {
+			t.Errorf("%s: LSE2 and Delta in registers %v, read from the stage %v; want the stage %v", v.Name(), inRegs, fromStage, wantStage)
+		}
 		store := strings.Index(src, "sdSb[sw_elem<BM>(ql, kl)]")
 		if !v.AtomicDQ {
 			if store >= 0 {
@@ -501,7 +508,8 @@ func TestKeyRowsSource(t *testing.T) {
 	}
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
 	for _, w := range []BwdVariant{base, func() BwdVariant { w := base; w.AtomicDQ = true; return w }(), func() BwdVariant { w := base; w.AtomicDQ, w.BulkDQ = true, true; return w }(),
-		func() BwdVariant { w := base; w.QueryStep = 80; return w }()} {
+		func() BwdVariant { w := base; w.QueryStep = 80; return w }(), func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 64, 64, 128; return w }(),
+		func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 48, 64, 128; return w }()} {
 		if err := w.Validate(); err != nil {
 			t.Errorf("%s: %v", w.Name(), err)
 		}
@@ -514,6 +522,17 @@ func TestKeyRowsSource(t *testing.T) {
 		"80 queries, no key rows": func() BwdVariant { w := base; w.QueryStep, w.KeyRows = 80, false; return w }(),
 		"64 queries named":        func() BwdVariant { w := base; w.QueryStep = 64; return w }(),
 		"96 queries":              func() BwdVariant { w := base; w.QueryStep = 96; return w }(),
+		"128 queries at d128":     func() BwdVariant { w := base; w.QueryStep = 128; return w }(),
+		"128 queries at d64-96": func() BwdVariant {
+			w := base
+			w.DK, w.DV, w.QueryStep = 64, 96, 128
+			return w
+		}(),
+		"128 queries, atomic dQ": func() BwdVariant {
+			w := base
+			w.DK, w.DV, w.QueryStep, w.AtomicDQ, w.BulkDQ = 64, 64, 128, true, true
+			return w
+		}(),
 	} {
 		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
 			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
