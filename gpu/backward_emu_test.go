@@ -90,13 +90,14 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	hopper := kind != emuMMA
 	tma := emuBwdTMA(kind) || kind == emuDefault
 	q80 := kind == emuHopperBwdWSKeyRows80 || kind == emuHopperBwdWSKeyRows80Bulk
-	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk || kind == emuHopperBwdWSKeyRows80Bulk
-	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || q80 || kind == emuHopperBwdWSKeyRows128
+	q128 := kind == emuHopperBwdWSKeyRows128 || kind == emuHopperBwdWSKeyRows128Bulk
+	bulk := kind == emuHopperBulk || kind == emuHopperBwdWSBulk || kind == emuHopperBwdWSKeyRowsBulk || kind == emuHopperBwdWSKeyRows80Bulk || kind == emuHopperBwdWSKeyRows128Bulk
+	keyRows := kind == emuHopperBwdWSKeyRows || kind == emuHopperBwdWSKeyRowsBulk || q80 || q128
 	queryStep := 0
 	switch {
 	case q80:
 		queryStep = 80
-	case kind == emuHopperBwdWSKeyRows128:
+	case q128:
 		queryStep = 128
 	}
 	ws := kind == emuHopperBwdWS || kind == emuHopperBwdWSBulk || keyRows
@@ -296,7 +297,8 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	if want := q80 && pl.v.KeyRows && (!pl.v.AtomicDQ || pl.v.BulkDQ); (pl.v.QueryStep == 80) != want {
 		t.Fatalf("plan %s: QueryStep = %d, want 80: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
-	if want := kind == emuHopperBwdWSKeyRows128 && pl.v.KeyRows && !pl.v.AtomicDQ && max(pl.v.DKPad(), pl.v.DVPad()) <= 64; (pl.v.QueryStep == 128) != want {
+	q128 := kind == emuHopperBwdWSKeyRows128 || kind == emuHopperBwdWSKeyRows128Bulk
+	if want := q128 && pl.v.KeyRows && max(pl.v.DKPad(), pl.v.DVPad()) <= 64; (pl.v.QueryStep == 128) != want {
 		t.Fatalf("plan %s: QueryStep = %d, want 128: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
 	staged16 := pl.v.Bias == kernels.BiasBF16 || pl.v.Bias == kernels.BiasF16
@@ -463,7 +465,8 @@ var bwdEmuFamilies = []struct {
 }{{"mma.sync", emuMMA}, {"hopper-cp.async", emuHopper}, {"hopper-tma", emuHopperTMA}, {"hopper-tma-bulkdq", emuHopperBulk},
 	{"hopper-tma-ws", emuHopperBwdWS}, {"hopper-tma-ws-bulkdq", emuHopperBwdWSBulk}, {"hopper-tma-ws-keyrows", emuHopperBwdWSKeyRows},
 	{"hopper-tma-ws-keyrows-bulkdq", emuHopperBwdWSKeyRowsBulk}, {"hopper-tma-ws-keyrows-q80", emuHopperBwdWSKeyRows80},
-	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}, {"hopper-tma-ws-keyrows-q128", emuHopperBwdWSKeyRows128}}
+	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}, {"hopper-tma-ws-keyrows-q128", emuHopperBwdWSKeyRows128},
+	{"hopper-tma-ws-keyrows-bulkdq-q128", emuHopperBwdWSKeyRows128Bulk}}
 
 // TestBackwardEmulatedBiasStaged runs biased backwards on the key-rows
 // families with the bias staged through shared memory (EnvBiasStaged,

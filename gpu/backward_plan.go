@@ -380,9 +380,13 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.KeyRows = true
 		if w.Validate() == nil {
 			pl.v = w
+		} else if r.queryStep != 0 {
+			// a key-rows step only its query step makes (128 queries with the atomic dQ at D ≤ 64)
+			w.QueryStep = r.queryStep
+			pl.tryTMA(w)
 		}
 	}
-	if r.queryStep != 0 && pl.v.KeyRows {
+	if r.queryStep != 0 && pl.v.KeyRows && pl.v.QueryStep == 0 {
 		w := pl.v
 		w.QueryStep = r.queryStep
 		pl.tryTMA(w) // q's and dO's maps take the step's rows a box

@@ -294,23 +294,24 @@ func emuTensorMap(x kernels.TMATensor) cuda.TensorMap {
 type emuKernels int
 
 const (
-	emuMMA                      emuKernels = iota // the mma.sync kernels
-	emuHopper                                     // the Hopper kernels, tiles by cp.async
-	emuHopperTMA                                  // the Hopper kernels, streamed tiles by tensor maps
-	emuHopperWS                                   // the Hopper forward, tensor maps, warp-specialized
-	emuHopperPP                                   // ... with ping-pong and the early rescale of O
-	emuHopperPT                                   // ... and persistent CTAs
-	emuHopperBulk                                 // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
-	emuHopperBwdWS                                // the Hopper backward, tensor maps, the dK/dV kernel warp-specialized
-	emuHopperBwdWSBulk                            // ... and the atomic dQ by bulk reduce-adds
-	emuHopperBwdWSKeyRows                         // the Hopper backward, tensor maps, warp-specialized, S and dP with keys as rows
-	emuHopperBwdWSKeyRowsBulk                     // ... and the atomic dQ by bulk reduce-adds
-	emuHopperBwdWSKeyRows80                       // the key-rows step over 80 queries (the separate dQ; the atomic one by vector atomics keeps 64)
-	emuHopperBwdWSKeyRows80Bulk                   // ... and the atomic dQ by bulk reduce-adds, transposed
-	emuHopperBwdWSKeyRows128                      // the key-rows step over 128 queries at padded head dims up to 64 (the separate dQ)
-	emuHopperSO                                   // the Hopper forward, tensor maps, O stored by tensor maps
-	emuHopperPTSO                                 // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
-	emuDefault                                    // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
+	emuMMA                       emuKernels = iota // the mma.sync kernels
+	emuHopper                                      // the Hopper kernels, tiles by cp.async
+	emuHopperTMA                                   // the Hopper kernels, streamed tiles by tensor maps
+	emuHopperWS                                    // the Hopper forward, tensor maps, warp-specialized
+	emuHopperPP                                    // ... with ping-pong and the early rescale of O
+	emuHopperPT                                    // ... and persistent CTAs
+	emuHopperBulk                                  // the Hopper backward, tensor maps, the atomic dQ by bulk reduce-adds
+	emuHopperBwdWS                                 // the Hopper backward, tensor maps, the dK/dV kernel warp-specialized
+	emuHopperBwdWSBulk                             // ... and the atomic dQ by bulk reduce-adds
+	emuHopperBwdWSKeyRows                          // the Hopper backward, tensor maps, warp-specialized, S and dP with keys as rows
+	emuHopperBwdWSKeyRowsBulk                      // ... and the atomic dQ by bulk reduce-adds
+	emuHopperBwdWSKeyRows80                        // the key-rows step over 80 queries (the separate dQ; the atomic one by vector atomics keeps 64)
+	emuHopperBwdWSKeyRows80Bulk                    // ... and the atomic dQ by bulk reduce-adds, transposed
+	emuHopperBwdWSKeyRows128                       // the key-rows step over 128 queries at padded head dims up to 64 (the atomic dQ's rows split over the warpgroups)
+	emuHopperBwdWSKeyRows128Bulk                   // ... and the atomic dQ by bulk reduce-adds
+	emuHopperSO                                    // the Hopper forward, tensor maps, O stored by tensor maps
+	emuHopperPTSO                                  // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
+	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
 // emuDefaultKnobs returns the forward and backward pipelines and the bulk
@@ -343,7 +344,7 @@ func emuBiasKnobs(kind emuKernels) *Backend {
 // tiles by tensor maps (and so takes fixed-length batches only).
 func emuBwdTMA(kind emuKernels) bool {
 	switch kind {
-	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk, emuHopperBwdWSKeyRows80, emuHopperBwdWSKeyRows80Bulk, emuHopperBwdWSKeyRows128:
+	case emuHopperTMA, emuHopperBulk, emuHopperBwdWS, emuHopperBwdWSBulk, emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk, emuHopperBwdWSKeyRows80, emuHopperBwdWSKeyRows80Bulk, emuHopperBwdWSKeyRows128, emuHopperBwdWSKeyRows128Bulk:
 		return true
 	}
 	return false

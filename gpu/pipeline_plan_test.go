@@ -217,7 +217,9 @@ func TestBackwardPlanQueryStep(t *testing.T) {
 		{"not key rows", d128, DQSeparate, false, false, 80, 64},
 		{"128 at d128: declined", d128, DQSeparate, true, false, 128, 64},
 		{"128 separate d64", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64, causal: true}, DQSeparate, true, false, 128, 128},
-		{"128 atomic d64: declined", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64}, DQAtomic, true, true, 128, 64},
+		{"128 atomic d64 (the rows split)", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64}, DQAtomic, true, true, 128, 128},
+		{"128 atomic d64 by vector atomics", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64, causal: true}, DQAtomic, true, false, 128, 128},
+		{"128 atomic d64 unasked: not key rows", bwdCase{b: 1, n: 300, m: 260, h: 4, hkv: 2, dk: 64, dv: 64}, DQAtomic, true, true, 0, 64},
 	} {
 		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) {
 			r.ws, r.keyRows, r.bulkDQ, r.queryStep = true, tc.keyRows, tc.bulk, tc.ask

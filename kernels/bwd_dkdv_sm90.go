@@ -56,8 +56,9 @@ const bwdHopperBM = 64
 // or the atomic one by bulk reduce-adds, which then computes dQ
 // transposed (bwdDQTransposed; the vector atomics add pairs of
 // consecutive columns, which the transposed product does not hold); or
-// 128 on the key-rows step with the separate dQ at padded head dims up to
-// 64, FlashAttention-3's step there.
+// 128 on the key-rows step at padded head dims up to 64, FlashAttention-3's
+// step there, whose atomic dQ each warpgroup computes for half of the
+// step's queries (bwdDQRowHalves).
 func QueryStepOK(v BwdVariant) bool {
 	switch v.QueryStep {
 	case 0:
@@ -65,9 +66,17 @@ func QueryStepOK(v BwdVariant) bool {
 	case 80:
 		return v.KeyRows && (!v.AtomicDQ || v.BulkDQ)
 	case 128:
-		return v.KeyRows && !v.AtomicDQ && v.DKPad() <= 64 && v.DVPad() <= 64
+		return v.KeyRows && v.DKPad() <= 64 && v.DVPad() <= 64
 	}
 	return false
+}
+
+// bwdDQRowHalves reports whether v's dK/dV kernel splits the atomic dQ's
+// rows over the warpgroups: on a step of 128 queries (at padded head dims
+// up to 64) warpgroup w computes dQ of the step's queries 64w .. 64w+63,
+// every column, over the block's BN keys.
+func (v BwdVariant) bwdDQRowHalves() bool {
+	return v.AtomicDQ && v.bwdHopperTile().BlockM == 128
 }
 
 // DQAccTiled reports whether v's fp32 dQ accumulator is tiled: a Hopper
@@ -139,7 +148,7 @@ func dqTileAt(i, d string) string {
 // 64 rows, the step's queries as its columns): on a step of 80 queries,
 // which a warpgroup product's 64 rows cannot hold.
 func (v BwdVariant) bwdDQTransposed() bool {
-	return v.AtomicDQ && v.bwdHopperTile().BlockM != bwdHopperBM
+	return v.AtomicDQ && v.bwdHopperTile().BlockM == 80
 }
 
 // bwdDQPitch returns the row pitch, in floats, of the bulk dQ tile in
@@ -244,7 +253,11 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
 	}
 	if v.BulkDQ {
-		l.add("sdQ", v.bwdHopperDQWarpgroups()*bm*v.bwdDQPitch()*4) // [warpgroups][BM][pitch] fp32
+		rows := bm
+		if v.bwdDQRowHalves() {
+			rows = 64 // each warpgroup's half of the step's queries
+		}
+		l.add("sdQ", v.bwdHopperDQWarpgroups()*rows*v.bwdDQPitch()*4) // [warpgroups][rows][pitch] fp32
 	}
 	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
 	return l
@@ -253,7 +266,7 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 // bwdHopperDQWarpgroups returns the number of warpgroups that compute the
 // atomic dQ: both when they split its columns, else warpgroup 0.
 func (v BwdVariant) bwdHopperDQWarpgroups() int {
-	if v.bwdHopperSplitDQ() {
+	if v.bwdHopperSplitDQ() || v.bwdDQRowHalves() {
 		return 2
 	}
 	return 1
@@ -451,6 +464,13 @@ func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
   const int dq0 = wg * %d;
   const u64 dSk = sw128_desc(sdSa, 16, 1024), dKt = sw128_desc(sK + dq0 / 64 * BN * 128, 16, 1024);
 `, nq)
+		case v.bwdDQRowHalves():
+			b.WriteString(`  // dQ = dS·K over this warpgroup's half of the step's queries (rows dqi ..): dS K-major from its
+  // first row (atoms of 64 keys BM·128 bytes apart); K read N-major, every column
+  constexpr int dq0 = 0;
+  const int dqi = 64 * wg;  // this warpgroup's first query of the step
+  const u64 dSk = sw128_desc(sdSa + wg * 64 * 128, 16, 1024), dKn = sw128_desc(sK, BN * 128, 1024);
+`)
 		case split:
 			fmt.Fprintf(b, `  // dQ = dS·K: dS K-major (atoms of 64 keys BM·128 bytes apart); K read N-major from this
   // warpgroup's first dQ column (the next 64 columns BN·128 bytes further)
@@ -558,7 +578,7 @@ func (g *bwdGen) dqAtomic(b *strings.Builder) {
 // dqCond returns the condition on the warpgroup that computes the atomic
 // dQ: none where both split its columns, else warpgroup 0 alone.
 func (g *bwdGen) dqCond() string {
-	if g.v.bwdHopperSplitDQ() {
+	if g.v.bwdHopperSplitDQ() || g.v.bwdDQRowHalves() {
 		return ""
 	}
 	return "if (wg == 0) "
@@ -598,16 +618,26 @@ func (g *bwdGen) dqReduce(b *strings.Builder, pre string) {
 		g.dqBulk(b, nq)
 		return
 	}
-	fmt.Fprintf(b, `      float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
+	fmt.Fprintf(b, `      float* gq = p.dqacc + b * p.dqa_sb + (qr0 + %[3]s) * p.dqa_sr + h * p.dqa_sh + dq0;
 #pragma unroll
       for (int nt = 0; nt < %[1]d; ++nt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
-          if (i0 + il < n && dq0 + jl < %[2]s) red_add_pair(gq + il * p.dqa_sr + jl, accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
+          if (%[3]s + il < n && dq0 + jl < %[2]s) red_add_pair(gq + il * p.dqa_sr + jl, accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
         }
     }
-`, nq/8, g.flatLimit("sk_", "DK"))
+`, nq/8, g.flatLimit("sk_", "DK"), g.dqRow0())
+}
+
+// dqRow0 returns the first query of the step that this warpgroup's dQ
+// rows hold: the step's (i0), or with the rows split over the
+// warpgroups its half's (bwdDQRowHalves).
+func (g *bwdGen) dqRow0() string {
+	if g.v.bwdDQRowHalves() {
+		return "(i0 + dqi)"
+	}
+	return "i0"
 }
 
 // dqBulk writes the end of the atomic dQ step with BulkDQ, once the
@@ -625,8 +655,12 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
 		g.dqBulkTiled(b)
 		return
 	}
+	tile := fmt.Sprintf("(dq0 / %d) * BM * QP", nq)
+	if g.v.bwdDQRowHalves() {
+		tile = "wg * 64 * QP"
+	}
 	fmt.Fprintf(b, `      constexpr int QP = %[1]d;  // row pitch of the shared dQ tile (floats)
-      float* sq = sdQ + (dq0 / %[2]d) * BM * QP;  // this warpgroup's tile
+      float* sq = sdQ + %[5]s;  // this warpgroup's tile
       if (t4 == 0) bulk_wait_read<0>();  // this lane's reduce-adds of the last step no longer read its rows
       __syncwarp();
 #pragma unroll
@@ -639,17 +673,17 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
       fence_proxy_async();  // the stores, before the copy engine reads them
       __syncwarp();
       if (t4 == 0) {  // the quad's two rows: g and g + 8 of this warp's 16
-        float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i0) * p.dqa_sr + h * p.dqa_sh + dq0;
+        float* gq = p.dqacc + b * p.dqa_sb + (qr0 + %[4]s) * p.dqa_sr + h * p.dqa_sh + dq0;
         const int cols = min(%[2]d, (int)p.dqa_sh - dq0);  // up to the accumulator's padded width (a multiple of 32)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8;
-          if (i0 + il < n) bulk_reduce_add_f32(gq + il * p.dqa_sr, smem_u32(sq + il * QP), cols * 4);
+          if (%[4]s + il < n) bulk_reduce_add_f32(gq + il * p.dqa_sr, smem_u32(sq + il * QP), cols * 4);
         }
         bulk_commit();
       }
     }
-`, g.v.bwdDQPitch(), nq, nq/8)
+`, g.v.bwdDQPitch(), nq, nq/8, g.dqRow0(), tile)
 }
 
 // dqBulkTiled is dqBulk for the tiled accumulator (DQAccTiled): the
@@ -657,17 +691,21 @@ func (g *bwdGen) dqBulk(b *strings.Builder, nq int) {
 // own order, and the warpgroup's first thread adds the whole tile with one
 // bulk reduce-add (wgTileReduce).
 func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
-	g.wgTileReduce(b, fmt.Sprintf(`      float* sq = sdQ + (dq0 / 64) * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
+	tile := "dq0 / 64" // this warpgroup's columns' tile
+	if g.v.bwdDQRowHalves() {
+		tile = "wg" // this warpgroup's rows' tile
+	}
+	g.wgTileReduce(b, fmt.Sprintf(`      float* sq = sdQ + (%[2]s) * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
       const bool issuer = (tid & 127) == 0;  // the thread that adds the tile
-`, BwdDQTileFloats), "issuer", fmt.Sprintf(`#pragma unroll
+`, BwdDQTileFloats, tile), "issuer", fmt.Sprintf(`#pragma unroll
       for (int nt = 0; nt < 64 / 8; ++nt)  // the tile's 64 columns (a warpgroup's share of dQ, nq)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
           *reinterpret_cast<float2*>(sq + %[1]s) = make_float2(accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
         }
-`, dqTileAt("il", "jl")), fmt.Sprintf(`        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((i0 >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
-`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles()))
+`, dqTileAt("il", "jl")), fmt.Sprintf(`        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((%[4]s >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
+`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles(), g.dqRow0()))
 }
 
 // dqBulkTransposed is dqBulk for the transposed product (bwdDQTransposed):

@@ -41,7 +41,7 @@ import (
 // product sits in a branch, and ptxas (NVRTC 13.0) then serializes every
 // warpgroup product of the kernel.
 func KeyRowsOK(v BwdVariant) bool {
-	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout && (!v.AtomicDQ || v.bwdHopperSplitDQ())
+	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout && (!v.AtomicDQ || v.bwdHopperSplitDQ() || v.bwdDQRowHalves())
 }
 
 // keyRowsProducts returns the product wrappers the key-rows step adds: dV

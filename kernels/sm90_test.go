@@ -438,18 +438,24 @@ func TestBwdCompileHopper(t *testing.T) {
 }
 
 // bwdHopperKeyRowsVariants returns the variants of bwdHopperWSVariants
-// that take the key-rows step, with it, and those that take them also
-// over steps of 80 queries and of 128 (QueryStepOK).
+// that take the key-rows step, with it, and those that take it over steps
+// of 80 queries and of 128 (QueryStepOK), the atomic dQ at D ≤ 64 only
+// there.
 func bwdHopperKeyRowsVariants() []BwdVariant {
 	var vs, steps []BwdVariant
 	for _, v := range bwdHopperWSVariants() {
-		if KeyRowsOK(v) {
-			v.KeyRows = true
-			vs = append(vs, v)
-			for _, q := range []int{80, 128} {
-				if v.QueryStep = q; QueryStepOK(v) {
-					steps = append(steps, v)
-				}
+		if !KeyRowsOK(v) {
+			// the atomic dQ at D ≤ 64 takes the key-rows step only over 128 queries (its rows split)
+			if v.KeyRows, v.QueryStep = true, 128; v.Validate() == nil {
+				steps = append(steps, v)
+			}
+			continue
+		}
+		v.KeyRows = true
+		vs = append(vs, v)
+		for _, q := range []int{80, 128} {
+			if v.QueryStep = q; QueryStepOK(v) {
+				steps = append(steps, v)
 			}
 		}
 	}
@@ -509,7 +515,13 @@ func TestKeyRowsSource(t *testing.T) {
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
 	for _, w := range []BwdVariant{base, func() BwdVariant { w := base; w.AtomicDQ = true; return w }(), func() BwdVariant { w := base; w.AtomicDQ, w.BulkDQ = true, true; return w }(),
 		func() BwdVariant { w := base; w.QueryStep = 80; return w }(), func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 64, 64, 128; return w }(),
-		func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 48, 64, 128; return w }()} {
+		func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 48, 64, 128; return w }(),
+		func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep, w.AtomicDQ = 64, 64, 128, true; return w }(),
+		func() BwdVariant {
+			w := base
+			w.DK, w.DV, w.QueryStep, w.AtomicDQ, w.BulkDQ = 64, 64, 128, true, true
+			return w
+		}()} {
 		if err := w.Validate(); err != nil {
 			t.Errorf("%s: %v", w.Name(), err)
 		}
@@ -526,11 +538,6 @@ func TestKeyRowsSource(t *testing.T) {
 		"128 queries at d64-96": func() BwdVariant {
 			w := base
 			w.DK, w.DV, w.QueryStep = 64, 96, 128
-			return w
-		}(),
-		"128 queries, atomic dQ": func() BwdVariant {
-			w := base
-			w.DK, w.DV, w.QueryStep, w.AtomicDQ, w.BulkDQ = 64, 64, 128, true, true
 			return w
 		}(),
 	} {
