@@ -704,8 +704,19 @@ func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
           const int il = (warp & 3) * 16 + g + hh * 8, jl = nt * 8 + 2 * t4;
           *reinterpret_cast<float2*>(sq + %[1]s) = make_float2(accQ[nt][2 * hh], accQ[nt][2 * hh + 1]);
         }
-`, dqTileAt("il", "jl")), fmt.Sprintf(`        bulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((%[4]s >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
-`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles(), g.dqRow0()))
+`, dqTileAt("il", "jl")), fmt.Sprintf(`        %[5]sbulk_reduce_add_f32(p.dqacc + b * p.dqa_sb + h * p.dqa_sh + (long long)((%[4]s >> 6) * %[3]d + dq0 / 64) * %[1]d, smem_u32(sq), %[2]d);
+`, BwdDQTileFloats, BwdDQTileFloats*4, g.v.dqAccTiles(), g.dqRow0(), g.dqHalfGuard()))
+}
+
+// dqHalfGuard returns, with the dQ rows split over the warpgroups
+// (bwdDQRowHalves), the condition before a warpgroup's reduce-add of its
+// tile: its half of the step begins before the last query (the second
+// half of a last step past n has no tile in the accumulator).
+func (g *bwdGen) dqHalfGuard() string {
+	if !g.v.bwdDQRowHalves() {
+		return ""
+	}
+	return "if (i0 + dqi < n) "
 }
 
 // dqBulkTransposed is dqBulk for the transposed product (bwdDQTransposed):

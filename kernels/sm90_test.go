@@ -507,6 +507,9 @@ func TestKeyRowsSource(t *testing.T) {
 		if k := strings.Index(src[max(barrier, 0):], marker); barrier >= 0 && k >= 0 {
 			product = barrier + k
 		}
+		if v.bwdDQRowHalves() && v.DQAccTiled() && !strings.Contains(src, "if (i0 + dqi < n) bulk_reduce_add_f32(") {
+			t.Errorf("%s: a warpgroup's half past the last query adds its tile", v.Name())
+		}
 		reduce := strings.Index(src, "wgmma_wait<1>();  // dV and dQ complete")
 		if store < 0 || barrier < store || product < barrier || reduce < product {
 			t.Errorf("%s: dS store at %d, barrier at %d, dQ product at %d, reduction at %d: want them in that order", v.Name(), store, barrier, product, reduce)
