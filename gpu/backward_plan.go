@@ -49,6 +49,7 @@ type bwdArgs struct {
 // bwdWorkspace is the layout of the backward's device scratch.
 type bwdWorkspace struct {
 	delta, lse2, dqacc, dbias int64 // byte offsets
+	dqaccBytes                int64 // bytes of the fp32 dQ accumulator (room for either layout)
 	statBatch, statHead       int64 // strides of Delta and LSE2
 	// Staged variants: byte offsets of the padded copies of q, k, v, dO
 	// and their element strides.
@@ -81,7 +82,8 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 			tb, _ := kernels.BwdDQAccTiledStrides(p.N, p.H, cols)
 			size = max(size, int64(p.B)*tb)
 		}
-		w.total += align256(size * 4)
+		w.dqaccBytes = size * 4
+		w.total += align256(w.dqaccBytes)
 	}
 	if kernels.BwdNeedsStaging(dt, p.DK, p.DV) {
 		// Padded copies [rows, heads, staged dim] in the batch layout of the

@@ -42,7 +42,13 @@ import (
 const emuBase = 1 << 32 // fake device address of the arena's first byte
 
 // emuArena lays out the tensors of one emulated call in one buffer.
-type emuArena struct{ b []byte }
+// emuArena is the emulator's memory: its bytes from address emuBase, and,
+// when set, the addresses [reduce[0], reduce[1]) that bulk reduce-adds
+// may target (the driver fails one outside them).
+type emuArena struct {
+	b      []byte
+	reduce [2]uint64
+}
 
 func (e *emuArena) put(data []byte) uint64 {
 	off := int(align256(int64(len(e.b))))
@@ -257,7 +263,11 @@ func emuRun(t *testing.T, bin string, params []byte, ar *emuArena, launches []em
 	for _, l := range launches {
 		args = append(args, l.kernel, fmt.Sprint(l.grid[0]), fmt.Sprint(l.grid[1]), fmt.Sprint(l.grid[2]), fmt.Sprint(l.threads))
 	}
-	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+	cmd := exec.Command(bin, args...)
+	if ar.reduce[1] != 0 {
+		cmd.Env = append(os.Environ(), fmt.Sprintf("EMU_REDUCE_RANGE=%d %d", ar.reduce[0], ar.reduce[1]))
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return out, err
 	}
 	res, err := os.ReadFile(of)

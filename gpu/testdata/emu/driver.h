@@ -87,6 +87,12 @@ int main(int argc, char** argv) {
   char* arena = (char*)aligned_alloc(256, (ab.size() + 255) / 256 * 256 + 256);
   memcpy(arena, ab.data(), ab.size());
   const unsigned long long base = 1ull << 32;
+  if (const char* r = getenv("EMU_REDUCE_RANGE")) {  // "lo hi": arena addresses of the bytes reduce-adds may target
+    unsigned long long lo = 0, hi = 0;
+    if (sscanf(r, "%llu %llu", &lo, &hi) != 2 || lo < base || hi < lo) emu_fail("EMU_REDUCE_RANGE: want two arena addresses, lo <= hi");
+    emu_reduce_lo = arena + (lo - base);
+    emu_reduce_hi = arena + (hi - base);
+  }
 #define RELOC(f) if (p.f) p.f = (std::remove_reference_t<decltype(p.f)>)(arena + ((unsigned long long)p.f - base));
   EMU_RELOC
   struct { const char* name; void (*fn)(const EMU_PARAMS); } table[] = {EMU_KERNELS};

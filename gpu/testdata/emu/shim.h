@@ -394,3 +394,10 @@ inline unsigned atomicOr(unsigned* p, unsigned v) {
   return old;
 }
 inline void __threadfence() {}  // blocks run one after another: every store is visible
+
+// The bytes bulk reduce-adds may target, when the driver was given them
+// (EMU_REDUCE_RANGE: the fp32 accumulator's arena addresses): a reduce-add
+// outside them fails the run (ws.h), where an add of zeros past an
+// accumulator would otherwise change nothing a test reads.
+static char* emu_reduce_lo = nullptr;
+static char* emu_reduce_hi = nullptr;
