@@ -178,6 +178,9 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
 	_, _, nq := g.v.bwdHopperCols()
 	keyRowsDV(b, rv, false)
 	what := fmt.Sprintf("dQ += dS·K over the block's BN keys (columns dq0 .. dq0 + %d)", nq)
+	if g.v.bwdDQRowHalves() {
+		what = fmt.Sprintf("dQ += dS·K over the block's BN keys (this warpgroup's queries i0 + dqi .., columns 0 .. %d)", nq)
+	}
 	acc := fmt.Sprintf("float accQ[%d][4];", nq/8)
 	if g.v.bwdDQTransposed() {
 		what = fmt.Sprintf("dQᵀ += Kᵀ·dSᵀ over the block's BN keys (this warpgroup's columns dq0 .. dq0 + %d as rows,\n    // the BM queries as columns)", nq)
