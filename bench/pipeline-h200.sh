@@ -47,8 +47,8 @@
 # FLASHATTN_BWD_QUERY_STEP=80), BWD_CONFIGS (the backward's timed choices,
 # space-separated LABEL=VAR=VALUE,VAR=VALUE; default the dQ algorithms on
 # both pipelines and the key-rows step); sanitize runs a few shapes of the full
-# pipeline, the bulk dQ and the warp-specialized backward under
-# compute-sanitizer's racecheck and synccheck; each step fits one
+# pipeline, the bulk dQ, the warp-specialized backward, the 128-query step at D = 64 and
+# the staged bias with tracked copies under compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
 # -only hsweep`, under this pipeline; default ws,pingpong,early-rescale;
 # xtiles: the key tiles of softcap, dropout and bias variants at D = 64 and 128,
@@ -217,6 +217,14 @@ if [[ ",$STEPS," == *",sanitize,"* ]]; then
 			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
 			-test.run 'TestBackwardGradients$') >"$log" 2>&1
 		printf 'sanitize bwd %-6s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"
+		# the 128-query key-rows step at D = 64, its dQ rows split (tiled accumulator), and the staged
+		# bias with the copies handed to the barrier
+		log=$OUT/sanitize-q128-$tool.log
+		(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_KEY_ROWS=1 FLASHATTN_BWD_QUERY_STEP=128 FLASHATTN_BIAS_STAGED=1 \
+			FLASHATTN_BIAS_TRACKED=1 FLASHATTN_BWD_CASES='^(plain|softcap)$' \
+			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
+			-test.run 'TestBackwardGradients$|TestBackwardKeyRowsDefault/keyrows-d128-bias') >"$log" 2>&1
+		printf 'sanitize q128 %-5s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"
 	done
 fi
 if [[ ",$STEPS," == *",tiles,"* ]]; then
