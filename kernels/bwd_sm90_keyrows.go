@@ -10,8 +10,8 @@ import (
 // arranges it. Warpgroup w owns keys 64w .. 64w+63 of the block, as in
 // the other step, but computes S and dP transposed:
 //
-//	Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ    64 keys × the BM queries (64, or 80:
-//	                          QueryStep), both operands
+//	Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ    64 keys × the BM queries (64, or 80 or
+//	                          128: QueryStep), both operands
 //	                          K-major (the same instruction as S = Q·Kᵀ with
 //	                          the operands swapped)
 //	Pᵀ, dSᵀ                    element-wise with the query's LSE2 and Delta
@@ -27,7 +27,8 @@ import (
 // drawn for query rows).
 //
 // With the atomic dQ (AtomicDQ, BulkDQ or not; padded dK 128, where the
-// warpgroups split dQ's columns) dS goes to shared memory
+// warpgroups split dQ's columns, or steps of 128 queries at padded dK up to
+// 64, where they split its rows) dS goes to shared memory
 // after all, as FlashAttention-3 has it: each warpgroup stores its dSᵀ
 // elements at their (query, key) place of the other step's dS tile, both
 // warpgroups meet on named barrier 1 once the dV and dK products are
@@ -37,9 +38,9 @@ import (
 // KeyRowsOK reports whether v (with KeyRows set or not) can take the
 // key-rows step: the warp-specialized Hopper kernels, padded head dims up
 // to 128, no dropout; with the atomic dQ only where both warpgroups share
-// its columns (padded dK 128): where warpgroup 0 alone computes it, its
-// product sits in a branch, and ptxas (NVRTC 13.0) then serializes every
-// warpgroup product of the kernel.
+// its columns (padded dK 128) or its rows (steps of 128 queries): where
+// warpgroup 0 alone computes it, its product sits in a branch, and ptxas
+// (NVRTC 13.0) then serializes every warpgroup product of the kernel.
 func KeyRowsOK(v BwdVariant) bool {
 	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout && (!v.AtomicDQ || v.bwdHopperSplitDQ() || v.bwdDQRowHalves())
 }
