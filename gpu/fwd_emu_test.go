@@ -220,6 +220,8 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		// empty barriers through several phases)
 		{name: "bf16-d128-long-causal", dt: attn.BFloat16, b: 1, n: 130, m: 1000, h: 3, hkv: 1, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
 		{name: "fp16-d64-long", dt: attn.Float16, b: 1, n: 70, m: 700, h: 1, hkv: 1, dk: 64, dv: 64},
+		// DK ≠ DV below 128 on the pipeline's tile for calls of at most 1024 keys (128 keys)
+		{name: "bf16-dk40-dv72-m300", dt: attn.BFloat16, b: 1, n: 90, m: 300, h: 2, hkv: 1, dk: 40, dv: 72},
 		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},
 		// unmasked D ≤ 64: the warp-specialized pipeline's three-warpgroup tile (kernels.HopperWSTable), DK ≠ DV, packed
 		{name: "fp16-dk48-dv64-varlen", dt: attn.Float16, h: 4, hkv: 2, dk: 48, dv: 64, segQ: []int{200, 1, 0}, segK: []int{130, 333, 5}},
