@@ -108,8 +108,8 @@ type Backend struct {
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
-	// separate dQ or the atomic one by bulk reduce-adds, 128 with the
-	// separate dQ at padded head dims up to 64); zero keeps 64.
+	// separate dQ or the atomic one by bulk reduce-adds, 128 at padded head
+	// dims up to 64); zero keeps 64.
 	// New reads it from EnvBwdQueryStep.
 	BwdQueryStep int
 	// BwdDeep lets the backward run the Hopper kernels past head dim 256
@@ -156,9 +156,9 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged) once, into the knobs WGMMA, TMA, Pipeline,
-// BwdPipeline, BulkDQ, BwdKeyRows, BwdQueryStep, BwdDeep, DQ and
-// BiasStaged.
+// EnvDQ, EnvBiasStaged, EnvBiasTracked) once, into the knobs WGMMA, TMA,
+// Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep,
+// BwdDeep, DQ, BiasStaged, BiasStagedAuto and BiasTracked.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {

@@ -109,8 +109,9 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 		keyRows, deep = envSet(os.Getenv(EnvBwdKeyRows)), envBwdDeep()
 		keyRowsAuto = os.Getenv(EnvBwdKeyRows) != "0"
 	}
+	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: emuBiasKnobs(kind).bwdBiasStaged(in.p), biasTracked: emuBiasKnobs(kind).BiasTracked, deep: deep})
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.bwdBiasStaged(in.p), biasTracked: knobs.BiasTracked, deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

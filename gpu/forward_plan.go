@@ -464,7 +464,8 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p), biasStaged: b.BiasStaged || b.BiasStagedAuto, biasOverStoreO: b.BiasStaged}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p)}
+	b.setBiasStaging(&r)
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()
 	}
@@ -472,6 +473,13 @@ func (b *Backend) request(c *fwdCall) fwdRequest {
 		r.cuq, r.cuk = c.opt.CuSeqlensQ.Ptr(), c.opt.CuSeqlensK.Ptr()
 	}
 	return r
+}
+
+// setBiasStaging sets the bias staging of forward request r from the
+// backend's knobs: staged wherever the tiles fit with BiasStaged or
+// BiasStagedAuto, and with BiasStaged also in place of O's staging tile.
+func (b *Backend) setBiasStaging(r *fwdRequest) {
+	r.biasStaged, r.biasOverStoreO = b.BiasStaged || b.BiasStagedAuto, b.BiasStaged
 }
 
 // forwardPipeline returns the Hopper forward pipeline the backend asks for p:

@@ -91,8 +91,9 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	l, err := plan(fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles,
-		biasStaged: emuBiasKnobs(kind).BiasStaged || emuBiasKnobs(kind).BiasStagedAuto, biasOverStoreO: emuBiasKnobs(kind).BiasStaged})
+	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles}
+	emuBiasKnobs(kind).setBiasStaging(&req)
+	l, err := plan(req)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

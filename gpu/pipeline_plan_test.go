@@ -343,8 +343,9 @@ func TestBiasStagedPlans(t *testing.T) {
 		rc := fwdRecordCase{dt: attn.BFloat16, b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true, bias: []int{1, 1}}
 		rc.opt.Causal = tc.causal
 		p, ts, bias, _ := rc.tensors(t)
-		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: bias,
-			hopper: true, tma: true, pipeline: tc.pipe, sms: 132, biasStaged: be.BiasStaged || be.BiasStagedAuto, biasOverStoreO: be.BiasStaged})
+		r := fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: bias, hopper: true, tma: true, pipeline: tc.pipe, sms: 132}
+		be.setBiasStaging(&r)
+		pl, err := plan(r)
 		if err != nil {
 			t.Fatalf("%s: forward: %v", tc.name, err)
 		}

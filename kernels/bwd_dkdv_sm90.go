@@ -264,7 +264,8 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 }
 
 // bwdHopperDQWarpgroups returns the number of warpgroups that compute the
-// atomic dQ: both when they split its columns, else warpgroup 0.
+// atomic dQ: both when they split its columns or its rows, else
+// warpgroup 0.
 func (v BwdVariant) bwdHopperDQWarpgroups() int {
 	if v.bwdHopperSplitDQ() || v.bwdDQRowHalves() {
 		return 2
@@ -352,7 +353,11 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 		if v.DQAccTiled() {
 			layout = "in the accumulator tile's order"
 		}
-		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][BM][%d]: each step's dQ tile, fp32, %s\n", l.off["sdQ"], v.bwdDQPitch(), layout)
+		rows := "BM"
+		if v.bwdDQRowHalves() {
+			rows = "64" // each warpgroup's half of the step's queries
+		}
+		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][%s][%d]: each step's dQ tile, fp32, %s\n", l.off["sdQ"], rows, v.bwdDQPitch(), layout)
 	}
 	g.bwdBiasStageDecls(b, l)
 	if v.WarpSpecialized {
@@ -576,7 +581,8 @@ func (g *bwdGen) dqAtomic(b *strings.Builder) {
 }
 
 // dqCond returns the condition on the warpgroup that computes the atomic
-// dQ: none where both split its columns, else warpgroup 0 alone.
+// dQ: none where both split its columns or its rows, else warpgroup 0
+// alone.
 func (g *bwdGen) dqCond() string {
 	if g.v.bwdHopperSplitDQ() || g.v.bwdDQRowHalves() {
 		return ""

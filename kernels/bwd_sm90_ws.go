@@ -168,7 +168,7 @@ func (g *bwdGen) wsBwdStepStart(b *strings.Builder) {
 // wsBwdRelease writes, for a warp-specialized kernel, each compute
 // thread's release of the previous step's stage, once its S wait has also
 // retired that step's dV and dK products (the last readers of the stage's q
-// and dO; its LSE2 and Delta it read into registers before), and with one
+// and dO; its LSE2 and Delta it read during that step), and with one
 // buffer of P and dS the barrier before their stores. Every thread arrives
 // (the empty barriers count NCOMPUTE): with one arrival a warp after
 // __syncwarp the other lanes' reads of LSE2 and Delta would be ordered

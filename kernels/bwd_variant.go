@@ -313,7 +313,7 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the warp-specialized dK/dV kernel needs the Hopper kernels with tensor-map loads", v.Name())
 	}
 	if v.KeyRows && !KeyRowsOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, the separate dQ and no dropout", v.Name())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, no dropout, and the separate dQ unless the warpgroups split the atomic one's columns or rows (KeyRowsOK)", v.Name())
 	}
 	if v.BiasStaged && !bwdBiasStageOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a bias staged through shared memory needs the key-rows step, a 16-bit bias and a fixed-length batch", v.Name())
@@ -322,7 +322,7 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: bias copies handed to the stage's barrier need the staged bias", v.Name())
 	}
 	if !QueryStepOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64) or 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds", v.Name(), v.QueryStep)
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64), 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds, or 128 with the key-rows step at padded head dims up to 64", v.Name(), v.QueryStep)
 	}
 	if v.TMA && !v.WGMMA {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: tensor-map loads need the Hopper kernels", v.Name())

@@ -414,11 +414,7 @@ func (x *gen) hopperTile(first string) {
     qk_wgmma(s[0], dq, %s);
     wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
-	if v.BiasStaged {
-		x.biasStageRead("    ", "nb_hi - 1", "nb_hi - 2 >= nb_lo")
-	} else {
-		x.biasPrefetch("    ", "n0")
-	}
+	x.blockBias("    ", "nb_hi - 1", "n0", "nb_hi - 2 >= nb_lo")
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
@@ -458,11 +454,7 @@ func (x *gen) hopperTile(first string) {
 	x.p("      %s", pv)
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPass)
-	if v.BiasStaged {
-		x.biasStageRead("      ", "nb - 1", "nb - 2 >= nb_lo")
-	} else {
-		x.biasPrefetch("      ", "(nb - 1) * BN")
-	}
+	x.blockBias("      ", "nb - 1", "(nb - 1) * BN", "nb - 2 >= nb_lo")
 	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
 `)
@@ -561,6 +553,18 @@ func indentLines(s, indent string) string {
 		b.WriteString(l)
 	}
 	return b.String()
+}
+
+// blockBias writes the bias of key block blk's scores (its first key
+// n0) for the softmax, under the block's S product: read from the stage
+// (BiasStaged; next: the condition under which block blk − 1 exists, whose
+// copies it issues), or loaded ahead from global memory (biasPrefetch).
+func (x *gen) blockBias(indent, blk, n0, next string) {
+	if x.v.BiasStaged {
+		x.biasStageRead(indent, blk, next)
+		return
+	}
+	x.biasPrefetch(indent, n0)
 }
 
 // biasPrefetch writes, for a variant with a bias, the loads of the bias of

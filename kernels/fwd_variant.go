@@ -269,7 +269,7 @@ func wsSuffix(p Pipeline) string {
 	return s
 }
 
-// tmaSuffix is the name suffix of TMA variants.
+// biasStagedSuffix is the name suffix of BiasStaged variants.
 func biasStagedSuffix(staged bool) string {
 	if staged {
 		return "_bs"
@@ -277,6 +277,7 @@ func biasStagedSuffix(staged bool) string {
 	return ""
 }
 
+// tmaSuffix is the name suffix of TMA variants.
 func tmaSuffix(tma bool) string {
 	if tma {
 		return "_tma"

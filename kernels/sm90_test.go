@@ -516,38 +516,26 @@ func TestKeyRowsSource(t *testing.T) {
 		}
 	}
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
-	for _, w := range []BwdVariant{base, func() BwdVariant { w := base; w.AtomicDQ = true; return w }(), func() BwdVariant { w := base; w.AtomicDQ, w.BulkDQ = true, true; return w }(),
-		func() BwdVariant { w := base; w.QueryStep = 80; return w }(), func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 64, 64, 128; return w }(),
-		func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep = 48, 64, 128; return w }(),
-		func() BwdVariant { w := base; w.DK, w.DV, w.QueryStep, w.AtomicDQ = 64, 64, 128, true; return w }(),
-		func() BwdVariant {
-			w := base
-			w.DK, w.DV, w.QueryStep, w.AtomicDQ, w.BulkDQ = 64, 64, 128, true, true
-			return w
-		}()} {
+	for _, w := range []BwdVariant{base, edited(base, func(v *BwdVariant) { v.AtomicDQ = true }), edited(base, func(v *BwdVariant) { v.AtomicDQ, v.BulkDQ = true, true }),
+		edited(base, func(v *BwdVariant) { v.QueryStep = 80 }), edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep = 64, 64, 128 }),
+		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep = 48, 64, 128 }),
+		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep, v.AtomicDQ = 64, 64, 128, true }),
+		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep, v.AtomicDQ, v.BulkDQ = 64, 64, 128, true, true })} {
 		if err := w.Validate(); err != nil {
 			t.Errorf("%s: %v", w.Name(), err)
 		}
 	}
-	for name, v := range map[string]BwdVariant{
-		"dropout":                 func() BwdVariant { w := base; w.Dropout = true; return w }(),
-		"lockstep":                func() BwdVariant { w := base; w.WarpSpecialized = false; return w }(),
-		"d192":                    func() BwdVariant { w := base; w.DK, w.DV = 192, 192; return w }(),
-		"80 queries, atomic dQ":   func() BwdVariant { w := base; w.QueryStep, w.AtomicDQ = 80, true; return w }(),
-		"80 queries, no key rows": func() BwdVariant { w := base; w.QueryStep, w.KeyRows = 80, false; return w }(),
-		"64 queries named":        func() BwdVariant { w := base; w.QueryStep = 64; return w }(),
-		"96 queries":              func() BwdVariant { w := base; w.QueryStep = 96; return w }(),
-		"128 queries at d128":     func() BwdVariant { w := base; w.QueryStep = 128; return w }(),
-		"128 queries at d64-96": func() BwdVariant {
-			w := base
-			w.DK, w.DV, w.QueryStep = 64, 96, 128
-			return w
-		}(),
-	} {
-		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
-			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
-		}
-	}
+	wantUnsupported(t, map[string]BwdVariant{
+		"dropout":                 edited(base, func(v *BwdVariant) { v.Dropout = true }),
+		"lockstep":                edited(base, func(v *BwdVariant) { v.WarpSpecialized = false }),
+		"d192":                    edited(base, func(v *BwdVariant) { v.DK, v.DV = 192, 192 }),
+		"80 queries, atomic dQ":   edited(base, func(v *BwdVariant) { v.QueryStep, v.AtomicDQ = 80, true }),
+		"80 queries, no key rows": edited(base, func(v *BwdVariant) { v.QueryStep, v.KeyRows = 80, false }),
+		"64 queries named":        edited(base, func(v *BwdVariant) { v.QueryStep = 64 }),
+		"96 queries":              edited(base, func(v *BwdVariant) { v.QueryStep = 96 }),
+		"128 queries at d128":     edited(base, func(v *BwdVariant) { v.QueryStep = 128 }),
+		"128 queries at d64-96":   edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep = 64, 96, 128 }),
+	})
 	if err := base.Validate(); err != nil {
 		t.Errorf("base: %v", err)
 	}
@@ -850,16 +838,12 @@ func TestBiasStagedSource(t *testing.T) {
 	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") {
 		t.Error("a staged bias still loaded element by element from global memory in the main kernel")
 	}
-	for name, v := range map[string]Variant{
-		"lockstep": func() Variant { w := base; w.Pipeline = Pipeline{}; return w }(),
-		"float32":  func() Variant { w := base; w.Bias = BiasF32; return w }(),
-		"no bias":  func() Variant { w := base; w.Bias = BiasNone; return w }(),
-		"keys 96":  func() Variant { w := base; w.BlockN = 96; return w }(),
-	} {
-		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
-			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
-		}
-	}
+	wantUnsupported(t, map[string]Variant{
+		"lockstep": edited(base, func(v *Variant) { v.Pipeline = Pipeline{} }),
+		"float32":  edited(base, func(v *Variant) { v.Bias = BiasF32 }),
+		"no bias":  edited(base, func(v *Variant) { v.Bias = BiasNone }),
+		"keys 96":  edited(base, func(v *Variant) { v.BlockN = 96 }),
+	})
 }
 
 // TestBwdBiasStagedSource checks the backward's staged bias
@@ -904,16 +888,25 @@ func TestBwdBiasStagedSource(t *testing.T) {
 	if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
 		t.Error("the key-rows step still reads the bias from global memory")
 	}
-	for name, v := range map[string]BwdVariant{
-		"other step": func() BwdVariant { w := base; w.KeyRows, w.AtomicDQ, w.BulkDQ = false, false, false; return w }(),
-		"float32":    func() BwdVariant { w := base; w.Bias = BiasF32; return w }(),
-		"no bias":    func() BwdVariant { w := base; w.Bias, w.BiasGrad = BiasNone, false; return w }(),
-		"tracked without staging": func() BwdVariant {
-			w := base
-			w.BiasStaged, w.BiasTracked = false, true
-			return w
-		}(),
-	} {
+	wantUnsupported(t, map[string]BwdVariant{
+		"other step":              edited(base, func(v *BwdVariant) { v.KeyRows, v.AtomicDQ, v.BulkDQ = false, false, false }),
+		"float32":                 edited(base, func(v *BwdVariant) { v.Bias = BiasF32 }),
+		"no bias":                 edited(base, func(v *BwdVariant) { v.Bias, v.BiasGrad = BiasNone, false }),
+		"tracked without staging": edited(base, func(v *BwdVariant) { v.BiasStaged, v.BiasTracked = false, true }),
+	})
+}
+
+// edited returns a copy of base changed by f.
+func edited[V any](base V, f func(*V)) V {
+	f(&base)
+	return base
+}
+
+// wantUnsupported checks that Validate refuses every variant of cases with
+// an error wrapping attn.ErrUnsupported.
+func wantUnsupported[V interface{ Validate() error }](t *testing.T, cases map[string]V) {
+	t.Helper()
+	for name, v := range cases {
 		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
 			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
 		}
