@@ -80,11 +80,11 @@ type Backend struct {
 	BwdKeyRows bool
 	// BwdKeyRowsAuto runs that key-rows step, with the atomic dQ added by
 	// bulk reduce-adds, on the problems where it measured faster than the
-	// table's choice (keyRowsFaster: head dims 65–128, at least 512
-	// queries without a mask or window and 1024 with one, fixed length),
-	// for calls that leave
-	// the dQ algorithm to the backend (DQAuto) or ask for DQAtomic and are
-	// not deterministic.
+	// table's choice (keyRowsFaster: head dims 65–128, and 49–64 on steps
+	// of 128 queries, at least 512 queries without a mask or window and
+	// 1024 with one, fixed length), for calls that leave the dQ algorithm
+	// to the backend (DQAuto) or ask for DQAtomic and are not
+	// deterministic.
 	// New sets it unless EnvBwdKeyRows is "0".
 	BwdKeyRowsAuto bool
 	// BiasStaged stages a 16-bit bias through shared memory where the
@@ -286,7 +286,9 @@ const EnvLineInfo = "FLASHATTN_LINEINFO"
 
 // EnvBwdQueryStep names the queries a step of the key-rows dK/dV kernel of
 // new backends takes where the variant allows it (Backend.BwdQueryStep):
-// unset or 64 for the default, 80, or 128.
+// unset or 64 for the variant's own, 80, or 128. The key-rows step the
+// backend takes on its own (Backend.BwdKeyRowsAuto) takes 128 queries at
+// head dims 49–64 whatever it names.
 const EnvBwdQueryStep = "FLASHATTN_BWD_QUERY_STEP"
 
 // parseQueryStep returns the Backend.BwdQueryStep that s (EnvBwdQueryStep's

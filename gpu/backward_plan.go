@@ -314,10 +314,13 @@ type bwdPlan struct {
 // BackwardDevice) gets the same plan.
 func planBackward(r bwdRequest) (*bwdPlan, error) {
 	countPlan()
-	if r.keyRowsAuto && r.ws && r.hopper && r.algo != DQSeparate && keyRowsFaster(r.p) {
+	if step, faster := keyRowsFaster(r.p); r.keyRowsAuto && r.ws && r.hopper && r.algo != DQSeparate && faster {
 		k := r
 		k.algo, k.bulkDQ, k.keyRows = DQAtomic, true, true
-		if pl, err := planBackwardOn(k, true); err == nil && pl.v.KeyRows && pl.v.BulkDQ && pl.algo == DQAtomic {
+		if step != 0 {
+			k.queryStep = step
+		}
+		if pl, err := planBackwardOn(k, true); err == nil && pl.v.KeyRows && pl.v.BulkDQ && pl.algo == DQAtomic && (step == 0 || pl.v.QueryStep == step) {
 			return pl, nil
 		}
 	}
@@ -408,16 +411,24 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 // keyRowsFaster reports the problems whose backward measured faster on the
 // key-rows step with the atomic dQ by bulk reduce-adds (into the tiled
 // accumulator) than on the dQ table's choice for the warp-specialized
-// kernels: head dims 65–128 (their larger), at least 512 queries without a
-// mask or window and 1024 with one, fixed length, not deterministic
-// (docs/kernels/backward.md, "The tiled dQ accumulator").
-func keyRowsFaster(p *attn.Problem) bool {
+// kernels, and the query step they take (0: the variant's own): head dims
+// 65–128 (their larger) on the variant's step, 49–64 (padded to 64) on
+// steps of 128 queries; at least 512 queries without a mask or window and
+// 1024 with one, fixed length, not deterministic (docs/kernels/backward.md,
+// "The tiled dQ accumulator" and "Steps of 128 queries at D ≤ 64").
+func keyRowsFaster(p *attn.Problem) (queryStep int, faster bool) {
 	d := max(p.DK, p.DV)
 	minN := 512
 	if p.Masked {
 		minN = 1024
 	}
-	return d > 64 && d <= 128 && !p.Varlen && p.N >= minN && !p.Opt.Deterministic
+	if d <= 48 || d > 128 || p.Varlen || p.N < minN || p.Opt.Deterministic {
+		return 0, false
+	}
+	if d <= 64 {
+		return 128, true
+	}
+	return 0, true
 }
 
 // bwdWSSlower reports the problems whose warp-specialized backward

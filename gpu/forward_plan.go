@@ -464,7 +464,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p)}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil)}
 	b.setBiasStaging(&r)
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()
@@ -482,11 +482,16 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 	r.biasStaged, r.biasOverStoreO = b.BiasStaged || b.BiasStagedAuto, b.BiasStaged
 }
 
-// forwardPipeline returns the Hopper forward pipeline the backend asks for p:
-// ShortPipeline where it is set and p has at most ShortKeys keys (causal:
-// ShortCausalKeys) or a short window (shortWindow), else Pipeline.
-func (b *Backend) forwardPipeline(p *attn.Problem) kernels.Pipeline {
-	if b.ShortPipeline != nil && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
+// forwardPipeline returns the Hopper forward pipeline the backend asks for p
+// (biased: with an additive bias): ShortPipeline where it is set and p has
+// at most ShortKeys keys (causal: ShortCausalKeys) or a short window
+// (shortWindow), without a bias, else Pipeline. A biased call keeps
+// Pipeline whatever its length: its bias tiles fit beside Pipeline's
+// stages, not beside the short pipeline's O tile, and a bias read from
+// global memory costs more than the short pipeline saves
+// (docs/kernels/forward.md, "The bias staged in shared memory").
+func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
+	if b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
 		return *b.ShortPipeline
 	}
 	return b.Pipeline

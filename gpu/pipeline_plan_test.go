@@ -257,10 +257,10 @@ func hopperPlan(t *testing.T, name string, c bwdCase, seed uint64, algo DQAlgori
 
 // TestBackwardPlanKeyRowsAuto checks where the planner takes the key-rows
 // step with the atomic dQ by bulk reduce-adds on its own (keyRowsFaster):
-// D = 65–128, at least 512 queries without a mask and 1024 with one, fixed
-// length, the dQ
-// algorithm left to it or atomic, not deterministic, warp-specialized
-// tensor-map kernels; elsewhere the table's choice stands. Planned again
+// D = 65–128 on the variant's query step and D = 49–64 on steps of 128
+// queries, at least 512 queries without a mask and 1024 with one, fixed
+// length, the dQ algorithm left to it or atomic, not deterministic,
+// warp-specialized tensor-map kernels; elsewhere the table's choice stands. Planned again
 // with the algorithm the plan returned, as BackwardDevice plans after
 // PrepareBackward, every call keeps its kernels.
 func TestBackwardPlanKeyRowsAuto(t *testing.T) {
@@ -295,13 +295,27 @@ func TestBackwardPlanKeyRowsAuto(t *testing.T) {
 		{"d128 N = 256", shorter, DQAuto, true, true, false, DQSeparate},
 		{"d128-96 gqa", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 128, dv: 96}, DQAuto, true, true, true, DQAtomic},
 		{"d96-128: dQ of one warpgroup declined", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 1, dk: 96, dv: 128}, DQAuto, true, true, false, DQSeparate},
-		{"d64", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, true, false, DQAtomic},
+		{"d64", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, true, true, DQAtomic},
+		{"d64 causal", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, causal: true}, DQAuto, true, true, true, DQAtomic},
+		{"d56-64 gqa", bwdCase{b: 1, n: 512, m: 512, h: 4, hkv: 2, dk: 56, dv: 64}, DQAuto, true, true, true, DQAtomic},
+		{"d64 N = 256", bwdCase{b: 1, n: 256, m: 256, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, true, false, DQAtomic},
+		{"d64 off", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, false, false, DQAtomic},
+		{"d48", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 48, dv: 48}, DQAuto, true, true, false, DQAtomic},
+		{"d64 separate asked", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQSeparate, true, true, false, DQSeparate},
 		{"d128 dropout", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQAuto, true, true, false, DQSeparate},
 	}
 	for i, tc := range cases {
 		pl, r := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) { r.ws, r.keyRowsAuto = tc.ws, tc.auto })
 		if pl.v.KeyRows != tc.want || pl.v.BulkDQ != tc.want || pl.algo != tc.wantAlgo {
 			t.Errorf("%s: %s (%v), want key rows and bulk dQ %v, %v", tc.name, pl.v.Name(), pl.algo, tc.want, tc.wantAlgo)
+		}
+		if wantStep := 0; tc.want {
+			if max(tc.c.dk, tc.c.dv) <= 64 {
+				wantStep = 128
+			}
+			if pl.v.QueryStep != wantStep {
+				t.Errorf("%s: %s takes a step of %d queries, want %d", tc.name, pl.v.Name(), pl.v.QueryStep, wantStep)
+			}
 		}
 		r.algo = pl.algo
 		again, err := planBackward(r)
@@ -394,9 +408,9 @@ func TestBackwardPlanWSAuto(t *testing.T) {
 // (kernels.HopperWSTable): its own tile where the table has one, with 128
 // keys rather than 160 at D = 128 for calls of at most 1024 keys, the
 // lockstep kernels where they measured faster (D = 64 with a mask, which
-// keeps the early rescale), the extras tile at D = 128, HopperTable's tile
-// for variants with extras at D = 64 and head dims past the table, and the
-// caller's tiles when given.
+// keeps the early rescale), the extras tile at D = 64 and 128,
+// HopperTable's tile for head dims past the table, and the caller's tiles
+// when given.
 func TestForwardPlanWSTiles(t *testing.T) {
 	full := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
 	cases := []struct {
@@ -416,7 +430,7 @@ func TestForwardPlanWSTiles(t *testing.T) {
 		{"d128 causal M = 2048", func(c *fwdRecordCase) { c.n, c.m, c.opt.Causal = 2048, 2048, true }, full, 128, 160, true, true, true},
 		{"d128 dropout: the extras tile", func(c *fwdRecordCase) { c.opt.Dropout = 0.1 }, full, 128, 128, true, true, true},
 		{"d128 causal softcap: the extras tile", func(c *fwdRecordCase) { c.opt.Causal, c.opt.Softcap = true, 30 }, full, 128, 128, true, true, true},
-		{"d64 dropout: HopperTable's extras tile", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Dropout = 64, 64, 0.1 }, full, 128, 32, true, true, true},
+		{"d64 dropout: the extras tile", func(c *fwdRecordCase) { c.dk, c.dv, c.opt.Dropout = 64, 64, 0.1 }, full, 128, 128, true, true, true},
 		{"d256: HopperTable's tile", func(c *fwdRecordCase) { c.dk, c.dv = 256, 256 }, full, 128, 80, true, true, true},
 		{"d128 lockstep asked", nil, kernels.Pipeline{}, 128, 96, false, false, false},
 	}
@@ -480,7 +494,7 @@ func TestForwardShortPipeline(t *testing.T) {
 	}{{1, false, short}, {ShortKeys, false, short}, {ShortKeys + 1, false, DefaultPipeline}, {4096, false, DefaultPipeline},
 		{ShortCausalKeys, true, short}, {ShortCausalKeys + 1, true, DefaultPipeline}} {
 		p := &attn.Problem{N: c.m, M: c.m, Opt: attn.Options{Causal: c.causal}}
-		if got := b.forwardPipeline(p); got != c.want {
+		if got := b.forwardPipeline(p, false); got != c.want {
 			t.Errorf("M = %d causal %v: pipeline %+v, want %+v", c.m, c.causal, got, c.want)
 		}
 	}
@@ -493,17 +507,17 @@ func TestForwardShortPipeline(t *testing.T) {
 		w := c.w
 		p := &attn.Problem{N: 8192, M: 8192, Opt: attn.Options{Window: &w}}
 		p.ResolveMask()
-		if got := b.forwardPipeline(p); got != c.want {
+		if got := b.forwardPipeline(p, false); got != c.want {
 			t.Errorf("window %+v over 8192 keys: pipeline %+v, want %+v", c.w, got, c.want)
 		}
 	}
-	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}); got != DefaultPipeline {
+	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}, false); got != DefaultPipeline {
 		t.Errorf("without ShortPipeline: %+v, want %+v", got, DefaultPipeline)
 	}
 	c := fwdRecordCase{name: "short", dt: attn.BFloat16, b: 2, n: ShortKeys, m: ShortKeys, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
 	p, ts, _, _ := c.tensors(t)
 	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
-		hopper: true, tma: true, pipeline: b.forwardPipeline(p), sms: 132})
+		hopper: true, tma: true, pipeline: b.forwardPipeline(p, false), sms: 132})
 	if err != nil {
 		t.Fatal(err)
 	}

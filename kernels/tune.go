@@ -145,7 +145,8 @@ var HopperWSTable = []struct {
 	Plain, Masked, Extras Tile
 	ShortKeys, ShortN     int
 }{
-	{64, Tile{BlockM: 192, BlockN: 128, WarpsM: 12, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, Tile{}, Tile{}, 0, 0},
+	{64, Tile{BlockM: 192, BlockN: 128, WarpsM: 12, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, Tile{},
+		Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}, 0, 0},
 	{128, Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
 		Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
 		Tile{BlockM: 128, BlockN: 128, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true},
