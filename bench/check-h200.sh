@@ -18,8 +18,9 @@
 #   bash bench/check-h200.sh
 #
 # Environment: STEPS (comma-separated: compile, sanitize, grad,
-# conformance, forward, demo, bwdbench, fwdbench; default all; demo runs
-# `flashattn demo` from .bin/flashattn when it was built; sanitize runs the staging
+# conformance, forward, demo, demo64, bwdbench, fwdbench; default all; demo
+# and demo64 run `flashattn demo` (its default, and at D = 64) from
+# .bin/flashattn when it was built; sanitize runs the staging
 # tests under compute-sanitizer's memcheck where it is installed), FWD_ONLY (benchfwd -only groups;
 # main,odd,big),
 # BWD_BENCH_ENV (extra variables for the backward benchmark, such as
@@ -29,7 +30,7 @@
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.check-out}
-STEPS=${STEPS:-compile,sanitize,grad,conformance,forward,demo,bwdbench,fwdbench}
+STEPS=${STEPS:-compile,sanitize,grad,conformance,forward,demo,demo64,bwdbench,fwdbench}
 FWD_ONLY=${FWD_ONLY:-main,odd,big}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -61,6 +62,7 @@ step grad 300 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestBackwardGradients|Tes
 step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestConformance|TestShapes|TestPoisonGuards|TestForwardStaging'
 step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestDropoutAt|TestSoftcapChain|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
 [ -x "$ROOT/.bin/flashattn" ] && step demo 240 "$ROOT/.bin/flashattn" demo
+[ -x "$ROOT/.bin/flashattn" ] && step demo64 120 "$ROOT/.bin/flashattn" demo --dim 64 --iters 1
 step bwdbench 240 env FLASHATTN_BWD_BENCH=1 ${BWD_BENCH_ENV:-} "$ROOT/.bin/gpu.test" -test.v -test.run TestBackwardBench
 step fwdbench 180 "$ROOT/.bin/benchfwd" ${FWD_SWEEP:-} -only "$FWD_ONLY" -reps 20
 tar -czf "$OUT/cache.tgz" -C "$FLASHATTN_CACHE_DIR" . 2>/dev/null
@@ -69,6 +71,7 @@ for f in compile sanitize grad conformance forward; do
 	[ -f "$OUT/$f.log" ] && grep -E '^(--- FAIL|FAIL|ok|PASS)' "$OUT/$f.log" | head -20
 done
 [ -f "$OUT/demo.log" ] && cat "$OUT/demo.log"
+[ -f "$OUT/demo64.log" ] && grep -E '^(PASS|FAIL) ' "$OUT/demo64.log"
 [ -f "$OUT/bwd_bench.md" ] && cat "$OUT/bwd_bench.md"
 [ -f "$OUT/fwdbench.log" ] && tail -n 40 "$OUT/fwdbench.log"
 cat "$SUMMARY"

@@ -60,11 +60,12 @@ stage env 20 bash -c 'date -u; uname -a; nvidia-smi --query-gpu=name,driver_vers
 
 if [ -x "$BIN" ]; then
 	stage version 10 "${OURS[@]}" version
-	# the default training step on host tensors, causal and not, checked against the float64
+	# the default training step on host tensors, causal and not, and at D = 64, checked against the float64
 	# reference (FAIL in the log on a wrong answer): the sweeps below time device-resident calls
 	# and check nothing
 	stage demo 90 "${OURS[@]}" demo
 	stage demo-unmasked 90 "${OURS[@]}" demo --causal=false --iters 1
+	stage demo-d64 90 "${OURS[@]}" demo --dim 64 --iters 1
 	stage shapes 30 "${OURS[@]}" sweep --preset "$PRESETS" --dtype "$DTYPE" --emit-shapes "$WORK/shapes.json"
 	stage ours $((OURS_LIMIT + 40)) "${OURS[@]}" sweep --preset "$PRESETS" --dtype "$DTYPE" --backend cuda \
 		--out "$WORK/ours" --time-limit "${OURS_LIMIT}s"
@@ -93,7 +94,7 @@ else
 fi
 
 log "outputs: $(cd "$OUT" && ls | tr '\n' ' ')"
-grep -E '^(PASS|FAIL) ' "$LOG" | head -2 # the demos' verdicts
+grep -E '^(PASS|FAIL) ' "$LOG" | head -3 # the demos' verdicts
 if [ -f "$OUT/compare.md" ]; then
 	# The overview: the summary sentence and the ratio table per preset and pass.
 	awk '/^Over |^No shape/ {print; print ""} /^\| preset \| pass/ {t=1} t && /^\|/ {print} t && !/^\|/ {exit}' "$OUT/compare.md"

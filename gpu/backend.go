@@ -105,6 +105,10 @@ type Backend struct {
 	// (kernels.BwdVariant.BiasTracked). New sets it when EnvBiasTracked is
 	// set.
 	BiasTracked bool
+	// BwdLightTail has masked backward launches end on their lightest
+	// blocks (kernels.BwdVariant.LightTail). New sets it when
+	// EnvBwdLightTail is set.
+	BwdLightTail bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -156,9 +160,10 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvBiasTracked) once, into the knobs WGMMA, TMA,
-// Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep,
-// BwdDeep, DQ, BiasStaged, BiasStagedAuto and BiasTracked.
+// EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvBwdLightTail) once, into the
+// knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ, BwdKeyRows,
+// BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ, BiasStaged, BiasStagedAuto,
+// BiasTracked and BwdLightTail.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -179,6 +184,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		BiasTracked:    hopper && envSet(os.Getenv(EnvBiasTracked)),
+		BwdLightTail:   envSet(os.Getenv(EnvBwdLightTail)),
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
@@ -277,6 +283,11 @@ const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
 // new backends hand its staged bias copies to the stage's barrier
 // (Backend.BiasTracked).
 const EnvBiasTracked = "FLASHATTN_BIAS_TRACKED"
+
+// EnvBwdLightTail, when set to anything but "" or "0", has the masked
+// backward launches of new backends end on their lightest blocks
+// (Backend.BwdLightTail).
+const EnvBwdLightTail = "FLASHATTN_BWD_LIGHT_TAIL"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels
 // with source line information (NVRTC's -lineinfo), so that

@@ -384,6 +384,11 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 		{name: "keyrows-d128-bias-grad-softcap-n1024-m1040", b: 2, n: 1024, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: both[:1]},
 		// a mask with a 16-bit bias: the bias staged by default (Backend.BiasStagedAuto)
 		{name: "keyrows-d128-causal-bias-grad-n1040", b: 1, n: 1040, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both},
+		// head dims 49–64: steps of 128 queries, dQ's rows split over the warpgroups; the last step's
+		// second half partly (1100 = 8·128 + 76) or wholly (1030 = 8·128 + 6) past the queries
+		{name: "keyrows-q128-d64-n1024", b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dtypes: both},
+		{name: "keyrows-q128-d56-64-causal-gqa-n1100", b: 1, n: 1100, m: 1100, h: 4, hkv: 2, dk: 56, dv: 64, causal: true, dtypes: both[:1]},
+		{name: "keyrows-q128-d64-bias-n1030-m1200", b: 1, n: 1030, m: 1200, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, dtypes: both[:1]},
 	} {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(200+ci))
@@ -391,6 +396,14 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 			v := in.backendVariant(t, b, DQAtomic)
 			if b.BwdKeyRowsAuto && b.BwdPipeline.WarpSpecialized && (!v.KeyRows || !v.BulkDQ) {
 				t.Errorf("%s %v: %s, want the key-rows step with the bulk dQ", c.name, dt, v.Name())
+			}
+			if want := 0; b.BwdKeyRowsAuto && b.BwdPipeline.WarpSpecialized && b.BwdQueryStep == 0 {
+				if max(c.dk, c.dv) <= 64 {
+					want = 128
+				}
+				if v.QueryStep != want {
+					t.Errorf("%s %v: %s, steps of %d queries, want %d", c.name, dt, v.Name(), v.QueryStep, want)
+				}
 			}
 			if want := v.KeyRows && c.bias != nil && b.bwdBiasStaged(in.p); v.BiasStaged != want {
 				t.Errorf("%s %v: %s, staged bias %v, want %v", c.name, dt, v.Name(), v.BiasStaged, want)

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/flashattn/flashattn/attn"
@@ -548,6 +549,41 @@ func TestBiasStageable(t *testing.T) {
 		tc.edit(&p)
 		if got := biasStageable(p.Bias, p.BiasStrideM, p.BiasStrideN, p.BiasStrideH, p.BiasStrideB); got != tc.want {
 			t.Errorf("%s: biasStageable = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestBackwardPlanLightTail checks where the planner orders a backward
+// launch's CTAs to end on its lightest blocks (bwdRequest.lightTail,
+// kernels.BwdVariant.LightTail): masked calls (causal, windows) on every
+// kernel family, not unmasked ones, and nowhere without the knob.
+func TestBackwardPlanLightTail(t *testing.T) {
+	causal := bwdCase{b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, causal: true}
+	window := bwdCase{b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, window: &attn.Window{Left: 200, Right: 0}}
+	plain := bwdCase{b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128}
+	d64 := bwdCase{b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, causal: true}
+	cases := []struct {
+		name       string
+		c          bwdCase
+		algo       DQAlgorithm
+		ws, on     bool
+		want       bool
+		wantFamily string
+	}{
+		{"causal key rows", causal, DQAuto, true, true, true, "_keyrows"},
+		{"causal separate", causal, DQSeparate, true, true, true, "_ws"},
+		{"causal lockstep", causal, DQSeparate, false, true, true, "_sm90a"},
+		{"causal d64 128-query step", d64, DQAuto, true, true, true, "_keyrows"},
+		{"window", window, DQAuto, true, true, true, "_mask"},
+		{"unmasked", plain, DQAuto, true, true, false, "_keyrows"},
+		{"causal, knob off", causal, DQAuto, true, false, false, "_keyrows"},
+	}
+	for i, tc := range cases {
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(160+i), tc.algo, func(r *bwdRequest) {
+			r.ws, r.keyRowsAuto, r.lightTail = tc.ws, true, tc.on
+		})
+		if pl.v.LightTail != tc.want || !strings.Contains(pl.v.Name(), tc.wantFamily) {
+			t.Errorf("%s: %s, light tail %v; want %v on a %s variant", tc.name, pl.v.Name(), pl.v.LightTail, tc.want, tc.wantFamily)
 		}
 	}
 }

@@ -155,7 +155,13 @@ DEV void unpack2(u32 x, float& a, float& b_) { %s }
 		b.WriteString(ptxTF32Split("tf32_split", false))
 		b.WriteString(mmaSplitTF32("mma_tf32x3", "mma1688"))
 	}
+	if v.LightTail {
+		b.WriteString(smCountPrimitive)
+	}
 	b.WriteString(PrimitivesEnd + "\n")
+	if v.LightTail {
+		b.WriteString(ctaOrderFunc)
+	}
 	if v.AtomicDQ {
 		b.WriteString(redAddPair)
 	}
@@ -920,7 +926,7 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 // head of the group times the query blocks (from ib0, nib of them) that
 // see the block's keys.
 func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
-	b.WriteString("  const int b = blockIdx.y, kvh = blockIdx.z, j0 = blockIdx.x * BN;\n")
+	g.dkdvCoords(b)
 	g.segment(b)
 	b.WriteString(`  if (j0 >= m) return;
   const int off = p.bottom_right ? m - n : 0;
@@ -944,7 +950,7 @@ func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
 // early exit of a block past the queries, and the key blocks (from jb0,
 // njb of them) its rows can see.
 func (g *bwdGen) dqKeyRange(b *strings.Builder) {
-	b.WriteString("  const int b = blockIdx.y, h = blockIdx.z, i0 = blockIdx.x * BM;\n")
+	g.dqCoords(b)
 	g.segment(b)
 	b.WriteString(`  if (i0 >= n) return;
   const int kvh = h / (p.H / p.Hkv);

@@ -140,6 +140,13 @@ type BwdVariant struct {
 	// completes once the tile has landed, and the producer goes on to the
 	// next stage at once.
 	BiasTracked bool
+	// LightTail (with a mask) orders the launch's CTAs so that it ends on
+	// its lightest blocks (ctaOrder, bwd_order.go): the blocks of one
+	// (batch, head) pair after another, heaviest first, as without it, but
+	// the last pairs' blocks, about three waves of CTAs, block by block
+	// across those pairs — where a masked launch otherwise ends on its last
+	// pair's heaviest blocks while the other SMs run dry.
+	LightTail bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -321,6 +328,9 @@ func (v BwdVariant) Validate() error {
 	if v.BiasTracked && !v.BiasStaged {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: bias copies handed to the stage's barrier need the staged bias", v.Name())
 	}
+	if v.LightTail && !v.Masked() {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the light-tail CTA order needs a mask (unmasked blocks all weigh the same)", v.Name())
+	}
 	if !QueryStepOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64), 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds, or 128 with the key-rows step at padded head dims up to 64", v.Name(), v.QueryStep)
 	}
@@ -363,7 +373,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.BiasTracked, "bt"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.BiasTracked, "bt"}, {v.LightTail, "lt"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

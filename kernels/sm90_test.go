@@ -416,7 +416,8 @@ func TestBwdHopperOK(t *testing.T) {
 // kernels) for sm_90a
 // (NVRTC 12.0 or later; skipped otherwise): no serialized warpgroup
 // products, and at most 32 bytes of spills (head dim 128 with softcap,
-// dropout or bias sits at the register limit).
+// dropout or bias sits at the register limit); the light-tail order on one
+// masked variant each of the lockstep and key-rows kernels too.
 func TestBwdCompileHopper(t *testing.T) {
 	c := compilerOrSkip(t)
 	if major, _ := c.Version(); major < 12 {
@@ -434,7 +435,17 @@ func TestBwdCompileHopper(t *testing.T) {
 		ws = []BwdVariant{ws[0], ws[len(ws)/2], ws[len(ws)-1]}
 		keyRows = []BwdVariant{keyRows[0], keyRows[len(keyRows)-1]}
 	}
-	checkBwdHopperCompiles(t, c, append(append(append(append(vs, tma...), bulk...), ws...), keyRows...))
+	// the light-tail CTA order on a masked variant of each of the lockstep and key-rows kernels
+	var tails []BwdVariant
+	for _, group := range [][]BwdVariant{tma, keyRows} {
+		for _, v := range group {
+			if v.LightTail = true; v.Validate() == nil {
+				tails = append(tails, v)
+				break
+			}
+		}
+	}
+	checkBwdHopperCompiles(t, c, append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...))
 }
 
 // bwdHopperKeyRowsVariants returns the variants of bwdHopperWSVariants

@@ -1,0 +1,80 @@
+package kernels
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The backward's CTA order under BwdVariant.LightTail.
+//
+// A dK/dV launch's grid is (key blocks, batch, key heads) and a dQ
+// launch's (query blocks, batch, heads); the GPU starts CTAs in that
+// order, x fastest, as SMs free up. Under a causal mask the blocks of one
+// (batch, head) pair weigh unequally — a dK/dV block sees the queries from
+// its keys on, a dQ block the keys up to its queries — and the blocks of a
+// pair running together share their q and dO (k and v) in L2. Taking the
+// pairs one after another, heaviest block first, keeps that sharing, but
+// ends the launch on the last pairs' heaviest blocks, started when the
+// other SMs are about to run dry. cta_order keeps that order except for the
+// last pairs, about three waves of CTAs, whose blocks it takes block by
+// block across them: the launch then ends on its lightest blocks. A greedy
+// model of the dispatch (every block's steps equal, a few more per block
+// for its prologue and epilogue) puts the tail of a causal dK/dV launch at
+// 5–7 % of its time at 1024–8192 keys and 16 heads and more with fewer
+// (B = 1, H = 24, N = 4608: 15 %), and at 1–3 % in this order.
+
+// smCountPrimitive reads the SM count the tail section is sized by.
+const smCountPrimitive = `// sm_count: the SMs of the device (%nsmid, at least their number), which size cta_order's tail.
+DEV int sm_count() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return (int)r; }
+`
+
+// ctaOrderFunc is the device function cta_order.
+const ctaOrderFunc = `// cta_order: this CTA's (batch, head) pair (y + gridDim.y * z) and block in the launch's order of work.
+// The pairs go one after another, each pair's blocks in block order (heaviest first, as the kernel
+// reads it), except the last tail pairs — about three waves of CTAs — whose blocks go block by
+// block across them, so that the launch ends on its lightest blocks (kernels/bwd_order.go).
+DEV void cta_order(int& pair, int& blk) {
+  const int nblk = gridDim.x, npair = gridDim.y * gridDim.z;
+  const int l = blockIdx.x + nblk * (blockIdx.y + gridDim.y * blockIdx.z);  // the CTA's place in the dispatch
+  const int tail = min(npair, (3 * sm_count() + nblk - 1) / nblk);          // pairs in the tail section
+  const int head = (npair - tail) * nblk;                                   // CTAs before it
+  if (l < head) {
+    pair = l / nblk;
+    blk = l - pair * nblk;
+  } else {
+    const int t = l - head;
+    blk = t / tail;
+    pair = npair - tail + (t - blk * tail);
+  }
+}
+`
+
+// ctaCoords writes a kernel's batch element b, head (head: kvh for the
+// dK/dV kernel, h for the dQ kernel) and first row (first = its block ·
+// tile): from the grid, or under LightTail from cta_order, the blocks
+// reversed where the last weigh the most (heaviest: the comment that says
+// which).
+func (g *bwdGen) ctaCoords(b *strings.Builder, head, first, tile string, reversed bool, heaviest string) {
+	if !g.v.LightTail {
+		fmt.Fprintf(b, "  const int b = blockIdx.y, %s = blockIdx.z, %s = blockIdx.x * %s;\n", head, first, tile)
+		return
+	}
+	blk := "blk_"
+	if reversed {
+		blk = "(gridDim.x - 1 - blk_)"
+	}
+	fmt.Fprintf(b, `  int pair_, blk_;
+  cta_order(pair_, blk_);  // %s
+  const int b = pair_ %% gridDim.y, %s = pair_ / gridDim.y, %s = %s * %s;
+`, heaviest, head, first, blk, tile)
+}
+
+// dkdvCoords writes the dK/dV kernel's b, kvh and first key j0 (ctaCoords).
+func (g *bwdGen) dkdvCoords(b *strings.Builder) {
+	g.ctaCoords(b, "kvh", "j0", "BN", false, "the first key blocks see the most queries")
+}
+
+// dqCoords writes the dQ kernel's b, h and first query i0 (ctaCoords).
+func (g *bwdGen) dqCoords(b *strings.Builder) {
+	g.ctaCoords(b, "h", "i0", "BM", true, "the last query blocks see the most keys")
+}
