@@ -105,6 +105,10 @@ type Backend struct {
 	// (kernels.BwdVariant.BiasTracked). New sets it when EnvBiasTracked is
 	// set.
 	BiasTracked bool
+	// FwdLightTail has masked forward launches of one tile a CTA end on
+	// their lightest query blocks (kernels.Variant.LightTail). New sets it
+	// when EnvFwdLightTail is set.
+	FwdLightTail bool
 	// BwdLightTail has masked backward launches end on their lightest
 	// blocks (kernels.BwdVariant.LightTail). New sets it when
 	// EnvBwdLightTail is set.
@@ -160,10 +164,10 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvBwdLightTail) once, into the
-// knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ, BwdKeyRows,
-// BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ, BiasStaged, BiasStagedAuto,
-// BiasTracked and BwdLightTail.
+// EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvFwdLightTail, EnvBwdLightTail)
+// once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ,
+// BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ, BiasStaged,
+// BiasStagedAuto, BiasTracked, FwdLightTail and BwdLightTail.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -184,6 +188,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		BiasTracked:    hopper && envSet(os.Getenv(EnvBiasTracked)),
+		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
 		BwdLightTail:   envSet(os.Getenv(EnvBwdLightTail)),
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
@@ -283,6 +288,11 @@ const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
 // new backends hand its staged bias copies to the stage's barrier
 // (Backend.BiasTracked).
 const EnvBiasTracked = "FLASHATTN_BIAS_TRACKED"
+
+// EnvFwdLightTail, when set to anything but "" or "0", has the masked
+// forward launches of new backends that take one tile a CTA end on their
+// lightest query blocks (Backend.FwdLightTail).
+const EnvFwdLightTail = "FLASHATTN_FWD_LIGHT_TAIL"
 
 // EnvBwdLightTail, when set to anything but "" or "0", has the masked
 // backward launches of new backends end on their lightest blocks

@@ -108,6 +108,9 @@ type fwdRequest struct {
 	// staged tiles need the room of O's staging tile, O then stored from
 	// registers (Backend.BiasStaged, Backend.BiasStagedAuto).
 	biasStaged, biasOverStoreO bool
+	// lightTail orders a masked launch of one tile a CTA so that it ends
+	// on its lightest query blocks (Backend.FwdLightTail).
+	lightTail bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -178,6 +181,13 @@ func plan(r fwdRequest) (launch, error) {
 		if w.Validate() != nil && w.StoreO && r.biasOverStoreO {
 			w.StoreO = false // the bias tiles take the room of O's staging tile
 		}
+		if w.Validate() == nil {
+			vr = w
+		}
+	}
+	if r.lightTail && vr.Mask == kernels.MaskWindow && !vr.Persistent {
+		w := vr
+		w.LightTail = true
 		if w.Validate() == nil {
 			vr = w
 		}
@@ -464,7 +474,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil)}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail}
 	b.setBiasStaging(&r)
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -91,11 +92,15 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles}
+	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles,
+		lightTail: envSet(os.Getenv(EnvFwdLightTail))}
 	emuBiasKnobs(kind).setBiasStaging(&req)
 	l, err := plan(req)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
+	}
+	if want := req.lightTail && l.v.Mask == kernels.MaskWindow && !l.v.Persistent; l.v.LightTail != want {
+		t.Fatalf("plan %s: light tail %v, want %v", l.v.Name(), l.v.LightTail, want)
 	}
 	l.params.NFFlag = ar.put(make([]byte, 16)) // the stream's non-finite flag and done counter, a persistent launch's tile counter and CTAs done: zero
 	if part != nil && !l.v.FlatStaged {

@@ -587,3 +587,38 @@ func TestBackwardPlanLightTail(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardPlanLightTail checks where the forward's planner orders a
+// launch's CTAs to end on its lightest query blocks (fwdRequest.lightTail,
+// kernels.Variant.LightTail): masked launches of one tile a CTA, not
+// persistent ones (their tiles come longest first already) nor unmasked
+// ones, and nowhere without the knob.
+func TestForwardPlanLightTail(t *testing.T) {
+	full := kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	short := full
+	short.Persistent, short.StoreO = true, true
+	for _, c := range []struct {
+		name   string
+		causal bool
+		pipe   kernels.Pipeline
+		on     bool
+		want   bool
+	}{
+		{"causal", true, full, true, true},
+		{"causal lockstep", true, kernels.Pipeline{}, true, true},
+		{"causal persistent", true, short, true, false},
+		{"unmasked", false, full, true, false},
+		{"causal, knob off", true, full, false, false},
+	} {
+		rc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: 2048, m: 2048, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+		rc.opt.Causal = c.causal
+		p, ts, _, _ := rc.tensors(t)
+		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], hopper: true, tma: true, pipeline: c.pipe, sms: 132, lightTail: c.on})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if pl.v.LightTail != c.want {
+			t.Errorf("%s: %s, light tail %v, want %v", c.name, pl.v.Name(), pl.v.LightTail, c.want)
+		}
+	}
+}

@@ -141,7 +141,7 @@ type BwdVariant struct {
 	// next stage at once.
 	BiasTracked bool
 	// LightTail (with a mask) orders the launch's CTAs so that it ends on
-	// its lightest blocks (ctaOrder, bwd_order.go): the blocks of one
+	// its lightest blocks (cta_order, kernels/cta_order.go): the blocks of one
 	// (batch, head) pair after another, heaviest first, as without it, but
 	// the last pairs' blocks, about three waves of CTAs, block by block
 	// across those pairs — where a masked launch otherwise ends on its last

@@ -60,6 +60,14 @@ func (x *gen) maskApply() {
 		x.raw(`      // sequence position of this lane's row (mt, hf) is irow + 16·mt + 8·hf
       const int irow = m0 + wrow0 + g;
 `)
+	} else if x.v.LightTail {
+		x.raw(`      const u32 tx = tid_x();
+      int pair_, blk_;
+      cta_order(pair_, blk_);
+      (void)pair_;
+      // sequence position of this lane's row (mt, hf) is irow + 16·mt + 8·hf (query blocks run last first)
+      const int irow = (int)(gridDim.x - 1 - blk_) * BM + (int)((tx >> 5) % WM) * MT * 16 + (int)((tx & 31) >> 2);
+`)
 	} else if x.v.Mask == MaskWindow {
 		// The lane's row is re-derived here (fresh special-register reads)
 		// instead of being kept in a register through the whole loop.

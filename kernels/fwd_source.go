@@ -190,7 +190,13 @@ DEV void store_pair(char* p, float a, float b) { *(u32*)p = pack2(a, b); }`, ty)
 DEV void store_pair(char* p, float a, float b) { *(float2*)p = make_float2(a, b); }
 `)
 	}
+	if v.LightTail {
+		x.raw(smCountPrimitive)
+	}
 	x.p("%s", PrimitivesEnd)
+	if v.LightTail {
+		x.raw(ctaOrderFunc)
+	}
 	if v.DType == attn.Float32 {
 		x.raw(`DEV void split4(const u32 (&x)[4], u32 (&hi)[4], u32 (&lo)[4]) {
 #pragma unroll

@@ -103,6 +103,11 @@ type Variant struct {
 	// from there, instead of loading every element from global memory while
 	// the block's S product runs (fwd_sm90_bias.go).
 	BiasStaged bool
+	// LightTail (with a mask, not Persistent) orders the launch's CTAs so
+	// that it ends on its lightest query blocks: the backward's cta_order
+	// (cta_order.go) over the grid's (query blocks, heads, batch), the
+	// query blocks last first.
+	LightTail bool
 }
 
 // Pipeline is the schedule of a Hopper (WGMMA) forward kernel beyond its
@@ -240,7 +245,7 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + biasStagedSuffix(v.BiasStaged)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + biasStagedSuffix(v.BiasStaged) + lightTailSuffix(v.LightTail)
 }
 
 // flatSuffix is the name suffix of Flat (and FlatStaged) variants.
@@ -273,6 +278,14 @@ func wsSuffix(p Pipeline) string {
 func biasStagedSuffix(staged bool) string {
 	if staged {
 		return "_bs"
+	}
+	return ""
+}
+
+// lightTailSuffix is the name suffix of LightTail variants.
+func lightTailSuffix(on bool) string {
+	if on {
+		return "_lt"
 	}
 	return ""
 }
@@ -356,6 +369,9 @@ func (v Variant) Validate() error {
 	}
 	if v.WarpSpecialized && (!v.TMA || v.WarpsN != 1 || v.MinBlocks != 1) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a warp-specialized forward needs tensor-map loads, one warpgroup per row group and one CTA per SM (TMA %v, WarpsN %d, MinBlocks %d)", v.TMA, v.WarpsN, v.MinBlocks)
+	}
+	if v.LightTail && (v.Mask != MaskWindow || v.Persistent) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the light-tail CTA order needs a mask and a launch of one tile a CTA (Mask %v, Persistent %v)", v.Mask, v.Persistent)
 	}
 	if v.Persistent && (!v.WarpSpecialized || v.Flat || v.Varlen) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a persistent forward needs the warp-specialized pipeline, rows not read in place and a fixed-length batch (WarpSpecialized %v, Flat %v, Varlen %v)", v.WarpSpecialized, v.Flat, v.Varlen)

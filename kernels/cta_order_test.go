@@ -67,3 +67,58 @@ func TestBwdLightTailSource(t *testing.T) {
 	}
 	wantUnsupported(t, map[string]BwdVariant{"unmasked light tail": {DType: attn.BFloat16, DK: 64, DV: 64, Vector: true, LightTail: true}})
 }
+
+// TestFwdLightTailSource checks the light-tail order in the forward
+// sources: with LightTail the CTA's query block, head and batch element
+// come from cta_order (the query blocks last first) where the kernel
+// starts, where it derives them again after the main loop and where the
+// mask finds its rows, on the mma.sync, Hopper lockstep and
+// warp-specialized kernels; without it the grid gives them; a variant
+// without a mask or with persistent CTAs refuses it.
+func TestFwdLightTailSource(t *testing.T) {
+	causal := func(v *Variant) { v.Mask = MaskWindow }
+	ws := hopperVariant(t, attn.BFloat16, 128, 128, causal)
+	ws.TMA, ws.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
+	for name, v := range map[string]Variant{
+		"mma.sync":         fwdVariant(t, attn.Float16, 64, 64, 16, causal),
+		"mma.sync fp32":    fwdVariant(t, attn.Float32, 40, 40, 16, func(v *Variant) { v.Mask, v.Dropout = MaskWindow, true }),
+		"hopper lockstep":  hopperVariant(t, attn.BFloat16, 256, 256, causal),
+		"warp-specialized": ws,
+		"hopper varlen":    hopperVariant(t, attn.BFloat16, 64, 64, func(v *Variant) { v.Mask, v.Varlen = MaskWindow, true }),
+	} {
+		plain, err := v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if strings.Contains(plain, "cta_order") {
+			t.Errorf("%s: the grid order's source names cta_order", name)
+		}
+		v.LightTail = true
+		if err := v.Validate(); err != nil {
+			t.Fatalf("%s light tail: %v", name, err)
+		}
+		src, err := v.Source()
+		if err != nil {
+			t.Fatalf("%s light tail: %v", name, err)
+		}
+		if n := strings.Count(src, "cta_order(pair_, blk_);"); n < 3 {
+			t.Errorf("%s: cta_order called %d times, want at least 3 (setup, coordinates again, mask rows)", name, n)
+		}
+		for _, want := range []string{"DEV void cta_order(int& pair, int& blk)", "const int mblk = gridDim.x - 1 - blk_;", "m0 = (gridDim.x - 1 - blk_) * BM;", "const int irow = (int)(gridDim.x - 1 - blk_) * BM"} {
+			if !strings.Contains(src, want) {
+				t.Errorf("%s: source lacks %q", name, want)
+			}
+		}
+		if strings.Contains(src, "blockIdx.x") && !strings.Contains(src, "nonfinite") {
+			t.Errorf("%s: a kernel still reads blockIdx.x", name)
+		}
+		if !strings.HasSuffix(v.Name(), "_lt") {
+			t.Errorf("%s: name %s lacks _lt", name, v.Name())
+		}
+	}
+	pt := ws
+	pt.Persistent, pt.LightTail = true, true
+	plain := hopperVariant(t, attn.BFloat16, 128, 128, nil)
+	plain.LightTail = true
+	wantUnsupported(t, map[string]Variant{"persistent": pt, "unmasked": plain})
+}

@@ -5,23 +5,25 @@ import (
 	"strings"
 )
 
-// The backward's CTA order under BwdVariant.LightTail.
+// The CTA order under BwdVariant.LightTail and Variant.LightTail.
 //
-// A dK/dV launch's grid is (key blocks, batch, key heads) and a dQ
-// launch's (query blocks, batch, heads); the GPU starts CTAs in that
-// order, x fastest, as SMs free up. Under a causal mask the blocks of one
-// (batch, head) pair weigh unequally — a dK/dV block sees the queries from
-// its keys on, a dQ block the keys up to its queries — and the blocks of a
-// pair running together share their q and dO (k and v) in L2. Taking the
-// pairs one after another, heaviest block first, keeps that sharing, but
-// ends the launch on the last pairs' heaviest blocks, started when the
-// other SMs are about to run dry. cta_order keeps that order except for the
-// last pairs, about three waves of CTAs, whose blocks it takes block by
-// block across them: the launch then ends on its lightest blocks. A greedy
-// model of the dispatch (every block's steps equal, a few more per block
-// for its prologue and epilogue) puts the tail of a causal dK/dV launch at
-// 5–7 % of its time at 1024–8192 keys and 16 heads and more with fewer
-// (B = 1, H = 24, N = 4608: 15 %), and at 1–3 % in this order.
+// A dK/dV launch's grid is (key blocks, batch, key heads), a dQ launch's
+// (query blocks, batch, heads) and a forward launch's (query blocks,
+// heads, batch); the GPU starts CTAs in that order, x fastest, as SMs free
+// up. Under a causal mask the blocks of one (batch, head) pair weigh
+// unequally — a dK/dV block sees the queries from its keys on, a dQ or
+// forward block the keys up to its queries — and the blocks of a pair
+// running together share that pair's tiles in L2. Taking the pairs one
+// after another, heaviest block first, keeps that sharing, but ends the
+// launch on the last pairs' heaviest blocks, started when the other SMs
+// are about to run dry. cta_order keeps that order except for the last
+// pairs, about three waves of CTAs, whose blocks it takes block by block
+// across them: the launch then ends on its lightest blocks. A greedy model
+// of the dispatch (every block's steps equal, a few more a block for its
+// prologue and epilogue, 132 SMs) puts the tail of a causal dK/dV launch at
+// 5–7 % of its time from 1024 to 8192 keys over 32–256 pairs, more over
+// fewer (16 pairs of 4096: 26 %; 24 of 4608: 15 %), and at 1–3 % in this
+// order; a causal forward of 32 pairs of 8192 at 5.4 % and 0.7 %.
 
 // smCountPrimitive reads the SM count the tail section is sized by.
 const smCountPrimitive = `// sm_count: the SMs of the device (%nsmid, at least their number), which size cta_order's tail.
@@ -32,7 +34,7 @@ DEV int sm_count() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); retu
 const ctaOrderFunc = `// cta_order: this CTA's (batch, head) pair (y + gridDim.y * z) and block in the launch's order of work.
 // The pairs go one after another, each pair's blocks in block order (heaviest first, as the kernel
 // reads it), except the last tail pairs — about three waves of CTAs — whose blocks go block by
-// block across them, so that the launch ends on its lightest blocks (kernels/bwd_order.go).
+// block across them, so that the launch ends on its lightest blocks (kernels/cta_order.go).
 DEV void cta_order(int& pair, int& blk) {
   const int nblk = gridDim.x, npair = gridDim.y * gridDim.z;
   const int l = blockIdx.x + nblk * (blockIdx.y + gridDim.y * blockIdx.z);  // the CTA's place in the dispatch
