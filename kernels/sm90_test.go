@@ -181,6 +181,10 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	v := hopperVariant(t, attn.Float16, 128, 128, fwdFeatures[0].set)
 	v.TMA, v.Flat, v.FlatStaged, v.WarpSpecialized = true, true, true, true
 	vs = append(vs, v)
+	// the light-tail CTA order on a causal warp-specialized variant
+	lt := hopperVariant(t, attn.BFloat16, 128, 128, fwdFeatures[1].set)
+	lt.TMA, lt.Pipeline, lt.LightTail = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, true
+	vs = append(vs, lt)
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {
 		for _, f := range fwdFeatures[:2] {
