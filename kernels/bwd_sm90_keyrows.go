@@ -131,7 +131,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         }
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s
       }
-`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsDelta())
+`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"))
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -230,7 +230,7 @@ func (g *bwdGen) keyRowsLogit() string {
 	if g.v.BiasStaged {
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
 	}
-	return g.logit("          ", g.keyRowsLSE2(), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
+	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
 }
 
 // keyRowsStatsInRegs reports whether the key-rows step keeps the LSE2 and
@@ -256,20 +256,13 @@ func (g *bwdGen) keyRowsStatsDecl() string {
 `
 }
 
-// keyRowsLSE2 and keyRowsDelta return the LSE2 and Delta of query column
-// 8nt + 2t4 + c (keyRowsStatsDecl).
-func (g *bwdGen) keyRowsLSE2() string {
+// keyRowsStat returns statistic x's value (l: LSE2, d: Delta) for query
+// column 8nt + 2t4 + c (keyRowsStatsDecl).
+func (g *bwdGen) keyRowsStat(x string) string {
 	if !g.keyRowsStatsInRegs() {
-		return "lcs[nt * 8 + c]"
+		return x + "cs[nt * 8 + c]"
 	}
-	return "lc[nt][c]"
-}
-
-func (g *bwdGen) keyRowsDelta() string {
-	if !g.keyRowsStatsInRegs() {
-		return "dcs[nt * 8 + c]"
-	}
-	return "dc[nt][c]"
+	return x + "c[nt][c]"
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

@@ -65,10 +65,19 @@ func (g *bwdGen) ctaCoords(b *strings.Builder, head, first, tile string, reverse
 	if reversed {
 		blk = "(gridDim.x - 1 - blk_)"
 	}
-	fmt.Fprintf(b, `  int pair_, blk_;
-  cta_order(pair_, blk_);  // %s
-  const int b = pair_ %% gridDim.y, %s = pair_ / gridDim.y, %s = %s * %s;
-`, heaviest, head, first, blk, tile)
+	b.WriteString(ctaOrderCall("  ", heaviest))
+	fmt.Fprintf(b, "  const int b = pair_ %% gridDim.y, %s = pair_ / gridDim.y, %s = %s * %s;\n", head, first, blk, tile)
+}
+
+// ctaOrderCall returns the declaration of pair_ and blk_ and the call of
+// cta_order that sets them, indent before each line and comment (if any)
+// after the call.
+func ctaOrderCall(indent, comment string) string {
+	s := indent + "int pair_, blk_;\n" + indent + "cta_order(pair_, blk_);"
+	if comment != "" {
+		s += "  // " + comment
+	}
+	return s + "\n"
 }
 
 // dkdvCoords writes the dK/dV kernel's b, kvh and first key j0 (ctaCoords).

@@ -90,6 +90,13 @@ func TestFwdLightTailSource(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
+		// the grid's coordinates, read where the kernel starts and afresh after the main loop and in the mask
+		grid := []string{"mblk = gridDim.x - 1 - blockIdx.x", "cx = ctaid_x()"}
+		for _, g := range grid {
+			if !strings.Contains(plain, g) {
+				t.Errorf("%s: the grid order's source lacks %q", name, g)
+			}
+		}
 		if strings.Contains(plain, "cta_order") {
 			t.Errorf("%s: the grid order's source names cta_order", name)
 		}
@@ -109,8 +116,10 @@ func TestFwdLightTailSource(t *testing.T) {
 				t.Errorf("%s: source lacks %q", name, want)
 			}
 		}
-		if strings.Contains(src, "blockIdx.x") && !strings.Contains(src, "nonfinite") {
-			t.Errorf("%s: a kernel still reads blockIdx.x", name)
+		for _, g := range grid {
+			if strings.Contains(src, g) {
+				t.Errorf("%s: the kernel still derives its coordinates from the grid (%q)", name, g)
+			}
 		}
 		if !strings.HasSuffix(v.Name(), "_lt") {
 			t.Errorf("%s: name %s lacks _lt", name, v.Name())

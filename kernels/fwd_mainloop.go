@@ -66,18 +66,17 @@ func (x *gen) ctaSetup() {
 		x.raw(`
   // ---- CTA coordinates: query block, head, batch element (segment)
 `)
-		switch {
-		case v.LightTail:
-			x.raw(`  int pair_, blk_;
-  cta_order(pair_, blk_);  // the launch ends on its lightest query blocks (kernels/cta_order.go)
-  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first
+		if v.LightTail {
+			x.raw(ctaOrderCall("  ", "the launch ends on its lightest query blocks (kernels/cta_order.go)"))
+			x.raw(`  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first
   int h = pair_ % gridDim.y, b = pair_ / gridDim.y;
 `)
-		case v.Mask == MaskWindow:
-			x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
-			x.raw("  int h = blockIdx.y, b = blockIdx.z;\n")
-		default:
-			x.raw("  const int mblk = blockIdx.x;\n")
+		} else {
+			if v.Mask == MaskWindow {
+				x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
+			} else {
+				x.raw("  const int mblk = blockIdx.x;\n")
+			}
 			x.raw("  int h = blockIdx.y, b = blockIdx.z;\n")
 		}
 	}
@@ -141,22 +140,17 @@ func (x *gen) ctaSetup() {
 func (x *gen) recomputeCoords() {
 	v := x.v
 	x.raw("\n  {  // ---- CTA coordinates again (not kept live through the main loop)\n")
-	switch {
-	case v.LightTail:
-		x.raw(`    int pair_, blk_;
-    cta_order(pair_, blk_);
-    b = pair_ / gridDim.y;
-    h = pair_ % gridDim.y;
-    m0 = (gridDim.x - 1 - blk_) * BM;
-`)
-	case v.Mask == MaskWindow:
+	if v.LightTail {
+		x.raw(ctaOrderCall("    ", ""))
+		x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n    m0 = (gridDim.x - 1 - blk_) * BM;\n")
+	} else {
 		x.raw("    const u32 cz = ctaid_z(), cy = ctaid_y(), cx = ctaid_x();\n")
 		x.raw("    b = (int)cz;\n    h = (int)cy;\n")
-		x.raw("    m0 = (int)(gridDim.x - 1 - cx) * BM;\n")
-	default:
-		x.raw("    const u32 cz = ctaid_z(), cy = ctaid_y(), cx = ctaid_x();\n")
-		x.raw("    b = (int)cz;\n    h = (int)cy;\n")
-		x.raw("    m0 = (int)cx * BM;\n")
+		if v.Mask == MaskWindow {
+			x.raw("    m0 = (int)(gridDim.x - 1 - cx) * BM;\n")
+		} else {
+			x.raw("    m0 = (int)cx * BM;\n")
+		}
 	}
 	if v.Varlen {
 		x.raw("    qs = ((const int*)p.cu_q)[b];\n    rows = min(BM, ((const int*)p.cu_q)[b + 1] - (int)qs - m0);\n")

@@ -61,10 +61,8 @@ func (x *gen) maskApply() {
       const int irow = m0 + wrow0 + g;
 `)
 	} else if x.v.LightTail {
-		x.raw(`      const u32 tx = tid_x();
-      int pair_, blk_;
-      cta_order(pair_, blk_);
-      (void)pair_;
+		x.raw("      const u32 tx = tid_x();\n" + ctaOrderCall("      ", ""))
+		x.raw(`      (void)pair_;
       // sequence position of this lane's row (mt, hf) is irow + 16·mt + 8·hf (query blocks run last first)
       const int irow = (int)(gridDim.x - 1 - blk_) * BM + (int)((tx >> 5) % WM) * MT * 16 + (int)((tx & 31) >> 2);
 `)

@@ -894,14 +894,10 @@ func TestBwdBiasStagedSource(t *testing.T) {
 		if copies < 0 || sync < copies || arrive < sync || read < 0 {
 			t.Errorf("%s: copies at %d, wait or hand-over at %d, arrival at %d, staged read at %d", v.Name(), copies, sync, arrive, read)
 		}
-	}
-	src, err := base.Source()
-	if err != nil {
-		t.Fatal(err)
-	}
-	step := strings.Index(src, "keys as rows: this warpgroup's BN/2 keys")
-	if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
-		t.Error("the key-rows step still reads the bias from global memory")
+		step := strings.Index(src, "keys as rows: this warpgroup's BN/2 keys")
+		if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
+			t.Errorf("%s: the key-rows step still reads the bias from global memory", v.Name())
+		}
 	}
 	wantUnsupported(t, map[string]BwdVariant{
 		"other step":              edited(base, func(v *BwdVariant) { v.KeyRows, v.AtomicDQ, v.BulkDQ = false, false, false }),

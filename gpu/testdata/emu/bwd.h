@@ -12,9 +12,6 @@ inline void cp_async4(void* dst, const void* src) { emu_cp_async(emu_smem_addr(d
 inline void cp_async_commit() {}
 inline void cp_async_wait0() {}
 inline float ex2f(float x) { return exp2f(x); }
-// sm_count: a small device, so that cta_order's tail section (three waves) covers some pairs of the
-// emulated launches and not others.
-inline int sm_count() { return 4; }
 inline float tanh_approx(float x) { return emu_tanh_approx(x); }
 
 inline void ldsm_x4(unsigned (&r)[4], unsigned a) { emu_ldsm(r, 4, false, a); }

@@ -32,9 +32,6 @@ inline u32 ctaid_x() { return blockIdx.x; }
 inline u32 ctaid_y() { return blockIdx.y; }
 inline u32 ctaid_z() { return blockIdx.z; }
 inline u32 tid_x() { return threadIdx.x; }
-// sm_count: a small device, so that cta_order's tail section (three waves) covers some pairs of the
-// emulated launches and not others.
-inline int sm_count() { return 4; }
 inline float bf16_to_f32(u16 h) { return emu_bf2f(h); }
 inline float f16_to_f32(u16 h) { return emu_h2f(h); }
 
