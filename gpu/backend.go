@@ -109,9 +109,14 @@ type Backend struct {
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
 	FwdLightTail bool
+	// HostRegister has the host path page-lock the Go memory of its inputs
+	// and outputs for the duration of a call (cuda.Device.RegisterHost)
+	// and copy it in place, instead of through pinned staging slots. New
+	// sets it when EnvHostRegister is set.
+	HostRegister bool
 	// BwdLightTail has masked backward launches end on their lightest
-	// blocks (kernels.BwdVariant.LightTail). New sets it when
-	// EnvBwdLightTail is set.
+	// blocks (kernels.BwdVariant.LightTail). New sets it on Hopper unless
+	// EnvBwdLightTail is "0".
 	BwdLightTail bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
@@ -164,10 +169,11 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvFwdLightTail, EnvBwdLightTail)
-// once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ,
-// BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ, BiasStaged,
-// BiasStagedAuto, BiasTracked, FwdLightTail and BwdLightTail.
+// EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvFwdLightTail, EnvBwdLightTail,
+// EnvHostRegister) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline,
+// BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ,
+// BiasStaged, BiasStagedAuto, BiasTracked, FwdLightTail, BwdLightTail and
+// HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -189,7 +195,8 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		BiasTracked:    hopper && envSet(os.Getenv(EnvBiasTracked)),
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
-		BwdLightTail:   envSet(os.Getenv(EnvBwdLightTail)),
+		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
+		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
@@ -294,9 +301,14 @@ const EnvBiasTracked = "FLASHATTN_BIAS_TRACKED"
 // lightest query blocks (Backend.FwdLightTail).
 const EnvFwdLightTail = "FLASHATTN_FWD_LIGHT_TAIL"
 
-// EnvBwdLightTail, when set to anything but "" or "0", has the masked
-// backward launches of new backends end on their lightest blocks
-// (Backend.BwdLightTail).
+// EnvHostRegister, when set to anything but "" or "0", has the host path of
+// new backends page-lock the caller's memory and copy it in place
+// (Backend.HostRegister).
+const EnvHostRegister = "FLASHATTN_HOST_REGISTER"
+
+// EnvBwdLightTail, when "0", keeps the masked backward launches of new
+// backends in their grid's order instead of ending on their lightest blocks
+// (Backend.BwdLightTail, the default on Hopper).
 const EnvBwdLightTail = "FLASHATTN_BWD_LIGHT_TAIL"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels

@@ -111,11 +111,11 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.bwdBiasStaged(in.p), biasTracked: knobs.BiasTracked, lightTail: envSet(os.Getenv(EnvBwdLightTail)), deep: deep})
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.bwdBiasStaged(in.p), biasTracked: knobs.BiasTracked, lightTail: emuBwdLightTail(hopper), deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
-	if tail := envSet(os.Getenv(EnvBwdLightTail)); pl.v.LightTail != (tail && pl.v.Masked()) {
+	if tail := emuBwdLightTail(hopper); pl.v.LightTail != (tail && pl.v.Masked()) {
 		t.Fatalf("plan %s: light tail %v under %s=%v", pl.v.Name(), pl.v.LightTail, EnvBwdLightTail, tail)
 	}
 	if pl.v.BulkDQ {

@@ -350,6 +350,14 @@ func emuBiasKnobs(kind emuKernels) *Backend {
 	}
 }
 
+// emuBwdLightTail reports whether the emulated backward takes the light-tail
+// CTA order: as a backend does (on Hopper unless EnvBwdLightTail is "0"),
+// and on the other families too when the variable is set.
+func emuBwdLightTail(hopper bool) bool {
+	v := os.Getenv(EnvBwdLightTail)
+	return envSet(v) || (hopper && v != "0")
+}
+
 // emuBwdTMA reports whether an emulated backward kind loads its streamed
 // tiles by tensor maps (and so takes fixed-length batches only).
 func emuBwdTMA(kind emuKernels) bool {
