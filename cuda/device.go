@@ -69,6 +69,7 @@ type resourceKind uint8
 const (
 	resBuffer resourceKind = iota
 	resHost
+	resRegistered
 	resStream
 	resEvent
 	resModule
@@ -325,7 +326,7 @@ func (d *Device) Close() error {
 	d.work <- func() {
 		// Destroy in dependency order: graphs and modules before the
 		// memory and streams they may refer to.
-		for _, kind := range []resourceKind{resGraph, resModule, resEvent, resStream, resBuffer, resHost} {
+		for _, kind := range []resourceKind{resGraph, resModule, resEvent, resStream, resBuffer, resHost, resRegistered} {
 			for k, destroy := range d.live {
 				if k.kind == kind {
 					destroy()

@@ -17,6 +17,7 @@ type driverAPI struct {
 	cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuCtxSetCurrent, cuCtxSynchronize uintptr
 	cuCtxGetDevice                                                                         uintptr
 	cuMemAlloc, cuMemFree, cuMemGetInfo, cuMemAllocHost, cuMemFreeHost                     uintptr
+	cuMemHostRegister, cuMemHostUnregister                                                 uintptr
 	cuMemcpyHtoD, cuMemcpyDtoH, cuMemcpyDtoD                                               uintptr
 	cuMemcpyHtoDAsync, cuMemcpyDtoHAsync, cuMemcpyDtoDAsync                                uintptr
 	cuMemsetD8, cuMemsetD32, cuMemsetD8Async, cuMemsetD32Async                             uintptr
@@ -51,6 +52,8 @@ func (a *driverAPI) symbolTable() map[string]*uintptr {
 		"cuMemGetInfo_v2":              &a.cuMemGetInfo,
 		"cuMemAllocHost_v2":            &a.cuMemAllocHost,
 		"cuMemFreeHost":                &a.cuMemFreeHost,
+		"cuMemHostRegister_v2":         &a.cuMemHostRegister,
+		"cuMemHostUnregister":          &a.cuMemHostUnregister,
 		"cuMemcpyHtoD_v2":              &a.cuMemcpyHtoD,
 		"cuMemcpyDtoH_v2":              &a.cuMemcpyDtoH,
 		"cuMemcpyDtoD_v2":              &a.cuMemcpyDtoD,

@@ -63,6 +63,7 @@ const (
 	ErrorNotFound             Result = 500
 	ErrorNotReady             Result = 600
 	ErrorIllegalAddress       Result = 700
+	ErrorHostMemoryRegistered Result = 712
 	ErrorLaunchOutOfResources Result = 701
 	ErrorLaunchFailed         Result = 719
 	ErrorStreamCaptureInvalid Result = 901

@@ -1071,3 +1071,61 @@ func TestLaunchEarly(t *testing.T) {
 		}
 	}
 }
+
+// TestRegisterHost checks page-locking Go memory: asynchronous copies to
+// and from it, a second lock of its pages refused with
+// ErrorHostMemoryRegistered, Unregister twice, and an empty slice refused.
+func TestRegisterHost(t *testing.T) {
+	d := testDevice(t)
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	src := make([]byte, 3<<20+100)
+	for i := range src {
+		src[i] = byte(i*7 + 1)
+	}
+	part := src[5 : len(src)-9] // not page-aligned at either end
+	r, err := d.RegisterHost(part)
+	if err != nil {
+		t.Fatalf("RegisterHost: %v", err)
+	}
+	if addr, n := r.Range(); addr%HostPageSize != 0 || n%HostPageSize != 0 || n < len(part) {
+		t.Errorf("locked range %#x+%d is not the pages of %d bytes", addr, n, len(part))
+	}
+	var ce *Error
+	if _, err := d.RegisterHost(src[100:200]); !errors.As(err, &ce) || ce.Code != ErrorHostMemoryRegistered {
+		t.Errorf("locking a locked page again: %v, want code %d", err, ErrorHostMemoryRegistered)
+	}
+	buf, err := d.Alloc(int64(len(part)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	if err := d.CopyToDeviceAsync(buf, 0, part, s); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, len(part))
+	r2, err := d.RegisterHost(back)
+	if err != nil {
+		t.Fatalf("RegisterHost: %v", err)
+	}
+	if err := d.CopyFromDeviceAsync(back, buf, 0, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, part) {
+		t.Error("the copies through locked Go memory changed the data")
+	}
+	for _, x := range []*HostRegistration{r, r, r2} {
+		if err := x.Unregister(); err != nil {
+			t.Errorf("Unregister: %v", err)
+		}
+	}
+	if _, err := d.RegisterHost(nil); !errors.Is(err, ErrArgument) {
+		t.Errorf("RegisterHost(nil): %v, want ErrArgument", err)
+	}
+}

@@ -380,6 +380,62 @@ func (h *HostBuffer) Free() error {
 	return h.dev.release(&h.freed, &h.cleanup, resHost, uintptr(h.p), "cuMemFreeHost", h.dev.api.cuMemFreeHost)
 }
 
+// HostPageSize is the granularity of page-locking: RegisterHost locks
+// whole pages of this size.
+const HostPageSize = 4096
+
+// HostRegistration is host memory the caller owns (Go memory included),
+// page-locked for the device by RegisterHost so that asynchronous copies
+// to and from it run as direct DMA, with no staging.
+type HostRegistration struct {
+	dev      *Device
+	p        uintptr
+	size     int
+	released atomic.Bool
+	cleanup  runtime.Cleanup // none: the caller unregisters
+}
+
+// RegisterHost page-locks the pages that hold b (cuMemHostRegister_v2):
+// from the page that holds b's first byte to the page that holds its last.
+// While registered, copies with b as the host side run as direct DMA,
+// asynchronous to the host. The caller keeps b alive and unregisters it
+// (Unregister) before it frees b or its pages are reused; a page locked
+// twice fails with an *Error of code ErrorHostMemoryRegistered. An empty b
+// is an ErrArgument.
+func (d *Device) RegisterHost(b []byte) (*HostRegistration, error) {
+	if len(b) == 0 {
+		return nil, argErrorf("host registration of 0 bytes")
+	}
+	lo := uintptr(unsafe.Pointer(&b[0])) &^ (HostPageSize - 1)
+	hi := (uintptr(unsafe.Pointer(&b[0])) + uintptr(len(b)) + HostPageSize - 1) &^ (HostPageSize - 1)
+	r := &HostRegistration{dev: d, p: lo, size: int(hi - lo)}
+	err := d.do(func() error {
+		name := fmt.Sprintf("cuMemHostRegister_v2(%d bytes)", r.size)
+		if err := d.api.check(name, ccall(d.api.cuMemHostRegister, lo, uintptr(r.size), 0)); err != nil {
+			return err
+		}
+		d.track(resRegistered, lo, func() { ccall(d.api.cuMemHostUnregister, lo) })
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Range returns the locked pages' first address and their length in bytes.
+func (r *HostRegistration) Range() (addr uintptr, bytes int) { return r.p, r.size }
+
+// Unregister unlocks the pages (cuMemHostUnregister). No copy may still be
+// using them. Unregistering twice, or after the device was closed (which
+// unregistered them), returns nil.
+func (r *HostRegistration) Unregister() error {
+	if r == nil {
+		return nil
+	}
+	return r.dev.release(&r.released, &r.cleanup, resRegistered, r.p, "cuMemHostUnregister", r.dev.api.cuMemHostUnregister)
+}
+
 // AsBytes views a slice of plain values (numbers, or structs of numbers) as
 // its bytes, without copying, for the copy functions.
 func AsBytes[T any](s []T) []byte {

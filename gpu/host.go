@@ -72,6 +72,9 @@ func (c *hostCall) release() {
 // end releases the call's buffers and, when the call succeeded (*err is
 // nil), closes its breakdown.
 func (c *hostCall) end(err *error) {
+	if uerr := c.b.copier.unlock(c.b.stream, c.rec); uerr != nil && *err == nil {
+		*err = uerr
+	}
 	c.release()
 	if *err == nil {
 		c.rec.finish()
@@ -85,6 +88,7 @@ func (b *Backend) beginHost(rec *callRecorder) *hostCall {
 	rec.lap(HostPlan)
 	b.hostMu.Lock()
 	rec.lap(HostWait)
+	b.copier.direct = b.HostRegister && !b.copier.refused
 	return &hostCall{b: b, rec: rec}
 }
 
@@ -252,9 +256,13 @@ func (b *Backend) Upload(t attn.Tensor) (DeviceTensor, error) {
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
 	c := &hostCall{b: b, keep: true}
+	b.copier.direct = b.HostRegister && !b.copier.refused
 	d, err := c.upload(b.stream, t)
 	if err == nil {
 		err = b.stream.Synchronize()
+	}
+	if uerr := b.copier.unlock(b.stream, nil); uerr != nil && err == nil {
+		err = uerr
 	}
 	if err != nil {
 		c.release()

@@ -1,9 +1,11 @@
 package gpu
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
+	"unsafe"
 
 	"github.com/flashattn/flashattn/cuda"
 )
@@ -25,6 +27,19 @@ type hostCopier struct {
 	done  [2]*cuda.Event // recorded after the last copy that used each slot
 	busy  [2]bool        // done[i] has been recorded and not yet waited for
 	next  int            // the slot the next chunk uses
+	// direct has the copies page-lock the Go memory they read or write
+	// (cuda.Device.RegisterHost) and DMA it in place, a chunk at a time,
+	// instead of staging it through the slots; a chunk whose pages another
+	// registration holds goes through the slots.
+	direct bool
+	// refused is set once the driver refused to page-lock Go memory for a
+	// reason other than a registration already there: direct is then off.
+	refused bool
+	// chunk is the size of a direct copy's parts (0: stagingChunk)
+	chunk int
+	// locked are the registrations the current call made; unlock releases
+	// them once the stream is done with them.
+	locked []*cuda.HostRegistration
 }
 
 // ready allocates the slots and events on first use.
@@ -79,11 +94,49 @@ func (c *hostCopier) mark(i int, s *cuda.Stream) error {
 	return nil
 }
 
-// toDevice enqueues the copy of src to dst at byte offset off on s. It
-// returns once src has been read (into the slots); the DMA of the last
-// chunks may still run, ordered on s before later work. rec (nil:
-// untraced) records the phases.
+// toDevice enqueues the copy of src to dst at byte offset off on s. Staged,
+// it returns once src has been read (into the slots); direct, once the DMA
+// of every chunk is enqueued: src must then stay unchanged until the
+// stream has run it (the host path's calls wait for their stream before
+// they return). The DMA of the last chunks may still run, ordered on s
+// before later work. rec (nil: untraced) records the phases.
 func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src []byte, rec *callRecorder) error {
+	if !c.direct || len(src) < directMin {
+		return c.toDeviceStaged(s, dst, off, src, rec)
+	}
+	for _, ch := range pageChunks(src, c.chunkBytes()) {
+		part := src[ch[0]:ch[1]]
+		if !c.lock(part, rec) {
+			if err := c.toDeviceStaged(s, dst, off+int64(ch[0]), part, rec); err != nil {
+				return err
+			}
+			continue
+		}
+		m := rec.begin(s)
+		if err := c.dev.CopyToDeviceAsync(dst, off+int64(ch[0]), part, s); err != nil {
+			return fmt.Errorf("gpu: host copy: %w", err)
+		}
+		rec.end(s, StreamToDevice, m, int64(len(part)))
+		rec.lap(HostEnqueue)
+	}
+	return nil
+}
+
+// chunkBytes returns the size of a direct copy's parts.
+func (c *hostCopier) chunkBytes() int {
+	if c.chunk > 0 {
+		return c.chunk
+	}
+	return stagingChunk
+}
+
+// directMin is the size below which a direct copier still stages: locking
+// a page costs a system call and a driver mapping, more than copying a few
+// pages through a slot.
+const directMin = 256 << 10
+
+// toDeviceStaged is toDevice through the pinned slots.
+func (c *hostCopier) toDeviceStaged(s *cuda.Stream, dst *cuda.Buffer, off int64, src []byte, rec *callRecorder) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -117,10 +170,38 @@ func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src [
 }
 
 // fromDevice copies len(dst) bytes of src at byte offset off into dst after
-// the work enqueued on s so far, and returns when dst holds them. The DMA
-// of chunk i+1 runs while the host drains chunk i. rec (nil: untraced)
-// records the phases.
+// the work enqueued on s so far, and returns when dst holds them. Staged,
+// the DMA of chunk i+1 runs while the host drains chunk i; direct, the
+// host page-locks chunk i+1 while the DMA writes chunk i in place. rec
+// (nil: untraced) records the phases.
 func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, off int64, rec *callRecorder) error {
+	if !c.direct || len(dst) < directMin {
+		return c.fromDeviceStaged(s, dst, src, off, rec)
+	}
+	for _, ch := range pageChunks(dst, c.chunkBytes()) {
+		part := dst[ch[0]:ch[1]]
+		if !c.lock(part, rec) {
+			if err := c.fromDeviceStaged(s, part, src, off+int64(ch[0]), rec); err != nil {
+				return err
+			}
+			continue
+		}
+		m := rec.begin(s)
+		if err := c.dev.CopyFromDeviceAsync(part, src, off+int64(ch[0]), s); err != nil {
+			return fmt.Errorf("gpu: host copy: %w", err)
+		}
+		rec.end(s, StreamFromDevice, m, int64(len(part)))
+		rec.lap(HostEnqueue)
+	}
+	if err := s.Synchronize(); err != nil {
+		return fmt.Errorf("gpu: host copy: %w", err)
+	}
+	rec.lap(HostWait)
+	return nil
+}
+
+// fromDeviceStaged is fromDevice through the pinned slots.
+func (c *hostCopier) fromDeviceStaged(s *cuda.Stream, dst []byte, src *cuda.Buffer, off int64, rec *callRecorder) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -166,6 +247,104 @@ func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, of
 	}
 	c.next = 0
 	return nil
+}
+
+// pageChunks splits b into consecutive parts of about chunk bytes that end
+// on host page boundaries (the last at b's end), as [start, end) offsets,
+// so that page-locking one part locks no page of the next.
+func pageChunks(b []byte, chunk int) [][2]int {
+	if len(b) == 0 {
+		return nil
+	}
+	base := uintptr(unsafe.Pointer(&b[0]))
+	var out [][2]int
+	for lo := 0; lo < len(b); {
+		end := (base + uintptr(lo+chunk) + cuda.HostPageSize - 1) &^ (cuda.HostPageSize - 1)
+		hi := min(len(b), int(end-base))
+		out = append(out, [2]int{lo, hi})
+		lo = hi
+	}
+	return out
+}
+
+// lock page-locks the pages of b that this call has not locked yet and
+// reports whether all of b's pages are now locked by this call, so that a
+// copy can DMA b in place. Pages held by a registration not this call's
+// (the caller's own, or another backend's) make it report false: b then
+// goes through the slots, as a registration this call does not own may end
+// while the copy runs.
+func (c *hostCopier) lock(b []byte, rec *callRecorder) bool {
+	defer rec.lap(HostRegister)
+	base := uintptr(unsafe.Pointer(&b[0]))
+	lo := base &^ (cuda.HostPageSize - 1)
+	hi := (base + uintptr(len(b)) + cuda.HostPageSize - 1) &^ (cuda.HostPageSize - 1)
+	held := make([][2]uintptr, len(c.locked))
+	for i, r := range c.locked {
+		a, n := r.Range()
+		held[i] = [2]uintptr{a, a + uintptr(n)}
+	}
+	for _, piece := range uncoveredPages(lo, hi, held) {
+		// the bytes of b inside the piece, whose pages are the piece's
+		plo, phi := max(piece[0], base)-base, min(piece[1], base+uintptr(len(b)))-base
+		r, err := c.dev.RegisterHost(b[plo:phi])
+		if err != nil {
+			var ce *cuda.Error
+			if !errors.As(err, &ce) || ce.Code != cuda.ErrorHostMemoryRegistered {
+				c.direct, c.refused = false, true // the driver refuses registration here: stage from now on
+			}
+			return false
+		}
+		c.locked = append(c.locked, r)
+	}
+	return true
+}
+
+// uncoveredPages returns the parts of the range [lo, hi) that none of the
+// ranges held ([start, end) each) covers, in order.
+func uncoveredPages(lo, hi uintptr, held [][2]uintptr) [][2]uintptr {
+	out := [][2]uintptr{{lo, hi}}
+	for _, h := range held {
+		a, b := h[0], h[1]
+		var next [][2]uintptr
+		for _, p := range out {
+			if b <= p[0] || a >= p[1] {
+				next = append(next, p)
+				continue
+			}
+			if p[0] < a {
+				next = append(next, [2]uintptr{p[0], a})
+			}
+			if b < p[1] {
+				next = append(next, [2]uintptr{b, p[1]})
+			}
+		}
+		out = next
+	}
+	return out
+}
+
+// unlock waits for s, the stream that copied the locked memory, and
+// unlocks it (the end of every host-path call that may have locked some).
+func (c *hostCopier) unlock(s *cuda.Stream, rec *callRecorder) error {
+	if len(c.locked) == 0 {
+		return nil
+	}
+	err := s.Synchronize()
+	rec.lap(HostWait)
+	if err != nil {
+		// the copies may still run: leave the pages locked rather than
+		// unlock them under the DMA (the device's Close unlocks them)
+		c.locked = nil
+		return fmt.Errorf("gpu: host copy: %w", err)
+	}
+	for _, r := range c.locked {
+		if uerr := r.Unregister(); uerr != nil && err == nil {
+			err = fmt.Errorf("gpu: host copy: %w", uerr)
+		}
+	}
+	c.locked = nil
+	rec.lap(HostRegister)
+	return err
 }
 
 // parallelCopy copies src into dst (of equal length), split over several

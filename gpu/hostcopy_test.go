@@ -3,7 +3,11 @@ package gpu
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
+	"unsafe"
+
+	"github.com/flashattn/flashattn/cuda"
 )
 
 func TestCopyWith(t *testing.T) {
@@ -54,6 +58,64 @@ func BenchmarkHostCopy(b *testing.B) {
 					k = (k + 1) % chunks
 				}
 			})
+		}
+	}
+}
+
+// TestPageChunks checks that the direct copies' parts cover the slice in
+// order, each but the last ending on a page boundary, none longer than a
+// chunk and a page.
+func TestPageChunks(t *testing.T) {
+	backing := make([]byte, 1<<20)
+	for _, tc := range []struct{ start, n, chunk int }{
+		{0, 1, 4096}, {0, 4096, 4096}, {0, 4097, 4096}, {3, 100000, 8192}, {4095, 9000, 4096}, {17, 1<<20 - 17, 1 << 16}, {100, 5000, 1 << 20},
+	} {
+		b := backing[tc.start : tc.start+tc.n]
+		base := uintptr(unsafe.Pointer(&b[0]))
+		parts := pageChunks(b, tc.chunk)
+		next := 0
+		for i, p := range parts {
+			if p[0] != next || p[1] <= p[0] {
+				t.Fatalf("%+v: part %d is %v after %d", tc, i, p, next)
+			}
+			if last := i == len(parts)-1; !last && (base+uintptr(p[1]))%cuda.HostPageSize != 0 {
+				t.Errorf("%+v: part %d ends inside a page", tc, i)
+			}
+			if p[1]-p[0] > tc.chunk+cuda.HostPageSize {
+				t.Errorf("%+v: part %d is %d bytes", tc, i, p[1]-p[0])
+			}
+			next = p[1]
+		}
+		if next != tc.n {
+			t.Errorf("%+v: parts cover %d of %d bytes", tc, next, tc.n)
+		}
+	}
+	if pageChunks(nil, 4096) != nil {
+		t.Error("an empty slice has parts")
+	}
+}
+
+// TestUncoveredPages checks the range subtraction that keeps a direct copy
+// from locking a page twice.
+func TestUncoveredPages(t *testing.T) {
+	type r = [2]uintptr
+	for _, tc := range []struct {
+		lo, hi uintptr
+		held   []r
+		want   []r
+	}{
+		{0, 10, nil, []r{{0, 10}}},
+		{0, 10, []r{{10, 20}}, []r{{0, 10}}},
+		{0, 10, []r{{0, 10}}, nil},
+		{0, 10, []r{{0, 3}}, []r{{3, 10}}},
+		{0, 10, []r{{7, 12}}, []r{{0, 7}}},
+		{0, 10, []r{{3, 5}}, []r{{0, 3}, {5, 10}}},
+		{0, 10, []r{{3, 5}, {6, 8}, {9, 30}}, []r{{0, 3}, {5, 6}, {8, 9}}},
+		{5, 10, []r{{0, 6}, {8, 9}}, []r{{6, 8}, {9, 10}}},
+	} {
+		got := uncoveredPages(tc.lo, tc.hi, tc.held)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("[%d, %d) less %v = %v, want %v", tc.lo, tc.hi, tc.held, got, tc.want)
 		}
 	}
 }

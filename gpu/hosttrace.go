@@ -31,6 +31,9 @@ const (
 	// HostToPinned is copying input bytes from Go memory into a pinned
 	// staging slot (and gathering strided inputs first).
 	HostToPinned
+	// HostRegister is page-locking Go memory for the copies to DMA in
+	// place, and unlocking it at the end (Backend.HostRegister).
+	HostRegister
 	// HostEnqueue is handing copies, kernels and trace events to the
 	// stream.
 	HostEnqueue
@@ -50,7 +53,7 @@ const (
 )
 
 // hostPhaseNames are the phases' short names.
-var hostPhaseNames = [NumHostPhases]string{"plan", "alloc", "host→pinned", "enqueue", "wait", "pinned→host", "outputs", "other"}
+var hostPhaseNames = [NumHostPhases]string{"plan", "alloc", "host→pinned", "register", "enqueue", "wait", "pinned→host", "outputs", "other"}
 
 // String returns the phase's short name, such as "host→pinned".
 func (p HostPhase) String() string {

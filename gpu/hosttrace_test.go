@@ -192,7 +192,7 @@ func TestPhaseNames(t *testing.T) {
 	}{
 		{HostToPinned.String(), "host→pinned"},
 		{HostOther.String(), "other"},
-		{NumHostPhases.String(), "HostPhase(8)"},
+		{NumHostPhases.String(), "HostPhase(9)"},
 		{StreamKernels.String(), "kernels"},
 		{StreamPhase(-1).String(), "StreamPhase(-1)"},
 	}

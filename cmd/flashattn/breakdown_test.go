@@ -59,7 +59,7 @@ func TestBreakdownLines(t *testing.T) {
 		has   []string
 	}{
 		{"with a floor", tracedCall(), known, 3, []string{
-			"breakdown forward, median traced call 10.00 ms = plan 1.00 + alloc 0.00 + host→pinned 4.00 + enqueue 0.00 + wait 3.00 + pinned→host 2.00 + outputs 0.00 + other 0.00 ms",
+			"breakdown forward, median traced call 10.00 ms = plan 1.00 + alloc 0.00 + host→pinned 4.00 + register 0.00 + enqueue 0.00 + wait 3.00 + pinned→host 2.00 + outputs 0.00 + other 0.00 ms",
 			"H2D DMA 3.00 ms (120 MB, 40.0 GB/s) + kernels 2.00 ms + D2H DMA 1.00 ms (40 MB, 40.0 GB/s) + idle 1.00 ms = span 7.00 ms",
 			"2.13x the floor of 4.70 ms (kernel 1.50 + 120 MB in + 40 MB out",
 			"over it by 5.30 ms = outside the stream span 3.00 + stream idle 1.00 + H2D DMA over the link rate 0.60 + D2H DMA over the link rate 0.20 + kernels over device-resident 0.50 ms",
