@@ -64,6 +64,8 @@ const (
 	ErrorNotReady             Result = 600
 	ErrorIllegalAddress       Result = 700
 	ErrorHostMemoryRegistered Result = 712
+	ErrorNotPermitted         Result = 800
+	ErrorNotSupported         Result = 801
 	ErrorLaunchOutOfResources Result = 701
 	ErrorLaunchFailed         Result = 719
 	ErrorStreamCaptureInvalid Result = 901

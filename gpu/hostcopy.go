@@ -32,8 +32,8 @@ type hostCopier struct {
 	// instead of staging it through the slots; a chunk whose pages another
 	// registration holds goes through the slots.
 	direct bool
-	// refused is set once the driver refused to page-lock Go memory for a
-	// reason other than a registration already there: direct is then off.
+	// refused is set once the driver answered that it does not page-lock
+	// host memory here (not permitted, not supported): direct is then off.
 	refused bool
 	// chunk is the size of a direct copy's parts (0: stagingChunk)
 	chunk int
@@ -272,7 +272,8 @@ func pageChunks(b []byte, chunk int) [][2]int {
 // copy can DMA b in place. Pages held by a registration not this call's
 // (the caller's own, or another backend's) make it report false: b then
 // goes through the slots, as a registration this call does not own may end
-// while the copy runs.
+// while the copy runs. So do pages the driver will not lock (read-only
+// mappings, say); a driver that locks none turns the direct mode off.
 func (c *hostCopier) lock(b []byte, rec *callRecorder) bool {
 	defer rec.lap(HostRegister)
 	base := uintptr(unsafe.Pointer(&b[0]))
@@ -289,10 +290,10 @@ func (c *hostCopier) lock(b []byte, rec *callRecorder) bool {
 		r, err := c.dev.RegisterHost(b[plo:phi])
 		if err != nil {
 			var ce *cuda.Error
-			if !errors.As(err, &ce) || ce.Code != cuda.ErrorHostMemoryRegistered {
-				c.direct, c.refused = false, true // the driver refuses registration here: stage from now on
+			if errors.As(err, &ce) && (ce.Code == cuda.ErrorNotPermitted || ce.Code == cuda.ErrorNotSupported) {
+				c.direct, c.refused = false, true // no registration on this system: stage from now on
 			}
-			return false
+			return false // these pages (held elsewhere, read-only, not memory) go through the slots
 		}
 		c.locked = append(c.locked, r)
 	}
