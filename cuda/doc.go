@@ -21,7 +21,9 @@
 // (a cleanup frees unreachable buffers as a backstop only). Synchronous
 // copies and memsets run on the legacy default stream and return when done;
 // the Async variants take a *Stream (nil means the legacy default stream).
-// AllocHost gives pinned host memory for truly asynchronous copies. Events
+// AllocHost gives pinned host memory for truly asynchronous copies;
+// RegisterHost page-locks memory the caller already has (Go memory
+// included) for the same, until HostRegistration.Unregister. Events
 // mark points in a stream and time them (ElapsedMs); NewEventNoTiming makes
 // one for ordering only. Stream.WaitEvent makes a stream wait for an event
 // another recorded; during a capture such a record and wait fork the
