@@ -60,3 +60,50 @@ extern "C" __global__ void scale(Params p) {
 	}
 	fmt.Println(x, mod.Stats.CacheHit)
 }
+
+// This example page-locks a Go slice so that an asynchronous copy reads it
+// in place by DMA, and unlocks it once the stream has run the copy. It
+// prints nothing on a machine without a GPU.
+func ExampleDevice_RegisterHost() {
+	dev, err := cuda.Open(0)
+	if cuda.Unavailable(err) {
+		return
+	} else if err != nil {
+		log.Fatal(err)
+	}
+	defer dev.Close()
+	s, err := dev.NewStream()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Close()
+
+	x := make([]float32, 1<<20)
+	for i := range x {
+		x[i] = float32(i)
+	}
+	reg, err := dev.RegisterHost(cuda.AsBytes(x))
+	if err != nil {
+		log.Fatal(err)
+	}
+	buf, err := dev.Alloc(int64(4 * len(x)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer buf.Free()
+	if err := dev.CopyToDeviceAsync(buf, 0, cuda.AsBytes(x), s); err != nil {
+		log.Fatal(err)
+	}
+	// x must stay unchanged and locked until the copy has run.
+	if err := s.Synchronize(); err != nil {
+		log.Fatal(err)
+	}
+	if err := reg.Unregister(); err != nil {
+		log.Fatal(err)
+	}
+	back := make([]float32, len(x))
+	if err := dev.CopyFromDevice(cuda.AsBytes(back), buf, 0); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(back[len(back)-1])
+}
