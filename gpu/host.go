@@ -72,7 +72,7 @@ func (c *hostCall) release() {
 // end releases the call's buffers and, when the call succeeded (*err is
 // nil), closes its breakdown.
 func (c *hostCall) end(err *error) {
-	if uerr := c.b.copier.unlock(c.b.stream, c.rec); uerr != nil && *err == nil {
+	if uerr := c.b.copier.unregisterAll(c.b.stream, c.rec); uerr != nil && *err == nil {
 		*err = uerr
 	}
 	c.release()
@@ -261,7 +261,7 @@ func (b *Backend) Upload(t attn.Tensor) (DeviceTensor, error) {
 	if err == nil {
 		err = b.stream.Synchronize()
 	}
-	if uerr := b.copier.unlock(b.stream, nil); uerr != nil && err == nil {
+	if uerr := b.copier.unregisterAll(b.stream, nil); uerr != nil && err == nil {
 		err = uerr
 	}
 	if err != nil {

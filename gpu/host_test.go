@@ -228,7 +228,7 @@ func TestHostRegister(t *testing.T) {
 		"shared pages": func(t *testing.T) (attn.Result, attn.Gradients) {
 			return hostStep(t, b, packed[0], packed[1], packed[2], packed[3], opt)
 		},
-		"caller-locked k": func(t *testing.T) (attn.Result, attn.Gradients) {
+		"caller-registered k": func(t *testing.T) (attn.Result, attn.Gradients) {
 			r, err := b.dev.RegisterHost(hostSpan(k))
 			if err != nil {
 				t.Fatalf("RegisterHost: %v", err)
@@ -244,8 +244,8 @@ func TestHostRegister(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			res, g := step(t)
 			sameStep(t, "the staged path's", res, g, want, wantG)
-			if len(b.copier.locked) != 0 {
-				t.Errorf("%d registrations left after the call", len(b.copier.locked))
+			if len(b.copier.registered) != 0 {
+				t.Errorf("%d registrations left after the call", len(b.copier.registered))
 			}
 			if b.copier.refused {
 				t.Errorf("the driver refused to lock Go memory")

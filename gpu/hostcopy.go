@@ -27,19 +27,19 @@ type hostCopier struct {
 	done  [2]*cuda.Event // recorded after the last copy that used each slot
 	busy  [2]bool        // done[i] has been recorded and not yet waited for
 	next  int            // the slot the next chunk uses
-	// direct has the copies page-lock the Go memory they read or write
-	// (cuda.Device.RegisterHost) and DMA it in place, a chunk at a time,
-	// instead of staging it through the slots; a chunk whose pages another
-	// registration holds goes through the slots.
+	// direct has the copies register the Go memory they read or write
+	// (page-locked by cuda.Device.RegisterHost) and DMA it in place, a
+	// chunk at a time, instead of staging it through the slots; a chunk
+	// whose pages another registration holds goes through the slots.
 	direct bool
 	// refused is set once the driver answered that it does not page-lock
 	// host memory here (not permitted, not supported): direct is then off.
 	refused bool
 	// chunk is the size of a direct copy's parts (0: stagingChunk)
 	chunk int
-	// locked are the registrations the current call made; unlock releases
-	// them once the stream is done with them.
-	locked []*cuda.HostRegistration
+	// registered are the registrations the current call made;
+	// unregisterAll releases them once the stream is done with them.
+	registered []*cuda.HostRegistration
 }
 
 // ready allocates the slots and events on first use.
@@ -106,7 +106,7 @@ func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src [
 	}
 	for _, ch := range pageChunks(src, c.chunkBytes()) {
 		part := src[ch[0]:ch[1]]
-		if !c.lock(part, rec) {
+		if !c.register(part, rec) {
 			if err := c.toDeviceStaged(s, dst, off+int64(ch[0]), part, rec); err != nil {
 				return err
 			}
@@ -180,7 +180,7 @@ func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, of
 	}
 	for _, ch := range pageChunks(dst, c.chunkBytes()) {
 		part := dst[ch[0]:ch[1]]
-		if !c.lock(part, rec) {
+		if !c.register(part, rec) {
 			if err := c.fromDeviceStaged(s, part, src, off+int64(ch[0]), rec); err != nil {
 				return err
 			}
@@ -267,20 +267,20 @@ func pageChunks(b []byte, chunk int) [][2]int {
 	return out
 }
 
-// lock page-locks the pages of b that this call has not locked yet and
-// reports whether all of b's pages are now locked by this call, so that a
-// copy can DMA b in place. Pages held by a registration not this call's
+// register page-locks the pages of b that this call has not registered
+// yet and reports whether all of b's pages are now registered by this
+// call, so that a copy can DMA b in place. Pages held by a registration not this call's
 // (the caller's own, or another backend's) make it report false: b then
 // goes through the slots, as a registration this call does not own may end
 // while the copy runs. So do pages the driver will not lock (read-only
 // mappings, say); a driver that locks none turns the direct mode off.
-func (c *hostCopier) lock(b []byte, rec *callRecorder) bool {
+func (c *hostCopier) register(b []byte, rec *callRecorder) bool {
 	defer rec.lap(HostRegister)
 	base := uintptr(unsafe.Pointer(&b[0]))
 	lo := base &^ (cuda.HostPageSize - 1)
 	hi := (base + uintptr(len(b)) + cuda.HostPageSize - 1) &^ (cuda.HostPageSize - 1)
-	held := make([][2]uintptr, len(c.locked))
-	for i, r := range c.locked {
+	held := make([][2]uintptr, len(c.registered))
+	for i, r := range c.registered {
 		a, n := r.Range()
 		held[i] = [2]uintptr{a, a + uintptr(n)}
 	}
@@ -295,7 +295,7 @@ func (c *hostCopier) lock(b []byte, rec *callRecorder) bool {
 			}
 			return false // these pages (held elsewhere, read-only, not memory) go through the slots
 		}
-		c.locked = append(c.locked, r)
+		c.registered = append(c.registered, r)
 	}
 	return true
 }
@@ -324,10 +324,11 @@ func uncoveredPages(lo, hi uintptr, held [][2]uintptr) [][2]uintptr {
 	return out
 }
 
-// unlock waits for s, the stream that copied the locked memory, and
-// unlocks it (the end of every host-path call that may have locked some).
-func (c *hostCopier) unlock(s *cuda.Stream, rec *callRecorder) error {
-	if len(c.locked) == 0 {
+// unregisterAll waits for s, the stream that copied the registered memory,
+// and unregisters it (the end of every host-path call that may have
+// registered some).
+func (c *hostCopier) unregisterAll(s *cuda.Stream, rec *callRecorder) error {
+	if len(c.registered) == 0 {
 		return nil
 	}
 	err := s.Synchronize()
@@ -335,15 +336,15 @@ func (c *hostCopier) unlock(s *cuda.Stream, rec *callRecorder) error {
 	if err != nil {
 		// the copies may still run: leave the pages locked rather than
 		// unlock them under the DMA (the device's Close unlocks them)
-		c.locked = nil
+		c.registered = nil
 		return fmt.Errorf("gpu: host copy: %w", err)
 	}
-	for _, r := range c.locked {
+	for _, r := range c.registered {
 		if uerr := r.Unregister(); uerr != nil && err == nil {
 			err = fmt.Errorf("gpu: host copy: %w", uerr)
 		}
 	}
-	c.locked = nil
+	c.registered = nil
 	rec.lap(HostRegister)
 	return err
 }
