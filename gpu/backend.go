@@ -75,8 +75,8 @@ type Backend struct {
 	BwdPipeline kernels.Pipeline
 	// BwdKeyRows lets the warp-specialized Hopper dK/dV kernel compute S
 	// and dP with keys as rows wherever the variant allows it
-	// (kernels.BwdVariant.KeyRows, kernels.KeyRowsOK: head dims up to 128,
-	// no dropout). New sets it when EnvBwdKeyRows is set.
+	// (kernels.BwdVariant.KeyRows, kernels.KeyRowsOK: head dims up to
+	// 128). New sets it when EnvBwdKeyRows is set.
 	BwdKeyRows bool
 	// BwdKeyRowsAuto runs that key-rows step, with the atomic dQ added by
 	// bulk reduce-adds, on the problems where it measured faster than the

@@ -269,7 +269,11 @@ func emuCases() []bwdCase {
 		{name: "varlen-d320-gqa", h: 4, hkv: 2, dk: 320, dv: 320, cuQ: []int32{0, 37, 37, 100}, cuK: []int32{0, 50, 81, 81}, causal: true, dtypes: bf},
 		{name: "head-major-d288", b: 2, n: 37, m: 45, h: 2, hkv: 1, dk: 288, dv: 288, headMajor: true, dtypes: []attn.DType{attn.Float16}},
 		{name: "softcap-bias-dropout", b: 2, n: 33, m: 70, h: 2, hkv: 1, dk: 64, dv: 64, softcap: 4, bias: []int{1, 2}, biasGrad: true, dropout: 0.2, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float32}},
-		// the element-wise features without dropout (which the key-rows step declines), DK ≠ DV
+		// dropout on the key-rows step: 64-, 80- and 128-query steps with a partial last one, two key
+		// blocks, GQA; at D = 64 under a window (the 128-query step's split dQ rows)
+		{name: "dropout-d128-gqa", b: 1, n: 150, m: 140, h: 4, hkv: 2, dk: 128, dv: 128, dropout: 0.3, dtypes: bf},
+		{name: "dropout-d64-window", b: 2, n: 140, m: 150, h: 2, hkv: 2, dk: 64, dv: 64, dropout: 0.15, window: &attn.Window{Left: 40, Right: 10}, dtypes: bf},
+		// the element-wise features without dropout, DK ≠ DV
 		{name: "softcap-bias-grad-window-d64-96", b: 2, n: 45, m: 90, h: 2, hkv: 1, dk: 64, dv: 96, softcap: 4, bias: []int{2, 1}, biasGrad: true, window: &attn.Window{Left: 20, Right: 5}, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
 		// tiles that run into the next sequence's rows (by tensor maps they are not zeros)

@@ -232,7 +232,8 @@ func TestDropoutKeepMaskBackwardEmulated(t *testing.T) {
 // TestDropoutAtEmulated runs calls placed inside a larger problem
 // (Options.DropoutAt: query, key and head origins) on the host emulator,
 // forward and backward, on the mma.sync kernels and the Hopper ones by
-// tensor maps (lockstep and the persistent pipeline; bulk dQ backward),
+// tensor maps (lockstep and the persistent pipeline; bulk dQ backward; the
+// key-rows backward step over 128 queries),
 // against the float64 reference with the same origin; the outputs must
 // also differ from the call's own mask, so that the origin reached the
 // kernels.
@@ -246,7 +247,8 @@ func TestDropoutAtEmulated(t *testing.T) {
 	for _, kd := range []struct {
 		name     string
 		fwd, bwd emuKernels
-	}{{"mma", emuMMA, emuMMA}, {"tensor-maps", emuHopperTMA, emuHopperTMA}, {"persistent-bulkdq", emuHopperPT, emuHopperBulk}} {
+	}{{"mma", emuMMA, emuMMA}, {"tensor-maps", emuHopperTMA, emuHopperTMA}, {"persistent-bulkdq", emuHopperPT, emuHopperBulk},
+		{"keyrows-q128-bulkdq", emuHopperTMA, emuHopperBwdWSKeyRows128Bulk}} {
 		t.Run(kd.name, func(t *testing.T) {
 			t.Parallel()
 			in, base := c.inputs(t, attn.BFloat16, 41), own.inputs(t, attn.BFloat16, 41)

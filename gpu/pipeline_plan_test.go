@@ -166,9 +166,9 @@ func TestBackwardPlanWS(t *testing.T) {
 
 // TestBackwardPlanKeyRows checks where the backward planner takes the
 // key-rows step when asked (bwdRequest.keyRows): the warp-specialized
-// kernels at head dims up to 128 without dropout, with the separate dQ
-// and at padded dK 128 with the atomic one; not dropout, wider head dims
-// or the lockstep kernels, nor anything unasked.
+// kernels at head dims up to 128, with the separate dQ and at padded dK
+// 128 with the atomic one, dropout included; not wider head dims or the
+// lockstep kernels, nor anything unasked.
 func TestBackwardPlanKeyRows(t *testing.T) {
 	d128 := bwdCase{b: 1, n: 300, m: 200, h: 4, hkv: 2, dk: 128, dv: 128}
 	cases := []struct {
@@ -184,7 +184,9 @@ func TestBackwardPlanKeyRows(t *testing.T) {
 		{"d64 atomic: one warpgroup's dQ", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 64}, DQAtomic, true, true, false},
 		{"d128 lockstep", d128, DQSeparate, false, true, false},
 		{"d64-96 causal softcap", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 64, dv: 96, causal: true, softcap: 4}, DQSeparate, true, true, true},
-		{"d128 dropout", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQSeparate, true, true, false},
+		{"d128 dropout", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQSeparate, true, true, true},
+		{"d128 dropout atomic", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQAtomic, true, true, true},
+		{"d128 dropout unasked", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQSeparate, true, false, false},
 		{"d192", bwdCase{b: 1, n: 100, m: 90, h: 2, hkv: 2, dk: 192, dv: 192}, DQSeparate, true, true, false},
 	}
 	for i, tc := range cases {

@@ -23,8 +23,11 @@ import (
 //
 // so that with the separate dQ neither P nor dS goes through shared memory
 // and the warpgroups never meet inside the loop. dK and dV keep the other step's layout (rows:
-// keys), and with it its stores. Dropout is declined (its keep bits are
-// drawn for query rows).
+// keys), and with it its stores. Under dropout each warp draws the keep
+// bits of its 16 keys and the step's queries (drop_bits_kr, one Philox call
+// per 16 of a lane's elements, as the other steps draw them, handed out by
+// votes), dP is kept or zeroed and rescaled before dSᵀ, and Pᵀ is dropped
+// and rescaled once dSᵀ has read it, before dV += Pᵀ·dO.
 //
 // With the atomic dQ (AtomicDQ, BulkDQ or not; padded dK 128, where the
 // warpgroups split dQ's columns, or steps of 128 queries at padded dK up to
@@ -37,12 +40,12 @@ import (
 
 // KeyRowsOK reports whether v (with KeyRows set or not) can take the
 // key-rows step: the warp-specialized Hopper kernels, padded head dims up
-// to 128, no dropout; with the atomic dQ only where both warpgroups share
+// to 128; with the atomic dQ only where both warpgroups share
 // its columns (padded dK 128) or its rows (steps of 128 queries): where
 // warpgroup 0 alone computes it, its product sits in a branch, and ptxas
 // (NVRTC 13.0) then serializes every warpgroup product of the kernel.
 func KeyRowsOK(v BwdVariant) bool {
-	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && !v.Dropout && (!v.AtomicDQ || v.bwdHopperSplitDQ() || v.bwdDQRowHalves())
+	return v.WGMMA && v.WarpSpecialized && !v.bwdHopperWide() && (!v.AtomicDQ || v.bwdHopperSplitDQ() || v.bwdDQRowHalves())
 }
 
 // keyRowsProducts returns the product wrappers the key-rows step adds: dV
@@ -99,6 +102,14 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
 		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8)
 	g.wsBwdRelease(b)
+	if v.Dropout {
+		b.WriteString(`    // ---- dropout keep bits of this warp's 16 keys and the BM queries (drop_bits_kr), drawn while dPᵀ runs:
+    // element (key kj, query qi + c) kept when bit 8(nt & 3) + 2t4 + c of dkeep[nt >> 2][hh] is set
+    u32 dkeep[(BM / 8 + 3) / 4][2];
+    drop_bits_kr<BM / 8>(dkeep, (u32)(i0 + p.drop_q0), (u32)(j0 + 64 * wg + 16 * (warp & 3) + p.drop_k0) >> 4,
+                         (u32)(b * p.drop_heads + p.drop_h0 + h), p.drop_offset, p.seed_lo, p.seed_hi, p.drop_threshold, lane);
+`)
+	}
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
 %[5]s%[1]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
 #pragma unroll
@@ -126,12 +137,13 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         unpack2(pk[nt][hh], pr[0], pr[1]);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          float d = pr[c] * (accP[0][nt][hh * 2 + c] - %[6]s);
+%[7]s          float d = pr[c] * (%[8]s - %[6]s);
 %[3]s          ds[c] = d;
         }
-        dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s
+        dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s%[9]s
       }
-`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"))
+`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
+		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -206,6 +218,38 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
     {
 `)
 	g.dqReduce(b, "      wgmma_wait<1>();  // dV and dQ complete; dK runs on\n")
+}
+
+// keyRowsKeptDecl returns, under dropout, the declaration of kept: whether
+// element (key kj, query qi + c) survives (the step's dkeep bits).
+func (g *bwdGen) keyRowsKeptDecl() string {
+	if !g.v.Dropout {
+		return ""
+	}
+	return "          const bool kept = (dkeep[nt >> 2][hh] >> (8 * (nt & 3) + 2 * t4 + c)) & 1u;\n"
+}
+
+// keyRowsDP returns dP of element (key kj, query qi + c): the dPᵀ
+// accumulator's, under dropout kept and rescaled or zeroed.
+func (g *bwdGen) keyRowsDP() string {
+	if !g.v.Dropout {
+		return "accP[0][nt][hh * 2 + c]"
+	}
+	return "(kept ? accP[0][nt][hh * 2 + c] * p.drop_scale : 0.f)"
+}
+
+// keyRowsDropP returns, under dropout, the statements that turn the pair
+// of Pᵀ just read for dSᵀ into the dropped and rescaled pair that dV +=
+// Pᵀ·dO takes.
+func (g *bwdGen) keyRowsDropP() string {
+	if !g.v.Dropout {
+		return ""
+	}
+	return `
+        {
+          const u32 kw = dkeep[nt >> 2][hh] >> (8 * (nt & 3) + 2 * t4);  // the pair's keep bits
+          pk[nt][hh] = pack2((kw & 1u) ? pr[0] * p.drop_scale : 0.f, (kw & 2u) ? pr[1] * p.drop_scale : 0.f);
+        }`
 }
 
 // keyRowsStoreDS returns, with the atomic dQ, the stores of a thread's two

@@ -167,6 +167,9 @@ DEV void unpack2(u32 x, float& a, float& b_) { %s }
 	}
 	if v.Dropout {
 		b.WriteString(DropoutSource)
+		if v.KeyRows {
+			b.WriteString(dropBitsKeyRowsFunc)
+		}
 	}
 	if v.Masked() {
 		b.WriteString(`// visible reports whether key j (of m) is in the window of query i; off places the diagonal.

@@ -113,8 +113,8 @@ type BwdVariant struct {
 	// warpgroups, with the producer's registers (setmaxnreg), meet only
 	// where one reads what the other wrote.
 	WarpSpecialized bool
-	// KeyRows (with WarpSpecialized, padded head dims up to 128 and no
-	// dropout: KeyRowsOK) computes S and dP in the dK/dV kernel
+	// KeyRows (with WarpSpecialized and padded head dims up to 128:
+	// KeyRowsOK) computes S and dP in the dK/dV kernel
 	// transposed, keys as rows, so that P and dS feed the dV and dK
 	// products from registers instead of through shared memory
 	// (bwd_sm90_keyrows.go).
@@ -320,7 +320,7 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the warp-specialized dK/dV kernel needs the Hopper kernels with tensor-map loads", v.Name())
 	}
 	if v.KeyRows && !KeyRowsOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, no dropout, and the separate dQ unless the warpgroups split the atomic one's columns or rows (KeyRowsOK)", v.Name())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: keys as rows need the warp-specialized Hopper kernels, padded head dims up to 128, and the separate dQ unless the warpgroups split the atomic one's columns or rows (KeyRowsOK)", v.Name())
 	}
 	if v.BiasStaged && !bwdBiasStageOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a bias staged through shared memory needs the key-rows step, a 16-bit bias and a fixed-length batch", v.Name())

@@ -141,6 +141,44 @@ DEV void drop_bits_any(u32 (&bits)[MT][(NT + 7) / 8], u32 i0, u32 j0, u32 bh, u3
 }
 `
 
+// dropBitsKeyRowsFunc is the device function drop_bits_kr: the keep bits
+// of a warp's fragment in the key-rows backward step (BwdVariant.KeyRows),
+// whose S is transposed — lane (g, c) holds keys g and g + 8 of the warp's
+// 16 (one Philox block) and queries 2c, 2c + 1 of each 8-query tile. One
+// call still yields the sixteen numbers of one query and one 16-key block,
+// but a lane now holds two of them (keys g and g + 8), and the eight lanes
+// that share them sit in eight quads. So the warp draws each query's call
+// once, lane L drawing query 32r + L of round r, and hands the keep bits
+// out by votes: for each of the sixteen keys one __ballot_sync gives every
+// lane that key's bits of the round's 32 queries, of which lane (g, c)
+// keeps the words of keys g and g + 8. One call per lane per 16 of its
+// elements, as drop_bits, and 16 votes per call instead of its shuffles.
+const dropBitsKeyRowsFunc = `// drop_bits_kr: the keep bits of one warp's fragment in the key-rows step (keys as rows): keys 16·kb + g and
+// + 8 (kb: the warp's 16-key block), queries q0 + 8·nt + 2c + e (e = 0, 1) for NT query tiles of 8; bh = b·H + h.
+// Word bits[r][hh] holds the bits of key 16·kb + g + 8·hh for queries q0 + 32r .. q0 + 32r + 31, bit i for query
+// q0 + 32r + i. In round r lane L draws query q0 + 32r + L's call, and one vote a key hands every lane that key's
+// bits of the round's queries. All lanes of the warp take part.
+template <int NT>
+DEV void drop_bits_kr(u32 (&bits)[(NT + 3) / 4][2], u32 q0, u32 kb, u32 bh, u32 off, u32 k0, u32 k1, u32 t, int lane) {
+  const int g = lane >> 2;
+#pragma unroll
+  for (int r = 0; r < (NT + 3) / 4; ++r) {
+    const uint4 w = philox4(kb, q0 + 32u * (u32)r + (u32)lane, bh, off, k0, k1);
+    u32 lo = 0u, hi = 0u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const u32 wl = (j & 4) ? w.y : w.x, wh = (j & 4) ? w.w : w.z;  // the words of keys j and j + 8
+      const u32 vl = __ballot_sync(0xffffffffu, ((wl >> (8 * (j & 3))) & 0xffu) < t);
+      const u32 vh = __ballot_sync(0xffffffffu, ((wh >> (8 * (j & 3))) & 0xffu) < t);
+      lo = g == j ? vl : lo;
+      hi = g == j ? vh : hi;
+    }
+    bits[r][0] = lo;
+    bits[r][1] = hi;
+  }
+}
+`
+
 // dropBitsCall returns the statement that fills the keep bits bits (an
 // array u32 [mt][(nt + 7) / 8]) of a warp whose first row is i0 and first
 // key j0: drop_bits with A = 0 when aligned (the tiling keeps every warp's

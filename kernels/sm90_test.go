@@ -501,6 +501,16 @@ func TestKeyRowsSource(t *testing.T) {
 		if strings.Contains(src, "sw_elem<BM>(il, jl)") {
 			t.Errorf("%s: the key-rows step stores P or dS by query rows", v.Name())
 		}
+		// under dropout: the warp's bits drawn once a step, dP kept or zeroed before dS, P dropped after it for dV
+		draw := strings.Index(src, "drop_bits_kr<BM / 8>(dkeep, (u32)(i0 + p.drop_q0)")
+		dp := strings.Index(src, "(kept ? accP[0][nt][hh * 2 + c] * p.drop_scale : 0.f)")
+		dropP := strings.Index(src, "pk[nt][hh] = pack2((kw & 1u) ? pr[0] * p.drop_scale : 0.f")
+		dv := strings.Index(src, "(accdV[0], ap, ddn")
+		if v.Dropout != (draw >= 0) || v.Dropout != (dp >= 0) || v.Dropout != (dropP >= 0) {
+			t.Errorf("%s: dropout %v, keep bits drawn %v, dP dropped %v, P dropped %v", v.Name(), v.Dropout, draw >= 0, dp >= 0, dropP >= 0)
+		} else if v.Dropout && !(draw < dp && dp < dropP && dropP < dv) {
+			t.Errorf("%s: bits at %d, dP at %d, P dropped at %d, dV product at %d: want them in that order", v.Name(), draw, dp, dropP, dv)
+		}
 		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];")
 		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "lcs[nt * 8 + c]") && strings.Contains(src, "dcs[nt * 8 + c]")
 		if wantStage := v.QueryStep == 128; inRegs == wantStage || fromStage != wantStage {
@@ -535,13 +545,14 @@ func TestKeyRowsSource(t *testing.T) {
 		edited(base, func(v *BwdVariant) { v.QueryStep = 80 }), edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep = 64, 64, 128 }),
 		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep = 48, 64, 128 }),
 		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep, v.AtomicDQ = 64, 64, 128, true }),
-		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep, v.AtomicDQ, v.BulkDQ = 64, 64, 128, true, true })} {
+		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep, v.AtomicDQ, v.BulkDQ = 64, 64, 128, true, true }),
+		edited(base, func(v *BwdVariant) { v.Dropout = true }), edited(base, func(v *BwdVariant) { v.Dropout, v.AtomicDQ = true, true }),
+		edited(base, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep, v.AtomicDQ, v.Dropout = 64, 64, 128, true, true })} {
 		if err := w.Validate(); err != nil {
 			t.Errorf("%s: %v", w.Name(), err)
 		}
 	}
 	wantUnsupported(t, map[string]BwdVariant{
-		"dropout":                 edited(base, func(v *BwdVariant) { v.Dropout = true }),
 		"lockstep":                edited(base, func(v *BwdVariant) { v.WarpSpecialized = false }),
 		"d192":                    edited(base, func(v *BwdVariant) { v.DK, v.DV = 192, 192 }),
 		"80 queries, atomic dQ":   edited(base, func(v *BwdVariant) { v.QueryStep, v.AtomicDQ = 80, true }),
