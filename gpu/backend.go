@@ -82,8 +82,8 @@ type Backend struct {
 	// bulk reduce-adds, on the problems where it measured faster than the
 	// table's choice (keyRowsFaster: head dims 65–128, and 49–64 on steps
 	// of 128 queries, at least 512 queries without a mask or window and
-	// 1024 with one, fixed length), for calls that leave the dQ algorithm
-	// to the backend (DQAuto) or ask for DQAtomic and are not
+	// 1024 with one, fixed length, no dropout), for calls that leave the
+	// dQ algorithm to the backend (DQAuto) or ask for DQAtomic and are not
 	// deterministic.
 	// New sets it unless EnvBwdKeyRows is "0".
 	BwdKeyRowsAuto bool
