@@ -37,7 +37,8 @@ const DropoutSource = philoxFunc + dropMaskFuncs
 // keep bits from drop_bits, the non-finite fix-ups one element's u from
 // drop_u8.
 //
-// drop_bits serves the mma C layout that every kernel's S fragment has:
+// drop_bits serves the mma C layout that every kernel's S fragment has
+// (but the key-rows backward step's, transposed: dropBitsKeyRowsFunc):
 // lane (g, c) = (lane / 4, lane % 4) holds rows g and g + 8 of each 16-row
 // tile and keys 2c, 2c + 1 of each 8-key tile. One Philox call yields the
 // sixteen numbers of one row and one 16-key block, of which a lane holds
