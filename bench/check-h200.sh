@@ -68,7 +68,7 @@ step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestCo
 step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestDropoutAt|TestSoftcapChain|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
 hostcheck() {
 	if [ -x "$ROOT/.bin/cuda.test" ]; then (cd "$ROOT/cuda" && "$ROOT/.bin/cuda.test" -test.v -test.run 'TestRegisterHost') || return; fi
-	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestHostRegister' || return
+	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestHostRegister|TestHostRates' || return
 	FLASHATTN_HOST_REGISTER=1 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestHostIntoLayouts'
 }
 hosttime() {

@@ -253,3 +253,19 @@ func TestHostRegister(t *testing.T) {
 		})
 	}
 }
+
+// TestHostRates checks that the host side's rates come back measured:
+// positive and finite each way, and the page-locking of Go memory.
+func TestHostRates(t *testing.T) {
+	b := fwdBackend(t)
+	r, err := b.HostRates()
+	if err != nil {
+		t.Fatalf("HostRates: %v", err)
+	}
+	for name, x := range map[string]float64{"to pinned": r.ToPinned, "from pinned": r.FromPinned, "register": r.Register} {
+		if !(x > 0) || math.IsInf(x, 0) {
+			t.Errorf("%s: %v bytes/s", name, x)
+		}
+	}
+	t.Logf("Go→pinned %.1f GB/s, pinned→Go %.1f GB/s, page-locking %.1f GB/s", r.ToPinned/1e9, r.FromPinned/1e9, r.Register/1e9)
+}

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/flashattn/flashattn/cuda"
@@ -375,6 +377,70 @@ func copyWith(dst, src []byte, workers int) {
 		}()
 	}
 	wg.Wait()
+}
+
+// HostRates are the host's own rates on the host path's two ways of
+// moving bytes, in bytes per second.
+type HostRates struct {
+	// ToPinned and FromPinned copy between Go memory and pinned memory as
+	// the staging does (up to 16 goroutines, a slot at a time).
+	ToPinned, FromPinned float64
+	// Register page-locks Go memory and unlocks it again, as the direct
+	// host path does (Backend.HostRegister), per byte locked.
+	Register float64
+}
+
+// HostRates measures the host side of the host path: copies of 128 MiB
+// between Go memory and a pinned staging slot each way, and page-locking a
+// 64 MiB Go buffer and unlocking it (the median of a few repetitions each).
+// The host↔device link is LinkBandwidth's.
+func (b *Backend) HostRates() (HostRates, error) {
+	const goBytes, regBytes, reps = 128 << 20, 64 << 20, 3
+	slot, err := b.dev.AllocHost(stagingChunk)
+	if err != nil {
+		return HostRates{}, fmt.Errorf("gpu: host rates: %w", err)
+	}
+	defer slot.Free()
+	heap := make([]byte, goBytes)
+	for i := 0; i < len(heap); i += 4096 {
+		heap[i] = byte(i >> 12) // map every page before timing
+	}
+	pinned := slot.Bytes()
+	median := func(run func() error, bytes int) (float64, error) {
+		ts := make([]float64, 0, reps)
+		for range reps {
+			t0 := time.Now()
+			if err := run(); err != nil {
+				return 0, err
+			}
+			ts = append(ts, time.Since(t0).Seconds())
+		}
+		slices.Sort(ts)
+		return float64(bytes) / ts[len(ts)/2], nil
+	}
+	var r HostRates
+	r.ToPinned, _ = median(func() error {
+		for lo := 0; lo < len(heap); lo += len(pinned) {
+			parallelCopy(pinned, heap[lo:lo+len(pinned)])
+		}
+		return nil
+	}, goBytes)
+	r.FromPinned, _ = median(func() error {
+		for lo := 0; lo < len(heap); lo += len(pinned) {
+			parallelCopy(heap[lo:lo+len(pinned)], pinned)
+		}
+		return nil
+	}, goBytes)
+	if r.Register, err = median(func() error {
+		reg, err := b.dev.RegisterHost(heap[:regBytes])
+		if err != nil {
+			return err
+		}
+		return reg.Unregister()
+	}, regBytes); err != nil {
+		return r, fmt.Errorf("gpu: host rates: %w", err)
+	}
+	return r, nil
 }
 
 // LinkBandwidth measures the host↔device link in bytes per second, to the

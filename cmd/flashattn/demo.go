@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flashattn/flashattn"
+	"github.com/flashattn/flashattn/gpu"
 )
 
 const demoUsage = `Usage: flashattn demo [flags]
@@ -218,7 +219,26 @@ func hostFloor(b flashattn.Backend, fwd, bwd time.Duration, fwdMs, bwdMs float64
 	ff, fb := floor(fwdMs, in[0], out[0]), floor(bwdMs, in[1], out[1])
 	fmt.Fprintf(stdout, "link      to device %.1f GB/s, from device %.1f GB/s (pinned, CUDA events); host-tensor forward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out), backward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out)\n",
 		h2d/1e9, d2h/1e9, fwd.Seconds()*1e3/ff, ff, in[0]/1e6, out[0]/1e6, bwd.Seconds()*1e3/fb, fb, in[1]/1e6, out[1]/1e6)
+	if hr, ok := b.(hostRater); ok {
+		r, err := hr.HostRates()
+		fmt.Fprintln(stdout, hostRatesLine(r, err))
+	}
 	return h2d, d2h
+}
+
+// hostRater is a backend that can measure the host side of its host path.
+type hostRater interface {
+	HostRates() (gpu.HostRates, error)
+}
+
+// hostRatesLine reports the host's own rates on the host path (err: what
+// could not be measured).
+func hostRatesLine(r gpu.HostRates, err error) string {
+	line := fmt.Sprintf("host side Go→pinned %.1f GB/s, pinned→Go %.1f GB/s (staging, up to 16 goroutines)", r.ToPinned/1e9, r.FromPinned/1e9)
+	if err != nil {
+		return line + "; page-locking not measured: " + oneLine(err)
+	}
+	return line + fmt.Sprintf(", page-locking Go memory %.1f GB/s (lock and unlock, FLASHATTN_HOST_REGISTER=1's cost)", r.Register/1e9)
 }
 
 // closeBackend releases b's resources when it holds any.
