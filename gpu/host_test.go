@@ -262,10 +262,10 @@ func TestHostRates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("HostRates: %v", err)
 	}
-	for name, x := range map[string]float64{"to pinned": r.ToPinned, "from pinned": r.FromPinned, "register": r.Register} {
+	for name, x := range map[string]float64{"to pinned": r.ToPinned, "from pinned": r.FromPinned, "register": r.Register, "unregister": r.Unregister} {
 		if !(x > 0) || math.IsInf(x, 0) {
 			t.Errorf("%s: %v bytes/s", name, x)
 		}
 	}
-	t.Logf("Go→pinned %.1f GB/s, pinned→Go %.1f GB/s, page-locking %.1f GB/s", r.ToPinned/1e9, r.FromPinned/1e9, r.Register/1e9)
+	t.Logf("Go→pinned %.1f GB/s, pinned→Go %.1f GB/s, page-locking %.1f GB/s, unlocking %.1f GB/s", r.ToPinned/1e9, r.FromPinned/1e9, r.Register/1e9, r.Unregister/1e9)
 }

@@ -385,14 +385,15 @@ type HostRates struct {
 	// ToPinned and FromPinned copy between Go memory and pinned memory as
 	// the staging does (up to 16 goroutines, a slot at a time).
 	ToPinned, FromPinned float64
-	// Register page-locks Go memory and unlocks it again, as the direct
-	// host path does (Backend.HostRegister), per byte locked.
-	Register float64
+	// Register and Unregister page-lock Go memory and unlock it again, as
+	// the direct host path does (Backend.HostRegister), per byte.
+	Register, Unregister float64
 }
 
 // HostRates measures the host side of the host path: copies of 128 MiB
 // between Go memory and a pinned staging slot each way, and page-locking a
-// 64 MiB Go buffer and unlocking it (the median of a few repetitions each).
+// 64 MiB Go buffer and unlocking it, each timed (the median of a few
+// repetitions each).
 // The host↔device link is LinkBandwidth's.
 func (b *Backend) HostRates() (HostRates, error) {
 	const goBytes, regBytes, reps = 128 << 20, 64 << 20, 3
@@ -431,15 +432,22 @@ func (b *Backend) HostRates() (HostRates, error) {
 		}
 		return nil
 	}, goBytes)
-	if r.Register, err = median(func() error {
+	var lock, unlock []float64
+	for range reps {
+		t0 := time.Now()
 		reg, err := b.dev.RegisterHost(heap[:regBytes])
 		if err != nil {
-			return err
+			return r, fmt.Errorf("gpu: host rates: %w", err)
 		}
-		return reg.Unregister()
-	}, regBytes); err != nil {
-		return r, fmt.Errorf("gpu: host rates: %w", err)
+		t1 := time.Now()
+		if err := reg.Unregister(); err != nil {
+			return r, fmt.Errorf("gpu: host rates: %w", err)
+		}
+		lock, unlock = append(lock, t1.Sub(t0).Seconds()), append(unlock, time.Since(t1).Seconds())
 	}
+	slices.Sort(lock)
+	slices.Sort(unlock)
+	r.Register, r.Unregister = regBytes/lock[reps/2], regBytes/unlock[reps/2]
 	return r, nil
 }
 

@@ -238,7 +238,7 @@ func hostRatesLine(r gpu.HostRates, err error) string {
 	if err != nil {
 		return line + "; page-locking not measured: " + oneLine(err)
 	}
-	return line + fmt.Sprintf(", page-locking Go memory %.1f GB/s (lock and unlock, FLASHATTN_HOST_REGISTER=1's cost)", r.Register/1e9)
+	return line + fmt.Sprintf(", page-locking Go memory %.1f GB/s, unlocking %.1f GB/s (FLASHATTN_HOST_REGISTER=1's costs)", r.Register/1e9, r.Unregister/1e9)
 }
 
 // closeBackend releases b's resources when it holds any.
