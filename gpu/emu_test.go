@@ -379,7 +379,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 	case emuHopperPP:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}
 	case emuHopperPT:
-		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true}
+		// (the dropout cases draw their keep bits before the wait for S here, the other families after it)
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, EarlyDropout: true}
 	case emuHopperSO:
 		return kernels.Pipeline{StoreO: true}
 	case emuHopperPTSO:

@@ -162,10 +162,10 @@ func plan(r fwdRequest) (launch, error) {
 		vr.Pipeline = pipelineFor(vr, r.pipeline)
 		if vr.WarpSpecialized && r.tiles == nil {
 			// the pipeline's own tile for the class or, where the lockstep kernels measured faster,
-			// the parts of the pipeline they take (early rescale, O by tensor maps)
+			// the parts of the pipeline they take (early rescale, O by tensor maps, early dropout bits)
 			switch wt, ok := kernels.HopperWSTile(vr, p.M); {
 			case !ok:
-				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO})
+				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO, EarlyDropout: r.pipeline.EarlyDropout})
 			case wt != (kernels.Tile{}):
 				vr = wt.Apply(vr)
 				vr.Pipeline = pipelineFor(vr, r.pipeline)
@@ -608,8 +608,8 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // specialization with tensor-map loads, one warpgroup per row group and one
 // CTA per SM; ping-pong with two compute warpgroups besides; persistence
 // with warp specialization where the rows are not read in place and the
-// batch is not packed; the early rescale and the O store by tensor maps
-// where the variant validates with them.
+// batch is not packed; the early rescale, the O store by tensor maps and
+// the early dropout bits where the variant validates with them.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -621,8 +621,14 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 		p.StoreO = w.Validate() == nil
 	}
 	if want.EarlyRescale {
-		v.Pipeline = kernels.Pipeline{EarlyRescale: true}
-		p.EarlyRescale = v.Validate() == nil
+		w := v
+		w.Pipeline = kernels.Pipeline{EarlyRescale: true}
+		p.EarlyRescale = w.Validate() == nil
+	}
+	if want.EarlyDropout {
+		w := v
+		w.Pipeline = kernels.Pipeline{EarlyDropout: true}
+		p.EarlyDropout = w.Validate() == nil
 	}
 	return p
 }

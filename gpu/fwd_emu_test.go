@@ -121,6 +121,9 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 			t.Fatalf("plan %s: StoreO = %v, want %v", l.v.Name(), l.v.StoreO, want)
 		}
 	}
+	if want := emuPipeline(kind).EarlyDropout && l.v.Dropout && l.v.WGMMA; kind != emuDefault && l.v.EarlyDropout != want {
+		t.Fatalf("plan %s: EarlyDropout = %v, want %v", l.v.Name(), l.v.EarlyDropout, want)
+	}
 	src, err := l.v.Source()
 	if err != nil {
 		t.Fatal(err)

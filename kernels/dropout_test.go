@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -101,6 +102,57 @@ func TestCompileDropout(t *testing.T) {
 			if r.Name != BwdNonFiniteKernel && (r.SpillStores > 68 || r.SpillLoads > 68) {
 				t.Errorf("%s %s spills: %d bytes stored, %d loaded", v.Name(), r.Name, r.SpillStores, r.SpillLoads)
 			}
+		}
+	}
+}
+
+// TestEarlyDropoutSource checks the forward's early dropout bits
+// (Pipeline.EarlyDropout): drawn after the S product is issued and before
+// its wait, in the first block and in the loop, applied by apply_keep after
+// the softmax, with no apply_dropout call left; refused without dropout or
+// off the Hopper kernels.
+func TestEarlyDropoutSource(t *testing.T) {
+	for _, p := range []Pipeline{{EarlyDropout: true}, {WarpSpecialized: true, PingPong: true, EarlyRescale: true, EarlyDropout: true},
+		{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, EarlyDropout: true}} {
+		for _, d := range []int{64, 128} {
+			v := hopperVariant(t, attn.BFloat16, d, d, func(v *Variant) { v.Dropout, v.Mask = true, MaskWindow })
+			v.TMA, v.Pipeline = true, p
+			if err := v.Validate(); err != nil {
+				t.Fatalf("%s: %v", v.Name(), err)
+			}
+			src, err := v.Source()
+			if err != nil {
+				t.Fatalf("%s: %v", v.Name(), err)
+			}
+			if strings.Contains(src, "apply_dropout(s, p,") {
+				t.Errorf("%s: the softmax still draws its bits", v.Name())
+			}
+			body := src[strings.Index(src, "extern \"C\" __global__"):]
+			for _, w := range []struct{ draw, wait string }{
+				{"u32 dkeep[MT][(NT_S + 7) / 8];  // ---- dropout keep bits of the block", "wgmma_wait<0>();"},
+				{"drop_bits<MT, NT_S, 0>(dkeep, (u32)(m0 + wrow0 + p.drop_q0), (u32)(((nb - 1) * BN) + key0 + p.drop_k0)", "wgmma_wait<1>();  // S of the next block is done"},
+			} {
+				draw := strings.Index(body, w.draw)
+				wait := strings.Index(body[max(draw, 0):], w.wait)
+				if draw < 0 || wait < 0 {
+					t.Errorf("%s: bits %q drawn at %d, before %q at %d", v.Name(), w.draw, draw, w.wait, wait)
+				}
+			}
+			if n := strings.Count(body, "apply_keep(s, dkeep);"); n != 2 {
+				t.Errorf("%s: apply_keep %d times, want 2 (first block and loop)", v.Name(), n)
+			}
+			if !strings.Contains(v.Name(), "_ed") {
+				t.Errorf("%s: the name does not say early dropout", v.Name())
+			}
+		}
+	}
+	plain := hopperVariant(t, attn.BFloat16, 128, 128, nil)
+	plain.Pipeline.EarlyDropout = true
+	mma := fwdVariant(t, attn.BFloat16, 128, 128, 16, func(v *Variant) { v.Dropout = true })
+	mma.Pipeline.EarlyDropout = true
+	for name, v := range map[string]Variant{"no dropout": plain, "mma.sync": mma} {
+		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+			t.Errorf("%s: Validate = %v, want ErrUnsupported", name, err)
 		}
 	}
 }

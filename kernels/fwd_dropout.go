@@ -17,16 +17,39 @@ func (x *gen) dropoutFuncs() {
 DEV void apply_dropout(float (&s)[MT][NT_S][4], const Params& p, int i0, int j0, u32 bh, int lane) {
   u32 keep[MT][(NT_S + 7) / 8];  // bit 4·(nt % 8) + e keeps s[mt][nt][e]
   ` + call + `
-#pragma unroll
+` + zeroDropped + `}
+
+`)
+	if x.v.EarlyDropout {
+		x.raw(`// Zero the dropped probabilities of this warp's S tile by keep bits drawn before (drop_bits, while
+// the S product ran: Variant.EarlyDropout).
+DEV void apply_keep(float (&s)[MT][NT_S][4], const u32 (&keep)[MT][(NT_S + 7) / 8]) {
+` + zeroDropped + `}
+
+`)
+	}
+}
+
+// zeroDropped is the loop of apply_dropout and apply_keep that zeroes the
+// elements of s whose bit in keep is clear.
+const zeroDropped = `#pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (!((keep[mt][nt >> 3] >> (4 * (nt & 7) + e)) & 1u)) s[mt][nt][e] = 0.f;
-}
+`
 
-`)
+// earlyDropBits writes, with EarlyDropout, the drawing of the keep bits of
+// the key block whose first key is n0 (a C++ expression) into dkeep,
+// before the wait for its S (indent: the block's).
+func (x *gen) earlyDropBits(indent, n0 string) {
+	if !x.v.EarlyDropout {
+		return
+	}
+	call := dropBitsCall("dkeep", "MT", "NT_S", x.dropAligned(), "m0 + wrow0 + p.drop_q0", "("+n0+") + key0 + p.drop_k0", "(u32)(b * p.drop_heads + p.drop_h0 + h)", "p")
+	x.raw(indent + "u32 dkeep[MT][(NT_S + 7) / 8];  // ---- dropout keep bits of the block, drawn while its S product runs\n" + indent + call + "\n")
 }
 
 // dropAligned reports whether every warp's first key in S is a multiple of

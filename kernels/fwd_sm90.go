@@ -415,6 +415,7 @@ func (x *gen) hopperTile(first string) {
     wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
 	x.blockBias("    ", "nb_hi - 1", "n0", "nb_hi - 2 >= nb_lo")
+	x.earlyDropBits("    ", "n0")
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
@@ -455,6 +456,7 @@ func (x *gen) hopperTile(first string) {
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPass)
 	x.blockBias("      ", "nb - 1", "(nb - 1) * BN", "nb - 2 >= nb_lo")
+	x.earlyDropBits("      ", "(nb - 1) * BN")
 	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
 `)
@@ -607,7 +609,10 @@ func (x *gen) blockSoftmax(indent string) {
 		y.raw("    __syncthreads();  // both warpgroups' row maxima are in red\n")
 	}
 	y.softmaxUpdate(true)
-	if x.v.Dropout {
+	switch {
+	case x.v.EarlyDropout:
+		y.raw("    apply_keep(s, dkeep);  // ---- dropout, by the bits drawn before the wait\n")
+	case x.v.Dropout:
 		y.raw("    apply_dropout(s, p, m0 + wrow0 + p.drop_q0, n0 + key0 + p.drop_k0, (u32)(b * p.drop_heads + p.drop_h0 + h), lane);  // ---- dropout\n")
 	}
 	x.raw(indentLines(y.b.String(), strings.Repeat(" ", max(0, len(indent)-4))))

@@ -244,13 +244,15 @@ var pipelineWords = []struct {
 	{"early-rescale", func(p *Pipeline) *bool { return &p.EarlyRescale }},
 	{"persistent", func(p *Pipeline) *bool { return &p.Persistent }},
 	{"tma-store", func(p *Pipeline) *bool { return &p.StoreO }},
+	{"early-dropout", func(p *Pipeline) *bool { return &p.EarlyDropout }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
 // plus signs (the form that survives a comma-separated list of settings):
 // "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
-// "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws)
-// and "tma-store" (StoreO); "" and "lockstep" are the zero Pipeline.
+// "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
+// "tma-store" (StoreO) and "early-dropout" (EarlyDropout); "" and
+// "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
 	var p Pipeline
@@ -266,7 +268,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout)", w)
 	}
 	if p.PingPong || p.Persistent {
 		p.WarpSpecialized = true

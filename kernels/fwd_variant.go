@@ -150,6 +150,11 @@ type Pipeline struct {
 	// head dim and length. WGMMA with TMA, WarpsN = 1, rows not read in
 	// place, a fixed-length batch, and the variant's DV a multiple of 8.
 	StoreO bool
+	// EarlyDropout draws a key block's dropout keep bits between issuing
+	// S = Q·Kᵀ and waiting for it, while the tensor cores run, instead of
+	// after the softmax (fwd_sm90.go); the softmax then only applies them.
+	// WGMMA with Dropout. The mask is the same bit for bit.
+	EarlyDropout bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -260,13 +265,14 @@ func flatSuffix(flat, staged bool) string {
 }
 
 // wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
-// early-rescale (er) and persistent (pt) variants.
+// early-rescale (er), persistent (pt), O-by-tensor-maps (so) and
+// early-dropout (ed) variants.
 func wsSuffix(p Pipeline) string {
 	var s string
 	for _, part := range []struct {
 		on     bool
 		suffix string
-	}{{p.WarpSpecialized, "_ws"}, {p.PingPong, "_pp"}, {p.EarlyRescale, "_er"}, {p.Persistent, "_pt"}, {p.StoreO, "_so"}} {
+	}{{p.WarpSpecialized, "_ws"}, {p.PingPong, "_pp"}, {p.EarlyRescale, "_er"}, {p.Persistent, "_pt"}, {p.StoreO, "_so"}, {p.EarlyDropout, "_ed"}} {
 		if part.on {
 			s += part.suffix
 		}
@@ -381,6 +387,9 @@ func (v Variant) Validate() error {
 	}
 	if v.PingPong && (!v.WarpSpecialized || v.WarpsM != 8) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong needs a warp-specialized forward with two compute warpgroups (WarpSpecialized %v, WarpsM %d)", v.WarpSpecialized, v.WarpsM)
+	}
+	if v.EarlyDropout && (!v.WGMMA || !v.Dropout) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the early dropout bits need the WGMMA forward with dropout (WGMMA %v, Dropout %v)", v.WGMMA, v.Dropout)
 	}
 	if v.EarlyRescale && (!v.WGMMA || v.WarpsN != 1 || v.geom().dvp > 256) {
 		// past 256 value columns O += P·V is two products, and ptxas serializes them around the rescale
