@@ -185,6 +185,18 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	lt := hopperVariant(t, attn.BFloat16, 128, 128, fwdFeatures[1].set)
 	lt.TMA, lt.Pipeline, lt.LightTail = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, true
 	vs = append(vs, lt)
+	// the early dropout bits on the extras' 128-key tile at D = 64 and 128, and on the persistent pipeline
+	for _, d := range []int{64, 128} {
+		ed := hopperVariant(t, attn.BFloat16, d, d, func(v *Variant) { v.Dropout = true })
+		ed.BlockN, ed.TMA, ed.Pipeline = 128, true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, EarlyDropout: true}
+		if ed.Validate() == nil {
+			vs = append(vs, ed)
+			ed.Persistent, ed.StoreO = true, true
+			if ed.Validate() == nil {
+				vs = append(vs, ed)
+			}
+		}
+	}
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {
 		for _, f := range fwdFeatures[:2] {
