@@ -102,14 +102,6 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
 		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8)
 	g.wsBwdRelease(b)
-	if v.Dropout {
-		b.WriteString(`    // ---- dropout keep bits of this warp's 16 keys and the BM queries (drop_bits_kr), drawn while dPᵀ runs:
-    // element (key kj, query qi + c) kept when bit 8(nt & 3) + 2t4 + c of dkeep[nt >> 2][hh] is set
-    u32 dkeep[(BM / 8 + 3) / 4][2];
-    drop_bits_kr<BM / 8>(dkeep, (u32)(i0 + p.drop_q0), (u32)(j0 + 64 * wg + 16 * (warp & 3) + p.drop_k0) >> 4,
-                         (u32)(b * p.drop_heads + p.drop_h0 + h), p.drop_offset, p.seed_lo, p.seed_hi, p.drop_threshold, lane);
-`)
-	}
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
 %[5]s%[1]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
 #pragma unroll
@@ -125,7 +117,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         }
         pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));
       }
-    wgmma_wait<0>();  // dPᵀ
+%[10]s    wgmma_wait<0>();  // dPᵀ
     fence_acc(accP[0]);
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)
@@ -143,7 +135,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s%[9]s
       }
 `, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
-		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP())
+		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -218,6 +210,22 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
     {
 `)
 	g.dqReduce(b, "      wgmma_wait<1>();  // dV and dQ complete; dK runs on\n")
+}
+
+// keyRowsDropBits returns, under dropout, the drawing of the keep bits of
+// the warp's 16 keys and the step's queries (drop_bits_kr): after Pᵀ, whose
+// Sᵀ registers are then free, and before the wait for dPᵀ, while that
+// product runs.
+func (g *bwdGen) keyRowsDropBits() string {
+	if !g.v.Dropout {
+		return ""
+	}
+	return `    // ---- dropout keep bits of this warp's 16 keys and the BM queries (drop_bits_kr), drawn while dPᵀ runs:
+    // element (key kj, query qi + c) kept when bit 8(nt & 3) + 2t4 + c of dkeep[nt >> 2][hh] is set
+    u32 dkeep[(BM / 8 + 3) / 4][2];
+    drop_bits_kr<BM / 8>(dkeep, (u32)(i0 + p.drop_q0), (u32)(j0 + 64 * wg + 16 * (warp & 3) + p.drop_k0) >> 4,
+                         (u32)(b * p.drop_heads + p.drop_h0 + h), p.drop_offset, p.seed_lo, p.seed_hi, p.drop_threshold, lane);
+`
 }
 
 // keyRowsKeptDecl returns, under dropout, the declaration of kept: whether
