@@ -150,6 +150,9 @@ func (b *Backend) backwardHost(p *attn.Problem, q, k, v, o, lse, dO attn.Tensor,
 	}
 	rec.end(s, StreamKernels, m, 0)
 	rec.lap(HostEnqueue)
+	if err := c.b.copier.releaseInputs(rec); err != nil {
+		return err
+	}
 	if late != nil {
 		for i, t := range late.wait() {
 			outs[i].host = t

@@ -101,6 +101,9 @@ func (b *Backend) forwardHost(p *attn.Problem, q, k, v attn.Tensor, res attn.Res
 		rec.end(s, StreamKernels, m, 0)
 		rec.lap(HostEnqueue)
 	}
+	if err := c.b.copier.releaseInputs(rec); err != nil {
+		return err
+	}
 	if late != nil {
 		ts := late.wait()
 		o.host, lse.host = ts[0], ts[1]

@@ -217,6 +217,9 @@ func (c *hostCall) inputs(s *cuda.Stream, p *attn.Problem, opt attn.Options, ts 
 		ins[i] = d
 	}
 	dopt, err := c.deviceOptions(s, p, opt)
+	if err == nil {
+		err = c.b.copier.markInputs(s)
+	}
 	return ins, dopt, err
 }
 

@@ -32,7 +32,9 @@ type hostCopier struct {
 	// direct has the copies register the Go memory they read or write
 	// (page-locked by cuda.Device.RegisterHost) and DMA it in place, a
 	// chunk at a time, instead of staging it through the slots; a chunk
-	// whose pages another registration holds goes through the slots.
+	// whose pages another registration holds goes through the slots. The
+	// inputs are unregistered while the kernels run (markInputs,
+	// releaseInputs), the outputs at the call's end (unregisterAll).
 	direct bool
 	// refused is set once the driver answered that it does not page-lock
 	// host memory here (not permitted, not supported): direct is then off.
@@ -42,6 +44,11 @@ type hostCopier struct {
 	// registered are the registrations the current call made;
 	// unregisterAll releases them once the stream is done with them.
 	registered []*cuda.HostRegistration
+	// inputsDone is recorded after the inputs' copies (markInputs), so that
+	// releaseInputs can unregister them while the kernels run; inputsMarked
+	// says it was recorded in this call.
+	inputsDone   *cuda.Event
+	inputsMarked bool
 }
 
 // ready allocates the slots and events on first use.
@@ -72,6 +79,10 @@ func (c *hostCopier) close() {
 			_ = c.done[i].Close()
 		}
 		c.slots[i], c.done[i], c.busy[i] = nil, nil, false
+	}
+	if c.inputsDone != nil {
+		_ = c.inputsDone.Close()
+		c.inputsDone, c.inputsMarked = nil, false
 	}
 }
 
@@ -326,10 +337,57 @@ func uncoveredPages(lo, hi uintptr, held [][2]uintptr) [][2]uintptr {
 	return out
 }
 
+// markInputs records, when this call registered memory (its inputs, all
+// uploaded by now), an event after their copies on s, for releaseInputs.
+func (c *hostCopier) markInputs(s *cuda.Stream) error {
+	c.inputsMarked = false
+	if len(c.registered) == 0 {
+		return nil
+	}
+	if c.inputsDone == nil {
+		e, err := c.dev.NewEventNoTiming()
+		if err != nil {
+			return fmt.Errorf("gpu: host copy: %w", err)
+		}
+		c.inputsDone = e
+	}
+	if err := c.inputsDone.Record(s); err != nil {
+		return fmt.Errorf("gpu: host copy: %w", err)
+	}
+	c.inputsMarked = true
+	return nil
+}
+
+// releaseInputs waits for the inputs' copies (markInputs; the kernels
+// enqueued after them run on) and unregisters the memory registered so
+// far, the inputs', which the kernels read from device buffers: the host
+// unlocks them while the kernels run instead of after the copies back.
+// Outputs registered later lock their own pages again.
+func (c *hostCopier) releaseInputs(rec *callRecorder) error {
+	if !c.inputsMarked {
+		return nil
+	}
+	c.inputsMarked = false
+	err := c.inputsDone.Synchronize()
+	rec.lap(HostWait)
+	if err != nil {
+		return fmt.Errorf("gpu: host copy: %w", err)
+	}
+	for _, r := range c.registered {
+		if uerr := r.Unregister(); uerr != nil && err == nil {
+			err = fmt.Errorf("gpu: host copy: %w", uerr)
+		}
+	}
+	c.registered = c.registered[:0]
+	rec.lap(HostRegister)
+	return err
+}
+
 // unregisterAll waits for s, the stream that copied the registered memory,
 // and unregisters it (the end of every host-path call that may have
 // registered some).
 func (c *hostCopier) unregisterAll(s *cuda.Stream, rec *callRecorder) error {
+	c.inputsMarked = false
 	if len(c.registered) == 0 {
 		return nil
 	}
