@@ -63,11 +63,11 @@ const (
 	ErrorNotFound             Result = 500
 	ErrorNotReady             Result = 600
 	ErrorIllegalAddress       Result = 700
+	ErrorLaunchOutOfResources Result = 701
 	ErrorHostMemoryRegistered Result = 712
+	ErrorLaunchFailed         Result = 719
 	ErrorNotPermitted         Result = 800
 	ErrorNotSupported         Result = 801
-	ErrorLaunchOutOfResources Result = 701
-	ErrorLaunchFailed         Result = 719
 	ErrorStreamCaptureInvalid Result = 901
 	ErrorUnknown              Result = 999
 )

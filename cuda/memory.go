@@ -384,6 +384,13 @@ func (h *HostBuffer) Free() error {
 // whole pages of this size.
 const HostPageSize = 4096
 
+// HostPages returns the page-aligned range [lo, hi) of the pages that hold
+// b's bytes (b not empty): the pages RegisterHost locks for b.
+func HostPages(b []byte) (lo, hi uintptr) {
+	base := uintptr(unsafe.Pointer(&b[0]))
+	return base &^ (HostPageSize - 1), (base + uintptr(len(b)) + HostPageSize - 1) &^ (HostPageSize - 1)
+}
+
 // HostRegistration is host memory the caller owns (Go memory included),
 // page-locked for the device by RegisterHost so that asynchronous copies
 // to and from it run as direct DMA, with no staging.
@@ -406,8 +413,7 @@ func (d *Device) RegisterHost(b []byte) (*HostRegistration, error) {
 	if len(b) == 0 {
 		return nil, argErrorf("host registration of 0 bytes")
 	}
-	lo := uintptr(unsafe.Pointer(&b[0])) &^ (HostPageSize - 1)
-	hi := (uintptr(unsafe.Pointer(&b[0])) + uintptr(len(b)) + HostPageSize - 1) &^ (HostPageSize - 1)
+	lo, hi := HostPages(b)
 	r := &HostRegistration{dev: d, p: lo, size: int(hi - lo)}
 	err := d.do(func() error {
 		name := fmt.Sprintf("cuMemHostRegister_v2(%d bytes)", r.size)

@@ -110,9 +110,9 @@ type Backend struct {
 	// when EnvFwdLightTail is set.
 	FwdLightTail bool
 	// HostRegister has the host path page-lock the Go memory of its inputs
-	// and outputs for the duration of a call (cuda.Device.RegisterHost)
-	// and copy it in place, instead of through pinned staging slots. New
-	// sets it when EnvHostRegister is set.
+	// and outputs while they are copied (cuda.Device.RegisterHost) and copy
+	// it in place, instead of through pinned staging slots. New sets it
+	// when EnvHostRegister is set.
 	HostRegister bool
 	// BwdLightTail has masked backward launches end on their lightest
 	// blocks (kernels.BwdVariant.LightTail). New sets it on Hopper unless

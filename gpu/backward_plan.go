@@ -406,7 +406,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if r.lightTail && pl.v.Masked() {
+	if r.lightTail { // (Validate declines it unmasked)
 		w := pl.v
 		w.LightTail = true
 		if w.Validate() == nil {

@@ -185,7 +185,7 @@ func plan(r fwdRequest) (launch, error) {
 			vr = w
 		}
 	}
-	if r.lightTail && vr.Mask == kernels.MaskWindow && !vr.Persistent {
+	if r.lightTail { // (Validate declines it unmasked or persistent)
 		w := vr
 		w.LightTail = true
 		if w.Validate() == nil {
@@ -615,20 +615,14 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
 	p.PingPong = want.PingPong && p.WarpSpecialized && v.WarpsM == 8
 	p.Persistent = want.Persistent && p.WarpSpecialized && !v.Flat && !v.Varlen
-	if want.StoreO {
+	// allows reports whether v validates on the pipeline parts
+	allows := func(parts kernels.Pipeline) bool {
 		w := v
-		w.Pipeline = kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: true}
-		p.StoreO = w.Validate() == nil
+		w.Pipeline = parts
+		return w.Validate() == nil
 	}
-	if want.EarlyRescale {
-		w := v
-		w.Pipeline = kernels.Pipeline{EarlyRescale: true}
-		p.EarlyRescale = w.Validate() == nil
-	}
-	if want.EarlyDropout {
-		w := v
-		w.Pipeline = kernels.Pipeline{EarlyDropout: true}
-		p.EarlyDropout = w.Validate() == nil
-	}
+	p.StoreO = want.StoreO && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: true})
+	p.EarlyRescale = want.EarlyRescale && allows(kernels.Pipeline{EarlyRescale: true})
+	p.EarlyDropout = want.EarlyDropout && allows(kernels.Pipeline{EarlyDropout: true})
 	return p
 }

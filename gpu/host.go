@@ -88,7 +88,7 @@ func (b *Backend) beginHost(rec *callRecorder) *hostCall {
 	rec.lap(HostPlan)
 	b.hostMu.Lock()
 	rec.lap(HostWait)
-	b.copier.direct = b.HostRegister && !b.copier.refused
+	b.copier.direct = b.HostRegister
 	return &hostCall{b: b, rec: rec}
 }
 
@@ -259,7 +259,7 @@ func (b *Backend) Upload(t attn.Tensor) (DeviceTensor, error) {
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
 	c := &hostCall{b: b, keep: true}
-	b.copier.direct = b.HostRegister && !b.copier.refused
+	b.copier.direct = b.HostRegister
 	d, err := c.upload(b.stream, t)
 	if err == nil {
 		err = b.stream.Synchronize()

@@ -29,15 +29,17 @@ type hostCopier struct {
 	done  [2]*cuda.Event // recorded after the last copy that used each slot
 	busy  [2]bool        // done[i] has been recorded and not yet waited for
 	next  int            // the slot the next chunk uses
-	// direct has the copies register the Go memory they read or write
-	// (page-locked by cuda.Device.RegisterHost) and DMA it in place, a
-	// chunk at a time, instead of staging it through the slots; a chunk
-	// whose pages another registration holds goes through the slots. The
-	// inputs are unregistered while the kernels run (markInputs,
-	// releaseInputs), the outputs at the call's end (unregisterAll).
+	// direct asks the copies of the current call (Backend.HostRegister) to
+	// register the Go memory they read or write (page-locked by
+	// cuda.Device.RegisterHost) and DMA it in place, a chunk at a time,
+	// instead of staging it through the slots; a chunk whose pages another
+	// registration holds goes through the slots. The inputs are
+	// unregistered while the kernels run (markInputs, releaseInputs), the
+	// outputs at the call's end (unregisterAll).
 	direct bool
 	// refused is set once the driver answered that it does not page-lock
-	// host memory here (not permitted, not supported): direct is then off.
+	// host memory here (not permitted, not supported): every copy then
+	// stages (directFor).
 	refused bool
 	// chunk is the size of a direct copy's parts (0: stagingChunk)
 	chunk int
@@ -114,22 +116,38 @@ func (c *hostCopier) mark(i int, s *cuda.Stream) error {
 // they return). The DMA of the last chunks may still run, ordered on s
 // before later work. rec (nil: untraced) records the phases.
 func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src []byte, rec *callRecorder) error {
-	if !c.direct || len(src) < directMin {
+	if !c.directFor(src) {
 		return c.toDeviceStaged(s, dst, off, src, rec)
 	}
-	for _, ch := range pageChunks(src, c.chunkBytes()) {
-		part := src[ch[0]:ch[1]]
+	return c.directParts(s, src, off, StreamToDevice, rec,
+		func(part []byte, o int64) error { return c.toDeviceStaged(s, dst, o, part, rec) },
+		func(part []byte, o int64) error { return c.dev.CopyToDeviceAsync(dst, o, part, s) })
+}
+
+// directFor reports whether the copy of host bytes b goes direct (as the
+// call asked, the driver registers memory here, and b is large enough).
+func (c *hostCopier) directFor(b []byte) bool {
+	return c.direct && !c.refused && len(b) >= directMin
+}
+
+// directParts copies host bytes b, at byte offset off of the device side,
+// a page-aligned part at a time: each part registered and copied in place
+// by dma (its DMA traced as phase), or through the slots by staged where
+// its pages cannot be registered.
+func (c *hostCopier) directParts(s *cuda.Stream, b []byte, off int64, phase StreamPhase, rec *callRecorder, staged, dma func(part []byte, off int64) error) error {
+	for _, ch := range pageChunks(b, c.chunkBytes()) {
+		part, o := b[ch[0]:ch[1]], off+int64(ch[0])
 		if !c.register(part, rec) {
-			if err := c.toDeviceStaged(s, dst, off+int64(ch[0]), part, rec); err != nil {
+			if err := staged(part, o); err != nil {
 				return err
 			}
 			continue
 		}
 		m := rec.begin(s)
-		if err := c.dev.CopyToDeviceAsync(dst, off+int64(ch[0]), part, s); err != nil {
+		if err := dma(part, o); err != nil {
 			return fmt.Errorf("gpu: host copy: %w", err)
 		}
-		rec.end(s, StreamToDevice, m, int64(len(part)))
+		rec.end(s, phase, m, int64(len(part)))
 		rec.lap(HostEnqueue)
 	}
 	return nil
@@ -188,23 +206,14 @@ func (c *hostCopier) toDeviceStaged(s *cuda.Stream, dst *cuda.Buffer, off int64,
 // host page-locks chunk i+1 while the DMA writes chunk i in place. rec
 // (nil: untraced) records the phases.
 func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, off int64, rec *callRecorder) error {
-	if !c.direct || len(dst) < directMin {
+	if !c.directFor(dst) {
 		return c.fromDeviceStaged(s, dst, src, off, rec)
 	}
-	for _, ch := range pageChunks(dst, c.chunkBytes()) {
-		part := dst[ch[0]:ch[1]]
-		if !c.register(part, rec) {
-			if err := c.fromDeviceStaged(s, part, src, off+int64(ch[0]), rec); err != nil {
-				return err
-			}
-			continue
-		}
-		m := rec.begin(s)
-		if err := c.dev.CopyFromDeviceAsync(part, src, off+int64(ch[0]), s); err != nil {
-			return fmt.Errorf("gpu: host copy: %w", err)
-		}
-		rec.end(s, StreamFromDevice, m, int64(len(part)))
-		rec.lap(HostEnqueue)
+	err := c.directParts(s, dst, off, StreamFromDevice, rec,
+		func(part []byte, o int64) error { return c.fromDeviceStaged(s, part, src, o, rec) },
+		func(part []byte, o int64) error { return c.dev.CopyFromDeviceAsync(part, src, o, s) })
+	if err != nil {
+		return err
 	}
 	if err := s.Synchronize(); err != nil {
 		return fmt.Errorf("gpu: host copy: %w", err)
@@ -290,8 +299,7 @@ func pageChunks(b []byte, chunk int) [][2]int {
 func (c *hostCopier) register(b []byte, rec *callRecorder) bool {
 	defer rec.lap(HostRegister)
 	base := uintptr(unsafe.Pointer(&b[0]))
-	lo := base &^ (cuda.HostPageSize - 1)
-	hi := (base + uintptr(len(b)) + cuda.HostPageSize - 1) &^ (cuda.HostPageSize - 1)
+	lo, hi := cuda.HostPages(b)
 	held := make([][2]uintptr, len(c.registered))
 	for i, r := range c.registered {
 		a, n := r.Range()
@@ -304,7 +312,7 @@ func (c *hostCopier) register(b []byte, rec *callRecorder) bool {
 		if err != nil {
 			var ce *cuda.Error
 			if errors.As(err, &ce) && (ce.Code == cuda.ErrorNotPermitted || ce.Code == cuda.ErrorNotSupported) {
-				c.direct, c.refused = false, true // no registration on this system: stage from now on
+				c.refused = true // no registration on this system: stage from now on
 			}
 			return false // these pages (held elsewhere, read-only, not memory) go through the slots
 		}
@@ -373,6 +381,13 @@ func (c *hostCopier) releaseInputs(rec *callRecorder) error {
 	if err != nil {
 		return fmt.Errorf("gpu: host copy: %w", err)
 	}
+	return c.unregister(rec)
+}
+
+// unregister unlocks the memory of the call's registrations, which no copy
+// uses any more, and forgets them.
+func (c *hostCopier) unregister(rec *callRecorder) error {
+	var err error
 	for _, r := range c.registered {
 		if uerr := r.Unregister(); uerr != nil && err == nil {
 			err = fmt.Errorf("gpu: host copy: %w", uerr)
@@ -399,14 +414,7 @@ func (c *hostCopier) unregisterAll(s *cuda.Stream, rec *callRecorder) error {
 		c.registered = nil
 		return fmt.Errorf("gpu: host copy: %w", err)
 	}
-	for _, r := range c.registered {
-		if uerr := r.Unregister(); uerr != nil && err == nil {
-			err = fmt.Errorf("gpu: host copy: %w", uerr)
-		}
-	}
-	c.registered = nil
-	rec.lap(HostRegister)
-	return err
+	return c.unregister(rec)
 }
 
 // parallelCopy copies src into dst (of equal length), split over several
@@ -465,32 +473,24 @@ func (b *Backend) HostRates() (HostRates, error) {
 		heap[i] = byte(i >> 12) // map every page before timing
 	}
 	pinned := slot.Bytes()
-	median := func(run func() error, bytes int) (float64, error) {
-		ts := make([]float64, 0, reps)
-		for range reps {
-			t0 := time.Now()
-			if err := run(); err != nil {
-				return 0, err
-			}
-			ts = append(ts, time.Since(t0).Seconds())
-		}
-		slices.Sort(ts)
-		return float64(bytes) / ts[len(ts)/2], nil
-	}
-	var r HostRates
-	r.ToPinned, _ = median(func() error {
+	// each way and step timed reps times, the median kept
+	var toPinned, fromPinned, lock, unlock []float64
+	for range reps {
+		t0 := time.Now()
 		for lo := 0; lo < len(heap); lo += len(pinned) {
 			parallelCopy(pinned, heap[lo:lo+len(pinned)])
 		}
-		return nil
-	}, goBytes)
-	r.FromPinned, _ = median(func() error {
+		t1 := time.Now()
 		for lo := 0; lo < len(heap); lo += len(pinned) {
 			parallelCopy(heap[lo:lo+len(pinned)], pinned)
 		}
-		return nil
-	}, goBytes)
-	var lock, unlock []float64
+		toPinned, fromPinned = append(toPinned, t1.Sub(t0).Seconds()), append(fromPinned, time.Since(t1).Seconds())
+	}
+	median := func(ts []float64) float64 {
+		slices.Sort(ts)
+		return ts[len(ts)/2]
+	}
+	r := HostRates{ToPinned: goBytes / median(toPinned), FromPinned: goBytes / median(fromPinned)}
 	for range reps {
 		t0 := time.Now()
 		reg, err := b.dev.RegisterHost(heap[:regBytes])
@@ -503,9 +503,7 @@ func (b *Backend) HostRates() (HostRates, error) {
 		}
 		lock, unlock = append(lock, t1.Sub(t0).Seconds()), append(unlock, time.Since(t1).Seconds())
 	}
-	slices.Sort(lock)
-	slices.Sort(unlock)
-	r.Register, r.Unregister = regBytes/lock[reps/2], regBytes/unlock[reps/2]
+	r.Register, r.Unregister = regBytes/median(lock), regBytes/median(unlock)
 	return r, nil
 }
 

@@ -127,9 +127,9 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         (void)kj; (void)qi;
         float pr[2], ds[2];
         unpack2(pk[nt][hh], pr[0], pr[1]);
-#pragma unroll
+%[7]s#pragma unroll
         for (int c = 0; c < 2; ++c) {
-%[7]s          float d = pr[c] * (%[8]s - %[6]s);
+          float d = pr[c] * (%[8]s - %[6]s);
 %[3]s          ds[c] = d;
         }
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s%[9]s
@@ -228,13 +228,14 @@ func (g *bwdGen) keyRowsDropBits() string {
 `
 }
 
-// keyRowsKeptDecl returns, under dropout, the declaration of kept: whether
-// element (key kj, query qi + c) survives (the step's dkeep bits).
+// keyRowsKeptDecl returns, under dropout, the declaration of kw: the keep
+// bits of the pair of elements (key kj, queries qi, qi + 1), bit c for
+// query qi + c (the step's dkeep words).
 func (g *bwdGen) keyRowsKeptDecl() string {
 	if !g.v.Dropout {
 		return ""
 	}
-	return "          const bool kept = (dkeep[nt >> 2][hh] >> (8 * (nt & 3) + 2 * t4 + c)) & 1u;\n"
+	return "        const u32 kw = dkeep[nt >> 2][hh] >> (8 * (nt & 3) + 2 * t4);  // the pair's keep bits\n"
 }
 
 // keyRowsDP returns dP of element (key kj, query qi + c): the dPᵀ
@@ -243,10 +244,10 @@ func (g *bwdGen) keyRowsDP() string {
 	if !g.v.Dropout {
 		return "accP[0][nt][hh * 2 + c]"
 	}
-	return "(kept ? accP[0][nt][hh * 2 + c] * p.drop_scale : 0.f)"
+	return "((kw >> c) & 1u ? accP[0][nt][hh * 2 + c] * p.drop_scale : 0.f)"
 }
 
-// keyRowsDropP returns, under dropout, the statements that turn the pair
+// keyRowsDropP returns, under dropout, the statement that turns the pair
 // of Pᵀ just read for dSᵀ into the dropped and rescaled pair that dV +=
 // Pᵀ·dO takes.
 func (g *bwdGen) keyRowsDropP() string {
@@ -254,10 +255,7 @@ func (g *bwdGen) keyRowsDropP() string {
 		return ""
 	}
 	return `
-        {
-          const u32 kw = dkeep[nt >> 2][hh] >> (8 * (nt & 3) + 2 * t4);  // the pair's keep bits
-          pk[nt][hh] = pack2((kw & 1u) ? pr[0] * p.drop_scale : 0.f, (kw & 2u) ? pr[1] * p.drop_scale : 0.f);
-        }`
+        pk[nt][hh] = pack2((kw & 1u) ? pr[0] * p.drop_scale : 0.f, (kw & 2u) ? pr[1] * p.drop_scale : 0.f);`
 }
 
 // keyRowsStoreDS returns, with the atomic dQ, the stores of a thread's two

@@ -250,7 +250,15 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + tmaSuffix(v.TMA) + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + biasStagedSuffix(v.BiasStaged) + lightTailSuffix(v.LightTail)
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + suffixIf(v.TMA, "_tma") + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + suffixIf(v.BiasStaged, "_bs") + suffixIf(v.LightTail, "_lt")
+}
+
+// suffixIf returns the name suffix s of a variant part that is on, else "".
+func suffixIf(on bool, s string) string {
+	if on {
+		return s
+	}
+	return ""
 }
 
 // flatSuffix is the name suffix of Flat (and FlatStaged) variants.
@@ -268,40 +276,8 @@ func flatSuffix(flat, staged bool) string {
 // early-rescale (er), persistent (pt), O-by-tensor-maps (so) and
 // early-dropout (ed) variants.
 func wsSuffix(p Pipeline) string {
-	var s string
-	for _, part := range []struct {
-		on     bool
-		suffix string
-	}{{p.WarpSpecialized, "_ws"}, {p.PingPong, "_pp"}, {p.EarlyRescale, "_er"}, {p.Persistent, "_pt"}, {p.StoreO, "_so"}, {p.EarlyDropout, "_ed"}} {
-		if part.on {
-			s += part.suffix
-		}
-	}
-	return s
-}
-
-// biasStagedSuffix is the name suffix of BiasStaged variants.
-func biasStagedSuffix(staged bool) string {
-	if staged {
-		return "_bs"
-	}
-	return ""
-}
-
-// lightTailSuffix is the name suffix of LightTail variants.
-func lightTailSuffix(on bool) string {
-	if on {
-		return "_lt"
-	}
-	return ""
-}
-
-// tmaSuffix is the name suffix of TMA variants.
-func tmaSuffix(tma bool) string {
-	if tma {
-		return "_tma"
-	}
-	return ""
+	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed")
 }
 
 // String returns Name.

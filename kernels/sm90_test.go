@@ -515,7 +515,7 @@ func TestKeyRowsSource(t *testing.T) {
 		}
 		// under dropout: the warp's bits drawn once a step, dP kept or zeroed before dS, P dropped after it for dV
 		draw := strings.Index(src, "drop_bits_kr<BM / 8>(dkeep, (u32)(i0 + p.drop_q0)")
-		dp := strings.Index(src, "(kept ? accP[0][nt][hh * 2 + c] * p.drop_scale : 0.f)")
+		dp := strings.Index(src, "((kw >> c) & 1u ? accP[0][nt][hh * 2 + c] * p.drop_scale : 0.f)")
 		dropP := strings.Index(src, "pk[nt][hh] = pack2((kw & 1u) ? pr[0] * p.drop_scale : 0.f")
 		dv := strings.Index(src, "(accdV[0], ap, ddn")
 		if v.Dropout != (draw >= 0) || v.Dropout != (dp >= 0) || v.Dropout != (dropP >= 0) {
