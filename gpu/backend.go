@@ -55,6 +55,12 @@ type Backend struct {
 	// when the variable names a pipeline (that pipeline then serves every
 	// call).
 	ShortPipeline *kernels.Pipeline
+	// EarlyDropoutAuto adds the early dropout bits
+	// (kernels.Pipeline.EarlyDropout) to Pipeline for calls under dropout
+	// where they measured faster: head dims 96–128 (their larger). New sets
+	// it when EnvPipeline is empty (a named pipeline serves every call as
+	// named).
+	EarlyDropoutAuto bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -223,7 +229,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		b.Pipeline = pl
 		if named == "" {
 			short := DefaultShortPipeline
-			b.ShortPipeline = &short
+			b.ShortPipeline, b.EarlyDropoutAuto = &short, true
 		}
 		bp, err := parseBwdPipeline(os.Getenv(EnvBwdPipeline))
 		if err != nil {

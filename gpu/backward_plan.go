@@ -423,18 +423,18 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 // accumulator) than on the dQ table's choice for the warp-specialized
 // kernels, and the query step they take (0: the variant's own): head dims
 // 65–128 (their larger) on the variant's step, 49–64 (padded to 64) on
-// steps of 128 queries; at least 512 queries without a mask or window and
-// 1024 with one, fixed length, not deterministic, without dropout (the
-// key-rows step under dropout is not timed yet: FLASHATTN_BWD_KEY_ROWS=1
-// takes it) (docs/kernels/backward.md, "The tiled dQ accumulator" and
-// "Steps of 128 queries at D ≤ 64").
+// steps of 128 queries (which under dropout take neither a softcap nor a
+// bias: kernels.QueryStepOK; those keep the table's choice); at least 512
+// queries without a mask or window and 1024 with one, fixed length, not
+// deterministic (docs/kernels/backward.md, "The tiled dQ accumulator",
+// "Steps of 128 queries at D ≤ 64" and "Dropout in the key-rows step").
 func keyRowsFaster(p *attn.Problem) (queryStep int, faster bool) {
 	d := max(p.DK, p.DV)
 	minN := 512
 	if p.Masked {
 		minN = 1024
 	}
-	if d <= 48 || d > 128 || p.Varlen || p.N < minN || p.Opt.Deterministic || p.Opt.Dropout > 0 {
+	if d <= 48 || d > 128 || p.Varlen || p.N < minN || p.Opt.Deterministic {
 		return 0, false
 	}
 	if d <= 64 {

@@ -500,11 +500,28 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // stages, not beside the short pipeline's O tile, and a bias read from
 // global memory costs more than the short pipeline saves
 // (docs/kernels/forward.md, "The bias staged in shared memory").
+// Pipeline takes the early dropout bits besides where EarlyDropoutAuto and
+// earlyDropoutFaster say so.
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	if b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
 		return *b.ShortPipeline
 	}
-	return b.Pipeline
+	pl := b.Pipeline
+	if b.EarlyDropoutAuto && earlyDropoutFaster(p) {
+		pl.EarlyDropout = true
+	}
+	return pl
+}
+
+// earlyDropoutFaster reports the problems whose forward measured faster
+// with the dropout keep bits drawn while the S product runs
+// (kernels.Pipeline.EarlyDropout) than after it: under dropout, head dims
+// 96–128 (their larger); at 64–80 the bits' registers cost more than the
+// overlap gains, at 192–256 they break even (docs/kernels/forward.md,
+// "Pipelines", early-dropout).
+func earlyDropoutFaster(p *attn.Problem) bool {
+	d := max(p.DK, p.DV)
+	return p.Opt.Dropout > 0 && d >= 96 && d <= 128
 }
 
 // shortWindow reports whether p's mask (resolved) is a window of both sides

@@ -137,15 +137,20 @@ func (c *hostCopier) directFor(b []byte) bool {
 func (c *hostCopier) directParts(s *cuda.Stream, b []byte, off int64, phase StreamPhase, rec *callRecorder, staged, dma func(part []byte, off int64) error) error {
 	for _, ch := range pageChunks(b, c.chunkBytes()) {
 		part, o := b[ch[0]:ch[1]], off+int64(ch[0])
-		if !c.register(part, rec) {
+		pieces, ok := c.register(part, rec)
+		if !ok {
 			if err := staged(part, o); err != nil {
 				return err
 			}
 			continue
 		}
+		// one DMA per registration the part spans: the driver refuses a
+		// copy whose range runs from one registration into the next
 		m := rec.begin(s)
-		if err := dma(part, o); err != nil {
-			return fmt.Errorf("gpu: host copy: %w", err)
+		for _, pc := range pieces {
+			if err := dma(part[pc[0]:pc[1]], o+int64(pc[0])); err != nil {
+				return fmt.Errorf("gpu: host copy: %w", err)
+			}
 		}
 		rec.end(s, phase, m, int64(len(part)))
 		rec.lap(HostEnqueue)
@@ -291,21 +296,18 @@ func pageChunks(b []byte, chunk int) [][2]int {
 
 // register page-locks the pages of b that this call has not registered
 // yet and reports whether all of b's pages are now registered by this
-// call, so that a copy can DMA b in place. Pages held by a registration not this call's
-// (the caller's own, or another backend's) make it report false: b then
-// goes through the slots, as a registration this call does not own may end
-// while the copy runs. So do pages the driver will not lock (read-only
-// mappings, say); a driver that locks none turns the direct mode off.
-func (c *hostCopier) register(b []byte, rec *callRecorder) bool {
+// call, so that a copy can DMA b in place, and if so b's pieces, as
+// [start, end) offsets in order, that each lie within one registration.
+// Pages held by a registration not this call's (the caller's own, or
+// another backend's) make it report false: b then goes through the slots,
+// as a registration this call does not own may end while the copy runs.
+// So do pages the driver will not lock (read-only mappings, say); a
+// driver that locks none turns the direct mode off.
+func (c *hostCopier) register(b []byte, rec *callRecorder) (pieces [][2]int, ok bool) {
 	defer rec.lap(HostRegister)
 	base := uintptr(unsafe.Pointer(&b[0]))
 	lo, hi := cuda.HostPages(b)
-	held := make([][2]uintptr, len(c.registered))
-	for i, r := range c.registered {
-		a, n := r.Range()
-		held[i] = [2]uintptr{a, a + uintptr(n)}
-	}
-	for _, piece := range uncoveredPages(lo, hi, held) {
+	for _, piece := range uncoveredPages(lo, hi, c.heldRanges()) {
 		// the bytes of b inside the piece, whose pages are the piece's
 		plo, phi := max(piece[0], base)-base, min(piece[1], base+uintptr(len(b)))-base
 		r, err := c.dev.RegisterHost(b[plo:phi])
@@ -314,11 +316,37 @@ func (c *hostCopier) register(b []byte, rec *callRecorder) bool {
 			if errors.As(err, &ce) && (ce.Code == cuda.ErrorNotPermitted || ce.Code == cuda.ErrorNotSupported) {
 				c.refused = true // no registration on this system: stage from now on
 			}
-			return false // these pages (held elsewhere, read-only, not memory) go through the slots
+			return nil, false // these pages (held elsewhere, read-only, not memory) go through the slots
 		}
 		c.registered = append(c.registered, r)
 	}
-	return true
+	return registrationPieces(base, len(b), c.heldRanges()), true
+}
+
+// heldRanges returns the address ranges ([start, end) each) this call has
+// registered.
+func (c *hostCopier) heldRanges() [][2]uintptr {
+	held := make([][2]uintptr, len(c.registered))
+	for i, r := range c.registered {
+		a, n := r.Range()
+		held[i] = [2]uintptr{a, a + uintptr(n)}
+	}
+	return held
+}
+
+// registrationPieces splits the n bytes at base into the pieces, as
+// [start, end) offsets from base in order, that the held ranges cover one
+// each (the ranges do not overlap and together cover the bytes).
+func registrationPieces(base uintptr, n int, held [][2]uintptr) [][2]int {
+	var out [][2]int
+	end := base + uintptr(n)
+	for _, h := range held {
+		if lo, hi := max(h[0], base), min(h[1], end); lo < hi {
+			out = append(out, [2]int{int(lo - base), int(hi - base)})
+		}
+	}
+	slices.SortFunc(out, func(a, b [2]int) int { return a[0] - b[0] })
+	return out
 }
 
 // uncoveredPages returns the parts of the range [lo, hi) that none of the

@@ -119,3 +119,24 @@ func TestUncoveredPages(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistrationPieces checks how a direct copy's bytes split at the
+// edges of the registrations that hold them: one DMA per registration.
+func TestRegistrationPieces(t *testing.T) {
+	type r = [2]uintptr
+	for _, tc := range []struct {
+		base uintptr
+		n    int
+		held []r
+		want [][2]int
+	}{
+		{100, 50, []r{{0, 4096}}, [][2]int{{0, 50}}},
+		{4000, 200, []r{{4096, 8192}, {0, 4096}}, [][2]int{{0, 96}, {96, 200}}},
+		{4000, 9000, []r{{8192, 16384}, {0, 4096}, {4096, 8192}, {20000, 30000}}, [][2]int{{0, 96}, {96, 4192}, {4192, 9000}}},
+		{5000, 10, []r{{0, 4096}, {4096, 8192}}, [][2]int{{0, 10}}},
+	} {
+		if got := registrationPieces(tc.base, tc.n, tc.held); !slices.Equal(got, tc.want) {
+			t.Errorf("%d bytes at %d over %v = %v, want %v", tc.n, tc.base, tc.held, got, tc.want)
+		}
+	}
+}

@@ -261,8 +261,9 @@ func hopperPlan(t *testing.T, name string, c bwdCase, seed uint64, algo DQAlgori
 // TestBackwardPlanKeyRowsAuto checks where the planner takes the key-rows
 // step with the atomic dQ by bulk reduce-adds on its own (keyRowsFaster):
 // D = 65–128 on the variant's query step and D = 49–64 on steps of 128
-// queries, at least 512 queries without a mask and 1024 with one, fixed
-// length, the dQ algorithm left to it or atomic, not deterministic,
+// queries (under dropout without a softcap or bias), at least 512 queries
+// without a mask and 1024 with one, fixed length, the dQ algorithm left to
+// it or atomic, not deterministic,
 // warp-specialized tensor-map kernels; elsewhere the table's choice stands. Planned again
 // with the algorithm the plan returned, as BackwardDevice plans after
 // PrepareBackward, every call keeps its kernels.
@@ -305,7 +306,11 @@ func TestBackwardPlanKeyRowsAuto(t *testing.T) {
 		{"d64 off", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQAuto, true, false, false, DQAtomic},
 		{"d48", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 48, dv: 48}, DQAuto, true, true, false, DQAtomic},
 		{"d64 separate asked", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64}, DQSeparate, true, true, false, DQSeparate},
-		{"d128 dropout", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQAuto, true, true, false, DQSeparate},
+		{"d128 dropout", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1}, DQAuto, true, true, true, DQAtomic},
+		{"d128 dropout bias gradient", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, dropout: 0.1, causal: true, bias: []int{1, 2}, biasGrad: true}, DQAuto, true, true, true, DQAtomic},
+		{"d64 dropout", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dropout: 0.1}, DQAuto, true, true, true, DQAtomic},
+		{"d64 dropout softcap: spills", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dropout: 0.1, softcap: 30}, DQAuto, true, true, false, DQAtomic},
+		{"d64 dropout bias: spills", bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dropout: 0.1, bias: []int{1, 2}}, DQAuto, true, true, false, DQAtomic},
 	}
 	for i, tc := range cases {
 		pl, r := hopperPlan(t, tc.name, tc.c, uint64(120+i), tc.algo, func(r *bwdRequest) { r.ws, r.keyRowsAuto = tc.ws, tc.auto })
@@ -622,5 +627,50 @@ func TestForwardPlanLightTail(t *testing.T) {
 		if pl.v.LightTail != c.want {
 			t.Errorf("%s: %s, light tail %v, want %v", c.name, pl.v.Name(), pl.v.LightTail, c.want)
 		}
+	}
+}
+
+// TestForwardEarlyDropout checks where a backend adds the early dropout
+// bits to its pipeline on its own (EarlyDropoutAuto, earlyDropoutFaster):
+// under dropout at head dims 96–128 on Pipeline, not at other head dims,
+// without dropout, on the short pipeline, or when the pipeline is named;
+// and that the plan's kernel draws them.
+func TestForwardEarlyDropout(t *testing.T) {
+	short := DefaultShortPipeline
+	auto := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, EarlyDropoutAuto: true}
+	named := &Backend{Pipeline: DefaultPipeline}
+	for _, c := range []struct {
+		name    string
+		b       *Backend
+		dk, dv  int
+		m       int
+		dropout float64
+		want    bool
+	}{
+		{"d128", auto, 128, 128, 8192, 0.1, true},
+		{"d96", auto, 96, 96, 8192, 0.1, true},
+		{"d64-128", auto, 64, 128, 8192, 0.1, true},
+		{"d80", auto, 80, 80, 8192, 0.1, false},
+		{"d64", auto, 64, 64, 8192, 0.1, false},
+		{"d192", auto, 192, 192, 8192, 0.1, false},
+		{"d128 no dropout", auto, 128, 128, 8192, 0, false},
+		{"d128 short", auto, 128, 128, ShortKeys, 0.1, false},
+		{"d128 named pipeline", named, 128, 128, 8192, 0.1, false},
+	} {
+		p := &attn.Problem{N: c.m, M: c.m, DK: c.dk, DV: c.dv, Opt: attn.Options{Dropout: c.dropout}}
+		if got := c.b.forwardPipeline(p, false).EarlyDropout; got != c.want {
+			t.Errorf("%s: early dropout %v, want %v", c.name, got, c.want)
+		}
+	}
+	c := fwdRecordCase{name: "early dropout", dt: attn.BFloat16, b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+	c.opt.Dropout = 0.1
+	p, ts, _, _ := c.tensors(t)
+	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
+		hopper: true, tma: true, pipeline: auto.forwardPipeline(p, false), sms: 132})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := pl.v; !v.WarpSpecialized || !v.EarlyDropout {
+		t.Errorf("%s: want warp-specialized with the early dropout bits", v.Name())
 	}
 }

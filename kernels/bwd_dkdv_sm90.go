@@ -58,7 +58,9 @@ const bwdHopperBM = 64
 // consecutive columns, which the transposed product does not hold); or
 // 128 on the key-rows step at padded head dims up to 64, FlashAttention-3's
 // step there, whose atomic dQ each warpgroup computes for half of the
-// step's queries (bwdDQRowHalves).
+// step's queries (bwdDQRowHalves), except under dropout with a softcap or a
+// bias, whose registers beside the keep bits spill the step's
+// (docs/kernels/backward.md, "Dropout in the key-rows step").
 func QueryStepOK(v BwdVariant) bool {
 	switch v.QueryStep {
 	case 0:
@@ -66,7 +68,7 @@ func QueryStepOK(v BwdVariant) bool {
 	case 80:
 		return v.KeyRows && (!v.AtomicDQ || v.BulkDQ)
 	case 128:
-		return v.KeyRows && v.DKPad() <= 64 && v.DVPad() <= 64
+		return v.KeyRows && v.DKPad() <= 64 && v.DVPad() <= 64 && !(v.Dropout && (v.Softcap || v.Bias != BiasNone))
 	}
 	return false
 }

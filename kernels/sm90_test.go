@@ -444,12 +444,14 @@ func TestBwdCompileHopper(t *testing.T) {
 	bulk := bwdHopperBulkDQVariants()
 	ws := bwdHopperWSVariants()
 	keyRows := bwdHopperKeyRowsVariants()
+	keyRowsDropout := bwdHopperKeyRowsDropoutVariants()
 	if testing.Short() {
 		vs = []BwdVariant{vs[1], vs[5], vs[17]}
 		tma = []BwdVariant{tma[1], tma[9], tma[len(tma)-3]}
 		bulk = bulk[:2]
 		ws = []BwdVariant{ws[0], ws[len(ws)/2], ws[len(ws)-1]}
 		keyRows = []BwdVariant{keyRows[0], keyRows[len(keyRows)-1]}
+		keyRowsDropout = keyRowsDropout[:1]
 	}
 	// the light-tail CTA order on a masked variant of each of the lockstep and key-rows kernels
 	var tails []BwdVariant
@@ -461,7 +463,37 @@ func TestBwdCompileHopper(t *testing.T) {
 			}
 		}
 	}
-	checkBwdHopperCompiles(t, c, append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...))
+	checkBwdHopperCompiles(t, c, append(append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...), keyRowsDropout...))
+}
+
+// bwdHopperKeyRowsDropoutVariants returns key-rows variants under dropout
+// as the planner takes them (atomic dQ by bulk reduce-adds, steps of 128
+// queries at D ≤ 64), alone and with each feature that costs registers
+// beside the keep bits: the mask, the softcap, a bias, the bias gradient.
+func bwdHopperKeyRowsDropoutVariants() []BwdVariant {
+	var vs []BwdVariant
+	for _, d := range []int{64, 128} {
+		for _, f := range []Features{
+			{Dropout: true},
+			{Dropout: true, Mask: MaskFor(true)},
+			{Dropout: true, Softcap: true},
+			{Dropout: true, Bias: BiasBF16},
+			{Dropout: true, Bias: BiasBF16, Mask: MaskWindow},
+		} {
+			for _, grad := range []bool{false, true} {
+				if grad && f.Bias == BiasNone {
+					continue
+				}
+				v := BwdVariant{DType: attn.BFloat16, DK: d, DV: d, Features: f, Vector: true, AtomicDQ: true, BulkDQ: true, BiasGrad: grad,
+					WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true}
+				if d <= 64 {
+					v.QueryStep = 128
+				}
+				vs = append(vs, v)
+			}
+		}
+	}
+	return vs
 }
 
 // bwdHopperKeyRowsVariants returns the variants of bwdHopperWSVariants
@@ -600,9 +632,22 @@ func bwdHopperWSVariants() []BwdVariant {
 	return vs
 }
 
+// bwdSpillLimit returns the bytes a Hopper backward kernel of v may spill:
+// 32, or 256 for the key-rows step under dropout with a bias at padded
+// head dims past 64 (44–176 bytes with the bias gradient or a mask), which
+// measured 1.36–1.46× faster than the table's kernels all the same
+// (docs/kernels/backward.md, "Dropout in the key-rows step").
+func bwdSpillLimit(v BwdVariant) int {
+	if v.KeyRows && v.Dropout && v.Bias != BiasNone && max(v.DKPad(), v.DVPad()) > 64 {
+		return 256
+	}
+	return 32
+}
+
 // checkBwdHopperCompiles compiles the Hopper backward variants vs for
-// sm_90a and fails on more than 32 bytes spilled by their dK/dV or dQ
-// kernel and on serialized warpgroup products in ptxas's report.
+// sm_90a and fails on more spilled bytes by their dK/dV or dQ kernel than
+// bwdSpillLimit allows and on serialized warpgroup products in ptxas's
+// report.
 func checkBwdHopperCompiles(t *testing.T, c *cuda.Compiler, vs []BwdVariant) {
 	t.Helper()
 	only := os.Getenv("FLASHATTN_COMPILE_ONLY") // a regular expression: only the variants whose names match
@@ -624,8 +669,8 @@ func checkBwdHopperCompiles(t *testing.T, c *cuda.Compiler, vs []BwdVariant) {
 				continue
 			}
 			t.Logf("%s %s: %d registers, spills %d/%d", v.Name(), r.Name, r.Registers, r.SpillStores, r.SpillLoads)
-			if r.SpillStores > 32 {
-				t.Errorf("%s spills %d bytes", v.Name(), r.SpillStores)
+			if limit := bwdSpillLimit(v); r.SpillStores > limit {
+				t.Errorf("%s spills %d bytes, more than %d", v.Name(), r.SpillStores, limit)
 			}
 		}
 		if strings.Contains(out.Stats.Log, "wgmma.mma_async instructions are serialized") {
