@@ -185,6 +185,9 @@ func plan(r fwdRequest) (launch, error) {
 			vr = w
 		}
 	}
+	if batchInnerBias(p.B, pr.BiasStrideB, pr.BiasStrideH) {
+		vr.BatchInner = true
+	}
 	if r.lightTail { // (Validate declines it unmasked or persistent)
 		w := vr
 		w.LightTail = true
@@ -225,11 +228,24 @@ func plan(r fwdRequest) (launch, error) {
 		}
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
+	if vr.BatchInner {
+		l.grid[1], l.grid[2] = uint32(p.B), uint32(p.H)
+	}
 	if vr.Persistent {
 		tiles := int(l.grid[0]) * p.H * p.B
 		l.grid = [3]uint32{uint32(kernels.PersistentGrid(tiles, r.sms)), 1, 1}
 	}
 	return l, nil
+}
+
+// batchInnerBias reports whether a forward over batch elements with a
+// bias of batch stride sb and head stride sh (elements; 0 where broadcast)
+// takes the batch-inner grid (kernels.Variant.BatchInner): a bias that
+// differs by head but not by batch element, which the batch's CTAs of a
+// head then read together. A bias broadcast over the heads too is shared
+// by the heads' CTAs of the grid's usual order already.
+func batchInnerBias(batch int, sb, sh int64) bool {
+	return batch > 1 && sb == 0 && sh != 0
 }
 
 // biasStageable reports whether a 16-bit bias at device address ptr, with

@@ -68,16 +68,15 @@ func (x *gen) ctaSetup() {
 `)
 		if v.LightTail {
 			x.raw(ctaOrderCall("  ", "the launch ends on its lightest query blocks (kernels/cta_order.go)"))
-			x.raw(`  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first
-  int h = pair_ % gridDim.y, b = pair_ / gridDim.y;
-`)
+			x.raw("  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first\n")
+			x.raw(x.pairCoords("  ", "pair_ % gridDim.y", "pair_ / gridDim.y"))
 		} else {
 			if v.Mask == MaskWindow {
 				x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
 			} else {
 				x.raw("  const int mblk = blockIdx.x;\n")
 			}
-			x.raw("  int h = blockIdx.y, b = blockIdx.z;\n")
+			x.raw(x.pairCoords("  ", "blockIdx.y", "blockIdx.z"))
 		}
 	}
 	x.raw(`  const int kvh = h / p.group;  // key/value head of this query head
@@ -135,6 +134,16 @@ func (x *gen) ctaSetup() {
 `)
 }
 
+// pairCoords declares the CTA's head h and batch element b from the grid's
+// y and z coordinates (expressions y and z): (heads, batch), or under
+// BatchInner (batch, heads).
+func (x *gen) pairCoords(indent, y, z string) string {
+	if x.v.BatchInner {
+		return fmt.Sprintf("%sint b = %s, h = %s;  // grid (query blocks, batch, heads): a head's CTAs over the batch run together\n", indent, y, z)
+	}
+	return fmt.Sprintf("%sint h = %s, b = %s;\n", indent, y, z)
+}
+
 // recomputeCoords re-derives the CTA coordinates after the main loop from
 // fresh special-register reads, so that they hold no registers during it.
 func (x *gen) recomputeCoords() {
@@ -142,10 +151,19 @@ func (x *gen) recomputeCoords() {
 	x.raw("\n  {  // ---- CTA coordinates again (not kept live through the main loop)\n")
 	if v.LightTail {
 		x.raw(ctaOrderCall("    ", ""))
-		x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n    m0 = (gridDim.x - 1 - blk_) * BM;\n")
+		if v.BatchInner {
+			x.raw("    b = pair_ % gridDim.y;\n    h = pair_ / gridDim.y;\n")
+		} else {
+			x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n")
+		}
+		x.raw("    m0 = (gridDim.x - 1 - blk_) * BM;\n")
 	} else {
 		x.raw("    const u32 cz = ctaid_z(), cy = ctaid_y(), cx = ctaid_x();\n")
-		x.raw("    b = (int)cz;\n    h = (int)cy;\n")
+		if v.BatchInner {
+			x.raw("    b = (int)cy;\n    h = (int)cz;\n")
+		} else {
+			x.raw("    b = (int)cz;\n    h = (int)cy;\n")
+		}
 		if v.Mask == MaskWindow {
 			x.raw("    m0 = (int)(gridDim.x - 1 - cx) * BM;\n")
 		} else {
