@@ -39,7 +39,9 @@
 # staged where the default stages it, and staged wherever it can be (FLASHATTN_BIAS_STAGED=0,
 # unset, 1; BIAS_CONFIGS, LABEL=VAR=VALUE,VAR=VALUE each, e.g. adding
 # tracked=FLASHATTN_BIAS_STAGED=1,FLASHATTN_BIAS_TRACKED=1) on BIAS_SHAPES, after the forward
-# and gradient tests under the staging everywhere (BIAS_CHECK=0 skips them); wintime times the
+# and gradient tests under the staging everywhere (BIAS_CHECK=0 skips them, BIAS_CHECK_ENV adds
+# variables to them); BIAS_KIND (bhnm, 1hnm, b1nm; default 11nm) is the bias's broadcast,
+# BIAS_PASSES (default "fwd bwd") the passes timed; wintime times the
 # forward under windows on the default pipeline and on the short-sequence
 # one (persistent, tma-store), the default for windows with L + R <= 2048; wscheck is bwdcheck with the warp-specialized backward,
 # FLASHATTN_BWD_PIPELINE=ws, keyrowscheck with its key-rows step too,
@@ -192,13 +194,13 @@ BIAS_CONFIGS=${BIAS_CONFIGS:-global=FLASHATTN_BIAS_STAGED=0 default=FLASHATTN_BI
 if [[ ",$STEPS," == *",biastime,"* ]]; then
 	if [ "${BIAS_CHECK:-1}" != 0 ]; then
 		log=$OUT/biascheck.log
-		(cd "$ROOT/gpu" && FLASHATTN_BIAS_STAGED=1 timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
+		(cd "$ROOT/gpu" && FLASHATTN_BIAS_STAGED=1 ${BIAS_CHECK_ENV:-} timeout --kill-after=10 240 "$ROOT/.bin/gpu.test" -test.v -test.short \
 			-test.run 'TestShapes|TestForwardNonFinite|TestConformance|TestBackwardGradients$|TestBackwardKeyRowsDefault') >"$log" 2>&1
 		printf 'biascheck rc=%-3d %s failed subtests\n' "$?" "$(grep -cE '^\s*--- FAIL' "$log")" | tee -a "$SUMMARY"
 	fi
 	labels=$(for c in $BIAS_CONFIGS; do printf '%s ' "${c%%=*}"; done)
-	for pass in fwd bwd; do
-		BENCH_FLAGS="--bias 11nm" time_configs "$OUT/biastimes-$pass.txt" $pass "$BIAS_SHAPES" "$BIAS_CONFIGS"
+	for pass in ${BIAS_PASSES:-fwd bwd}; do
+		BENCH_FLAGS="--bias ${BIAS_KIND:-11nm}" time_configs "$OUT/biastimes-$pass.txt" $pass "$BIAS_SHAPES" "$BIAS_CONFIGS"
 		echo "bias, $pass:" >>"$SUMMARY"
 		summarize "$OUT/biastimes-$pass.txt" "$labels" >>"$SUMMARY"
 	done

@@ -111,6 +111,9 @@ type fwdRequest struct {
 	// lightTail orders a masked launch of one tile a CTA so that it ends
 	// on its lightest query blocks (Backend.FwdLightTail).
 	lightTail bool
+	// batchInner launches the batch-inner grid where the bias allows it
+	// (batchInnerBias, Backend.BiasBatchInner).
+	batchInner bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -185,7 +188,7 @@ func plan(r fwdRequest) (launch, error) {
 			vr = w
 		}
 	}
-	if batchInnerBias(p.B, pr.BiasStrideB, pr.BiasStrideH) {
+	if r.batchInner && batchInnerBias(p.B, pr.BiasStrideB, pr.BiasStrideH) {
 		vr.BatchInner = true
 	}
 	if r.lightTail { // (Validate declines it unmasked or persistent)
@@ -490,7 +493,8 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail,
+		batchInner: b.BiasBatchInner}
 	b.setBiasStaging(&r)
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()

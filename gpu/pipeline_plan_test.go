@@ -635,7 +635,8 @@ func TestForwardPlanLightTail(t *testing.T) {
 // that differs by head but not by batch element, over more than one batch
 // element, on every kernel family and pipeline; not without a bias, with a
 // bias of its own per batch element, one broadcast over the heads too, or
-// one batch element. The grid's y and z are then the batch and the heads.
+// one batch element, nor without the knob (Backend.BiasBatchInner). The
+// grid's y and z are then the batch and the heads.
 func TestForwardPlanBatchInner(t *testing.T) {
 	full := DefaultPipeline
 	persistent := full
@@ -646,20 +647,21 @@ func TestForwardPlanBatchInner(t *testing.T) {
 		bias       []int
 		wgmma, tma bool
 		pipe       kernels.Pipeline
-		want       bool
+		off, want  bool
 	}{
-		{"[1,H,N,M], warp-specialized", 4, []int{1, 4}, true, true, full, true},
-		{"[1,H,N,M], persistent", 4, []int{1, 4}, true, true, persistent, true},
-		{"[1,H,N,M], lockstep", 4, []int{1, 4}, true, true, kernels.Pipeline{}, true},
-		{"[1,H,N,M], mma.sync", 4, []int{1, 4}, false, false, kernels.Pipeline{}, true},
-		{"[B,H,N,M]", 4, []int{4, 4}, true, true, full, false},
-		{"[1,1,N,M]", 4, []int{1, 1}, true, true, full, false},
-		{"[1,H,N,M], one batch element", 1, []int{1, 4}, true, true, full, false},
-		{"no bias", 4, nil, true, true, full, false},
+		{"[1,H,N,M], warp-specialized", 4, []int{1, 4}, true, true, full, false, true},
+		{"[1,H,N,M], persistent", 4, []int{1, 4}, true, true, persistent, false, true},
+		{"[1,H,N,M], lockstep", 4, []int{1, 4}, true, true, kernels.Pipeline{}, false, true},
+		{"[1,H,N,M], mma.sync", 4, []int{1, 4}, false, false, kernels.Pipeline{}, false, true},
+		{"[B,H,N,M]", 4, []int{4, 4}, true, true, full, false, false},
+		{"[1,1,N,M]", 4, []int{1, 1}, true, true, full, false, false},
+		{"[1,H,N,M], one batch element", 1, []int{1, 4}, true, true, full, false, false},
+		{"no bias", 4, nil, true, true, full, false, false},
+		{"[1,H,N,M], knob off", 4, []int{1, 4}, true, true, full, true, false},
 	} {
 		rc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: c.b, n: 1000, m: 1000, h: 4, hkv: 4, dk: 128, dv: 128, bias: c.bias, wgmma: c.wgmma, tma: c.tma}
 		p, ts, bias, _ := rc.tensors(t)
-		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: bias, hopper: c.wgmma, tma: c.tma, pipeline: c.pipe, sms: 132})
+		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: bias, hopper: c.wgmma, tma: c.tma, pipeline: c.pipe, sms: 132, batchInner: !c.off})
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
