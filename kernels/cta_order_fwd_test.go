@@ -24,13 +24,13 @@ func TestBatchInnerSource(t *testing.T) {
 		not  []string // in the source without it only
 	}{
 		{"mma.sync", fwdVariant(t, attn.BFloat16, 64, 64, 16, func(v *Variant) { v.Bias = BiasBF16 }),
-			[]string{"int b = blockIdx.y, h = blockIdx.z;", "b = (int)cy;\n    h = (int)cz;"},
+			[]string{"int h = blockIdx.z, b = blockIdx.y;", "b = (int)cy;\n    h = (int)cz;"},
 			[]string{"int h = blockIdx.y, b = blockIdx.z;", "b = (int)cz;\n    h = (int)cy;"}},
 		{"warp-specialized", hopperPipelineVariant(t, full, func(v *Variant) { v.Bias = BiasBF16 }),
-			[]string{"int b = blockIdx.y, h = blockIdx.z;", "b = (int)cy;\n    h = (int)cz;"},
+			[]string{"int h = blockIdx.z, b = blockIdx.y;", "b = (int)cy;\n    h = (int)cz;"},
 			[]string{"int h = blockIdx.y, b = blockIdx.z;"}},
 		{"light tail", hopperPipelineVariant(t, full, func(v *Variant) { v.Bias, v.Mask, v.LightTail = BiasBF16, MaskWindow, true }),
-			[]string{"int b = pair_ % gridDim.y, h = pair_ / gridDim.y;", "b = pair_ % gridDim.y;\n    h = pair_ / gridDim.y;"},
+			[]string{"int h = pair_ / gridDim.y, b = pair_ % gridDim.y;", "b = pair_ % gridDim.y;\n    h = pair_ / gridDim.y;"},
 			[]string{"int h = pair_ % gridDim.y, b = pair_ / gridDim.y;", "b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;"}},
 		{"persistent", hopperPipelineVariant(t, persistent, func(v *Variant) { v.Bias = BiasBF16 }),
 			[]string{"int b = hb % p.b, h = hb / p.b;"},

@@ -69,14 +69,16 @@ func (x *gen) ctaSetup() {
 		if v.LightTail {
 			x.raw(ctaOrderCall("  ", "the launch ends on its lightest query blocks (kernels/cta_order.go)"))
 			x.raw("  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first\n")
-			x.raw(x.pairCoords("  ", "pair_ % gridDim.y", "pair_ / gridDim.y"))
+			b, h := x.batchHead("pair_ % gridDim.y", "pair_ / gridDim.y")
+			x.raw(x.pairDecl("  ", b, h))
 		} else {
 			if v.Mask == MaskWindow {
 				x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
 			} else {
 				x.raw("  const int mblk = blockIdx.x;\n")
 			}
-			x.raw(x.pairCoords("  ", "blockIdx.y", "blockIdx.z"))
+			b, h := x.batchHead("blockIdx.y", "blockIdx.z")
+			x.raw(x.pairDecl("  ", b, h))
 		}
 	}
 	x.raw(`  const int kvh = h / p.group;  // key/value head of this query head
@@ -134,14 +136,24 @@ func (x *gen) ctaSetup() {
 `)
 }
 
-// pairCoords declares the CTA's head h and batch element b from the grid's
-// y and z coordinates (expressions y and z): (heads, batch), or under
+// batchHead returns the expressions of the CTA's batch element and head
+// given those of the grid's y and z coordinates: (heads, batch), or under
 // BatchInner (batch, heads).
-func (x *gen) pairCoords(indent, y, z string) string {
+func (x *gen) batchHead(y, z string) (b, h string) {
 	if x.v.BatchInner {
-		return fmt.Sprintf("%sint b = %s, h = %s;  // grid (query blocks, batch, heads): a head's CTAs over the batch run together\n", indent, y, z)
+		return y, z
 	}
-	return fmt.Sprintf("%sint h = %s, b = %s;\n", indent, y, z)
+	return z, y
+}
+
+// pairDecl declares the CTA's head h and batch element b as the
+// expressions b and h (batchHead).
+func (x *gen) pairDecl(indent, b, h string) string {
+	note := ""
+	if x.v.BatchInner {
+		note = "  // grid (query blocks, batch, heads): a head's CTAs over the batch run together"
+	}
+	return fmt.Sprintf("%sint h = %s, b = %s;%s\n", indent, h, b, note)
 }
 
 // recomputeCoords re-derives the CTA coordinates after the main loop from
@@ -151,19 +163,12 @@ func (x *gen) recomputeCoords() {
 	x.raw("\n  {  // ---- CTA coordinates again (not kept live through the main loop)\n")
 	if v.LightTail {
 		x.raw(ctaOrderCall("    ", ""))
-		if v.BatchInner {
-			x.raw("    b = pair_ % gridDim.y;\n    h = pair_ / gridDim.y;\n")
-		} else {
-			x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n")
-		}
-		x.raw("    m0 = (gridDim.x - 1 - blk_) * BM;\n")
+		b, h := x.batchHead("pair_ % gridDim.y", "pair_ / gridDim.y")
+		x.p("    b = %s;\n    h = %s;\n    m0 = (gridDim.x - 1 - blk_) * BM;", b, h)
 	} else {
 		x.raw("    const u32 cz = ctaid_z(), cy = ctaid_y(), cx = ctaid_x();\n")
-		if v.BatchInner {
-			x.raw("    b = (int)cy;\n    h = (int)cz;\n")
-		} else {
-			x.raw("    b = (int)cz;\n    h = (int)cy;\n")
-		}
+		b, h := x.batchHead("(int)cy", "(int)cz")
+		x.p("    b = %s;\n    h = %s;", b, h)
 		if v.Mask == MaskWindow {
 			x.raw("    m0 = (int)(gridDim.x - 1 - cx) * BM;\n")
 		} else {
