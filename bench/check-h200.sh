@@ -23,9 +23,10 @@
 # fwdbench; default all; demo and demo64 run `flashattn demo` (its
 # default, and at D = 64) from .bin/flashattn when it was built; hostcheck
 # runs the direct host path's tests (TestRegisterHost from .bin/cuda.test
-# when it was built, TestHostRegister, and TestHostIntoLayouts under
+# when it was built, TestHostRegister, TestHostPin, and TestHostIntoLayouts under
 # FLASHATTN_HOST_REGISTER=1), hosttime `flashattn demo --breakdown` with
-# FLASHATTN_HOST_REGISTER=0 and =1 alternating, two rounds; sanitize runs the staging
+# FLASHATTN_HOST_REGISTER=0 and =1 alternating, two rounds (each run prints
+# the pinned Into forms' times too); sanitize runs the staging
 # tests under compute-sanitizer's memcheck where it is installed), FWD_ONLY (benchfwd -only groups;
 # main,odd,big),
 # BWD_BENCH_ENV (extra variables for the backward benchmark, such as
@@ -68,7 +69,7 @@ step conformance 180 "$ROOT/.bin/gpu.test" -test.v -test.short -test.run 'TestCo
 step forward 180 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestDropoutKeepMask|TestDropoutAt|TestSoftcapChain|TestRepeatBitIdentical|TestDeviceErrors|TestHugeTensor|TestBackwardWholeStep|TestForeignMemoryGraph|TestHostIntoLayouts'
 hostcheck() {
 	if [ -x "$ROOT/.bin/cuda.test" ]; then (cd "$ROOT/cuda" && "$ROOT/.bin/cuda.test" -test.v -test.run 'TestRegisterHost') || return; fi
-	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestHostRegister|TestHostRates' || return
+	"$ROOT/.bin/gpu.test" -test.v -test.run 'TestHostRegister|TestHostPin|TestHostRates' || return
 	FLASHATTN_HOST_REGISTER=1 "$ROOT/.bin/gpu.test" -test.v -test.run 'TestHostIntoLayouts'
 }
 hosttime() {
@@ -76,7 +77,7 @@ hosttime() {
 	for r in 1 2; do
 		for e in 0 1; do
 			echo "== FLASHATTN_HOST_REGISTER=$e, round $r"
-			FLASHATTN_HOST_REGISTER=$e "$ROOT/.bin/flashattn" demo --breakdown | grep -E '^(host|link|breakdown|          |PASS|FAIL)' || return
+			FLASHATTN_HOST_REGISTER=$e "$ROOT/.bin/flashattn" demo --breakdown | grep -E '^(host|link|pinned|breakdown|          |PASS|FAIL)' || return
 		done
 	done
 }

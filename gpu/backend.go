@@ -148,6 +148,7 @@ type Backend struct {
 	pool   *memPool   // the host path's device buffers, kept between calls
 	hostMu sync.Mutex // serializes host-path calls, which share copier
 	copier hostCopier // the host path's pinned staging
+	pins   []*HostPin // the live pins (Pin), under hostMu
 
 	trace       atomic.Pointer[HostTrace] // where host-path calls record their breakdown (SetHostTrace)
 	traceEvents []*cuda.Event             // the events of traced calls, reused (under hostMu)
@@ -251,11 +252,17 @@ func New(dev *cuda.Device) (*Backend, error) {
 	return b, nil
 }
 
-// Close releases the backend's stream, cached device memory and pinned
-// staging and, when Open created the device, the device with every kernel
-// and buffer on it.
+// Close releases the backend's stream, cached device memory, pinned
+// staging and pins (Pin) and, when Open created the device, the device with
+// every kernel and buffer on it.
 func (b *Backend) Close() error {
 	b.hostMu.Lock()
+	var err error
+	for len(b.pins) > 0 {
+		if e := b.pins[0].unpinLocked(); err == nil {
+			err = e
+		}
+	}
 	b.copier.close()
 	for _, e := range b.traceEvents {
 		_ = e.Close()
@@ -264,7 +271,9 @@ func (b *Backend) Close() error {
 	b.hostMu.Unlock()
 	b.pool.trim()
 	b.nf.free()
-	err := b.stream.Close()
+	if e := b.stream.Close(); err == nil {
+		err = e
+	}
 	if b.owns {
 		if e := b.dev.Close(); err == nil {
 			err = e

@@ -216,14 +216,7 @@ func TestHostRegister(t *testing.T) {
 	b.HostRegister, b.copier.chunk = true, 64<<10
 
 	// one backing array, the tensors 5 elements apart: neighbours share a page
-	n := q.NumElements()
-	backing := make([]uint16, 4*n+20)
-	packed := make([]attn.Tensor, 4)
-	for i, x := range []attn.Tensor{q, k, v, dO} {
-		off := 3 + i*(n+5)
-		copy(backing[off:], x.Bits)
-		packed[i] = attn.Tensor{DType: dt, Shape: slices.Clone(shape), Bits: backing, Offset: off}
-	}
+	packed := packedTensors(q, k, v, dO)
 	cases := map[string]func(t *testing.T) (attn.Result, attn.Gradients){
 		"own tensors": func(t *testing.T) (attn.Result, attn.Gradients) { return hostStep(t, b, q, k, v, dO, opt) },
 		"shared pages": func(t *testing.T) (attn.Result, attn.Gradients) {
@@ -253,6 +246,98 @@ func TestHostRegister(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHostPin checks the backend's pins (Backend.Pin): a step through the
+// Into forms on pinned inputs and outputs, bit for bit the staged step's,
+// copies nothing through the staging slots (HostCall.Staged 0, its bytes
+// over the link as before); tensors sharing a backing array and pages pin
+// together; memory the caller locked itself is refused with nothing left
+// locked; after Unpin the copies stage again, and a second Unpin is nil.
+func TestHostPin(t *testing.T) {
+	b := fwdBackend(t)
+	rng := rand.New(rand.NewPCG(12, 13))
+	const dt = attn.BFloat16
+	const B, N, H, D = 2, 700, 4, 64
+	shape := []int{B, N, H, D}
+	q, k, v, dO := randTensor(rng, dt, 1, shape...), randTensor(rng, dt, 1, shape...), randTensor(rng, dt, 1, shape...), randTensor(rng, dt, 1, shape...)
+	opt := attn.Options{Causal: true, Deterministic: true}
+	want, wantG := hostStep(t, b, q, k, v, dO, opt)
+
+	// q, k, v and dO carved out of one backing array, 5 elements apart, and outputs of their own
+	in := packedTensors(q, k, v, dO)
+	res := attn.Result{O: attn.New(dt, want.O.Shape...), LSE: attn.New(want.LSE.DType, want.LSE.Shape...)}
+	g := attn.Gradients{DQ: attn.New(dt, shape...), DK: attn.New(dt, shape...), DV: attn.New(dt, shape...)}
+	step := func(t *testing.T) []HostCall {
+		t.Helper()
+		tr := &HostTrace{}
+		b.SetHostTrace(tr)
+		defer b.SetHostTrace(nil)
+		if err := b.ForwardInto(in[0], in[1], in[2], res, opt); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.BackwardInto(in[0], in[1], in[2], res.O, res.LSE, in[3], g, opt); err != nil {
+			t.Fatal(err)
+		}
+		sameStep(t, "the unpinned step's", res, g, want, wantG)
+		return tr.Calls()
+	}
+	pin, err := b.Pin(in[0], in[1], in[2], in[3], res.O, res.LSE, g.DQ, g.DK, g.DV)
+	if err != nil {
+		t.Fatalf("Pin: %v", err)
+	}
+	for _, c := range step(t) {
+		if c.Staged != 0 || c.ToDevice == 0 || c.FromDevice == 0 {
+			t.Errorf("%s, pinned: %d of %d bytes in and %d out staged, want 0", c.Op, c.Staged, c.ToDevice, c.FromDevice)
+		}
+	}
+	if err := pin.Unpin(); err != nil {
+		t.Fatalf("Unpin: %v", err)
+	}
+	if err := pin.Unpin(); err != nil {
+		t.Errorf("second Unpin: %v", err)
+	}
+	if len(b.copier.pins) != 0 {
+		t.Errorf("%d pinned ranges left after Unpin", len(b.copier.pins))
+	}
+	for _, c := range step(t) {
+		if c.Staged != c.ToDevice+c.FromDevice {
+			t.Errorf("%s, unpinned: %d of %d bytes staged, want all", c.Op, c.Staged, c.ToDevice+c.FromDevice)
+		}
+	}
+
+	// memory the caller locked itself: refused, nothing of the pin left
+	r, err := b.dev.RegisterHost(hostSpan(k))
+	if err != nil {
+		t.Fatalf("RegisterHost: %v", err)
+	}
+	defer r.Unregister()
+	if p, err := b.Pin(q, k); err == nil {
+		p.Unpin()
+		t.Errorf("Pin of memory the caller locked: no error")
+	}
+	if len(b.copier.pins) != 0 {
+		t.Errorf("%d pinned ranges left after a refused Pin", len(b.copier.pins))
+	}
+}
+
+// packedTensors returns copies of 16-bit contiguous tensors ts carved out
+// of one backing array, 5 elements apart (3 before the first), so that
+// neighbours share a page.
+func packedTensors(ts ...attn.Tensor) []attn.Tensor {
+	total := 3
+	for _, x := range ts {
+		total += x.NumElements() + 5
+	}
+	backing := make([]uint16, total)
+	out := make([]attn.Tensor, len(ts))
+	off := 3
+	for i, x := range ts {
+		copy(backing[off:], x.Bits)
+		out[i] = attn.Tensor{DType: x.DType, Shape: slices.Clone(x.Shape), Bits: backing, Offset: off}
+		off += x.NumElements() + 5
+	}
+	return out
 }
 
 // TestHostRates checks that the host side's rates come back measured:

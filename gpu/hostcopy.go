@@ -51,6 +51,11 @@ type hostCopier struct {
 	// says it was recorded in this call.
 	inputsDone   *cuda.Event
 	inputsMarked bool
+	// pins are the address ranges ([start, end) each, not overlapping) of
+	// the backend's pins (Backend.Pin): a copy whose host bytes all lie in
+	// them goes over the link in place, with neither the slots nor a
+	// registration of the call's own.
+	pins [][2]uintptr
 }
 
 // ready allocates the slots and events on first use.
@@ -116,6 +121,10 @@ func (c *hostCopier) mark(i int, s *cuda.Stream) error {
 // they return). The DMA of the last chunks may still run, ordered on s
 // before later work. rec (nil: untraced) records the phases.
 func (c *hostCopier) toDevice(s *cuda.Stream, dst *cuda.Buffer, off int64, src []byte, rec *callRecorder) error {
+	if pieces, ok := c.pinnedPieces(src); ok {
+		return dmaPieces(s, src, off, StreamToDevice, rec, pieces,
+			func(part []byte, o int64) error { return c.dev.CopyToDeviceAsync(dst, o, part, s) })
+	}
 	if !c.directFor(src) {
 		return c.toDeviceStaged(s, dst, off, src, rec)
 	}
@@ -144,18 +153,40 @@ func (c *hostCopier) directParts(s *cuda.Stream, b []byte, off int64, phase Stre
 			}
 			continue
 		}
-		// one DMA per registration the part spans: the driver refuses a
-		// copy whose range runs from one registration into the next
-		m := rec.begin(s)
-		for _, pc := range pieces {
-			if err := dma(part[pc[0]:pc[1]], o+int64(pc[0])); err != nil {
-				return fmt.Errorf("gpu: host copy: %w", err)
-			}
+		if err := dmaPieces(s, part, o, phase, rec, pieces, dma); err != nil {
+			return err
 		}
-		rec.end(s, phase, m, int64(len(part)))
-		rec.lap(HostEnqueue)
 	}
 	return nil
+}
+
+// dmaPieces copies host bytes b, registered memory, at byte offset off of
+// the device side by dma, one DMA per piece ([start, end) offsets of b,
+// each inside one registration: the driver refuses a copy whose range runs
+// from one registration into the next), traced as phase.
+func dmaPieces(s *cuda.Stream, b []byte, off int64, phase StreamPhase, rec *callRecorder, pieces [][2]int, dma func(part []byte, off int64) error) error {
+	m := rec.begin(s)
+	for _, pc := range pieces {
+		if err := dma(b[pc[0]:pc[1]], off+int64(pc[0])); err != nil {
+			return fmt.Errorf("gpu: host copy: %w", err)
+		}
+	}
+	rec.end(s, phase, m, int64(len(b)))
+	rec.lap(HostEnqueue)
+	return nil
+}
+
+// pinnedPieces reports whether every byte of b lies in the backend's pins,
+// and if so b's pieces, one per pin it spans (dmaPieces).
+func (c *hostCopier) pinnedPieces(b []byte) ([][2]int, bool) {
+	if len(b) == 0 || len(c.pins) == 0 {
+		return nil, false
+	}
+	base := uintptr(unsafe.Pointer(&b[0]))
+	if len(uncoveredPages(base, base+uintptr(len(b)), c.pins)) > 0 {
+		return nil, false
+	}
+	return registrationPieces(base, len(b), c.pins), true
 }
 
 // chunkBytes returns the size of a direct copy's parts.
@@ -196,6 +227,7 @@ func (c *hostCopier) toDeviceStaged(s *cuda.Stream, dst *cuda.Buffer, off int64,
 			return fmt.Errorf("gpu: host copy: %w", err)
 		}
 		rec.end(s, StreamToDevice, m, int64(n))
+		rec.staged(int64(n))
 		if err := c.mark(i, s); err != nil {
 			return err
 		}
@@ -211,12 +243,16 @@ func (c *hostCopier) toDeviceStaged(s *cuda.Stream, dst *cuda.Buffer, off int64,
 // host page-locks chunk i+1 while the DMA writes chunk i in place. rec
 // (nil: untraced) records the phases.
 func (c *hostCopier) fromDevice(s *cuda.Stream, dst []byte, src *cuda.Buffer, off int64, rec *callRecorder) error {
-	if !c.directFor(dst) {
+	dma := func(part []byte, o int64) error { return c.dev.CopyFromDeviceAsync(part, src, o, s) }
+	var err error
+	if pieces, ok := c.pinnedPieces(dst); ok {
+		err = dmaPieces(s, dst, off, StreamFromDevice, rec, pieces, dma)
+	} else if !c.directFor(dst) {
 		return c.fromDeviceStaged(s, dst, src, off, rec)
+	} else {
+		err = c.directParts(s, dst, off, StreamFromDevice, rec,
+			func(part []byte, o int64) error { return c.fromDeviceStaged(s, part, src, o, rec) }, dma)
 	}
-	err := c.directParts(s, dst, off, StreamFromDevice, rec,
-		func(part []byte, o int64) error { return c.fromDeviceStaged(s, part, src, o, rec) },
-		func(part []byte, o int64) error { return c.dev.CopyFromDeviceAsync(part, src, o, s) })
 	if err != nil {
 		return err
 	}
@@ -247,6 +283,7 @@ func (c *hostCopier) fromDeviceStaged(s *cuda.Stream, dst []byte, src *cuda.Buff
 			return fmt.Errorf("gpu: host copy: %w", err)
 		}
 		rec.end(s, StreamFromDevice, m, int64(n))
+		rec.staged(int64(n))
 		err := c.mark(i, s)
 		rec.lap(HostEnqueue)
 		return err
@@ -305,22 +342,35 @@ func pageChunks(b []byte, chunk int) [][2]int {
 // driver that locks none turns the direct mode off.
 func (c *hostCopier) register(b []byte, rec *callRecorder) (pieces [][2]int, ok bool) {
 	defer rec.lap(HostRegister)
+	regs, err := lockUncovered(c.dev, b, c.heldRanges())
+	c.registered = append(c.registered, regs...)
+	if err != nil {
+		var ce *cuda.Error
+		if errors.As(err, &ce) && (ce.Code == cuda.ErrorNotPermitted || ce.Code == cuda.ErrorNotSupported) {
+			c.refused = true // no registration on this system: stage from now on
+		}
+		return nil, false // these pages (held elsewhere, read-only, not memory) go through the slots
+	}
+	return registrationPieces(uintptr(unsafe.Pointer(&b[0])), len(b), c.heldRanges()), true
+}
+
+// lockUncovered page-locks the pages of b (not empty) that none of the
+// held ranges covers, one registration per uncovered run of pages, and
+// returns the registrations it made, also those made before an error.
+func lockUncovered(dev *cuda.Device, b []byte, held [][2]uintptr) ([]*cuda.HostRegistration, error) {
+	var regs []*cuda.HostRegistration
 	base := uintptr(unsafe.Pointer(&b[0]))
 	lo, hi := cuda.HostPages(b)
-	for _, piece := range uncoveredPages(lo, hi, c.heldRanges()) {
+	for _, piece := range uncoveredPages(lo, hi, held) {
 		// the bytes of b inside the piece, whose pages are the piece's
 		plo, phi := max(piece[0], base)-base, min(piece[1], base+uintptr(len(b)))-base
-		r, err := c.dev.RegisterHost(b[plo:phi])
+		r, err := dev.RegisterHost(b[plo:phi])
 		if err != nil {
-			var ce *cuda.Error
-			if errors.As(err, &ce) && (ce.Code == cuda.ErrorNotPermitted || ce.Code == cuda.ErrorNotSupported) {
-				c.refused = true // no registration on this system: stage from now on
-			}
-			return nil, false // these pages (held elsewhere, read-only, not memory) go through the slots
+			return regs, err
 		}
-		c.registered = append(c.registered, r)
+		regs = append(regs, r)
 	}
-	return registrationPieces(base, len(b), c.heldRanges()), true
+	return regs, nil
 }
 
 // heldRanges returns the address ranges ([start, end) each) this call has

@@ -140,3 +140,34 @@ func TestRegistrationPieces(t *testing.T) {
 		}
 	}
 }
+
+// TestPinnedPieces checks which copies go over the link in place from the
+// backend's pins (hostCopier.pinnedPieces): bytes inside one pin as one
+// piece, bytes across two adjacent pins as two, and none where a byte
+// lies outside every pin or there is no pin.
+func TestPinnedPieces(t *testing.T) {
+	buf := make([]byte, 3*cuda.HostPageSize)
+	a := uintptr(unsafe.Pointer(&buf[0]))
+	p0 := [2]uintptr{a, a + cuda.HostPageSize}
+	p1 := [2]uintptr{a + cuda.HostPageSize, a + 2*cuda.HostPageSize}
+	for _, tc := range []struct {
+		name   string
+		pins   [][2]uintptr
+		lo, hi int
+		want   [][2]int
+		ok     bool
+	}{
+		{"inside one pin", [][2]uintptr{p0}, 10, 4000, [][2]int{{0, 3990}}, true},
+		{"across two pins", [][2]uintptr{p1, p0}, 100, 5000, [][2]int{{0, 3996}, {3996, 4900}}, true},
+		{"past the pins", [][2]uintptr{p0, p1}, 8000, 8300, nil, false},
+		{"partly pinned", [][2]uintptr{p0}, 4000, 4200, nil, false},
+		{"no pins", nil, 0, 100, nil, false},
+		{"empty", [][2]uintptr{p0}, 5, 5, nil, false},
+	} {
+		c := hostCopier{pins: tc.pins}
+		got, ok := c.pinnedPieces(buf[tc.lo:tc.hi])
+		if ok != tc.ok || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: pieces %v (%v), want %v (%v)", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}

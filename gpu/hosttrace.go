@@ -106,6 +106,9 @@ type HostCall struct {
 	Span   time.Duration
 	// ToDevice and FromDevice are the bytes copied over the link each way.
 	ToDevice, FromDevice int64
+	// Staged is the part of them that went through the pinned staging
+	// slots; the rest went in place (Backend.Pin, Backend.HostRegister).
+	Staged int64
 	// StreamErr is why the stream times are missing (zero), if they are:
 	// a trace event that could not be recorded or read. The call itself
 	// succeeded.
@@ -269,6 +272,13 @@ func (r *callRecorder) end(s *cuda.Stream, p StreamPhase, from int, bytes int64)
 		return
 	}
 	r.spans = append(r.spans, markedSpan{p, from, to})
+}
+
+// staged counts bytes copied through the pinned staging slots.
+func (r *callRecorder) staged(bytes int64) {
+	if r != nil {
+		r.call.Staged += bytes
+	}
 }
 
 // finish closes a call that succeeded: the time since the last lap goes to

@@ -27,6 +27,11 @@ type passFloor struct {
 // known reports whether the floor was measured.
 func (f passFloor) known() bool { return f.h2d > 0 && f.d2h > 0 }
 
+// ms returns the floor in milliseconds of a call that moves in bytes to
+// the device and out bytes back: the kernel time plus their time over the
+// link.
+func (f passFloor) ms(in, out float64) float64 { return f.kernelMs + 1e3*(in/f.h2d+out/f.d2h) }
+
 // gapTerm is one term of a traced call's time above its floor, in ms.
 type gapTerm struct {
 	name string
@@ -40,7 +45,7 @@ type gapTerm struct {
 // rate, and the traced kernels' time over the device-resident one.
 func floorGap(c gpu.HostCall, f passFloor) (floorMs float64, terms []gapTerm) {
 	inMs, outMs := 1e3*float64(c.ToDevice)/f.h2d, 1e3*float64(c.FromDevice)/f.d2h
-	floorMs = f.kernelMs + inMs + outMs
+	floorMs = f.ms(float64(c.ToDevice), float64(c.FromDevice))
 	terms = []gapTerm{
 		{"outside the stream span", ms(c.Wall - c.Span)},
 		{"stream idle", ms(c.Idle())},

@@ -171,29 +171,64 @@ type intoBackend interface {
 	BackwardInto(q, k, v, o, lse, dO flashattn.Tensor, g flashattn.Gradients, opt flashattn.Options) error
 }
 
+// pinner is a backend that can keep host tensors page-locked for its
+// host-tensor calls.
+type pinner interface {
+	Pin(ts ...flashattn.Tensor) (*gpu.HostPin, error)
+}
+
+var _ pinner = (*gpu.Backend)(nil)
+
 // timeInto times the step again through the Into forms, writing into
-// outputs allocated once, and prints one line.
-func timeInto(b intoBackend, q, k, v, dO flashattn.Tensor, res flashattn.Result, grads flashattn.Gradients, opt flashattn.Options, iters int, flops float64, stdout io.Writer) error {
+// outputs allocated once, and prints one line; then, on a backend that
+// pins host memory, once more with the inputs and those outputs pinned
+// (one more line), and returns those times (pinned false where it could
+// not pin: the line says why).
+func timeInto(b intoBackend, q, k, v, dO flashattn.Tensor, res flashattn.Result, grads flashattn.Gradients, opt flashattn.Options, iters int, flops float64, stdout io.Writer) (pfwd, pbwd time.Duration, pinned bool, err error) {
 	r := flashattn.Result{O: flashattn.New(res.O.DType, res.O.Shape...), LSE: flashattn.New(res.LSE.DType, res.LSE.Shape...)}
 	g := flashattn.Gradients{DQ: flashattn.New(grads.DQ.DType, grads.DQ.Shape...), DK: flashattn.New(grads.DK.DType, grads.DK.Shape...),
 		DV: flashattn.New(grads.DV.DType, grads.DV.Shape...)}
-	var tf, tb []time.Duration
-	for range iters {
-		t0 := time.Now()
-		if err := b.ForwardInto(q, k, v, r, opt); err != nil {
-			return fmt.Errorf("forward into: %w", err)
+	steps := func() (fwd, bwd time.Duration, err error) {
+		var tf, tb []time.Duration
+		for range iters {
+			t0 := time.Now()
+			if err := b.ForwardInto(q, k, v, r, opt); err != nil {
+				return 0, 0, fmt.Errorf("forward into: %w", err)
+			}
+			tf = append(tf, time.Since(t0))
+			t0 = time.Now()
+			if err := b.BackwardInto(q, k, v, r.O, r.LSE, dO, g, opt); err != nil {
+				return 0, 0, fmt.Errorf("backward into: %w", err)
+			}
+			tb = append(tb, time.Since(t0))
 		}
-		tf = append(tf, time.Since(t0))
-		t0 = time.Now()
-		if err := b.BackwardInto(q, k, v, r.O, r.LSE, dO, g, opt); err != nil {
-			return fmt.Errorf("backward into: %w", err)
-		}
-		tb = append(tb, time.Since(t0))
+		return median(tf), median(tb), nil
 	}
-	fwd, bwd := median(tf), median(tb)
+	fwd, bwd, err := steps()
+	if err != nil {
+		return 0, 0, false, err
+	}
 	fmt.Fprintf(stdout, "host into forward %.4f s %s, backward %.4f s %s: into outputs allocated once, median\n",
 		fwd.Seconds(), rate(flops, fwd), bwd.Seconds(), rate(2.5*flops, bwd))
-	return nil
+	pb, ok := b.(pinner)
+	if !ok {
+		return 0, 0, false, nil
+	}
+	pin, err := pb.Pin(q, k, v, dO, r.O, r.LSE, g.DQ, g.DK, g.DV)
+	if err != nil {
+		fmt.Fprintf(stdout, "note      no pinned timing: %s\n", oneLine(err))
+		return 0, 0, false, nil
+	}
+	fwd, bwd, err = steps()
+	if uerr := pin.Unpin(); err == nil && uerr != nil {
+		err = fmt.Errorf("unpin: %w", uerr)
+	}
+	if err != nil {
+		return 0, 0, false, err
+	}
+	fmt.Fprintf(stdout, "host pinned forward %.4f s %s, backward %.4f s %s: into outputs allocated once, inputs and outputs pinned once (Backend.Pin), median\n",
+		fwd.Seconds(), rate(flops, fwd), bwd.Seconds(), rate(2.5*flops, bwd))
+	return fwd, bwd, true, nil
 }
 
 // linkMeter is a backend that can measure its host↔device link.
@@ -215,8 +250,7 @@ func hostFloor(b flashattn.Backend, fwd, bwd time.Duration, fwdMs, bwdMs float64
 		fmt.Fprintf(stdout, "note      no link measurement: %s\n", oneLine(err))
 		return 0, 0
 	}
-	floor := func(kernelMs, in, out float64) float64 { return kernelMs + 1e3*(in/h2d+out/d2h) }
-	ff, fb := floor(fwdMs, in[0], out[0]), floor(bwdMs, in[1], out[1])
+	ff, fb := passFloor{fwdMs, h2d, d2h}.ms(in[0], out[0]), passFloor{bwdMs, h2d, d2h}.ms(in[1], out[1])
 	fmt.Fprintf(stdout, "link      to device %.1f GB/s, from device %.1f GB/s (pinned, CUDA events); host-tensor forward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out), backward %.2fx its floor of %.2f ms (kernel + %.0f MB in, %.0f MB out)\n",
 		h2d/1e9, d2h/1e9, fwd.Seconds()*1e3/ff, ff, in[0]/1e6, out[0]/1e6, bwd.Seconds()*1e3/fb, fb, in[1]/1e6, out[1]/1e6)
 	if hr, ok := b.(hostRater); ok {
@@ -362,8 +396,10 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 	if gpu {
 		fmt.Fprintf(stdout, "host      forward %.4f s %s, backward %.4f s %s: host tensors, copies to and from the device included, median\n",
 			fwd.Seconds(), fwdRate, bwd.Seconds(), bwdRate)
+		var pfwd, pbwd time.Duration
+		var pinned bool
 		if ib, ok := b.(intoBackend); ok {
-			if err := timeInto(ib, q, k, v, dO, res, grads, opt, c.iters, flops, stdout); err != nil {
+			if pfwd, pbwd, pinned, err = timeInto(ib, q, k, v, dO, res, grads, opt, c.iters, flops, stdout); err != nil {
 				return err
 			}
 		}
@@ -379,6 +415,11 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 			in := [2]float64{bytes(q, k, v), bytes(q, k, v, res.O, res.LSE, dO)}
 			out := [2]float64{bytes(res.O, res.LSE), bytes(grads.DQ, grads.DK, grads.DV)}
 			h2d, d2h := hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
+			if pinned && h2d > 0 && d2h > 0 {
+				ff, fb := passFloor{fms, h2d, d2h}.ms(in[0], out[0]), passFloor{bms, h2d, d2h}.ms(in[1], out[1])
+				fmt.Fprintf(stdout, "pinned    host-tensor forward %.2fx its floor of %.2f ms, backward %.2fx its floor of %.2f ms\n",
+					pfwd.Seconds()*1e3/ff, ff, pbwd.Seconds()*1e3/fb, fb)
+			}
 			floors = [2]passFloor{{fms, h2d, d2h}, {bms, h2d, d2h}}
 			fwdRate, bwdRate = fmt.Sprintf("%.1f TFLOP/s (device-resident)", fr), fmt.Sprintf("%.1f TFLOP/s (device-resident)", br)
 		}
