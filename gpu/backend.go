@@ -147,8 +147,7 @@ type Backend struct {
 
 	pool   *memPool   // the host path's device buffers, kept between calls
 	hostMu sync.Mutex // serializes host-path calls, which share copier
-	copier hostCopier // the host path's pinned staging
-	pins   []*HostPin // the live pins (Pin), under hostMu
+	copier hostCopier // the host path's pinned staging and the live pins (Pin)
 
 	trace       atomic.Pointer[HostTrace] // where host-path calls record their breakdown (SetHostTrace)
 	traceEvents []*cuda.Event             // the events of traced calls, reused (under hostMu)
@@ -258,8 +257,8 @@ func New(dev *cuda.Device) (*Backend, error) {
 func (b *Backend) Close() error {
 	b.hostMu.Lock()
 	var err error
-	for len(b.pins) > 0 {
-		if e := b.pins[0].unpinLocked(); err == nil {
+	for len(b.copier.pins) > 0 {
+		if e := b.copier.pins[0].unpinLocked(); err == nil {
 			err = e
 		}
 	}

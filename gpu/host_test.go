@@ -298,7 +298,7 @@ func TestHostPin(t *testing.T) {
 		t.Errorf("second Unpin: %v", err)
 	}
 	if len(b.copier.pins) != 0 {
-		t.Errorf("%d pinned ranges left after Unpin", len(b.copier.pins))
+		t.Errorf("%d pins left after Unpin", len(b.copier.pins))
 	}
 	for _, c := range step(t) {
 		if c.Staged != c.ToDevice+c.FromDevice {
@@ -317,7 +317,7 @@ func TestHostPin(t *testing.T) {
 		t.Errorf("Pin of memory the caller locked: no error")
 	}
 	if len(b.copier.pins) != 0 {
-		t.Errorf("%d pinned ranges left after a refused Pin", len(b.copier.pins))
+		t.Errorf("%d pins left after a refused Pin", len(b.copier.pins))
 	}
 }
 

@@ -51,11 +51,31 @@ type hostCopier struct {
 	// says it was recorded in this call.
 	inputsDone   *cuda.Event
 	inputsMarked bool
-	// pins are the address ranges ([start, end) each, not overlapping) of
-	// the backend's pins (Backend.Pin): a copy whose host bytes all lie in
-	// them goes over the link in place, with neither the slots nor a
-	// registration of the call's own.
-	pins [][2]uintptr
+	// pins are the backend's live pins (Backend.Pin): a copy whose host
+	// bytes all lie in their registrations goes over the link in place,
+	// with neither the slots nor a registration of the call's own.
+	pins []*HostPin
+}
+
+// pinRanges returns the address ranges ([start, end) each, not
+// overlapping) of the pins' registrations.
+func (c *hostCopier) pinRanges() [][2]uintptr {
+	var out [][2]uintptr
+	for _, p := range c.pins {
+		out = append(out, registrationRanges(p.regs)...)
+	}
+	return out
+}
+
+// registrationRanges returns the address ranges ([start, end) each) of
+// registrations regs.
+func registrationRanges(regs []*cuda.HostRegistration) [][2]uintptr {
+	out := make([][2]uintptr, len(regs))
+	for i, r := range regs {
+		a, n := r.Range()
+		out[i] = [2]uintptr{a, a + uintptr(n)}
+	}
+	return out
 }
 
 // ready allocates the slots and events on first use.
@@ -177,16 +197,23 @@ func dmaPieces(s *cuda.Stream, b []byte, off int64, phase StreamPhase, rec *call
 }
 
 // pinnedPieces reports whether every byte of b lies in the backend's pins,
-// and if so b's pieces, one per pin it spans (dmaPieces).
+// and if so b's pieces, one per registration it spans (dmaPieces).
 func (c *hostCopier) pinnedPieces(b []byte) ([][2]int, bool) {
-	if len(b) == 0 || len(c.pins) == 0 {
+	return pinnedPieces(b, c.pinRanges())
+}
+
+// pinnedPieces reports whether every byte of b lies in the ranges pinned
+// ([start, end) each, not overlapping), and if so b's pieces, one per range
+// it spans.
+func pinnedPieces(b []byte, pinned [][2]uintptr) ([][2]int, bool) {
+	if len(b) == 0 || len(pinned) == 0 {
 		return nil, false
 	}
 	base := uintptr(unsafe.Pointer(&b[0]))
-	if len(uncoveredPages(base, base+uintptr(len(b)), c.pins)) > 0 {
+	if len(uncoveredPages(base, base+uintptr(len(b)), pinned)) > 0 {
 		return nil, false
 	}
-	return registrationPieces(base, len(b), c.pins), true
+	return registrationPieces(base, len(b), pinned), true
 }
 
 // chunkBytes returns the size of a direct copy's parts.
@@ -375,14 +402,7 @@ func lockUncovered(dev *cuda.Device, b []byte, held [][2]uintptr) ([]*cuda.HostR
 
 // heldRanges returns the address ranges ([start, end) each) this call has
 // registered.
-func (c *hostCopier) heldRanges() [][2]uintptr {
-	held := make([][2]uintptr, len(c.registered))
-	for i, r := range c.registered {
-		a, n := r.Range()
-		held[i] = [2]uintptr{a, a + uintptr(n)}
-	}
-	return held
-}
+func (c *hostCopier) heldRanges() [][2]uintptr { return registrationRanges(c.registered) }
 
 // registrationPieces splits the n bytes at base into the pieces, as
 // [start, end) offsets from base in order, that the held ranges cover one

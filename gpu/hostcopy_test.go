@@ -142,7 +142,7 @@ func TestRegistrationPieces(t *testing.T) {
 }
 
 // TestPinnedPieces checks which copies go over the link in place from the
-// backend's pins (hostCopier.pinnedPieces): bytes inside one pin as one
+// backend's pins (pinnedPieces): bytes inside one pin as one
 // piece, bytes across two adjacent pins as two, and none where a byte
 // lies outside every pin or there is no pin.
 func TestPinnedPieces(t *testing.T) {
@@ -164,8 +164,7 @@ func TestPinnedPieces(t *testing.T) {
 		{"no pins", nil, 0, 100, nil, false},
 		{"empty", [][2]uintptr{p0}, 5, 5, nil, false},
 	} {
-		c := hostCopier{pins: tc.pins}
-		got, ok := c.pinnedPieces(buf[tc.lo:tc.hi])
+		got, ok := pinnedPieces(buf[tc.lo:tc.hi], tc.pins)
 		if ok != tc.ok || !slices.Equal(got, tc.want) {
 			t.Errorf("%s: pieces %v (%v), want %v (%v)", tc.name, got, ok, tc.want, tc.ok)
 		}

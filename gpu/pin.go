@@ -37,14 +37,14 @@ func (b *Backend) Pin(ts ...attn.Tensor) (*HostPin, error) {
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
 	p := &HostPin{b: b}
-	b.pins = append(b.pins, p)
+	b.copier.pins = append(b.copier.pins, p)
 	for i, t := range ts {
 		st := tensorStorage(t)
 		if len(st) == 0 {
 			continue
 		}
-		regs, err := lockUncovered(b.dev, st, b.copier.pins)
-		p.add(regs)
+		regs, err := lockUncovered(b.dev, st, b.copier.pinRanges())
+		p.regs = append(p.regs, regs...)
 		if err != nil {
 			uerr := p.unpinLocked()
 			return nil, fmt.Errorf("gpu: pin tensor %d of %d (%d bytes): %w", i, len(ts), len(st), errors.Join(err, uerr))
@@ -67,24 +67,12 @@ func (p *HostPin) Unpin() error {
 	return p.unpinLocked()
 }
 
-// add records registrations regs as the pin's, and their ranges among the
-// backend's pins. The caller holds hostMu.
-func (p *HostPin) add(regs []*cuda.HostRegistration) {
-	for _, r := range regs {
-		a, n := r.Range()
-		p.regs = append(p.regs, r)
-		p.b.copier.pins = append(p.b.copier.pins, [2]uintptr{a, a + uintptr(n)})
-	}
-}
-
-// unpinLocked unregisters the pin's registrations and drops them and the
-// pin from the backend's pins. The caller holds hostMu.
+// unpinLocked unregisters the pin's registrations and drops the pin from
+// the backend's pins. The caller holds hostMu.
 func (p *HostPin) unpinLocked() error {
-	p.b.pins = slices.DeleteFunc(p.b.pins, func(x *HostPin) bool { return x == p })
+	p.b.copier.pins = slices.DeleteFunc(p.b.copier.pins, func(x *HostPin) bool { return x == p })
 	var err error
 	for _, r := range p.regs {
-		a, n := r.Range()
-		p.b.copier.pins = slices.DeleteFunc(p.b.copier.pins, func(x [2]uintptr) bool { return x == [2]uintptr{a, a + uintptr(n)} })
 		if uerr := r.Unregister(); uerr != nil && err == nil {
 			err = fmt.Errorf("gpu: unpin: %w", uerr)
 		}

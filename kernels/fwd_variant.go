@@ -105,15 +105,17 @@ type Variant struct {
 	BiasStaged bool
 	// LightTail (with a mask, not Persistent) orders the launch's CTAs so
 	// that it ends on its lightest query blocks: the backward's cta_order
-	// (cta_order.go) over the grid's (query blocks, heads, batch), the
-	// query blocks last first.
+	// (cta_order.go) over the grid's (query blocks, heads, batch) — or
+	// (query blocks, batch, heads) under BatchInner — the query blocks last
+	// first.
 	LightTail bool
 	// BatchInner (with a bias) launches the grid as (query blocks, batch,
 	// heads) instead of (query blocks, heads, batch): the CTAs of one head
 	// across the batch run together, so that a bias broadcast over the
 	// batch is read from memory once a head and from L2 by the other
-	// batch elements, instead of once a batch element. A persistent launch
-	// numbers its tiles batch element fastest likewise (GridFor).
+	// batch elements, instead of once a batch element. The launcher swaps
+	// the grid's y and z; a persistent launch numbers its tiles batch
+	// element fastest likewise.
 	BatchInner bool
 }
 
