@@ -275,6 +275,10 @@ func emuCases() []bwdCase {
 		{name: "dropout-d64-window", b: 2, n: 140, m: 150, h: 2, hkv: 2, dk: 64, dv: 64, dropout: 0.15, window: &attn.Window{Left: 40, Right: 10}, dtypes: bf},
 		// the element-wise features without dropout, DK ≠ DV
 		{name: "softcap-bias-grad-window-d64-96", b: 2, n: 45, m: 90, h: 2, hkv: 1, dk: 64, dv: 96, softcap: 4, bias: []int{2, 1}, biasGrad: true, window: &attn.Window{Left: 20, Right: 5}, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},
+		// a bias alone (the key-rows step addresses it once a step): GQA, two key blocks, a partial
+		// last step; causal over a row length whose rows are not 16-byte aligned (not staged)
+		{name: "bias-grad-d128-gqa", b: 2, n: 70, m: 150, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, dtypes: bf},
+		{name: "bias-causal-d64-m150", b: 2, n: 150, m: 150, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{2, 1}, causal: true, dtypes: []attn.DType{attn.Float16}},
 		{name: "varlen", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 5, 5, 70}, cuK: []int32{0, 7, 20, 20}, causal: true, dtypes: bf},
 		// tiles that run into the next sequence's rows (by tensor maps they are not zeros)
 		{name: "varlen-crossing-gqa", h: 4, hkv: 2, dk: 128, dv: 128, cuQ: []int32{0, 37, 207, 357}, cuK: []int32{0, 50, 180, 470}, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}},

@@ -103,7 +103,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8)
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
-%[5]s%[1]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
+%[5]s%[1]s%[11]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
@@ -135,7 +135,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s%[9]s
       }
 `, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
-		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits())
+		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), g.keyRowsBiasDecl())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -274,13 +274,47 @@ func (g *bwdGen) keyRowsStoreDS() string {
 
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the
 // shared logit, its bias read from the step's staged tile where the
-// variant stages it (BiasStaged).
+// variant stages it (BiasStaged), else from global memory at the step's
+// addresses (keyRowsBiasDecl) plus the element's query offset.
 func (g *bwdGen) keyRowsLogit() string {
 	bias := ""
-	if g.v.BiasStaged {
+	switch {
+	case g.v.BiasStaged:
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
+	case g.keyRowsBiasHoisted():
+		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	}
 	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
+}
+
+// keyRowsBiasHoisted reports whether the key-rows step addresses a bias
+// from global memory once a step (keyRowsBiasDecl) rather than by each
+// element's 64-bit index: without a softcap and without dropout, whose
+// registers beside the addresses' spill more than the index saves.
+func (g *bwdGen) keyRowsBiasHoisted() bool {
+	v := g.v
+	return v.Biased() && !v.BiasStaged && !v.Softcap && !v.Dropout
+}
+
+// keyRowsBiasDecl declares, where keyRowsBiasHoisted, the addresses of the
+// thread's two keys' bias in the step's first query row of the thread
+// (i0 + 2t4, head h), once a step: an element's is then one add of its
+// query offset times the row stride, where the 64-bit index of every
+// element (batch, head, query and key products) cost about twenty
+// instructions an element (docs/kernels/backward.md, "The bias's
+// addresses in the key-rows step").
+func (g *bwdGen) keyRowsBiasDecl() string {
+	if !g.keyRowsBiasHoisted() {
+		return ""
+	}
+	return `    // bias of the thread's keys kj(hh) in query row i0 + 2t4 of head h; query i0 + 2t4 + r at + r·bsi
+    const i64 bsi = p.bias_si;
+    const BT* bkr[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      bkr[hh] = p.bias + (b * p.bias_sb + h * p.bias_sh + (i64)(i0 + 2 * t4) * bsi +
+                          (i64)(j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh) * p.bias_sj);
+`
 }
 
 // keyRowsStatsInRegs reports whether the key-rows step keeps the LSE2 and

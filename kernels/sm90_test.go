@@ -528,13 +528,25 @@ func bwdHopperKeyRowsVariants() []BwdVariant {
 // TestKeyRowsSource checks the key-rows step's source: S and dP with the
 // key tiles as A, the dV and dK products from registers, P never stored
 // and dS only with the atomic dQ (at its query-row place, before the
-// barrier and the dQ product, reduced once dV and dQ are complete); and
-// that Validate refuses it where KeyRowsOK does not hold.
+// barrier and the dQ product, reduced once dV and dQ are complete), a
+// bias from global memory addressed once a step; and that Validate
+// refuses it where KeyRowsOK does not hold.
 func TestKeyRowsSource(t *testing.T) {
-	vs := bwdHopperKeyRowsVariants()
+	vs := append(bwdHopperKeyRowsVariants(), bwdHopperKeyRowsDropoutVariants()...)
+	for _, v := range bwdHopperKeyRowsDropoutVariants() { // and their biased forms without dropout
+		if v.Dropout = false; v.Biased() && v.Validate() == nil {
+			vs = append(vs, v)
+		}
+	}
 	if len(vs) < 4 {
 		t.Fatalf("%d key-rows variants", len(vs))
 	}
+	biased := 0 // variants that read a bias from global memory
+	defer func() {
+		if biased == 0 {
+			t.Errorf("no key-rows variant with a bias from global memory checked")
+		}
+	}()
 	for _, v := range vs {
 		src, err := v.Source()
 		if err != nil {
@@ -558,6 +570,13 @@ func TestKeyRowsSource(t *testing.T) {
 			t.Errorf("%s: dropout %v, keep bits drawn %v, dP dropped %v, P dropped %v", v.Name(), v.Dropout, draw >= 0, dp >= 0, dropP >= 0)
 		} else if v.Dropout && !(draw < dp && dp < dropP && dropP < dv) {
 			t.Errorf("%s: bits at %d, dP at %d, P dropped at %d, dV product at %d: want them in that order", v.Name(), draw, dp, dropP, dv)
+		}
+		// a bias from global memory without softcap or dropout: the thread's two key addresses once a step, an element's one add away
+		hoisted := strings.Contains(src, "const BT* bkr[2];") && strings.Contains(src, "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])")
+		if want := v.Biased() && !v.BiasStaged && !v.Softcap && !v.Dropout; hoisted != want || want && strings.Contains(src, "(qi + c) * p.bias_si") {
+			t.Errorf("%s: bias addresses hoisted %v, want %v (or the 64-bit index an element left)", v.Name(), hoisted, want)
+		} else if hoisted {
+			biased++
 		}
 		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];")
 		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "lcs[nt * 8 + c]") && strings.Contains(src, "dcs[nt * 8 + c]")
