@@ -132,9 +132,9 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
           float d = pr[c] * (%[8]s - %[6]s);
 %[3]s          ds[c] = d;
         }
-        dsk[nt][hh] = pack2(ds[0], ds[1]);%[4]s%[9]s
+        dsk[nt][hh] = pack2(ds[0], ds[1]);%[9]s
       }
-`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
+%[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
 		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), g.keyRowsBiasDecl())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
@@ -258,18 +258,25 @@ func (g *bwdGen) keyRowsDropP() string {
         pk[nt][hh] = pack2((kw & 1u) ? pr[0] * p.drop_scale : 0.f, (kw & 2u) ? pr[1] * p.drop_scale : 0.f);`
 }
 
-// keyRowsStoreDS returns, with the atomic dQ, the stores of a thread's two
-// dSᵀ elements of (key kj, queries qi, qi + 1) at their places (query
-// row, key column) of this step's dS tile, the dQ product's A operand,
-// rounded as the packed pair dK's product reads.
+// keyRowsStoreDS returns, with the atomic dQ, the stores of the warp's
+// dSᵀ pairs (dsk, rounded as dK's product reads them) into this step's dS
+// tile (query rows, key columns), the dQ product's A operand: each (nt, hh)
+// pair of fragments is the 8x8 block of keys 16(warp & 3) + 8hh + 0..7 by
+// queries 8nt + 0..7, which stmatrix .trans stores as 8 rows of 8 keys
+// (16 bytes, one swizzled chunk), four blocks a store, where storing each
+// element took 16-bit stores one by one.
 func (g *bwdGen) keyRowsStoreDS() string {
 	if !g.v.AtomicDQ {
 		return ""
 	}
-	return `
-        const int kl = 64 * wg + 16 * (warp & 3) + g + 8 * hh, ql = nt * 8 + 2 * t4;  // in the block
-        sdSb[sw_elem<BM>(ql, kl)] = t_from_f(ds[0]);
-        sdSb[sw_elem<BM>(ql + 1, kl)] = t_from_f(ds[1]);`
+	return `    {  // ---- dSᵀ into the dS tile, transposed: block (nt, hh) = matrix 2(nt & 1) + hh of a store
+      const int mb = lane >> 3, mr = lane & 7;  // the block this lane addresses, and its row (query)
+#pragma unroll
+      for (int nt = 0; nt < BM / 8; nt += 2)
+        stsm_x4_t(smem_u32(sdSb + sw_elem<BM>(8 * (nt + (mb >> 1)) + mr, 64 * wg + 16 * (warp & 3) + 8 * (mb & 1))),
+                  dsk[nt][0], dsk[nt][1], dsk[nt + 1][0], dsk[nt + 1][1]);
+    }
+`
 }
 
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the

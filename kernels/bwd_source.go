@@ -144,6 +144,9 @@ func (g *bwdGen) preludePrimitives(b *strings.Builder) {
 		b.WriteString(ptxLdmatrix("ldsm_x2", 2, false, true))
 		b.WriteString(ptxLdmatrix("ldsm_x2_t", 2, true, true))
 		b.WriteString(ptxMMA("mma16816", v.DType))
+		if v.KeyRows && v.AtomicDQ {
+			b.WriteString(ptxStmatrixTrans)
+		}
 		fmt.Fprintf(b, `// st_pair writes two adjacent elements of a shared-memory tile (column even).
 DEV void st_pair(T* s, float a, float b_) { *reinterpret_cast<u32*>(s) = pack2(a, b_); }
 // unpack2 is the inverse of pack2 (low half first).

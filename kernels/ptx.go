@@ -92,6 +92,19 @@ func ptxLdmatrix(name string, n int, trans, scalars bool) string {
 `, name, strings.Join(params, ", "), n, tr, strings.Join(regs, ","), n, strings.Join(outs, ", "))
 }
 
+// ptxStmatrixTrans is the device function stsm_x4_t(addr, r0, r1, r2,
+// r3): stmatrix of four 8x8 b16 matrices, transposed, into shared memory;
+// lanes 8i..8i+7 give the row addresses of stored matrix i, and each
+// lane's register ri holds row lane/4, columns 2(lane%4) and +1 of matrix
+// i as a fragment, which lands as that column of the stored rows.
+const ptxStmatrixTrans = `// stmatrix .trans: register fragment i (row lane/4, columns 2(lane%4), +1) stored transposed as the
+// 8x8 b16 matrix whose rows lanes 8i..8i+7 address (16 bytes each).
+DEV void stsm_x4_t(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+`
+
 // ptxMMA returns name(d, a, b0, b1): d += a·b on the tensor cores with fp32
 // accumulators; m16n8k16 for fp16 and bf16 inputs, m16n8k8 tf32 for fp32.
 func ptxMMA(name string, dt attn.DType) string {

@@ -583,7 +583,7 @@ func TestKeyRowsSource(t *testing.T) {
 		if wantStage := v.QueryStep == 128; inRegs == wantStage || fromStage != wantStage {
 			t.Errorf("%s: LSE2 and Delta in registers %v, read from the stage %v; want the stage %v", v.Name(), inRegs, fromStage, wantStage)
 		}
-		store := strings.Index(src, "sdSb[sw_elem<BM>(ql, kl)]")
+		store := strings.Index(src, "stsm_x4_t(smem_u32(sdSb + sw_elem<BM>(")
 		if !v.AtomicDQ {
 			if store >= 0 {
 				t.Errorf("%s: dS stored without the atomic dQ", v.Name())

@@ -37,6 +37,11 @@ inline void ldsm_x2_t(unsigned& r0, unsigned& r1, unsigned a) {
   r0 = r[0], r1 = r[1];
 }
 
+inline void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+  const unsigned r[4] = {r0, r1, r2, r3};
+  emu_stsm(r, 4, true, a);
+}
+
 // st_pair writes two adjacent elements of a shared-memory tile.
 inline void st_pair(T* s, float a, float b) {
   if (sizeof(T) == 4) {

@@ -38,21 +38,57 @@ inline uint32_t emu_lds16(unsigned a) {
   return v;
 }
 
+// emu_matrix_rows publishes this lane's row address for an ldmatrix or
+// stmatrix of nmat 8x8 matrices (lanes 8i..8i+7 address matrix i), waits
+// for the warp and fails (what) unless every row used is 16-byte aligned;
+// the caller reads the addresses, then ends with emu_warp_sync.
+inline EmuWarpX& emu_matrix_rows(int nmat, unsigned addr, const char* what) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.addr[emu_lane()] = addr;
+  emu_warp_sync();
+  for (int q = 0; q < 8 * nmat; ++q)
+    if (x.addr[q] % 16 != 0) emu_fail(what);
+  return x;
+}
+
 // ldmatrix of nmat 8x8 matrices: lanes 8i..8i+7 give the row addresses of
 // matrix i.
 inline void emu_ldsm(unsigned* out, int nmat, bool trans, unsigned addr) {
-  EmuWarpX& x = emu_wx[emu_warp()];
+  EmuWarpX& x = emu_matrix_rows(nmat, addr, "ldmatrix row address not 16-byte aligned");
   const int l = emu_lane();
-  x.addr[l] = addr;
-  emu_warp_sync();
   for (int r = 0; r < nmat; ++r) {
-    for (int q = 0; q < 8; ++q)
-      if (x.addr[8 * r + q] % 16 != 0) emu_fail("ldmatrix row address not 16-byte aligned");
     if (!trans) {
       out[r] = emu_lds32(x.addr[8 * r + l / 4] + 4 * (l % 4));
     } else {
       const unsigned r0 = x.addr[8 * r + 2 * (l % 4)], r1 = x.addr[8 * r + 2 * (l % 4) + 1];
       out[r] = emu_lds16(r0 + 2 * (l / 4)) | (emu_lds16(r1 + 2 * (l / 4)) << 16);
+    }
+  }
+  emu_warp_sync();
+}
+
+inline void emu_sts16(unsigned a, uint32_t v) {
+  emu_smem_check(a, 2, "st.shared.b16 misaligned or out of range");
+  const uint16_t h = (uint16_t)v;
+  memcpy(smem + a, &h, 2);
+}
+inline void emu_sts32(unsigned a, uint32_t v) {
+  emu_smem_check(a, 4, "st.shared.b32 misaligned or out of range");
+  memcpy(smem + a, &v, 4);
+}
+
+// stmatrix of nmat 8x8 matrices, the inverse of emu_ldsm: lanes 8i..8i+7
+// give the row addresses of matrix i; lane l's in[i] holds its row l/4,
+// columns 2(l%4) and +1 (transposed: its column l/4, rows 2(l%4) and +1).
+inline void emu_stsm(const unsigned* in, int nmat, bool trans, unsigned addr) {
+  EmuWarpX& x = emu_matrix_rows(nmat, addr, "stmatrix row address not 16-byte aligned");
+  const int l = emu_lane();
+  for (int r = 0; r < nmat; ++r) {
+    if (!trans) {
+      emu_sts32(x.addr[8 * r + l / 4] + 4 * (l % 4), in[r]);
+    } else {
+      emu_sts16(x.addr[8 * r + 2 * (l % 4)] + 2 * (l / 4), in[r] & 0xffff);
+      emu_sts16(x.addr[8 * r + 2 * (l % 4) + 1] + 2 * (l / 4), in[r] >> 16);
     }
   }
   emu_warp_sync();
