@@ -104,19 +104,9 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
 %[5]s%[1]s%[11]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
-#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
-        float x[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float s = accS[0][nt][hh * 2 + c];
-%[2]s          if (!full && !visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;
-        }
-        pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));
-      }
+    if (full) {  // no key of the step masked: the loop without the mask's test
+%[2]s    } else {
+%[12]s    }
 %[10]s    wgmma_wait<0>();  // dPᵀ
     fence_acc(accP[0]);
 #pragma unroll
@@ -127,15 +117,16 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         (void)kj; (void)qi;
         float pr[2], ds[2];
         unpack2(pk[nt][hh], pr[0], pr[1]);
-%[7]s#pragma unroll
+%[13]s%[7]s#pragma unroll
         for (int c = 0; c < 2; ++c) {
           float d = pr[c] * (%[8]s - %[6]s);
 %[3]s          ds[c] = d;
         }
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[9]s
       }
-%[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsLogit(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
-		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), g.keyRowsBiasDecl())
+%[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoop(false), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
+		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), g.keyRowsBiasDecl(),
+		g.keyRowsPLoop(true), g.keyRowsStatPair("d"))
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -279,6 +270,31 @@ func (g *bwdGen) keyRowsStoreDS() string {
 `
 }
 
+// keyRowsPLoop returns the loop that computes Pᵀ of the step's elements
+// into pk, with the mask's test of each element where masked (a step with
+// masked keys; the step emits both, the test-free one for steps that
+// have none, which would test and select every element for nothing).
+func (g *bwdGen) keyRowsPLoop(masked bool) string {
+	mask := ""
+	if masked {
+		mask = "          if (!visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;\n"
+	}
+	return `#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+        (void)kj; (void)qi;
+        float x[2];
+` + g.keyRowsStatPair("l") + `#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float s = accS[0][nt][hh * 2 + c];
+` + g.keyRowsLogit() + mask + `        }
+        pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));
+      }
+`
+}
+
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the
 // shared logit, its bias read from the step's staged tile where the
 // variant stages it (BiasStaged), else from global memory at the step's
@@ -348,12 +364,24 @@ func (g *bwdGen) keyRowsStatsDecl() string {
 }
 
 // keyRowsStat returns statistic x's value (l: LSE2, d: Delta) for query
-// column 8nt + 2t4 + c (keyRowsStatsDecl).
+// column 8nt + 2t4 + c (keyRowsStatsDecl; from the stage, the pair
+// keyRowsStatPair loaded).
 func (g *bwdGen) keyRowsStat(x string) string {
 	if !g.keyRowsStatsInRegs() {
-		return x + "cs[nt * 8 + c]"
+		return "(c ? " + x + "c2.y : " + x + "c2.x)"
 	}
 	return x + "c[nt][c]"
+}
+
+// keyRowsStatPair returns, where the statistics are read from the stage,
+// the load of statistic x's two values of query columns 8nt + 2t4 and +1
+// as one 8-byte load (they are adjacent and the pair 8-byte aligned),
+// where each took its own.
+func (g *bwdGen) keyRowsStatPair(x string) string {
+	if g.keyRowsStatsInRegs() {
+		return ""
+	}
+	return fmt.Sprintf("        const float2 %[1]sc2 = *reinterpret_cast<const float2*>(%[1]scs + nt * 8);  // columns 8nt + 2t4, +1\n", x)
 }
 
 // keyRowsSoftcapDecl declares, with softcap, the chain-rule factors of

@@ -579,7 +579,7 @@ func TestKeyRowsSource(t *testing.T) {
 			biased++
 		}
 		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];")
-		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "lcs[nt * 8 + c]") && strings.Contains(src, "dcs[nt * 8 + c]")
+		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "const float2 lc2 = *reinterpret_cast<const float2*>(lcs + nt * 8);") && strings.Contains(src, "const float2 dc2 = *reinterpret_cast<const float2*>(dcs + nt * 8);")
 		if wantStage := v.QueryStep == 128; inRegs == wantStage || fromStage != wantStage {
 			t.Errorf("%s: LSE2 and Delta in registers %v, read from the stage %v; want the stage %v", v.Name(), inRegs, fromStage, wantStage)
 		}
