@@ -104,10 +104,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
 %[5]s%[1]s%[11]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
-    if (full) {  // no key of the step masked: the loop without the mask's test
-%[2]s    } else {
-%[12]s    }
-%[10]s    wgmma_wait<0>();  // dPᵀ
+%[2]s%[10]s    wgmma_wait<0>();  // dPᵀ
     fence_acc(accP[0]);
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)
@@ -124,9 +121,9 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         }
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[9]s
       }
-%[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoop(false), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
+%[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoops(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
 		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), g.keyRowsBiasDecl(),
-		g.keyRowsPLoop(true), g.keyRowsStatPair("d"))
+		"", g.keyRowsStatPair("d"))
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -270,14 +267,29 @@ func (g *bwdGen) keyRowsStoreDS() string {
 `
 }
 
+// keyRowsPLoops returns the loop that computes Pᵀ of the step's elements
+// into pk: without a mask or an element-wise feature (bias, softcap,
+// dropout), twice — the copy for steps whose keys all lie in the sequence
+// (full: every step but a last partial key block's) with no test, which
+// would test and select every element for nothing, and the other with it;
+// otherwise once with the test of steps that are not full, as the second
+// copy's registers spilled there (docs/kernels/backward.md, "dS into its
+// tile by stmatrix").
+func (g *bwdGen) keyRowsPLoops() string {
+	if v := g.v; v.Masked() || v.Biased() || v.Softcap || v.Dropout {
+		return g.keyRowsPLoop(true)
+	}
+	return "    if (full) {  // every key of the step in the sequence: the loop without the test\n" +
+		g.keyRowsPLoop(false) + "    } else {\n" + g.keyRowsPLoop(true) + "    }\n"
+}
+
 // keyRowsPLoop returns the loop that computes Pᵀ of the step's elements
-// into pk, with the mask's test of each element where masked (a step with
-// masked keys; the step emits both, the test-free one for steps that
-// have none, which would test and select every element for nothing).
-func (g *bwdGen) keyRowsPLoop(masked bool) string {
+// into pk, with the test of each element's visibility in steps that are
+// not full where tested.
+func (g *bwdGen) keyRowsPLoop(tested bool) string {
 	mask := ""
-	if masked {
-		mask = "          if (!visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;\n"
+	if tested {
+		mask = "          if (!full && !visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;\n"
 	}
 	return `#pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)

@@ -529,8 +529,9 @@ func bwdHopperKeyRowsVariants() []BwdVariant {
 // key tiles as A, the dV and dK products from registers, P never stored
 // and dS only with the atomic dQ (at its query-row place, before the
 // barrier and the dQ product, reduced once dV and dQ are complete), a
-// bias from global memory addressed once a step; and that Validate
-// refuses it where KeyRowsOK does not hold.
+// bias from global memory addressed once a step, the Pᵀ loop's test-free
+// copy where it applies; and that Validate refuses it where KeyRowsOK does
+// not hold.
 func TestKeyRowsSource(t *testing.T) {
 	vs := append(bwdHopperKeyRowsVariants(), bwdHopperKeyRowsDropoutVariants()...)
 	for _, v := range bwdHopperKeyRowsDropoutVariants() { // and their biased forms without dropout
@@ -577,6 +578,11 @@ func TestKeyRowsSource(t *testing.T) {
 			t.Errorf("%s: bias addresses hoisted %v, want %v (or the 64-bit index an element left)", v.Name(), hoisted, want)
 		} else if hoisted {
 			biased++
+		}
+		// the Pᵀ loop twice (a copy without the visibility test for full steps) only without a mask or an element-wise feature
+		loops, split := strings.Count(src, "pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));"), strings.Contains(src, "if (full) {  // every key of the step in the sequence")
+		if want := !v.Masked() && !v.Biased() && !v.Softcap && !v.Dropout; split != want || loops != map[bool]int{false: 1, true: 2}[want] {
+			t.Errorf("%s: Pᵀ loop split %v (%d copies), want %v", v.Name(), split, loops, want)
 		}
 		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];")
 		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "const float2 lc2 = *reinterpret_cast<const float2*>(lcs + nt * 8);") && strings.Contains(src, "const float2 dc2 = *reinterpret_cast<const float2*>(dcs + nt * 8);")
