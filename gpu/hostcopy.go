@@ -485,14 +485,24 @@ func (c *hostCopier) releaseInputs(rec *callRecorder) error {
 // unregister unlocks the memory of the call's registrations, which no copy
 // uses any more, and forgets them.
 func (c *hostCopier) unregister(rec *callRecorder) error {
-	var err error
-	for _, r := range c.registered {
-		if uerr := r.Unregister(); uerr != nil && err == nil {
-			err = fmt.Errorf("gpu: host copy: %w", uerr)
-		}
-	}
+	err := unregisterEach(c.registered)
 	c.registered = c.registered[:0]
 	rec.lap(HostRegister)
+	if err != nil {
+		return fmt.Errorf("gpu: host copy: %w", err)
+	}
+	return nil
+}
+
+// unregisterEach unlocks every registration of regs and returns the first
+// error.
+func unregisterEach(regs []*cuda.HostRegistration) error {
+	var err error
+	for _, r := range regs {
+		if uerr := r.Unregister(); uerr != nil && err == nil {
+			err = uerr
+		}
+	}
 	return err
 }
 

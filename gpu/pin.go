@@ -71,14 +71,12 @@ func (p *HostPin) Unpin() error {
 // the backend's pins. The caller holds hostMu.
 func (p *HostPin) unpinLocked() error {
 	p.b.copier.pins = slices.DeleteFunc(p.b.copier.pins, func(x *HostPin) bool { return x == p })
-	var err error
-	for _, r := range p.regs {
-		if uerr := r.Unregister(); uerr != nil && err == nil {
-			err = fmt.Errorf("gpu: unpin: %w", uerr)
-		}
-	}
+	err := unregisterEach(p.regs)
 	p.regs, p.storage = nil, nil
-	return err
+	if err != nil {
+		return fmt.Errorf("gpu: unpin: %w", err)
+	}
+	return nil
 }
 
 // tensorStorage returns the bytes of t's whole storage (nil if it has

@@ -415,12 +415,12 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 			in := [2]float64{bytes(q, k, v), bytes(q, k, v, res.O, res.LSE, dO)}
 			out := [2]float64{bytes(res.O, res.LSE), bytes(grads.DQ, grads.DK, grads.DV)}
 			h2d, d2h := hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
-			if pinned && h2d > 0 && d2h > 0 {
-				ff, fb := passFloor{fms, h2d, d2h}.ms(in[0], out[0]), passFloor{bms, h2d, d2h}.ms(in[1], out[1])
+			floors = [2]passFloor{{fms, h2d, d2h}, {bms, h2d, d2h}}
+			if pinned && floors[0].known() {
+				ff, fb := floors[0].ms(in[0], out[0]), floors[1].ms(in[1], out[1])
 				fmt.Fprintf(stdout, "pinned    host-tensor forward %.2fx its floor of %.2f ms, backward %.2fx its floor of %.2f ms\n",
 					pfwd.Seconds()*1e3/ff, ff, pbwd.Seconds()*1e3/fb, fb)
 			}
-			floors = [2]passFloor{{fms, h2d, d2h}, {bms, h2d, d2h}}
 			fwdRate, bwdRate = fmt.Sprintf("%.1f TFLOP/s (device-resident)", fr), fmt.Sprintf("%.1f TFLOP/s (device-resident)", br)
 		}
 		if c.breakdown {

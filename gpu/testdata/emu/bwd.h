@@ -39,7 +39,7 @@ inline void ldsm_x2_t(unsigned& r0, unsigned& r1, unsigned a) {
 
 inline void stsm_x4_t(unsigned a, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
   const unsigned r[4] = {r0, r1, r2, r3};
-  emu_stsm(r, 4, true, a);
+  emu_stsm_t(r, 4, a);
 }
 
 // st_pair writes two adjacent elements of a shared-memory tile.

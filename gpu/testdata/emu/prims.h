@@ -72,24 +72,17 @@ inline void emu_sts16(unsigned a, uint32_t v) {
   const uint16_t h = (uint16_t)v;
   memcpy(smem + a, &h, 2);
 }
-inline void emu_sts32(unsigned a, uint32_t v) {
-  emu_smem_check(a, 4, "st.shared.b32 misaligned or out of range");
-  memcpy(smem + a, &v, 4);
-}
 
-// stmatrix of nmat 8x8 matrices, the inverse of emu_ldsm: lanes 8i..8i+7
-// give the row addresses of matrix i; lane l's in[i] holds its row l/4,
-// columns 2(l%4) and +1 (transposed: its column l/4, rows 2(l%4) and +1).
-inline void emu_stsm(const unsigned* in, int nmat, bool trans, unsigned addr) {
+// stmatrix .trans of nmat 8x8 matrices (the kernels store no other form),
+// the inverse of emu_ldsm's transposed load: lanes 8i..8i+7 give the row
+// addresses of matrix i; lane l's in[i], its fragment row l/4 at columns
+// 2(l%4) and +1, lands as column l/4 of rows 2(l%4) and +1.
+inline void emu_stsm_t(const unsigned* in, int nmat, unsigned addr) {
   EmuWarpX& x = emu_matrix_rows(nmat, addr, "stmatrix row address not 16-byte aligned");
   const int l = emu_lane();
   for (int r = 0; r < nmat; ++r) {
-    if (!trans) {
-      emu_sts32(x.addr[8 * r + l / 4] + 4 * (l % 4), in[r]);
-    } else {
-      emu_sts16(x.addr[8 * r + 2 * (l % 4)] + 2 * (l / 4), in[r] & 0xffff);
-      emu_sts16(x.addr[8 * r + 2 * (l % 4) + 1] + 2 * (l / 4), in[r] >> 16);
-    }
+    emu_sts16(x.addr[8 * r + 2 * (l % 4)] + 2 * (l / 4), in[r] & 0xffff);
+    emu_sts16(x.addr[8 * r + 2 * (l % 4) + 1] + 2 * (l / 4), in[r] >> 16);
   }
   emu_warp_sync();
 }
