@@ -20,7 +20,8 @@
 # the D = 128 forward and backward at N = 4096 and 16384, causal at 4096, the
 # FLUX step, N = 512, D = 64 and D = 256 causal), PIPELINE_ENV (environment
 # words for every run, such as FLASHATTN_FWD_PIPELINE=lockstep; default
-# none: the defaults), NCU (the ncu binary), LIMIT (seconds per shape, 90).
+# none: the defaults), BENCH_FLAGS (flags added to every shape's `flashattn bench`, such as
+# "--bias 1hnm --bias-grad"), NCU (the ncu binary), LIMIT (seconds per shape, 90).
 # Clocks stay as the driver sets them (--clock-control none), so durations
 # compare with the benchmarks'.
 set -u
@@ -54,6 +55,8 @@ for s in $SHAPES; do
 	IFS=: read -r pass b h n d causal <<<"$s"
 	flags=(--backend cuda --dtype bf16 --pass "$pass" --batch "$b" --heads "$h" --seqlen-q "$n" --head-dim "$d" --repeats 1 --warmup 0s --budget 1ms)
 	[ "${causal:-}" = causal ] && flags+=(--causal)
+	read -ra extra <<<"${BENCH_FLAGS:-}"
+	flags+=("${extra[@]}")
 	tag=$(echo "$s" | tr ':' '-')
 	csv=$OUT/ncu-$tag.csv
 	echo "== $s" >>"$LOG"

@@ -36,6 +36,7 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return float2{a, b}; }
+struct float4 { float x, y, z, w; };
 
 // 16-bit types (storage only).
 struct __half { uint16_t x; };
