@@ -325,10 +325,13 @@ func (g *bwdGen) keyRowsLogit() string {
 // keyRowsBiasHoisted reports whether the key-rows step addresses a bias
 // from global memory once a step (keyRowsBiasDecl) rather than by each
 // element's 64-bit index: without a softcap and without dropout, whose
-// registers beside the addresses' spill more than the index saves.
+// registers beside the addresses' spill more than the index saves, and
+// above DK = 64 only with dBias, as the D = 128 step with a bias alone ran
+// slower with them (backward.md, "The bias's addresses in the key-rows
+// step").
 func (g *bwdGen) keyRowsBiasHoisted() bool {
 	v := g.v
-	return v.Biased() && !v.BiasStaged && !v.Softcap && !v.Dropout
+	return v.Biased() && !v.BiasStaged && !v.Softcap && !v.Dropout && (v.DK <= 64 || v.BiasGrad)
 }
 
 // keyRowsBiasDecl declares, where keyRowsBiasHoisted, the addresses of the
