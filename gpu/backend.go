@@ -115,11 +115,6 @@ type Backend struct {
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
 	FwdLightTail bool
-	// BiasBatchInner launches a forward whose bias is shared by the batch
-	// but not by the heads on the batch-inner grid (kernels.Variant.BatchInner),
-	// so that each bias tile comes from memory once a head. New sets it
-	// when EnvBiasBatchInner is set.
-	BiasBatchInner bool
 	// HostRegister has the host path page-lock the Go memory of its inputs
 	// and outputs while they are copied (cuda.Device.RegisterHost) and copy
 	// it in place, instead of through pinned staging slots. New sets it
@@ -181,10 +176,10 @@ func Open() (*Backend, error) {
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
 // EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvFwdLightTail, EnvBwdLightTail,
-// EnvBiasBatchInner, EnvHostRegister) once, into the knobs WGMMA, TMA,
-// Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep,
-// BwdDeep, DQ, BiasStaged, BiasStagedAuto, BiasTracked, FwdLightTail,
-// BwdLightTail, BiasBatchInner and HostRegister.
+// EnvHostRegister) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline,
+// BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ,
+// BiasStaged, BiasStagedAuto, BiasTracked, FwdLightTail, BwdLightTail and
+// HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -206,7 +201,6 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		BiasTracked:    hopper && envSet(os.Getenv(EnvBiasTracked)),
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
-		BiasBatchInner: envSet(os.Getenv(EnvBiasBatchInner)),
 		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
 		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:        hopper && envBwdDeep(),
@@ -320,11 +314,6 @@ const EnvBiasTracked = "FLASHATTN_BIAS_TRACKED"
 // forward launches of new backends that take one tile a CTA end on their
 // lightest query blocks (Backend.FwdLightTail).
 const EnvFwdLightTail = "FLASHATTN_FWD_LIGHT_TAIL"
-
-// EnvBiasBatchInner, when set to anything but "" or "0", has new backends
-// launch a forward whose bias is shared by the batch but not by the heads
-// batch element before head (Backend.BiasBatchInner).
-const EnvBiasBatchInner = "FLASHATTN_BIAS_BATCH_INNER"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -111,9 +111,6 @@ type fwdRequest struct {
 	// lightTail orders a masked launch of one tile a CTA so that it ends
 	// on its lightest query blocks (Backend.FwdLightTail).
 	lightTail bool
-	// batchInner launches the batch-inner grid where the bias allows it
-	// (batchInnerBias, Backend.BiasBatchInner).
-	batchInner bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -188,9 +185,6 @@ func plan(r fwdRequest) (launch, error) {
 			vr = w
 		}
 	}
-	if r.batchInner && batchInnerBias(p.B, pr.BiasStrideB, pr.BiasStrideH) {
-		vr.BatchInner = true
-	}
 	if r.lightTail { // (Validate declines it unmasked or persistent)
 		w := vr
 		w.LightTail = true
@@ -231,24 +225,11 @@ func plan(r fwdRequest) (launch, error) {
 		}
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
-	if vr.BatchInner {
-		l.grid[1], l.grid[2] = uint32(p.B), uint32(p.H)
-	}
 	if vr.Persistent {
 		tiles := int(l.grid[0]) * p.H * p.B
 		l.grid = [3]uint32{uint32(kernels.PersistentGrid(tiles, r.sms)), 1, 1}
 	}
 	return l, nil
-}
-
-// batchInnerBias reports whether a forward over batch elements with a
-// bias of batch stride sb and head stride sh (elements; 0 where broadcast)
-// takes the batch-inner grid (kernels.Variant.BatchInner): a bias that
-// differs by head but not by batch element, which the batch's CTAs of a
-// head then read together. A bias broadcast over the heads too is shared
-// by the heads' CTAs of the grid's usual order already.
-func batchInnerBias(batch int, sb, sh int64) bool {
-	return batch > 1 && sb == 0 && sh != 0
 }
 
 // biasStageable reports whether a 16-bit bias at device address ptr, with
@@ -493,8 +474,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail,
-		batchInner: b.BiasBatchInner}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail}
 	b.setBiasStaging(&r)
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()

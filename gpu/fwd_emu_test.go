@@ -93,7 +93,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
 	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles,
-		lightTail: envSet(os.Getenv(EnvFwdLightTail)), batchInner: os.Getenv(EnvBiasBatchInner) != "0"}
+		lightTail: envSet(os.Getenv(EnvFwdLightTail))}
 	emuBiasKnobs(kind).setBiasStaging(&req)
 	l, err := plan(req)
 	if err != nil {
@@ -101,9 +101,6 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 	}
 	if want := req.lightTail && l.v.Mask == kernels.MaskWindow && !l.v.Persistent; l.v.LightTail != want {
 		t.Fatalf("plan %s: light tail %v, want %v", l.v.Name(), l.v.LightTail, want)
-	}
-	if want := req.batchInner && batchInnerBias(p.B, l.params.BiasStrideB, l.params.BiasStrideH); l.v.BatchInner != want {
-		t.Fatalf("plan %s: batch inner %v, want %v", l.v.Name(), l.v.BatchInner, want)
 	}
 	l.params.NFFlag = ar.put(make([]byte, 16)) // the stream's non-finite flag and done counter, a persistent launch's tile counter and CTAs done: zero
 	if part != nil && !l.v.FlatStaged {
@@ -190,7 +187,7 @@ func TestForwardEmulated(t *testing.T) {
 		{name: "bf16-d199-narrow", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 1, hkv: 1, dk: 199, dv: 199},
 		{name: "bf16-d111-narrow-window", dt: attn.BFloat16, b: 1, n: 60, m: 60, h: 1, hkv: 1, dk: 111, dv: 111, opt: attn.Options{Window: &attn.Window{Left: 5, Right: 3}}},
 		{name: "fp32-d64-softcap-bias", dt: attn.Float32, b: 2, n: 40, m: 60, h: 2, hkv: 2, dk: 64, dv: 64, opt: attn.Options{Softcap: 3}, biasB: 1, bias: 2},
-		// a bias shared by the batch over three batch elements and two heads: the batch-inner grid's y and z differ
+		// a bias shared by the batch over three batch elements and two heads
 		{name: "bf16-d64-bias-1h-b3", dt: attn.BFloat16, b: 3, n: 40, m: 60, h: 2, hkv: 1, dk: 64, dv: 64, biasB: 1, bias: 2},
 		{name: "bf16-d512-dropout", dt: attn.BFloat16, b: 1, n: 30, m: 70, h: 1, hkv: 1, dk: 512, dv: 512, opt: attn.Options{Dropout: 0.2, Seed: 5}},
 		{name: "bf16-varlen-causal", dt: attn.BFloat16, h: 2, hkv: 1, dk: 64, dv: 64, segQ: []int{0, 70, 5}, segK: []int{9, 0, 40}, opt: attn.Options{Causal: true}},

@@ -193,7 +193,7 @@ func TestShapes(t *testing.T) {
 		{name: "d352-fp16-dropout-gqa-causal", dt: attn.Float16, b: 2, n: 97, m: 150, h: 4, hkv: 2, dk: 352, dv: 352, opt: attn.Options{Causal: true, Dropout: 0.3, Seed: 5}},
 		{name: "dk384-dv512-causal-top-left", dt: attn.BFloat16, b: 1, n: 150, m: 260, h: 2, hkv: 2, dk: 384, dv: 512, opt: attn.Options{Causal: true, Align: tl}},
 		{name: "d59-fp32-bias-softcap", dt: attn.Float32, b: 2, n: 77, m: 91, h: 2, hkv: 1, dk: 59, dv: 59, opt: attn.Options{Softcap: 4}, biasB: 1, bias: 2},
-		// a bias shared by the batch, not by the heads: the batch-inner grid (kernels.Variant.BatchInner)
+		// a bias shared by the batch, not by the heads, over three batch elements
 		{name: "d128-bf16-bias-1h-b3-n700", dt: attn.BFloat16, b: 3, n: 700, m: 700, h: 2, hkv: 2, dk: 128, dv: 128, biasB: 1, bias: 2},
 		{name: "d64-fp16-bias-1h-b3-causal", dt: attn.Float16, b: 3, n: 333, m: 400, h: 4, hkv: 2, dk: 64, dv: 64, opt: attn.Options{Causal: true}, biasB: 1, bias: 4},
 		{name: "d128-bf16-bias-n1100-m1104", dt: attn.BFloat16, b: 1, n: 1100, m: 1104, h: 2, hkv: 2, dk: 128, dv: 128, biasB: 1, bias: 2},

@@ -630,57 +630,6 @@ func TestForwardPlanLightTail(t *testing.T) {
 	}
 }
 
-// TestForwardPlanBatchInner checks where the forward's planner launches
-// the batch-inner grid (kernels.Variant.BatchInner, batchInnerBias): a bias
-// that differs by head but not by batch element, over more than one batch
-// element, on every kernel family and pipeline; not without a bias, with a
-// bias of its own per batch element, one broadcast over the heads too, or
-// one batch element, nor without the knob (Backend.BiasBatchInner). The
-// grid's y and z are then the batch and the heads.
-func TestForwardPlanBatchInner(t *testing.T) {
-	full := DefaultPipeline
-	persistent := full
-	persistent.Persistent = true
-	for _, c := range []struct {
-		name       string
-		b          int
-		bias       []int
-		wgmma, tma bool
-		pipe       kernels.Pipeline
-		off, want  bool
-	}{
-		{"[1,H,N,M], warp-specialized", 4, []int{1, 4}, true, true, full, false, true},
-		{"[1,H,N,M], persistent", 4, []int{1, 4}, true, true, persistent, false, true},
-		{"[1,H,N,M], lockstep", 4, []int{1, 4}, true, true, kernels.Pipeline{}, false, true},
-		{"[1,H,N,M], mma.sync", 4, []int{1, 4}, false, false, kernels.Pipeline{}, false, true},
-		{"[B,H,N,M]", 4, []int{4, 4}, true, true, full, false, false},
-		{"[1,1,N,M]", 4, []int{1, 1}, true, true, full, false, false},
-		{"[1,H,N,M], one batch element", 1, []int{1, 4}, true, true, full, false, false},
-		{"no bias", 4, nil, true, true, full, false, false},
-		{"[1,H,N,M], knob off", 4, []int{1, 4}, true, true, full, true, false},
-	} {
-		rc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: c.b, n: 1000, m: 1000, h: 4, hkv: 4, dk: 128, dv: 128, bias: c.bias, wgmma: c.wgmma, tma: c.tma}
-		p, ts, bias, _ := rc.tensors(t)
-		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], bias: bias, hopper: c.wgmma, tma: c.tma, pipeline: c.pipe, sms: 132, batchInner: !c.off})
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		if pl.v.BatchInner != c.want {
-			t.Errorf("%s: %s, batch inner %v, want %v", c.name, pl.v.Name(), pl.v.BatchInner, c.want)
-		}
-		want := [3]uint32{uint32((1000 + pl.v.BlockM - 1) / pl.v.BlockM), 4, uint32(c.b)}
-		if c.want {
-			want[1], want[2] = uint32(c.b), 4
-		}
-		if pl.v.Persistent {
-			want = [3]uint32{uint32(kernels.PersistentGrid(int(want[0]*want[1]*want[2]), 132)), 1, 1}
-		}
-		if pl.grid != want {
-			t.Errorf("%s: %s, grid %v, want %v", c.name, pl.v.Name(), pl.grid, want)
-		}
-	}
-}
-
 // TestForwardEarlyDropout checks where a backend adds the early dropout
 // bits to its pipeline on its own (EarlyDropoutAuto, earlyDropoutFaster):
 // under dropout at head dims 96–128 on Pipeline, not at other head dims,

@@ -68,17 +68,16 @@ func (x *gen) ctaSetup() {
 `)
 		if v.LightTail {
 			x.raw(ctaOrderCall("  ", "the launch ends on its lightest query blocks (kernels/cta_order.go)"))
-			x.raw("  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first\n")
-			b, h := x.batchHead("pair_ % gridDim.y", "pair_ / gridDim.y")
-			x.raw(x.pairDecl("  ", b, h))
+			x.raw(`  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first
+  int h = pair_ % gridDim.y, b = pair_ / gridDim.y;
+`)
 		} else {
 			if v.Mask == MaskWindow {
 				x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
 			} else {
 				x.raw("  const int mblk = blockIdx.x;\n")
 			}
-			b, h := x.batchHead("blockIdx.y", "blockIdx.z")
-			x.raw(x.pairDecl("  ", b, h))
+			x.raw("  int h = blockIdx.y, b = blockIdx.z;\n")
 		}
 	}
 	x.raw(`  const int kvh = h / p.group;  // key/value head of this query head
@@ -136,26 +135,6 @@ func (x *gen) ctaSetup() {
 `)
 }
 
-// batchHead returns the expressions of the CTA's batch element and head
-// given those of the grid's y and z coordinates: (heads, batch), or under
-// BatchInner (batch, heads).
-func (x *gen) batchHead(y, z string) (b, h string) {
-	if x.v.BatchInner {
-		return y, z
-	}
-	return z, y
-}
-
-// pairDecl declares the CTA's head h and batch element b as the
-// expressions b and h (batchHead).
-func (x *gen) pairDecl(indent, b, h string) string {
-	note := ""
-	if x.v.BatchInner {
-		note = "  // grid (query blocks, batch, heads): a head's CTAs over the batch run together"
-	}
-	return fmt.Sprintf("%sint h = %s, b = %s;%s\n", indent, h, b, note)
-}
-
 // recomputeCoords re-derives the CTA coordinates after the main loop from
 // fresh special-register reads, so that they hold no registers during it.
 func (x *gen) recomputeCoords() {
@@ -163,12 +142,10 @@ func (x *gen) recomputeCoords() {
 	x.raw("\n  {  // ---- CTA coordinates again (not kept live through the main loop)\n")
 	if v.LightTail {
 		x.raw(ctaOrderCall("    ", ""))
-		b, h := x.batchHead("pair_ % gridDim.y", "pair_ / gridDim.y")
-		x.p("    b = %s;\n    h = %s;\n    m0 = (gridDim.x - 1 - blk_) * BM;", b, h)
+		x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n    m0 = (gridDim.x - 1 - blk_) * BM;\n")
 	} else {
 		x.raw("    const u32 cz = ctaid_z(), cy = ctaid_y(), cx = ctaid_x();\n")
-		b, h := x.batchHead("(int)cy", "(int)cz")
-		x.p("    b = %s;\n    h = %s;", b, h)
+		x.raw("    b = (int)cz;\n    h = (int)cy;\n")
 		if v.Mask == MaskWindow {
 			x.raw("    m0 = (int)(gridDim.x - 1 - cx) * BM;\n")
 		} else {

@@ -349,17 +349,13 @@ func (x *gen) tileCoords(indent string) string {
 	if x.v.Mask == MaskWindow {
 		mblk = "nmb - 1 - mq;  // heaviest (last) query blocks first"
 	}
-	pair, hbCoords := "batch element · H + head", "int h = hb % p.h, b = hb / p.h;"
-	if x.v.BatchInner {
-		pair, hbCoords = "head · B + batch element", "int b = hb % p.b, h = hb / p.b;"
-	}
 	return fmt.Sprintf(`%[1]sconst int sec = tile / (sec_heads * nmb), hb0 = sec * sec_heads;  // section, its first (batch, head)
 %[1]sconst int sh = min(sec_heads, p.b * p.h - hb0);               // heads in this section
 %[1]sconst int mq = (tile - sec * sec_heads * nmb) / sh;             // query block rank: the section's heads fastest
-%[1]sconst int hb = hb0 + (tile - sec * sec_heads * nmb) %% sh;       // %[4]s
+%[1]sconst int hb = hb0 + (tile - sec * sec_heads * nmb) %% sh;       // batch element · H + head
 %[1]sconst int mblk = %[2]s
-%[1]s%[3]s
-`, indent, mblk, hbCoords, pair)
+%[1]sint h = hb %% p.h, b = hb / p.h;
+`, indent, mblk)
 }
 
 // wsPersistentPrologue writes the barriers of a persistent warp-specialized

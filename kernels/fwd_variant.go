@@ -105,18 +105,9 @@ type Variant struct {
 	BiasStaged bool
 	// LightTail (with a mask, not Persistent) orders the launch's CTAs so
 	// that it ends on its lightest query blocks: the backward's cta_order
-	// (cta_order.go) over the grid's (query blocks, heads, batch) — or
-	// (query blocks, batch, heads) under BatchInner — the query blocks last
-	// first.
+	// (cta_order.go) over the grid's (query blocks, heads, batch), the
+	// query blocks last first.
 	LightTail bool
-	// BatchInner (with a bias) launches the grid as (query blocks, batch,
-	// heads) instead of (query blocks, heads, batch): the CTAs of one head
-	// across the batch run together, so that a bias broadcast over the
-	// batch is read from memory once a head and from L2 by the other
-	// batch elements, instead of once a batch element. The launcher swaps
-	// the grid's y and z; a persistent launch numbers its tiles batch
-	// element fastest likewise.
-	BatchInner bool
 }
 
 // Pipeline is the schedule of a Hopper (WGMMA) forward kernel beyond its
@@ -259,7 +250,7 @@ func (v Variant) Name() string {
 	}
 	return fmt.Sprintf("%s_%v_k%d_v%d_m%dn%d_w%dx%d_s%d_l%d_q%d_mask-%v_cap%d_ps%d_bias-%v_drop%d_var%d_lse%d_mb%d",
 		kind, v.DType, v.DK, v.DV, v.BlockM, v.BlockN, v.WarpsM, v.WarpsN, v.Stages, v.LoadBytes, b(v.QInRegs),
-		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + suffixIf(v.TMA, "_tma") + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + suffixIf(v.BiasStaged, "_bs") + suffixIf(v.LightTail, "_lt") + suffixIf(v.BatchInner, "_bi")
+		v.Mask, b(v.Softcap), b(v.PreScale), v.Bias, b(v.Dropout), b(v.Varlen), b(v.LSE), v.MinBlocks) + suffixIf(v.TMA, "_tma") + flatSuffix(v.Flat, v.FlatStaged) + wsSuffix(v.Pipeline) + suffixIf(v.BiasStaged, "_bs") + suffixIf(v.LightTail, "_lt")
 }
 
 // suffixIf returns the name suffix s of a variant part that is on, else "".
@@ -363,9 +354,6 @@ func (v Variant) Validate() error {
 	}
 	if v.LightTail && (v.Mask != MaskWindow || v.Persistent) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the light-tail CTA order needs a mask and a launch of one tile a CTA (Mask %v, Persistent %v)", v.Mask, v.Persistent)
-	}
-	if v.BatchInner && v.Bias == BiasNone {
-		return attn.Errorf(attn.ErrUnsupported, "kernels: the batch-inner grid is for a bias (Bias %v)", v.Bias)
 	}
 	if v.Persistent && (!v.WarpSpecialized || v.Flat || v.Varlen) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: a persistent forward needs the warp-specialized pipeline, rows not read in place and a fixed-length batch (WarpSpecialized %v, Flat %v, Varlen %v)", v.WarpSpecialized, v.Flat, v.Varlen)
