@@ -487,6 +487,34 @@ var bwdEmuFamilies = []struct {
 	{"hopper-tma-ws-keyrows-bulkdq-q80", emuHopperBwdWSKeyRows80Bulk}, {"hopper-tma-ws-keyrows-q128", emuHopperBwdWSKeyRows128},
 	{"hopper-tma-ws-keyrows-bulkdq-q128", emuHopperBwdWSKeyRows128Bulk}}
 
+// TestBackwardEmulatedBiasEarly runs biased backwards on the key-rows
+// families with the bias from global memory (EnvBiasStaged=0) at head dims
+// whose step loads it while its products run (the early loads of
+// kernels.BwdVariant's key-rows step): bf16 and fp16 biases, broadcast
+// over the batch or the heads, queries past the last step and keys past
+// M, both dQ algorithms, on the host emulator against the float64
+// reference (FLASHATTN_BWD_EMU=1; needs g++).
+func TestBackwardEmulatedBiasEarly(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	t.Setenv(EnvBiasStaged, "0")
+	cases := []bwdCase{
+		{name: "d128-bias-bcast-b-m136", b: 2, n: 100, m: 136, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, dtypes: []attn.DType{attn.BFloat16}},
+		{name: "d96-bias-bcast-h-m130", b: 2, n: 70, m: 130, h: 2, hkv: 2, dk: 96, dv: 96, bias: []int{2, 1}, dtypes: []attn.DType{attn.Float16}},
+	}
+	for _, f := range bwdEmuFamilies {
+		if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
+			continue
+		}
+		t.Run(f.name, func(t *testing.T) {
+			for ci, c := range cases {
+				for _, dt := range c.dtypes {
+					emuCheckCase(t, c, dt, uint64(ci+970), f.kind)
+				}
+			}
+		})
+	}
+}
+
 // TestBackwardEmulatedBiasStaged runs biased backwards on the key-rows
 // families with the bias staged through shared memory (EnvBiasStaged,
 // kernels.BwdVariant.BiasStaged) on the host emulator against the float64

@@ -513,7 +513,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	g.fullMask(b)
 	wgScores(b, "wg_s", "64 queries x this warpgroup's BN/2 keys",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
-		"dq", "dKs", "ddo", "dVs", "BM", "BN", t.BlockN/16)
+		"dq", "dKs", "ddo", "dVs", "BM", "BN", t.BlockN/16, "")
 	g.wsBwdRelease(b)
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: t.BlockN / 2, MT: 1, NT: t.BlockN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }

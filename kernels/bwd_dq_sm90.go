@@ -116,7 +116,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 	g.fullMask(b)
 	wgScores(b, "wg_s", "this warpgroup's 64 queries x BN keys (K and V K-major)",
 		"      const u64 dk = sw128_desc(sK + st * K_STAGE, 16, 1024), dv = sw128_desc(sV + st * V_STAGE, 16, 1024);\n",
-		"dq", "dk", "ddo", "dv", "BM", "BN", t.BlockN/8)
+		"dq", "dk", "ddo", "dv", "BM", "BN", t.BlockN/8, "")
 	fmt.Fprintf(b, "    u32 dsp[1][%d][2];  // dS of this warpgroup's rows, 16-bit pairs: the A operand of dQ += dS·K\n", t.BlockN/8)
 	st := bwdWarpTile{Wm: 8, Wn: 1, TM: 16, TN: t.BlockN, MT: 1, NT: t.BlockN / 8, Warps: 8}
 	g.probs(b, st, "sL", "sD", false)

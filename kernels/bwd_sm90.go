@@ -113,8 +113,9 @@ func (g *bwdGen) loadKV(b *strings.Builder) {
 // block, the A tiles with aRows rows an atom and the B tiles bRows (BM for
 // the query-side tiles, BN for the key-side ones); the two products
 // committed apart and S waited for, so that P is computed while dP still
-// runs. what describes the tile in a comment.
-func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int) {
+// runs; inFlight is code that runs while both products do, before the
+// wait. what describes the tile in a comment.
+func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows string, nt int, inFlight string) {
 	fmt.Fprintf(b, `    // ---- S = Q·Kᵀ and dP = dO·Vᵀ: %[1]s
     float accS[1][%[2]d][4], accP[1][%[2]d][4];
     {
@@ -127,10 +128,10 @@ func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows
       for (int kk = 0; kk < DVP / 16; ++kk)
         %[10]s(accP[0], %[6]s + (u64)(((kk >> 2) * %[8]s * 128 + (kk & 3) * 32) >> 4), %[7]s + (u64)(((kk >> 2) * %[9]s * 128 + (kk & 3) * 32) >> 4), kk > 0);
       wgmma_commit();  // dP
-      wgmma_wait<1>();  // S is done; dP still runs while P is computed
+%[11]s      wgmma_wait<1>();  // S is done; dP still runs while P is computed
       fence_acc(accS[0]);
     }
-`, what, nt, decl, sa, sb, pa, pb, aRows, bRows, prod)
+`, what, nt, decl, sa, sb, pa, pb, aRows, bRows, prod, inFlight)
 }
 
 // hopperPrelude writes the device functions only the Hopper kernel uses.

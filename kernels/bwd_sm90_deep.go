@@ -184,7 +184,7 @@ func (g *bwdGen) deepScores(b *strings.Builder, dkdv bool, sq, sdo, sk, sv, sl, 
 	wgScores(b, "wg_s", "the BM queries x this warpgroup's BN/2 keys", fmt.Sprintf(`      u64 dq = sw128_desc(%s, 16, 1024), ddo = sw128_desc(%s, 16, 1024);
       u64 dk = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024), dv = sw128_desc(%s + wg * (BN / 2) * 128, 16, 1024);
       %s
-`, sq, sdo, sk, sv, deepOpaque("dq", "ddo", "dk", "dv")), "dq", "dk", "ddo", "dv", "BM", "BN", bwdDeepBN/16)
+`, sq, sdo, sk, sv, deepOpaque("dq", "ddo", "dk", "dv")), "dq", "dk", "ddo", "dv", "BM", "BN", bwdDeepBN/16, "")
 	st := bwdWarpTile{Wm: 4, Wn: 2, TM: 16, TN: bwdDeepBN / 2, MT: 1, NT: bwdDeepBN / 16, Warps: 8}
 	g.tileAt = func(tile string) string { return tile + " + sw_elem<BM>(il, jl)" }
 	g.probs(b, st, sl, sd, dkdv)

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"github.com/flashattn/flashattn/attn"
 	"strings"
 )
 
@@ -98,9 +99,14 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 `)
 	}
 	g.fullMask(b)
+	early := ""
+	if g.keyRowsBiasEarly() {
+		b.WriteString("    u32 bpre[BM / 8][2];  // this step's bias: the bits of (qi, kj) | (qi + 1, kj) << 16\n")
+		early = g.keyRowsBiasEarlyLoads()
+	}
 	wgScores(b, v.keyRowsScores(), "keys as rows: this warpgroup's BN/2 keys x the BM queries",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
-		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8)
+		"dKs", "dq", "dVs", "ddo", "BN", "BM", v.bwdHopperTile().BlockM/8, early)
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
 %[5]s%[1]s%[11]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
@@ -318,6 +324,8 @@ func (g *bwdGen) keyRowsLogit() string {
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
 	case g.keyRowsBiasHoisted():
 		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
+	case g.keyRowsBiasEarly():
+		bias = "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))"
 	}
 	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
 }
@@ -352,6 +360,40 @@ func (g *bwdGen) keyRowsBiasDecl() string {
     for (int hh = 0; hh < 2; ++hh)
       bkr[hh] = p.bias + (b * p.bias_sb + h * p.bias_sh + (i64)(i0 + 2 * t4) * bsi +
                           (i64)(j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh) * p.bias_sj);
+`
+}
+
+// keyRowsBiasEarly reports whether the key-rows step loads its 16-bit
+// bias from global memory while its S and dP products run
+// (keyRowsBiasEarlyLoads), where the loads were issued after S's wait and
+// each one waited for before its exponential: steps of at most 64
+// queries (16 registers of pairs), the addresses not hoisted, without a
+// mask, a softcap or dropout (beside a mask the registers spilled: D = 128
+// 64 → 156 bytes, NVRTC 12.4).
+func (g *bwdGen) keyRowsBiasEarly() bool {
+	v := g.v
+	return v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout &&
+		!g.keyRowsBiasHoisted() && v.bwdHopperTile().BlockM <= 64
+}
+
+// keyRowsBiasEarlyLoads returns the loads of bpre (declared before the
+// products' block): the step's bias of the thread's elements as 16-bit
+// pairs, queries qi and qi + 1 of key kj, 0 outside the sequences.
+func (g *bwdGen) keyRowsBiasEarlyLoads() string {
+	return `      {  // ---- this step's bias into bpre while S and dP run
+        const unsigned short* const bias16 = reinterpret_cast<const unsigned short*>(p.bias) + b * p.bias_sb + h * p.bias_sh;
+#pragma unroll
+        for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+            u32 w = 0u;
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              if (qi + c < n && kj < m) w |= (u32)bias16[(i64)(qi + c) * p.bias_si + (i64)kj * p.bias_sj] << (16 * c);
+            bpre[nt][hh] = w;
+          }
+      }
 `
 }
 

@@ -542,10 +542,10 @@ func TestKeyRowsSource(t *testing.T) {
 	if len(vs) < 4 {
 		t.Fatalf("%d key-rows variants", len(vs))
 	}
-	biased := 0 // variants that read a bias from global memory
+	biased, earlies := 0, 0 // variants that read a bias from global memory: addressed once a step, loaded early
 	defer func() {
-		if biased == 0 {
-			t.Errorf("no key-rows variant with a bias from global memory checked")
+		if biased == 0 || earlies == 0 {
+			t.Errorf("key-rows variants with a bias from global memory checked: %d hoisted, %d loaded early; want some of each", biased, earlies)
 		}
 	}()
 	for _, v := range vs {
@@ -578,6 +578,18 @@ func TestKeyRowsSource(t *testing.T) {
 			t.Errorf("%s: bias addresses hoisted %v, want %v (or the 64-bit index an element left)", v.Name(), hoisted, want)
 		} else if hoisted {
 			biased++
+		}
+		// a 16-bit bias from global memory not hoisted, without a mask, softcap or dropout, on steps of at most 64 queries: loaded while S and dP run
+		early := strings.Contains(src, "u32 bpre[BM / 8][2];") && strings.Contains(src, "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))")
+		if want := v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout && !hoisted &&
+			v.bwdHopperTile().BlockM <= 64; early != want {
+			t.Errorf("%s: bias loaded while the products run %v, want %v", v.Name(), early, want)
+		} else if early {
+			loads, wait := strings.Index(src, "bpre[nt][hh] = w;"), strings.Index(src, "wgmma_wait<1>();  // S is done")
+			if dp := strings.Index(src, "wgmma_commit();  // dP"); !(dp < loads && loads < wait) {
+				t.Errorf("%s: the bias loads at %d, want them between dP's commit (%d) and S's wait (%d)", v.Name(), loads, dp, wait)
+			}
+			earlies++
 		}
 		// the Pᵀ loop twice (a copy without the visibility test for full steps) only without a mask or an element-wise feature
 		loops, split := strings.Count(src, "pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));"), strings.Contains(src, "if (full) {  // every key of the step in the sequence")
