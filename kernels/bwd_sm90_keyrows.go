@@ -367,9 +367,10 @@ func (g *bwdGen) keyRowsBiasDecl() string {
 // bias from global memory while its S and dP products run
 // (keyRowsBiasEarlyLoads), where the loads were issued after S's wait and
 // each one waited for before its exponential: steps of at most 64
-// queries (16 registers of pairs), the addresses not hoisted, without a
-// mask, a softcap or dropout (beside a mask the registers spilled: D = 128
-// 64 → 156 bytes, NVRTC 12.4).
+// queries (16 registers of pairs; on steps of 128 ptxas sank the loads
+// after the wait again), the addresses not hoisted, without a mask, a
+// softcap or dropout (beside a mask the registers spilled: D = 128 64 →
+// 156 bytes, NVRTC 12.4).
 func (g *bwdGen) keyRowsBiasEarly() bool {
 	v := g.v
 	return v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout &&
