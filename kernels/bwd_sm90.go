@@ -145,6 +145,9 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.BiasTracked {
 		b.WriteString(ptxCpAsyncMbarArrive("cp_async_mbar_arrive"))
 	}
+	if v.KeyRows && v.keyRowsBiasPrefetched() {
+		b.WriteString(ptxPrefetchL1("prefetch_l1"))
+	}
 	b.WriteString(wgmmaPrimitives())
 	for _, pr := range v.HopperProducts() {
 		b.WriteString(pr.source(v.DType))

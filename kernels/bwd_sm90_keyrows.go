@@ -99,6 +99,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 `)
 	}
 	g.fullMask(b)
+	b.WriteString(g.keyRowsBiasPrefetch())
 	early := ""
 	if g.keyRowsBiasEarly() {
 		b.WriteString("    u32 bpre[BM / 8][2];  // this step's bias: the bits of (qi, kj) | (qi + 1, kj) << 16\n")
@@ -360,6 +361,39 @@ func (g *bwdGen) keyRowsBiasDecl() string {
     for (int hh = 0; hh < 2; ++hh)
       bkr[hh] = p.bias + (b * p.bias_sb + h * p.bias_sh + (i64)(i0 + 2 * t4) * bsi +
                           (i64)(j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh) * p.bias_sj);
+`
+}
+
+// keyRowsBiasPrefetched reports whether the key-rows step of v prefetches
+// its bias rows into L1 at the step's start (keyRowsBiasPrefetch): a bias
+// read from global memory after S's wait on the 128-query step, whose 64
+// loads a thread wait on one another (48 of them load into a register an
+// earlier one wrote, in SASS), so that they find their lines in L1. On
+// steps of 64 queries it raised the spills (D = 128 with dBias 48 → 132
+// bytes, NVRTC 12.4).
+func (v BwdVariant) keyRowsBiasPrefetched() bool {
+	return v.Biased() && !v.BiasStaged && v.bwdHopperTile().BlockM > 64
+}
+
+// keyRowsBiasPrefetch returns, where keyRowsBiasPrefetched, the prefetch
+// of the step's bias rows: each thread of a warpgroup one query row of the
+// warpgroup's 64 keys (128 bytes of a 16-bit bias, 256 of an fp32 one),
+// rows and keys inside the sequences only.
+func (g *bwdGen) keyRowsBiasPrefetch() string {
+	if !g.v.keyRowsBiasPrefetched() {
+		return ""
+	}
+	half := ""
+	if g.v.Bias.DType() == attn.Float32 {
+		half = "\n        if (kw + 32 < m) prefetch_l1(row + 32 * p.bias_sj);  // the second 128 bytes"
+	}
+	return `    {  // ---- this step's bias rows into L1 while the products run: row r of the warpgroup's 64 keys
+      const int r = 32 * (warp & 3) + lane, kw = j0 + 64 * wg;
+      if (r < BM && i0 + r < n && kw < m) {
+        const BT* const row = p.bias + b * p.bias_sb + h * p.bias_sh + (i64)(i0 + r) * p.bias_si + (i64)kw * p.bias_sj;
+        prefetch_l1(row);` + half + `
+      }
+    }
 `
 }
 

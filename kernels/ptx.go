@@ -205,6 +205,12 @@ func ptxCpWait(name string, n int, memory bool) string {
 	return fmt.Sprintf("DEV void %s() { asm volatile(\"cp.async.wait_group %d;\\n\" ::%s); }\n", name, n, clobber(memory))
 }
 
+// ptxPrefetchL1 returns name(p), a hint that brings the cache line at
+// global address p into L1 (prefetch.global.L1): no register waits for it.
+func ptxPrefetchL1(name string) string {
+	return fmt.Sprintf("DEV void %s(const void* p) { asm volatile(\"prefetch.global.L1 [%%0];\\n\" ::\"l\"(p)); }\n", name)
+}
+
 // clobber returns the clobber list of an asm statement with operands.
 func clobber(memory bool) string {
 	if memory {

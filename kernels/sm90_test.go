@@ -539,13 +539,21 @@ func TestKeyRowsSource(t *testing.T) {
 			vs = append(vs, v)
 		}
 	}
+	for _, grad := range []bool{false, true} { // a bias on the 128-query step (Validate declines it under dropout)
+		v := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Features: Features{Bias: BiasBF16}, BiasGrad: grad, Vector: true, AtomicDQ: true, BulkDQ: true,
+			WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true, QueryStep: 128}
+		if err := v.Validate(); err != nil {
+			t.Fatalf("%s: %v", v.Name(), err)
+		}
+		vs = append(vs, v)
+	}
 	if len(vs) < 4 {
 		t.Fatalf("%d key-rows variants", len(vs))
 	}
-	biased, earlies := 0, 0 // variants that read a bias from global memory: addressed once a step, loaded early
+	biased, earlies, prefetches := 0, 0, 0 // variants that read a bias from global memory: addressed once a step, loaded early, prefetched
 	defer func() {
-		if biased == 0 || earlies == 0 {
-			t.Errorf("key-rows variants with a bias from global memory checked: %d hoisted, %d loaded early; want some of each", biased, earlies)
+		if biased == 0 || earlies == 0 || prefetches == 0 {
+			t.Errorf("key-rows variants with a bias from global memory checked: %d hoisted, %d loaded early, %d prefetched; want some of each", biased, earlies, prefetches)
 		}
 	}()
 	for _, v := range vs {
@@ -578,6 +586,16 @@ func TestKeyRowsSource(t *testing.T) {
 			t.Errorf("%s: bias addresses hoisted %v, want %v (or the 64-bit index an element left)", v.Name(), hoisted, want)
 		} else if hoisted {
 			biased++
+		}
+		// a bias from global memory on the 128-query step: its rows prefetched into L1 before the products
+		prefetched := strings.Contains(src, "prefetch_l1(row);")
+		if want := v.Biased() && !v.BiasStaged && v.bwdHopperTile().BlockM > 64; prefetched != want {
+			t.Errorf("%s: bias rows prefetched %v, want %v", v.Name(), prefetched, want)
+		} else if prefetched {
+			if pf, s := strings.Index(src, "prefetch_l1(row);"), strings.Index(src, "wgmma_commit();  // S"); pf > s {
+				t.Errorf("%s: the bias prefetch at %d, after S's commit at %d", v.Name(), pf, s)
+			}
+			prefetches++
 		}
 		// a 16-bit bias from global memory not hoisted, without a mask, softcap or dropout, on steps of at most 64 queries: loaded while S and dP run
 		early := strings.Contains(src, "u32 bpre[BM / 8][2];") && strings.Contains(src, "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))")
