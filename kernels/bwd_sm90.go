@@ -145,7 +145,7 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.BiasTracked {
 		b.WriteString(ptxCpAsyncMbarArrive("cp_async_mbar_arrive"))
 	}
-	if v.KeyRows && v.keyRowsBiasPrefetched() {
+	if g.keyRowsBiasPrefetched() {
 		b.WriteString(ptxPrefetchL1("prefetch_l1"))
 	}
 	b.WriteString(wgmmaPrimitives())

@@ -2,8 +2,9 @@ package kernels
 
 import (
 	"fmt"
-	"github.com/flashattn/flashattn/attn"
 	"strings"
+
+	"github.com/flashattn/flashattn/attn"
 )
 
 // Scores by key rows (BwdVariant.KeyRows): the warp-specialized Hopper
@@ -364,15 +365,16 @@ func (g *bwdGen) keyRowsBiasDecl() string {
 `
 }
 
-// keyRowsBiasPrefetched reports whether the key-rows step of v prefetches
+// keyRowsBiasPrefetched reports whether the key-rows step prefetches
 // its bias rows into L1 at the step's start (keyRowsBiasPrefetch): a bias
 // read from global memory after S's wait on the 128-query step, whose 64
 // loads a thread wait on one another (48 of them load into a register an
 // earlier one wrote, in SASS), so that they find their lines in L1. On
 // steps of 64 queries it raised the spills (D = 128 with dBias 48 → 132
 // bytes, NVRTC 12.4).
-func (v BwdVariant) keyRowsBiasPrefetched() bool {
-	return v.Biased() && !v.BiasStaged && v.bwdHopperTile().BlockM > 64
+func (g *bwdGen) keyRowsBiasPrefetched() bool {
+	v := g.v
+	return v.KeyRows && v.Biased() && !v.BiasStaged && v.bwdHopperTile().BlockM > 64
 }
 
 // keyRowsBiasPrefetch returns, where keyRowsBiasPrefetched, the prefetch
@@ -380,7 +382,7 @@ func (v BwdVariant) keyRowsBiasPrefetched() bool {
 // warpgroup's 64 keys (128 bytes of a 16-bit bias, 256 of an fp32 one),
 // rows and keys inside the sequences only.
 func (g *bwdGen) keyRowsBiasPrefetch() string {
-	if !g.v.keyRowsBiasPrefetched() {
+	if !g.keyRowsBiasPrefetched() {
 		return ""
 	}
 	half := ""
@@ -407,7 +409,7 @@ func (g *bwdGen) keyRowsBiasPrefetch() string {
 // 156 bytes, NVRTC 12.4).
 func (g *bwdGen) keyRowsBiasEarly() bool {
 	v := g.v
-	return v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout &&
+	return v.KeyRows && v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout &&
 		!g.keyRowsBiasHoisted() && v.bwdHopperTile().BlockM <= 64
 }
 

@@ -116,7 +116,7 @@ func (g *bwdGen) preludeTypes(b *strings.Builder) {
 	fmt.Fprintf(b, "typedef %s BT;\n", bwdCType(bt))
 	b.WriteString(bwdConvFuncs("t", v.DType))
 	b.WriteString(bwdConvFuncs("bt", bt))
-	if g.v.KeyRows && g.keyRowsBiasEarly() {
+	if g.keyRowsBiasEarly() {
 		b.WriteString(bwdBitsFunc("bt", bt))
 	}
 	b.WriteString(`#define FA_INF __int_as_float(0x7f800000)
