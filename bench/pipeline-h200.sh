@@ -37,8 +37,7 @@
 # sanitize; default all but q80check, wintime, biastime, tiles, xtiles, ntiles and sanitize;
 # biastime times the forward and the backward with a [1,1,N,M] bias loaded from global memory,
 # staged where the default stages it, and staged wherever it can be (FLASHATTN_BIAS_STAGED=0,
-# unset, 1; BIAS_CONFIGS, LABEL=VAR=VALUE,VAR=VALUE each, e.g. adding
-# tracked=FLASHATTN_BIAS_STAGED=1,FLASHATTN_BIAS_TRACKED=1) on BIAS_SHAPES, after the forward
+# unset, 1; BIAS_CONFIGS, LABEL=VAR=VALUE,VAR=VALUE each) on BIAS_SHAPES, after the forward
 # and gradient tests under the staging everywhere (BIAS_CHECK=0 skips them, BIAS_CHECK_ENV adds
 # variables to them); BIAS_KIND (bhnm, 1hnm, b1nm; default 11nm) is the bias's broadcast,
 # BIAS_PASSES (default "fwd bwd") the passes timed; wintime times the
@@ -50,7 +49,7 @@
 # space-separated LABEL=VAR=VALUE,VAR=VALUE; default the dQ algorithms on
 # both pipelines and the key-rows step); sanitize runs a few shapes of the full
 # pipeline, the bulk dQ, the warp-specialized backward, the 128-query step at D = 64 and
-# the staged bias with tracked copies under compute-sanitizer's racecheck and synccheck; each step fits one
+# the staged bias under compute-sanitizer's racecheck and synccheck; each step fits one
 # 10-minute call), TILE_PIPELINE (tiles: the Hopper tile sweep, `benchfwd
 # -only hsweep`, under this pipeline; default ws,pingpong,early-rescale;
 # xtiles: the key tiles of softcap, dropout and bias variants at D = 64 and 128,
@@ -220,10 +219,10 @@ if [[ ",$STEPS," == *",sanitize,"* ]]; then
 			-test.run 'TestBackwardGradients$') >"$log" 2>&1
 		printf 'sanitize bwd %-6s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"
 		# the 128-query key-rows step at D = 64, its dQ rows split (tiled accumulator), and the staged
-		# bias with the copies handed to the barrier
+		# bias
 		log=$OUT/sanitize-q128-$tool.log
 		(cd "$ROOT/gpu" && FLASHATTN_BULK_DQ=1 FLASHATTN_BWD_KEY_ROWS=1 FLASHATTN_BWD_QUERY_STEP=128 FLASHATTN_BIAS_STAGED=1 \
-			FLASHATTN_BIAS_TRACKED=1 FLASHATTN_BWD_CASES='^(plain|softcap)$' \
+			FLASHATTN_BWD_CASES='^(plain|softcap)$' \
 			timeout --kill-after=10 280 "$SANITIZER" --tool "$tool" --error-exitcode 9 "$ROOT/.bin/gpu.test" -test.v \
 			-test.run 'TestBackwardGradients$|TestBackwardKeyRowsDefault/keyrows-d128-bias') >"$log" 2>&1
 		printf 'sanitize q128 %-5s rc=%-3d %s\n' "$tool" "$?" "$(grep -m1 -E 'ERROR SUMMARY|hazard' "$log")" | tee -a "$SUMMARY"

@@ -106,11 +106,6 @@ type Backend struct {
 	// tensor map for them), in the backward under a mask or window.
 	// New sets it unless EnvBiasStaged is "0".
 	BiasStagedAuto bool
-	// BiasTracked has the backward's producer hand its bias copies to the
-	// stage's barrier instead of waiting for them where it stages the bias
-	// (kernels.BwdVariant.BiasTracked). New sets it when EnvBiasTracked is
-	// set.
-	BiasTracked bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -175,11 +170,10 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvBiasTracked, EnvFwdLightTail, EnvBwdLightTail,
-// EnvHostRegister) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline,
-// BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ,
-// BiasStaged, BiasStagedAuto, BiasTracked, FwdLightTail, BwdLightTail and
-// HostRegister.
+// EnvDQ, EnvBiasStaged, EnvFwdLightTail, EnvBwdLightTail, EnvHostRegister)
+// once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ,
+// BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ, BiasStaged,
+// BiasStagedAuto, FwdLightTail, BwdLightTail and HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -199,7 +193,6 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
-		BiasTracked:    hopper && envSet(os.Getenv(EnvBiasTracked)),
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
 		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
 		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
@@ -304,11 +297,6 @@ const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 // wherever they can (Backend.BiasStaged); unset, only where it measured
 // faster (Backend.BiasStagedAuto); "0", nowhere.
 const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
-
-// EnvBiasTracked, when set to anything but "" or "0", has the backward of
-// new backends hand its staged bias copies to the stage's barrier
-// (Backend.BiasTracked).
-const EnvBiasTracked = "FLASHATTN_BIAS_TRACKED"
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked
 // forward launches of new backends that take one tile a CTA end on their

@@ -111,7 +111,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.bwdBiasStaged(in.p), biasTracked: knobs.BiasTracked, lightTail: emuBwdLightTail(hopper), deep: deep})
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.bwdBiasStaged(in.p), lightTail: emuBwdLightTail(hopper), deep: deep})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -321,8 +321,8 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 		t.Fatalf("plan %s: QueryStep = %d, want 128: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
 	staged16 := pl.v.Bias == kernels.BiasBF16 || pl.v.Bias == kernels.BiasF16
-	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0; pl.v.BiasStaged != want || pl.v.BiasTracked != (want && envSet(os.Getenv(EnvBiasTracked))) {
-		t.Fatalf("plan %s: BiasStaged = %v, BiasTracked = %v, want %v", pl.v.Name(), pl.v.BiasStaged, pl.v.BiasTracked, want)
+	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0; pl.v.BiasStaged != want {
+		t.Fatalf("plan %s: BiasStaged = %v, want %v", pl.v.Name(), pl.v.BiasStaged, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)
@@ -520,9 +520,8 @@ func TestBackwardEmulatedBiasEarly(t *testing.T) {
 // kernels.BwdVariant.BiasStaged) on the host emulator against the float64
 // reference, both dQ algorithms: dBias and softcap, a causal mask with a
 // batch-broadcast bias, queries past the last step and keys past M, and a
-// bias whose rows are not 16-byte aligned, which keeps the global loads;
-// the producer waiting for its copies and handing them to the stage's
-// barrier (EnvBiasTracked) (FLASHATTN_BWD_EMU=1; needs g++).
+// bias whose rows are not 16-byte aligned, which keeps the global loads
+// (FLASHATTN_BWD_EMU=1; needs g++).
 func TestBackwardEmulatedBiasStaged(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	t.Setenv(EnvBiasStaged, "1")
@@ -531,19 +530,16 @@ func TestBackwardEmulatedBiasStaged(t *testing.T) {
 		{name: "d64-96-causal-bias-bcast-m200", b: 2, n: 90, m: 200, h: 2, hkv: 1, dk: 64, dv: 96, bias: []int{1, 2}, causal: true, dtypes: []attn.DType{attn.Float16}},
 		{name: "d128-bias-m130-unaligned", b: 1, n: 70, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dtypes: []attn.DType{attn.BFloat16}},
 	}
-	for _, tracked := range []string{"", "1"} {
-		t.Setenv(EnvBiasTracked, tracked)
-		for _, f := range bwdEmuFamilies {
-			if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
-				continue
-			}
-			t.Run(fmt.Sprintf("%s/tracked=%v", f.name, tracked != ""), func(t *testing.T) {
-				for ci, c := range cases {
-					for _, dt := range c.dtypes {
-						emuCheckCase(t, c, dt, uint64(ci+950), f.kind)
-					}
-				}
-			})
+	for _, f := range bwdEmuFamilies {
+		if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
+			continue
 		}
+		t.Run(f.name, func(t *testing.T) {
+			for ci, c := range cases {
+				for _, dt := range c.dtypes {
+					emuCheckCase(t, c, dt, uint64(ci+950), f.kind)
+				}
+			}
+		})
 	}
 }

@@ -265,9 +265,6 @@ type bwdRequest struct {
 	// key-rows step where the variant and the bias's layout allow it
 	// (Backend.BiasStaged, Backend.BiasStagedAuto).
 	biasStaged bool
-	// biasTracked hands a staged bias's copies to the stage's barrier
-	// (Backend.BiasTracked).
-	biasTracked bool
 	// lightTail orders a masked launch's CTAs so that it ends on its
 	// lightest blocks (Backend.BwdLightTail).
 	lightTail bool
@@ -282,7 +279,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), biasTracked: b.BiasTracked, lightTail: b.BwdLightTail, deep: b.BwdDeep}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), lightTail: b.BwdLightTail, deep: b.BwdDeep}
 }
 
 // bwdBiasStaged reports whether the backend's backward of p stages its
@@ -401,7 +398,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	}
 	if pr := pl.params; r.biasStaged && pl.v.KeyRows && biasStageable(pr.Bias, pr.BiasJ, pr.BiasI, pr.BiasH, pr.BiasB) {
 		w := pl.v
-		w.BiasStaged, w.BiasTracked = true, r.biasTracked
+		w.BiasStaged = true
 		if w.Validate() == nil {
 			pl.v = w
 		}

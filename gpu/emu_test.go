@@ -340,13 +340,11 @@ func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
 
 // emuBiasKnobs returns the bias staging knobs of an emulated kind's plans:
 // those New sets under the environment of the moment for the default
-// kind, those the environment asks for (EnvBiasStaged, EnvBiasTracked)
-// for the others.
+// kind, those the environment asks for (EnvBiasStaged) for the others.
 func emuBiasKnobs(kind emuKernels) *Backend {
 	return &Backend{
 		BiasStaged:     envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
-		BiasTracked:    envSet(os.Getenv(EnvBiasTracked)),
 	}
 }
 

@@ -142,9 +142,6 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	}
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
-	if v.BiasTracked {
-		b.WriteString(ptxCpAsyncMbarArrive("cp_async_mbar_arrive"))
-	}
 	if g.keyRowsBiasPrefetched() {
 		b.WriteString(ptxPrefetchL1("prefetch_l1"))
 	}

@@ -12,10 +12,9 @@ import (
 // l + 32k, BN/8 chunks a row, in the layout of the kernel's other swizzled
 // tiles (sw_off), zeros past the queries and keys. Each lane waits for its
 // copies before it arrives on the stage's full barrier, so the compute
-// warps find the tile complete when the phase completes; with BiasTracked
-// it has the barrier track them instead (cp.async.mbarrier.arrive: one
-// more pending arrival, made when the copies have landed) and goes on to
-// the next stage at once. The stage's empty barrier orders the compute
+// warps find the tile complete when the phase completes (handing the
+// copies to the barrier instead, cp.async.mbarrier.arrive, measured no
+// faster). The stage's empty barrier orders the compute
 // warps' reads before its next copies. A compute thread
 // reads its 16 queries × 2 keys at sw_elem, the places where the atomic
 // dQ's step stores the same elements of dS (no bank conflicts).
@@ -44,22 +43,15 @@ for (int q = lane; q < BM * (BN / 8); q += 32) {
   cp_async_sw(sB + s * B_STAGE + sw_off<BM>(r, ch), src, ok ? (u32)min(16, (m - kj) * 2) : 0u);
 }
 `
-	if !g.v.BiasTracked {
-		s += "cp_async_commit();\n"
-	}
-	return indentLines(s, indent)
+	return indentLines(s+"cp_async_commit();\n", indent)
 }
 
 // bwdBiasStageWait returns, for a variant with a staged bias, the producer
-// lane's wait for its copies of the step's bias tile, or with BiasTracked
-// their hand-over to the stage's full barrier (bar + 8s), before it
-// arrives on it.
+// lane's wait for its copies of the step's bias tile before it arrives on
+// the stage's full barrier.
 func (g *bwdGen) bwdBiasStageWait(indent string) string {
-	switch {
-	case !g.v.BiasStaged:
+	if !g.v.BiasStaged {
 		return ""
-	case g.v.BiasTracked:
-		return indent + "cp_async_mbar_arrive(bar + 8 * s);  // the phase completes only once this lane's copies of the bias tile landed\n"
 	}
 	return indent + "cp_async_wait0();  // this lane's copies of the bias tile landed\n"
 }

@@ -134,12 +134,6 @@ type BwdVariant struct {
 	// its elements there instead of from global memory
 	// (bwd_sm90_bias.go).
 	BiasStaged bool
-	// BiasTracked (with BiasStaged) hands the producer lanes' bias copies
-	// to the stage's full barrier (cp.async.mbarrier.arrive) instead of
-	// having the producer wait for them before it arrives: the phase then
-	// completes once the tile has landed, and the producer goes on to the
-	// next stage at once.
-	BiasTracked bool
 	// LightTail (with a mask) orders the launch's CTAs so that it ends on
 	// its lightest blocks (cta_order, kernels/cta_order.go): the blocks of one
 	// (batch, head) pair after another, heaviest first, as without it, but
@@ -325,9 +319,6 @@ func (v BwdVariant) Validate() error {
 	if v.BiasStaged && !bwdBiasStageOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a bias staged through shared memory needs the key-rows step, a 16-bit bias and a fixed-length batch", v.Name())
 	}
-	if v.BiasTracked && !v.BiasStaged {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: bias copies handed to the stage's barrier need the staged bias", v.Name())
-	}
 	if v.LightTail && !v.Masked() {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the light-tail CTA order needs a mask (unmasked blocks all weigh the same)", v.Name())
 	}
@@ -373,7 +364,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.BiasTracked, "bt"}, {v.LightTail, "lt"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

@@ -188,14 +188,6 @@ func ptxCpCommit(name string, memory bool) string {
 	return fmt.Sprintf("DEV void %s() { asm volatile(\"cp.async.commit_group;\\n\" ::%s); }\n", name, clobber(memory))
 }
 
-// ptxCpAsyncMbarArrive returns name(bar), which has mbarrier bar track the
-// executing thread's cp.async copies issued before it: the barrier's
-// pending arrivals rise by one at once and fall by one when those copies
-// have landed, so the barrier's phase cannot complete before them.
-func ptxCpAsyncMbarArrive(name string) string {
-	return fmt.Sprintf("DEV void %s(u32 bar) { asm volatile(\"cp.async.mbarrier.arrive.shared::cta.b64 [%%0];\\n\" ::\"r\"(bar) : \"memory\"); }\n", name)
-}
-
 // ptxCpWait returns name(), which waits until at most n committed groups
 // are pending; n < 0 makes it a template on N.
 func ptxCpWait(name string, n int, memory bool) string {

@@ -990,36 +990,23 @@ func TestBiasStagedSource(t *testing.T) {
 
 // TestBwdBiasStagedSource checks the backward's staged bias
 // (BwdVariant.BiasStaged): the producer's copies of the step's tile, its
-// wait for them before its arrival on the full barrier, or with
-// BiasTracked their hand-over to that barrier and no wait, the key-rows
+// wait for them before its arrival on the full barrier, the key-rows
 // logit reading the stage instead of global memory; Validate refuses it off
-// the key-rows step and for a float32 bias, and BiasTracked without it.
+// the key-rows step and for a float32 bias.
 func TestBwdBiasStagedSource(t *testing.T) {
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Features: Features{Bias: BiasBF16}, BiasGrad: true, Vector: true, AtomicDQ: true, BulkDQ: true,
 		WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true, BiasStaged: true}
-	tracked := base
-	tracked.BiasTracked = true
-	for _, v := range []BwdVariant{base, tracked} {
+	for _, v := range []BwdVariant{base} {
 		src, err := v.Source()
 		if err != nil {
 			t.Fatal(err)
 		}
 		copies := strings.Index(src, "the step's bias tile [BM][BN] into stage s")
 		wait := strings.Index(src, "cp_async_wait0();  // this lane's copies of the bias tile landed")
-		handOver := strings.Index(src, "cp_async_mbar_arrive(bar + 8 * s);")
 		arrive := strings.Index(src, "mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored")
 		read := strings.Index(src, "sv += bt_to_f(sBst[sw_elem<BM>(")
-		sync := wait
-		if v.BiasTracked {
-			sync = handOver
-			if wait >= 0 || !strings.Contains(src, "cp.async.mbarrier.arrive.shared::cta.b64") {
-				t.Errorf("%s: tracked copies still waited for, or the hand-over's PTX missing", v.Name())
-			}
-		} else if handOver >= 0 {
-			t.Errorf("%s: copies handed to the barrier without BiasTracked", v.Name())
-		}
-		if copies < 0 || sync < copies || arrive < sync || read < 0 {
-			t.Errorf("%s: copies at %d, wait or hand-over at %d, arrival at %d, staged read at %d", v.Name(), copies, sync, arrive, read)
+		if copies < 0 || wait < copies || arrive < wait || read < 0 {
+			t.Errorf("%s: copies at %d, wait at %d, arrival at %d, staged read at %d", v.Name(), copies, wait, arrive, read)
 		}
 		step := strings.Index(src, "keys as rows: this warpgroup's BN/2 keys")
 		if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
@@ -1027,10 +1014,9 @@ func TestBwdBiasStagedSource(t *testing.T) {
 		}
 	}
 	wantUnsupported(t, map[string]BwdVariant{
-		"other step":              edited(base, func(v *BwdVariant) { v.KeyRows, v.AtomicDQ, v.BulkDQ = false, false, false }),
-		"float32":                 edited(base, func(v *BwdVariant) { v.Bias = BiasF32 }),
-		"no bias":                 edited(base, func(v *BwdVariant) { v.Bias, v.BiasGrad = BiasNone, false }),
-		"tracked without staging": edited(base, func(v *BwdVariant) { v.BiasStaged, v.BiasTracked = false, true }),
+		"other step": edited(base, func(v *BwdVariant) { v.KeyRows, v.AtomicDQ, v.BulkDQ = false, false, false }),
+		"float32":    edited(base, func(v *BwdVariant) { v.Bias = BiasF32 }),
+		"no bias":    edited(base, func(v *BwdVariant) { v.Bias, v.BiasGrad = BiasNone, false }),
 	})
 }
 

@@ -14,8 +14,6 @@
 extern "C" unsigned char smem_raw[EMU_SMEM] __attribute__((alias("smem")));
 
 inline void cp_async_sw(u32 dst, const void* src, u32 n) { emu_cp_async(dst, src, n, 16); }
-// copies land when issued: the barrier's extra pending arrival is made at once, a net no-op
-inline void cp_async_mbar_arrive(u32) {}
 // a hint on the GPU; here the byte it names is read
 inline void prefetch_l1(const void* p) { (void)*(const volatile unsigned char*)p; }
 
