@@ -501,18 +501,7 @@ func TestBackwardEmulatedBiasEarly(t *testing.T) {
 		{name: "d128-bias-bcast-b-m136", b: 2, n: 100, m: 136, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, dtypes: []attn.DType{attn.BFloat16}},
 		{name: "d96-bias-bcast-h-m130", b: 2, n: 70, m: 130, h: 2, hkv: 2, dk: 96, dv: 96, bias: []int{2, 1}, dtypes: []attn.DType{attn.Float16}},
 	}
-	for _, f := range bwdEmuFamilies {
-		if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
-			continue
-		}
-		t.Run(f.name, func(t *testing.T) {
-			for ci, c := range cases {
-				for _, dt := range c.dtypes {
-					emuCheckCase(t, c, dt, uint64(ci+970), f.kind)
-				}
-			}
-		})
-	}
+	emuKeyRowsCases(t, cases, 970)
 }
 
 // TestBackwardEmulatedBiasStaged runs biased backwards on the key-rows
@@ -530,6 +519,13 @@ func TestBackwardEmulatedBiasStaged(t *testing.T) {
 		{name: "d64-96-causal-bias-bcast-m200", b: 2, n: 90, m: 200, h: 2, hkv: 1, dk: 64, dv: 96, bias: []int{1, 2}, causal: true, dtypes: []attn.DType{attn.Float16}},
 		{name: "d128-bias-m130-unaligned", b: 1, n: 70, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dtypes: []attn.DType{attn.BFloat16}},
 	}
+	emuKeyRowsCases(t, cases, 950)
+}
+
+// emuKeyRowsCases runs cases on the two key-rows families of the host
+// emulator (with the atomic dQ by vector atomics and by bulk reduce-adds),
+// both dQ algorithms each, case i's inputs drawn from seed seed + i.
+func emuKeyRowsCases(t *testing.T, cases []bwdCase, seed uint64) {
 	for _, f := range bwdEmuFamilies {
 		if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
 			continue
@@ -537,7 +533,7 @@ func TestBackwardEmulatedBiasStaged(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			for ci, c := range cases {
 				for _, dt := range c.dtypes {
-					emuCheckCase(t, c, dt, uint64(ci+950), f.kind)
+					emuCheckCase(t, c, dt, seed+uint64(ci), f.kind)
 				}
 			}
 		})
