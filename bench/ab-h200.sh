@@ -20,7 +20,8 @@
 # old=.bin/flashattn-old new=.bin/flashattn), CASES (flag sets separated by
 # ";", each added to COMMON), COMMON (default "--pass bwd --batch 4
 # --seqlen-q 4096 --budget 300ms"), ROUNDS (2), LIMIT (seconds a run, 120),
-# OUT (default .ab-out). Each run's raw line goes to $OUT/times.txt.
+# OUT (default .ab-out). Each run's raw line (case, build, round, median ms,
+# TFLOP/s, the kernel variant it ran, flags) goes to $OUT/times.txt.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.ab-out}
@@ -48,7 +49,7 @@ for i in "${!cases[@]}"; do
 			label=${build%%=*} bin=${build#*=}
 			# shellcheck disable=SC2086 # the flag sets are word lists
 			line=$(timeout "$LIMIT" "$bin" bench $COMMON $c --json 2>>"$OUT/err.txt" |
-				python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"])' 2>>"$OUT/err.txt")
+				python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"], r.get("kernel_variant", ""))' 2>>"$OUT/err.txt")
 			printf '%d\t%s\t%d\t%s\t%s\n' "$i" "$label" "$r" "${line:-failed}" "$c" | tee -a "$TIMES"
 		done
 	done
@@ -62,7 +63,7 @@ for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
     if len(f) < 5 or f[3] == "failed":
         continue
-    t, r = f[3].split()
+    t, r = f[3].split()[:2]
     ms[(f[0], f[1])].append(float(t))
     rate[(f[0], f[1])].append(float(r))
     flags[f[0]] = f[4]
