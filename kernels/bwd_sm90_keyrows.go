@@ -101,10 +101,10 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	}
 	g.fullMask(b)
 	b.WriteString(g.keyRowsBiasPrefetch())
-	early := ""
+	early, biasDecl := "", g.keyRowsBiasDecl()
 	if g.keyRowsBiasEarly() {
-		b.WriteString("    u32 bpre[BM / 8][2];  // this step's bias: the bits of (qi, kj) | (qi + 1, kj) << 16\n")
-		early = g.keyRowsBiasEarlyLoads()
+		b.WriteString(biasDecl + "    u32 bpre[BM / 8][2];  // this step's bias: the bits of (qi, kj) | (qi + 1, kj) << 16\n")
+		early, biasDecl = g.keyRowsBiasEarlyLoads(), ""
 	}
 	wgScores(b, v.keyRowsScores(), "keys as rows: this warpgroup's BN/2 keys x the BM queries",
 		"      const u64 dq = sw128_desc(sQ + st * Q_STAGE, 16, 1024), ddo = sw128_desc(sdO + st * DO_STAGE, 16, 1024);\n",
@@ -130,7 +130,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
         dsk[nt][hh] = pack2(ds[0], ds[1]);%[9]s
       }
 %[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoops(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
-		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), g.keyRowsBiasDecl(),
+		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), biasDecl,
 		"", g.keyRowsStatPair("d"))
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
@@ -324,10 +324,10 @@ func (g *bwdGen) keyRowsLogit() string {
 	switch {
 	case g.v.BiasStaged:
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
-	case g.keyRowsBiasHoisted():
-		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	case g.keyRowsBiasEarly():
 		bias = "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))"
+	case g.keyRowsBiasHoisted():
+		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	}
 	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
 }
@@ -336,12 +336,13 @@ func (g *bwdGen) keyRowsLogit() string {
 // from global memory once a step (keyRowsBiasDecl) rather than by each
 // element's 64-bit index: without a softcap and without dropout, whose
 // registers beside the addresses' spill more than the index saves, and
-// above DK = 64 only with dBias, as the D = 128 step with a bias alone ran
-// slower with them (backward.md, "The bias's addresses in the key-rows
-// step").
+// above DK = 64 only with dBias or where the step loads the bias early
+// (keyRowsBiasEarly), as the D = 128 step with a bias alone loaded after
+// S's wait ran slower with them (backward.md, "The bias's addresses in
+// the key-rows step").
 func (g *bwdGen) keyRowsBiasHoisted() bool {
 	v := g.v
-	return v.Biased() && !v.BiasStaged && !v.Softcap && !v.Dropout && (v.DK <= 64 || v.BiasGrad)
+	return v.Biased() && !v.BiasStaged && !v.Softcap && !v.Dropout && (v.DK <= 64 || v.BiasGrad || g.keyRowsBiasEarly())
 }
 
 // keyRowsBiasDecl declares, where keyRowsBiasHoisted, the addresses of the
@@ -400,34 +401,35 @@ func (g *bwdGen) keyRowsBiasPrefetch() string {
 }
 
 // keyRowsBiasEarly reports whether the key-rows step loads its 16-bit
-// bias from global memory while its S and dP products run
-// (keyRowsBiasEarlyLoads), where the loads were issued after S's wait and
-// each one waited for before its exponential: steps of at most 64
-// queries (16 registers of pairs; on steps of 128 ptxas sank the loads
-// after the wait again), the addresses not hoisted, without a mask, a
-// softcap or dropout (beside a mask the registers spilled: D = 128 64 →
-// 156 bytes, NVRTC 12.4).
+// bias from global memory, at the hoisted addresses (keyRowsBiasHoisted),
+// while its S and dP products run (keyRowsBiasEarlyLoads), where the loads
+// were issued after S's wait and each one waited for before its
+// exponential: steps of at most 64 queries (16 registers of pairs; on
+// steps of 128 ptxas sank the loads after the wait again), without a mask,
+// dBias, a softcap or dropout (beside a mask or dBias the registers
+// spilled: D = 128 with a mask 64 → 156 bytes, NVRTC 12.4).
 func (g *bwdGen) keyRowsBiasEarly() bool {
 	v := g.v
 	return v.KeyRows && v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout &&
-		!g.keyRowsBiasHoisted() && v.bwdHopperTile().BlockM <= 64
+		!v.BiasGrad && v.bwdHopperTile().BlockM <= 64
 }
 
-// keyRowsBiasEarlyLoads returns the loads of bpre (declared before the
-// products' block): the step's bias of the thread's elements as 16-bit
-// pairs, queries qi and qi + 1 of key kj, 0 outside the sequences.
+// keyRowsBiasEarlyLoads returns the loads of bpre (declared, with the
+// step's bias addresses, before the products' block): the step's bias of
+// the thread's elements as 16-bit pairs, queries qi and qi + 1 of key kj,
+// 0 outside the sequences.
 func (g *bwdGen) keyRowsBiasEarlyLoads() string {
 	return `      {  // ---- this step's bias into bpre while S and dP run
-        const unsigned short* const bias16 = reinterpret_cast<const unsigned short*>(p.bias) + b * p.bias_sb + h * p.bias_sh;
 #pragma unroll
         for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+            const unsigned short* const bk = reinterpret_cast<const unsigned short*>(bkr[hh]);
             u32 w = 0u;
 #pragma unroll
             for (int c = 0; c < 2; ++c)
-              if (qi + c < n && kj < m) w |= (u32)bias16[(i64)(qi + c) * p.bias_si + (i64)kj * p.bias_sj] << (16 * c);
+              if (qi + c < n && kj < m) w |= (u32)bk[(nt * 8 + c) * bsi] << (16 * c);
             bpre[nt][hh] = w;
           }
       }

@@ -597,15 +597,18 @@ func TestKeyRowsSource(t *testing.T) {
 			}
 			prefetches++
 		}
-		// a 16-bit bias from global memory not hoisted, without a mask, softcap or dropout, on steps of at most 64 queries: loaded while S and dP run
+		// a 16-bit bias from global memory without a mask, dBias, softcap or dropout, on steps of at most 64 queries: loaded while S and dP run, at the step's hoisted addresses
 		early := strings.Contains(src, "u32 bpre[BM / 8][2];") && strings.Contains(src, "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))")
-		if want := v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout && !hoisted &&
+		if want := v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout && !v.BiasGrad &&
 			v.bwdHopperTile().BlockM <= 64; early != want {
 			t.Errorf("%s: bias loaded while the products run %v, want %v", v.Name(), early, want)
 		} else if early {
-			loads, wait := strings.Index(src, "bpre[nt][hh] = w;"), strings.Index(src, "wgmma_wait<1>();  // S is done")
-			if dp := strings.Index(src, "wgmma_commit();  // dP"); !(dp < loads && loads < wait) {
-				t.Errorf("%s: the bias loads at %d, want them between dP's commit (%d) and S's wait (%d)", v.Name(), loads, dp, wait)
+			decl, loads, wait := strings.Index(src, "const BT* bkr[2];"), strings.Index(src, "bpre[nt][hh] = w;"), strings.Index(src, "wgmma_wait<1>();  // S is done")
+			if dp := strings.Index(src, "wgmma_commit();  // dP"); !(decl >= 0 && decl < dp && dp < loads && loads < wait) {
+				t.Errorf("%s: the bias addresses at %d and loads at %d, want them before dP's commit (%d) and between it and S's wait (%d)", v.Name(), decl, loads, dp, wait)
+			}
+			if strings.Contains(src, "(qi + c) * p.bias_si") {
+				t.Errorf("%s: an element's 64-bit bias index left beside the early loads", v.Name())
 			}
 			earlies++
 		}
