@@ -566,7 +566,38 @@ func (x *gen) blockBias(indent, blk, n0, next string) {
 		x.biasStageRead(indent, blk, next)
 		return
 	}
+	x.biasNextPrefetch(indent, n0, next)
 	x.biasPrefetch(indent, n0)
+}
+
+// biasNextPrefetched reports whether the Hopper forward prefetches the
+// next key block's bias rows into L1 (biasNextPrefetch): a bias read from
+// global memory, whose loads issued under the block's S product are not
+// back when it is at small key tiles (ncu's long-scoreboard stalls on the
+// conversions after them).
+func (x *gen) biasNextPrefetched() bool {
+	v := x.v
+	return v.WGMMA && v.Bias != BiasNone && !v.BiasStaged
+}
+
+// biasNextPrefetch writes, where biasNextPrefetched, the prefetch into L1
+// of the bias rows of the key block after the one whose first key is n0
+// (the blocks run last first: first key n0 − BN; next, the condition under
+// which it exists): the lanes of column pair 0 one line at its first key
+// in each of their rows.
+func (x *gen) biasNextPrefetch(indent, n0, next string) {
+	if !x.biasNextPrefetched() {
+		return
+	}
+	x.raw(indentLines(fmt.Sprintf(`// ---- the next key block's bias rows into L1, so that its loads find them there
+if ((%[2]s) && c == 0) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      if (brow[mt][hf] != nullptr) prefetch_l1(brow[mt][hf] + (i64)((%[1]s) - BN + key0) * bias_km);
+}
+`, n0, next), indent))
 }
 
 // biasPrefetch writes, for a variant with a bias, the loads of the bias of

@@ -140,6 +140,9 @@ DEV void sts64(u32 addr, float a, float b) { asm volatile("st.shared.v2.f32 [%0]
 DEV u32 lds32(u32 addr) { u32 v; asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr)); return v; }
 `)
 	x.raw(ptxEx2("ex2"))
+	if x.biasNextPrefetched() {
+		x.raw(ptxPrefetchL1("prefetch_l1"))
+	}
 	if v.Softcap && softcapTanh(v.DType) == tanhApprox {
 		x.raw(ptxTanh())
 	}

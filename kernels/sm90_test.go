@@ -980,8 +980,22 @@ func TestBiasStagedSource(t *testing.T) {
 	if first < 0 || read < first || next < read || loop < next {
 		t.Errorf("staging order: first copy %d, read %d, next copy %d, loop copy %d", first, read, next, loop)
 	}
-	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") {
-		t.Error("a staged bias still loaded element by element from global memory in the main kernel")
+	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") || strings.Contains(src, "prefetch_l1(") {
+		t.Error("a staged bias still loaded (or prefetched) element by element from global memory in the main kernel")
+	}
+	// from global memory instead: each block's loads, after the prefetch of the next block's rows into L1
+	for _, pipe := range []Pipeline{base.Pipeline, {}} {
+		v := edited(base, func(v *Variant) { v.BiasStaged, v.Pipeline = false, pipe })
+		src, err := v.Source()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, blk := range []string{"n0", "(nb - 1) * BN"} {
+			pf := strings.Index(src, "prefetch_l1(brow[mt][hf] + (i64)(("+blk+") - BN + key0) * bias_km);")
+			if ld := strings.Index(src[max(pf, 0):], "const int nb0 = "+blk+";"); pf < 0 || ld < 0 {
+				t.Errorf("%s: the prefetch of the block after %s's bias rows missing, or not before its loads", v.Name(), blk)
+			}
+		}
 	}
 	wantUnsupported(t, map[string]Variant{
 		"lockstep": edited(base, func(v *Variant) { v.Pipeline = Pipeline{} }),

@@ -14,8 +14,6 @@
 extern "C" unsigned char smem_raw[EMU_SMEM] __attribute__((alias("smem")));
 
 inline void cp_async_sw(u32 dst, const void* src, u32 n) { emu_cp_async(dst, src, n, 16); }
-// a hint on the GPU; here the byte it names is read
-inline void prefetch_l1(const void* p) { (void)*(const volatile unsigned char*)p; }
 
 inline u64 sw128_desc(u32 addr, u32 lbo, u32 sbo) {
   return (u64)((addr & 0x3ffffu) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);

@@ -16,6 +16,9 @@ inline unsigned emu_smem_addr(const void* p) {
 inline void emu_smem_check(unsigned a, unsigned n, const char* what) {
   if (a % n != 0 || a + n > EMU_SMEM) emu_fail(what);
 }
+// prefetch.global.L1 is a hint on the GPU; here the byte it names is read.
+inline void prefetch_l1(const void* p) { (void)*(const volatile unsigned char*)p; }
+
 // cp.async of size bytes completes at once here; src-size 0 zero-fills and
 // reads nothing.
 inline void emu_cp_async(unsigned dst, const void* src, unsigned n, unsigned size) {
