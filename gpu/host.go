@@ -96,10 +96,8 @@ func (b *Backend) beginHost(rec *callRecorder) *hostCall {
 // denseLayout). t must have passed CheckLayout and have elements.
 func hostSpan(t attn.Tensor) []byte {
 	n, _ := denseLayout(t)
-	if t.DType == attn.Float32 {
-		return cuda.AsBytes(t.F32[t.Offset : t.Offset+n])
-	}
-	return cuda.AsBytes(t.Bits[t.Offset : t.Offset+n])
+	size := t.DType.Size()
+	return tensorStorage(t)[t.Offset*size : (t.Offset+n)*size]
 }
 
 // denseLayout returns the number of storage elements from t's first

@@ -279,7 +279,7 @@ func TestHostPin(t *testing.T) {
 		if err := b.BackwardInto(in[0], in[1], in[2], res.O, res.LSE, in[3], g, opt); err != nil {
 			t.Fatal(err)
 		}
-		sameStep(t, "the unpinned step's", res, g, want, wantG)
+		sameStep(t, "the staged step's", res, g, want, wantG)
 		return tr.Calls()
 	}
 	pin, err := b.Pin(in[0], in[1], in[2], in[3], res.O, res.LSE, g.DQ, g.DK, g.DV)

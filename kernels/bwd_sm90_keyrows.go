@@ -118,7 +118,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
     for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+        %[12]s
         (void)kj; (void)qi;
         float pr[2], ds[2];
         unpack2(pk[nt][hh], pr[0], pr[1]);
@@ -131,7 +131,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
       }
 %[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoops(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
 		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), biasDecl,
-		"", g.keyRowsStatPair("d"))
+		keyRowsElem, g.keyRowsStatPair("d"))
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -275,6 +275,10 @@ func (g *bwdGen) keyRowsStoreDS() string {
 `
 }
 
+// keyRowsElem declares the step's element (nt, hh) of the thread: its key
+// kj (a row of Sᵀ) and first query qi (its columns qi and qi + 1).
+const keyRowsElem = "const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;"
+
 // keyRowsPLoops returns the loop that computes Pᵀ of the step's elements
 // into pk: without a mask or an element-wise feature (bias, softcap,
 // dropout), twice — the copy for steps whose keys all lie in the sequence
@@ -303,7 +307,7 @@ func (g *bwdGen) keyRowsPLoop(tested bool) string {
     for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+        ` + keyRowsElem + `
         (void)kj; (void)qi;
         float x[2];
 ` + g.keyRowsStatPair("l") + `#pragma unroll
@@ -325,7 +329,11 @@ func (g *bwdGen) keyRowsLogit() string {
 	case g.v.BiasStaged:
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
 	case g.keyRowsBiasEarly():
-		bias = "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))"
+		cvt := "bf16_to_f32"
+		if g.v.Bias == BiasF16 {
+			cvt = "f16_to_f32"
+		}
+		bias = cvt + "((u16)(bpre[nt][hh] >> (16 * c)))"
 	case g.keyRowsBiasHoisted():
 		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	}
@@ -424,7 +432,7 @@ func (g *bwdGen) keyRowsBiasEarlyLoads() string {
         for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;
+            ` + keyRowsElem + `
             const unsigned short* const bk = reinterpret_cast<const unsigned short*>(bkr[hh]);
             u32 w = 0u;
 #pragma unroll

@@ -75,16 +75,6 @@ func bwdConvFuncs(prefix string, dt attn.DType) string {
 		"__device__ __forceinline__ %s %s_from_f(float x) { return %s; }\n", prefix, ct, to, ct, prefix, from)
 }
 
-// bwdBitsFunc returns <prefix>_from_bits, which reads the bits of a
-// 16-bit element of type dt as a float.
-func bwdBitsFunc(prefix string, dt attn.DType) string {
-	conv := "__uint_as_float((u32)u << 16)"
-	if dt == attn.Float16 {
-		conv = "__half2float(__ushort_as_half(u))"
-	}
-	return fmt.Sprintf("__device__ __forceinline__ float %s_from_bits(unsigned short u) { return %s; }\n", prefix, conv)
-}
-
 // prelude writes what every kernel of the module uses: types, device
 // primitives, tile loads and the non-finite checks.
 func (g *bwdGen) prelude(b *strings.Builder) {
@@ -116,9 +106,6 @@ func (g *bwdGen) preludeTypes(b *strings.Builder) {
 	fmt.Fprintf(b, "typedef %s BT;\n", bwdCType(bt))
 	b.WriteString(bwdConvFuncs("t", v.DType))
 	b.WriteString(bwdConvFuncs("bt", bt))
-	if g.keyRowsBiasEarly() {
-		b.WriteString(bwdBitsFunc("bt", bt))
-	}
 	b.WriteString(`#define FA_INF __int_as_float(0x7f800000)
 #define FA_LOG2E 1.4426950408889634f
 `)
@@ -137,6 +124,9 @@ func (g *bwdGen) preludePrimitives(b *strings.Builder) {
 	b.WriteString(ptxCpCommit("cp_async_commit", true))
 	b.WriteString(ptxCpWait("cp_async_wait0", 0, true))
 	b.WriteString(ptxEx2("ex2f"))
+	if g.keyRowsBiasEarly() {
+		b.WriteString(bitsToF32)
+	}
 	if v.Softcap && softcapTanh(v.DType) == tanhApprox {
 		b.WriteString(ptxTanh())
 	}

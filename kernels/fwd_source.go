@@ -151,9 +151,7 @@ DEV u32 ctaid_x() { u32 r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); ret
 DEV u32 ctaid_y() { u32 r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
 DEV u32 ctaid_z() { u32 r; asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(r)); return r; }
 DEV u32 tid_x() { u32 r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
-DEV float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
-DEV float f16_to_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-`)
+` + bitsToF32)
 	switch v.LoadBytes {
 	case 16, 8, 4:
 		x.raw(ptxCpAsync(cpAsync{name: "cp_async", bytes: v.LoadBytes, zfill: true}))

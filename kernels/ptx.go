@@ -197,6 +197,12 @@ func ptxCpWait(name string, n int, memory bool) string {
 	return fmt.Sprintf("DEV void %s() { asm volatile(\"cp.async.wait_group %d;\\n\" ::%s); }\n", name, n, clobber(memory))
 }
 
+// bitsToF32 are the device functions that read the bits of a bf16 or
+// fp16 element as a float (bf16_to_f32, f16_to_f32).
+const bitsToF32 = `DEV float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+DEV float f16_to_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+`
+
 // ptxPrefetchL1 returns name(p), a hint that brings the cache line at
 // global address p into L1 (prefetch.global.L1): no register waits for it.
 func ptxPrefetchL1(name string) string {

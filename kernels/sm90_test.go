@@ -598,7 +598,7 @@ func TestKeyRowsSource(t *testing.T) {
 			prefetches++
 		}
 		// a 16-bit bias from global memory without a mask, dBias, softcap or dropout, on steps of at most 64 queries: loaded while S and dP run, at the step's hoisted addresses
-		early := strings.Contains(src, "u32 bpre[BM / 8][2];") && strings.Contains(src, "bt_from_bits((unsigned short)(bpre[nt][hh] >> (16 * c)))")
+		early := strings.Contains(src, "u32 bpre[BM / 8][2];") && strings.Contains(src, "_to_f32((u16)(bpre[nt][hh] >> (16 * c)))")
 		if want := v.Biased() && v.Bias.DType() != attn.Float32 && !v.BiasStaged && !v.Masked() && !v.Softcap && !v.Dropout && !v.BiasGrad &&
 			v.bwdHopperTile().BlockM <= 64; early != want {
 			t.Errorf("%s: bias loaded while the products run %v, want %v", v.Name(), early, want)

@@ -182,9 +182,9 @@ var _ pinner = (*gpu.Backend)(nil)
 // timeInto times the step again through the Into forms, writing into
 // outputs allocated once, and prints one line; then, on a backend that
 // pins host memory, once more with the inputs and those outputs pinned
-// (one more line), and returns those times (pinned false where it could
-// not pin: the line says why).
-func timeInto(b intoBackend, q, k, v, dO flashattn.Tensor, res flashattn.Result, grads flashattn.Gradients, opt flashattn.Options, iters int, flops float64, stdout io.Writer) (pfwd, pbwd time.Duration, pinned bool, err error) {
+// (one more line), and returns those times (zero where it could not pin:
+// the line says why).
+func timeInto(b intoBackend, q, k, v, dO flashattn.Tensor, res flashattn.Result, grads flashattn.Gradients, opt flashattn.Options, iters int, flops float64, stdout io.Writer) (pfwd, pbwd time.Duration, err error) {
 	r := flashattn.Result{O: flashattn.New(res.O.DType, res.O.Shape...), LSE: flashattn.New(res.LSE.DType, res.LSE.Shape...)}
 	g := flashattn.Gradients{DQ: flashattn.New(grads.DQ.DType, grads.DQ.Shape...), DK: flashattn.New(grads.DK.DType, grads.DK.Shape...),
 		DV: flashattn.New(grads.DV.DType, grads.DV.Shape...)}
@@ -206,29 +206,29 @@ func timeInto(b intoBackend, q, k, v, dO flashattn.Tensor, res flashattn.Result,
 	}
 	fwd, bwd, err := steps()
 	if err != nil {
-		return 0, 0, false, err
+		return 0, 0, err
 	}
 	fmt.Fprintf(stdout, "host into forward %.4f s %s, backward %.4f s %s: into outputs allocated once, median\n",
 		fwd.Seconds(), rate(flops, fwd), bwd.Seconds(), rate(2.5*flops, bwd))
 	pb, ok := b.(pinner)
 	if !ok {
-		return 0, 0, false, nil
+		return 0, 0, nil
 	}
 	pin, err := pb.Pin(q, k, v, dO, r.O, r.LSE, g.DQ, g.DK, g.DV)
 	if err != nil {
 		fmt.Fprintf(stdout, "note      no pinned timing: %s\n", oneLine(err))
-		return 0, 0, false, nil
+		return 0, 0, nil
 	}
 	fwd, bwd, err = steps()
 	if uerr := pin.Unpin(); err == nil && uerr != nil {
 		err = fmt.Errorf("unpin: %w", uerr)
 	}
 	if err != nil {
-		return 0, 0, false, err
+		return 0, 0, err
 	}
 	fmt.Fprintf(stdout, "host pinned forward %.4f s %s, backward %.4f s %s: into outputs allocated once, inputs and outputs pinned once (Backend.Pin), median\n",
 		fwd.Seconds(), rate(flops, fwd), bwd.Seconds(), rate(2.5*flops, bwd))
-	return fwd, bwd, true, nil
+	return fwd, bwd, nil
 }
 
 // linkMeter is a backend that can measure its host↔device link.
@@ -396,10 +396,9 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 	if gpu {
 		fmt.Fprintf(stdout, "host      forward %.4f s %s, backward %.4f s %s: host tensors, copies to and from the device included, median\n",
 			fwd.Seconds(), fwdRate, bwd.Seconds(), bwdRate)
-		var pfwd, pbwd time.Duration
-		var pinned bool
+		var pfwd, pbwd time.Duration // the pinned Into forms' (zero: not timed)
 		if ib, ok := b.(intoBackend); ok {
-			if pfwd, pbwd, pinned, err = timeInto(ib, q, k, v, dO, res, grads, opt, c.iters, flops, stdout); err != nil {
+			if pfwd, pbwd, err = timeInto(ib, q, k, v, dO, res, grads, opt, c.iters, flops, stdout); err != nil {
 				return err
 			}
 		}
@@ -416,7 +415,7 @@ func demo(b flashattn.Backend, c demoConfig, stdout io.Writer) error {
 			out := [2]float64{bytes(res.O, res.LSE), bytes(grads.DQ, grads.DK, grads.DV)}
 			h2d, d2h := hostFloor(b, fwd, bwd, fms, bms, in, out, stdout)
 			floors = [2]passFloor{{fms, h2d, d2h}, {bms, h2d, d2h}}
-			if pinned && floors[0].known() {
+			if pfwd > 0 && floors[0].known() {
 				ff, fb := floors[0].ms(in[0], out[0]), floors[1].ms(in[1], out[1])
 				fmt.Fprintf(stdout, "pinned    host-tensor forward %.2fx its floor of %.2f ms, backward %.2fx its floor of %.2f ms\n",
 					pfwd.Seconds()*1e3/ff, ff, pbwd.Seconds()*1e3/fb, fb)

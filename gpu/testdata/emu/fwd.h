@@ -32,8 +32,6 @@ inline u32 ctaid_x() { return blockIdx.x; }
 inline u32 ctaid_y() { return blockIdx.y; }
 inline u32 ctaid_z() { return blockIdx.z; }
 inline u32 tid_x() { return threadIdx.x; }
-inline float bf16_to_f32(u16 h) { return emu_bf2f(h); }
-inline float f16_to_f32(u16 h) { return emu_h2f(h); }
 
 inline void ldsm4(u32 (&r)[4], u32 a) { emu_ldsm(r, 4, false, a); }
 inline void ldsm4t(u32 (&r)[4], u32 a) { emu_ldsm(r, 4, true, a); }

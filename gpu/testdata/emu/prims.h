@@ -16,6 +16,10 @@ inline unsigned emu_smem_addr(const void* p) {
 inline void emu_smem_check(unsigned a, unsigned n, const char* what) {
   if (a % n != 0 || a + n > EMU_SMEM) emu_fail(what);
 }
+// the bits of a bf16 or fp16 element as a float (the generators' bitsToF32)
+inline float bf16_to_f32(uint16_t h) { return emu_bf2f(h); }
+inline float f16_to_f32(uint16_t h) { return emu_h2f(h); }
+
 // prefetch.global.L1 is a hint on the GPU; here the byte it names is read.
 inline void prefetch_l1(const void* p) { (void)*(const volatile unsigned char*)p; }
 
