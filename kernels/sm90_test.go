@@ -698,10 +698,16 @@ func bwdHopperWSVariants() []BwdVariant {
 // 32, or 256 for the key-rows step under dropout with a bias at padded
 // head dims past 64 (44–176 bytes with the bias gradient or a mask), which
 // measured 1.36–1.46× faster than the table's kernels all the same
-// (docs/kernels/backward.md, "Dropout in the key-rows step").
+// (docs/kernels/backward.md, "Dropout in the key-rows step"), or 64 for
+// the deep kernels past D = 448, whose dKᵀ and dVᵀ slices take 128 of a
+// thread's 255 registers and whose masked dK/dV kernel by tensor maps
+// spills 56 bytes ("Past D = 256: the deep kernels").
 func bwdSpillLimit(v BwdVariant) int {
-	if v.KeyRows && v.Dropout && v.Bias != BiasNone && max(v.DKPad(), v.DVPad()) > 64 {
+	switch {
+	case v.KeyRows && v.Dropout && v.Bias != BiasNone && max(v.DKPad(), v.DVPad()) > 64:
 		return 256
+	case v.WGMMA && v.bwdHopperDeep() && max(v.DKPad(), v.DVPad()) > 448:
+		return 64
 	}
 	return 32
 }
