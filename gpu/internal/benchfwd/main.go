@@ -131,17 +131,21 @@ func main() {
 			}
 		}
 	}
-	// Hopper key tiles of variants with per-element extras (softcap, dropout, bias) at D = 64 and
-	// 128 (-dims picks), under the backend's forward pipeline (FLASHATTN_FWD_PIPELINE)
-	xkeys := map[int][]int{64: {32, 64, 128}, 128: {64, 96, 128, 160}}
+	// Hopper tiles of variants with per-element extras (softcap, dropout, bias) at D = 64 and
+	// 128 (-dims picks), under the backend's forward pipeline (FLASHATTN_FWD_PIPELINE): keys per
+	// tile, and at D = 64 also the plain kernel's three warpgroups of 64 rows
+	xtiles := map[int][]kernels.Tile{
+		64:  {hl(128, 32), hl(128, 64), hl(128, 128), hl(192, 128)},
+		128: {hl(128, 64), hl(128, 96), hl(128, 128), hl(128, 160)},
+	}
 	for _, d := range []int{64, 128} {
 		if *dims != "" && !strings.Contains(","+*dims+",", fmt.Sprintf(",%d,", d)) {
 			continue
 		}
 		for _, x := range []shape{{softcap: 30, label: "softcap"}, {dropout: 0.1, label: "dropout"}, {bias: true, label: "bias"}} {
 			for _, causal := range []bool{false, true} {
-				for _, bn := range xkeys[d] {
-					t := hl(128, bn)
+				for i := range xtiles[d] {
+					t := xtiles[d][i]
 					add("xsweep", shape{d: d, n: 4096, h: 2048 / d, b: 4, causal: causal, tile: &t, label: "x-" + x.label,
 						softcap: x.softcap, dropout: x.dropout, bias: x.bias})
 				}
