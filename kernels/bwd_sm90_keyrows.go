@@ -329,11 +329,7 @@ func (g *bwdGen) keyRowsLogit() string {
 	case g.v.BiasStaged:
 		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
 	case g.keyRowsBiasEarly():
-		cvt := "bf16_to_f32"
-		if g.v.Bias == BiasF16 {
-			cvt = "f16_to_f32"
-		}
-		bias = cvt + "((u16)(bpre[nt][hh] >> (16 * c)))"
+		bias = bitsToF32Func(g.v.Bias) + "((u16)(bpre[nt][hh] >> (16 * c)))"
 	case g.keyRowsBiasHoisted():
 		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	}

@@ -203,6 +203,15 @@ const bitsToF32 = `DEV float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h
 DEV float f16_to_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 `
 
+// bitsToF32Func returns the bitsToF32 function that converts the bits of
+// a 16-bit bias of kind b.
+func bitsToF32Func(b BiasKind) string {
+	if b == BiasF16 {
+		return "f16_to_f32"
+	}
+	return "bf16_to_f32"
+}
+
 // ptxPrefetchL1 returns name(p), a hint that brings the cache line at
 // global address p into L1 (prefetch.global.L1): no register waits for it.
 func ptxPrefetchL1(name string) string {
