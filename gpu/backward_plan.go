@@ -419,7 +419,9 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 // key-rows step with the atomic dQ by bulk reduce-adds (into the tiled
 // accumulator) than on the dQ table's choice for the warp-specialized
 // kernels, and the query step they take (0: the variant's own): head dims
-// 65–128 (their larger) on the variant's step, 49–64 (padded to 64) on
+// 65–128 (their larger) on the variant's step, where the step takes the
+// atomic dQ only at a DK padded to 128 (113–128: kernels.KeyRowsOK; the
+// others keep the table's choice), 49–64 (padded to 64) on
 // steps of 128 queries (which under dropout take neither a softcap nor a
 // bias: kernels.QueryStepOK; those keep the table's choice); at least 512
 // queries without a mask or window and 1024 with one, fixed length, not
