@@ -303,6 +303,7 @@ func fwdParams(r fwdRequest) kernels.Params {
 		B: int32(p.B), H: int32(p.H), Group: int32(p.H / p.Hkv),
 		N: int32(p.N), M: int32(p.M), DK: int32(p.DK), DV: int32(p.DV),
 		ScaleLog2: float32(p.Scale * math.Log2E),
+		Scale:     float32(p.Scale),
 		WinLeft:   clampWindow(p.Left, p.N, p.M),
 		WinRight:  clampWindow(p.Right, p.N, p.M),
 	}

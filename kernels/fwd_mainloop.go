@@ -109,9 +109,12 @@ func (x *gen) ctaSetup() {
 	x.maskRange()
 	x.epilogueEmpty()
 	x.biasSetup()
-	if x.v.prescaled() {
+	switch {
+	case x.v.naturalScores():
+		x.raw("  constexpr float SC = LOG2E;  // scores are prescaled in natural units (scale·s + bias): log2(e) folded into the exponent\n")
+	case x.v.prescaled():
 		x.raw("  constexpr float SC = 1.f;  // scores are prescaled into base-2 units\n")
-	} else {
+	default:
 		x.raw("  const float SC = p.scale_log2;  // scale·log2(e), folded into the exponent\n")
 	}
 	x.raw(`

@@ -45,6 +45,8 @@ type Params struct {
 	// (b, DropH0 + h, DropQ0 + i, DropK0 + j) of a problem of DropHeads
 	// heads; 0, 0, 0 and H for a call of its own.
 	DropQ0, DropK0, DropH0, DropHeads uint32
+
+	Scale float32 // scale (Variant.naturalScores: a bias without softcap)
 }
 
 // paramsStruct is the single source of the kernel argument's layout: the C
@@ -102,6 +104,7 @@ var paramsStruct = func() *CStruct[Params] {
 		CU32("u32", "drop_k0", "dropout: key position origin (a multiple of 16)", func(p *Params) uint32 { return p.DropK0 }),
 		CU32("u32", "drop_h0", "dropout: head origin", func(p *Params) uint32 { return p.DropH0 }),
 		CU32("u32", "drop_heads", "dropout: heads of the larger problem (H of its own)", func(p *Params) uint32 { return p.DropHeads }),
+		CF32("scale", "scale (the scores of a bias without softcap: natural units)", func(p *Params) float32 { return p.Scale }),
 	)
 	s.TypeWidth, s.DocColumn = 6, 22
 	return s

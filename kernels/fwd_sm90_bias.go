@@ -44,29 +44,34 @@ func (x *gen) biasStageCopy(indent, blk string) {
 // biasStageRead writes, for key block blk (an expression; next, the
 // condition under which block blk − 1 exists), the wait for the block's
 // staged bias, the reads of this thread's elements into bpre (the layout
-// of s), and the copies of block blk − 1 into the other buffer.
+// of s), and the copies of block blk − 1 into the other buffer. One
+// ldmatrix.x4 reads four 8×8 blocks of the tile — rows 0–7 and 8–15 of the
+// warp's 16 by two 8-key chunks — and hands each lane exactly the pairs of
+// its accumulator fragment (row g of a block, keys 2c and 2c + 1): lanes
+// 8i..8i+7 address the rows of block i, so a warp needs one address a
+// load where the 32-bit loads took one a pair, each with its swizzle.
 func (x *gen) biasStageRead(indent, blk, next string) {
-	cvt := "bf16_to_f32"
-	if x.v.Bias == BiasF16 {
-		cvt = "f16_to_f32"
-	}
+	cvt := bitsToF32Func(x.v.Bias)
 	x.raw(indentLines(fmt.Sprintf(`// ---- the bias of this block's scores, staged in shared memory one block ahead
 float bpre[MT][NT_S][4];
 {
   cp_wait<0>();
   bar_sync(6 + wg, 128);  // this warpgroup's copies of the block landed; its reads of the other buffer are done
-  const unsigned char* sb = smem + (s_base - smem_addr(smem)) + SB_OFF + ((%[1]s) & 1) * (BM * BN * 2) + wg * (64 * BN * 2);
+  const u32 sb = s_base + SB_OFF + ((%[1]s) & 1) * (BM * BN * 2) + wg * (64 * BN * 2);
+  // this lane's row of ldmatrix block lane >> 3: blocks 0, 2 rows 0–7 and 1, 3 rows 8–15 of the warp's 16; blocks 2, 3 one chunk on
+  const int lr = (wm & 3) * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), lch = lane >> 4;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT_S; ++nt)
+    for (int nt = 0; nt < NT_S; nt += 2) {  // keys key0 + 8nt .. + 15
+      u32 r[4];
+      ldsm4(r, sb + sw_off<64, BN / 8>(lr + mt * 16, ((key0 + nt * 8) >> 3) + lch));
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {  // keys key0 + 8nt + 2c and the next of row half hf
-        const int r = (wm & 3) * 16 + mt * 16 + g + 8 * hf, col = key0 + nt * 8 + 2 * c;
-        const u32 w = *reinterpret_cast<const u32*>(sb + sw_off<64, BN / 8>(r, col >> 3) + (col & 7) * 2);
-        bpre[mt][nt][2 * hf] = %[2]s((u16)w);
-        bpre[mt][nt][2 * hf + 1] = %[2]s((u16)(w >> 16));
+      for (int i = 0; i < 4; ++i) {  // block i: row half i & 1, chunk nt + (i >> 1); keys 2c and 2c + 1 of row g
+        bpre[mt][nt + (i >> 1)][2 * (i & 1)] = %[2]s((u16)r[i]);
+        bpre[mt][nt + (i >> 1)][2 * (i & 1) + 1] = %[2]s((u16)(r[i] >> 16));
       }
+    }
 }
 if (%[3]s) {
 `, blk, cvt, next), indent))

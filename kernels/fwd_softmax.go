@@ -6,7 +6,9 @@ import "github.com/flashattn/flashattn/attn"
 // the running sum row_sum of exp2(s·SC − row_max·SC) over the keys seen so
 // far, where SC = scale·log2(e) (exp(x) = exp2(x·log2 e), and ex2.approx is
 // one instruction). Prescaled variants (softcap, bias, negative scale) turn
-// the scores into base-2 units first and use SC = 1. A new key block raises
+// the scores into base-2 units first and use SC = 1, except a bias without
+// softcap, whose scores scale·s + bias stay in natural units with
+// SC = log2(e) (naturalScores). A new key block raises
 // the maximum to m', rescales row_sum and the O accumulators by
 // exp2((m − m')·SC), and adds its own probabilities. A row with no visible
 // key so far has maximum −inf; its subtrahend is taken as 0 so that every
@@ -59,20 +61,23 @@ func biasElement(n0 string) string {
 }
 
 // transform writes the score transform of prescaled variants: softcap or
-// scale, then bias, into base-2 units.
+// scale, then bias, into base-2 units, or scale·s + bias in natural units
+// (naturalScores).
 func (x *gen) transform() {
 	v := x.v
 	if !v.prescaled() {
 		return
 	}
-	x.raw(`    // ---- scores into base-2 units: `)
+	x.raw(`    // ---- scores: `)
 	switch {
+	case v.naturalScores():
+		x.raw("scale·s + bias (natural units: SC = log2 e)")
 	case v.Softcap:
-		x.raw("softcap·tanh(scale·s/softcap)·log2e")
+		x.raw("softcap·tanh(scale·s/softcap)·log2e into base-2 units")
 	default:
-		x.raw("scale·s·log2e")
+		x.raw("scale·s·log2e into base-2 units")
 	}
-	if v.Bias != BiasNone {
+	if v.Bias != BiasNone && !v.naturalScores() {
 		x.raw(" + bias·log2e")
 	}
 	x.raw(`
@@ -84,15 +89,22 @@ func (x *gen) transform() {
         for (int e = 0; e < 4; ++e) {
           float t = s[mt][nt][e];
 `)
-	if v.Softcap {
+	switch {
+	case v.naturalScores() && v.WGMMA:
+		x.raw("          t = fmaf(t, p.scale, bpre[mt][nt][e]);  // (bias loaded while S ran: biasPrefetch, biasStageRead)\n")
+	case v.naturalScores():
+		x.raw(indentLines(biasElement("n0"), "          "))
+		x.raw("          t = fmaf(t, p.scale, br != nullptr && j < m ? bias_load(br + j * bias_km) : 0.f);\n")
+	case v.Softcap:
 		x.p("          t = %s(t * p.softcap_in) * p.softcap_out;", softcapTanh(v.DType))
-	} else {
+	default:
 		x.raw("          t *= p.scale_log2;\n")
 	}
 	switch {
-	case v.Bias != BiasNone && v.WGMMA:
+	case v.Bias == BiasNone || v.naturalScores():
+	case v.WGMMA:
 		x.raw("          t += bpre[mt][nt][e] * LOG2E;  // (loaded while S ran: biasPrefetch)\n")
-	case v.Bias != BiasNone:
+	default:
 		x.raw(indentLines(biasElement("n0"), "          "))
 		x.raw("          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;\n")
 	}

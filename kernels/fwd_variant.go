@@ -227,9 +227,15 @@ func (v Variant) SharedBytes() int { return v.geom().smem }
 // through shared memory.
 func (v Variant) splitKeys() bool { return v.WarpsN > 1 }
 
-// prescaled reports whether scores are scaled into base-2 units before the
-// row maximum.
+// prescaled reports whether scores are scaled (into base-2 units, or
+// natural ones: naturalScores) before the row maximum.
 func (v Variant) prescaled() bool { return v.PreScale || v.Softcap || v.Bias != BiasNone }
+
+// naturalScores reports whether v's prescaled scores stay in natural units,
+// scale·s + bias (one multiply-add, where base-2 units take a multiply
+// more for the bias's log2(e)), with log2(e) folded into the softmax's
+// exponent instead: a bias without softcap.
+func (v Variant) naturalScores() bool { return v.Bias != BiasNone && !v.Softcap }
 
 // extras reports whether v has per-element extras on its scores (bias,
 // softcap, dropout, prescaled scores), which take registers the plain

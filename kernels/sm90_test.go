@@ -989,6 +989,9 @@ func TestBiasStagedSource(t *testing.T) {
 	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") || strings.Contains(src, "prefetch_l1(") {
 		t.Error("a staged bias still loaded (or prefetched) element by element from global memory in the main kernel")
 	}
+	if rd := strings.Index(src, "ldsm4(r, sb + sw_off<64, BN / 8>(lr + mt * 16, ((key0 + nt * 8) >> 3) + lch));"); rd < read || strings.Contains(src, "reinterpret_cast<const u32*>(sb") {
+		t.Error("the staged tile not read by ldmatrix after the warpgroup's barrier")
+	}
 	// from global memory instead: each block's loads, after the prefetch of the next block's rows into L1
 	for _, pipe := range []Pipeline{base.Pipeline, {}} {
 		v := edited(base, func(v *Variant) { v.BiasStaged, v.Pipeline = false, pipe })
@@ -1009,6 +1012,44 @@ func TestBiasStagedSource(t *testing.T) {
 		"no bias":  edited(base, func(v *Variant) { v.Bias = BiasNone }),
 		"keys 96":  edited(base, func(v *Variant) { v.BlockN = 96 }),
 	})
+}
+
+// TestNaturalScoresSource checks where the forward keeps prescaled scores
+// in natural units (Variant.naturalScores): a bias without softcap, on the
+// Hopper and mma.sync kernels, scale·s + bias by one multiply-add and
+// log2(e) in SC; a softcap (with or without a bias) and a negative scale
+// alone keep base-2 units.
+func TestNaturalScoresSource(t *testing.T) {
+	hop := hopperVariant(t, attn.BFloat16, 128, 128, func(v *Variant) { v.Bias = BiasBF16 })
+	sync := hop
+	sync.WGMMA, sync.BlockM, sync.BlockN, sync.WarpsM = false, 128, 64, 8
+	cases := []struct {
+		name    string
+		v       Variant
+		natural bool
+		fma     string
+	}{
+		{"hopper bias", hop, true, "t = fmaf(t, p.scale, bpre[mt][nt][e]);"},
+		{"hopper bias, staged", edited(hop, func(v *Variant) {
+			v.TMA, v.Pipeline, v.BiasStaged = true, Pipeline{WarpSpecialized: true, PingPong: true}, true
+		}), true, "t = fmaf(t, p.scale, bpre[mt][nt][e]);"},
+		{"mma.sync bias", sync, true, "t = fmaf(t, p.scale, br != nullptr && j < m ? bias_load(br + j * bias_km) : 0.f);"},
+		{"hopper softcap and bias", edited(hop, func(v *Variant) { v.Softcap = true }), false, "t += bpre[mt][nt][e] * LOG2E;"},
+		{"mma.sync softcap and bias", edited(sync, func(v *Variant) { v.Softcap = true }), false, "t += bias_load(br + j * bias_km) * LOG2E;"},
+		{"negative scale", edited(hop, func(v *Variant) { v.Bias, v.PreScale = BiasNone, true }), false, "t *= p.scale_log2;"},
+	}
+	for _, tc := range cases {
+		src, err := tc.v.Source()
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := strings.Contains(src, "constexpr float SC = LOG2E;"); got != tc.natural {
+			t.Errorf("%s: natural units %v, want %v", tc.name, got, tc.natural)
+		}
+		if !strings.Contains(src, tc.fma) {
+			t.Errorf("%s: no %q", tc.name, tc.fma)
+		}
+	}
 }
 
 // TestBwdBiasStagedSource checks the backward's staged bias
