@@ -101,7 +101,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	}
 	g.fullMask(b)
 	b.WriteString(g.keyRowsBiasPrefetch())
-	early, biasDecl := "", g.keyRowsBiasDecl()
+	early, biasDecl := "", g.keyRowsBiasDecl()+g.keyRowsBiasStagedLoads()
 	if g.keyRowsBiasEarly() {
 		b.WriteString(biasDecl + "    u32 bpre[BM / 8][2];  // this step's bias: the bits of (qi, kj) | (qi + 1, kj) << 16\n")
 		early, biasDecl = g.keyRowsBiasEarlyLoads(), ""
@@ -303,9 +303,12 @@ func (g *bwdGen) keyRowsPLoop(tested bool) string {
 	if tested {
 		mask = "          if (!full && !visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;\n"
 	}
+	open, read, close := "\n", "", ""
+	if g.v.BiasStaged {
+		open, read, close = " {\n", g.keyRowsBiasStagedRead(), "    }\n"
+	}
 	return `#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)` + open + read + `#pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         ` + keyRowsElem + `
         (void)kj; (void)qi;
@@ -316,7 +319,7 @@ func (g *bwdGen) keyRowsPLoop(tested bool) string {
 ` + g.keyRowsLogit() + mask + `        }
         pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));
       }
-`
+` + close
 }
 
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the
@@ -327,13 +330,39 @@ func (g *bwdGen) keyRowsLogit() string {
 	bias := ""
 	switch {
 	case g.v.BiasStaged:
-		bias = "bt_to_f(sBst[sw_elem<BM>(nt * 8 + 2 * t4 + c, 64 * wg + 16 * (warp & 3) + g + 8 * hh)])"
+		bias = bitsToF32Func(g.v.Bias) + "((u16)(bst[2 * (nt & 1) + hh] >> (16 * c)))"
 	case g.keyRowsBiasEarly():
 		bias = bitsToF32Func(g.v.Bias) + "((u16)(bpre[nt][hh] >> (16 * c)))"
 	case g.keyRowsBiasHoisted():
 		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	}
 	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
+}
+
+// keyRowsBiasStagedLoads returns, where the variant stages the bias
+// (BiasStaged), the declaration of bst, the registers that
+// keyRowsBiasStagedRead fills.
+func (g *bwdGen) keyRowsBiasStagedLoads() string {
+	if !g.v.BiasStaged {
+		return ""
+	}
+	return "    u32 bst[4];  // the staged bias of query blocks nt, nt + 1 (nt even): pairs of queries 2t4, 2t4 + 1 of keys kj(0), kj(1)\n"
+}
+
+// keyRowsBiasStagedRead returns the read of the staged bias at the start
+// of each even query block nt of the Pᵀ loop: the tile holds [query][key]
+// rows, so one transposed ldmatrix.x4 of four 8×8 blocks — queries
+// 8nt .. 8nt + 15 by the warp's keys 16(warp & 3) .. + 15 of its
+// warpgroup's 64 — hands each lane the pairs of queries 2t4 and 2t4 + 1
+// of its keys g and g + 8 for blocks nt and nt + 1 (bst[2(nt & 1) + hh]),
+// where a 16-bit load an element took its own swizzled address. Read block
+// by block, the four registers live only across two blocks: all of a
+// step's at once (16 registers) spilled beside a mask (4 → 436 bytes at
+// D = 128, NVRTC 12.4).
+func (g *bwdGen) keyRowsBiasStagedRead() string {
+	return `      if ((nt & 1) == 0)  // blocks (queries 8nt | 8nt + 8) x (keys +0 | +8); lane l addresses row l & 7 of block l >> 3
+        ldsm_x4_t(bst, smem_u32(sBst + sw_elem<BM>(8 * nt + 8 * (lane >> 4) + (lane & 7), 64 * wg + 16 * (warp & 3) + 8 * ((lane >> 3) & 1))));
+`
 }
 
 // keyRowsBiasHoisted reports whether the key-rows step addresses a bias

@@ -124,7 +124,7 @@ func (g *bwdGen) preludePrimitives(b *strings.Builder) {
 	b.WriteString(ptxCpCommit("cp_async_commit", true))
 	b.WriteString(ptxCpWait("cp_async_wait0", 0, true))
 	b.WriteString(ptxEx2("ex2f"))
-	if g.keyRowsBiasEarly() {
+	if g.keyRowsBiasEarly() || v.KeyRows && v.BiasStaged {
 		b.WriteString(bitsToF32)
 	}
 	if v.Softcap && softcapTanh(v.DType) == tanhApprox {

@@ -1055,7 +1055,8 @@ func TestNaturalScoresSource(t *testing.T) {
 // TestBwdBiasStagedSource checks the backward's staged bias
 // (BwdVariant.BiasStaged): the producer's copies of the step's tile, its
 // wait for them before its arrival on the full barrier, the key-rows
-// logit reading the stage instead of global memory; Validate refuses it off
+// step reading the stage by transposed ldmatrix before its Pᵀ loop and the
+// logit from those registers instead of global memory; Validate refuses it off
 // the key-rows step and for a float32 bias.
 func TestBwdBiasStagedSource(t *testing.T) {
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Features: Features{Bias: BiasBF16}, BiasGrad: true, Vector: true, AtomicDQ: true, BulkDQ: true,
@@ -1068,9 +1069,10 @@ func TestBwdBiasStagedSource(t *testing.T) {
 		copies := strings.Index(src, "the step's bias tile [BM][BN] into stage s")
 		wait := strings.Index(src, "cp_async_wait0();  // this lane's copies of the bias tile landed")
 		arrive := strings.Index(src, "mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored")
-		read := strings.Index(src, "sv += bt_to_f(sBst[sw_elem<BM>(")
-		if copies < 0 || wait < copies || arrive < wait || read < 0 {
-			t.Errorf("%s: copies at %d, wait at %d, arrival at %d, staged read at %d", v.Name(), copies, wait, arrive, read)
+		read := strings.Index(src, "ldsm_x4_t(bst, smem_u32(sBst + sw_elem<BM>(")
+		use := strings.Index(src, "sv += bf16_to_f32((u16)(bst[2 * (nt & 1) + hh] >> (16 * c)));")
+		if copies < 0 || wait < copies || arrive < wait || read < 0 || use < read {
+			t.Errorf("%s: copies at %d, wait at %d, arrival at %d, staged read at %d, its use at %d", v.Name(), copies, wait, arrive, read, use)
 		}
 		step := strings.Index(src, "keys as rows: this warpgroup's BN/2 keys")
 		if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
