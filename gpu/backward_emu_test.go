@@ -517,6 +517,7 @@ func TestBackwardEmulatedBiasStaged(t *testing.T) {
 	cases := []bwdCase{
 		{name: "d128-bias-grad-softcap-m136", b: 1, n: 100, m: 136, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: []attn.DType{attn.BFloat16}},
 		{name: "d64-96-causal-bias-bcast-m200", b: 2, n: 90, m: 200, h: 2, hkv: 1, dk: 64, dv: 96, bias: []int{1, 2}, causal: true, dtypes: []attn.DType{attn.Float16}},
+		{name: "d128-bias-n90-m136", b: 1, n: 90, m: 136, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, dtypes: []attn.DType{attn.BFloat16}}, // partial blocks, no mask: the zeros past n and m
 		{name: "d128-bias-m130-unaligned", b: 1, n: 70, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dtypes: []attn.DType{attn.BFloat16}},
 	}
 	emuKeyRowsCases(t, cases, 950)

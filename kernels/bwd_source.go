@@ -612,6 +612,12 @@ func (g *bwdGen) logit(indent, lse, fc, qi, kj, bias string) string {
 		return indent + "x[c] = fmaf(s, p.scale_log2, -" + lse + ");\n"
 	}
 	var b strings.Builder
+	if v.BiasStaged && !v.Softcap && bias != "" {
+		// the key-rows step's staged tile: zeros past the queries and keys, whose probabilities are 0
+		// anyway (LSE2 +inf past n, the visibility test past m): no range test, one multiply-add
+		fmt.Fprintf(&b, "%sconst float sv = fmaf(s, p.scale, %s);\n%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, bias, indent, lse)
+		return b.String()
+	}
 	if v.Softcap {
 		fmt.Fprintf(&b, "%sconst float th = %s(s * p.softcap_in);\n", indent, softcapTanh(v.DType))
 		fmt.Fprintf(&b, "%s%s = 1.f - th * th;\n%sfloat sv = p.softcap * th;\n", indent, fc, indent)

@@ -1070,7 +1070,7 @@ func TestBwdBiasStagedSource(t *testing.T) {
 		wait := strings.Index(src, "cp_async_wait0();  // this lane's copies of the bias tile landed")
 		arrive := strings.Index(src, "mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored")
 		read := strings.Index(src, "ldsm_x4_t(bst, smem_u32(sBst + sw_elem<BM>(")
-		use := strings.Index(src, "sv += bf16_to_f32((u16)(bst[2 * (nt & 1) + hh] >> (16 * c)));")
+		use := strings.Index(src, "const float sv = fmaf(s, p.scale, bf16_to_f32((u16)(bst[2 * (nt & 1) + hh] >> (16 * c))));")
 		if copies < 0 || wait < copies || arrive < wait || read < 0 || use < read {
 			t.Errorf("%s: copies at %d, wait at %d, arrival at %d, staged read at %d, its use at %d", v.Name(), copies, wait, arrive, read, use)
 		}
