@@ -303,12 +303,12 @@ func (g *bwdGen) keyRowsPLoop(tested bool) string {
 	if tested {
 		mask = "          if (!full && !visible(qi + c, kj, m, off, p.left, p.right)) x[c] = -FA_INF;\n"
 	}
-	open, read, close := "\n", "", ""
+	body, read, end := "\n", "", "" // the nt loop's body: the hh loop, or a block with the staged bias's read first
 	if g.v.BiasStaged {
-		open, read, close = " {\n", g.keyRowsBiasStagedRead(), "    }\n"
+		body, read, end = " {\n", g.keyRowsBiasStagedRead(), "    }\n"
 	}
 	return `#pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt)` + open + read + `#pragma unroll
+    for (int nt = 0; nt < BM / 8; ++nt)` + body + read + `#pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         ` + keyRowsElem + `
         (void)kj; (void)qi;
@@ -319,7 +319,7 @@ func (g *bwdGen) keyRowsPLoop(tested bool) string {
 ` + g.keyRowsLogit() + mask + `        }
         pk[nt][hh] = pack2(ex2f(x[0]), ex2f(x[1]));
       }
-` + close
+` + end
 }
 
 // keyRowsLogit returns the logit of element (key kj, query qi + c): the

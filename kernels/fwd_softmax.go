@@ -100,13 +100,13 @@ func (x *gen) transform() {
 	default:
 		x.raw("          t *= p.scale_log2;\n")
 	}
-	switch {
-	case v.Bias == BiasNone || v.naturalScores():
-	case v.WGMMA:
-		x.raw("          t += bpre[mt][nt][e] * LOG2E;  // (loaded while S ran: biasPrefetch)\n")
-	default:
-		x.raw(indentLines(biasElement("n0"), "          "))
-		x.raw("          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;\n")
+	if v.Bias != BiasNone && !v.naturalScores() { // beside a softcap: the bias in base-2 units
+		if v.WGMMA {
+			x.raw("          t += bpre[mt][nt][e] * LOG2E;  // (loaded while S ran: biasPrefetch)\n")
+		} else {
+			x.raw(indentLines(biasElement("n0"), "          "))
+			x.raw("          if (br != nullptr && j < m) t += bias_load(br + j * bias_km) * LOG2E;\n")
+		}
 	}
 	x.raw("          s[mt][nt][e] = t;\n        }\n")
 }
