@@ -101,7 +101,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	}
 	g.fullMask(b)
 	b.WriteString(g.keyRowsBiasPrefetch())
-	early, biasDecl := "", g.keyRowsBiasDecl()+g.keyRowsBiasStagedLoads()
+	early, biasDecl := "", g.keyRowsBiasDecl()+g.keyRowsBiasStagedDecl()
 	if g.keyRowsBiasEarly() {
 		b.WriteString(biasDecl + "    u32 bpre[BM / 8][2];  // this step's bias: the bits of (qi, kj) | (qi + 1, kj) << 16\n")
 		early, biasDecl = g.keyRowsBiasEarlyLoads(), ""
@@ -330,19 +330,34 @@ func (g *bwdGen) keyRowsLogit() string {
 	bias := ""
 	switch {
 	case g.v.BiasStaged:
-		bias = bitsToF32Func(g.v.Bias) + "((u16)(bst[2 * (nt & 1) + hh] >> (16 * c)))"
+		bias = g.keyRowsPairBias("bst[2 * (nt & 1) + hh]")
 	case g.keyRowsBiasEarly():
-		bias = bitsToF32Func(g.v.Bias) + "((u16)(bpre[nt][hh] >> (16 * c)))"
+		bias = g.keyRowsPairBias("bpre[nt][hh]")
 	case g.keyRowsBiasHoisted():
 		bias = "bt_to_f(bkr[hh][(nt * 8 + c) * bsi])"
 	}
-	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias)
+	// the staged tile's reads hold zeros past the queries and keys; the early loads too, but the
+	// multiply-add that needs no range test spilled there (backward.md, "A staged bias in the key-rows step")
+	return g.logit("          ", g.keyRowsStat("l"), "fc[nt][hh * 2 + c]", "(qi + c)", "kj", bias, g.v.BiasStaged)
 }
 
-// keyRowsBiasStagedLoads returns, where the variant stages the bias
+// keyRowsBiasPairs reports whether the key-rows step holds its 16-bit bias
+// in registers as pairs of adjacent queries' bits (the staged tile's
+// reads, the early loads), which keyRowsPairBias converts.
+func (g *bwdGen) keyRowsBiasPairs() bool {
+	return g.keyRowsBiasEarly() || g.v.KeyRows && g.v.BiasStaged
+}
+
+// keyRowsPairBias returns the bias of element (kj, qi + c) from reg, the
+// register of its pair (keyRowsBiasPairs): query qi's bits in the low half.
+func (g *bwdGen) keyRowsPairBias(reg string) string {
+	return bitsToF32Func(g.v.Bias) + "((u16)(" + reg + " >> (16 * c)))"
+}
+
+// keyRowsBiasStagedDecl returns, where the variant stages the bias
 // (BiasStaged), the declaration of bst, the registers that
 // keyRowsBiasStagedRead fills.
-func (g *bwdGen) keyRowsBiasStagedLoads() string {
+func (g *bwdGen) keyRowsBiasStagedDecl() string {
 	if !g.v.BiasStaged {
 		return ""
 	}

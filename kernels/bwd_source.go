@@ -124,7 +124,7 @@ func (g *bwdGen) preludePrimitives(b *strings.Builder) {
 	b.WriteString(ptxCpCommit("cp_async_commit", true))
 	b.WriteString(ptxCpWait("cp_async_wait0", 0, true))
 	b.WriteString(ptxEx2("ex2f"))
-	if g.keyRowsBiasEarly() || v.KeyRows && v.BiasStaged {
+	if g.keyRowsBiasPairs() {
 		b.WriteString(bitsToF32)
 	}
 	if v.Softcap && softcapTanh(v.DType) == tanhApprox {
@@ -572,7 +572,7 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
       for (int c = 0; c < 2; ++c) {
         const float s = accS[mt][nt][hh * 2 + c];
 `)
-	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c", ""))
+	b.WriteString(g.logit("        ", "lr[mt][hh]", "fc[mt][nt][hh * 2 + c]", "qi", "kj + c", "", false))
 	b.WriteString(`        if (!full && !visible(qi, kj + c, m, off, p.left, p.right)) x[c] = -FA_INF;
       }
       float p0 = ex2f(x[0]), p1 = ex2f(x[1]);
@@ -606,15 +606,18 @@ func (g *bwdGen) probs(b *strings.Builder, st bwdWarpTile, sl, sd string, storeP
 // row's LSE2 lse: scaled, or through the softcap (keeping 1 − tanh² in
 // fc), plus the bias inside the sequence: bias, the element's bias as an
 // expression, or where it is empty loaded from global memory (biasLoad).
-func (g *bwdGen) logit(indent, lse, fc, qi, kj, bias string) string {
+// zeroPast says that bias is 0 past the queries and keys (read from
+// registers that hold zeros there): without a softcap the scaled score
+// and the bias are then one multiply-add, with no range test (those
+// elements' probabilities are 0 anyway: LSE2 +inf past n, the visibility
+// test past m).
+func (g *bwdGen) logit(indent, lse, fc, qi, kj, bias string, zeroPast bool) string {
 	v := g.v
 	if !v.Softcap && !v.Biased() {
 		return indent + "x[c] = fmaf(s, p.scale_log2, -" + lse + ");\n"
 	}
 	var b strings.Builder
-	if v.BiasStaged && !v.Softcap && bias != "" {
-		// the key-rows step's staged tile: zeros past the queries and keys, whose probabilities are 0
-		// anyway (LSE2 +inf past n, the visibility test past m): no range test, one multiply-add
+	if zeroPast && v.Biased() && !v.Softcap {
 		fmt.Fprintf(&b, "%sconst float sv = fmaf(s, p.scale, %s);\n%sx[c] = fmaf(sv, FA_LOG2E, -%s);\n", indent, bias, indent, lse)
 		return b.String()
 	}

@@ -19,10 +19,8 @@ func (x *gen) biasFuncs() string {
 	switch x.v.Bias {
 	case BiasF32:
 		return "DEV float bias_load(const char* p) { return *(const float*)p; }\n"
-	case BiasBF16:
-		return "DEV float bias_load(const char* p) { return bf16_to_f32(*(const u16*)p); }\n"
-	case BiasF16:
-		return "DEV float bias_load(const char* p) { return f16_to_f32(*(const u16*)p); }\n"
+	case BiasBF16, BiasF16:
+		return "DEV float bias_load(const char* p) { return " + bitsToF32Func(x.v.Bias) + "(*(const u16*)p); }\n"
 	}
 	return ""
 }

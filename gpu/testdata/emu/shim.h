@@ -51,7 +51,6 @@ inline uint16_t emu_f2bf(float f) {
 }
 inline float emu_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 inline float __half2float(__half h) { return emu_h2f(h.x); }
-inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline __half __float2half_rn(float f) { return __half{emu_f2h(f)}; }
 inline float __bfloat162float(__nv_bfloat16 h) { return emu_bf2f(h.x); }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{emu_f2bf(f)}; }
