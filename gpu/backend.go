@@ -106,6 +106,13 @@ type Backend struct {
 	// tensor map for them), in the backward under a mask or window.
 	// New sets it unless EnvBiasStaged is "0".
 	BiasStagedAuto bool
+	// DBiasAtomic has backward calls that compute the gradient of a bias
+	// broadcast over the batch add each batch element's dS into an fp32
+	// accumulator of dBias's shape by atomic adds, where the dK/dV kernel
+	// otherwise stores one dS per batch element for a reduction in a fixed
+	// order (kernels.BwdVariant.DBiasAtomic); deterministic calls keep the
+	// reduction. New sets it when EnvDBiasAtomic is set.
+	DBiasAtomic bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -170,10 +177,11 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvFwdLightTail, EnvBwdLightTail, EnvHostRegister)
-// once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline, BulkDQ,
-// BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ, BiasStaged,
-// BiasStagedAuto, FwdLightTail, BwdLightTail and HostRegister.
+// EnvDQ, EnvBiasStaged, EnvDBiasAtomic, EnvFwdLightTail, EnvBwdLightTail,
+// EnvHostRegister) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline,
+// BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ,
+// BiasStaged, BiasStagedAuto, DBiasAtomic, FwdLightTail, BwdLightTail and
+// HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -193,6 +201,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
+		DBiasAtomic:    envSet(os.Getenv(EnvDBiasAtomic)),
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
 		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
 		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
@@ -297,6 +306,11 @@ const EnvBwdKeyRows = "FLASHATTN_BWD_KEY_ROWS"
 // wherever they can (Backend.BiasStaged); unset, only where it measured
 // faster (Backend.BiasStagedAuto); "0", nowhere.
 const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
+
+// EnvDBiasAtomic, when set to anything but "" or "0", has the backward of
+// new backends add a batch-broadcast bias's gradient by atomic adds
+// (Backend.DBiasAtomic).
+const EnvDBiasAtomic = "FLASHATTN_DBIAS_ATOMIC"
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked
 // forward launches of new backends that take one tile a CTA end on their

@@ -131,10 +131,24 @@ func bwdNaNCases() []bwdNaNCase {
 		// softcap and dropout (a dropped visible key still passes its NaN on, as dropout(P)·V does)
 		{bwdCase{name: "softcap-dropout-causal", b: 1, n: 40, m: 40, h: 2, hkv: 1, dk: 64, dv: 64, causal: true, softcap: 5, dropout: 0.2, dtypes: bf},
 			[]bwdPlant{{'v', 0, 30, 0, -1, nan}, {'k', 0, 9, 0, -1, nan}, {'d', 0, 3, 1, -1, nan}}},
+		// dBias of a bias shared by the batch: a masked NaN value row (its keys' pairs rewritten by the fix-up, every
+		// batch element's dS in the element: kernels.BwdVariant.DBiasAtomic), a visible infinite key element
+		{bwdCase{name: "dbias-bcast-b-causal", b: 2, n: 100, m: 130, h: 2, hkv: 1, dk: 64, dv: 64, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: bf},
+			[]bwdPlant{{'v', 1, 120, 0, -1, nan}, {'k', 0, 20, 0, 3, inf}, {'d', 1, 50, 1, -1, nan}}},
+		{bwdCase{name: "dbias-bcast-bh-d128", b: 2, n: 70, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 1}, biasGrad: true, dtypes: f16},
+			[]bwdPlant{{'v', 0, 80, 1, -1, nan}, {'q', 1, 10, 0, 5, nan}}},
 		// a packed batch: the rows past a segment belong to the next one
 		{bwdCase{name: "varlen-causal", h: 2, hkv: 1, dk: 64, dv: 64, cuQ: []int32{0, 30, 70}, cuK: []int32{0, 35, 85}, causal: true, dtypes: bf},
 			[]bwdPlant{{'v', 0, 35, 0, 5, nan}, {'k', 0, 34, 0, -1, nan}, {'v', 0, 36, 0, 2, inf}, {'v', 0, 80, 0, -1, nan}, {'q', 0, 31, 1, -1, nan}, {'d', 0, 29, 0, -1, nan}}},
 	}
+}
+
+// dbiasOf returns g's dBias, or an empty tensor where it has none.
+func dbiasOf(g attn.Gradients) attn.Tensor {
+	if g.DBias == nil {
+		return attn.Tensor{}
+	}
+	return *g.DBias
 }
 
 // bwdCheckNonFinite checks gradients of inputs with non-finite values
@@ -153,7 +167,10 @@ func bwdCheckNonFinite(t *testing.T, in bwdInputs, g attn.Gradients, emulated bo
 		name       string
 		got        attn.Tensor
 		want, base []float64
-	}{{"dQ", g.DQ, ref.DQ, naive.DQ}, {"dK", g.DK, ref.DK, naive.DK}, {"dV", g.DV, ref.DV, naive.DV}} {
+	}{{"dQ", g.DQ, ref.DQ, naive.DQ}, {"dK", g.DK, ref.DK, naive.DK}, {"dV", g.DV, ref.DV, naive.DV}, {"dBias", dbiasOf(g), ref.DBias, naive.DBias}} {
+		if x.want == nil {
+			continue // no dBias asked
+		}
 		got := x.got.Float64s()
 		if len(got) != len(x.want) {
 			t.Fatalf("%s: %d elements, want %d", x.name, len(got), len(x.want))

@@ -268,6 +268,9 @@ type bwdRequest struct {
 	// lightTail orders a masked launch's CTAs so that it ends on its
 	// lightest blocks (Backend.BwdLightTail).
 	lightTail bool
+	// dbiasAtomic adds a batch-broadcast bias's gradient by atomic adds
+	// where the call allows it (Backend.DBiasAtomic, dbiasAtomicOK).
+	dbiasAtomic bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -279,7 +282,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), lightTail: b.BwdLightTail, deep: b.BwdDeep}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic}
 }
 
 // bwdBiasStaged reports whether the backend's backward of p stages its
@@ -353,6 +356,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	}
 	v := bwdVariantFor(p, dt, a, algo)
 	v.WGMMA = run
+	v.DBiasAtomic = r.dbiasAtomic && dbiasAtomicOK(p, a)
 	if err := v.Validate(); err != nil {
 		return nil, err
 	}
@@ -413,6 +417,15 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
+}
+
+// dbiasAtomicOK reports whether a backward call may add its dBias by
+// atomic adds (kernels.BwdVariant.DBiasAtomic): it computes dBias of a bias
+// broadcast over a batch of more than one element (whose elements' CTAs of
+// a head run together, so that their adds meet in L2), fixed length, and
+// is not deterministic.
+func dbiasAtomicOK(p *attn.Problem, a *bwdArgs) bool {
+	return a.DBias != nil && a.Bias != nil && a.Bias.Batches == 1 && p.B > 1 && !p.Varlen && !p.Opt.Deterministic
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the

@@ -674,3 +674,36 @@ func TestForwardEarlyDropout(t *testing.T) {
 		t.Errorf("%s: want warp-specialized with the early dropout bits", v.Name())
 	}
 }
+
+// TestBackwardPlanDBiasAtomic checks where the planner adds dBias by atomic
+// adds (dbiasAtomicOK, kernels.BwdVariant.DBiasAtomic): asked for, with a
+// bias broadcast over a batch of more than one element, not deterministic;
+// a bias of every batch element, a batch of one, a deterministic call, no
+// dBias or the knob off keep the scratch and its fixed-order reduction.
+func TestBackwardPlanDBiasAtomic(t *testing.T) {
+	c := func(b int, bias []int, grad, det bool) bwdCase {
+		return bwdCase{b: b, n: 256, m: 256, h: 2, hkv: 2, dk: 64, dv: 64, bias: bias, biasGrad: grad, deterministic: det}
+	}
+	cases := []struct {
+		name string
+		c    bwdCase
+		knob bool
+		want bool
+	}{
+		{"broadcast over the batch", c(2, []int{1, 2}, true, false), true, true},
+		{"broadcast over batch and heads", c(3, []int{1, 1}, true, false), true, true},
+		{"knob off", c(2, []int{1, 2}, true, false), false, false},
+		{"a bias per batch element", c(2, []int{2, 1}, true, false), true, false},
+		{"a batch of one", c(1, []int{1, 2}, true, false), true, false},
+		{"deterministic", c(2, []int{1, 2}, true, true), true, false},
+		{"no dBias", c(2, []int{1, 2}, false, false), true, false},
+	}
+	for i, tc := range cases {
+		for _, ws := range []bool{false, true} {
+			pl, _ := hopperPlan(t, tc.name, tc.c, uint64(200+i), DQAuto, func(r *bwdRequest) { r.ws, r.dbiasAtomic = ws, tc.knob })
+			if pl.v.DBiasAtomic != tc.want {
+				t.Errorf("%s (warp-specialized %v): %s, DBiasAtomic %v, want %v", tc.name, ws, pl.v.Name(), pl.v.DBiasAtomic, tc.want)
+			}
+		}
+	}
+}

@@ -53,6 +53,7 @@ import (
 func (g *bwdGen) nfFuncs(b *strings.Builder) {
 	nfBad(b)
 	g.nfPair(b)
+	g.dbiasAccFuncs(b)
 	g.nfKeys(b)
 	g.nfQuery(b)
 }
@@ -151,8 +152,11 @@ func (g *bwdGen) nfKeys(b *strings.Builder) {
 `
 	}
 	scratch := ""
-	if v.BiasGrad {
-		scratch = "        if (use) p.dbias_scratch[(((long long)b * p.H + h) * p.N + i) * p.M + j] = dsb;\n"
+	switch {
+	case v.DBiasAtomic: // the element's whole sum: other batch elements' and heads' dS are in it too
+		scratch = "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n"
+	case v.BiasGrad:
+		scratch = "        if (use) " + g.dbiasStore("i", "j", "dsb") + "\n"
 	}
 	fmt.Fprintf(b, `// nf_keys: the dK/dV kernel's keys j0 .. j0 + rows - 1 (key head kvh of batch element b): each key whose dK or dV
 // row holds a NaN or an infinity (read back from global memory) has both recomputed exactly over the query rows

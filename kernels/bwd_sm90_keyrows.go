@@ -544,7 +544,7 @@ func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
 	if v.BiasGrad {
-		b.WriteString("          if (qi + c < n && kj < m) p.dbias_scratch[(((long long)b * p.H + h) * p.N + qi + c) * p.M + kj] = d;\n")
+		b.WriteString("          if (qi + c < n && kj < m) " + g.dbiasStore("qi + c", "kj", "d") + "\n")
 	}
 	if v.Softcap {
 		b.WriteString("          d *= fc[nt][hh * 2 + c];\n")

@@ -334,7 +334,7 @@ func (g *bwdGen) preKernel(b *strings.Builder) {
 // grid (ceil(N/%d), B, H), %d threads; one warp per row.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-`, map[bool]string{true: ", zeroes the dQ accumulator", false: ""}[v.AtomicDQ], BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
+`, preZeroes(v), BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
 	nfZeroFlags(b)
 	g.segment(b)
 	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
@@ -352,6 +352,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
       p.lse2[si] = l == -FA_INF ? FA_INF : l * FA_LOG2E;
     }
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, preRowDot(v))
+	b.WriteString(g.dbiasAccZero())
 	switch {
 	case v.DQAccTiled():
 		fmt.Fprintf(b, `    float* ga = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator (rows past n are added zeros, never read)
@@ -363,6 +364,19 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 `, BwdDQAccDim(v.DK))
 	}
 	b.WriteString("  }\n}\n\n")
+}
+
+// preZeroes names, for the preprocess's comment, the accumulators it
+// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic).
+func preZeroes(v BwdVariant) string {
+	s := ""
+	if v.AtomicDQ {
+		s = ", zeroes the dQ accumulator"
+	}
+	if v.DBiasAtomic {
+		s += ", zeroes the dBias accumulator"
+	}
+	return s
 }
 
 // preRowDot returns the preprocess's loop that sums go[d]·gd[d] over the
@@ -435,69 +449,6 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 }
 
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, v.DK, elem)
-}
-
-func (g *bwdGen) dbiasKernel(b *strings.Builder) {
-	fmt.Fprintf(b, `// dBias[bb, bh, i, j] = sum over the broadcast batches and heads, in a fixed order (batch
-// outer, head inner), of the per-head dS scratch [B, H, N, M] where key j is visible to
-// query i; 0 elsewhere. Row-wise: TPR threads take one dBias row (bb, bh, i), a power of two
-// from a warp to the block; the block takes NTH / TPR rows a step and strides over them. A
-// thread sums VEC consecutive keys: 4, by 16-byte scratch loads and one store of the four
-// values, where the rows' lengths and both pointers allow it; 1 otherwise.
-extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
-  constexpr int NTH = %d;
-  const int off = p.bottom_right ? p.M - p.N : 0;
-  const bool vec = (p.M & 3) == 0 && ((unsigned long long)p.dbias_scratch & 15) == 0 &&
-                   ((unsigned long long)p.dbias & (4 * sizeof(BT) - 1)) == 0;
-  const int units = vec ? p.M >> 2 : p.M;  // a row's work items: VEC keys each
-  int tpr = 32;
-  while (tpr < units && tpr < NTH) tpr <<= 1;
-  const int rpb = NTH / tpr, lane = threadIdx.x & (tpr - 1);
-  const long long rows = (long long)p.bias_nb * p.bias_nh * p.N;
-  const long long head = (long long)p.N * p.M;  // scratch elements of one (batch, head)
-  for (long long r = (long long)blockIdx.x * rpb + threadIdx.x / tpr; r < rows; r += (long long)gridDim.x * rpb) {
-    const int i = (int)(r %% p.N);
-    const long long q = r / p.N;
-    const int bh = (int)(q %% p.bias_nh), bb = (int)(q / p.bias_nh);
-    const int b0 = p.bias_nb == 1 ? 0 : bb, b1 = p.bias_nb == 1 ? p.B : bb + 1;
-    const int h0 = p.bias_nh == 1 ? 0 : bh, h1 = p.bias_nh == 1 ? p.H : bh + 1;
-    const float* srow = p.dbias_scratch + (long long)i * p.M;  // query i's row of (batch 0, head 0)
-    BT* drow = p.dbias + r * p.M;
-    if (vec) {
-      for (int u = lane; u < units; u += tpr) {
-        const int j = u * 4;
-        bool vis[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) vis[c] = visible(i, j + c, p.M, off, p.left, p.right);
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        if (vis[0] || vis[1] || vis[2] || vis[3]) {
-          for (int x = b0; x < b1; ++x)
-            for (int y = h0; y < h1; ++y) {
-              const float4 s = *reinterpret_cast<const float4*>(srow + ((long long)x * p.H + y) * head + j);
-              acc[0] += vis[0] ? s.x : 0.f;
-              acc[1] += vis[1] ? s.y : 0.f;
-              acc[2] += vis[2] ? s.z : 0.f;
-              acc[3] += vis[3] ? s.w : 0.f;
-            }
-        }
-        struct __align__(4 * sizeof(BT)) Four { BT e[4]; } o;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o.e[c] = bt_from_f(acc[c]);
-        *reinterpret_cast<Four*>(drow + j) = o;
-      }
-    } else {
-      for (int j = lane; j < p.M; j += tpr) {
-        float acc = 0.f;
-        if (visible(i, j, p.M, off, p.left, p.right))
-          for (int x = b0; x < b1; ++x)
-            for (int y = h0; y < h1; ++y) acc += srow[((long long)x * p.H + y) * head + j];
-        drow[j] = bt_from_f(acc);
-      }
-    }
-  }
-}
-
-`, BwdDBiasThreads, BwdDBiasKernel, BwdDBiasThreads)
 }
 
 // kernelConsts declares the tile constants of a main kernel.
@@ -683,7 +634,7 @@ func (g *bwdGen) dsFromDP(b *strings.Builder, st bwdWarpTile, writeDBias bool) {
 	}
 	b.WriteString("        float d = pr * (dp - dr[mt][hh]);\n")
 	if v.BiasGrad && writeDBias {
-		b.WriteString("        if (qi < n && kj + c < m) p.dbias_scratch[(((long long)b * p.H + h) * p.N + qi) * p.M + kj + c] = d;\n")
+		b.WriteString("        if (qi < n && kj + c < m) " + g.dbiasStore("qi", "kj + c", "d") + "\n")
 	}
 	if v.Softcap {
 		b.WriteString("        d *= fc[mt][nt][hh * 2 + c];\n")

@@ -37,6 +37,7 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return float2{a, b}; }
 struct float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 
 // 16-bit types (storage only).
 struct __half { uint16_t x; };

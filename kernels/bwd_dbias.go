@@ -1,0 +1,147 @@
+package kernels
+
+import (
+	"fmt"
+	"strings"
+)
+
+// dBias in the backward. dBias is the sum of dS over the dimensions the
+// bias broadcasts over (its batch or its heads of size 1). By default
+// (the scratch) the dK/dV kernel stores each batch element's and head's
+// dS, fp32 [B, H, N, M], and BwdDBiasKernel sums those over the broadcast
+// dimensions in a fixed order: deterministic, at the price of B·H·N·M·4
+// bytes written and read again. Under BwdVariant.DBiasAtomic the dK/dV
+// kernel adds each element into an fp32 accumulator of dBias's own shape
+// instead (zeroed by the preprocess), and BwdDBiasKernel only converts it.
+// The non-finite fix-up rewrites the scratch entries (or accumulator
+// elements) of the pairs it recomputes, before BwdDBiasKernel reads them.
+
+// dbiasStore returns the statement that hands dS value val of pair (query
+// row i, key j) of head h, batch element b to dBias: its store into the
+// scratch, or its atomic add into the accumulator (DBiasAtomic).
+func (g *bwdGen) dbiasStore(i, j, val string) string {
+	if g.v.DBiasAtomic {
+		return fmt.Sprintf("atomicAdd(p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s), %s);", i, j, val)
+	}
+	return fmt.Sprintf("p.dbias_scratch[(((long long)b * p.H + h) * p.N + %s) * p.M + %s] = %s;", i, j, val)
+}
+
+// dbiasAccFuncs writes, under DBiasAtomic, dbias_acc_at (a pair's element
+// of the accumulator) and nf_dbias_sum (an element's exact value, which
+// the fix-up writes); it uses nf_pair, so it comes after it.
+func (g *bwdGen) dbiasAccFuncs(b *strings.Builder) {
+	if !g.v.DBiasAtomic {
+		return
+	}
+	b.WriteString(`// dbias_acc_at: the index, in the dBias accumulator [bias batches, bias heads, N, M], of the element that pair
+// (query row i, key j) of head h, batch element b adds into (DBiasAtomic)
+DEV long long dbias_acc_at(const BwdParams& p, int b, int h, int i, int j) {
+  return (((long long)(p.bias_nb == 1 ? 0 : b) * p.bias_nh + (p.bias_nh == 1 ? 0 : h)) * p.N + i) * p.M + j;
+}
+// nf_dbias_sum: the exact value of the accumulator element of pair (i, j) of head h, batch element b: dS of that
+// pair summed over every batch element and head that shares the element (fixed length), batch outer, head inner
+DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
+  const int G = p.H / p.Hkv;
+  const int b0 = p.bias_nb == 1 ? 0 : b, b1 = p.bias_nb == 1 ? p.B : b + 1;
+  const int h0 = p.bias_nh == 1 ? 0 : h, h1 = p.bias_nh == 1 ? p.H : h + 1;
+  float s = 0.f;
+  for (int x = b0; x < b1; ++x)
+    for (int y = h0; y < h1; ++y) {
+      float pd, ds, dsb;
+      if (nf_pair(p, x, y, y / G, 0, 0, i, j, pd, ds, dsb)) s += dsb;
+    }
+  return s;
+}
+`)
+}
+
+// dbiasAccZero returns, under DBiasAtomic, the preprocess's zeroing of
+// query row i of the accumulator's plane b·H + h (blocks past the
+// accumulator's planes skip it); 16-byte stores where rows are multiples
+// of four floats (the workspace's offsets are 256-byte aligned).
+func (g *bwdGen) dbiasAccZero() string {
+	if !g.v.DBiasAtomic {
+		return ""
+	}
+	return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // row i of the dBias accumulator's plane b·H + h
+      float* ga = p.dbias_scratch + ((long long)(b * p.H + h) * p.N + i) * p.M;
+      if ((p.M & 3) == 0)
+        for (int j = 4 * lane; j < p.M; j += 128) *reinterpret_cast<float4*>(ga + j) = make_float4(0.f, 0.f, 0.f, 0.f);
+      else
+        for (int j = lane; j < p.M; j += 32) ga[j] = 0.f;
+    }
+`
+}
+
+func (g *bwdGen) dbiasKernel(b *strings.Builder) {
+	what := `sum over the broadcast batches and heads, in a fixed order (batch
+// outer, head inner), of the per-head dS scratch [B, H, N, M]`
+	terms := `    const int b0 = p.bias_nb == 1 ? 0 : bb, b1 = p.bias_nb == 1 ? p.B : bb + 1;
+    const int h0 = p.bias_nh == 1 ? 0 : bh, h1 = p.bias_nh == 1 ? p.H : bh + 1;
+    const float* srow = p.dbias_scratch + (long long)i * p.M;  // query i's row of (batch 0, head 0)
+`
+	if g.v.DBiasAtomic {
+		what = `the accumulator [bias batches, bias heads, N, M] that the
+// dK/dV kernel added every batch element's and head's dS into (DBiasAtomic),`
+		terms = `    const int b0 = 0, b1 = 1, h0 = 0, h1 = 1;  // one term: the accumulator's row r, laid out as dBias
+    const float* srow = p.dbias_scratch + r * p.M;
+    (void)bb; (void)bh;
+`
+	}
+	fmt.Fprintf(b, `// dBias[bb, bh, i, j] = %[4]s where key j is visible to
+// query i; 0 elsewhere. Row-wise: TPR threads take one dBias row (bb, bh, i), a power of two
+// from a warp to the block; the block takes NTH / TPR rows a step and strides over them. A
+// thread sums VEC consecutive keys: 4, by 16-byte scratch loads and one store of the four
+// values, where the rows' lengths and both pointers allow it; 1 otherwise.
+extern "C" __global__ void __launch_bounds__(%[1]d) %[2]s(const BwdParams p) {
+  constexpr int NTH = %[3]d;
+  const int off = p.bottom_right ? p.M - p.N : 0;
+  const bool vec = (p.M & 3) == 0 && ((unsigned long long)p.dbias_scratch & 15) == 0 &&
+                   ((unsigned long long)p.dbias & (4 * sizeof(BT) - 1)) == 0;
+  const int units = vec ? p.M >> 2 : p.M;  // a row's work items: VEC keys each
+  int tpr = 32;
+  while (tpr < units && tpr < NTH) tpr <<= 1;
+  const int rpb = NTH / tpr, lane = threadIdx.x & (tpr - 1);
+  const long long rows = (long long)p.bias_nb * p.bias_nh * p.N;
+  const long long head = (long long)p.N * p.M;  // scratch elements of one (batch, head)
+  for (long long r = (long long)blockIdx.x * rpb + threadIdx.x / tpr; r < rows; r += (long long)gridDim.x * rpb) {
+    const int i = (int)(r %% p.N);
+    const long long q = r / p.N;
+    const int bh = (int)(q %% p.bias_nh), bb = (int)(q / p.bias_nh);
+%[5]s    BT* drow = p.dbias + r * p.M;
+    if (vec) {
+      for (int u = lane; u < units; u += tpr) {
+        const int j = u * 4;
+        bool vis[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) vis[c] = visible(i, j + c, p.M, off, p.left, p.right);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (vis[0] || vis[1] || vis[2] || vis[3]) {
+          for (int x = b0; x < b1; ++x)
+            for (int y = h0; y < h1; ++y) {
+              const float4 s = *reinterpret_cast<const float4*>(srow + ((long long)x * p.H + y) * head + j);
+              acc[0] += vis[0] ? s.x : 0.f;
+              acc[1] += vis[1] ? s.y : 0.f;
+              acc[2] += vis[2] ? s.z : 0.f;
+              acc[3] += vis[3] ? s.w : 0.f;
+            }
+        }
+        struct __align__(4 * sizeof(BT)) Four { BT e[4]; } o;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o.e[c] = bt_from_f(acc[c]);
+        *reinterpret_cast<Four*>(drow + j) = o;
+      }
+    } else {
+      for (int j = lane; j < p.M; j += tpr) {
+        float acc = 0.f;
+        if (visible(i, j, p.M, off, p.left, p.right))
+          for (int x = b0; x < b1; ++x)
+            for (int y = h0; y < h1; ++y) acc += srow[((long long)x * p.H + y) * head + j];
+        drow[j] = bt_from_f(acc);
+      }
+    }
+  }
+}
+
+`, BwdDBiasThreads, BwdDBiasKernel, BwdDBiasThreads, what, terms)
+}
