@@ -110,9 +110,18 @@ type Backend struct {
 	// broadcast over the batch add each batch element's dS into an fp32
 	// accumulator of dBias's shape by atomic adds, where the dK/dV kernel
 	// otherwise stores one dS per batch element for a reduction in a fixed
-	// order (kernels.BwdVariant.DBiasAtomic); deterministic calls keep the
+	// order (kernels.DBiasAtomic); deterministic calls keep the
 	// reduction. New sets it when EnvDBiasAtomic is set.
 	DBiasAtomic bool
+	// DBiasAtomicAuto adds it so where that measured faster: head dims
+	// (their larger) above 64. New sets it unless EnvDBiasAtomic is "0".
+	DBiasAtomicAuto bool
+	// DBiasDirect has backward calls that compute the gradient of a bias
+	// of every batch element and head store it from the dK/dV kernel into
+	// dBias, where the kernel otherwise stores fp32 dS for a reduction that
+	// converts it (kernels.DBiasDirect). New sets it unless EnvDBiasDirect
+	// is "0".
+	DBiasDirect bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -177,11 +186,11 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvDBiasAtomic, EnvFwdLightTail, EnvBwdLightTail,
-// EnvHostRegister) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline,
-// BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ,
-// BiasStaged, BiasStagedAuto, DBiasAtomic, FwdLightTail, BwdLightTail and
-// HostRegister.
+// EnvDQ, EnvBiasStaged, EnvDBiasAtomic, EnvDBiasDirect, EnvFwdLightTail,
+// EnvBwdLightTail, EnvHostRegister) once, into the knobs WGMMA, TMA,
+// Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep,
+// BwdDeep, DQ, BiasStaged, BiasStagedAuto, DBiasAtomic, DBiasAtomicAuto, DBiasDirect,
+// FwdLightTail, BwdLightTail and HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -198,15 +207,17 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
 		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
 
-		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
-		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
-		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
-		DBiasAtomic:    envSet(os.Getenv(EnvDBiasAtomic)),
-		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
-		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
-		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
-		BwdDeep:        hopper && envBwdDeep(),
-		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
+		BwdKeyRowsAuto:  hopper && os.Getenv(EnvBwdKeyRows) != "0",
+		BiasStaged:      hopper && envSet(os.Getenv(EnvBiasStaged)),
+		BiasStagedAuto:  hopper && os.Getenv(EnvBiasStaged) != "0",
+		DBiasAtomic:     envSet(os.Getenv(EnvDBiasAtomic)),
+		DBiasAtomicAuto: os.Getenv(EnvDBiasAtomic) != "0",
+		DBiasDirect:     os.Getenv(EnvDBiasDirect) != "0",
+		FwdLightTail:    envSet(os.Getenv(EnvFwdLightTail)),
+		BwdLightTail:    hopper && os.Getenv(EnvBwdLightTail) != "0",
+		HostRegister:    envSet(os.Getenv(EnvHostRegister)),
+		BwdDeep:         hopper && envBwdDeep(),
+		TMA:             hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -309,8 +320,14 @@ const EnvBiasStaged = "FLASHATTN_BIAS_STAGED"
 
 // EnvDBiasAtomic, when set to anything but "" or "0", has the backward of
 // new backends add a batch-broadcast bias's gradient by atomic adds
-// (Backend.DBiasAtomic).
+// wherever the call allows it (Backend.DBiasAtomic); unset, where it
+// measured faster (Backend.DBiasAtomicAuto); "0", nowhere.
 const EnvDBiasAtomic = "FLASHATTN_DBIAS_ATOMIC"
+
+// EnvDBiasDirect, unless "0", has the backward of new backends store the
+// gradient of a bias of every batch element and head directly
+// (Backend.DBiasDirect).
+const EnvDBiasDirect = "FLASHATTN_DBIAS_DIRECT"
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked
 // forward launches of new backends that take one tile a CTA end on their

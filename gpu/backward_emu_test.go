@@ -112,7 +112,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
 		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.bwdBiasStaged(in.p), lightTail: emuBwdLightTail(hopper), deep: deep,
-		dbiasAtomic: envSet(os.Getenv(EnvDBiasAtomic))})
+		dbiasAtomic: envSet(os.Getenv(EnvDBiasAtomic)), dbiasAtomicAuto: os.Getenv(EnvDBiasAtomic) != "0", dbiasDirect: os.Getenv(EnvDBiasDirect) != "0"})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -542,24 +542,30 @@ func emuKeyRowsCases(t *testing.T, cases []bwdCase, seed uint64) {
 	}
 }
 
-// TestBackwardEmulatedDBiasAtomic runs backwards that compute the gradient
-// of a bias broadcast over the batch with its dS added by atomic adds into
-// an accumulator of dBias's shape (EnvDBiasAtomic,
-// kernels.BwdVariant.DBiasAtomic) on the host emulator against the float64
-// reference, both dQ algorithms, on the mma.sync kernels and the
+// TestBackwardEmulatedDBiasPaths runs backwards that compute dBias with
+// dS added by atomic adds into an accumulator of dBias's shape (a bias
+// broadcast over the batch: EnvDBiasAtomic, kernels.DBiasAtomic) or stored
+// into dBias directly (a bias of every batch element and head:
+// EnvDBiasDirect, kernels.DBiasDirect) on the host emulator against the
+// float64 reference, both dQ algorithms, on the mma.sync kernels and the
 // warp-specialized Hopper kernels (the table's step and the key-rows
-// steps): batches of two and three, a bias shared by the heads too, causal
-// and window masks, softcap, GQA, an fp32 bias and key counts that are not
-// multiples of four (the accumulator's rows zeroed element by element).
-func TestBackwardEmulatedDBiasAtomic(t *testing.T) {
+// steps): batches of one to three, a bias shared by the heads too, causal
+// and window masks, softcap, GQA, an fp32 bias, key counts that are not
+// multiples of four (the accumulator's rows zeroed element by element) and
+// rows that see no key.
+func TestBackwardEmulatedDBiasPaths(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	t.Setenv(EnvDBiasAtomic, "1")
+	t.Setenv(EnvDBiasDirect, "1")
 	bf := []attn.DType{attn.BFloat16}
 	cases := []bwdCase{
-		{name: "d64-b2-causal-softcap", b: 2, n: 70, m: 90, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, softcap: 4, causal: true, dtypes: bf},
-		{name: "d64-b2-shared-window", b: 2, n: 64, m: 81, h: 2, hkv: 1, dk: 64, dv: 64, bias: []int{1, 1}, biasGrad: true, window: &attn.Window{Left: 10, Right: 3}, dtypes: bf},
-		{name: "d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}},
-		{name: "d128-b2-f32bias-m130", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, biasF32: true, dtypes: bf},
+		{name: "atomic-d64-b2-causal-softcap", b: 2, n: 70, m: 90, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, softcap: 4, causal: true, dtypes: bf},
+		{name: "atomic-d64-b2-shared-window", b: 2, n: 64, m: 81, h: 2, hkv: 1, dk: 64, dv: 64, bias: []int{1, 1}, biasGrad: true, window: &attn.Window{Left: 10, Right: 3}, dtypes: bf},
+		{name: "atomic-d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}},
+		{name: "atomic-d128-b2-f32bias-m130", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, biasF32: true, dtypes: bf},
+		{name: "direct-d64-b2-causal-br-rows-without-keys", b: 2, n: 120, m: 90, h: 2, hkv: 1, dk: 64, dv: 64, bias: []int{2, 2}, biasGrad: true, causal: true, dtypes: bf},
+		{name: "direct-d128-b1-window-softcap", b: 1, n: 100, m: 136, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, window: &attn.Window{Left: 20, Right: 5}, dtypes: []attn.DType{attn.Float16}},
+		{name: "direct-d128-b2-f32bias", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{2, 2}, biasGrad: true, biasF32: true, dtypes: bf},
 	}
 	for _, f := range bwdEmuFamilies {
 		switch f.kind {

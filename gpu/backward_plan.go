@@ -269,8 +269,11 @@ type bwdRequest struct {
 	// lightest blocks (Backend.BwdLightTail).
 	lightTail bool
 	// dbiasAtomic adds a batch-broadcast bias's gradient by atomic adds
-	// where the call allows it (Backend.DBiasAtomic, dbiasAtomicOK).
-	dbiasAtomic bool
+	// where the call allows it, dbiasAtomicAuto where that measured faster;
+	// dbiasDirect stores the gradient of a bias of every batch element and
+	// head directly (Backend.DBiasAtomic, Backend.DBiasAtomicAuto,
+	// Backend.DBiasDirect, dbiasPath).
+	dbiasAtomic, dbiasAtomicAuto, dbiasDirect bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -282,7 +285,8 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic}
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(p), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect}
 }
 
 // bwdBiasStaged reports whether the backend's backward of p stages its
@@ -356,7 +360,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	}
 	v := bwdVariantFor(p, dt, a, algo)
 	v.WGMMA = run
-	v.DBiasAtomic = r.dbiasAtomic && dbiasAtomicOK(p, a)
+	v.DBiasPath = r.dbiasPath()
 	if err := v.Validate(); err != nil {
 		return nil, err
 	}
@@ -419,13 +423,25 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	return pl, nil
 }
 
-// dbiasAtomicOK reports whether a backward call may add its dBias by
-// atomic adds (kernels.BwdVariant.DBiasAtomic): it computes dBias of a bias
-// broadcast over a batch of more than one element (whose elements' CTAs of
-// a head run together, so that their adds meet in L2), fixed length, and
-// is not deterministic.
-func dbiasAtomicOK(p *attn.Problem, a *bwdArgs) bool {
-	return a.DBias != nil && a.Bias != nil && a.Bias.Batches == 1 && p.B > 1 && !p.Varlen && !p.Opt.Deterministic
+// dbiasPath returns how the request's dK/dV kernel hands dS to dBias
+// (kernels.DBiasPath): directly where asked (dbiasDirect) for a bias of
+// every batch element and head; by atomic adds where asked (dbiasAtomic,
+// or dbiasAtomicAuto at head dims above 64, where it measured faster; at
+// 64 the adds outnumber what L2 takes in the kernel's shorter time) for
+// a bias broadcast over a batch of more than one element (whose elements'
+// CTAs of a head run together, so that their adds meet in L2), not
+// deterministic; both fixed length; through the scratch otherwise
+// (docs/kernels/backward.md, "dBias by atomic adds").
+func (r bwdRequest) dbiasPath() kernels.DBiasPath {
+	p, a := r.p, &r.a
+	switch {
+	case a.DBias == nil || a.Bias == nil || p.Varlen:
+	case r.dbiasDirect && a.Bias.Batches == p.B && a.Bias.Heads == p.H:
+		return kernels.DBiasDirect
+	case (r.dbiasAtomic || r.dbiasAtomicAuto && max(p.DK, p.DV) > 64) && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic:
+		return kernels.DBiasAtomic
+	}
+	return kernels.DBiasScratch
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the
@@ -489,7 +505,7 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 	}
 	// the non-finite fix-up (a flag test unless a main kernel raised it), before the dBias reduction
 	add(kernels.BwdNonFiniteKernel, [3]int{kernels.BwdNonFiniteBlocks(p.B, p.N, p.M, p.H, p.Hkv, sms), 1, 1}, kernels.BwdNonFiniteThreads, 0)
-	if dbias && dbiasElems > 0 {
+	if dbias && dbiasElems > 0 && v.DBiasPath != kernels.DBiasDirect {
 		blocks := min(int(cdiv64(dbiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
 	}

@@ -675,34 +675,53 @@ func TestForwardEarlyDropout(t *testing.T) {
 	}
 }
 
-// TestBackwardPlanDBiasAtomic checks where the planner adds dBias by atomic
-// adds (dbiasAtomicOK, kernels.BwdVariant.DBiasAtomic): asked for, with a
-// bias broadcast over a batch of more than one element, not deterministic;
-// a bias of every batch element, a batch of one, a deterministic call, no
-// dBias or the knob off keep the scratch and its fixed-order reduction.
-func TestBackwardPlanDBiasAtomic(t *testing.T) {
-	c := func(b int, bias []int, grad, det bool) bwdCase {
-		return bwdCase{b: b, n: 256, m: 256, h: 2, hkv: 2, dk: 64, dv: 64, bias: bias, biasGrad: grad, deterministic: det}
+// TestBackwardPlanDBiasPath checks how the planner has dS reach dBias
+// (bwdRequest.dbiasPath, kernels.DBiasPath): by atomic adds for a bias
+// broadcast over a batch of more than one element, not deterministic,
+// where asked everywhere or, by default, at head dims above 64; directly
+// for a bias of every batch element and head (deterministic calls and
+// batches of one included); through the scratch and its fixed-order
+// reduction otherwise.
+func TestBackwardPlanDBiasPath(t *testing.T) {
+	c := func(b, d int, bias []int, grad, det bool) bwdCase {
+		return bwdCase{b: b, n: 256, m: 256, h: 2, hkv: 2, dk: d, dv: d, bias: bias, biasGrad: grad, deterministic: det}
 	}
+	scratch, atomic, direct := kernels.DBiasScratch, kernels.DBiasAtomic, kernels.DBiasDirect
+	type knobs struct{ atomic, auto, direct bool }
+	all, byDefault, none := knobs{true, true, true}, knobs{false, true, true}, knobs{}
 	cases := []struct {
 		name string
 		c    bwdCase
-		knob bool
-		want bool
+		k    knobs
+		want kernels.DBiasPath
 	}{
-		{"broadcast over the batch", c(2, []int{1, 2}, true, false), true, true},
-		{"broadcast over batch and heads", c(3, []int{1, 1}, true, false), true, true},
-		{"knob off", c(2, []int{1, 2}, true, false), false, false},
-		{"a bias per batch element", c(2, []int{2, 1}, true, false), true, false},
-		{"a batch of one", c(1, []int{1, 2}, true, false), true, false},
-		{"deterministic", c(2, []int{1, 2}, true, true), true, false},
-		{"no dBias", c(2, []int{1, 2}, false, false), true, false},
+		{"broadcast over the batch, D = 128", c(2, 128, []int{1, 2}, true, false), byDefault, atomic},
+		{"broadcast over the batch, D = 64", c(2, 64, []int{1, 2}, true, false), byDefault, scratch},
+		{"broadcast over the batch, D = 64, everywhere", c(2, 64, []int{1, 2}, true, false), all, atomic},
+		{"broadcast over batch and heads", c(3, 96, []int{1, 1}, true, false), byDefault, atomic},
+		{"broadcast over the batch, knobs off", c(2, 128, []int{1, 2}, true, false), none, scratch},
+		{"broadcast over the batch, deterministic", c(2, 128, []int{1, 2}, true, true), all, scratch},
+		{"broadcast over the heads", c(2, 128, []int{2, 1}, true, false), all, scratch},
+		{"a bias per batch element and head", c(2, 64, []int{2, 2}, true, false), byDefault, direct},
+		{"a bias per batch element and head, deterministic", c(2, 128, []int{2, 2}, true, true), byDefault, direct},
+		{"a batch of one", c(1, 128, []int{1, 2}, true, false), byDefault, direct},
+		{"a bias per batch element and head, knobs off", c(2, 128, []int{2, 2}, true, false), none, scratch},
+		{"no dBias", c(2, 128, []int{1, 2}, false, false), all, scratch},
 	}
 	for i, tc := range cases {
 		for _, ws := range []bool{false, true} {
-			pl, _ := hopperPlan(t, tc.name, tc.c, uint64(200+i), DQAuto, func(r *bwdRequest) { r.ws, r.dbiasAtomic = ws, tc.knob })
-			if pl.v.DBiasAtomic != tc.want {
-				t.Errorf("%s (warp-specialized %v): %s, DBiasAtomic %v, want %v", tc.name, ws, pl.v.Name(), pl.v.DBiasAtomic, tc.want)
+			pl, _ := hopperPlan(t, tc.name, tc.c, uint64(200+i), DQAuto, func(r *bwdRequest) {
+				r.ws, r.dbiasAtomic, r.dbiasAtomicAuto, r.dbiasDirect = ws, tc.k.atomic, tc.k.auto, tc.k.direct
+			})
+			if pl.v.DBiasPath != tc.want {
+				t.Errorf("%s (warp-specialized %v): %s, dBias %v, want %v", tc.name, ws, pl.v.Name(), pl.v.DBiasPath, tc.want)
+			}
+			dbiasLaunched := false
+			for _, l := range pl.launches {
+				dbiasLaunched = dbiasLaunched || l.kernel == kernels.BwdDBiasKernel
+			}
+			if want := tc.c.biasGrad && tc.want != direct; dbiasLaunched != want {
+				t.Errorf("%s (warp-specialized %v): dBias kernel launched %v, want %v", tc.name, ws, dbiasLaunched, want)
 			}
 		}
 	}

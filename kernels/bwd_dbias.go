@@ -5,32 +5,93 @@ import (
 	"strings"
 )
 
-// dBias in the backward. dBias is the sum of dS over the dimensions the
-// bias broadcasts over (its batch or its heads of size 1). By default
-// (the scratch) the dK/dV kernel stores each batch element's and head's
-// dS, fp32 [B, H, N, M], and BwdDBiasKernel sums those over the broadcast
-// dimensions in a fixed order: deterministic, at the price of B·H·N·M·4
-// bytes written and read again. Under BwdVariant.DBiasAtomic the dK/dV
-// kernel adds each element into an fp32 accumulator of dBias's own shape
-// instead (zeroed by the preprocess), and BwdDBiasKernel only converts it.
-// The non-finite fix-up rewrites the scratch entries (or accumulator
-// elements) of the pairs it recomputes, before BwdDBiasKernel reads them.
+// DBiasPath is how a backward variant's dK/dV kernel hands each dS
+// element to dBias, the sum of dS over the dimensions the bias broadcasts
+// over (its batch or its heads of size 1).
+type DBiasPath uint8
+
+const (
+	// DBiasScratch stores each batch element's and head's dS, fp32
+	// [B, H, N, M], in the workspace, and BwdDBiasKernel sums those over
+	// the broadcast dimensions in a fixed order: deterministic, at the
+	// price of B·H·N·M·4 bytes written and read again.
+	DBiasScratch DBiasPath = iota
+	// DBiasAtomic adds each element into an fp32 accumulator of dBias's
+	// own shape [bias batches, bias heads, N, M] in the scratch's place by
+	// atomic adds (zeroed by the preprocess), and BwdDBiasKernel converts
+	// it. For a bias broadcast over the batch, whose batch elements' CTAs
+	// of a head run in one wave and so add into the same lines of L2
+	// together, it moves a fraction of the scratch's bytes. The adds'
+	// order varies from call to call, so dBias does too, in its last bits.
+	DBiasAtomic
+	// DBiasDirect (for a bias of every batch element and head: dBias is
+	// dS) stores each element in dBias's element type into dBias itself,
+	// which the preprocess zeroes first under a mask (the pairs of the
+	// tiles the kernel skips); BwdDBiasKernel is not launched.
+	DBiasDirect
+)
+
+// String returns the path's name: scratch, atomic or direct.
+func (d DBiasPath) String() string {
+	switch d {
+	case DBiasScratch:
+		return "scratch"
+	case DBiasAtomic:
+		return "atomic"
+	case DBiasDirect:
+		return "direct"
+	}
+	return fmt.Sprintf("DBiasPath(%d)", uint8(d))
+}
+
+// The non-finite fix-up rewrites the scratch entries, accumulator elements
+// or dBias elements of the pairs it recomputes, before BwdDBiasKernel
+// reads them (nfDBiasRewrite).
 
 // dbiasStore returns the statement that hands dS value val of pair (query
 // row i, key j) of head h, batch element b to dBias: its store into the
-// scratch, or its atomic add into the accumulator (DBiasAtomic).
+// scratch, its atomic add into the accumulator (DBiasAtomic) or its store
+// into dBias (DBiasDirect).
 func (g *bwdGen) dbiasStore(i, j, val string) string {
-	if g.v.DBiasAtomic {
+	switch g.v.DBiasPath {
+	case DBiasAtomic:
 		return fmt.Sprintf("atomicAdd(p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s), %s);", i, j, val)
+	case DBiasDirect:
+		return fmt.Sprintf("p.dbias[(((long long)b * p.H + h) * p.N + %s) * p.M + %s] = bt_from_f(%s);", i, j, val)
 	}
 	return fmt.Sprintf("p.dbias_scratch[(((long long)b * p.H + h) * p.N + %s) * p.M + %s] = %s;", i, j, val)
+}
+
+// nfDBiasRewrite returns nf_keys's statements for dBias, where it
+// recomputes key j of batch element b over the query rows [ilo, ihi) of
+// head h that see it (lane's row i, use: the row counts): the pair's
+// scratch entry; under DBiasAtomic, its accumulator element's whole exact
+// sum (a kernel's NaN cannot be taken back out of it; fix-up blocks that
+// reach the same element write the same value); under DBiasDirect, the
+// pair's dBias element, and zeros for the rows of the key's hidden pairs
+// (whose dS the kernel may have stored as 0·NaN, where a non-finite dP or
+// Delta made the key's dK NaN).
+func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
+	switch {
+	case !g.v.BiasGrad:
+		return "", ""
+	case g.v.DBiasPath == DBiasAtomic:
+		return "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n", ""
+	case g.v.DBiasPath == DBiasDirect:
+		return "        if (i < ihi) p.dbias[(((long long)b * p.H + h) * p.N + i) * p.M + j] = bt_from_f(use ? dsb : 0.f);\n",
+			`    for (int h = kvh * G; h < kvh * G + G; ++h)  // dBias of the hidden pairs: 0
+      for (int i = lane; i < n; i += 32)
+        if (i < ilo || i >= ihi) p.dbias[(((long long)b * p.H + h) * p.N + i) * p.M + j] = bt_from_f(0.f);
+`
+	}
+	return "        if (use) " + g.dbiasStore("i", "j", "dsb") + "\n", ""
 }
 
 // dbiasAccFuncs writes, under DBiasAtomic, dbias_acc_at (a pair's element
 // of the accumulator) and nf_dbias_sum (an element's exact value, which
 // the fix-up writes); it uses nf_pair, so it comes after it.
 func (g *bwdGen) dbiasAccFuncs(b *strings.Builder) {
-	if !g.v.DBiasAtomic {
+	if g.v.DBiasPath != DBiasAtomic {
 		return
 	}
 	b.WriteString(`// dbias_acc_at: the index, in the dBias accumulator [bias batches, bias heads, N, M], of the element that pair
@@ -55,12 +116,20 @@ DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
 `)
 }
 
-// dbiasAccZero returns, under DBiasAtomic, the preprocess's zeroing of
-// query row i of the accumulator's plane b·H + h (blocks past the
-// accumulator's planes skip it); 16-byte stores where rows are multiples
-// of four floats (the workspace's offsets are 256-byte aligned).
-func (g *bwdGen) dbiasAccZero() string {
-	if !g.v.DBiasAtomic {
+// dbiasZero returns the preprocess's zeroing of query row i: under
+// DBiasAtomic, of the accumulator's plane b·H + h (blocks past the
+// accumulator's planes skip it), by 16-byte stores where rows are
+// multiples of four floats (the workspace's offsets are 256-byte aligned);
+// under DBiasDirect with a mask, of dBias's (batch element b, head h).
+func (g *bwdGen) dbiasZero() string {
+	switch {
+	case g.v.DBiasPath == DBiasDirect && g.v.Masked():
+		return `    {  // row i of dBias (the kernel stores the pairs of the tiles it computes)
+      BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
+      for (int j = lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
+    }
+`
+	case g.v.DBiasPath != DBiasAtomic:
 		return ""
 	}
 	return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // row i of the dBias accumulator's plane b·H + h
@@ -80,7 +149,7 @@ func (g *bwdGen) dbiasKernel(b *strings.Builder) {
     const int h0 = p.bias_nh == 1 ? 0 : bh, h1 = p.bias_nh == 1 ? p.H : bh + 1;
     const float* srow = p.dbias_scratch + (long long)i * p.M;  // query i's row of (batch 0, head 0)
 `
-	if g.v.DBiasAtomic {
+	if g.v.DBiasPath == DBiasAtomic {
 		what = `the accumulator [bias batches, bias heads, N, M] that the
 // dK/dV kernel added every batch element's and head's dS into (DBiasAtomic),`
 		terms = `    const int b0 = 0, b1 = 1, h0 = 0, h1 = 1;  // one term: the accumulator's row r, laid out as dBias

@@ -151,13 +151,7 @@ func (g *bwdGen) nfKeys(b *strings.Builder) {
     if (p.left >= 0) ihi = min(ihi, j + p.left - off + 1);
 `
 	}
-	scratch := ""
-	switch {
-	case v.DBiasAtomic: // the element's whole sum: other batch elements' and heads' dS are in it too
-		scratch = "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n"
-	case v.BiasGrad:
-		scratch = "        if (use) " + g.dbiasStore("i", "j", "dsb") + "\n"
-	}
+	scratch, hidden := g.nfDBiasRewrite()
 	fmt.Fprintf(b, `// nf_keys: the dK/dV kernel's keys j0 .. j0 + rows - 1 (key head kvh of batch element b): each key whose dK or dV
 // row holds a NaN or an infinity (read back from global memory) has both recomputed exactly over the query rows
 // of the group that see it, and (dBias) those pairs' dS scratch rewritten. Warps take keys; lanes take query rows
@@ -199,7 +193,7 @@ DEV void nf_keys(const BwdParams& p, int b, int kvh, long long qr0, long long kr
             if (lane + 32 * c < %[4]d) av[c] = fmaf(pdr, t_to_f(dor[lane + 32 * c]), av[c]);
         }
       }
-#pragma unroll
+%[9]s#pragma unroll
     for (int c = 0; c < CK; ++c)
       if (lane + 32 * c < %[3]d) dk[lane + 32 * c] = t_from_f(ak[c] * p.scale);
 #pragma unroll
@@ -207,7 +201,7 @@ DEV void nf_keys(const BwdParams& p, int b, int kvh, long long qr0, long long kr
       if (lane + 32 * c < %[4]d) dv[lane + 32 * c] = t_from_f(av[c]);
   }
 }
-`, (v.DK+31)/32, (v.DV+31)/32, v.DK, v.DV, rowsOf, scratch, q.at("i0 + r", "h"), do.at("i0 + r", "h"))
+`, (v.DK+31)/32, (v.DV+31)/32, v.DK, v.DV, rowsOf, scratch, q.at("i0 + r", "h"), do.at("i0 + r", "h"), hidden)
 }
 
 // nfQuery writes nf_query: one query row's dQ recomputed over the keys it

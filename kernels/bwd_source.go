@@ -352,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
       p.lse2[si] = l == -FA_INF ? FA_INF : l * FA_LOG2E;
     }
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, preRowDot(v))
-	b.WriteString(g.dbiasAccZero())
+	b.WriteString(g.dbiasZero())
 	switch {
 	case v.DQAccTiled():
 		fmt.Fprintf(b, `    float* ga = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator (rows past n are added zeros, never read)
@@ -367,14 +367,18 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 }
 
 // preZeroes names, for the preprocess's comment, the accumulators it
-// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic).
+// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic; DBiasDirect: dBias
+// itself, under a mask).
 func preZeroes(v BwdVariant) string {
 	s := ""
 	if v.AtomicDQ {
 		s = ", zeroes the dQ accumulator"
 	}
-	if v.DBiasAtomic {
+	switch {
+	case v.DBiasPath == DBiasAtomic:
 		s += ", zeroes the dBias accumulator"
+	case v.DBiasPath == DBiasDirect && v.Masked():
+		s += ", zeroes dBias"
 	}
 	return s
 }

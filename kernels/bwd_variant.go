@@ -60,17 +60,10 @@ type BwdVariant struct {
 	Features
 	// BiasGrad asks for dBias (requires Bias).
 	BiasGrad bool
-	// DBiasAtomic (with BiasGrad and a fixed-length batch) has the dK/dV
-	// kernel add each dS element into an fp32 accumulator of dBias's own
-	// shape [bias batches, bias heads, N, M] by atomic adds, zeroed by
-	// the preprocess, where the scratch otherwise holds one dS per batch
-	// element and head [B, H, N, M] that BwdDBiasKernel sums in a fixed
-	// order; BwdDBiasKernel then converts the accumulator. For a bias
-	// broadcast over the batch, whose batch elements' CTAs of a head run
-	// in one wave and so add into the same lines of L2 together, it moves
-	// a fraction of the scratch's bytes. The adds' order varies from call
-	// to call, so dBias does too, in its last bits.
-	DBiasAtomic bool
+	// DBiasPath (with BiasGrad) is how the dK/dV kernel hands each dS
+	// element to dBias: through the scratch and a fixed-order reduction
+	// (the zero value), by atomic adds, or stored directly.
+	DBiasPath DBiasPath
 	// AtomicDQ makes the dK/dV kernel accumulate dQ with fp32 atomic adds
 	// (then BwdDQConvertKernel finishes dQ); otherwise BwdDQKernel computes it.
 	AtomicDQ bool
@@ -303,8 +296,11 @@ func (v BwdVariant) Validate() error {
 	if v.Biased() && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
 	}
-	if v.DBiasAtomic && !v.BiasGrad {
-		return attn.Errorf(attn.ErrOption, "backward variant: DBiasAtomic without BiasGrad")
+	if v.DBiasPath > DBiasDirect {
+		return attn.Errorf(attn.ErrOption, "backward variant: dBias path %d", v.DBiasPath)
+	}
+	if v.DBiasPath != DBiasScratch && (!v.BiasGrad || v.Varlen) {
+		return attn.Errorf(attn.ErrOption, "backward variant: dBias %v needs BiasGrad and a fixed-length batch", v.DBiasPath)
 	}
 	if v.Vector && BwdNeedsStaging(v.DType, v.DK, v.DV) {
 		return attn.Errorf(attn.ErrLayout, "backward variant: Vector needs DK=%d and DV=%d multiples of %d", v.DK, v.DV, 16/v.elem())
@@ -377,7 +373,7 @@ func (v BwdVariant) Name() string {
 	flags := []struct {
 		on   bool
 		name string
-	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasAtomic, "dbadd"},
+	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"},
 		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}}
 	for _, f := range flags {
 		if f.on {
