@@ -78,11 +78,10 @@ func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
 	case g.v.DBiasPath == DBiasAtomic:
 		return "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n", ""
 	case g.v.DBiasPath == DBiasDirect:
-		return "        if (i < ihi) p.dbias[(((long long)b * p.H + h) * p.N + i) * p.M + j] = bt_from_f(use ? dsb : 0.f);\n",
+		return "        if (i < ihi) " + g.dbiasStore("i", "j", "use ? dsb : 0.f") + "\n",
 			`    for (int h = kvh * G; h < kvh * G + G; ++h)  // dBias of the hidden pairs: 0
       for (int i = lane; i < n; i += 32)
-        if (i < ilo || i >= ihi) p.dbias[(((long long)b * p.H + h) * p.N + i) * p.M + j] = bt_from_f(0.f);
-`
+        if (i < ilo || i >= ihi) ` + g.dbiasStore("i", "j", "0.f") + "\n"
 	}
 	return "        if (use) " + g.dbiasStore("i", "j", "dsb") + "\n", ""
 }
