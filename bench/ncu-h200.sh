@@ -4,7 +4,9 @@
 # per shape, with the sections that say where a kernel's time goes (speed of
 # light, warp states, scheduler, occupancy, launch), then a summary table:
 # kernel, duration, compute and memory throughput, issue slots busy, warps
-# per scheduler, eligible warps, registers, and the top stall reasons.
+# per scheduler, eligible warps, registers, the bytes read from DRAM, the L2
+# hit rate, the warp instructions executed (every warp's, the barrier waits'
+# polling loops included), and the top stall reasons.
 #
 # Build the binary first where Go is (the GPU machine needs no Go toolchain):
 #
@@ -42,13 +44,13 @@ export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
 mkdir -p "$FLASHATTN_CACHE_DIR"
 [ -f "$ROOT/.bin/cache.tgz" ] && tar -xzf "$ROOT/.bin/cache.tgz" -C "$FLASHATTN_CACHE_DIR"
 
-METRICS=gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio
+METRICS=gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
 
 {
 	echo "ncu of the default kernels, $(date -u +%F)"
 	nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 	"$NCU" --version | tail -1
-	printf '%-28s %-26s %9s %6s %6s %6s %6s %6s %5s  %s\n' shape kernel ms sm% mem% issue% warps elig regs "stall cycles per issue: barrier/long-sb/wait/math/membar/sleep"
+	printf '%-28s %-26s %9s %6s %6s %6s %6s %6s %5s %7s %5s %7s  %s\n' shape kernel ms sm% mem% issue% warps elig regs dramGB l2hit% Minstr "stall cycles per issue: barrier/long-sb/wait/math/membar/sleep"
 } | tee -a "$SUMMARY"
 
 for s in $SHAPES; do
@@ -96,14 +98,15 @@ def f(m, k, scale=1.0, fmt="%.1f"):
 for name, m in byname.items():
     stalls = "/".join(f(m, "smsp__average_warp_latency_issue_stalled_%s.ratio" % s) for s in
                       ("barrier", "long_scoreboard", "wait", "math_pipe_throttle", "membar", "sleeping"))
-    print("%-28s %-26s %9s %6s %6s %6s %6s %6s %5s  %s" % (
+    print("%-28s %-26s %9s %6s %6s %6s %6s %6s %5s %7s %5s %7s  %s" % (
         shape, name[:26], f(m, "gpu__time_duration.sum", 1e-6, "%.3f"),
         f(m, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
         f(m, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
         f(m, "sm__inst_issued.avg.pct_of_peak_sustained_active"),
         f(m, "smsp__warps_active.avg.per_cycle_active", 1, "%.2f"),
         f(m, "smsp__warps_eligible.avg.per_cycle_active", 1, "%.2f"),
-        f(m, "launch__registers_per_thread", 1, "%.0f"), stalls))
+        f(m, "launch__registers_per_thread", 1, "%.0f"), f(m, "dram__bytes_read.sum", 1e-9, "%.2f"),
+        f(m, "lts__t_sector_hit_rate.pct", 1, "%.0f"), f(m, "smsp__inst_executed.sum", 1e-6, "%.0f"), stalls))
 EOF
 done
 cat "$SUMMARY"
