@@ -338,13 +338,18 @@ func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
 	return fwd, bwd, envSet(os.Getenv(EnvBulkDQ))
 }
 
-// emuBiasKnobs returns the bias staging knobs of an emulated kind's plans:
-// those New sets under the environment of the moment for the default
-// kind, those the environment asks for (EnvBiasStaged) for the others.
+// emuBiasKnobs returns the bias knobs of an emulated kind's plans: the
+// staging knobs New sets under the environment of the moment for the
+// default kind, those the environment asks for (EnvBiasStaged) for the
+// others; the dBias paths' knobs as New sets them (EnvDBiasAtomic,
+// EnvDBiasDirect).
 func emuBiasKnobs(kind emuKernels) *Backend {
 	return &Backend{
-		BiasStaged:     envSet(os.Getenv(EnvBiasStaged)),
-		BiasStagedAuto: kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
+		BiasStaged:      envSet(os.Getenv(EnvBiasStaged)),
+		BiasStagedAuto:  kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
+		DBiasAtomic:     envSet(os.Getenv(EnvDBiasAtomic)),
+		DBiasAtomicAuto: os.Getenv(EnvDBiasAtomic) != "0",
+		DBiasDirect:     os.Getenv(EnvDBiasDirect) != "0",
 	}
 }
 

@@ -19,15 +19,16 @@ const (
 	// DBiasAtomic adds each element into an fp32 accumulator of dBias's
 	// own shape [bias batches, bias heads, N, M] in the scratch's place by
 	// atomic adds (zeroed by the preprocess), and BwdDBiasKernel converts
-	// it. For a bias broadcast over the batch, whose batch elements' CTAs
-	// of a head run in one wave and so add into the same lines of L2
-	// together, it moves a fraction of the scratch's bytes. The adds'
-	// order varies from call to call, so dBias does too, in its last bits.
+	// it. It is meant for a bias broadcast over the batch, whose batch
+	// elements' CTAs of a head run in one wave, so that their adds can
+	// meet in the same lines of L2. The adds' order varies from call to
+	// call, so dBias does too, in its last bits.
 	DBiasAtomic
 	// DBiasDirect (for a bias of every batch element and head: dBias is
 	// dS) stores each element in dBias's element type into dBias itself,
-	// which the preprocess zeroes first under a mask (the pairs of the
-	// tiles the kernel skips); BwdDBiasKernel is not launched.
+	// whose hidden pairs the preprocess zeroes first under a mask (those of
+	// the tiles the kernel skips among them); BwdDBiasKernel is not
+	// launched.
 	DBiasDirect
 )
 
@@ -53,13 +54,24 @@ func (d DBiasPath) String() string {
 // scratch, its atomic add into the accumulator (DBiasAtomic) or its store
 // into dBias (DBiasDirect).
 func (g *bwdGen) dbiasStore(i, j, val string) string {
+	at := fmt.Sprintf("(((long long)b * p.H + h) * p.N + %s) * p.M + %s", i, j) // dS's place in [B, H, N, M]
 	switch g.v.DBiasPath {
 	case DBiasAtomic:
 		return fmt.Sprintf("atomicAdd(p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s), %s);", i, j, val)
 	case DBiasDirect:
-		return fmt.Sprintf("p.dbias[(((long long)b * p.H + h) * p.N + %s) * p.M + %s] = bt_from_f(%s);", i, j, val)
+		return "p.dbias[" + at + "] = bt_from_f(" + val + ");"
 	}
-	return fmt.Sprintf("p.dbias_scratch[(((long long)b * p.H + h) * p.N + %s) * p.M + %s] = %s;", i, j, val)
+	return "p.dbias_scratch[" + at + "] = " + val + ";"
+}
+
+// dbiasTerms returns the declarations of the batch elements [b0, b1) and
+// heads [h0, h1) whose dS share the dBias element of batch element b and
+// head h (expressions): all of a dimension the bias broadcasts over, else
+// b or h alone; indent before each line.
+func dbiasTerms(indent, b, h string) string {
+	return fmt.Sprintf(`%[1]sconst int b0 = p.bias_nb == 1 ? 0 : %[2]s, b1 = p.bias_nb == 1 ? p.B : %[2]s + 1;
+%[1]sconst int h0 = p.bias_nh == 1 ? 0 : %[3]s, h1 = p.bias_nh == 1 ? p.H : %[3]s + 1;
+`, indent, b, h)
 }
 
 // nfDBiasRewrite returns nf_keys's statements for dBias, where it
@@ -102,9 +114,7 @@ DEV long long dbias_acc_at(const BwdParams& p, int b, int h, int i, int j) {
 // pair summed over every batch element and head that shares the element (fixed length), batch outer, head inner
 DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
   const int G = p.H / p.Hkv;
-  const int b0 = p.bias_nb == 1 ? 0 : b, b1 = p.bias_nb == 1 ? p.B : b + 1;
-  const int h0 = p.bias_nh == 1 ? 0 : h, h1 = p.bias_nh == 1 ? p.H : h + 1;
-  float s = 0.f;
+` + dbiasTerms("  ", "b", "h") + `  float s = 0.f;
   for (int x = b0; x < b1; ++x)
     for (int y = h0; y < h1; ++y) {
       float pd, ds, dsb;
@@ -119,13 +129,18 @@ DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
 // DBiasAtomic, of the accumulator's plane b·H + h (blocks past the
 // accumulator's planes skip it), by 16-byte stores where rows are
 // multiples of four floats (the workspace's offsets are 256-byte aligned);
-// under DBiasDirect with a mask, of dBias's (batch element b, head h).
+// under DBiasDirect with a mask, of the hidden pairs of dBias's (batch
+// element b, head h): the kernel stores every pair of the tiles it
+// computes, the visible ones among them, and skips tiles of hidden pairs
+// only.
 func (g *bwdGen) dbiasZero() string {
 	switch {
 	case g.v.DBiasPath == DBiasDirect && g.v.Masked():
-		return `    {  // row i of dBias (the kernel stores the pairs of the tiles it computes)
+		return `    {  // the hidden pairs of row i of dBias
       BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
-      for (int j = lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
+      const int off = p.bottom_right ? p.M - p.N : 0;
+      for (int j = lane; j < p.M; j += 32)
+        if (!visible(i, j, p.M, off, p.left, p.right)) gd[j] = bt_from_f(0.f);
     }
 `
 	case g.v.DBiasPath != DBiasAtomic:
@@ -144,9 +159,7 @@ func (g *bwdGen) dbiasZero() string {
 func (g *bwdGen) dbiasKernel(b *strings.Builder) {
 	what := `sum over the broadcast batches and heads, in a fixed order (batch
 // outer, head inner), of the per-head dS scratch [B, H, N, M]`
-	terms := `    const int b0 = p.bias_nb == 1 ? 0 : bb, b1 = p.bias_nb == 1 ? p.B : bb + 1;
-    const int h0 = p.bias_nh == 1 ? 0 : bh, h1 = p.bias_nh == 1 ? p.H : bh + 1;
-    const float* srow = p.dbias_scratch + (long long)i * p.M;  // query i's row of (batch 0, head 0)
+	terms := dbiasTerms("    ", "bb", "bh") + `    const float* srow = p.dbias_scratch + (long long)i * p.M;  // query i's row of (batch 0, head 0)
 `
 	if g.v.DBiasPath == DBiasAtomic {
 		what = `the accumulator [bias batches, bias heads, N, M] that the
