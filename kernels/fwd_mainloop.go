@@ -71,6 +71,7 @@ func (x *gen) ctaSetup() {
 			x.raw(`  const int mblk = gridDim.x - 1 - blk_;  // heaviest (last) query blocks first
   int h = pair_ % gridDim.y, b = pair_ / gridDim.y;
 `)
+			x.raw(x.pairOrder("  ", "pair_"))
 		} else {
 			if v.Mask == MaskWindow {
 				x.raw("  const int mblk = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query blocks first\n")
@@ -78,6 +79,7 @@ func (x *gen) ctaSetup() {
 				x.raw("  const int mblk = blockIdx.x;\n")
 			}
 			x.raw("  int h = blockIdx.y, b = blockIdx.z;\n")
+			x.raw(x.pairOrder("  ", "blockIdx.y + gridDim.y * blockIdx.z"))
 		}
 	}
 	x.raw(`  const int kvh = h / p.group;  // key/value head of this query head
@@ -145,10 +147,13 @@ func (x *gen) recomputeCoords() {
 	x.raw("\n  {  // ---- CTA coordinates again (not kept live through the main loop)\n")
 	if v.LightTail {
 		x.raw(ctaOrderCall("    ", ""))
-		x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n    m0 = (gridDim.x - 1 - blk_) * BM;\n")
+		x.raw("    b = pair_ / gridDim.y;\n    h = pair_ % gridDim.y;\n")
+		x.raw(x.pairOrder("    ", "pair_"))
+		x.raw("    m0 = (gridDim.x - 1 - blk_) * BM;\n")
 	} else {
 		x.raw("    const u32 cz = ctaid_z(), cy = ctaid_y(), cx = ctaid_x();\n")
 		x.raw("    b = (int)cz;\n    h = (int)cy;\n")
+		x.raw(x.pairOrder("    ", "cy + gridDim.y * cz"))
 		if v.Mask == MaskWindow {
 			x.raw("    m0 = (int)(gridDim.x - 1 - cx) * BM;\n")
 		} else {

@@ -355,7 +355,7 @@ func (x *gen) tileCoords(indent string) string {
 %[1]sconst int hb = hb0 + (tile - sec * sec_heads * nmb) %% sh;       // batch element · H + head
 %[1]sconst int mblk = %[2]s
 %[1]sint h = hb %% p.h, b = hb / p.h;
-`, indent, mblk)
+`, indent, mblk) + x.pairOrder(indent, "hb")
 }
 
 // wsPersistentPrologue writes the barriers of a persistent warp-specialized
