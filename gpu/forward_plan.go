@@ -237,9 +237,10 @@ func plan(r fwdRequest) (launch, error) {
 // elements; 0 where broadcast), can be staged through shared memory by
 // 16-byte copies (kernels.Variant.BiasStaged, kernels.BwdVariant.BiasStaged;
 // the variants check the type): contiguous keys, the start and every
-// stride 16-byte aligned.
+// stride 16-byte aligned, and rows (the first of rows) less than 2 GiB
+// apart, which the forward's copies take as a 32-bit byte count.
 func biasStageable(ptr uint64, keys int64, rows ...int64) bool {
-	if ptr == 0 || ptr%16 != 0 || keys != 1 {
+	if ptr == 0 || ptr%16 != 0 || keys != 1 || len(rows) > 0 && rows[0]*2 > math.MaxInt32 {
 		return false
 	}
 	for _, s := range rows {

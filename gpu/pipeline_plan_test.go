@@ -536,7 +536,7 @@ func TestForwardShortPipeline(t *testing.T) {
 
 // TestBiasStageable checks which bias layouts the staged bias takes
 // (16-byte copies: contiguous keys, start and strides 16-byte aligned,
-// broadcast dims as stride 0).
+// broadcast dims as stride 0, rows less than 2 GiB apart).
 func TestBiasStageable(t *testing.T) {
 	ok := kernels.Params{Bias: 0x10000, BiasStrideB: 0, BiasStrideH: 4096 * 4096, BiasStrideN: 4096, BiasStrideM: 1}
 	for _, tc := range []struct {
@@ -551,6 +551,8 @@ func TestBiasStageable(t *testing.T) {
 		{"start 2 bytes off", func(p *kernels.Params) { p.Bias += 2 }, false},
 		{"head stride of 4 elements", func(p *kernels.Params) { p.BiasStrideH = 4 }, false},
 		{"no bias", func(p *kernels.Params) { p.Bias = 0 }, false},
+		{"rows 2 GiB apart", func(p *kernels.Params) { p.BiasStrideN, p.BiasStrideH = 1<<30, 0 }, false},
+		{"rows 2 GiB less 16 bytes apart", func(p *kernels.Params) { p.BiasStrideN, p.BiasStrideH = 1<<30-8, 0 }, true},
 	} {
 		p := ok
 		tc.edit(&p)

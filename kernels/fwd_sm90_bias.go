@@ -22,18 +22,26 @@ import "fmt"
 func biasStageRowsOK(v Variant) bool { return v.BlockN%64 == 0 }
 
 // biasStageCopy writes the copies of key block blk's bias (an expression)
-// into buffer blk & 1, committed as one group.
+// into buffer blk & 1, committed as one group. The address of the tile's
+// first bias row (the same in every thread of the CTA) and the bytes
+// between rows (a 32-bit int: gpu's biasStageable stages no bias whose rows
+// are 2 GiB or more apart) are computed once a block, so that each copy's
+// source is one wide multiply-add from them rather than the (batch, head,
+// row, key) sum of 64-bit products; they are not kept through the main
+// loop, where their registers spilled (NVRTC 12.4).
 func (x *gen) biasStageCopy(indent, blk string) {
 	x.raw(indentLines(fmt.Sprintf(`// ---- stage the bias of key block %[1]s into its buffer: this warpgroup's 64 rows, zeros past the rows and keys
 {
   const int sblk = %[1]s, sj0 = sblk * BN;
   const u32 sdst = s_base + SB_OFF + (sblk & 1) * (BM * BN * 2) + wg * (64 * BN * 2);
+  const char* const bias_tile = (const char*)p.bias + ((i64)b * p.bias_sb + (i64)h * p.bias_sh + (i64)m0 * p.bias_sn) * 2;  // the tile's first row
+  const int bias_rs = (int)p.bias_sn * 2;  // bytes between rows
 #pragma unroll
   for (int k = 0; k < 64 * (BN / 8) / 128; ++k) {
     const int q = (tid & 127) + 128 * k, r = q / (BN / 8), ch = q %% (BN / 8);
     const int row = 64 * wg + r, j = sj0 + 8 * ch;
     const bool ok = row < rows && j < m;
-    const char* src = ok ? (const char*)p.bias + ((i64)b * p.bias_sb + (i64)h * p.bias_sh + (i64)(m0 + row) * p.bias_sn + j) * 2 : (const char*)p.bias;
+    const char* src = ok ? bias_tile + (i64)row * bias_rs + 2 * j : (const char*)p.bias;
     cp_async(sdst + sw_off<64, BN / 8>(r, ch), src, ok ? (u32)min(16, (m - j) * 2) : 0u);
   }
   cp_commit();

@@ -986,6 +986,11 @@ func TestBiasStagedSource(t *testing.T) {
 	if first < 0 || read < first || next < read || loop < next {
 		t.Errorf("staging order: first copy %d, read %d, next copy %d, loop copy %d", first, read, next, loop)
 	}
+	// the copies' sources from the tile's first row: one wide multiply-add each
+	if rows, cp := strings.Index(src, "const char* const bias_tile = "), strings.Index(src, "bias_tile + (i64)row * bias_rs + 2 * j"); rows < first || cp < rows ||
+		strings.Count(src, "(i64)(m0 + row) * p.bias_sn") > 0 {
+		t.Errorf("staged copies not from the tile's first row: first copy %d, the row at %d, a source at %d", first, rows, cp)
+	}
 	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") || strings.Contains(src, "prefetch_l1(") {
 		t.Error("a staged bias still loaded (or prefetched) element by element from global memory in the main kernel")
 	}
