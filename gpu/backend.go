@@ -207,21 +207,19 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
 		BwdKeyRows: hopper && envSet(os.Getenv(EnvBwdKeyRows)),
 
-		BwdKeyRowsAuto:  hopper && os.Getenv(EnvBwdKeyRows) != "0",
-		BiasStaged:      hopper && envSet(os.Getenv(EnvBiasStaged)),
-		BiasStagedAuto:  hopper && os.Getenv(EnvBiasStaged) != "0",
-		DBiasAtomic:     envSet(os.Getenv(EnvDBiasAtomic)),
-		DBiasAtomicAuto: os.Getenv(EnvDBiasAtomic) != "0",
-		DBiasDirect:     os.Getenv(EnvDBiasDirect) != "0",
-		FwdLightTail:    envSet(os.Getenv(EnvFwdLightTail)),
-		BwdLightTail:    hopper && os.Getenv(EnvBwdLightTail) != "0",
-		HostRegister:    envSet(os.Getenv(EnvHostRegister)),
-		BwdDeep:         hopper && envBwdDeep(),
-		TMA:             hopper && !envSet(os.Getenv(EnvNoTMA)),
+		BwdKeyRowsAuto: hopper && os.Getenv(EnvBwdKeyRows) != "0",
+		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
+		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
+		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
+		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
+		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
+		BwdDeep:        hopper && envBwdDeep(),
+		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
 	}
+	b.readDBiasEnv()
 	if b.BwdQueryStep, err = parseQueryStep(os.Getenv(EnvBwdQueryStep)); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("gpu: %s: %w", EnvBwdQueryStep, err)
@@ -328,6 +326,14 @@ const EnvDBiasAtomic = "FLASHATTN_DBIAS_ATOMIC"
 // gradient of a bias of every batch element and head directly
 // (Backend.DBiasDirect).
 const EnvDBiasDirect = "FLASHATTN_DBIAS_DIRECT"
+
+// readDBiasEnv sets the dBias paths' knobs (DBiasAtomic, DBiasAtomicAuto,
+// DBiasDirect) as EnvDBiasAtomic and EnvDBiasDirect ask.
+func (b *Backend) readDBiasEnv() {
+	b.DBiasAtomic = envSet(os.Getenv(EnvDBiasAtomic))
+	b.DBiasAtomicAuto = os.Getenv(EnvDBiasAtomic) != "0"
+	b.DBiasDirect = os.Getenv(EnvDBiasDirect) != "0"
+}
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked
 // forward launches of new backends that take one tile a CTA end on their

@@ -344,13 +344,12 @@ func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
 // others; the dBias paths' knobs as New sets them (EnvDBiasAtomic,
 // EnvDBiasDirect).
 func emuBiasKnobs(kind emuKernels) *Backend {
-	return &Backend{
-		BiasStaged:      envSet(os.Getenv(EnvBiasStaged)),
-		BiasStagedAuto:  kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
-		DBiasAtomic:     envSet(os.Getenv(EnvDBiasAtomic)),
-		DBiasAtomicAuto: os.Getenv(EnvDBiasAtomic) != "0",
-		DBiasDirect:     os.Getenv(EnvDBiasDirect) != "0",
+	b := &Backend{
+		BiasStaged:     envSet(os.Getenv(EnvBiasStaged)),
+		BiasStagedAuto: kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
 	}
+	b.readDBiasEnv()
+	return b
 }
 
 // emuBwdLightTail reports whether the emulated backward takes the light-tail

@@ -136,11 +136,14 @@ DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
 func (g *bwdGen) dbiasZero() string {
 	switch {
 	case g.v.DBiasPath == DBiasDirect && g.v.Masked():
-		return `    {  // the hidden pairs of row i of dBias
+		return `    {  // the hidden pairs of row i of dBias: the keys before and after those it sees (all, where it sees none)
       BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
       const int off = p.bottom_right ? p.M - p.N : 0;
-      for (int j = lane; j < p.M; j += 32)
-        if (!visible(i, j, p.M, off, p.left, p.right)) gd[j] = bt_from_f(0.f);
+      int jlo = 0, jhi = p.M;
+` + g.rowKeys("      ", "i") + `      jlo = min(jlo, p.M);
+      jhi = max(jhi, jlo);
+      for (int j = lane; j < jlo; j += 32) gd[j] = bt_from_f(0.f);
+      for (int j = jhi + lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
     }
 `
 	case g.v.DBiasPath != DBiasAtomic:

@@ -209,12 +209,7 @@ DEV void nf_keys(const BwdParams& p, int b, int kvh, long long qr0, long long kr
 func (g *bwdGen) nfQuery(b *strings.Builder) {
 	v := g.v
 	k := g.in("k")
-	keysOf := "" // the keys query row i sees
-	if v.Masked() {
-		keysOf = `  if (p.left >= 0) jlo = max(jlo, i + off - p.left);
-  if (p.right >= 0) jhi = min(jhi, i + off + p.right + 1);
-`
-	}
+	keysOf := g.rowKeys("  ", "i") // the keys query row i sees
 	fmt.Fprintf(b, `// nf_query: dQ of query row i (head h of batch element b) recomputed exactly over the keys it sees and stored
 // (one warp; lanes take keys for dS, then columns)
 DEV void nf_query(const BwdParams& p, int b, int h, long long qr0, long long kr0, int n, int m, int i, int lane) {

@@ -189,6 +189,17 @@ __device__ __forceinline__ bool visible(int i, int j, int m, int off, int left, 
 	}
 }
 
+// rowKeys returns, under a mask, the statements that narrow [jlo, jhi)
+// (declared by the caller as all the keys) to the keys query row i (an
+// expression) sees, with off the diagonal's place as visible takes it,
+// each line after indent; nothing without a mask.
+func (g *bwdGen) rowKeys(indent, i string) string {
+	if !g.v.Masked() {
+		return ""
+	}
+	return fmt.Sprintf("%[1]sif (p.left >= 0) jlo = max(jlo, %[2]s + off - p.left);\n%[1]sif (p.right >= 0) jhi = min(jhi, %[2]s + off + p.right + 1);\n", indent, i)
+}
+
 // preludeLoads writes the global tile loads and stores and load_stats.
 func (g *bwdGen) preludeLoads(b *strings.Builder) {
 	v := g.v
