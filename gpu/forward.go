@@ -216,7 +216,7 @@ func (b *Backend) enqueueForward(s *cuda.Stream, pl *fwdPlan) error {
 			return fmt.Errorf("gpu: %s: %w", pl.v.Name(), err)
 		}
 		args = b.pbuf[:pl.v.TMAParamsSize()]
-		kernels.PackTMA(args, &pl.params, maps...)
+		pl.v.PackTMA(args, &pl.params, maps...)
 	} else {
 		pl.params.PackInto(args)
 	}

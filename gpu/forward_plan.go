@@ -175,7 +175,9 @@ func plan(r fwdRequest) (launch, error) {
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}
 	pr := fwdParams(r)
-	if r.biasStaged && vr.WarpSpecialized && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) {
+	bmap := biasTMATensor(&pr)
+	if r.biasStaged && vr.WarpSpecialized && pr.BiasStrideN != 0 && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) &&
+		tensorMapSpec(bmap).Check() == nil {
 		w := vr
 		w.BiasStaged = true
 		if w.Validate() != nil && w.StoreO && r.biasOverStoreO {
@@ -224,6 +226,9 @@ func plan(r fwdRequest) (launch, error) {
 			l.tma = append(l.tma, omap)
 		}
 	}
+	if vr.BiasStaged {
+		l.tma = append(l.tma, bmap)
+	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
 	if vr.Persistent {
 		tiles := int(l.grid[0]) * p.H * p.B
@@ -232,15 +237,38 @@ func plan(r fwdRequest) (launch, error) {
 	return l, nil
 }
 
+// biasTMATensor returns the tensor description of the bias's map for a
+// BiasStaged forward launch with params p (kernels.Variant.BiasStaged):
+// keys as columns, the rows, heads and batch elements, a broadcast head or
+// batch dim of extent 1; boxes of 64 rows, one compute warpgroup's.
+func biasTMATensor(p *kernels.Params) kernels.TMATensor {
+	heads, batch := uint64(p.H), uint64(p.B)
+	if p.BiasStrideH == 0 {
+		heads = 1
+	}
+	if p.BiasStrideB == 0 {
+		batch = 1
+	}
+	return kernels.TMATensor{
+		Addr: p.Bias, Cols: uint64(p.M), Rows: uint64(p.N), Heads: heads, B: batch,
+		Strides: [3]uint64{
+			kernels.TMAStride(int(p.N), p.BiasStrideN, 2),
+			kernels.TMAStride(int(heads), p.BiasStrideH, 2),
+			kernels.TMAStride(int(batch), p.BiasStrideB, 2),
+		},
+		BoxRows: 64,
+	}
+}
+
 // biasStageable reports whether a 16-bit bias at device address ptr, with
 // element strides keys (between keys) and rows (rows, heads, batch
 // elements; 0 where broadcast), can be staged through shared memory by
 // 16-byte copies (kernels.Variant.BiasStaged, kernels.BwdVariant.BiasStaged;
 // the variants check the type): contiguous keys, the start and every
-// stride 16-byte aligned, and rows (the first of rows) less than 2 GiB
-// apart, which the forward's copies take as a 32-bit byte count.
+// stride 16-byte aligned. (The forward also needs rows that are not
+// broadcast and a map the encoder takes: biasTMATensor.)
 func biasStageable(ptr uint64, keys int64, rows ...int64) bool {
-	if ptr == 0 || ptr%16 != 0 || keys != 1 || len(rows) > 0 && rows[0]*2 > math.MaxInt32 {
+	if ptr == 0 || ptr%16 != 0 || keys != 1 {
 		return false
 	}
 	for _, s := range rows {

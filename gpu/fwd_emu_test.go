@@ -23,15 +23,12 @@ var fwdEmuPointers = []string{"q", "k", "v", "o", "lse", "bias", "cu_q", "cu_k",
 var fwdEmuDriver = emuDriver("Params", fwdEmuPointers, []string{kernels.KernelName, kernels.NonFiniteKernel})
 
 // fwdEmuTMADriver is fwdEmuDriver for a tensor-map kernel, which takes
-// TmaParams (the maps' addresses and the Params in it relocated; staged:
-// the FlatStaged copies' maps too, and StoreO's map of o).
+// TmaParams (the addresses of its maps, kernels.Variant.TMAMapNames, and
+// the Params in it relocated).
 func fwdEmuTMADriver(v kernels.Variant) string {
-	ptrs := []string{"q.w[0]", "k.w[0]", "v.w[0]"}
-	if v.FlatStaged {
-		ptrs = append(ptrs, "qs.w[0]", "ks.w[0]", "vs.w[0]")
-	}
-	if v.StoreO {
-		ptrs = append(ptrs, "o.w[0]")
+	var ptrs []string
+	for _, m := range v.TMAMapNames() {
+		ptrs = append(ptrs, m+".w[0]")
 	}
 	for _, p := range fwdEmuPointers {
 		ptrs = append(ptrs, "p."+p)
@@ -138,7 +135,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 			maps[i] = emuTensorMap(x)
 		}
 		driver, params = fwdEmuTMADriver(l.v), make([]byte, l.v.TMAParamsSize())
-		kernels.PackTMA(params, &l.params, maps...)
+		l.v.PackTMA(params, &l.params, maps...)
 	}
 	bin := emuBinary(t, src, "fwd.h", driver, more...)
 	grid := [3]int{int(l.grid[0]), int(l.grid[1]), int(l.grid[2])}

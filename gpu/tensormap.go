@@ -48,14 +48,9 @@ func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
 	}
 }
 
-// fwdTMANames names the forward's tensor maps in errors: q, k, v, then
-// the staging copies' (FlatStaged) or o's (StoreO).
-func fwdTMANames(v kernels.Variant) []string {
-	if v.StoreO {
-		return []string{"q", "k", "v", "o"}
-	}
-	return []string{"q", "k", "v", "q copy", "k copy", "v copy"}
-}
+// fwdTMANames names the forward's tensor maps in errors, in the order of
+// the kernel's argument (kernels.Variant.TMAMapNames).
+func fwdTMANames(v kernels.Variant) []string { return v.TMAMapNames() }
 
 // bwdTMANames names the tensors of bwdPlan.tma in errors.
 var bwdTMANames = []string{"q", "dO", "k", "v"}

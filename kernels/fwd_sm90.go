@@ -397,9 +397,6 @@ func (x *gen) hopperTile(first string) {
 
 `)
 	x.hopperPrologueLoads()
-	if v.BiasStaged && v.Persistent {
-		x.biasStageCopy("  ", "nb_hi - 1") // (the other pipelines issue it before their waits for Q and K)
-	}
 	x.pingPongStart()
 	x.raw(`  {
     const int n0 = (nb_hi - 1) * BN;  // first key of the block
@@ -414,7 +411,7 @@ func (x *gen) hopperTile(first string) {
     qk_wgmma(s[0], dq, %s);
     wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
-	x.blockBias("    ", "nb_hi - 1", "n0", "nb_hi - 2 >= nb_lo")
+	x.blockBias("    ", first, "n0", "nb_hi - 2 >= nb_lo")
 	x.earlyDropBits("    ", "n0")
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
@@ -455,7 +452,7 @@ func (x *gen) hopperTile(first string) {
 	x.p("      %s", pv)
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPass)
-	x.blockBias("      ", "nb - 1", "(nb - 1) * BN", "nb - 2 >= nb_lo")
+	x.blockBias("      ", "it + 1", "(nb - 1) * BN", "nb - 2 >= nb_lo")
 	x.earlyDropBits("      ", "(nb - 1) * BN")
 	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
@@ -557,13 +554,14 @@ func indentLines(s, indent string) string {
 	return b.String()
 }
 
-// blockBias writes the bias of key block blk's scores (its first key
-// n0) for the softmax, under the block's S product: read from the stage
-// (BiasStaged; next: the condition under which block blk − 1 exists, whose
-// copies it issues), or loaded ahead from global memory (biasPrefetch).
-func (x *gen) blockBias(indent, blk, n0, next string) {
+// blockBias writes the bias of the scores of K tile num's key block (its
+// first key n0) for the softmax, under the block's S product: read from
+// the stage (BiasStaged), or loaded ahead from global memory
+// (biasPrefetch; next: the condition under which the block after it
+// exists, whose rows biasNextPrefetch brings into L1).
+func (x *gen) blockBias(indent, num, n0, next string) {
 	if x.v.BiasStaged {
-		x.biasStageRead(indent, blk, next)
+		x.biasStageRead(indent, num)
 		return
 	}
 	x.biasNextPrefetch(indent, n0, next)

@@ -104,9 +104,6 @@ func (x *gen) wsPrologue() {
 	} else {
 		x.raw("  // ---- compute warpgroup (it starts with the largest budget already: no setmaxnreg)\n")
 	}
-	if x.v.BiasStaged {
-		x.biasStageCopy("  ", "nb_hi - 1") // under the waits for Q and K
-	}
 	x.raw(`  mbar_wait(barQ, 0);  // Q
   mbar_wait(barK, 0);  // K of the first block
 `)
@@ -114,7 +111,8 @@ func (x *gen) wsPrologue() {
 
 // wsBarriers writes the pipeline's mbarriers and their initialization,
 // ending with the last block-wide barrier: full barriers for Q and each K
-// and V buffer; empty barriers for each K and V buffer and, persistent, Q.
+// and V buffer; empty barriers for each K and V buffer and, persistent, Q;
+// with BiasStaged full and empty barriers for each bias buffer.
 func (x *gen) wsBarriers() {
 	q, qDecl, qInit := "", "          // buffer b: emptyK + 8b, emptyV + 8b", ""
 	if x.v.Persistent {
@@ -125,19 +123,19 @@ func (x *gen) wsBarriers() {
 	x.p(`  // ---- mbarriers: full (the tile's bytes landed) for Q, K buffers 0 and 1, V buffers 0 and 1;
   // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1%s
   const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
-  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16%s
-  if (tid == 0) {
-    mbar_init(barQ, 1);%s
+  const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16%[2]s
+%[4]s  if (tid == 0) {
+    mbar_init(barQ, 1);%[3]s
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       mbar_init(barK + 8 * i, 1);
       mbar_init(barV + 8 * i, 1);
       mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
       mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
-    }
+%[5]s    }
     mbar_fence_init();
   }
-  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit)
+  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit, x.biasStageBarriers(), x.biasStageBarrierInit())
 }
 
 // wsTileLoads writes the producer thread's loads of one tile: Q, then K
@@ -160,7 +158,7 @@ for (int s = 0; s <= T; ++s) {
     const int g = %[1]s;
     if (g >= 2) mbar_wait(emptyK + 8 * (g & 1), ((g >> 1) - 1) & 1);
     %[4]s
-  }
+%[6]s  }
   if (s >= 1) {  // V of block s - 1 (needed after S of block s): tile %[2]s
     const int g = %[2]s;
     if (g >= 2) mbar_wait(emptyV + 8 * (g & 1), ((g >> 1) - 1) & 1);
@@ -169,7 +167,8 @@ for (int s = 0; s <= T; ++s) {
 }
 `, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", "sQ", "mq_", "barQ", "m0"),
 		x.tmaTile("BN", "KATOMS", "sK + (g & 1) * K_STAGE", "mk_", "barK + 8 * (g & 1)", "(nb_hi - 1 - s) * BN"),
-		x.tmaTile("BN", "VATOMS", "sV + (g & 1) * V_STAGE", "mv_", "barV + 8 * (g & 1)", "(nb_hi - s) * BN")), indent))
+		x.tmaTile("BN", "VATOMS", "sV + (g & 1) * V_STAGE", "mv_", "barV + 8 * (g & 1)", "(nb_hi - s) * BN"),
+		x.biasStageLoad("    ", "(nb_hi - 1 - s) * BN")), indent))
 }
 
 // wsRelease writes, for a warp-specialized kernel, a compute warp's release

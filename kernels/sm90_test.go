@@ -966,9 +966,10 @@ func TestDQAccTiledSource(t *testing.T) {
 }
 
 // TestBiasStagedSource checks the staged bias (Variant.BiasStaged): the
-// copies of the first key block before the loop and of the next one after
-// each block's reads, the wait and the warpgroup's barrier before the
-// reads, no per-element global bias loads; and that Validate refuses it
+// producer's tensor-map loads of each block's tile after its K tile, behind
+// the buffer's empty barrier; the compute warps' wait on its full barrier,
+// ldmatrix reads and release, no copies of their own and no per-element
+// global bias loads; and that Validate refuses it
 // off the warp-specialized kernels, for a float32 bias and for key tiles
 // that are not a multiple of 64.
 func TestBiasStagedSource(t *testing.T) {
@@ -979,23 +980,32 @@ func TestBiasStagedSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := strings.Index(src, "stage the bias of key block nb_hi - 1")
-	read := strings.Index(src, "bar_sync(6 + wg, 128)")
-	next := strings.Index(src, "stage the bias of key block (nb_hi - 1) - 1")
-	loop := strings.Index(src, "stage the bias of key block (nb - 1) - 1")
-	if first < 0 || read < first || next < read || loop < next {
-		t.Errorf("staging order: first copy %d, read %d, next copy %d, loop copy %d", first, read, next, loop)
+	// the producer loads each block's tile right after its K tile, once the tile two before released the buffer
+	prod := strings.Index(src, "// ---- producer warpgroup")
+	kload := strings.Index(src, "tma_tile<BN, KATOMS>(sK + (g & 1) * K_STAGE")
+	empty := strings.Index(src, "if (g >= 2) mbar_wait(emptyB + 8 * (g & 1), ((g >> 1) - 1) & 1);")
+	load := strings.Index(src, "tma_rows<64, BN / 64>(s_base + SB_OFF + (g & 1) * (BM * BN * 2) + w * (64 * BN * 2), &tp.bias, barB + 8 * (g & 1),")
+	coords := strings.Index(src, "m0 + 64 * w, p.bias_sh != 0 ? h : 0, p.bias_sb != 0 ? b : 0, (nb_hi - 1 - s) * BN);")
+	if prod < 0 || kload < prod || empty < kload || load < empty || coords < load {
+		t.Errorf("the producer's bias loads: producer %d, K load %d, empty wait %d, load %d, coordinates %d", prod, kload, empty, load, coords)
 	}
-	// the copies' sources from the tile's first row: one wide multiply-add each
-	if rows, cp := strings.Index(src, "const char* const bias_tile = "), strings.Index(src, "bias_tile + (i64)row * bias_rs + 2 * j"); rows < first || cp < rows ||
-		strings.Count(src, "(i64)(m0 + row) * p.bias_sn") > 0 {
-		t.Errorf("staged copies not from the tile's first row: first copy %d, the row at %d, a source at %d", first, rows, cp)
+	// each block's compute waits on its tile's full barrier (the first block's tile number 0, the loop's it + 1),
+	// reads it by ldmatrix, and each warp releases the buffer
+	read := strings.Index(src, "const int bg = 0;")
+	wait := strings.Index(src, "mbar_wait(barB + 8 * (bg & 1), (bg >> 1) & 1);")
+	loop := strings.Index(src, "const int bg = it + 1;")
+	release := strings.Index(src, "if (lane == 0) mbar_arrive(emptyB + 8 * (bg & 1));")
+	if read < prod || wait < read || release < wait || loop < release {
+		t.Errorf("the compute warps' bias reads: first block %d, wait %d, release %d, loop's block %d", read, wait, release, loop)
+	}
+	if strings.Contains(src, "cp_async(sdst") || strings.Contains(src, "bias_tile") || strings.Contains(src, "bar_sync(6 + wg") {
+		t.Error("the compute warps still copy the bias or meet on a barrier for it")
 	}
 	if strings.Contains(src, "br != nullptr && j < m ? bias_load") || strings.Contains(src, "const char* brow[MT][2]") || strings.Contains(src, "prefetch_l1(") {
 		t.Error("a staged bias still loaded (or prefetched) element by element from global memory in the main kernel")
 	}
-	if rd := strings.Index(src, "ldsm4(r, sb + sw_off<64, BN / 8>(lr + mt * 16, ((key0 + nt * 8) >> 3) + lch));"); rd < read || strings.Contains(src, "reinterpret_cast<const u32*>(sb") {
-		t.Error("the staged tile not read by ldmatrix after the warpgroup's barrier")
+	if rd := strings.Index(src, "ldsm4(r, sb + sw_off<64, BN / 8>(lr + mt * 16, ((key0 + nt * 8) >> 3) + lch));"); rd < wait || rd > release || strings.Contains(src, "reinterpret_cast<const u32*>(sb") {
+		t.Error("the staged tile not read by ldmatrix between its barrier's wait and the release")
 	}
 	// from global memory instead: each block's loads, after the prefetch of the next block's rows into L1
 	for _, pipe := range []Pipeline{base.Pipeline, {}} {

@@ -1,5 +1,11 @@
 package kernels
 
+import (
+	"slices"
+	"strings"
+	"sync"
+)
+
 // The tensor memory accelerator path of the Hopper forward (Variant.TMA).
 //
 // Instead of every thread copying 16-byte chunks with cp.async, one thread
@@ -29,46 +35,78 @@ func tensorMapField[T any](name, doc string, get func(*T) *[128]byte) CField[T] 
 	return CBlob("TensorMap", name, doc, 128, 64, func(a *T, b []byte) { copy(b, get(a)[:]) })
 }
 
-// tmaStructs are the layouts of the C struct TmaParams: the tensor maps of
-// q, k and v, with FlatStaged those of their staging copies, then Params.
-var tmaStructs = func() map[int]*CStruct[tmaArgs] {
-	m := func(i int) func(a *tmaArgs) *[128]byte { return func(a *tmaArgs) *[128]byte { return &a.maps[i] } }
-	params := CBlob("Params", "p", "", ParamsSize, 8, func(a *tmaArgs, b []byte) { a.p.PackInto(b) })
-	three := []CField[tmaArgs]{tensorMapField("q", "", m(0)), tensorMapField("k", "", m(1)).Joined(), tensorMapField("v", "", m(2)).Joined()}
-	six := append(append([]CField[tmaArgs](nil), three...),
-		tensorMapField("qs", "", m(3)), tensorMapField("ks", "", m(4)).Joined(),
-		tensorMapField("vs", "FlatStaged: the staging copies of the heads that do not fit in place", m(5)).Joined())
-	four := append(append([]CField[tmaArgs](nil), three...), tensorMapField("o", "StoreO: O, stored by the tensor memory accelerator", m(3)))
-	s3, s6 := NewCStruct("TmaParams", 64, append(three, params)...), NewCStruct("TmaParams", 64, append(six, params)...)
-	s4 := NewCStruct("TmaParams", 64, append(four, params)...)
-	s6.DocColumn = 22
-	return map[int]*CStruct[tmaArgs]{3: s3, 4: s4, 6: s6}
-}()
-
-// tmaParamsSize is the size of a TMA kernel's argument with maps (3 or 6)
-// 128-byte tensor maps ahead of Params, the whole a multiple of 64 bytes.
-func tmaParamsSize(maps int) int { return tmaStructs[maps].Size() }
-
-// TMAMaps returns the number of tensor maps a TMA variant's argument holds:
-// q, k and v, and with FlatStaged their staging copies', with StoreO o's.
-func (v Variant) TMAMaps() int {
+// TMAMapNames returns the names of the tensor maps of v's TMA argument in
+// order: q, k and v; with FlatStaged their staging copies' (qs, ks, vs);
+// with StoreO o's; then with BiasStaged the bias's.
+func (v Variant) TMAMapNames() []string {
+	names := []string{"q", "k", "v"}
 	switch {
 	case v.FlatStaged:
-		return 6
+		names = append(names, "qs", "ks", "vs")
 	case v.StoreO:
-		return 4
+		names = append(names, "o")
 	}
-	return 3
+	if v.BiasStaged {
+		names = append(names, "bias")
+	}
+	return names
 }
 
-// TMAParamsSize returns the size in bytes of the TMA variant's argument.
-func (v Variant) TMAParamsSize() int { return tmaParamsSize(v.TMAMaps()) }
+// tmaMapDocs are the C comments of the tensor maps past q, k and v.
+var tmaMapDocs = map[string]string{
+	"vs":   "FlatStaged: the staging copies of the heads that do not fit in place",
+	"o":    "StoreO: O, stored by the tensor memory accelerator",
+	"bias": "BiasStaged: the bias, [64 rows][64 keys] boxes",
+}
 
-// PackTMA writes the argument of a TMA kernel into b (tmaParamsSize of
-// len(maps) bytes: Variant.TMAParamsSize): the tensor maps (q, k, v, then
-// with FlatStaged the copies' qs, ks, vs, with StoreO o), then p.
-func PackTMA(b []byte, p *Params, maps ...[128]byte) {
-	tmaStructs[len(maps)].PackInto(b, &tmaArgs{maps: maps, p: p})
+// tmaStructs are the layouts of the C struct TmaParams, by their maps'
+// names joined with commas (tmaStruct builds each once).
+var (
+	tmaStructsMu sync.Mutex
+	tmaStructs   = map[string]*CStruct[tmaArgs]{}
+)
+
+// tmaStruct returns the layout of the C struct TmaParams holding the named
+// tensor maps, then Params.
+func tmaStruct(names []string) *CStruct[tmaArgs] {
+	key := strings.Join(names, ",")
+	tmaStructsMu.Lock()
+	defer tmaStructsMu.Unlock()
+	if s, ok := tmaStructs[key]; ok {
+		return s
+	}
+	var fields []CField[tmaArgs]
+	for i, n := range names {
+		f := tensorMapField(n, tmaMapDocs[n], func(a *tmaArgs) *[128]byte { return &a.maps[i] })
+		if n == "k" || n == "v" || n == "ks" || n == "vs" { // on the line of q (qs)
+			f = f.Joined()
+		}
+		fields = append(fields, f)
+	}
+	fields = append(fields, CBlob("Params", "p", "", ParamsSize, 8, func(a *tmaArgs, b []byte) { a.p.PackInto(b) }))
+	s := NewCStruct("TmaParams", 64, fields...)
+	if slices.Contains(names, "qs") {
+		s.DocColumn = 22
+	}
+	tmaStructs[key] = s
+	return s
+}
+
+// TMAMaps returns the number of tensor maps a TMA variant's argument holds:
+// q, k and v; with FlatStaged their staging copies', with StoreO o's; with
+// BiasStaged the bias's.
+func (v Variant) TMAMaps() int { return len(v.TMAMapNames()) }
+
+// TMAParamsSize returns the size in bytes of the TMA variant's argument:
+// its TMAMaps 128-byte tensor maps ahead of Params, the whole a multiple of
+// 64 bytes.
+func (v Variant) TMAParamsSize() int { return tmaStruct(v.TMAMapNames()).Size() }
+
+// PackTMA writes the argument of v's kernel into b (TMAParamsSize bytes):
+// the tensor maps (q, k, v, then with FlatStaged the copies' qs, ks, vs,
+// with StoreO o, with BiasStaged the bias), then p.
+func (v Variant) PackTMA(b []byte, p *Params, maps ...[128]byte) {
+	tmaStruct(v.TMAMapNames()).PackInto(b, &tmaArgs{maps: maps, p: p})
 }
 
 // TMATensor describes one of q, k, v for its tensor map: the box is 64
@@ -119,7 +157,7 @@ const cTensorMap = "struct __align__(64) TensorMap { unsigned long long w[16]; }
 // tmaParamsDecl returns the C declaration of the TMA kernel's argument
 // (Variant.TMAParamsSize bytes).
 func (v Variant) tmaParamsDecl() string {
-	s := tmaStructs[v.TMAMaps()]
+	s := tmaStruct(v.TMAMapNames())
 	return `// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
 // encoded on the host), then the usual Params
 ` + cTensorMap + s.Decl() + s.SizeAssert()

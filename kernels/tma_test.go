@@ -29,7 +29,7 @@ func TestPackTMA(t *testing.T) {
 		for i := range b {
 			b[i] = 0xff
 		}
-		PackTMA(b, &p, maps...)
+		v.PackTMA(b, &p, maps...)
 		for i := 0; i < n; i++ {
 			if b[128*i] != byte(i+1) || b[128*i+127] != byte(i+1) {
 				t.Errorf("%d maps: map %d misplaced: % x", n, i, b[128*i:128*i+8])
