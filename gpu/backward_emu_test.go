@@ -31,6 +31,9 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 		return emuDriver2(first, emuParamSet{})
 	}
 	second := emuParamSet{ctype: "BwdTmaParams", pointers: []string{"a.w[0]", "b.w[0]"}, kernels: bwdEmuTMAKernels}
+	if v.BiasStaged {
+		second.pointers = append(second.pointers, "c.w[0]") // the bias's map
+	}
 	for _, p := range bwdEmuPointers {
 		second.pointers = append(second.pointers, "p."+p)
 	}

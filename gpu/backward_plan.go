@@ -305,7 +305,7 @@ type bwdPlan struct {
 	w        bwdWorkspace
 	params   kernels.BwdParams
 	launches []bwdLaunch
-	tma      []kernels.TMATensor // v.TMA: the tensors of the dK/dV kernel's maps (q, dO), then the dQ kernel's (k, v)
+	tma      []kernels.TMATensor // v.TMA: the tensors of the dK/dV kernel's maps (q, dO), then the dQ kernel's (k, v), then with BiasStaged the bias's
 }
 
 // planBackward validates the kernel choice of a backward call and returns
@@ -407,9 +407,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if pr := pl.params; r.biasStaged && pl.v.KeyRows && biasStageable(pr.Bias, pr.BiasJ, pr.BiasI, pr.BiasH, pr.BiasB) {
 		w := pl.v
 		w.BiasStaged = true
-		if w.Validate() == nil {
-			pl.v = w
-		}
+		pl.tryTMA(w) // with the bias's map
 	}
 	if r.lightTail { // (Validate declines it unmasked)
 		w := pl.v
@@ -538,15 +536,20 @@ func (pl *bwdPlan) bind(ws uint64) {
 	}
 }
 
-// tmaTensors returns the four tensor maps' tensors of v (a tensor-map
-// variant of the plan's kernels): q and dO of the dK/dV kernel, k and v of
-// the dQ kernel, over every sequence's rows in a packed batch.
+// tmaTensors returns the tensor maps' tensors of v (a tensor-map variant
+// of the plan's kernels): q and dO of the dK/dV kernel, k and v of the dQ
+// kernel, over every sequence's rows in a packed batch; then with
+// BiasStaged the bias's.
 func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
 	dkdv, dq := v.TMATensors(&pl.params)
 	if p := pl.r.p; p.Varlen {
 		return []kernels.TMATensor{dkdv[0].Packed(p.TotalQ), dkdv[1].Packed(p.TotalQ), dq[0].Packed(p.TotalK), dq[1].Packed(p.TotalK)}
 	}
-	return []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
+	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
+	if v.BiasStaged {
+		ts = append(ts, v.BiasTMATensor(&pl.params))
+	}
+	return ts
 }
 
 // useTMA switches the plan's Hopper kernels to tensor-map loads of their
@@ -602,13 +605,16 @@ func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 
 // kernelArgs returns the argument of each of the plan's kernel launches:
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
-// in that order) ahead of them.
+// in that order: q and dO for the one, k and v for the other, then for
+// both the bias's where the variant stages it) ahead of them.
 func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
 	params := pl.params.Pack()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }
 	}
-	dkdv, dq := kernels.BwdTMAArgs(maps[0], maps[1], params), kernels.BwdTMAArgs(maps[2], maps[3], params)
+	extra := maps[4:] // the bias's, which both kernels' argument holds (BiasStaged)
+	dkdv := kernels.BwdTMAArgs(params, append([][128]byte{maps[0], maps[1]}, extra...)...)
+	dq := kernels.BwdTMAArgs(params, append([][128]byte{maps[2], maps[3]}, extra...)...)
 	return func(kernel string) []byte {
 		switch kernel {
 		case kernels.BwdDKDVKernel:

@@ -138,7 +138,7 @@ func wgScores(b *strings.Builder, prod, what, decl, sa, sb, pa, pb, aRows, bRows
 func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	v := g.v
 	if v.TMA {
-		b.WriteString(bwdTMADecl())
+		b.WriteString(v.bwdTMADecl())
 	}
 	b.WriteString(PrimitivesBegin + " (Hopper)\n")
 	b.WriteString(ptxCpAsync(cpAsync{name: "cp_async_sw", bytes: 16, zfill: true, memory: true}))
@@ -227,10 +227,10 @@ func (g *bwdGen) tmaAt(row, first, h, d string) string {
 // at query row iq of head hq (QA and DA 64-column atoms), their bytes
 // announced on the stage's barrier.
 func (g *bwdGen) qStageTMA(indent string) string {
-	return fmt.Sprintf(`%[1]smbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128);
+	return fmt.Sprintf(`%[1]smbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128%[4]s);
 %[1]stma_rows<BM, QA>(sQ + s * Q_STAGE, &tp.a, bar + 8 * s, %[2]s);
 %[1]stma_rows<BM, DA>(sdO + s * DO_STAGE, &tp.b, bar + 8 * s, %[3]s);
-`, indent, g.tmaAt("iq", "qr0", "hq", "DK"), g.tmaAt("iq", "qr0", "hq", "DV"))
+`, indent, g.tmaAt("iq", "qr0", "hq", "DK"), g.tmaAt("iq", "qr0", "hq", "DV"), g.bwdBiasStageBytes()) + g.bwdBiasStageTMA(indent)
 }
 
 // kvStageTMA returns the statements (each line after indent) with which one

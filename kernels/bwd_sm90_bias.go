@@ -6,18 +6,17 @@ import (
 )
 
 // The staged bias of the key-rows backward step (BwdVariant.BiasStaged).
-// The producer warp, beside each step's LSE2 and Delta, copies the step's
-// bias tile — the BM queries × the block's BN keys, 16-bit — into the
-// stage's shared buffer with cp.async: lane l copies the 16-byte chunks
-// l + 32k, BN/8 chunks a row, in the layout of the kernel's other swizzled
-// tiles (sw_off), zeros past the queries and keys. Each lane waits for its
-// copies before it arrives on the stage's full barrier, so the compute
-// warps find the tile complete when the phase completes (handing the
-// copies to the barrier instead, cp.async.mbarrier.arrive, measured no
-// faster). The stage's empty barrier orders the compute
-// warps' reads before its next copies. A compute thread
-// reads its 16 queries × 2 keys at sw_elem, the places where the atomic
-// dQ's step stores the same elements of dS (no bank conflicts).
+// The producer lane that loads each step's q and dO tiles also loads the
+// step's bias tile — the BM queries × the block's BN keys, 16-bit — into
+// the stage's shared buffer with the tensor memory accelerator: one box of
+// [BM rows][64 keys] a key atom, in the layout of the kernel's other
+// swizzled tiles (sw_off), zeros past the queries and keys (out-of-bounds
+// fill), its bytes announced with the tiles' on the stage's full barrier
+// (the bias's map, BwdVariant.BiasTMATensor, is the argument's third). The
+// stage's empty barrier orders the compute warps' reads before its next
+// load. A compute thread reads its 16 queries × 2 keys at sw_elem, the
+// places where the atomic dQ's step stores the same elements of dS (no
+// bank conflicts).
 
 // bwdBiasStageOK reports whether v can stage its bias: the key-rows step
 // (the only reader written for it), a 16-bit bias, fixed length, and a
@@ -26,34 +25,26 @@ func bwdBiasStageOK(v BwdVariant) bool {
 	return v.KeyRows && (v.Bias == BiasBF16 || v.Bias == BiasF16) && !v.Varlen && v.bwdHopperTile().BlockN%64 == 0
 }
 
-// bwdBiasStageCopies returns, for a variant with a staged bias, the
-// producer lanes' copies of step it's bias tile into stage s (indent before
+// bwdBiasStageTMA returns, for a variant with a staged bias, the
+// producer lane's load of step it's bias tile into stage s (indent before
 // each line; hq and iq are the step's query head and first query as the
-// producer names them); bwdBiasStageWait, the wait for them or their
-// hand-over to the stage's full barrier.
-func (g *bwdGen) bwdBiasStageCopies(indent string) string {
+// producer names them), after the stage's tiles whose bytes it announced
+// (bwdBiasStageBytes).
+func (g *bwdGen) bwdBiasStageTMA(indent string) string {
 	if !g.v.BiasStaged {
 		return ""
 	}
-	s := `// the step's bias tile [BM][BN] into stage s (zeros past the queries and keys)
-for (int q = lane; q < BM * (BN / 8); q += 32) {
-  const int r = q / (BN / 8), ch = q % (BN / 8), qi = iq + r, kj = j0 + 8 * ch;
-  const bool ok = qi < n && kj < m;
-  const BT* src = ok ? p.bias + b * p.bias_sb + hq * p.bias_sh + qi * p.bias_si + kj : p.bias;
-  cp_async_sw(sB + s * B_STAGE + sw_off<BM>(r, ch), src, ok ? (u32)min(16, (m - kj) * 2) : 0u);
-}
-`
-	return indentLines(s+"cp_async_commit();\n", indent)
+	return indentLines(`tma_rows<BM, BN / 64>(sB + s * B_STAGE, &tp.c, bar + 8 * s, iq, p.bias_sh != 0 ? hq : 0, p.bias_sb != 0 ? b : 0, j0);  // the step's bias tile
+`, indent)
 }
 
-// bwdBiasStageWait returns, for a variant with a staged bias, the producer
-// lane's wait for its copies of the step's bias tile before it arrives on
-// the stage's full barrier.
-func (g *bwdGen) bwdBiasStageWait(indent string) string {
+// bwdBiasStageBytes returns, for a variant with a staged bias, the bytes
+// of its tile the stage's full barrier also expects (" + B_STAGE"), else "".
+func (g *bwdGen) bwdBiasStageBytes() string {
 	if !g.v.BiasStaged {
 		return ""
 	}
-	return indent + "cp_async_wait0();  // this lane's copies of the bias tile landed\n"
+	return " + B_STAGE"
 }
 
 // bwdBiasStageDecls writes, for a variant with a staged bias, the

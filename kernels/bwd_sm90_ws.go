@@ -126,12 +126,12 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
         if (it >= 2) mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);  // step it - 2 released the stage
         const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
         const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
-%[4]s        for (int r = lane; r < BM; r += 32) {  // rows past the sequence: no probability
+        for (int r = lane; r < BM; r += 32) {  // rows past the sequence: no probability
           const bool in = r < n - iq;
           sL[s * BM + r] = in ? p.lse2[so + r] : FA_INF;
           sD[s * BM + r] = in ? p.delta[so + r] : 0.f;
         }
-%[5]s        if (lane == 0) {  // its arrival announces the tiles' bytes; rows past the sequence come as zeros
+        if (lane == 0) {  // its arrival announces the tiles' bytes; rows past the sequence come as zeros
 %[3]s        } else {
           mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored
         }
@@ -140,7 +140,7 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
     return;
   }
   setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.qStageTMA("          "), g.bwdBiasStageCopies("        "), g.bwdBiasStageWait("        "))
+`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.qStageTMA("          "))
 }
 
 // computeSync returns the statement with which the dK/dV kernel's compute

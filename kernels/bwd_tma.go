@@ -13,32 +13,57 @@ package kernels
 // kernel) and the per-step statistics stay on cp.async.
 //
 // The two kernels then take BwdTmaParams (BwdTMAArgs): the tensor maps of their two
-// streamed tensors, then BwdParams. The other kernels of the module still
+// streamed tensors (and with a staged bias the bias's), then BwdParams. The other kernels of the module still
 // take BwdParams.
 
 // BwdTMAArgs returns the argument of a TMA dK/dV or dQ kernel launch: the
-// tensor maps a and b (dK/dV: q, dO; dQ: k, v), then the bytes of
-// BwdParams (BwdParams.Pack), the whole padded to 64 bytes as the C struct
-// BwdTmaParams is.
-func BwdTMAArgs(a, b [128]byte, params []byte) []byte {
-	return bwdTMAStruct.Pack(&bwdTMAArgs{a: a, b: b, params: params})
+// tensor maps (dK/dV: q, dO; dQ: k, v; then, for a variant whose dK/dV
+// kernel stages the bias, BwdVariant.BiasStaged, the bias's, which both
+// kernels take), then the bytes of BwdParams (BwdParams.Pack), the whole
+// padded to 64 bytes as the C struct BwdTmaParams is.
+func BwdTMAArgs(params []byte, maps ...[128]byte) []byte {
+	return bwdTMAStructs[len(maps)].Pack(&bwdTMAArgs{maps: maps, params: params})
 }
 
 // bwdTMAArgs holds the argument of a TMA dK/dV or dQ kernel.
 type bwdTMAArgs struct {
-	a, b   [128]byte
+	maps   [][128]byte
 	params []byte // BwdParams.Pack
 }
 
-// bwdTMAStruct is the layout of the C struct BwdTmaParams.
-var bwdTMAStruct = func() *CStruct[bwdTMAArgs] {
-	s := NewCStruct("BwdTmaParams", 64,
-		tensorMapField("a", "dK/dV kernel: q; dQ kernel: k", func(x *bwdTMAArgs) *[128]byte { return &x.a }),
-		tensorMapField("b", "dK/dV kernel: dO; dQ kernel: v", func(x *bwdTMAArgs) *[128]byte { return &x.b }),
-		CBlob("BwdParams", "p", "", bwdParamsStruct.Size(), 8, func(x *bwdTMAArgs, b []byte) { copy(b, x.params) }))
-	s.DocColumn = 13
-	return s
+// bwdTMAStructs are the layouts of the C struct BwdTmaParams, by their
+// number of tensor maps: the two streamed tensors' and, with a staged
+// bias, the bias's.
+var bwdTMAStructs = func() map[int]*CStruct[bwdTMAArgs] {
+	m := func(i int) func(*bwdTMAArgs) *[128]byte { return func(x *bwdTMAArgs) *[128]byte { return &x.maps[i] } }
+	params := CBlob("BwdParams", "p", "", bwdParamsStruct.Size(), 8, func(x *bwdTMAArgs, b []byte) { copy(b, x.params) })
+	a := tensorMapField("a", "dK/dV kernel: q; dQ kernel: k", m(0))
+	b := tensorMapField("b", "dK/dV kernel: dO; dQ kernel: v", m(1))
+	c := tensorMapField("c", "BiasStaged: the bias (the dK/dV kernel's)", m(2))
+	two, three := NewCStruct("BwdTmaParams", 64, a, b, params), NewCStruct("BwdTmaParams", 64, a, b, c, params)
+	two.DocColumn, three.DocColumn = 13, 13
+	return map[int]*CStruct[bwdTMAArgs]{2: two, 3: three}
 }()
+
+// BiasTMATensor returns the tensor the dK/dV kernel of a BiasStaged
+// variant reads its bias tiles from, for a launch with params p: keys as
+// columns, the query rows, heads and batch elements (a broadcast head or
+// batch dim of extent 1, a broadcast row dim with stride 0, which the
+// encoder refuses), boxes of the step's BM rows.
+func (v BwdVariant) BiasTMATensor(p *BwdParams) TMATensor {
+	heads, batch := uint64(p.H), uint64(p.B)
+	if p.BiasH == 0 {
+		heads = 1
+	}
+	if p.BiasB == 0 {
+		batch = 1
+	}
+	return TMATensor{
+		Addr: p.Bias, Cols: uint64(p.M), Rows: uint64(p.N), Heads: heads, B: batch,
+		Strides: [3]uint64{TMAStride(int(p.N), p.BiasI, 2), TMAStride(int(heads), p.BiasH, 2), TMAStride(int(batch), p.BiasB, 2)},
+		BoxRows: uint32(v.ResolvedTiles().DKDV.BlockM),
+	}
+}
 
 // TMATensors returns the tensors the TMA kernels of v read with tensor
 // maps, for a launch with params p: q and dO for the dK/dV kernel, k and v
@@ -71,10 +96,14 @@ func (v BwdVariant) TMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 	return dkdv, dq
 }
 
-// bwdTMADecl returns the C declaration of the TMA kernels' argument (the
+// bwdTMADecl returns the C declaration of v's TMA kernels' argument (the
 // accelerator's primitives, tmaPrimitives, go in the Hopper primitives).
-func bwdTMADecl() string {
+func (v BwdVariant) bwdTMADecl() string {
+	s := bwdTMAStructs[2]
+	if v.BiasStaged {
+		s = bwdTMAStructs[3]
+	}
 	return `// ---- the TMA kernels' argument: tensor maps of the two streamed tensors (dims: head dim, position,
 // head, batch; encoded on the host), then the usual BwdParams
-` + cTensorMap + bwdTMAStruct.Decl() + bwdTMAStruct.SizeAssert()
+` + cTensorMap + s.Decl() + s.SizeAssert()
 }

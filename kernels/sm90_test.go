@@ -352,7 +352,7 @@ func TestBwdTMAArgs(t *testing.T) {
 		QS: BwdStrides{Batch: 0, Row: 8 * 64, Head: 64}, DOS: BwdStrides{Row: 8 * 64, Head: 64},
 		KS: BwdStrides{Row: 2 * 64, Head: 64}, VS: BwdStrides{Row: 2 * 64, Head: 64}}
 	params := p.Pack()
-	args := BwdTMAArgs(a, b, params)
+	args := BwdTMAArgs(params, a, b)
 	if len(args)%64 != 0 || len(args) < 256+len(params) || args[0] != 1 || args[255] != 2 || !bytes.Equal(args[256:256+len(params)], params) {
 		t.Fatalf("argument of %d bytes: maps or params misplaced", len(args))
 	}
@@ -1068,8 +1068,9 @@ func TestNaturalScoresSource(t *testing.T) {
 }
 
 // TestBwdBiasStagedSource checks the backward's staged bias
-// (BwdVariant.BiasStaged): the producer's copies of the step's tile, its
-// wait for them before its arrival on the full barrier, the key-rows
+// (BwdVariant.BiasStaged): the producer's tensor-map load of the step's
+// tile, its bytes announced on the stage's full barrier, the bias's map in
+// the argument, the key-rows
 // step reading the stage by transposed ldmatrix before its Pᵀ loop and the
 // logit from those registers instead of global memory; Validate refuses it off
 // the key-rows step and for a float32 bias.
@@ -1081,13 +1082,15 @@ func TestBwdBiasStagedSource(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		copies := strings.Index(src, "the step's bias tile [BM][BN] into stage s")
-		wait := strings.Index(src, "cp_async_wait0();  // this lane's copies of the bias tile landed")
-		arrive := strings.Index(src, "mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored")
+		bytes := strings.Index(src, "mbar_expect_tx(bar + 8 * s, (QA + DA) * BM * 128 + B_STAGE);")
+		load := strings.Index(src, "tma_rows<BM, BN / 64>(sB + s * B_STAGE, &tp.c, bar + 8 * s, iq, p.bias_sh != 0 ? hq : 0, p.bias_sb != 0 ? b : 0, j0);")
 		read := strings.Index(src, "ldsm_x4_t(bst, smem_u32(sBst + sw_elem<BM>(")
 		use := strings.Index(src, "const float sv = fmaf(s, p.scale, bf16_to_f32((u16)(bst[2 * (nt & 1) + hh] >> (16 * c))));")
-		if copies < 0 || wait < copies || arrive < wait || read < 0 || use < read {
-			t.Errorf("%s: copies at %d, wait at %d, arrival at %d, staged read at %d, its use at %d", v.Name(), copies, wait, arrive, read, use)
+		if bytes < 0 || load < bytes || read < load || use < read || strings.Contains(src, "cp_async_sw(sB") {
+			t.Errorf("%s: the tile's bytes announced at %d, its load at %d, staged read at %d, its use at %d", v.Name(), bytes, load, read, use)
+		}
+		if !strings.Contains(src, "TensorMap c;") {
+			t.Errorf("%s: no bias map in the argument", v.Name())
 		}
 		step := strings.Index(src, "keys as rows: this warpgroup's BN/2 keys")
 		if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
