@@ -94,10 +94,10 @@ type Backend struct {
 	// New sets it unless EnvBwdKeyRows is "0".
 	BwdKeyRowsAuto bool
 	// BiasStaged stages a 16-bit bias through shared memory where the
-	// bias's layout allows 16-byte copies: the warp-specialized Hopper
-	// forward copies its key blocks one block ahead
-	// (kernels.Variant.BiasStaged), the backward's key-rows step has the
-	// producer copy each step's tile (kernels.BwdVariant.BiasStaged).
+	// bias's layout allows tensor-map loads: the warp-specialized Hopper
+	// forward's producer loads each key block's tile after its K tile
+	// (kernels.Variant.BiasStaged), the backward key-rows step's producer
+	// each step's tile beside q and dO (kernels.BwdVariant.BiasStaged).
 	// New sets it when EnvBiasStaged is set.
 	BiasStaged bool
 	// BiasStagedAuto stages the bias where that measured faster than loads

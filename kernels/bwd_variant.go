@@ -133,10 +133,10 @@ type BwdVariant struct {
 	QueryStep int
 	// BiasStaged (with KeyRows, a 16-bit bias whose keys are contiguous
 	// and whose rows, like its start, are 16-byte aligned: the host checks;
-	// fixed length) has the producer warp copy each step's [BM][BN] bias
-	// tile into a shared stage beside q and dO, and the key-rows step read
-	// its elements there instead of from global memory
-	// (bwd_sm90_bias.go).
+	// fixed length) has the producer load each step's [BM][BN] bias tile
+	// by a tensor map into a shared stage beside q and dO, and the key-rows
+	// step read its elements there instead of from global memory
+	// (bwd_sm90_bias.go; the launch passes the bias's map, BiasTMATensor).
 	BiasStaged bool
 	// LightTail (with a mask) orders the launch's CTAs so that it ends on
 	// its lightest blocks (cta_order, kernels/cta_order.go): the blocks of one

@@ -98,10 +98,12 @@ type Variant struct {
 	Pipeline
 	// BiasStaged (WGMMA, WarpSpecialized, WarpsN = 1, a 16-bit bias whose
 	// keys are contiguous and whose rows, like its start, are 16-byte
-	// aligned: the host checks) copies each key block's bias tile into
-	// shared memory with cp.async one block ahead, and the softmax reads it
-	// from there, instead of loading every element from global memory while
-	// the block's S product runs (fwd_sm90_bias.go).
+	// aligned, its rows not broadcast: the host checks) has the producer
+	// load each key block's bias tile into shared memory by a tensor map
+	// after the block's K tile, and the softmax read it from there, instead
+	// of loading every element from global memory while the block's S
+	// product runs (fwd_sm90_bias.go; the launch passes the bias's map last,
+	// TMAMapNames).
 	BiasStaged bool
 	// LightTail (with a mask, not Persistent) orders the launch's CTAs so
 	// that it ends on its lightest query blocks: the backward's cta_order
