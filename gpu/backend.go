@@ -103,7 +103,7 @@ type Backend struct {
 	// BiasStagedAuto stages the bias where that measured faster than loads
 	// from global memory: in the forward wherever the tiles fit beside the
 	// pipeline's others (BiasStaged also gives up the store of O by a
-	// tensor map for them), in the backward under a mask or window.
+	// tensor map for them), in the backward wherever the variant allows it.
 	// New sets it unless EnvBiasStaged is "0".
 	BiasStagedAuto bool
 	// DBiasAtomic has backward calls that compute the gradient of a bias
