@@ -263,10 +263,11 @@ func biasTMATensor(p *kernels.Params) kernels.TMATensor {
 // biasStageable reports whether a 16-bit bias at device address ptr, with
 // element strides keys (between keys) and rows (rows, heads, batch
 // elements; 0 where broadcast), can be staged through shared memory by
-// 16-byte copies (kernels.Variant.BiasStaged, kernels.BwdVariant.BiasStaged;
+// tensor-map loads (kernels.Variant.BiasStaged, kernels.BwdVariant.BiasStaged;
 // the variants check the type): contiguous keys, the start and every
-// stride 16-byte aligned. (The forward also needs rows that are not
-// broadcast and a map the encoder takes: biasTMATensor.)
+// stride 16-byte aligned. The planners also need a map the encoder takes,
+// which a bias broadcast over the rows is not (biasTMATensor,
+// kernels.BwdVariant.BiasTMATensor).
 func biasStageable(ptr uint64, keys int64, rows ...int64) bool {
 	if ptr == 0 || ptr%16 != 0 || keys != 1 {
 		return false

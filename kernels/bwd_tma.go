@@ -20,7 +20,8 @@ package kernels
 // tensor maps (dK/dV: q, dO; dQ: k, v; then, for a variant whose dK/dV
 // kernel stages the bias, BwdVariant.BiasStaged, the bias's, which both
 // kernels take), then the bytes of BwdParams (BwdParams.Pack), the whole
-// padded to 64 bytes as the C struct BwdTmaParams is.
+// padded to 64 bytes as the C struct BwdTmaParams is. It takes two or
+// three maps.
 func BwdTMAArgs(params []byte, maps ...[128]byte) []byte {
 	return bwdTMAStructs[len(maps)].Pack(&bwdTMAArgs{maps: maps, params: params})
 }

@@ -1,10 +1,6 @@
 package kernels
 
-import (
-	"slices"
-	"strings"
-	"sync"
-)
+import "slices"
 
 // The tensor memory accelerator path of the Hopper forward (Variant.TMA).
 //
@@ -35,22 +31,33 @@ func tensorMapField[T any](name, doc string, get func(*T) *[128]byte) CField[T] 
 	return CBlob("TensorMap", name, doc, 128, 64, func(a *T, b []byte) { copy(b, get(a)[:]) })
 }
 
-// TMAMapNames returns the names of the tensor maps of v's TMA argument in
-// order: q, k and v; with FlatStaged their staging copies' (qs, ks, vs);
-// with StoreO o's; then with BiasStaged the bias's.
-func (v Variant) TMAMapNames() []string {
-	names := []string{"q", "k", "v"}
+// tmaLayout numbers the layouts of a TMA argument (tmaLayoutMaps): 0 for
+// q, k and v; 1 with FlatStaged's staging copies; 2 with StoreO's o; each
+// plus 3 with BiasStaged's bias.
+func (v Variant) tmaLayout() int {
+	l := 0
 	switch {
 	case v.FlatStaged:
-		names = append(names, "qs", "ks", "vs")
+		l = 1
 	case v.StoreO:
-		names = append(names, "o")
+		l = 2
 	}
 	if v.BiasStaged {
-		names = append(names, "bias")
+		l += 3
 	}
-	return names
+	return l
 }
+
+// tmaLayoutMaps are the tensor maps of each layout of the argument, in
+// order.
+var tmaLayoutMaps = func() [6][]string {
+	var m [6][]string
+	for i, more := range [][]string{nil, {"qs", "ks", "vs"}, {"o"}} {
+		m[i] = append([]string{"q", "k", "v"}, more...)
+		m[i+3] = append(slices.Clone(m[i]), "bias")
+	}
+	return m
+}()
 
 // tmaMapDocs are the C comments of the tensor maps past q, k and v.
 var tmaMapDocs = map[string]string{
@@ -59,54 +66,48 @@ var tmaMapDocs = map[string]string{
 	"bias": "BiasStaged: the bias, [64 rows][64 keys] boxes",
 }
 
-// tmaStructs are the layouts of the C struct TmaParams, by their maps'
-// names joined with commas (tmaStruct builds each once).
-var (
-	tmaStructsMu sync.Mutex
-	tmaStructs   = map[string]*CStruct[tmaArgs]{}
-)
-
-// tmaStruct returns the layout of the C struct TmaParams holding the named
+// tmaStructs are the layouts of the C struct TmaParams (by tmaLayout): the
 // tensor maps, then Params.
-func tmaStruct(names []string) *CStruct[tmaArgs] {
-	key := strings.Join(names, ",")
-	tmaStructsMu.Lock()
-	defer tmaStructsMu.Unlock()
-	if s, ok := tmaStructs[key]; ok {
-		return s
-	}
-	var fields []CField[tmaArgs]
-	for i, n := range names {
-		f := tensorMapField(n, tmaMapDocs[n], func(a *tmaArgs) *[128]byte { return &a.maps[i] })
-		if n == "k" || n == "v" || n == "ks" || n == "vs" { // on the line of q (qs)
-			f = f.Joined()
+var tmaStructs = func() [6]*CStruct[tmaArgs] {
+	var out [6]*CStruct[tmaArgs]
+	for l, names := range tmaLayoutMaps {
+		var fields []CField[tmaArgs]
+		for i, n := range names {
+			f := tensorMapField(n, tmaMapDocs[n], func(a *tmaArgs) *[128]byte { return &a.maps[i] })
+			if n == "k" || n == "v" || n == "ks" || n == "vs" { // on the line of q (qs)
+				f = f.Joined()
+			}
+			fields = append(fields, f)
 		}
-		fields = append(fields, f)
+		fields = append(fields, CBlob("Params", "p", "", ParamsSize, 8, func(a *tmaArgs, b []byte) { a.p.PackInto(b) }))
+		out[l] = NewCStruct("TmaParams", 64, fields...)
+		if slices.Contains(names, "qs") {
+			out[l].DocColumn = 22
+		}
 	}
-	fields = append(fields, CBlob("Params", "p", "", ParamsSize, 8, func(a *tmaArgs, b []byte) { a.p.PackInto(b) }))
-	s := NewCStruct("TmaParams", 64, fields...)
-	if slices.Contains(names, "qs") {
-		s.DocColumn = 22
-	}
-	tmaStructs[key] = s
-	return s
-}
+	return out
+}()
+
+// TMAMapNames returns the names of the tensor maps of v's TMA argument in
+// order: q, k and v; with FlatStaged their staging copies' (qs, ks, vs);
+// with StoreO o's; then with BiasStaged the bias's.
+func (v Variant) TMAMapNames() []string { return slices.Clone(tmaLayoutMaps[v.tmaLayout()]) }
 
 // TMAMaps returns the number of tensor maps a TMA variant's argument holds:
 // q, k and v; with FlatStaged their staging copies', with StoreO o's; with
 // BiasStaged the bias's.
-func (v Variant) TMAMaps() int { return len(v.TMAMapNames()) }
+func (v Variant) TMAMaps() int { return len(tmaLayoutMaps[v.tmaLayout()]) }
 
 // TMAParamsSize returns the size in bytes of the TMA variant's argument:
 // its TMAMaps 128-byte tensor maps ahead of Params, the whole a multiple of
 // 64 bytes.
-func (v Variant) TMAParamsSize() int { return tmaStruct(v.TMAMapNames()).Size() }
+func (v Variant) TMAParamsSize() int { return tmaStructs[v.tmaLayout()].Size() }
 
 // PackTMA writes the argument of v's kernel into b (TMAParamsSize bytes):
 // the tensor maps (q, k, v, then with FlatStaged the copies' qs, ks, vs,
 // with StoreO o, with BiasStaged the bias), then p.
 func (v Variant) PackTMA(b []byte, p *Params, maps ...[128]byte) {
-	tmaStruct(v.TMAMapNames()).PackInto(b, &tmaArgs{maps: maps, p: p})
+	tmaStructs[v.tmaLayout()].PackInto(b, &tmaArgs{maps: maps, p: p})
 }
 
 // TMATensor describes one of q, k, v for its tensor map: the box is 64
@@ -157,7 +158,7 @@ const cTensorMap = "struct __align__(64) TensorMap { unsigned long long w[16]; }
 // tmaParamsDecl returns the C declaration of the TMA kernel's argument
 // (Variant.TMAParamsSize bytes).
 func (v Variant) tmaParamsDecl() string {
-	s := tmaStruct(v.TMAMapNames())
+	s := tmaStructs[v.tmaLayout()]
 	return `// ---- the TMA kernel's argument: tensor maps of q, k, v (dims: head dim, position, head, batch;
 // encoded on the host), then the usual Params
 ` + cTensorMap + s.Decl() + s.SizeAssert()
