@@ -285,15 +285,15 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.bwdBiasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
 		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect}
 }
 
-// bwdBiasStaged reports whether the backend's backward stages its bias
-// where the variant allows it (BiasStaged or BiasStagedAuto: the loads by
-// tensor maps measured faster than the global loads with and without a
+// biasStaged reports whether the backend's forward and backward stage a
+// bias where the variant allows it (BiasStaged or BiasStagedAuto: the loads
+// by tensor maps measured faster than the global loads with and without a
 // mask).
-func (b *Backend) bwdBiasStaged() bool { return b.BiasStaged || b.BiasStagedAuto }
+func (b *Backend) biasStaged() bool { return b.BiasStaged || b.BiasStagedAuto }
 
 // bwdPlan is the launch sequence of a backward call: a pure function of
 // its request.

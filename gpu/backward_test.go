@@ -416,7 +416,7 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 			// staged wherever the knob is on and the variant and the bias's rows (16-byte aligned) allow it
 			staged := v
 			staged.BiasStaged = true
-			if want := v.KeyRows && c.bias != nil && b.bwdBiasStaged() && staged.Validate() == nil && c.m*2%16 == 0; v.BiasStaged != want {
+			if want := v.KeyRows && c.bias != nil && b.biasStaged() && staged.Validate() == nil && c.m*2%16 == 0; v.BiasStaged != want {
 				t.Errorf("%s %v: %s, staged bias %v, want %v", c.name, dt, v.Name(), v.BiasStaged, want)
 			}
 			vs = append(vs, v, in.backendVariant(t, b, DQSeparate))

@@ -175,9 +175,8 @@ func plan(r fwdRequest) (launch, error) {
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}
 	pr := fwdParams(r)
-	bmap := biasTMATensor(&pr)
 	if r.biasStaged && vr.WarpSpecialized && pr.BiasStrideN != 0 && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) &&
-		tensorMapSpec(bmap).Check() == nil {
+		tensorMapSpec(vr.BiasTMATensor(&pr)).Check() == nil {
 		w := vr
 		w.BiasStaged = true
 		if w.Validate() != nil && w.StoreO && r.biasOverStoreO {
@@ -227,7 +226,7 @@ func plan(r fwdRequest) (launch, error) {
 		}
 	}
 	if vr.BiasStaged {
-		l.tma = append(l.tma, bmap)
+		l.tma = append(l.tma, vr.BiasTMATensor(&pr))
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
 	if vr.Persistent {
@@ -237,36 +236,13 @@ func plan(r fwdRequest) (launch, error) {
 	return l, nil
 }
 
-// biasTMATensor returns the tensor description of the bias's map for a
-// BiasStaged forward launch with params p (kernels.Variant.BiasStaged):
-// keys as columns, the rows, heads and batch elements, a broadcast head or
-// batch dim of extent 1; boxes of 64 rows, one compute warpgroup's.
-func biasTMATensor(p *kernels.Params) kernels.TMATensor {
-	heads, batch := uint64(p.H), uint64(p.B)
-	if p.BiasStrideH == 0 {
-		heads = 1
-	}
-	if p.BiasStrideB == 0 {
-		batch = 1
-	}
-	return kernels.TMATensor{
-		Addr: p.Bias, Cols: uint64(p.M), Rows: uint64(p.N), Heads: heads, B: batch,
-		Strides: [3]uint64{
-			kernels.TMAStride(int(p.N), p.BiasStrideN, 2),
-			kernels.TMAStride(int(heads), p.BiasStrideH, 2),
-			kernels.TMAStride(int(batch), p.BiasStrideB, 2),
-		},
-		BoxRows: 64,
-	}
-}
-
 // biasStageable reports whether a 16-bit bias at device address ptr, with
 // element strides keys (between keys) and rows (rows, heads, batch
 // elements; 0 where broadcast), can be staged through shared memory by
 // tensor-map loads (kernels.Variant.BiasStaged, kernels.BwdVariant.BiasStaged;
 // the variants check the type): contiguous keys, the start and every
 // stride 16-byte aligned. The planners also need a map the encoder takes,
-// which a bias broadcast over the rows is not (biasTMATensor,
+// which a bias broadcast over the rows is not (kernels.Variant.BiasTMATensor,
 // kernels.BwdVariant.BiasTMATensor).
 func biasStageable(ptr uint64, keys int64, rows ...int64) bool {
 	if ptr == 0 || ptr%16 != 0 || keys != 1 {
@@ -520,7 +496,7 @@ func (b *Backend) request(c *fwdCall) fwdRequest {
 // backend's knobs: staged wherever the tiles fit with BiasStaged or
 // BiasStagedAuto, and with BiasStaged also in place of O's staging tile.
 func (b *Backend) setBiasStaging(r *fwdRequest) {
-	r.biasStaged, r.biasOverStoreO = b.BiasStaged || b.BiasStagedAuto, b.BiasStaged
+	r.biasStaged, r.biasOverStoreO = b.biasStaged(), b.BiasStaged
 }
 
 // forwardPipeline returns the Hopper forward pipeline the backend asks for p

@@ -376,7 +376,7 @@ func TestBiasStagedPlans(t *testing.T) {
 		}
 		c := bwdCase{b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, causal: tc.causal, bias: []int{1, 1}}
 		bp, _ := hopperPlan(t, tc.name, c, uint64(160+i), DQAuto, func(r *bwdRequest) {
-			r.ws, r.keyRowsAuto, r.biasStaged = true, true, be.bwdBiasStaged()
+			r.ws, r.keyRowsAuto, r.biasStaged = true, true, be.biasStaged()
 		})
 		if !bp.v.KeyRows || bp.v.BiasStaged != tc.bwd {
 			t.Errorf("%s: backward %s: key rows %v, staged %v; want key rows, staged %v", tc.name, bp.v.Name(), bp.v.KeyRows, bp.v.BiasStaged, tc.bwd)
@@ -385,7 +385,7 @@ func TestBiasStagedPlans(t *testing.T) {
 }
 
 // TestBiasStagedMap checks the bias's tensor map of a staged forward
-// (biasTMATensor): last among the launch's maps, keys as columns, a
+// (kernels.Variant.BiasTMATensor): last among the launch's maps, keys as columns, a
 // broadcast head or batch dim of extent 1, boxes of 64 rows; and that a
 // bias broadcast over the rows, which no box of rows can read, is not
 // staged.
@@ -420,7 +420,7 @@ func TestBiasStagedMap(t *testing.T) {
 		if pl.v.BiasStaged != tc.staged {
 			t.Fatalf("%s: %s staged %v, want %v", tc.name, pl.v.Name(), pl.v.BiasStaged, tc.staged)
 		}
-		if names := fwdTMANames(pl.v); len(names) != len(pl.tma) || names[len(names)-1] != map[bool]string{true: "bias", false: names[len(names)-1]}[tc.staged] {
+		if names := fwdTMANames(pl.v); len(names) != len(pl.tma) || (names[len(names)-1] == "bias") != tc.staged {
 			t.Errorf("%s: maps %v for %d tensors", tc.name, names, len(pl.tma))
 		}
 		if !tc.staged {

@@ -395,7 +395,7 @@ func TestBackwardBind(t *testing.T) {
 		{"none", func(*bwdRequest) {}},
 		{"defaults", func(r *bwdRequest) {
 			r.ws, r.keyRowsAuto = DefaultBwdPipeline.WarpSpecialized, true
-			r.biasStaged = (&Backend{BiasStagedAuto: true}).bwdBiasStaged()
+			r.biasStaged = (&Backend{BiasStagedAuto: true}).biasStaged()
 		}},
 		{"bulk dQ", func(r *bwdRequest) { r.ws, r.bulkDQ = true, true }},
 		{"key rows, bulk dQ, staged bias", func(r *bwdRequest) { r.ws, r.keyRows, r.bulkDQ, r.biasStaged = true, true, true, true }},

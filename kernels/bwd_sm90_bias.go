@@ -34,8 +34,7 @@ func (g *bwdGen) bwdBiasStageTMA(indent string) string {
 	if !g.v.BiasStaged {
 		return ""
 	}
-	return indentLines(`tma_rows<BM, BN / 64>(sB + s * B_STAGE, &tp.c, bar + 8 * s, iq, p.bias_sh != 0 ? hq : 0, p.bias_sb != 0 ? b : 0, j0);  // the step's bias tile
-`, indent)
+	return indentLines("tma_rows<BM, BN / 64>(sB + s * B_STAGE, &tp.c, bar + 8 * s, iq, "+biasMapCoords("hq", "b")+", j0);  // the step's bias tile\n", indent)
 }
 
 // bwdBiasStageBytes returns, for a variant with a staged bias, the bytes

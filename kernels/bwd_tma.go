@@ -47,23 +47,10 @@ var bwdTMAStructs = func() map[int]*CStruct[bwdTMAArgs] {
 }()
 
 // BiasTMATensor returns the tensor the dK/dV kernel of a BiasStaged
-// variant reads its bias tiles from, for a launch with params p: keys as
-// columns, the query rows, heads and batch elements (a broadcast head or
-// batch dim of extent 1, a broadcast row dim with stride 0, which the
-// encoder refuses), boxes of the step's BM rows.
+// variant reads its bias tiles from, for a launch with params p
+// (biasTMATensor), boxes of the step's BM rows.
 func (v BwdVariant) BiasTMATensor(p *BwdParams) TMATensor {
-	heads, batch := uint64(p.H), uint64(p.B)
-	if p.BiasH == 0 {
-		heads = 1
-	}
-	if p.BiasB == 0 {
-		batch = 1
-	}
-	return TMATensor{
-		Addr: p.Bias, Cols: uint64(p.M), Rows: uint64(p.N), Heads: heads, B: batch,
-		Strides: [3]uint64{TMAStride(int(p.N), p.BiasI, 2), TMAStride(int(heads), p.BiasH, 2), TMAStride(int(batch), p.BiasB, 2)},
-		BoxRows: uint32(v.ResolvedTiles().DKDV.BlockM),
-	}
+	return biasTMATensor(p.Bias, p.N, p.M, p.H, p.B, [3]int64{p.BiasI, p.BiasH, p.BiasB}, v.ResolvedTiles().DKDV.BlockM)
 }
 
 // TMATensors returns the tensors the TMA kernels of v read with tensor

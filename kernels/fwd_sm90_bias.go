@@ -18,10 +18,9 @@ import "fmt"
 // loading tile g + 2 into it. The compute warps issue no copy and meet on
 // no barrier for it.
 //
-// The bias's tensor map (dims: key, row, head, batch; a broadcast head or
-// batch dim has extent 1 and coordinate 0) is encoded on the host, which
-// stages no bias whose rows are broadcast (stride 0) or which the encoder
-// refuses.
+// The bias's tensor map (Variant.BiasTMATensor: dims key, row, head,
+// batch; a broadcast head or batch dim has extent 1 and coordinate 0) is
+// encoded on the host, which stages no bias the encoder refuses.
 
 // biasStageRowsOK reports whether v's key tile fills whole swizzle atoms
 // (BlockN a multiple of 64).
@@ -62,8 +61,8 @@ mbar_expect_tx(barB + 8 * (g & 1), BM * BN * 2);
 #pragma unroll
 for (int w = 0; w < BM / 64; ++w)
   tma_rows<64, BN / 64>(s_base + SB_OFF + (g & 1) * (BM * BN * 2) + w * (64 * BN * 2), &tp.bias, barB + 8 * (g & 1),
-                        m0 + 64 * w, p.bias_sh != 0 ? h : 0, p.bias_sb != 0 ? b : 0, %s);
-`, key0), indent)
+                        m0 + 64 * w, %s, %s);
+`, biasMapCoords("h", "b"), key0), indent)
 }
 
 // biasStageRead writes, for the key block of tile num (an expression: the

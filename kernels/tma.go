@@ -139,6 +139,41 @@ func TMAStride(extent int, elemStride int64, elemSize int) uint64 {
 	return uint64(elemStride * int64(elemSize))
 }
 
+// BiasTMATensor returns the tensor a BiasStaged variant's producer reads
+// the bias tiles from, for a launch with params p (biasTMATensor), boxes of
+// 64 rows: one compute warpgroup's.
+func (v Variant) BiasTMATensor(p *Params) TMATensor {
+	return biasTMATensor(p.Bias, p.N, p.M, p.H, p.B, [3]int64{p.BiasStrideN, p.BiasStrideH, p.BiasStrideB}, 64)
+}
+
+// biasTMATensor describes a 16-bit bias of n rows by m keys for its tensor
+// map: keys as columns, then rows, heads and batch elements (element
+// strides: rows, heads, batch; 0 where broadcast). A broadcast head or
+// batch dim has extent 1, and the kernels address it at 0 (biasMapCoords);
+// a broadcast row dim keeps its stride 0, which the encoder refuses (no box
+// of rows reads one row for all).
+func biasTMATensor(addr uint64, n, m, h, b int32, strides [3]int64, boxRows int) TMATensor {
+	heads, batch := int(h), int(b)
+	if strides[1] == 0 {
+		heads = 1
+	}
+	if strides[2] == 0 {
+		batch = 1
+	}
+	return TMATensor{
+		Addr: addr, Cols: uint64(m), Rows: uint64(n), Heads: uint64(heads), B: uint64(batch),
+		Strides: [3]uint64{TMAStride(int(n), strides[0], 2), TMAStride(heads, strides[1], 2), TMAStride(batch, strides[2], 2)},
+		BoxRows: uint32(boxRows),
+	}
+}
+
+// biasMapCoords returns the head and batch coordinates of a bias box
+// (biasTMATensor) for query head h and batch element b (expressions): 0
+// on a broadcast dim.
+func biasMapCoords(h, b string) string {
+	return "p.bias_sh != 0 ? " + h + " : 0, p.bias_sb != 0 ? " + b + " : 0"
+}
+
 // TMATensors returns the three tensor descriptions of a TMA variant's
 // launch with params p, given the byte strides of q, k and v (position,
 // head, batch) and the head dims' stored widths (a multiple of 8; staged
