@@ -525,14 +525,25 @@ func TestBackwardEmulatedBiasStaged(t *testing.T) {
 		{name: "d128-bias-m130-unaligned", b: 1, n: 70, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dtypes: []attn.DType{attn.BFloat16}},
 	}
 	emuKeyRowsCases(t, cases, 950)
+	// head dims up to 64: the step of 128 queries, whose tiles with the bias's and the bulk dQ's fill
+	// shared memory without the slack to align the base
+	q128 := []bwdCase{
+		{name: "d64-q128-bias-grad-n200-m200", b: 2, n: 200, m: 200, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, dtypes: []attn.DType{attn.BFloat16}},
+		{name: "d56-64-q128-causal-gqa-bias-bcast-n150-m136", b: 1, n: 150, m: 136, h: 4, hkv: 2, dk: 56, dv: 64, bias: []int{1, 1}, causal: true, dtypes: []attn.DType{attn.Float16}},
+	}
+	emuKeyRowsCases(t, q128, 960, emuHopperBwdWSKeyRows128, emuHopperBwdWSKeyRows128Bulk)
 }
 
-// emuKeyRowsCases runs cases on the two key-rows families of the host
-// emulator (with the atomic dQ by vector atomics and by bulk reduce-adds),
-// both dQ algorithms each, case i's inputs drawn from seed seed + i.
-func emuKeyRowsCases(t *testing.T, cases []bwdCase, seed uint64) {
+// emuKeyRowsCases runs cases on the key-rows families of the host emulator
+// named by kinds (by default the two over the table's step: the atomic dQ
+// by vector atomics and by bulk reduce-adds), both dQ algorithms each, case
+// i's inputs drawn from seed seed + i.
+func emuKeyRowsCases(t *testing.T, cases []bwdCase, seed uint64, kinds ...emuKernels) {
+	if len(kinds) == 0 {
+		kinds = []emuKernels{emuHopperBwdWSKeyRows, emuHopperBwdWSKeyRowsBulk}
+	}
 	for _, f := range bwdEmuFamilies {
-		if f.kind != emuHopperBwdWSKeyRows && f.kind != emuHopperBwdWSKeyRowsBulk {
+		if !slices.Contains(kinds, f.kind) {
 			continue
 		}
 		t.Run(f.name, func(t *testing.T) {

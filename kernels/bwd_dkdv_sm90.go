@@ -215,7 +215,7 @@ func (v BwdVariant) bwdHopperAtoms() (ka, va, vka int) {
 
 // bwdHopperLayout is the shared-memory map of the Hopper dK/dV kernel:
 // every tile starts on a 1024-byte boundary (the swizzle's period) from a
-// base the kernel aligns, hence 1024 bytes of slack.
+// base the kernel aligns (alignSlack).
 func (v BwdVariant) bwdHopperLayout() bwdSmemLayout {
 	return v.bwdHopperLayoutBuffers(v.bwdWSBuffers())
 }
@@ -261,7 +261,7 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 		}
 		l.add("sdQ", v.bwdHopperDQWarpgroups()*rows*v.bwdDQPitch()*4) // [warpgroups][rows][pitch] fp32
 	}
-	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
+	l.alignSlack()
 	return l
 }
 
@@ -338,7 +338,7 @@ func (g *bwdGen) dkdvSM90Setup(b *strings.Builder) (kl, vl string) {
 // written once. grid (ceil(M/%[1]d), B, Hkv), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 %[6]s`, t.BlockN, l.total, BwdDKDVKernel, owner, g.hopperArg(), g.hopperArgAlias(), 32*t.Warps)
-	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
+	g.hopperPreamble(b, t, l, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	g.wsBwdConstants(b, true)
 	for _, name := range []string{"sK", "sV", "sQ", "sdO"} {
 		fmt.Fprintf(b, "  const u32 %s = s0 + %d;\n", name, l.off[name])
@@ -794,7 +794,7 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
   T* sgv = sgk + BN * PK;
   static_assert(BN * (PK + PV) * 2 <= %d, "the staged gradients exceed the tiles");
   %s  // every warpgroup is done with the tiles
-`, l.total-1024, g.computeSync())
+`, l.tileBytes(), g.computeSync())
 		dk, dv, rk, rv = "sgk", "sgv", "PK", "PV"
 	}
 	if crossed {

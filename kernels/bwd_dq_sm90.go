@@ -36,7 +36,7 @@ func (v BwdVariant) bwdHopperDQLayout() bwdSmemLayout {
 	if v.WarpSpecialized {
 		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
 	}
-	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
+	l.alignSlack()
 	return l
 }
 
@@ -61,7 +61,7 @@ func (g *bwdGen) dqKernelHopper(b *strings.Builder) {
 // grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
 %[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias(), 32*t.Warps)
-	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
+	g.hopperPreamble(b, t, l, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
 	g.wsBwdConstants(b, false)
 	fmt.Fprintf(b, `  const u32 sQ = s0 + %d, sdO = s0 + %d, sK = s0 + %d, sV = s0 + %d;
   float* sL = reinterpret_cast<float*>(smem + %d);
@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(%[6]d, 1) %[3]s(%[4]s) {
   T* sgq = reinterpret_cast<T*>(smem);
   static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
   %s  // every warpgroup is done with the tiles
-`, l.total-1024, g.computeSync())
+`, l.tileBytes(), g.computeSync())
 	bwdStoreAcc(b, tq, "accQ", "sgq", "PQ", "n - i0", "DK", "p.scale", bwdStoreOpt{Shift: g.flatName("sq_"), Shared: true})
 	b.WriteString("  " + g.computeSync() + "\n")
 	bwdRowsOut(b, "sgq", "PQ", "gq", "p.dq_sr", "BM", "n - i0", "DK")

@@ -350,8 +350,9 @@ func (g *bwdGen) tmaStageWait(b *strings.Builder) {
 // hopperPreamble writes the opening of a Hopper backward kernel: its tile
 // constants (with the byte sizes of one stage of its two streamed tiles,
 // named s1 and s2, which hold what), the thread's coordinates (warpgroup
-// wg), and the shared base aligned to the swizzle's 1024-byte period (s0).
-func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, s1 string, b1 int, s2 string, b2 int, what string) {
+// wg), and the shared base on the swizzle's 1024-byte period (s0): aligned
+// where the map l reserves the slack, else checked (alignSlack).
+func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, l bwdSmemLayout, s1 string, b1 int, s2 string, b2 int, what string) {
 	v := g.v
 	fmt.Fprintf(b, `  constexpr int BM = %d, BN = %d, NTH = 256;
   constexpr int DK = %d, DV = %d, DKP = %d, DVP = %d;
@@ -362,10 +363,20 @@ func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, s1 string, b1 int
   const int wg = warp >> 2;  // warpgroup
   (void)tid; (void)g; (void)t4;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
+`, t.BlockM, t.BlockN, v.DK, v.DV, v.DKPad(), v.DVPad(), s1, b1, s2, b2, what)
+	if l.slack == 0 {
+		b.WriteString(`  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries; the tiles fill
+  // shared memory without the slack to align the base, which must lie on a boundary already
+  unsigned char* smem = smem_raw;
+  if (smem_u32(smem) & 1023u) __trap();
+  const u32 s0 = smem_u32(smem);
+`)
+		return
+	}
+	b.WriteString(`  // the swizzle repeats every 1024 bytes: tiles start on 1024-byte boundaries
   unsigned char* smem = smem_raw + (((smem_u32(smem_raw) + 1023u) & ~1023u) - smem_u32(smem_raw));
   const u32 s0 = smem_u32(smem);
-`, t.BlockM, t.BlockN, v.DK, v.DV, v.DKPad(), v.DVPad(), s1, b1, s2, b2, what)
+`)
 }
 
 // addSwizzled adds a tile in the 128-byte swizzled layout: it starts on the

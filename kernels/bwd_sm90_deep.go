@@ -59,7 +59,7 @@ const (
 // streamed tiles where shared memory holds them.
 func (v BwdVariant) bwdDeepTile(dkdv bool) BwdTile {
 	stages := 1
-	if v.bwdDeepLayoutStages(dkdv, 2).total <= MaxSharedBytes {
+	if v.bwdDeepLayoutStages(dkdv, 2).withSlack() <= MaxSharedBytes {
 		stages = 2
 	}
 	return BwdTile{BlockM: bwdDeepBM, BlockN: bwdDeepBN, Warps: 8, Stages: stages, MinBlocks: 1}
@@ -95,7 +95,7 @@ func (v BwdVariant) bwdDeepLayoutStages(dkdv bool, stages int) bwdSmemLayout {
 	if v.TMA {
 		l.add("bar", 16) // [2] mbarriers: stage s of the streamed tiles landed
 	}
-	l.total += 1024 // slack: the kernel aligns its base to 1024 bytes
+	l.alignSlack()
 	return l
 }
 
@@ -227,7 +227,7 @@ func (g *bwdGen) dkdvKernelHopperDeep(b *strings.Builder) {
 // of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 %[5]s`, t.BlockN, l.total, BwdDKDVKernel, g.hopperArg(), g.hopperArgAlias(), t.Stages)
-	g.hopperPreamble(b, t, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
+	g.hopperPreamble(b, t, l, "Q_STAGE", ka*t.BlockM*128, "DO_STAGE", va*t.BlockM*128, "q and dO")
 	fmt.Fprintf(b, "  constexpr int KSL = %d, VSL = %d;  // 64-column slices of dK (warpgroup 1) and dV (warpgroup 0)\n", ka, va)
 	g.deepTiles(b, l, true, t.Stages)
 	g.dkdvQueryRange(b)
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   __syncthreads();
   T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;
   T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;
-`, l.total-1024, ms)
+`, l.tileBytes(), ms)
 	bwdRowsOut(b, "sgk", "PK", "gdk", "p.dk_sr", "BN", "m - j0", "DK")
 	bwdRowsOut(b, "sgv", "PV", "gdv", "p.dv_sr", "BN", "m - j0", "DV")
 	nfKeysCheck(b, false, nfAll("acc")...)
@@ -323,7 +323,7 @@ func (g *bwdGen) dqKernelHopperDeep(b *strings.Builder) {
 // grid (ceil(N/%[1]d), B, H), 256 threads, %[2]d bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
 %[5]s`, t.BlockM, l.total, BwdDQKernel, g.hopperArg(), g.hopperArgAlias(), t.BlockN, nc, t.Stages, from)
-	g.hopperPreamble(b, t, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
+	g.hopperPreamble(b, t, l, "K_STAGE", ka*t.BlockN*128, "V_STAGE", va*t.BlockN*128, "k and v")
 	g.deepTiles(b, l, false, t.Stages)
 	g.dqKeyRange(b)
 	g.loadKV(b)
@@ -363,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   static_assert(BM * PQ * 2 <= %d, "the staged gradient exceeds the tiles");
   __syncthreads();  // every warpgroup is done with the tiles
   if (wg == 0) {  // columns 0 .. %d
-`, l.total-1024, nc-1)
+`, l.tileBytes(), nc-1)
 	bwdStoreWarpgroup(b, "accQ", nc, "sgq", "PQ", "BM", "DK", "p.scale", 0, bwdStoreOpt{Shared: true})
 	fmt.Fprintf(b, "  } else {  // columns %d .. (the overlap with warpgroup 0 left to it)\n", nc)
 	bwdStoreWarpgroup(b, "accQ", nc, "sgq", "PQ", "BM", "DK", "p.scale", from, bwdStoreOpt{Shared: true, From: nc - from})

@@ -57,7 +57,7 @@ import (
 // of v's Hopper dK/dV kernel: two for a warp-specialized kernel where
 // shared memory allows them, else one.
 func (v BwdVariant) bwdWSBuffers() int {
-	if v.WarpSpecialized && v.bwdHopperLayoutBuffers(2).total <= MaxSharedBytes {
+	if v.WarpSpecialized && v.bwdHopperLayoutBuffers(2).withSlack() <= MaxSharedBytes {
 		return 2
 	}
 	return 1

@@ -233,9 +233,33 @@ func (v BwdVariant) layouts() (dkdv, dq bwdSmemLayout) {
 // bwdSmemLayout is the byte offsets of the shared-memory tiles of a kernel.
 type bwdSmemLayout struct {
 	off   map[string]int
-	total int
+	total int // every byte the kernel asks for: the tiles, and slack if any
+	slack int // bytes past the tiles the kernel may skip to align its base (alignSlack)
 	order []string
 }
+
+// alignSlack ends the map of a Hopper kernel, whose tiles start on the
+// swizzle's 1024-byte period from a base the kernel aligns: it reserves
+// the 1024 bytes the aligning may skip, unless they alone would carry the
+// map past MaxSharedBytes. Then the kernel uses its base as it comes and
+// checks that it lies on the period (alignedBase), as dynamic shared
+// memory does on sm_90: it starts 1024 bytes into the block's window,
+// after the bytes the system reserves.
+func (l *bwdSmemLayout) alignSlack() {
+	if l.total+1024 <= MaxSharedBytes {
+		l.slack = 1024
+		l.total += l.slack
+	}
+}
+
+// withSlack returns the bytes of the map with the aligning slack whether
+// or not alignSlack reserved it: what a choice between two maps (stages,
+// buffers) compares with MaxSharedBytes, so that a map is only ever
+// short of its slack for the tiles the kernel needs at the least.
+func (l bwdSmemLayout) withSlack() int { return l.total - l.slack + 1024 }
+
+// tileBytes returns the bytes of the map's tiles, without the slack.
+func (l bwdSmemLayout) tileBytes() int { return l.total - l.slack }
 
 func (l *bwdSmemLayout) add(name string, bytes int) {
 	if l.off == nil {

@@ -77,6 +77,9 @@ inline long long max(long long a, long long b) { return a > b ? a : b; }
   exit(3);
 }
 
+// __trap: a kernel's own check failed (the device aborts the launch)
+[[noreturn]] inline void __trap() { emu_fail("__trap: the kernel's check failed"); }
+
 // ---- fibers and barriers
 // EmuWaitOn says what a blocked thread waits for: what, a printf format
 // of up to three unsigned operands a, b, c.
