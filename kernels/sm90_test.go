@@ -1120,3 +1120,52 @@ func wantUnsupported[V interface{ Validate() error }](t *testing.T, cases map[st
 		}
 	}
 }
+
+// TestBwdAlignSlack checks the Hopper backward's aligning slack: reserved
+// (and the base aligned) wherever the tiles leave room for it; left out
+// only where it alone would exceed shared memory — D = 64's 128-query step
+// with a staged bias and the bulk dQ — where the kernel then checks its
+// base instead, and the map still fits.
+func TestBwdAlignSlack(t *testing.T) {
+	staged64 := BwdVariant{DType: attn.BFloat16, DK: 64, DV: 64, Features: Features{Bias: BiasBF16}, Vector: true, AtomicDQ: true, BulkDQ: true,
+		WGMMA: true, TMA: true, WarpSpecialized: true, KeyRows: true, QueryStep: 128, BiasStaged: true}
+	for _, tc := range []struct {
+		name  string
+		v     BwdVariant
+		slack bool
+	}{
+		{"d64-q128-staged-bulk", staged64, false},
+		{"d64-q128-staged", edited(staged64, func(v *BwdVariant) { v.BulkDQ = false }), true},
+		{"d64-q128-bulk", edited(staged64, func(v *BwdVariant) { v.BiasStaged = false }), true},
+		{"d128-staged-bulk", edited(staged64, func(v *BwdVariant) { v.DK, v.DV, v.QueryStep = 128, 128, 0 }), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.v.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			l := tc.v.bwdHopperLayout()
+			if got := l.slack == 1024; got != tc.slack || l.total > MaxSharedBytes || l.tileBytes()+l.slack != l.total {
+				t.Fatalf("slack %d, total %d (tiles %d), want slack %v within %d", l.slack, l.total, l.tileBytes(), tc.slack, MaxSharedBytes)
+			}
+			if !tc.slack && l.withSlack() <= MaxSharedBytes {
+				t.Errorf("slack left out of a map that fits with it (%d bytes)", l.withSlack())
+			}
+			src, err := tc.v.Source()
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := strings.Index(src, " "+BwdDKDVKernel+"(") // the dK/dV kernel's text, to the next kernel
+			if k < 0 {
+				t.Fatal("no dK/dV kernel")
+			}
+			dkdv := src[k:]
+			if e := strings.Index(dkdv, "extern \"C\" __global__"); e >= 0 {
+				dkdv = dkdv[:e]
+			}
+			check, align := strings.Contains(dkdv, "if (smem_u32(smem) & 1023u) __trap();"), strings.Contains(dkdv, "+ 1023u) & ~1023u)")
+			if check == tc.slack || align != tc.slack {
+				t.Errorf("base checked %v, aligned %v; want the check only without the slack", check, align)
+			}
+		})
+	}
+}
