@@ -501,9 +501,12 @@ func (g *bwdGen) keyRowsStatsDecl() string {
 	}
 	return `    float lc[BM / 8][2], dc[BM / 8][2];  // LSE2 and Delta of this thread's query columns
 #pragma unroll
-    for (int nt = 0; nt < BM / 8; ++nt)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) { lc[nt][c] = sL[st * BM + nt * 8 + 2 * t4 + c]; dc[nt][c] = sD[st * BM + nt * 8 + 2 * t4 + c]; }
+    for (int nt = 0; nt < BM / 8; ++nt) {  // columns 8nt + 2t4 and + 1: one 8-byte load each (adjacent, the pair 8-byte aligned)
+      const float2 l2 = *reinterpret_cast<const float2*>(sL + st * BM + nt * 8 + 2 * t4);
+      const float2 d2 = *reinterpret_cast<const float2*>(sD + st * BM + nt * 8 + 2 * t4);
+      lc[nt][0] = l2.x; lc[nt][1] = l2.y;
+      dc[nt][0] = d2.x; dc[nt][1] = d2.y;
+    }
 `
 }
 

@@ -617,7 +617,8 @@ func TestKeyRowsSource(t *testing.T) {
 		if want := !v.Masked() && !v.Biased() && !v.Softcap && !v.Dropout; split != want || loops != map[bool]int{false: 1, true: 2}[want] {
 			t.Errorf("%s: Pᵀ loop split %v (%d copies), want %v", v.Name(), split, loops, want)
 		}
-		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];")
+		inRegs := strings.Contains(src, "float lc[BM / 8][2], dc[BM / 8][2];") && strings.Contains(src, "const float2 l2 = *reinterpret_cast<const float2*>(sL + st * BM + nt * 8 + 2 * t4);") &&
+			strings.Contains(src, "const float2 d2 = *reinterpret_cast<const float2*>(sD + st * BM + nt * 8 + 2 * t4);")
 		fromStage := strings.Contains(src, "const float* lcs = sL + st * BM + 2 * t4;") && strings.Contains(src, "const float2 lc2 = *reinterpret_cast<const float2*>(lcs + nt * 8);") && strings.Contains(src, "const float2 dc2 = *reinterpret_cast<const float2*>(dcs + nt * 8);")
 		if wantStage := v.QueryStep == 128; inRegs == wantStage || fromStage != wantStage {
 			t.Errorf("%s: LSE2 and Delta in registers %v, read from the stage %v; want the stage %v", v.Name(), inRegs, fromStage, wantStage)
