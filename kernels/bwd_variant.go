@@ -238,13 +238,13 @@ type bwdSmemLayout struct {
 	order []string
 }
 
-// alignSlack ends the map of a Hopper kernel, whose tiles start on the
-// swizzle's 1024-byte period from a base the kernel aligns: it reserves
-// the 1024 bytes the aligning may skip, unless they alone would carry the
-// map past MaxSharedBytes. Then the kernel uses its base as it comes and
-// checks that it lies on the period (alignedBase), as dynamic shared
-// memory does on sm_90: it starts 1024 bytes into the block's window,
-// after the bytes the system reserves.
+// alignSlack ends the map of a Hopper backward kernel, whose tiles start
+// on the swizzle's 1024-byte period from a base the kernel aligns: it
+// reserves the 1024 bytes the aligning may skip, unless they alone would
+// carry the map past MaxSharedBytes. Then the kernel uses its base as it
+// comes and traps unless it lies on the period (hopperPreamble), as
+// dynamic shared memory does on sm_90: it starts 1024 bytes into the
+// block's window, after the bytes the system reserves.
 func (l *bwdSmemLayout) alignSlack() {
 	if l.total+1024 <= MaxSharedBytes {
 		l.slack = 1024
@@ -253,9 +253,10 @@ func (l *bwdSmemLayout) alignSlack() {
 }
 
 // withSlack returns the bytes of the map with the aligning slack whether
-// or not alignSlack reserved it: what a choice between two maps (stages,
-// buffers) compares with MaxSharedBytes, so that a map is only ever
-// short of its slack for the tiles the kernel needs at the least.
+// or not alignSlack reserved it: what a choice between a larger map and a
+// smaller one (two stages or one, two buffers or one) compares with
+// MaxSharedBytes, so that only a map with no smaller choice goes without
+// its slack.
 func (l bwdSmemLayout) withSlack() int { return l.total - l.slack + 1024 }
 
 // tileBytes returns the bytes of the map's tiles, without the slack.
