@@ -54,14 +54,47 @@ func (d DBiasPath) String() string {
 // scratch, its atomic add into the accumulator (DBiasAtomic) or its store
 // into dBias (DBiasDirect).
 func (g *bwdGen) dbiasStore(i, j, val string) string {
-	at := fmt.Sprintf("(((long long)b * p.H + h) * p.N + %s) * p.M + %s", i, j) // dS's place in [B, H, N, M]
+	return g.dbiasStoreAt(g.dbiasPlace(i, j), val)
+}
+
+// dbiasPlace returns the address of the element dbiasStore writes for
+// pair (query row i, key j) of head h, batch element b; in every path the
+// element of pair (i + r, j + k) lies r·p.M + k elements on (the scratch
+// and the accumulator are fp32 [·, ·, N, M], dBias [B, H, N, M]).
+func (g *bwdGen) dbiasPlace(i, j string) string {
 	switch g.v.DBiasPath {
 	case DBiasAtomic:
-		return fmt.Sprintf("atomicAdd(p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s), %s);", i, j, val)
+		return fmt.Sprintf("p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s)", i, j)
 	case DBiasDirect:
-		return "p.dbias[" + at + "] = bt_from_f(" + val + ");"
+		return "p.dbias + " + dsPlace(i, j)
 	}
-	return "p.dbias_scratch[" + at + "] = " + val + ";"
+	return "p.dbias_scratch + " + dsPlace(i, j)
+}
+
+// dsPlace returns the index of pair (query row i, key j) of head h, batch
+// element b in [B, H, N, M].
+func dsPlace(i, j string) string {
+	return fmt.Sprintf("(((long long)b * p.H + h) * p.N + %s) * p.M + %s", i, j)
+}
+
+// dbiasPointer returns the C type of dbiasPlace's address.
+func (g *bwdGen) dbiasPointer() string {
+	if g.v.DBiasPath == DBiasDirect {
+		return "BT*"
+	}
+	return "float*"
+}
+
+// dbiasStoreAt returns dbiasStore's statement for the element at address
+// ptr (dbiasPlace).
+func (g *bwdGen) dbiasStoreAt(ptr, val string) string {
+	switch g.v.DBiasPath {
+	case DBiasAtomic:
+		return fmt.Sprintf("atomicAdd(%s, %s);", ptr, val)
+	case DBiasDirect:
+		return fmt.Sprintf("*(%s) = bt_from_f(%s);", ptr, val)
+	}
+	return fmt.Sprintf("*(%s) = %s;", ptr, val)
 }
 
 // dbiasTerms returns the declarations of the batch elements [b0, b1) and

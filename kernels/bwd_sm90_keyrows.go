@@ -114,7 +114,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 %[5]s%[1]s%[11]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
 %[2]s%[10]s    wgmma_wait<0>();  // dPᵀ
     fence_acc(accP[0]);
-#pragma unroll
+%[14]s#pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -131,7 +131,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
       }
 %[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoops(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
 		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), biasDecl,
-		keyRowsElem, g.keyRowsStatPair("d"))
+		keyRowsElem, g.keyRowsStatPair("d"), g.keyRowsDBiasDecl())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -540,14 +540,31 @@ func (g *bwdGen) keyRowsSoftcapDecl() string {
 	return "    float fc[BM / 8][4];  // 1 - tanh² of each element's softcap\n"
 }
 
+// keyRowsDBiasDecl declares, with dBias, the thread's place among the
+// step's dBias elements (dbiasPlace): that of its first element, query
+// i0 + 2t4 and key kj at hh = 0, from which element (nt, hh, c) lies
+// 8nt + c rows and 8hh keys on (keyRowsChain); the step's tile wholly
+// inside the sequences (dbin) skips the elements' tests.
+func (g *bwdGen) keyRowsDBiasDecl() string {
+	if !g.v.BiasGrad {
+		return ""
+	}
+	return `    // dBias: this thread's first element (query i0 + 2t4, key kj of hh = 0); element (nt, hh, c) lies 8nt + c
+    // rows (of p.M keys) and 8hh keys on
+    const bool dbin = i0 + BM <= n && j0 + BN <= m;
+    ` + g.dbiasPointer() + ` const dbp = ` + g.dbiasPlace("i0 + 2 * t4", "j0 + 64 * wg + 16 * (warp & 3) + g") + `;
+    const long long dbm = p.M;
+`
+}
+
 // keyRowsChain returns the statements that finish d, the gradient of
-// element (key kj, query qi + c)'s logit: its dBias scratch entry and the
-// softcap's chain rule.
+// element (key kj, query qi + c)'s logit: its dBias element (from the
+// thread's place, keyRowsDBiasDecl) and the softcap's chain rule.
 func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
 	if v.BiasGrad {
-		b.WriteString("          if (qi + c < n && kj < m) " + g.dbiasStore("qi + c", "kj", "d") + "\n")
+		b.WriteString("          if (dbin || (qi + c < n && kj < m)) " + g.dbiasStoreAt("dbp + (8 * nt + c) * dbm + 8 * hh", "d") + "\n")
 	}
 	if v.Softcap {
 		b.WriteString("          d *= fc[nt][hh * 2 + c];\n")

@@ -277,10 +277,10 @@ func TestBwdNonFiniteChecks(t *testing.T) {
 		}
 		for sub, want := range map[string]bool{
 			"drop_u8((unsigned)i + p.drop_q0, (unsigned)j + p.drop_k0": v.Dropout,
-			"(s * p.softcap_in)":           v.Softcap,
-			"sv += bt_to_f(p.bias":         v.Biased(),
-			"if (use) p.dbias_scratch[":    v.BiasGrad,
-			"if (p.right >= 0) ilo = max(": v.Masked(),
+			"(s * p.softcap_in)":            v.Softcap,
+			"sv += bt_to_f(p.bias":          v.Biased(),
+			"if (use) *(p.dbias_scratch + ": v.BiasGrad,
+			"if (p.right >= 0) ilo = max(":  v.Masked(),
 		} {
 			if got := strings.Contains(src, sub); got != want {
 				t.Errorf("%s: source has %q: %v, want %v", v.Name(), sub, got, want)
