@@ -540,13 +540,24 @@ func (g *bwdGen) keyRowsSoftcapDecl() string {
 	return "    float fc[BM / 8][4];  // 1 - tanh² of each element's softcap\n"
 }
 
-// keyRowsDBiasDecl declares, with dBias, the thread's place among the
-// step's dBias elements (dbiasPlace): that of its first element, query
-// i0 + 2t4 and key kj at hh = 0, from which element (nt, hh, c) lies
-// 8nt + c rows and 8hh keys on (keyRowsChain); the step's tile wholly
-// inside the sequences (dbin) skips the elements' tests.
+// keyRowsDBiasFromFirst reports whether the step addresses its dBias
+// elements from the thread's first (keyRowsDBiasDecl) rather than each
+// from its indices: where the bias is staged. Beside the global loads of
+// an unstaged bias the first element's address and the tile test are two
+// more live registers, and NVRTC 12.4 spilled more in some of those
+// variants (D = 128 with softcap 28 → 196–236 bytes) and less in others;
+// staged, the spills fell or held (D = 128 softcap 208 → 64, 80 → 40)
+// but for the scratch at D = 64 (20 → 36).
+func (g *bwdGen) keyRowsDBiasFromFirst() bool { return g.v.BiasGrad && g.v.BiasStaged }
+
+// keyRowsDBiasDecl declares, where keyRowsDBiasFromFirst, the thread's
+// place among the step's dBias elements (dbiasPlace): that of its first
+// element, query i0 + 2t4 and key kj at hh = 0, from which element
+// (nt, hh, c) lies 8nt + c rows and 8hh keys on (keyRowsChain); the
+// step's tile wholly inside the sequences (dbin) skips the elements'
+// tests.
 func (g *bwdGen) keyRowsDBiasDecl() string {
-	if !g.v.BiasGrad {
+	if !g.keyRowsDBiasFromFirst() {
 		return ""
 	}
 	return `    // dBias: this thread's first element (query i0 + 2t4, key kj of hh = 0); element (nt, hh, c) lies 8nt + c
@@ -559,12 +570,16 @@ func (g *bwdGen) keyRowsDBiasDecl() string {
 
 // keyRowsChain returns the statements that finish d, the gradient of
 // element (key kj, query qi + c)'s logit: its dBias element (from the
-// thread's place, keyRowsDBiasDecl) and the softcap's chain rule.
+// thread's first where keyRowsDBiasFromFirst) and the softcap's chain
+// rule.
 func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
-	if v.BiasGrad {
+	switch {
+	case g.keyRowsDBiasFromFirst():
 		b.WriteString("          if (dbin || (qi + c < n && kj < m)) " + g.dbiasStoreAt("dbp + (8 * nt + c) * dbm + 8 * hh", "d") + "\n")
+	case v.BiasGrad:
+		b.WriteString("          if (qi + c < n && kj < m) " + g.dbiasStore("qi + c", "kj", "d") + "\n")
 	}
 	if v.Softcap {
 		b.WriteString("          d *= fc[nt][hh * 2 + c];\n")

@@ -1093,6 +1093,16 @@ func TestBwdBiasStagedSource(t *testing.T) {
 		if !strings.Contains(src, "TensorMap c;") {
 			t.Errorf("%s: no bias map in the argument", v.Name())
 		}
+		// dBias addressed from the thread's first element, the tests skipped for a tile inside the sequences
+		if !strings.Contains(src, "if (dbin || (qi + c < n && kj < m)) *(dbp + (8 * nt + c) * dbm + 8 * hh) = d;") ||
+			!strings.Contains(src, "const bool dbin = i0 + BM <= n && j0 + BN <= m;") {
+			t.Errorf("%s: dBias not addressed from the thread's first element", v.Name())
+		}
+		unstaged := v
+		unstaged.BiasStaged = false
+		if src, err := unstaged.Source(); err != nil || strings.Contains(src, "dbp + (8 * nt + c) * dbm") || !strings.Contains(src, "if (qi + c < n && kj < m) *(p.dbias_scratch + ") {
+			t.Errorf("%s: dBias of an unstaged bias not addressed element by element (%v)", unstaged.Name(), err)
+		}
 		step := strings.Index(src, "keys as rows: this warpgroup's BN/2 keys")
 		if end := strings.Index(src[max(step, 0):], "---- dV += Pᵀ·dO"); step < 0 || end < 0 || strings.Contains(src[step:step+end], "sv += bt_to_f(p.bias[") {
 			t.Errorf("%s: the key-rows step still reads the bias from global memory", v.Name())
