@@ -275,9 +275,16 @@ func (g *bwdGen) keyRowsStoreDS() string {
 `
 }
 
+// keyRowsKey0 and keyRowsQuery0 are the thread's first key (at hh = 0: a
+// row of Sᵀ) and first query (at nt = 0) of the step.
+const (
+	keyRowsKey0   = "j0 + 64 * wg + 16 * (warp & 3) + g"
+	keyRowsQuery0 = "i0 + 2 * t4"
+)
+
 // keyRowsElem declares the step's element (nt, hh) of the thread: its key
 // kj (a row of Sᵀ) and first query qi (its columns qi and qi + 1).
-const keyRowsElem = "const int kj = j0 + 64 * wg + 16 * (warp & 3) + g + 8 * hh, qi = i0 + nt * 8 + 2 * t4;"
+const keyRowsElem = "const int kj = " + keyRowsKey0 + " + 8 * hh, qi = i0 + nt * 8 + 2 * t4;"
 
 // keyRowsPLoops returns the loop that computes Pᵀ of the step's elements
 // into pk: without a mask or an element-wise feature (bias, softcap,
@@ -563,7 +570,7 @@ func (g *bwdGen) keyRowsDBiasDecl() string {
 	return `    // dBias: this thread's first element (query i0 + 2t4, key kj of hh = 0); element (nt, hh, c) lies 8nt + c
     // rows (of p.M keys) and 8hh keys on
     const bool dbin = i0 + BM <= n && j0 + BN <= m;
-    ` + g.dbiasPointer() + ` const dbp = ` + g.dbiasPlace("i0 + 2 * t4", "j0 + 64 * wg + 16 * (warp & 3) + g") + `;
+    ` + g.dbiasPointer() + ` const dbp = ` + g.dbiasPlace(keyRowsQuery0, keyRowsKey0) + `;
     const long long dbm = p.M;
 `
 }
