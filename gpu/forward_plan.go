@@ -175,8 +175,11 @@ func plan(r fwdRequest) (launch, error) {
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
 	}
 	pr := fwdParams(r)
-	if r.biasStaged && vr.WarpSpecialized && pr.BiasStrideN != 0 && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) &&
-		tensorMapSpec(vr.BiasTMATensor(&pr)).Check() == nil {
+	var bmap kernels.TMATensor // the bias's map, where it is staged
+	if r.biasStaged && vr.WarpSpecialized && pr.BiasStrideN != 0 && biasStageable(pr.Bias, pr.BiasStrideM, pr.BiasStrideN, pr.BiasStrideH, pr.BiasStrideB) {
+		bmap = vr.BiasTMATensor(&pr)
+	}
+	if bmap.Addr != 0 && tensorMapSpec(bmap).Check() == nil {
 		w := vr
 		w.BiasStaged = true
 		if w.Validate() != nil && w.StoreO && r.biasOverStoreO {
@@ -226,7 +229,7 @@ func plan(r fwdRequest) (launch, error) {
 		}
 	}
 	if vr.BiasStaged {
-		l.tma = append(l.tma, vr.BiasTMATensor(&pr))
+		l.tma = append(l.tma, bmap)
 	}
 	l.grid = [3]uint32{uint32((p.N + vr.BlockM - 1) / vr.BlockM), uint32(p.H), uint32(p.B)}
 	if vr.Persistent {

@@ -382,5 +382,5 @@ func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, l bwdSmemLayout, 
 // addSwizzled adds a tile in the 128-byte swizzled layout: it starts on the
 // swizzle's 1024-byte period (from a base the kernel aligns).
 func (l *bwdSmemLayout) addSwizzled(name string, bytes int) {
-	l.add(name, (bytes+1023)/1024*1024)
+	l.add(name, roundUp(bytes, swizzlePeriod))
 }

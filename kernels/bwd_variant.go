@@ -246,18 +246,23 @@ type bwdSmemLayout struct {
 // dynamic shared memory does on sm_90: it starts 1024 bytes into the
 // block's window, after the bytes the system reserves.
 func (l *bwdSmemLayout) alignSlack() {
-	if l.total+1024 <= MaxSharedBytes {
-		l.slack = 1024
+	if l.total+swizzlePeriod <= MaxSharedBytes {
+		l.slack = swizzlePeriod
 		l.total += l.slack
 	}
 }
+
+// swizzlePeriod is the bytes after which the 128-byte swizzle repeats: the
+// alignment of every swizzled tile, and the most a kernel skips to align
+// its base.
+const swizzlePeriod = 1024
 
 // withSlack returns the bytes of the map with the aligning slack whether
 // or not alignSlack reserved it: what a choice between a larger map and a
 // smaller one (two stages or one, two buffers or one) compares with
 // MaxSharedBytes, so that only a map with no smaller choice goes without
 // its slack.
-func (l bwdSmemLayout) withSlack() int { return l.total - l.slack + 1024 }
+func (l bwdSmemLayout) withSlack() int { return l.tileBytes() + swizzlePeriod }
 
 // tileBytes returns the bytes of the map's tiles, without the slack.
 func (l bwdSmemLayout) tileBytes() int { return l.total - l.slack }
