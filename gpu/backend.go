@@ -122,6 +122,12 @@ type Backend struct {
 	// converts it (kernels.DBiasDirect). New sets it unless EnvDBiasDirect
 	// is "0".
 	DBiasDirect bool
+	// DBiasTiles has the dK/dV kernels that would add a bias's gradient by
+	// atomic adds (DBiasAtomic, DBiasAtomicAuto) add it instead as one tile
+	// a warpgroup and step by a bulk reduce-add into a tiled accumulator,
+	// where the variant allows it (kernels.DBiasTiles,
+	// kernels.DBiasTilesOK). New sets it when EnvDBiasTiles is set.
+	DBiasTiles bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -327,12 +333,19 @@ const EnvDBiasAtomic = "FLASHATTN_DBIAS_ATOMIC"
 // (Backend.DBiasDirect).
 const EnvDBiasDirect = "FLASHATTN_DBIAS_DIRECT"
 
+// EnvDBiasTiles, when set to anything but "" or "0", has the backward of
+// new backends add a bias's gradient by tiles where it would add it by
+// atomic adds and the variant allows it (Backend.DBiasTiles).
+const EnvDBiasTiles = "FLASHATTN_DBIAS_TILES"
+
 // readDBiasEnv sets the dBias paths' knobs (DBiasAtomic, DBiasAtomicAuto,
-// DBiasDirect) as EnvDBiasAtomic and EnvDBiasDirect ask.
+// DBiasDirect, DBiasTiles) as EnvDBiasAtomic, EnvDBiasDirect and
+// EnvDBiasTiles ask.
 func (b *Backend) readDBiasEnv() {
 	b.DBiasAtomic = envSet(os.Getenv(EnvDBiasAtomic))
 	b.DBiasAtomicAuto = os.Getenv(EnvDBiasAtomic) != "0"
 	b.DBiasDirect = os.Getenv(EnvDBiasDirect) != "0"
+	b.DBiasTiles = envSet(os.Getenv(EnvDBiasTiles))
 }
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked

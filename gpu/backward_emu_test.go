@@ -41,6 +41,10 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 	return emuDriver2(first, second)
 }
 
+// emuBwdPlanned, when set, sees the variant of each emulated backward's
+// plan (a test that must know which path its cases took).
+var emuBwdPlanned func(kernels.BwdVariant)
+
 // bwdEmuTMAKernels are the kernels of a tensor-map variant that take
 // BwdTmaParams.
 var bwdEmuTMAKernels = []string{kernels.BwdDKDVKernel, kernels.BwdDQKernel}
@@ -115,7 +119,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
 		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), deep: deep,
-		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect})
+		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -124,12 +128,19 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	if pl.v.BulkDQ {
 		// the bulk reduce-adds stay inside the dQ accumulator
-		ar.reduce = [2]uint64{a.Workspace + uint64(pl.w.dqacc), a.Workspace + uint64(pl.w.dqacc+pl.w.dqaccBytes)}
+		ar.reduce = [][2]uint64{{a.Workspace + uint64(pl.w.dqacc), a.Workspace + uint64(pl.w.dqacc+pl.w.dqaccBytes)}}
+	}
+	if pl.v.DBiasPath == kernels.DBiasTiles {
+		// and dBias's into its accumulator (up to the non-finite flag, which follows it)
+		ar.reduce = append(ar.reduce, [2]uint64{a.Workspace + uint64(pl.w.dbias), a.Workspace + uint64(pl.w.nf)})
 	}
 	if kind == emuDefault {
 		t.Logf("%s", pl.v.Name())
 	} else {
 		emuCheckBwdPlan(t, pl, in.p, kind, hopper, tma, bulk, ws, keyRows)
+	}
+	if emuBwdPlanned != nil {
+		emuBwdPlanned(pl.v)
 	}
 	src, err := pl.v.Source()
 	if err != nil {
@@ -553,6 +564,50 @@ func emuKeyRowsCases(t *testing.T, cases []bwdCase, seed uint64, kinds ...emuKer
 				}
 			}
 		})
+	}
+}
+
+// TestBackwardEmulatedDBiasTiles runs backwards that add the gradient of
+// a bias broadcast over the batch by tiles (EnvDBiasTiles,
+// kernels.DBiasTiles: each warpgroup's 64 × 64 share of a step through
+// shared memory and one bulk reduce-add into a tiled accumulator) on the
+// host emulator against the float64 reference: the key-rows family with
+// the bulk dQ at head dims padded to 128, batches of two to four, a bias
+// shared by the heads too, causal and window masks, softcap, dropout,
+// GQA, DK ≠ DV, query and key counts off the tiles (the accumulator's
+// padding), a second warpgroup whose keys all lie past M, and rows that
+// see no key; every case must take the path.
+func TestBackwardEmulatedDBiasTiles(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	t.Setenv(EnvDBiasAtomic, "1")
+	t.Setenv(EnvDBiasTiles, "1")
+	var paths []kernels.DBiasPath // of the atomic dQ's plans (the separate dQ's key-rows step has no dQ tile)
+	emuBwdPlanned = func(v kernels.BwdVariant) {
+		if v.AtomicDQ {
+			paths = append(paths, v.DBiasPath)
+		}
+	}
+	t.Cleanup(func() { emuBwdPlanned = nil })
+	bf := []attn.DType{attn.BFloat16}
+	cases := []bwdCase{
+		{name: "d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}},
+		{name: "d128-b2-m130-wg1-past-m", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf},
+		{name: "d120-b2-shared-window-softcap", b: 2, n: 129, m: 70, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, softcap: 4, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf},
+		{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf},
+	}
+	for ci, c := range cases {
+		for _, dt := range c.dtypes {
+			paths = paths[:0]
+			emuCheckCase(t, c, dt, uint64(1990+ci), emuHopperBwdWSKeyRowsBulk)
+			if len(paths) == 0 {
+				t.Fatalf("%s: no backward planned with the atomic dQ", c.name)
+			}
+			for _, p := range paths {
+				if p != kernels.DBiasTiles {
+					t.Errorf("%s %v: dBias by %v, want tiles", c.name, dt, p)
+				}
+			}
+		}
 	}
 }
 

@@ -104,7 +104,11 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 	}
 	if biasGrad {
 		w.dbias = w.total
-		w.total += align256(int64(p.B) * int64(p.H) * int64(p.N) * int64(p.M) * 4)
+		size := int64(p.B) * int64(p.H) * int64(p.N) * int64(p.M)
+		if !p.Varlen && kernels.DBiasTilesDims(p.DK) { // room for the tiled accumulator too (kernels.DBiasTiles), whichever the plan takes
+			size = max(size, kernels.DBiasTilesFloats(p.B*p.H, p.N, p.M))
+		}
+		w.total += align256(size * 4)
 	}
 	w.nf = w.total
 	w.total += kernels.BwdNonFiniteFlagBytes
@@ -274,6 +278,9 @@ type bwdRequest struct {
 	// head directly (Backend.DBiasAtomic, Backend.DBiasAtomicAuto,
 	// Backend.DBiasDirect, dbiasPath).
 	dbiasAtomic, dbiasAtomicAuto, dbiasDirect bool
+	// dbiasTiles adds it by tiles where it would be added by atomic adds
+	// and the final variant allows it (Backend.DBiasTiles).
+	dbiasTiles bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -286,7 +293,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
 		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
-		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect}
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles}
 }
 
 // biasStaged reports whether the backend's forward and backward stage a
@@ -411,6 +418,13 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if r.lightTail { // (Validate declines it unmasked)
 		w := pl.v
 		w.LightTail = true
+		if w.Validate() == nil {
+			pl.v = w
+		}
+	}
+	if r.dbiasTiles && pl.v.DBiasPath == kernels.DBiasAtomic {
+		w := pl.v
+		w.DBiasPath = kernels.DBiasTiles
 		if w.Validate() == nil {
 			pl.v = w
 		}

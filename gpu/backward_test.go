@@ -384,6 +384,9 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 		{name: "keyrows-d128-bias-grad-softcap-n1024-m1040", b: 2, n: 1024, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: both[:1]},
 		// a mask with a 16-bit bias: the bias staged by default (Backend.BiasStagedAuto)
 		{name: "keyrows-d128-causal-bias-grad-n1040", b: 1, n: 1040, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both},
+		// dBias of a bias broadcast over the batch: by atomic adds, or by tiles under EnvDBiasTiles (the accumulator's padding past N and M)
+		{name: "keyrows-d128-bias-bcast-b-grad-n1030-m1100", b: 3, n: 1030, m: 1100, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: both},
+		{name: "keyrows-d128-causal-bias-bcast-b-grad-n1100", b: 2, n: 1100, m: 1100, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both[:1]},
 		// head dims 49–64: steps of 128 queries, dQ's rows split over the warpgroups; the last step's
 		// second half partly (1100 = 8·128 + 76) or wholly (1030 = 8·128 + 6) past the queries
 		{name: "keyrows-q128-d64-n1024", b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dtypes: both},

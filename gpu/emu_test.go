@@ -43,11 +43,11 @@ const emuBase = 1 << 32 // fake device address of the arena's first byte
 
 // emuArena lays out the tensors of one emulated call in one buffer.
 // emuArena is the emulator's memory: its bytes from address emuBase, and,
-// when set, the addresses [reduce[0], reduce[1]) that bulk reduce-adds
-// may target (the driver fails one outside them).
+// when set, the address ranges [lo, hi) that bulk reduce-adds may target
+// (at most two; the driver fails one outside them).
 type emuArena struct {
 	b      []byte
-	reduce [2]uint64
+	reduce [][2]uint64
 }
 
 func (e *emuArena) put(data []byte) uint64 {
@@ -264,8 +264,12 @@ func emuRun(t *testing.T, bin string, params []byte, ar *emuArena, launches []em
 		args = append(args, l.kernel, fmt.Sprint(l.grid[0]), fmt.Sprint(l.grid[1]), fmt.Sprint(l.grid[2]), fmt.Sprint(l.threads))
 	}
 	cmd := exec.Command(bin, args...)
-	if ar.reduce[1] != 0 {
-		cmd.Env = append(os.Environ(), fmt.Sprintf("EMU_REDUCE_RANGE=%d %d", ar.reduce[0], ar.reduce[1]))
+	if len(ar.reduce) > 0 {
+		var r []string
+		for _, x := range ar.reduce {
+			r = append(r, fmt.Sprint(x[0]), fmt.Sprint(x[1]))
+		}
+		cmd.Env = append(os.Environ(), "EMU_REDUCE_RANGE="+strings.Join(r, " "))
 	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return out, err

@@ -30,9 +30,38 @@ const (
 	// the tiles the kernel skips among them); BwdDBiasKernel is not
 	// launched.
 	DBiasDirect
+	// DBiasTiles adds, as DBiasAtomic does, every element into an fp32
+	// accumulator of dBias's elements, laid out in tiles of 64 queries by
+	// 64 keys (dbias_acc_at), so that a warpgroup's share of a step, its
+	// 64 keys by the step's 64 queries, is 16 KB contiguous in it: the
+	// key-rows step stores that share into shared memory (the tiled dQ
+	// accumulator's tile of the warpgroup, free until dQ's stores) and
+	// adds it with one bulk reduce-add, where DBiasAtomic issues an atomic
+	// add an element. BwdDBiasKernel converts the accumulator. Only where
+	// DBiasTilesOK.
+	DBiasTiles
 )
 
-// String returns the path's name: scratch, atomic or direct.
+// DBiasTilesOK reports whether v can take DBiasTiles: the key-rows step
+// with the tiled dQ accumulator (DQAccTiled) at padded DK 128, where each
+// warpgroup owns a 64 × 64 fp32 tile of shared memory, on steps of 64
+// queries.
+func DBiasTilesOK(v BwdVariant) bool {
+	return v.KeyRows && v.DQAccTiled() && DBiasTilesDims(v.DK) && v.bwdHopperTile().BlockM == 64 && v.BiasGrad
+}
+
+// DBiasTilesDims reports whether head dim dk (q's and k's) pads to the
+// 128 columns DBiasTilesOK asks of the Hopper kernels.
+func DBiasTilesDims(dk int) bool { return padMMA(dk) == 128 }
+
+// dbiasAccumulates reports whether v's dK/dV kernel adds dS into an fp32
+// accumulator of dBias's elements (DBiasAtomic, DBiasTiles), which the
+// preprocess zeroes and BwdDBiasKernel converts.
+func (v BwdVariant) dbiasAccumulates() bool {
+	return v.DBiasPath == DBiasAtomic || v.DBiasPath == DBiasTiles
+}
+
+// String returns the path's name: scratch, atomic, direct or tiles.
 func (d DBiasPath) String() string {
 	switch d {
 	case DBiasScratch:
@@ -41,6 +70,8 @@ func (d DBiasPath) String() string {
 		return "atomic"
 	case DBiasDirect:
 		return "direct"
+	case DBiasTiles:
+		return "tiles"
 	}
 	return fmt.Sprintf("DBiasPath(%d)", uint8(d))
 }
@@ -58,12 +89,13 @@ func (g *bwdGen) dbiasStore(i, j, val string) string {
 }
 
 // dbiasPlace returns the address of the element dbiasStore writes for
-// pair (query row i, key j) of head h, batch element b; in every path the
-// element of pair (i + r, j + k) lies r·p.M + k elements on (the scratch
-// and the accumulator are fp32 [·, ·, N, M], dBias [B, H, N, M]).
+// pair (query row i, key j) of head h, batch element b; in every path but
+// DBiasTiles the element of pair (i + r, j + k) lies r·p.M + k elements on
+// (the scratch and the accumulator are fp32 [·, ·, N, M], dBias [B, H, N,
+// M]).
 func (g *bwdGen) dbiasPlace(i, j string) string {
 	switch g.v.DBiasPath {
-	case DBiasAtomic:
+	case DBiasAtomic, DBiasTiles:
 		return fmt.Sprintf("p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s)", i, j)
 	case DBiasDirect:
 		return "p.dbias + " + dsPlace(i, j)
@@ -89,7 +121,7 @@ func (g *bwdGen) dbiasPointer() string {
 // ptr (dbiasPlace).
 func (g *bwdGen) dbiasStoreAt(ptr, val string) string {
 	switch g.v.DBiasPath {
-	case DBiasAtomic:
+	case DBiasAtomic, DBiasTiles:
 		return fmt.Sprintf("atomicAdd(%s, %s);", ptr, val)
 	case DBiasDirect:
 		return fmt.Sprintf("*(%s) = bt_from_f(%s);", ptr, val)
@@ -110,7 +142,7 @@ func dbiasTerms(indent, b, h string) string {
 // nfDBiasRewrite returns nf_keys's statements for dBias, where it
 // recomputes key j of batch element b over the query rows [ilo, ihi) of
 // head h that see it (lane's row i, use: the row counts): the pair's
-// scratch entry; under DBiasAtomic, its accumulator element's whole exact
+// scratch entry; under DBiasAtomic and DBiasTiles, its accumulator element's whole exact
 // sum (a kernel's NaN cannot be taken back out of it; fix-up blocks that
 // reach the same element write the same value); under DBiasDirect, the
 // pair's dBias element, and zeros for the rows of the key's hidden pairs
@@ -120,7 +152,7 @@ func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
 	switch {
 	case !g.v.BiasGrad:
 		return "", ""
-	case g.v.DBiasPath == DBiasAtomic:
+	case g.v.dbiasAccumulates():
 		return "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n", ""
 	case g.v.DBiasPath == DBiasDirect:
 		return "        if (i < ihi) " + g.dbiasStore("i", "j", "use ? dsb : 0.f") + "\n",
@@ -131,19 +163,25 @@ func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
 	return "        if (use) " + g.dbiasStore("i", "j", "dsb") + "\n", ""
 }
 
-// dbiasAccFuncs writes, under DBiasAtomic, dbias_acc_at (a pair's element
-// of the accumulator) and nf_dbias_sum (an element's exact value, which
+// dbiasAccFuncs writes, under DBiasAtomic and DBiasTiles, dbias_acc_at (a
+// pair's element of the accumulator; under DBiasTiles with the tiles'
+// order, dbiasTileIndex) and nf_dbias_sum (an element's exact value, which
 // the fix-up writes); it uses nf_pair, so it comes after it.
 func (g *bwdGen) dbiasAccFuncs(b *strings.Builder) {
-	if g.v.DBiasPath != DBiasAtomic {
-		return
-	}
-	b.WriteString(`// dbias_acc_at: the index, in the dBias accumulator [bias batches, bias heads, N, M], of the element that pair
+	switch g.v.DBiasPath {
+	case DBiasAtomic:
+		b.WriteString(`// dbias_acc_at: the index, in the dBias accumulator [bias batches, bias heads, N, M], of the element that pair
 // (query row i, key j) of head h, batch element b adds into (DBiasAtomic)
 DEV long long dbias_acc_at(const BwdParams& p, int b, int h, int i, int j) {
   return (((long long)(p.bias_nb == 1 ? 0 : b) * p.bias_nh + (p.bias_nh == 1 ? 0 : h)) * p.N + i) * p.M + j;
 }
-// nf_dbias_sum: the exact value of the accumulator element of pair (i, j) of head h, batch element b: dS of that
+`)
+	case DBiasTiles:
+		b.WriteString(dbiasTileIndex + dbiasTileFuncs)
+	default:
+		return
+	}
+	b.WriteString(`// nf_dbias_sum: the exact value of the accumulator element of pair (i, j) of head h, batch element b: dS of that
 // pair summed over every batch element and head that shares the element (fixed length), batch outer, head inner
 DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
   const int G = p.H / p.Hkv;
@@ -158,10 +196,43 @@ DEV float nf_dbias_sum(const BwdParams& p, int b, int h, int i, int j) {
 `)
 }
 
+// dbiasTileFuncs is dbias_acc_at under DBiasTiles (dbias_tile_index lays
+// the tiles out).
+const dbiasTileFuncs = `// dbias_acc_at: the index, in the tiled dBias accumulator (dbias_tile_index), of the element that pair (query
+// row i, key j) of head h, batch element b adds into (DBiasTiles)
+DEV long long dbias_acc_at(const BwdParams& p, int b, int h, int i, int j) {
+  return dbias_tile_index(p, (p.bias_nb == 1 ? 0 : b) * p.bias_nh + (p.bias_nh == 1 ? 0 : h), i, j);
+}
+`
+
+// dbiasTileIndex declares, under DBiasTiles, dbias_tile_at and
+// dbias_tile_index: the order of the tiled dBias accumulator, which the
+// preprocess zeroes, the dK/dV kernel adds into and BwdDBiasKernel reads
+// (the module's prelude declares it, with dbias_acc_at).
+const dbiasTileIndex = `// The tiled dBias accumulator (DBiasTiles): plane x (bias batch, bias head) holds ceil(N / 64) x ceil(M / 64)
+// tiles of 64 queries x 64 keys, query tiles outer; a tile's rows are its queries, 64 floats each, whose 8-float
+// chunks are swizzled by bits 1-2 of the row (chunk c of row r at c ^ ((r >> 1) & 3)): a key-rows thread's four
+// lanes of one key group (t4 = 0..3) hold queries 2t4 + c, so their 4-byte stores of one element fall on 32 banks.
+// Rows and keys past the sequences are padding, added into and never read.
+DEV int dbias_tile_at(int r, int c) { return r * 64 + ((((c >> 3) ^ ((r >> 1) & 3)) << 3) | (c & 7)); }
+DEV long long dbias_tile_index(const BwdParams& p, int x, int i, int j) {
+  const long long qt = (p.N + 63) >> 6, kt = (p.M + 63) >> 6;  // query and key tiles of a plane
+  return (((long long)x * qt + (i >> 6)) * kt + (j >> 6)) * 4096 + dbias_tile_at(i & 63, j & 63);
+}
+`
+
+// DBiasTilesFloats returns the floats of the tiled dBias accumulator
+// (DBiasTiles) of planes bias batches × bias heads, n queries and m keys:
+// whole tiles of 64 × 64.
+func DBiasTilesFloats(planes, n, m int) int64 {
+	return int64(planes) * int64((n+63)/64) * int64((m+63)/64) * 4096
+}
+
 // dbiasZero returns the preprocess's zeroing of query row i: under
 // DBiasAtomic, of the accumulator's plane b·H + h (blocks past the
 // accumulator's planes skip it), by 16-byte stores where rows are
 // multiples of four floats (the workspace's offsets are 256-byte aligned);
+// under DBiasTiles, of row i's share of the tiled plane b·H + h;
 // under DBiasDirect with a mask, of the hidden pairs of dBias's (batch
 // element b, head h): the kernel stores every pair of the tiles it
 // computes, the visible ones among them, and skips tiles of hidden pairs
@@ -177,6 +248,17 @@ func (g *bwdGen) dbiasZero() string {
       jhi = max(jhi, jlo);
       for (int j = lane; j < jlo; j += 32) gd[j] = bt_from_f(0.f);
       for (int j = jhi + lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
+    }
+`
+	case g.v.DBiasPath == DBiasTiles:
+		return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // the tiled accumulator's plane b·H + h, as ceil(N / 64)·64 chunks
+      // of ceil(M / 64)·64 floats: row i zeroes chunks i, i + N, ... (past N: the last tiles' padding rows' share)
+      const long long kt = (p.M + 63) >> 6, chunks = ((p.N + 63) >> 6) * 64LL;
+      float* gp = p.dbias_scratch + dbias_tile_index(p, b * p.H + h, 0, 0);
+      for (long long c = i; c < chunks; c += p.N) {
+        float4* ga = reinterpret_cast<float4*>(gp + c * kt * 64);
+        for (int j = lane; j < kt * 16; j += 32) ga[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
 `
 	case g.v.DBiasPath != DBiasAtomic:
@@ -204,6 +286,18 @@ func (g *bwdGen) dbiasKernel(b *strings.Builder) {
     const float* srow = p.dbias_scratch + r * p.M;
     (void)bb; (void)bh;
 `
+	}
+	base, at := "srow", func(j string) string { return "((long long)x * p.H + y) * head + " + j } // the term's element at key j
+	if g.v.DBiasPath == DBiasTiles {
+		what = `the tiled accumulator (dbias_tile_index) that the dK/dV kernel
+// added every batch element's and head's dS into (DBiasTiles),`
+		terms = `    const int b0 = 0, b1 = 1, h0 = 0, h1 = 1;  // one term: the tiled accumulator's row i of plane q
+    const float* trow = p.dbias_scratch + dbias_tile_index(p, (int)q, i & ~63, 0) + (i & 63) * 64;  // in its first key tile
+    (void)bb; (void)bh; (void)head;
+`
+		base, at = "trow", func(j string) string {
+			return fmt.Sprintf("(long long)(%[1]s >> 6) * 4096 + (((((%[1]s) >> 3) & 7) ^ ((i >> 1) & 3)) << 3) + ((%[1]s) & 7)", j)
+		}
 	}
 	fmt.Fprintf(b, `// dBias[bb, bh, i, j] = %[4]s where key j is visible to
 // query i; 0 elsewhere. Row-wise: TPR threads take one dBias row (bb, bh, i), a power of two
@@ -236,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(%[1]d) %[2]s(const BwdParams p) {
         if (vis[0] || vis[1] || vis[2] || vis[3]) {
           for (int x = b0; x < b1; ++x)
             for (int y = h0; y < h1; ++y) {
-              const float4 s = *reinterpret_cast<const float4*>(srow + ((long long)x * p.H + y) * head + j);
+              const float4 s = *reinterpret_cast<const float4*>(%[6]s + %[7]s);
               acc[0] += vis[0] ? s.x : 0.f;
               acc[1] += vis[1] ? s.y : 0.f;
               acc[2] += vis[2] ? s.z : 0.f;
@@ -253,12 +347,12 @@ extern "C" __global__ void __launch_bounds__(%[1]d) %[2]s(const BwdParams p) {
         float acc = 0.f;
         if (visible(i, j, p.M, off, p.left, p.right))
           for (int x = b0; x < b1; ++x)
-            for (int y = h0; y < h1; ++y) acc += srow[((long long)x * p.H + y) * head + j];
+            for (int y = h0; y < h1; ++y) acc += %[6]s[%[7]s];
         drow[j] = bt_from_f(acc);
       }
     }
   }
 }
 
-`, BwdDBiasThreads, BwdDBiasKernel, BwdDBiasThreads, what, terms)
+`, BwdDBiasThreads, BwdDBiasKernel, BwdDBiasThreads, what, terms, base, at("j"))
 }

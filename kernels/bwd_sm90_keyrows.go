@@ -112,7 +112,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	g.wsBwdRelease(b)
 	fmt.Fprintf(b, `    // ---- Pᵀ and dSᵀ: element (key 64wg + kr, query qc) with kr = 16(warp & 3) + g + 8hh, qc = 8nt + 2t4 + c
 %[5]s%[1]s%[11]s    u32 pk[BM / 8][2], dsk[BM / 8][2];  // Pᵀ and dSᵀ, 16-bit pairs of consecutive queries
-%[2]s%[10]s    wgmma_wait<0>();  // dPᵀ
+%[2]s%[10]s%[15]s    wgmma_wait<0>();  // dPᵀ
     fence_acc(accP[0]);
 %[14]s#pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt)
@@ -131,7 +131,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
       }
 %[4]s`, g.keyRowsSoftcapDecl(), g.keyRowsPLoops(), g.keyRowsChain(), g.keyRowsStoreDS(), g.keyRowsStatsDecl(), g.keyRowsStat("d"),
 		g.keyRowsKeptDecl(), g.keyRowsDP(), g.keyRowsDropP(), g.keyRowsDropBits(), biasDecl,
-		keyRowsElem, g.keyRowsStatPair("d"), g.keyRowsDBiasDecl())
+		keyRowsElem, g.keyRowsStatPair("d"), g.keyRowsDBiasDecl(), g.keyRowsDBiasTileFree())
 	if v.AtomicDQ {
 		g.keyRowsProductsAtomic(b, rv)
 		return
@@ -191,9 +191,9 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
     %[1]s
     // ---- %[2]s, then dK += dSᵀ·Q (A from registers,
     // q read N-major); dQ is added to the fp32 accumulator while dK runs
-    %[3]s
+%[4]s    %[3]s
     {
-`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), what, acc)
+`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), what, acc, g.keyRowsDBiasTileAdd())
 	g.dqProduct(b)
 	fmt.Fprintf(b, `      wgmma_commit();
     }
@@ -555,7 +555,9 @@ func (g *bwdGen) keyRowsSoftcapDecl() string {
 // variants (D = 128 with softcap 28 → 196–236 bytes) and less in others;
 // staged, the spills fell or held (D = 128 softcap 208 → 64, 80 → 40)
 // but for the scratch at D = 64 (20 → 36).
-func (g *bwdGen) keyRowsDBiasFromFirst() bool { return g.v.BiasGrad && g.v.BiasStaged }
+func (g *bwdGen) keyRowsDBiasFromFirst() bool {
+	return g.v.BiasGrad && g.v.BiasStaged && g.v.DBiasPath != DBiasTiles
+}
 
 // keyRowsDBiasDecl declares, where keyRowsDBiasFromFirst, the thread's
 // place among the step's dBias elements (dbiasPlace): that of its first
@@ -564,6 +566,13 @@ func (g *bwdGen) keyRowsDBiasFromFirst() bool { return g.v.BiasGrad && g.v.BiasS
 // step's tile wholly inside the sequences (dbin) skips the elements'
 // tests.
 func (g *bwdGen) keyRowsDBiasDecl() string {
+	if g.v.DBiasPath == DBiasTiles {
+		return `    // dBias: this warpgroup's tile of the step (the dQ tile's place), element (query 8nt + 2t4 + c, key
+    // 16(warp & 3) + g + 8hh) at dbias_tile_at: row 8nt + 2t4 + c, chunk (2(warp & 3) + hh) ^ t4, word g
+    float* const sdb = sdQ + wg * 4096 + 2 * t4 * 64 + g;
+    const int dbc[2] = {((2 * (warp & 3)) ^ t4) << 3, ((2 * (warp & 3) + 1) ^ t4) << 3};
+`
+	}
 	if !g.keyRowsDBiasFromFirst() {
 		return ""
 	}
@@ -583,6 +592,8 @@ func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
 	switch {
+	case v.DBiasPath == DBiasTiles:
+		b.WriteString("          sdb[(8 * nt + c) * 64 + dbc[hh]] = d;  // every element: the tile's padding takes those past the sequences\n")
 	case g.keyRowsDBiasFromFirst():
 		b.WriteString("          if (dbin || (qi + c < n && kj < m)) " + g.dbiasStoreAt("dbp + (8 * nt + c) * dbm + 8 * hh", "d") + "\n")
 	case v.BiasGrad:
@@ -592,4 +603,34 @@ func (g *bwdGen) keyRowsChain() string {
 		b.WriteString("          d *= fc[nt][hh * 2 + c];\n")
 	}
 	return b.String()
+}
+
+// keyRowsDBiasTileFree returns, under DBiasTiles, the wait after which
+// the warpgroup may store its dBias elements into its dQ tile: its issuing
+// thread's reduce-adds of the last step (dQ's) no longer read the tile.
+// It comes after Pᵀ, while dPᵀ runs.
+func (g *bwdGen) keyRowsDBiasTileFree() string {
+	if g.v.DBiasPath != DBiasTiles {
+		return ""
+	}
+	return `    if ((tid & 127) == 0) bulk_wait_read<0>();  // the last step's reduce-adds no longer read the dQ tile
+    bar_sync(2 + wg, 128);  // the tile is free for dBias
+`
+}
+
+// keyRowsDBiasTileAdd returns, under DBiasTiles, the bulk reduce-add of
+// the warpgroup's dBias tile into the accumulator, by the thread that adds
+// its dQ tile, after the barrier that publishes the step's dS (the tile's
+// stores came before its proxy fence). A warpgroup whose keys all lie past
+// the sequence has no tile in the accumulator; dQ's stores wait for the
+// add's reads (wgTileReduce).
+func (g *bwdGen) keyRowsDBiasTileAdd() string {
+	if g.v.DBiasPath != DBiasTiles {
+		return ""
+	}
+	return `    if ((tid & 127) == 0 && j0 + 64 * wg < m) {  // this warpgroup's dBias tile (64 queries x its 64 keys) into the accumulator
+      bulk_reduce_add_f32(p.dbias_scratch + dbias_acc_at(p, b, h, i0, j0 + 64 * wg), smem_u32(sdQ + wg * 4096), 16384);
+      bulk_commit();
+    }
+`
 }

@@ -378,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 }
 
 // preZeroes names, for the preprocess's comment, the accumulators it
-// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic; DBiasDirect: dBias
+// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic, DBiasTiles; DBiasDirect: dBias
 // itself, under a mask).
 func preZeroes(v BwdVariant) string {
 	s := ""
@@ -386,7 +386,7 @@ func preZeroes(v BwdVariant) string {
 		s = ", zeroes the dQ accumulator"
 	}
 	switch {
-	case v.DBiasPath == DBiasAtomic:
+	case v.dbiasAccumulates():
 		s += ", zeroes the dBias accumulator"
 	case v.DBiasPath == DBiasDirect && v.Masked():
 		s += ", zeroes dBias"

@@ -87,11 +87,16 @@ int main(int argc, char** argv) {
   char* arena = (char*)aligned_alloc(256, (ab.size() + 255) / 256 * 256 + 256);
   memcpy(arena, ab.data(), ab.size());
   const unsigned long long base = 1ull << 32;
-  if (const char* r = getenv("EMU_REDUCE_RANGE")) {  // "lo hi": arena addresses of the bytes reduce-adds may target
-    unsigned long long lo = 0, hi = 0;
-    if (sscanf(r, "%llu %llu", &lo, &hi) != 2 || lo < base || hi < lo) emu_fail("EMU_REDUCE_RANGE: want two arena addresses, lo <= hi");
-    emu_reduce_lo = arena + (lo - base);
-    emu_reduce_hi = arena + (hi - base);
+  if (const char* r = getenv("EMU_REDUCE_RANGE")) {  // "lo hi [lo hi]": arena addresses of the bytes reduce-adds may target
+    unsigned long long lo[2] = {0, 0}, hi[2] = {0, 0};
+    const int got = sscanf(r, "%llu %llu %llu %llu", &lo[0], &hi[0], &lo[1], &hi[1]);
+    if (got != 2 && got != 4) emu_fail("EMU_REDUCE_RANGE: want one or two pairs of arena addresses");
+    emu_reduce_ranges = got / 2;
+    for (int k = 0; k < emu_reduce_ranges; ++k) {
+      if (lo[k] < base || hi[k] < lo[k]) emu_fail("EMU_REDUCE_RANGE: want arena addresses, lo <= hi");
+      emu_reduce_lo[k] = arena + (lo[k] - base);
+      emu_reduce_hi[k] = arena + (hi[k] - base);
+    }
   }
 #define RELOC(f) if (p.f) p.f = (std::remove_reference_t<decltype(p.f)>)(arena + ((unsigned long long)p.f - base));
   EMU_RELOC

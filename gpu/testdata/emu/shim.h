@@ -401,8 +401,14 @@ inline unsigned atomicOr(unsigned* p, unsigned v) {
 inline void __threadfence() {}  // blocks run one after another: every store is visible
 
 // The bytes bulk reduce-adds may target, when the driver was given them
-// (EMU_REDUCE_RANGE: the fp32 accumulator's arena addresses): a reduce-add
-// outside them fails the run (ws.h), where an add of zeros past an
-// accumulator would otherwise change nothing a test reads.
-static char* emu_reduce_lo = nullptr;
-static char* emu_reduce_hi = nullptr;
+// (EMU_REDUCE_RANGE: the fp32 accumulators' arena addresses, up to two
+// ranges): a reduce-add outside them fails the run (ws.h), where an add of
+// zeros past an accumulator would otherwise change nothing a test reads.
+static int emu_reduce_ranges = 0;
+static char* emu_reduce_lo[2] = {nullptr, nullptr};
+static char* emu_reduce_hi[2] = {nullptr, nullptr};
+inline bool emu_reduce_inside(const char* dst, unsigned bytes) {
+  for (int r = 0; r < emu_reduce_ranges; ++r)
+    if (dst >= emu_reduce_lo[r] && dst + bytes <= emu_reduce_hi[r]) return true;
+  return emu_reduce_ranges == 0;
+}

@@ -125,7 +125,7 @@ inline void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
   if (bytes == 0 || bytes % 16 != 0) emu_fail("cp.reduce.async.bulk: size not a nonzero multiple of 16 bytes");
   if ((uintptr_t)dst % 16 != 0) emu_fail("cp.reduce.async.bulk: global destination not 16-byte aligned");
   if (src % 16 != 0 || src + (unsigned long long)bytes > EMU_SMEM) emu_fail("cp.reduce.async.bulk: shared source not 16-byte aligned or out of range");
-  if (emu_reduce_lo && ((char*)dst < emu_reduce_lo || (char*)dst + bytes > emu_reduce_hi)) emu_fail("cp.reduce.async.bulk: destination outside the accumulator");
+  if (!emu_reduce_inside((const char*)dst, bytes)) emu_fail("cp.reduce.async.bulk: destination outside the accumulators");
   emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{"cp.reduce.async.bulk", src, bytes, std::vector<unsigned char>(smem + src, smem + src + bytes),
                                                  [dst, bytes](const unsigned char* held) {
                                                    for (u32 i = 0; i < bytes / 4; ++i) {
