@@ -128,6 +128,12 @@ type Backend struct {
 	// where the variant allows it (kernels.DBiasTiles,
 	// kernels.DBiasTilesOK). New sets it when EnvDBiasTiles is set.
 	DBiasTiles bool
+	// DBiasStore has the dK/dV kernels that would store a bias's gradient
+	// element by element (DBiasDirect) store each warpgroup's dS tile into
+	// it by a tensor map instead, where the variant and dBias's layout
+	// allow it (kernels.DBiasStore, kernels.DBiasStoreOK). New sets it
+	// when EnvDBiasStore is set.
+	DBiasStore bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -338,14 +344,20 @@ const EnvDBiasDirect = "FLASHATTN_DBIAS_DIRECT"
 // atomic adds and the variant allows it (Backend.DBiasTiles).
 const EnvDBiasTiles = "FLASHATTN_DBIAS_TILES"
 
+// EnvDBiasStore, when set to anything but "" or "0", has the backward of
+// new backends store a bias's gradient by tensor maps where it would store
+// it element by element and the variant allows it (Backend.DBiasStore).
+const EnvDBiasStore = "FLASHATTN_DBIAS_STORE"
+
 // readDBiasEnv sets the dBias paths' knobs (DBiasAtomic, DBiasAtomicAuto,
-// DBiasDirect, DBiasTiles) as EnvDBiasAtomic, EnvDBiasDirect and
-// EnvDBiasTiles ask.
+// DBiasDirect, DBiasTiles, DBiasStore) as EnvDBiasAtomic, EnvDBiasDirect,
+// EnvDBiasTiles and EnvDBiasStore ask.
 func (b *Backend) readDBiasEnv() {
 	b.DBiasAtomic = envSet(os.Getenv(EnvDBiasAtomic))
 	b.DBiasAtomicAuto = os.Getenv(EnvDBiasAtomic) != "0"
 	b.DBiasDirect = os.Getenv(EnvDBiasDirect) != "0"
 	b.DBiasTiles = envSet(os.Getenv(EnvDBiasTiles))
+	b.DBiasStore = envSet(os.Getenv(EnvDBiasStore))
 }
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked

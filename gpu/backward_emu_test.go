@@ -34,6 +34,9 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 	if v.BiasStaged {
 		second.pointers = append(second.pointers, "c.w[0]") // the bias's map
 	}
+	if v.DBiasPath == kernels.DBiasStore {
+		second.pointers = append(second.pointers, "d.w[0]") // dBias's map
+	}
 	for _, p := range bwdEmuPointers {
 		second.pointers = append(second.pointers, "p."+p)
 	}
@@ -119,7 +122,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
 		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), deep: deep,
-		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles})
+		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -581,34 +584,77 @@ func TestBackwardEmulatedDBiasTiles(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	t.Setenv(EnvDBiasAtomic, "1")
 	t.Setenv(EnvDBiasTiles, "1")
-	var paths []kernels.DBiasPath // of the atomic dQ's plans (the separate dQ's key-rows step has no dQ tile)
+	bf := []attn.DType{attn.BFloat16}
+	tiles := kernels.DBiasTiles
+	emuCheckDBiasPaths(t, 1990, []emuDBiasCase{
+		{bwdCase{name: "d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, tiles},
+		{bwdCase{name: "d128-b2-m130-wg1-past-m", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, tiles},
+		{bwdCase{name: "d120-b2-shared-window-softcap", b: 2, n: 129, m: 70, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, softcap: 4, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, tiles},
+		{bwdCase{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, tiles},
+	})
+}
+
+// emuDBiasCase is a backward case of emuCheckDBiasPaths and the dBias path
+// its plans with the atomic dQ must take.
+type emuDBiasCase struct {
+	c    bwdCase
+	want kernels.DBiasPath
+}
+
+// emuCheckDBiasPaths runs each case on the key-rows family with the bulk
+// dQ (seeds from seed on) against the float64 reference, and fails a case
+// whose plans with the atomic dQ (the separate dQ's key-rows step has
+// neither a dQ tile nor a dS tile) took another dBias path than its want.
+func emuCheckDBiasPaths(t *testing.T, seed uint64, cases []emuDBiasCase) {
+	t.Helper()
+	var paths []kernels.DBiasPath
 	emuBwdPlanned = func(v kernels.BwdVariant) {
 		if v.AtomicDQ {
 			paths = append(paths, v.DBiasPath)
 		}
 	}
 	t.Cleanup(func() { emuBwdPlanned = nil })
-	bf := []attn.DType{attn.BFloat16}
-	cases := []bwdCase{
-		{name: "d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}},
-		{name: "d128-b2-m130-wg1-past-m", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf},
-		{name: "d120-b2-shared-window-softcap", b: 2, n: 129, m: 70, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, softcap: 4, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf},
-		{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf},
-	}
-	for ci, c := range cases {
-		for _, dt := range c.dtypes {
+	for ci, x := range cases {
+		for _, dt := range x.c.dtypes {
 			paths = paths[:0]
-			emuCheckCase(t, c, dt, uint64(1990+ci), emuHopperBwdWSKeyRowsBulk)
+			emuCheckCase(t, x.c, dt, seed+uint64(ci), emuHopperBwdWSKeyRowsBulk)
 			if len(paths) == 0 {
-				t.Fatalf("%s: no backward planned with the atomic dQ", c.name)
+				t.Fatalf("%s: no backward planned with the atomic dQ", x.c.name)
 			}
 			for _, p := range paths {
-				if p != kernels.DBiasTiles {
-					t.Errorf("%s %v: dBias by %v, want tiles", c.name, dt, p)
+				if p != x.want {
+					t.Errorf("%s %v: dBias by %v, want %v", x.c.name, dt, p, x.want)
 				}
 			}
 		}
 	}
+}
+
+// TestBackwardEmulatedDBiasStore runs backwards that store the gradient
+// of a bias of every batch element and head by tensor maps (EnvDBiasStore,
+// kernels.DBiasStore: each warpgroup's share of the step's dS tile into
+// dBias) on the host emulator against the float64 reference: the key-rows
+// family with the bulk dQ at head dims padded to 128, bf16 and fp16, causal
+// and window masks (dBias's hidden pairs zeroed by the preprocess),
+// dropout, GQA, DK ≠ DV, query and key counts off the tiles (the store
+// drops what lies past N and M), rows that see no key; a key count whose
+// rows are not whole 16-byte units keeps the element stores (the map's
+// strides), as does a softcap.
+func TestBackwardEmulatedDBiasStore(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	t.Setenv(EnvDBiasDirect, "1")
+	t.Setenv(EnvDBiasStore, "1")
+	t.Setenv(EnvBiasStaged, "1") // as the backends' BiasStagedAuto has it: the store's map follows the bias's
+	bf := []attn.DType{attn.BFloat16}
+	store, direct := kernels.DBiasStore, kernels.DBiasDirect
+	emuCheckDBiasPaths(t, 2990, []emuDBiasCase{
+		{bwdCase{name: "d128-b2-causal-gqa-m136", b: 2, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{2, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, store},
+		{bwdCase{name: "d128-b1-m200-wg1-past-m", b: 1, n: 70, m: 200, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, store},
+		{bwdCase{name: "d120-dv96-b2-window", b: 2, n: 129, m: 72, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{2, 2}, biasGrad: true, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, store},
+		{bwdCase{name: "d128-b2-dropout-causal-br-rows-without-keys", b: 2, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{2, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, store},
+		{bwdCase{name: "d128-m90-rows-not-16-byte-units", b: 1, n: 80, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, direct},
+		{bwdCase{name: "d128-softcap", b: 1, n: 80, m: 96, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: bf}, direct},
+	})
 }
 
 // TestBackwardEmulatedDBiasPaths runs backwards that compute dBias with

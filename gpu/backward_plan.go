@@ -281,6 +281,9 @@ type bwdRequest struct {
 	// dbiasTiles adds it by tiles where it would be added by atomic adds
 	// and the final variant allows it (Backend.DBiasTiles).
 	dbiasTiles bool
+	// dbiasStore stores it by tensor maps where it would be stored element
+	// by element and the final variant allows it (Backend.DBiasStore).
+	dbiasStore bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -293,7 +296,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
 		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
-		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles}
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore}
 }
 
 // biasStaged reports whether the backend's forward and backward stage a
@@ -429,6 +432,11 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
+	if r.dbiasStore && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
+		w := pl.v
+		w.DBiasPath = kernels.DBiasStore
+		pl.tryTMA(w) // with dBias's map
+	}
 	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
@@ -516,7 +524,7 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 	}
 	// the non-finite fix-up (a flag test unless a main kernel raised it), before the dBias reduction
 	add(kernels.BwdNonFiniteKernel, [3]int{kernels.BwdNonFiniteBlocks(p.B, p.N, p.M, p.H, p.Hkv, sms), 1, 1}, kernels.BwdNonFiniteThreads, 0)
-	if dbias && dbiasElems > 0 && v.DBiasPath != kernels.DBiasDirect {
+	if dbias && dbiasElems > 0 && v.DBiasPath != kernels.DBiasDirect && v.DBiasPath != kernels.DBiasStore {
 		blocks := min(int(cdiv64(dbiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
 	}
@@ -552,7 +560,7 @@ func (pl *bwdPlan) bind(ws uint64) {
 // tmaTensors returns the tensor maps' tensors of v (a tensor-map variant
 // of the plan's kernels): q and dO of the dK/dV kernel, k and v of the dQ
 // kernel, over every sequence's rows in a packed batch; then with
-// BiasStaged the bias's.
+// BiasStaged the bias's, and with kernels.DBiasStore dBias's.
 func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
 	dkdv, dq := v.TMATensors(&pl.params)
 	if p := pl.r.p; p.Varlen {
@@ -561,6 +569,9 @@ func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
 	ts := []kernels.TMATensor{dkdv[0], dkdv[1], dq[0], dq[1]}
 	if v.BiasStaged {
 		ts = append(ts, v.BiasTMATensor(&pl.params))
+	}
+	if v.DBiasPath == kernels.DBiasStore {
+		ts = append(ts, v.DBiasTMATensor(&pl.params))
 	}
 	return ts
 }
@@ -619,13 +630,14 @@ func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 // kernelArgs returns the argument of each of the plan's kernel launches:
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order: q and dO for the one, k and v for the other, then for
-// both the bias's where the variant stages it) ahead of them.
+// both the bias's where the variant stages it and dBias's where it stores
+// dBias by a tensor map) ahead of them.
 func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
 	params := pl.params.Pack()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }
 	}
-	extra := maps[4:] // the bias's, which both kernels' argument holds (BiasStaged)
+	extra := maps[4:] // the bias's (BiasStaged) and dBias's (DBiasStore), which both kernels' arguments hold
 	dkdv := kernels.BwdTMAArgs(params, append([][128]byte{maps[0], maps[1]}, extra...)...)
 	dq := kernels.BwdTMAArgs(params, append([][128]byte{maps[2], maps[3]}, extra...)...)
 	return func(kernel string) []byte {

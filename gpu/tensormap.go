@@ -53,4 +53,4 @@ func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
 func fwdTMANames(v kernels.Variant) []string { return v.TMAMapNames() }
 
 // bwdTMANames names the tensors of bwdPlan.tma in errors.
-var bwdTMANames = []string{"q", "dO", "k", "v", "bias"}
+var bwdTMANames = []string{"q", "dO", "k", "v", "bias", "dbias"}

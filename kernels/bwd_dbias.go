@@ -40,7 +40,31 @@ const (
 	// add an element. BwdDBiasKernel converts the accumulator. Only where
 	// DBiasTilesOK.
 	DBiasTiles
+	// DBiasStore (for a bias of every batch element and head, as
+	// DBiasDirect) stores each warpgroup's share of a step's dS, which the
+	// atomic dQ's product reads from its tile in shared memory, into dBias
+	// by one tensor-map store, where DBiasDirect stores each element from
+	// registers. Only where DBiasStoreOK.
+	DBiasStore
 )
+
+// DBiasStoreOK reports whether v can take DBiasStore: the key-rows step
+// with the tiled dQ accumulator at padded DK 128 on steps of 64 queries
+// (whose dQ tile's wait at the end of every step also frees the dS tile
+// the store reads), a staged bias (the store's tensor map follows the
+// bias's), dBias's element type the inputs' (the dS tile's), and no
+// softcap (whose chain rule makes dS differ from dBias's elements).
+func DBiasStoreOK(v BwdVariant) bool {
+	return v.KeyRows && v.DQAccTiled() && DBiasTilesDims(v.DK) && v.bwdHopperTile().BlockM == 64 && v.BiasGrad &&
+		v.BiasStaged && v.Bias.DType() == v.DType && !v.Softcap
+}
+
+// dbiasInPlace reports whether v's dK/dV kernel writes dBias itself
+// (DBiasDirect, DBiasStore): BwdDBiasKernel is not launched, and under a
+// mask the preprocess zeroes dBias's hidden pairs.
+func (v BwdVariant) dbiasInPlace() bool {
+	return v.DBiasPath == DBiasDirect || v.DBiasPath == DBiasStore
+}
 
 // DBiasTilesOK reports whether v can take DBiasTiles: the key-rows step
 // with the tiled dQ accumulator (DQAccTiled) at padded DK 128, where each
@@ -61,7 +85,8 @@ func (v BwdVariant) dbiasAccumulates() bool {
 	return v.DBiasPath == DBiasAtomic || v.DBiasPath == DBiasTiles
 }
 
-// String returns the path's name: scratch, atomic, direct or tiles.
+// String returns the path's name: scratch, atomic, direct, tiles or
+// store.
 func (d DBiasPath) String() string {
 	switch d {
 	case DBiasScratch:
@@ -72,6 +97,8 @@ func (d DBiasPath) String() string {
 		return "direct"
 	case DBiasTiles:
 		return "tiles"
+	case DBiasStore:
+		return "store"
 	}
 	return fmt.Sprintf("DBiasPath(%d)", uint8(d))
 }
@@ -97,7 +124,7 @@ func (g *bwdGen) dbiasPlace(i, j string) string {
 	switch g.v.DBiasPath {
 	case DBiasAtomic, DBiasTiles:
 		return fmt.Sprintf("p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s)", i, j)
-	case DBiasDirect:
+	case DBiasDirect, DBiasStore:
 		return "p.dbias + " + dsPlace(i, j)
 	}
 	return "p.dbias_scratch + " + dsPlace(i, j)
@@ -111,7 +138,7 @@ func dsPlace(i, j string) string {
 
 // dbiasPointer returns the C type of dbiasPlace's address.
 func (g *bwdGen) dbiasPointer() string {
-	if g.v.DBiasPath == DBiasDirect {
+	if g.v.dbiasInPlace() {
 		return "BT*"
 	}
 	return "float*"
@@ -123,7 +150,7 @@ func (g *bwdGen) dbiasStoreAt(ptr, val string) string {
 	switch g.v.DBiasPath {
 	case DBiasAtomic, DBiasTiles:
 		return fmt.Sprintf("atomicAdd(%s, %s);", ptr, val)
-	case DBiasDirect:
+	case DBiasDirect, DBiasStore:
 		return fmt.Sprintf("*(%s) = bt_from_f(%s);", ptr, val)
 	}
 	return fmt.Sprintf("*(%s) = %s;", ptr, val)
@@ -144,7 +171,7 @@ func dbiasTerms(indent, b, h string) string {
 // head h that see it (lane's row i, use: the row counts): the pair's
 // scratch entry; under DBiasAtomic and DBiasTiles, its accumulator element's whole exact
 // sum (a kernel's NaN cannot be taken back out of it; fix-up blocks that
-// reach the same element write the same value); under DBiasDirect, the
+// reach the same element write the same value); under DBiasDirect and DBiasStore, the
 // pair's dBias element, and zeros for the rows of the key's hidden pairs
 // (whose dS the kernel may have stored as 0·NaN, where a non-finite dP or
 // Delta made the key's dK NaN).
@@ -154,7 +181,7 @@ func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
 		return "", ""
 	case g.v.dbiasAccumulates():
 		return "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n", ""
-	case g.v.DBiasPath == DBiasDirect:
+	case g.v.dbiasInPlace():
 		return "        if (i < ihi) " + g.dbiasStore("i", "j", "use ? dsb : 0.f") + "\n",
 			`    for (int h = kvh * G; h < kvh * G + G; ++h)  // dBias of the hidden pairs: 0
       for (int i = lane; i < n; i += 32)
@@ -233,13 +260,13 @@ func DBiasTilesFloats(planes, n, m int) int64 {
 // accumulator's planes skip it), by 16-byte stores where rows are
 // multiples of four floats (the workspace's offsets are 256-byte aligned);
 // under DBiasTiles, of row i's share of the tiled plane b·H + h;
-// under DBiasDirect with a mask, of the hidden pairs of dBias's (batch
+// under DBiasDirect and DBiasStore with a mask, of the hidden pairs of dBias's (batch
 // element b, head h): the kernel stores every pair of the tiles it
 // computes, the visible ones among them, and skips tiles of hidden pairs
 // only.
 func (g *bwdGen) dbiasZero() string {
 	switch {
-	case g.v.DBiasPath == DBiasDirect && g.v.Masked():
+	case g.v.dbiasInPlace() && g.v.Masked():
 		return `    {  // the hidden pairs of row i of dBias: the keys before and after those it sees (all, where it sees none)
       BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
       const int off = p.bottom_right ? p.M - p.N : 0;

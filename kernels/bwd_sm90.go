@@ -155,6 +155,9 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.BulkDQ || v.WarpSpecialized {
 		b.WriteString(WarpSpecializedPrimitives())
 	}
+	if v.DBiasPath == DBiasStore {
+		b.WriteString(tmaStorePrimitive)
+	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:
 // atom c/8, row r, chunk (c mod 8) ^ (r mod 8).

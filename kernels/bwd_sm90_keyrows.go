@@ -592,6 +592,7 @@ func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
 	switch {
+	case v.DBiasPath == DBiasStore: // the dS tile goes out whole (keyRowsDBiasTileAdd)
 	case v.DBiasPath == DBiasTiles:
 		b.WriteString("          sdb[(8 * nt + c) * 64 + dbc[hh]] = d;  // every element: the tile's padding takes those past the sequences\n")
 	case g.keyRowsDBiasFromFirst():
@@ -619,13 +620,24 @@ func (g *bwdGen) keyRowsDBiasTileFree() string {
 }
 
 // keyRowsDBiasTileAdd returns, under DBiasTiles, the bulk reduce-add of
-// the warpgroup's dBias tile into the accumulator, by the thread that adds
-// its dQ tile, after the barrier that publishes the step's dS (the tile's
-// stores came before its proxy fence). A warpgroup whose keys all lie past
-// the sequence has no tile in the accumulator; dQ's stores wait for the
-// add's reads (wgTileReduce).
+// the warpgroup's dBias tile into the accumulator, and under DBiasStore
+// the tensor-map store of its share of the dS tile into dBias, by the
+// thread that adds its dQ tile, after the barrier that publishes the
+// step's dS (the tiles' stores came before its proxy fence). A warpgroup
+// whose keys all lie past the sequence has no tile; dQ's stores wait for
+// the reads of both (wgTileReduce), which also frees the dS tile before
+// any warp writes it again, a step later (two buffers) or in the next
+// step (one).
 func (g *bwdGen) keyRowsDBiasTileAdd() string {
-	if g.v.DBiasPath != DBiasTiles {
+	switch g.v.DBiasPath {
+	case DBiasStore:
+		return `    if ((tid & 127) == 0 && j0 + 64 * wg < m) {  // this warpgroup's dS tile (64 queries x its 64 keys) into dBias
+      tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, h, b);  // (rows and keys past N and M are dropped)
+      bulk_commit();
+    }
+`
+	case DBiasTiles:
+	default:
 		return ""
 	}
 	return `    if ((tid & 127) == 0 && j0 + 64 * wg < m) {  // this warpgroup's dBias tile (64 queries x its 64 keys) into the accumulator

@@ -378,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 }
 
 // preZeroes names, for the preprocess's comment, the accumulators it
-// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic, DBiasTiles; DBiasDirect: dBias
+// zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic, DBiasTiles; DBiasDirect, DBiasStore: dBias
 // itself, under a mask).
 func preZeroes(v BwdVariant) string {
 	s := ""
@@ -388,7 +388,7 @@ func preZeroes(v BwdVariant) string {
 	switch {
 	case v.dbiasAccumulates():
 		s += ", zeroes the dBias accumulator"
-	case v.DBiasPath == DBiasDirect && v.Masked():
+	case v.dbiasInPlace() && v.Masked():
 		s += ", zeroes dBias"
 	}
 	return s

@@ -62,8 +62,8 @@ type BwdVariant struct {
 	BiasGrad bool
 	// DBiasPath (with BiasGrad) is how the dK/dV kernel hands each dS
 	// element to dBias: through the scratch and a fixed-order reduction
-	// (the zero value), by atomic adds, stored directly, or by bulk
-	// reduce-adds of tiles.
+	// (the zero value), by atomic adds, stored directly, by bulk
+	// reduce-adds of tiles, or stored by tensor maps.
 	DBiasPath DBiasPath
 	// AtomicDQ makes the dK/dV kernel accumulate dQ with fp32 atomic adds
 	// (then BwdDQConvertKernel finishes dQ); otherwise BwdDQKernel computes it.
@@ -327,7 +327,7 @@ func (v BwdVariant) Validate() error {
 	if v.Biased() && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
 	}
-	if v.DBiasPath > DBiasTiles {
+	if v.DBiasPath > DBiasStore {
 		return attn.Errorf(attn.ErrOption, "backward variant: dBias path %d", v.DBiasPath)
 	}
 	if v.DBiasPath != DBiasScratch && (!v.BiasGrad || v.Varlen) {
@@ -362,6 +362,9 @@ func (v BwdVariant) Validate() error {
 	}
 	if v.DBiasPath == DBiasTiles && !DBiasTilesOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tiles needs the key-rows step with the tiled dQ accumulator at padded DK 128 and steps of 64 queries (DBiasTilesOK)", v.Name())
+	}
+	if v.DBiasPath == DBiasStore && !DBiasStoreOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tensor-map stores needs the key-rows step with the tiled dQ accumulator at padded DK 128, steps of 64 queries, a staged bias of the inputs' element type and no softcap (DBiasStoreOK)", v.Name())
 	}
 	if v.LightTail && !v.Masked() {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the light-tail CTA order needs a mask (unmasked blocks all weigh the same)", v.Name())
@@ -407,7 +410,7 @@ func (v BwdVariant) Name() string {
 	flags := []struct {
 		on   bool
 		name string
-	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"},
+	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"}, {v.DBiasPath == DBiasStore, "dbstore"},
 		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}}
 	for _, f := range flags {
 		if f.on {

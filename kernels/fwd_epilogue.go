@@ -180,9 +180,10 @@ func (x *gen) epilogueViaShared(dscale string) {
   }`, cond, x.computeSync(), dscale, lse, x.computeSync(), x.computeThreads(), shift)
 }
 
-// tmaStorePrimitive is the bulk tensor store of a StoreO kernel: one box of
-// a tensor map from shared memory, in the issuing thread's bulk group
-// (WarpSpecializedPrimitives' bulk_commit and bulk_wait close and retire it).
+// tmaStorePrimitive is the bulk tensor store of a StoreO kernel (and of a
+// DBiasStore backward's dK/dV kernel): one box of a tensor map from shared
+// memory, in the issuing thread's bulk group (WarpSpecializedPrimitives'
+// bulk_commit and bulk_wait close and retire it).
 const tmaStorePrimitive = `// box (c0.., c1.., c2, c3) of the tensor map at generic address map from the swizzled shared tile at
 // src (1024-byte aligned); the parts outside the tensor are not written
 DEV void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
