@@ -126,13 +126,13 @@ type Backend struct {
 	// atomic adds (DBiasAtomic, DBiasAtomicAuto) add it instead as one tile
 	// a warpgroup and step by a bulk reduce-add into a tiled accumulator,
 	// where the variant allows it (kernels.DBiasTiles,
-	// kernels.DBiasTilesOK). New sets it when EnvDBiasTiles is set.
+	// kernels.DBiasTilesOK). New sets it unless EnvDBiasTiles is "0".
 	DBiasTiles bool
 	// DBiasStore has the dK/dV kernels that would store a bias's gradient
 	// element by element (DBiasDirect) store each warpgroup's dS tile into
 	// it by a tensor map instead, where the variant and dBias's layout
 	// allow it (kernels.DBiasStore, kernels.DBiasStoreOK). New sets it
-	// when EnvDBiasStore is set.
+	// unless EnvDBiasStore is "0".
 	DBiasStore bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
@@ -339,14 +339,14 @@ const EnvDBiasAtomic = "FLASHATTN_DBIAS_ATOMIC"
 // (Backend.DBiasDirect).
 const EnvDBiasDirect = "FLASHATTN_DBIAS_DIRECT"
 
-// EnvDBiasTiles, when set to anything but "" or "0", has the backward of
-// new backends add a bias's gradient by tiles where it would add it by
-// atomic adds and the variant allows it (Backend.DBiasTiles).
+// EnvDBiasTiles, unless "0", has the backward of new backends add a
+// bias's gradient by tiles where it would add it by atomic adds and the
+// variant allows it (Backend.DBiasTiles).
 const EnvDBiasTiles = "FLASHATTN_DBIAS_TILES"
 
-// EnvDBiasStore, when set to anything but "" or "0", has the backward of
-// new backends store a bias's gradient by tensor maps where it would store
-// it element by element and the variant allows it (Backend.DBiasStore).
+// EnvDBiasStore, unless "0", has the backward of new backends store a
+// bias's gradient by tensor maps where it would store it element by
+// element and the variant allows it (Backend.DBiasStore).
 const EnvDBiasStore = "FLASHATTN_DBIAS_STORE"
 
 // readDBiasEnv sets the dBias paths' knobs (DBiasAtomic, DBiasAtomicAuto,
@@ -356,8 +356,8 @@ func (b *Backend) readDBiasEnv() {
 	b.DBiasAtomic = envSet(os.Getenv(EnvDBiasAtomic))
 	b.DBiasAtomicAuto = os.Getenv(EnvDBiasAtomic) != "0"
 	b.DBiasDirect = os.Getenv(EnvDBiasDirect) != "0"
-	b.DBiasTiles = envSet(os.Getenv(EnvDBiasTiles))
-	b.DBiasStore = envSet(os.Getenv(EnvDBiasStore))
+	b.DBiasTiles = os.Getenv(EnvDBiasTiles) != "0"
+	b.DBiasStore = os.Getenv(EnvDBiasStore) != "0"
 }
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked

@@ -422,6 +422,17 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 			if want := v.KeyRows && c.bias != nil && b.biasStaged() && staged.Validate() == nil && c.m*2%16 == 0; v.BiasStaged != want {
 				t.Errorf("%s %v: %s, staged bias %v, want %v", c.name, dt, v.Name(), v.BiasStaged, want)
 			}
+			// dBias by tiles, or by tensor-map stores, wherever the knobs are on and the variant (and dBias's rows) allow it
+			for _, x := range []struct {
+				on       bool
+				from, to kernels.DBiasPath
+			}{{b.DBiasTiles, kernels.DBiasAtomic, kernels.DBiasTiles}, {b.DBiasStore, kernels.DBiasDirect, kernels.DBiasStore}} {
+				w := v
+				w.DBiasPath = x.to
+				if x.on && v.DBiasPath == x.from && w.Validate() == nil && c.m*2%16 == 0 {
+					t.Errorf("%s %v: %s, dBias %v where %v is on and allowed", c.name, dt, v.Name(), v.DBiasPath, x.to)
+				}
+			}
 			vs = append(vs, v, in.backendVariant(t, b, DQSeparate))
 		}
 	}

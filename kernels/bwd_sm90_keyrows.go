@@ -549,14 +549,18 @@ func (g *bwdGen) keyRowsSoftcapDecl() string {
 
 // keyRowsDBiasFromFirst reports whether the step addresses its dBias
 // elements from the thread's first (keyRowsDBiasDecl) rather than each
-// from its indices: where the bias is staged. Beside the global loads of
+// from its indices: where the bias is staged and dBias goes through the
+// scratch or directly, where it measured faster (not beside the atomic
+// adds: docs/kernels/backward.md, "dBias addressed from the thread's first
+// element"; DBiasTiles and DBiasStore store their elements otherwise).
+// Beside the global loads of
 // an unstaged bias the first element's address and the tile test are two
 // more live registers, and NVRTC 12.4 spilled more in some of those
 // variants (D = 128 with softcap 28 → 196–236 bytes) and less in others;
 // staged, the spills fell or held (D = 128 softcap 208 → 64, 80 → 40)
 // but for the scratch at D = 64 (20 → 36).
 func (g *bwdGen) keyRowsDBiasFromFirst() bool {
-	return g.v.BiasGrad && g.v.BiasStaged && g.v.DBiasPath != DBiasTiles
+	return g.v.BiasGrad && g.v.BiasStaged && (g.v.DBiasPath == DBiasScratch || g.v.DBiasPath == DBiasDirect)
 }
 
 // keyRowsDBiasDecl declares, where keyRowsDBiasFromFirst, the thread's
