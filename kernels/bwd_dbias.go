@@ -49,14 +49,12 @@ const (
 )
 
 // DBiasStoreOK reports whether v can take DBiasStore: the key-rows step
-// with the tiled dQ accumulator at padded DK 128 on steps of 64 queries
-// (whose dQ tile's wait at the end of every step also frees the dS tile
-// the store reads), a staged bias (the store's tensor map follows the
-// bias's), dBias's element type the inputs' (the dS tile's), and no
-// softcap (whose chain rule makes dS differ from dBias's elements).
+// with the atomic dQ, whose dS tile the store reads; a staged bias (the
+// store's tensor map follows the bias's), dBias's element type the
+// inputs' (the dS tile's), and no softcap (whose chain rule makes dS
+// differ from dBias's elements).
 func DBiasStoreOK(v BwdVariant) bool {
-	return v.KeyRows && v.DQAccTiled() && DBiasTilesDims(v.DK) && v.bwdHopperTile().BlockM == 64 && v.BiasGrad &&
-		v.BiasStaged && v.Bias.DType() == v.DType && !v.Softcap
+	return v.KeyRows && v.AtomicDQ && v.BiasGrad && v.BiasStaged && v.Bias.DType() == v.DType && !v.Softcap
 }
 
 // dbiasInPlace reports whether v's dK/dV kernel writes dBias itself

@@ -188,12 +188,12 @@ func (g *bwdGen) keyRowsProductsAtomic(b *strings.Builder, rv string) {
 		acc = "float accQ[BM / 8][4];  // element (column dq0 + 16(warp & 3) + g + 8hh, query 8nt + 2t4 + c) at [nt][2hh + c]"
 	}
 	fmt.Fprintf(b, `    fence_proxy_async();
-    %[1]s
+%[5]s    %[1]s
     // ---- %[2]s, then dK += dSᵀ·Q (A from registers,
     // q read N-major); dQ is added to the fp32 accumulator while dK runs
 %[4]s    %[3]s
     {
-`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), what, acc, g.keyRowsDBiasTileAdd())
+`, g.wsStepSync("dS of all BN keys in shared memory for the dQ product"), what, acc, g.keyRowsDBiasTileAdd(), g.keyRowsDBiasStoreWait(2))
 	g.dqProduct(b)
 	fmt.Fprintf(b, `      wgmma_commit();
     }
@@ -649,4 +649,17 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
       bulk_commit();
     }
 `
+}
+
+// keyRowsDBiasStoreWait returns, under DBiasStore without the tiled dQ
+// accumulator (whose wait at the end of each step covers it), the issuing
+// thread's wait for the reads of its last store (the step before's) ahead
+// of the first barrier after which warps write that store's dS buffer
+// again (buffers: where it goes, 2 before the dQ barrier, 1 before the
+// barrier that releases the buffer), and "" elsewhere.
+func (g *bwdGen) keyRowsDBiasStoreWait(buffers int) string {
+	if g.v.DBiasPath != DBiasStore || g.v.DQAccTiled() || g.v.bwdWSBuffers() != buffers {
+		return ""
+	}
+	return "    if ((tid & 127) == 0) bulk_wait_read<0>();  // the last step's dBias store no longer reads its dS buffer\n"
 }

@@ -181,7 +181,7 @@ func (g *bwdGen) wsBwdRelease(b *strings.Builder) {
 	b.WriteString(`    if (it > 0) mbar_arrive(empty + 8 * (st ^ 1));  // dV and dK of step it - 1 are complete: this thread is done with its stage
 `)
 	if g.v.bwdWSBuffers() == 1 {
-		b.WriteString("    " + g.wsStepSync("every warp that reads P and dS issued the products of step it - 1 (one buffer)") + "\n")
+		b.WriteString(g.keyRowsDBiasStoreWait(1) + "    " + g.wsStepSync("every warp that reads P and dS issued the products of step it - 1 (one buffer)") + "\n")
 	}
 }
 
