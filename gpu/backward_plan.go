@@ -282,8 +282,9 @@ type bwdRequest struct {
 	// and the final variant allows it (Backend.DBiasTiles).
 	dbiasTiles bool
 	// dbiasStore stores it by tensor maps where it would be stored element
-	// by element and the final variant allows it (Backend.DBiasStore).
-	dbiasStore bool
+	// by element and the final variant allows it (Backend.DBiasStore);
+	// dbiasStoreAuto where that measured faster (Backend.DBiasStoreAuto).
+	dbiasStore, dbiasStoreAuto bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -296,7 +297,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
 		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
-		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore}
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasStoreAuto: b.DBiasStoreAuto}
 }
 
 // biasStaged reports whether the backend's forward and backward stage a
@@ -432,7 +433,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if r.dbiasStore && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
+	if (r.dbiasStore || r.dbiasStoreAuto && pl.v.DQAccTiled()) && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
 		w := pl.v
 		w.DBiasPath = kernels.DBiasStore
 		pl.tryTMA(w) // with dBias's map
