@@ -553,22 +553,22 @@ func (g *bwdGen) keyRowsSoftcapDecl() string {
 // scratch or directly, where it measured faster (not beside the atomic
 // adds: docs/kernels/backward.md, "dBias addressed from the thread's first
 // element"; DBiasTiles and DBiasStore store their elements otherwise).
-// Beside the global loads of
-// an unstaged bias the first element's address and the tile test are two
-// more live registers, and NVRTC 12.4 spilled more in some of those
-// variants (D = 128 with softcap 28 → 196–236 bytes) and less in others;
-// staged, the spills fell or held (D = 128 softcap 208 → 64, 80 → 40)
-// but for the scratch at D = 64 (20 → 36).
+// Beside the global loads of an unstaged bias the first element's address
+// and the tile test are two more live registers, and NVRTC 12.4 spilled
+// more in some of those variants (D = 128 with softcap 28 → 196–236
+// bytes) and less in others; staged, the spills fell or held (D = 128
+// softcap 208 → 64, 80 → 40) but for the scratch at D = 64 (20 → 36).
 func (g *bwdGen) keyRowsDBiasFromFirst() bool {
 	return g.v.BiasGrad && g.v.BiasStaged && (g.v.DBiasPath == DBiasScratch || g.v.DBiasPath == DBiasDirect)
 }
 
-// keyRowsDBiasDecl declares, where keyRowsDBiasFromFirst, the thread's
-// place among the step's dBias elements (dbiasPlace): that of its first
-// element, query i0 + 2t4 and key kj at hh = 0, from which element
-// (nt, hh, c) lies 8nt + c rows and 8hh keys on (keyRowsChain); the
-// step's tile wholly inside the sequences (dbin) skips the elements'
-// tests.
+// keyRowsDBiasDecl declares, under DBiasTiles, the thread's places in its
+// warpgroup's dBias tile of shared memory (dbias_tile_at), and where
+// keyRowsDBiasFromFirst the thread's place among the step's dBias
+// elements (dbiasPlace): that of its first element, query i0 + 2t4 and
+// key kj at hh = 0, from which element (nt, hh, c) lies 8nt + c rows and
+// 8hh keys on (keyRowsChain); the step's tile wholly inside the sequences
+// (dbin) skips the elements' tests.
 func (g *bwdGen) keyRowsDBiasDecl() string {
 	if g.v.DBiasPath == DBiasTiles {
 		return `    // dBias: this warpgroup's tile of the step (the dQ tile's place), element (query 8nt + 2t4 + c, key
