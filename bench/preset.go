@@ -40,7 +40,7 @@ var presets = []Preset{
 	{Name: "flux", Description: "1×24×4608×128, non-causal (a FLUX-style training step); fwd and bwd",
 		cases: fluxCases},
 	{Name: "features", Description: "B=4 H=16 N=4096 D=128 plain, dropout 0.1, softcap 30, window (256, 0), bias [1, H, N, M] " +
-		"(and its gradient), deterministic; fwd and bwd",
+		"(and its gradient; a [B, H, N, M] bias's gradient too), deterministic; fwd and bwd",
 		cases: func() []Case { return featureCases(Case{Batch: 4, SeqlenQ: 4096, Heads: 16, HeadDim: 128}, 256) }},
 	{Name: "all", Description: "seqlen, flux, gqa, headdim and features", Parts: []string{"seqlen", "flux", "gqa", "headdim", "features"}},
 	{Name: "tiny-seqlen", Description: "CPU-sized: N = 32, 64, 128 with B·N = 256, H·D = 64, D ∈ {16, 32}, causal and not; fwd and bwd",
@@ -48,7 +48,7 @@ var presets = []Preset{
 	{Name: "tiny-headdim", Description: "CPU-sized: D ∈ {8, 16, 24, 32, 48, 64} at B=1, H=2, N=64; fwd and bwd",
 		cases: tinyHeaddimCases},
 	{Name: "tiny-features", Description: "CPU-sized features: B=1 H=2 N=128 D=32 plain, dropout 0.1, softcap 30, " +
-		"window (16, 0), bias [1, H, N, M] (and its gradient), deterministic; fwd and bwd",
+		"window (16, 0), bias [1, H, N, M] (and its gradient; a [B, H, N, M] bias's gradient too), deterministic; fwd and bwd",
 		cases: func() []Case { return featureCases(Case{Batch: 1, SeqlenQ: 128, Heads: 2, HeadDim: 32}, 16) }},
 	{Name: "tiny", Description: "tiny-seqlen and tiny-headdim", Parts: []string{"tiny-seqlen", "tiny-headdim"}},
 	{Name: "cp", Description: "context parallelism on virtual ranks: the FLUX step 1×24×4608×128 (ring, a2a), " +
@@ -191,8 +191,9 @@ func contentionCases() []Case {
 // featureCases returns base as it is and with each feature alone —
 // dropout 0.1, softcap 30, a window of left keys, a [1, H, N, M] bias,
 // deterministic — as forward and backward cases, and the bias with its
-// gradient as a backward case. Each feature's cost is its rate against
-// base's (Comparison.WriteMarkdown's feature table).
+// gradient, and a [B, H, N, M] bias with its gradient, as backward cases.
+// Each feature's cost is its rate against base's (Comparison.WriteMarkdown's
+// feature table).
 func featureCases(base Case, left int) []Case {
 	variants := []Case{base, base, base, base, base, base}
 	variants[1].Dropout = 0.1
@@ -206,7 +207,9 @@ func featureCases(base Case, left int) []Case {
 	}
 	grad := variants[4]
 	grad.BiasGrad, grad.Pass = true, Backward
-	return append(out, grad)
+	every := grad // a bias of every batch element and head, whose gradient is dS itself
+	every.Bias = "bhnm"
+	return append(out, grad, every)
 }
 
 func fluxCases() []Case {

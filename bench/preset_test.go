@@ -19,7 +19,7 @@ func TestPresetCounts(t *testing.T) {
 		{"gqa-contention", 6 * 2 * 2},
 		{"gqa", 8 + 24},
 		{"flux", 2},
-		{"all", 72 + 2 + 32 + 88 + 13},
+		{"all", 72 + 2 + 32 + 88 + 14},
 		{"tiny-seqlen", 3 * 2 * 2 * 2},
 		{"tiny-headdim", 6 * 2},
 		{"tiny", 24 + 12},
@@ -27,8 +27,8 @@ func TestPresetCounts(t *testing.T) {
 		{"flux, seqlen", 74},
 		{"cp", 3*2*2 + 2*3*2*2 + 2*2},
 		{"tiny-cp", 2 * (3*2*2 + 2)},
-		{"features", 6*2 + 1},
-		{"tiny-features", 6*2 + 1},
+		{"features", 6*2 + 2},
+		{"tiny-features", 6*2 + 2},
 	} {
 		cs, err := PresetCases(tc.name, "bf16")
 		if err != nil {

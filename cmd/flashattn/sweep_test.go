@@ -75,7 +75,7 @@ func TestSweepEmitOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sl.Cases) != 207 || sl.Preset != "all" || !strings.Contains(stdout, "207 cases") {
+	if len(sl.Cases) != 208 || sl.Preset != "all" || !strings.Contains(stdout, "208 cases") {
 		t.Errorf("%d cases, preset %q, stdout %q", len(sl.Cases), sl.Preset, stdout)
 	}
 }
