@@ -134,8 +134,9 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 		ar.reduce = [][2]uint64{{a.Workspace + uint64(pl.w.dqacc), a.Workspace + uint64(pl.w.dqacc+pl.w.dqaccBytes)}}
 	}
 	if pl.v.DBiasPath == kernels.DBiasTiles {
-		// and dBias's into its accumulator (up to the non-finite flag, which follows it)
-		ar.reduce = append(ar.reduce, [2]uint64{a.Workspace + uint64(pl.w.dbias), a.Workspace + uint64(pl.w.nf)})
+		// and dBias's into its tiles
+		end := pl.w.dbias + 4*kernels.DBiasTilesFloats(a.Bias.Batches*a.Bias.Heads, in.p.N, in.p.M)
+		ar.reduce = append(ar.reduce, [2]uint64{a.Workspace + uint64(pl.w.dbias), a.Workspace + uint64(end)})
 	}
 	if kind == emuDefault {
 		t.Logf("%s", pl.v.Name())
@@ -585,18 +586,17 @@ func TestBackwardEmulatedDBiasTiles(t *testing.T) {
 	t.Setenv(EnvDBiasAtomic, "1")
 	t.Setenv(EnvDBiasTiles, "1")
 	bf := []attn.DType{attn.BFloat16}
-	tiles := kernels.DBiasTiles
+	tiles, bulk := kernels.DBiasTiles, emuHopperBwdWSKeyRowsBulk
 	emuCheckDBiasPaths(t, 1990, []emuDBiasCase{
-		{bwdCase{name: "d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, tiles, 0},
-		{bwdCase{name: "d128-b2-m130-wg1-past-m", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, tiles, 0},
-		{bwdCase{name: "d120-b2-shared-window-softcap", b: 2, n: 129, m: 70, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, softcap: 4, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, tiles, 0},
-		{bwdCase{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, tiles, 0},
+		{bwdCase{name: "d128-b3-causal-gqa", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, tiles, bulk},
+		{bwdCase{name: "d128-b2-m130-wg1-past-m", b: 2, n: 90, m: 130, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, tiles, bulk},
+		{bwdCase{name: "d120-b2-shared-window-softcap", b: 2, n: 129, m: 70, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, softcap: 4, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, tiles, bulk},
+		{bwdCase{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, tiles, bulk},
 	})
 }
 
 // emuDBiasCase is a backward case of emuCheckDBiasPaths, the dBias path
-// its plans with the atomic dQ must take, and its kernel family (zero: the
-// key-rows step with the bulk dQ).
+// its plans with the atomic dQ must take, and its kernel family.
 type emuDBiasCase struct {
 	c    bwdCase
 	want kernels.DBiasPath
@@ -619,11 +619,7 @@ func emuCheckDBiasPaths(t *testing.T, seed uint64, cases []emuDBiasCase) {
 	for ci, x := range cases {
 		for _, dt := range x.c.dtypes {
 			paths = paths[:0]
-			kind := x.kind
-			if kind == 0 {
-				kind = emuHopperBwdWSKeyRowsBulk
-			}
-			emuCheckCase(t, x.c, dt, seed+uint64(ci), kind)
+			emuCheckCase(t, x.c, dt, seed+uint64(ci), x.kind)
 			if len(paths) == 0 {
 				t.Fatalf("%s: no backward planned with the atomic dQ", x.c.name)
 			}
@@ -652,17 +648,17 @@ func TestBackwardEmulatedDBiasStore(t *testing.T) {
 	t.Setenv(EnvDBiasStore, "1")
 	t.Setenv(EnvBiasStaged, "1") // as the backends' BiasStagedAuto has it: the store's map follows the bias's
 	bf := []attn.DType{attn.BFloat16}
-	store, direct := kernels.DBiasStore, kernels.DBiasDirect
+	store, direct, bulk := kernels.DBiasStore, kernels.DBiasDirect, emuHopperBwdWSKeyRowsBulk
 	emuCheckDBiasPaths(t, 2990, []emuDBiasCase{
-		{bwdCase{name: "d128-b2-causal-gqa-m136", b: 2, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{2, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, store, 0},
+		{bwdCase{name: "d128-b2-causal-gqa-m136", b: 2, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{2, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, store, bulk},
 		// the vector atomics' steps (no tiled dQ: the store's own wait before the next step's barrier), 64 and 128 queries
 		{bwdCase{name: "d128-atomics-b2-m200", b: 2, n: 150, m: 200, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{2, 2}, biasGrad: true, dtypes: bf}, store, emuHopperBwdWSKeyRows},
 		{bwdCase{name: "d64-q128-b2-causal-n300", b: 2, n: 300, m: 264, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{2, 2}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.BFloat16, attn.Float16}}, store, emuHopperBwdWSKeyRows128},
-		{bwdCase{name: "d128-b1-m200-wg1-past-m", b: 1, n: 70, m: 200, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, store, 0},
-		{bwdCase{name: "d120-dv96-b2-window", b: 2, n: 129, m: 72, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{2, 2}, biasGrad: true, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, store, 0},
-		{bwdCase{name: "d128-b2-dropout-causal-br-rows-without-keys", b: 2, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{2, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, store, 0},
-		{bwdCase{name: "d128-m90-rows-not-16-byte-units", b: 1, n: 80, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, direct, 0},
-		{bwdCase{name: "d128-softcap", b: 1, n: 80, m: 96, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: bf}, direct, 0},
+		{bwdCase{name: "d128-b1-m200-wg1-past-m", b: 1, n: 70, m: 200, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, store, bulk},
+		{bwdCase{name: "d120-dv96-b2-window", b: 2, n: 129, m: 72, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{2, 2}, biasGrad: true, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, store, bulk},
+		{bwdCase{name: "d128-b2-dropout-causal-br-rows-without-keys", b: 2, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{2, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, store, bulk},
+		{bwdCase{name: "d128-m90-rows-not-16-byte-units", b: 1, n: 80, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, direct, bulk},
+		{bwdCase{name: "d128-softcap", b: 1, n: 80, m: 96, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: bf}, direct, bulk},
 	})
 }
 

@@ -433,7 +433,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if (r.dbiasStore || r.dbiasStoreAuto && pl.v.DQAccTiled()) && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
+	if r.dbiasStores(pl.v) && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
 		w := pl.v
 		w.DBiasPath = kernels.DBiasStore
 		pl.tryTMA(w) // with dBias's map
@@ -462,6 +462,14 @@ func (r bwdRequest) dbiasPath() kernels.DBiasPath {
 		return kernels.DBiasAtomic
 	}
 	return kernels.DBiasScratch
+}
+
+// dbiasStores reports whether the request asks for dBias by tensor-map
+// stores (kernels.DBiasStore) on variant v: everywhere (dbiasStore), or
+// where they measured faster, the steps with the tiled dQ
+// (dbiasStoreAuto).
+func (r bwdRequest) dbiasStores(v kernels.BwdVariant) bool {
+	return r.dbiasStore || r.dbiasStoreAuto && v.DQAccTiled()
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the

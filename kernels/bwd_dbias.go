@@ -250,7 +250,7 @@ DEV long long dbias_tile_index(const BwdParams& p, int x, int i, int j) {
 // (DBiasTiles) of planes bias batches × bias heads, n queries and m keys:
 // whole tiles of 64 × 64.
 func DBiasTilesFloats(planes, n, m int) int64 {
-	return int64(planes) * int64((n+63)/64) * int64((m+63)/64) * 4096
+	return int64(planes) * int64((n+63)/64) * int64((m+63)/64) * BwdDQTileFloats
 }
 
 // dbiasZero returns the preprocess's zeroing of query row i: under

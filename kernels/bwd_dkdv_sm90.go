@@ -704,8 +704,8 @@ func (g *bwdGen) dqBulkTiled(b *strings.Builder) {
 		tile = "wg" // this warpgroup's rows' tile
 	}
 	g.wgTileReduce(b, fmt.Sprintf(`      float* sq = sdQ + (%[2]s) * %[1]d;  // this warpgroup's tile, in the accumulator tile's order
-      const bool issuer = (tid & 127) == 0;  // the thread that adds the tile
-`, BwdDQTileFloats, tile), "issuer", fmt.Sprintf(`#pragma unroll
+      const bool issuer = %[3]s;  // the thread that adds the tile
+`, BwdDQTileFloats, tile, wgIssuer), "issuer", fmt.Sprintf(`#pragma unroll
       for (int nt = 0; nt < 64 / 8; ++nt)  // the tile's 64 columns (a warpgroup's share of dQ, nq)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -755,16 +755,28 @@ func (g *bwdGen) dqBulkTransposed(b *strings.Builder, nq int) {
 // whole; the issuing threads' reduce-adds (issue) and their commit. It
 // closes the block dqAtomic opened.
 func (g *bwdGen) wgTileReduce(b *strings.Builder, decls, issuer, stores, issue string) {
-	fmt.Fprintf(b, `%[1]s      if (%[2]s) bulk_wait_read<0>();  // this thread's reduce-adds of the last step no longer read the tile
-      bar_sync(2 + wg, 128);  // nobody in the warpgroup still reads the tile
-%[3]s      fence_proxy_async();  // the stores, before the copy engine reads them
+	fmt.Fprintf(b, `%[1]s%[5]s%[3]s      fence_proxy_async();  // the stores, before the copy engine reads them
       bar_sync(2 + wg, 128);  // the tile is whole
       if (%[2]s) {
 %[4]s        bulk_commit();
       }
     }
-`, decls, issuer, stores, issue)
+`, decls, issuer, stores, issue, wgTileFree("      ", issuer))
 }
+
+// wgTileFree returns the wait after which the warpgroup may write a shared
+// tile that its issuing threads (issuer) hand to bulk copies: they wait
+// until their copies of the last step are done reading it, and the
+// warpgroup meets (named barrier 2 + wg); indent before each line.
+func wgTileFree(indent, issuer string) string {
+	return indent + "if (" + issuer + ") bulk_wait_read<0>();  // this thread's reduce-adds of the last step no longer read the tile\n" +
+		indent + "bar_sync(2 + wg, 128);  // nobody in the warpgroup still reads the tile\n"
+}
+
+// wgIssuer is the condition of the thread of each warpgroup that issues
+// the warpgroup's bulk copies of a whole tile (the tiled dQ's reduce-adds,
+// dBias's tiles and stores).
+const wgIssuer = "(tid & 127) == 0"
 
 // dkdvSM90Store closes the loop and stores dK and dV (through shared
 // memory for odd head dims).
@@ -822,14 +834,14 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 	nfKeysCheck(b, g.ws, accs...)
 	switch {
 	case v.DQAccTiled():
-		b.WriteString("  if ((tid & 127) == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
+		b.WriteString("  if (" + wgIssuer + ") bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	case v.bwdDQTransposed():
 		b.WriteString("  if ((tid & 127) < BM) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	case v.BulkDQ:
 		b.WriteString("  if (t4 == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	}
 	if v.DBiasPath == DBiasStore && !v.BulkDQ {
-		b.WriteString("  if ((tid & 127) == 0) bulk_wait<0>();  // every store of dBias complete before the block ends\n")
+		b.WriteString("  if (" + wgIssuer + ") bulk_wait<0>();  // every store of dBias complete before the block ends\n")
 	}
 	b.WriteString("}\n\n")
 }

@@ -573,7 +573,7 @@ func (g *bwdGen) keyRowsDBiasDecl() string {
 	if g.v.DBiasPath == DBiasTiles {
 		return `    // dBias: this warpgroup's tile of the step (the dQ tile's place), element (query 8nt + 2t4 + c, key
     // 16(warp & 3) + g + 8hh) at dbias_tile_at: row 8nt + 2t4 + c, chunk (2(warp & 3) + hh) ^ t4, word g
-    float* const sdb = sdQ + wg * 4096 + 2 * t4 * 64 + g;
+    float* const sdb = sdQ + wg * ` + fmt.Sprint(BwdDQTileFloats) + ` + 2 * t4 * 64 + g;
     const int dbc[2] = {((2 * (warp & 3)) ^ t4) << 3, ((2 * (warp & 3) + 1) ^ t4) << 3};
 `
 	}
@@ -618,9 +618,7 @@ func (g *bwdGen) keyRowsDBiasTileFree() string {
 	if g.v.DBiasPath != DBiasTiles {
 		return ""
 	}
-	return `    if ((tid & 127) == 0) bulk_wait_read<0>();  // the last step's reduce-adds no longer read the dQ tile
-    bar_sync(2 + wg, 128);  // the tile is free for dBias
-`
+	return wgTileFree("    ", wgIssuer)
 }
 
 // keyRowsDBiasTileAdd returns, under DBiasTiles, the bulk reduce-add of
@@ -633,22 +631,19 @@ func (g *bwdGen) keyRowsDBiasTileFree() string {
 // any warp writes it again, a step later (two buffers) or in the next
 // step (one).
 func (g *bwdGen) keyRowsDBiasTileAdd() string {
+	var what, copy string
 	switch g.v.DBiasPath {
 	case DBiasStore:
-		return `    if ((tid & 127) == 0 && j0 + 64 * wg < m) {  // this warpgroup's dS tile (64 queries x its 64 keys) into dBias
-      tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, h, b);  // (rows and keys past N and M are dropped)
-      bulk_commit();
-    }
-`
+		what = "dS tile (the step's queries x its 64 keys) into dBias"
+		copy = "tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, h, b);  // (rows and keys past N and M are dropped)"
 	case DBiasTiles:
+		what = "dBias tile (64 queries x its 64 keys) into the accumulator"
+		copy = fmt.Sprintf("bulk_reduce_add_f32(p.dbias_scratch + dbias_acc_at(p, b, h, i0, j0 + 64 * wg), smem_u32(sdQ + wg * %d), %d);",
+			BwdDQTileFloats, BwdDQTileFloats*4)
 	default:
 		return ""
 	}
-	return `    if ((tid & 127) == 0 && j0 + 64 * wg < m) {  // this warpgroup's dBias tile (64 queries x its 64 keys) into the accumulator
-      bulk_reduce_add_f32(p.dbias_scratch + dbias_acc_at(p, b, h, i0, j0 + 64 * wg), smem_u32(sdQ + wg * 4096), 16384);
-      bulk_commit();
-    }
-`
+	return "    if (" + wgIssuer + " && j0 + 64 * wg < m) {  // this warpgroup's " + what + "\n      " + copy + "\n      bulk_commit();\n    }\n"
 }
 
 // keyRowsDBiasStoreWait returns, under DBiasStore without the tiled dQ
@@ -661,5 +656,5 @@ func (g *bwdGen) keyRowsDBiasStoreWait(buffers int) string {
 	if g.v.DBiasPath != DBiasStore || g.v.DQAccTiled() || g.v.bwdWSBuffers() != buffers {
 		return ""
 	}
-	return "    if ((tid & 127) == 0) bulk_wait_read<0>();  // the last step's dBias store no longer reads its dS buffer\n"
+	return "    if (" + wgIssuer + ") bulk_wait_read<0>();  // the last step's dBias store no longer reads its dS buffer\n"
 }

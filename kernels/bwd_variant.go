@@ -364,7 +364,7 @@ func (v BwdVariant) Validate() error {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tiles needs the key-rows step with the tiled dQ accumulator at padded DK 128 and steps of 64 queries (DBiasTilesOK)", v.Name())
 	}
 	if v.DBiasPath == DBiasStore && !DBiasStoreOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tensor-map stores needs the key-rows step with the tiled dQ accumulator at padded DK 128, steps of 64 queries, a staged bias of the inputs' element type and no softcap (DBiasStoreOK)", v.Name())
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tensor-map stores needs the key-rows step with the atomic dQ, a staged bias of the inputs' element type and no softcap (DBiasStoreOK)", v.Name())
 	}
 	if v.LightTail && !v.Masked() {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the light-tail CTA order needs a mask (unmasked blocks all weigh the same)", v.Name())
