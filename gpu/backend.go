@@ -132,12 +132,8 @@ type Backend struct {
 	// element by element (DBiasDirect) store each warpgroup's dS tile into
 	// it by a tensor map instead, where the variant and dBias's layout
 	// allow it (kernels.DBiasStore, kernels.DBiasStoreOK). New sets it
-	// when EnvDBiasStore is set.
+	// unless EnvDBiasStore is "0".
 	DBiasStore bool
-	// DBiasStoreAuto does so where it was measured faster: the key-rows
-	// steps with the tiled dQ accumulator. New sets it unless
-	// EnvDBiasStore is "0".
-	DBiasStoreAuto bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -348,23 +344,20 @@ const EnvDBiasDirect = "FLASHATTN_DBIAS_DIRECT"
 // variant allows it (Backend.DBiasTiles).
 const EnvDBiasTiles = "FLASHATTN_DBIAS_TILES"
 
-// EnvDBiasStore, when set to anything but "" or "0", has the backward of
-// new backends store a bias's gradient by tensor maps wherever they would
-// store it element by element and the variant allows it
-// (Backend.DBiasStore); unset, where it measured faster
-// (Backend.DBiasStoreAuto); "0", nowhere.
+// EnvDBiasStore, unless "0", has the backward of new backends store a
+// bias's gradient by tensor maps wherever they would store it element by
+// element and the variant allows it (Backend.DBiasStore).
 const EnvDBiasStore = "FLASHATTN_DBIAS_STORE"
 
 // readDBiasEnv sets the dBias paths' knobs (DBiasAtomic, DBiasAtomicAuto,
-// DBiasDirect, DBiasTiles, DBiasStore, DBiasStoreAuto) as EnvDBiasAtomic, EnvDBiasDirect,
+// DBiasDirect, DBiasTiles, DBiasStore) as EnvDBiasAtomic, EnvDBiasDirect,
 // EnvDBiasTiles and EnvDBiasStore ask.
 func (b *Backend) readDBiasEnv() {
 	b.DBiasAtomic = envSet(os.Getenv(EnvDBiasAtomic))
 	b.DBiasAtomicAuto = os.Getenv(EnvDBiasAtomic) != "0"
 	b.DBiasDirect = os.Getenv(EnvDBiasDirect) != "0"
 	b.DBiasTiles = os.Getenv(EnvDBiasTiles) != "0"
-	b.DBiasStore = envSet(os.Getenv(EnvDBiasStore))
-	b.DBiasStoreAuto = os.Getenv(EnvDBiasStore) != "0"
+	b.DBiasStore = os.Getenv(EnvDBiasStore) != "0"
 }
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked

@@ -122,7 +122,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
 		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), deep: deep,
-		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore, dbiasStoreAuto: knobs.DBiasStoreAuto})
+		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

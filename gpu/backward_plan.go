@@ -282,9 +282,8 @@ type bwdRequest struct {
 	// and the final variant allows it (Backend.DBiasTiles).
 	dbiasTiles bool
 	// dbiasStore stores it by tensor maps where it would be stored element
-	// by element and the final variant allows it (Backend.DBiasStore);
-	// dbiasStoreAuto where that measured faster (Backend.DBiasStoreAuto).
-	dbiasStore, dbiasStoreAuto bool
+	// by element and the final variant allows it (Backend.DBiasStore).
+	dbiasStore bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -297,7 +296,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
 		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
-		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasStoreAuto: b.DBiasStoreAuto}
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore}
 }
 
 // biasStaged reports whether the backend's forward and backward stage a
@@ -433,7 +432,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
-	if r.dbiasStores(pl.v) && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
+	if r.dbiasStore && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
 		w := pl.v
 		w.DBiasPath = kernels.DBiasStore
 		pl.tryTMA(w) // with dBias's map
@@ -462,14 +461,6 @@ func (r bwdRequest) dbiasPath() kernels.DBiasPath {
 		return kernels.DBiasAtomic
 	}
 	return kernels.DBiasScratch
-}
-
-// dbiasStores reports whether the request asks for dBias by tensor-map
-// stores (kernels.DBiasStore) on variant v: everywhere (dbiasStore), or
-// where they measured faster, the steps with the tiled dQ
-// (dbiasStoreAuto).
-func (r bwdRequest) dbiasStores(v kernels.BwdVariant) bool {
-	return r.dbiasStore || r.dbiasStoreAuto && v.DQAccTiled()
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the

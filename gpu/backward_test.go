@@ -426,7 +426,7 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 			for _, x := range []struct {
 				on       bool
 				from, to kernels.DBiasPath
-			}{{b.DBiasTiles, kernels.DBiasAtomic, kernels.DBiasTiles}, {b.bwdRequest(in.p, dt, bwdArgs{}, DQAtomic).dbiasStores(v), kernels.DBiasDirect, kernels.DBiasStore}} {
+			}{{b.DBiasTiles, kernels.DBiasAtomic, kernels.DBiasTiles}, {b.DBiasStore, kernels.DBiasDirect, kernels.DBiasStore}} {
 				w := v
 				w.DBiasPath = x.to
 				if x.on && v.DBiasPath == x.from && w.Validate() == nil && c.m*2%16 == 0 {
