@@ -31,11 +31,40 @@ type TensorMapSpec struct {
 	// of row r at chunk c ^ (r mod 8), the layout of the warpgroup products'
 	// 128-byte swizzle.
 	Swizzle128 bool
+	// Elem is how the accelerator takes the elements: as 16 bits copied as
+	// they are (the zero value), or as fp16 or bf16 numbers, which a
+	// reduce-add through the map (cp.reduce.async.bulk.tensor .add) needs.
+	Elem TensorMapElem
+}
+
+// TensorMapElem is the element type a tensor map gives the accelerator.
+type TensorMapElem uint8
+
+const (
+	// TensorMapBits16: 16-bit elements copied as they are.
+	TensorMapBits16 TensorMapElem = iota
+	// TensorMapFloat16: IEEE binary16 numbers.
+	TensorMapFloat16
+	// TensorMapBFloat16: bfloat16 numbers.
+	TensorMapBFloat16
+)
+
+// driverType returns e's CUtensorMapDataType.
+func (e TensorMapElem) driverType() uintptr {
+	switch e {
+	case TensorMapFloat16:
+		return tensorMapFloat16
+	case TensorMapBFloat16:
+		return tensorMapBFloat16
+	}
+	return tensorMapUint16
 }
 
 // Tensor map encoding constants of the driver API.
 const (
 	tensorMapUint16     = 1 // CU_TENSOR_MAP_DATA_TYPE_UINT16: bits copied as they are
+	tensorMapFloat16    = 6 // CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+	tensorMapBFloat16   = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 	tensorMapSwizzle128 = 3 // CU_TENSOR_MAP_SWIZZLE_128B
 	tensorMapL2Promo128 = 2 // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 )
@@ -52,6 +81,8 @@ func (s TensorMapSpec) Check() error {
 		return argErrorf("tensor map of rank %d with %d strides and %d box extents", r, len(s.Strides), len(s.Box))
 	case s.Addr%16 != 0:
 		return argErrorf("tensor map address %#x not 16-byte aligned", s.Addr)
+	case s.Elem > TensorMapBFloat16:
+		return argErrorf("tensor map element type %d (TensorMapBits16, TensorMapFloat16 or TensorMapBFloat16)", s.Elem)
 	case s.Swizzle128 && s.Box[0]*2 > 128:
 		return argErrorf("tensor map box of %d elements per row with the 128-byte swizzle (at most 64)", s.Box[0])
 	}
@@ -75,7 +106,7 @@ func (s TensorMapSpec) Check() error {
 // positive multiple of 16 below 2^40.
 func TensorMapStrideOK(st uint64) bool { return st != 0 && st%16 == 0 && st < 1<<40 }
 
-// EncodeTensorMap encodes s with cuTensorMapEncodeTiled: 16-bit elements,
+// EncodeTensorMap encodes s with cuTensorMapEncodeTiled: 16-bit elements of type s.Elem,
 // no interleave, zero fill out of bounds, 128-byte L2 promotion. Drivers
 // before CUDA 12 lack the call and get an error wrapping ErrArgument.
 func (d *Device) EncodeTensorMap(s TensorMapSpec) (TensorMap, error) {
@@ -107,7 +138,7 @@ func (d *Device) EncodeTensorMap(s TensorMapSpec) (TensorMap, error) {
 	// the driver wants a current context: encode on the device's executor
 	var r uintptr
 	err := d.do(func() error {
-		r = ccall(fn, uintptr(unsafe.Pointer(&dst[0])), tensorMapUint16, uintptr(len(s.Dims)), uintptr(s.Addr),
+		r = ccall(fn, uintptr(unsafe.Pointer(&dst[0])), s.Elem.driverType(), uintptr(len(s.Dims)), uintptr(s.Addr),
 			uintptr(unsafe.Pointer(&s.Dims[0])), uintptr(unsafe.Pointer(&strides[0])),
 			uintptr(unsafe.Pointer(&s.Box[0])), uintptr(unsafe.Pointer(&elemStrides[0])),
 			0, swz, tensorMapL2Promo128, 0)

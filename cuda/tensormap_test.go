@@ -5,6 +5,16 @@ import (
 	"testing"
 )
 
+// TestTensorMapElemDriverType checks the element types' driver values
+// (CUtensorMapDataType).
+func TestTensorMapElemDriverType(t *testing.T) {
+	for e, want := range map[TensorMapElem]uintptr{TensorMapBits16: 1, TensorMapFloat16: 6, TensorMapBFloat16: 9} {
+		if got := e.driverType(); got != want {
+			t.Errorf("%d: CUtensorMapDataType %d, want %d", e, got, want)
+		}
+	}
+}
+
 // TestTensorMapSpecCheck checks the requirements EncodeTensorMap enforces
 // before it reaches the driver.
 func TestTensorMapSpecCheck(t *testing.T) {
@@ -33,6 +43,9 @@ func TestTensorMapSpecCheck(t *testing.T) {
 		{"empty box", func(s *TensorMapSpec) { s.Box[2] = 0 }, false},
 		{"swizzled rows past 128 bytes", func(s *TensorMapSpec) { s.Box[0] = 128 }, false},
 		{"unswizzled wide rows", func(s *TensorMapSpec) { s.Box[0], s.Swizzle128 = 128, false }, true},
+		{"bf16 elements", func(s *TensorMapSpec) { s.Elem = TensorMapBFloat16 }, true},
+		{"fp16 elements", func(s *TensorMapSpec) { s.Elem = TensorMapFloat16 }, true},
+		{"unknown element type", func(s *TensorMapSpec) { s.Elem = TensorMapBFloat16 + 1 }, false},
 	}
 	for _, c := range cases {
 		s := good()

@@ -134,6 +134,13 @@ type Backend struct {
 	// allow it (kernels.DBiasStore, kernels.DBiasStoreOK). New sets it
 	// unless EnvDBiasStore is "0".
 	DBiasStore bool
+	// DBiasReduce has the dK/dV kernels that would add a bias's gradient
+	// into an fp32 accumulator (DBiasAtomic, DBiasTiles) add each
+	// warpgroup's dS tile into dBias itself instead, by a tensor-map
+	// reduce-add in dBias's element type, where the variant and dBias's
+	// layout allow it (kernels.DBiasReduce, kernels.DBiasReduceOK). New sets
+	// it unless EnvDBiasReduce is "0".
+	DBiasReduce bool
 	// FwdLightTail has masked forward launches of one tile a CTA end on
 	// their lightest query blocks (kernels.Variant.LightTail). New sets it
 	// when EnvFwdLightTail is set.
@@ -198,11 +205,13 @@ func Open() (*Backend, error) {
 // New returns a backend on an open device; Close leaves the device open.
 // It reads the environment (EnvNoWGMMA, EnvNoTMA, EnvPipeline,
 // EnvBwdPipeline, EnvBulkDQ, EnvBwdKeyRows, EnvBwdQueryStep, EnvBwdDeep,
-// EnvDQ, EnvBiasStaged, EnvDBiasAtomic, EnvDBiasDirect, EnvFwdLightTail,
-// EnvBwdLightTail, EnvHostRegister) once, into the knobs WGMMA, TMA,
-// Pipeline, BwdPipeline, BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep,
-// BwdDeep, DQ, BiasStaged, BiasStagedAuto, DBiasAtomic, DBiasAtomicAuto, DBiasDirect,
-// FwdLightTail, BwdLightTail and HostRegister.
+// EnvDQ, EnvBiasStaged, EnvDBiasAtomic, EnvDBiasDirect, EnvDBiasTiles,
+// EnvDBiasStore, EnvDBiasReduce, EnvFwdLightTail, EnvBwdLightTail,
+// EnvHostRegister) once, into the knobs WGMMA, TMA, Pipeline, BwdPipeline,
+// BulkDQ, BwdKeyRows, BwdKeyRowsAuto, BwdQueryStep, BwdDeep, DQ,
+// BiasStaged, BiasStagedAuto, DBiasAtomic, DBiasAtomicAuto, DBiasDirect,
+// DBiasTiles, DBiasStore, DBiasReduce, FwdLightTail, BwdLightTail and
+// HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
 	s, err := dev.NewStream()
 	if err != nil {
@@ -349,15 +358,22 @@ const EnvDBiasTiles = "FLASHATTN_DBIAS_TILES"
 // element and the variant allows it (Backend.DBiasStore).
 const EnvDBiasStore = "FLASHATTN_DBIAS_STORE"
 
+// EnvDBiasReduce, unless "0", has the backward of new backends add a
+// bias's gradient by tensor-map reduce-adds into dBias wherever they would
+// add it into an fp32 accumulator and the variant allows it
+// (Backend.DBiasReduce).
+const EnvDBiasReduce = "FLASHATTN_DBIAS_REDUCE"
+
 // readDBiasEnv sets the dBias paths' knobs (DBiasAtomic, DBiasAtomicAuto,
-// DBiasDirect, DBiasTiles, DBiasStore) as EnvDBiasAtomic, EnvDBiasDirect,
-// EnvDBiasTiles and EnvDBiasStore ask.
+// DBiasDirect, DBiasTiles, DBiasStore, DBiasReduce) as EnvDBiasAtomic,
+// EnvDBiasDirect, EnvDBiasTiles, EnvDBiasStore and EnvDBiasReduce ask.
 func (b *Backend) readDBiasEnv() {
 	b.DBiasAtomic = envSet(os.Getenv(EnvDBiasAtomic))
 	b.DBiasAtomicAuto = os.Getenv(EnvDBiasAtomic) != "0"
 	b.DBiasDirect = os.Getenv(EnvDBiasDirect) != "0"
 	b.DBiasTiles = os.Getenv(EnvDBiasTiles) != "0"
 	b.DBiasStore = os.Getenv(EnvDBiasStore) != "0"
+	b.DBiasReduce = os.Getenv(EnvDBiasReduce) != "0"
 }
 
 // EnvFwdLightTail, when set to anything but "" or "0", has the masked

@@ -34,7 +34,7 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 	if v.BiasStaged {
 		second.pointers = append(second.pointers, "c.w[0]") // the bias's map
 	}
-	if v.DBiasPath == kernels.DBiasStore {
+	if v.DBiasPath == kernels.DBiasStore || v.DBiasPath == kernels.DBiasReduce {
 		second.pointers = append(second.pointers, "d.w[0]") // dBias's map
 	}
 	for _, p := range bwdEmuPointers {
@@ -122,7 +122,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
 		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), deep: deep,
-		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore})
+		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore, dbiasReduce: knobs.DBiasReduce})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -340,7 +340,9 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 		t.Fatalf("plan %s: QueryStep = %d, want 128: %v", pl.v.Name(), pl.v.QueryStep, want)
 	}
 	staged16 := pl.v.Bias == kernels.BiasBF16 || pl.v.Bias == kernels.BiasF16
-	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0; pl.v.BiasStaged != want {
+	staged := pl.v
+	staged.BiasStaged = true
+	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0 && staged.Validate() == nil; pl.v.BiasStaged != want {
 		t.Fatalf("plan %s: BiasStaged = %v, want %v", pl.v.Name(), pl.v.BiasStaged, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
@@ -585,6 +587,7 @@ func TestBackwardEmulatedDBiasTiles(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	t.Setenv(EnvDBiasAtomic, "1")
 	t.Setenv(EnvDBiasTiles, "1")
+	t.Setenv(EnvDBiasReduce, "0")
 	bf := []attn.DType{attn.BFloat16}
 	tiles, bulk := kernels.DBiasTiles, emuHopperBwdWSKeyRowsBulk
 	emuCheckDBiasPaths(t, 1990, []emuDBiasCase{
@@ -662,6 +665,39 @@ func TestBackwardEmulatedDBiasStore(t *testing.T) {
 	})
 }
 
+// TestBackwardEmulatedDBiasReduce runs backwards that add the gradient of
+// a bias broadcast over the batch by tensor-map reduce-adds into dBias
+// itself (EnvDBiasReduce, kernels.DBiasReduce: each warpgroup's share of
+// the step's dS tile, in dBias's element type) on the host emulator
+// against the float64 reference: the key-rows family with the bulk dQ at
+// head dims padded to 128 and the vector atomics' steps of 64 queries at
+// D = 128 and of 128 at D = 64, bf16 and fp16, batches of two to six, a
+// bias shared by the heads too, causal and window masks (dBias's hidden
+// pairs left as the preprocess zeroed them), dropout, GQA, DK ≠ DV, query
+// and key counts off the tiles, a second warpgroup whose keys all lie past
+// M, rows that see no key; a key count whose rows are not whole 16-byte
+// units keeps the tiles (the map's strides), as does a softcap.
+func TestBackwardEmulatedDBiasReduce(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	t.Setenv(EnvDBiasAtomic, "1")
+	t.Setenv(EnvDBiasTiles, "1")
+	t.Setenv(EnvDBiasReduce, "1")
+	t.Setenv(EnvBiasStaged, "1") // as the backends' BiasStagedAuto has it: dBias's map follows the bias's
+	bf, both := []attn.DType{attn.BFloat16}, []attn.DType{attn.BFloat16, attn.Float16}
+	reduce, tiles, bulk := kernels.DBiasReduce, kernels.DBiasTiles, emuHopperBwdWSKeyRowsBulk
+	emuCheckDBiasPaths(t, 3990, []emuDBiasCase{
+		{bwdCase{name: "d128-b3-causal-gqa-m136-wg1-past-m", b: 3, n: 100, m: 136, h: 4, hkv: 2, dk: 128, dv: 128, bias: []int{1, 4}, biasGrad: true, causal: true, dtypes: []attn.DType{attn.Float16}}, reduce, bulk},
+		{bwdCase{name: "d120-dv96-b2-shared-window", b: 2, n: 129, m: 72, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, reduce, bulk},
+		{bwdCase{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, reduce, bulk},
+		{bwdCase{name: "d128-b6-n200", b: 6, n: 200, m: 128, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: both}, reduce, bulk},
+		// the vector atomics' steps (no tiled dQ: the add's own wait before the next step's barrier), 64 and 128 queries
+		{bwdCase{name: "d128-atomics-b2-m200", b: 2, n: 150, m: 200, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, reduce, emuHopperBwdWSKeyRows},
+		{bwdCase{name: "d64-q128-b2-causal-n300", b: 2, n: 300, m: 264, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, causal: true, dtypes: both}, reduce, emuHopperBwdWSKeyRows128},
+		{bwdCase{name: "d128-m90-rows-not-16-byte-units", b: 2, n: 80, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, tiles, bulk},
+		{bwdCase{name: "d128-softcap", b: 2, n: 80, m: 96, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, softcap: 4, dtypes: bf}, tiles, bulk},
+	})
+}
+
 // TestBackwardEmulatedDBiasPaths runs backwards that compute dBias with
 // dS added by atomic adds into an accumulator of dBias's shape (a bias
 // broadcast over the batch: EnvDBiasAtomic, kernels.DBiasAtomic) or stored
@@ -677,6 +713,7 @@ func TestBackwardEmulatedDBiasPaths(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	t.Setenv(EnvDBiasAtomic, "1")
 	t.Setenv(EnvDBiasDirect, "1")
+	t.Setenv(EnvDBiasReduce, "0")
 	bf := []attn.DType{attn.BFloat16}
 	cases := []bwdCase{
 		{name: "atomic-d64-b2-causal-softcap", b: 2, n: 70, m: 90, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, softcap: 4, causal: true, dtypes: bf},

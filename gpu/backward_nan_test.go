@@ -137,6 +137,10 @@ func bwdNaNCases() []bwdNaNCase {
 			[]bwdPlant{{'v', 1, 120, 0, -1, nan}, {'k', 0, 20, 0, 3, inf}, {'d', 1, 50, 1, -1, nan}}},
 		{bwdCase{name: "dbias-bcast-bh-d128", b: 2, n: 70, m: 90, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 1}, biasGrad: true, dtypes: f16},
 			[]bwdPlant{{'v', 0, 80, 1, -1, nan}, {'q', 1, 10, 0, 5, nan}}},
+		// ... added into dBias itself by tensor-map reduce-adds where the bias is staged (kernels.DBiasReduce: the
+		// fix-up writes the exact sum of a poisoned key's elements and zeroes its hidden pairs)
+		{bwdCase{name: "dbias-bcast-b-d128-m96", b: 3, n: 80, m: 96, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: bf},
+			[]bwdPlant{{'v', 1, 90, 0, -1, nan}, {'k', 2, 30, 1, 7, inf}, {'d', 0, 60, 1, -1, nan}}},
 		// dBias of a bias of every batch element and head (kernels.DBiasDirect: the fix-up zeroes the hidden pairs)
 		{bwdCase{name: "dbias-full-causal", b: 2, n: 100, m: 130, h: 2, hkv: 1, dk: 64, dv: 64, causal: true, bias: []int{2, 2}, biasGrad: true, dtypes: bf},
 			[]bwdPlant{{'v', 1, 125, 0, -1, nan}, {'d', 0, 40, 1, -1, nan}, {'k', 1, 7, 0, 2, inf}}},

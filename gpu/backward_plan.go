@@ -284,6 +284,10 @@ type bwdRequest struct {
 	// dbiasStore stores it by tensor maps where it would be stored element
 	// by element and the final variant allows it (Backend.DBiasStore).
 	dbiasStore bool
+	// dbiasReduce adds it by tensor-map reduce-adds into dBias where it
+	// would add it into an fp32 accumulator and the final variant allows it
+	// (Backend.DBiasReduce).
+	dbiasReduce bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
 }
@@ -296,7 +300,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
 		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
-		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore}
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasReduce: b.DBiasReduce}
 }
 
 // biasStaged reports whether the backend's forward and backward stage a
@@ -437,6 +441,11 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.DBiasPath = kernels.DBiasStore
 		pl.tryTMA(w) // with dBias's map
 	}
+	if r.dbiasReduce && (pl.v.DBiasPath == kernels.DBiasAtomic || pl.v.DBiasPath == kernels.DBiasTiles) && pl.v.TMA {
+		w := pl.v
+		w.DBiasPath = kernels.DBiasReduce
+		pl.tryTMA(w) // with dBias's map
+	}
 	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
@@ -524,7 +533,7 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 	}
 	// the non-finite fix-up (a flag test unless a main kernel raised it), before the dBias reduction
 	add(kernels.BwdNonFiniteKernel, [3]int{kernels.BwdNonFiniteBlocks(p.B, p.N, p.M, p.H, p.Hkv, sms), 1, 1}, kernels.BwdNonFiniteThreads, 0)
-	if dbias && dbiasElems > 0 && v.DBiasPath != kernels.DBiasDirect && v.DBiasPath != kernels.DBiasStore {
+	if dbias && dbiasElems > 0 && v.DBiasConverts() {
 		blocks := min(int(cdiv64(dbiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
 	}
@@ -570,7 +579,7 @@ func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
 	if v.BiasStaged {
 		ts = append(ts, v.BiasTMATensor(&pl.params))
 	}
-	if v.DBiasPath == kernels.DBiasStore {
+	if v.DBiasPath == kernels.DBiasStore || v.DBiasPath == kernels.DBiasReduce {
 		ts = append(ts, v.DBiasTMATensor(&pl.params))
 	}
 	return ts

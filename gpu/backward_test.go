@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -386,7 +387,8 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 		{name: "keyrows-d128-causal-bias-grad-n1040", b: 1, n: 1040, m: 1040, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both},
 		// dBias of a bias broadcast over the batch: by atomic adds, or by tiles under EnvDBiasTiles (the accumulator's padding past N and M)
 		{name: "keyrows-d128-bias-bcast-b-grad-n1030-m1100", b: 3, n: 1030, m: 1100, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: both},
-		{name: "keyrows-d128-causal-bias-bcast-b-grad-n1100", b: 2, n: 1100, m: 1100, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both[:1]},
+		{name: "keyrows-d128-causal-bias-bcast-b-grad-n1104", b: 2, n: 1104, m: 1104, h: 2, hkv: 2, dk: 128, dv: 128, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both[:1]},
+		{name: "keyrows-d128-bias-bcast-b4-grad-n1030-m1088", b: 4, n: 1030, m: 1088, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: both},
 		// head dims 49–64: steps of 128 queries, dQ's rows split over the warpgroups; the last step's
 		// second half partly (1100 = 8·128 + 76) or wholly (1030 = 8·128 + 6) past the queries
 		{name: "keyrows-q128-d64-n1024", b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dtypes: both},
@@ -422,14 +424,20 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 			if want := v.KeyRows && c.bias != nil && b.biasStaged() && staged.Validate() == nil && c.m*2%16 == 0; v.BiasStaged != want {
 				t.Errorf("%s %v: %s, staged bias %v, want %v", c.name, dt, v.Name(), v.BiasStaged, want)
 			}
-			// dBias by tiles, or by tensor-map stores, wherever the knobs are on and the variant (and dBias's rows) allow it
+			// dBias by tiles, by tensor-map stores or by tensor-map reduce-adds, wherever the knobs are on and the
+			// variant (and dBias's rows) allow it
 			for _, x := range []struct {
-				on       bool
-				from, to kernels.DBiasPath
-			}{{b.DBiasTiles, kernels.DBiasAtomic, kernels.DBiasTiles}, {b.DBiasStore, kernels.DBiasDirect, kernels.DBiasStore}} {
+				on   bool
+				from []kernels.DBiasPath
+				to   kernels.DBiasPath
+			}{
+				{b.DBiasTiles, []kernels.DBiasPath{kernels.DBiasAtomic}, kernels.DBiasTiles},
+				{b.DBiasStore, []kernels.DBiasPath{kernels.DBiasDirect}, kernels.DBiasStore},
+				{b.DBiasReduce, []kernels.DBiasPath{kernels.DBiasAtomic, kernels.DBiasTiles}, kernels.DBiasReduce},
+			} {
 				w := v
 				w.DBiasPath = x.to
-				if x.on && v.DBiasPath == x.from && w.Validate() == nil && c.m*2%16 == 0 {
+				if x.on && slices.Contains(x.from, v.DBiasPath) && w.Validate() == nil && c.m*2%16 == 0 {
 					t.Errorf("%s %v: %s, dBias %v where %v is on and allowed", c.name, dt, v.Name(), v.DBiasPath, x.to)
 				}
 			}

@@ -23,10 +23,35 @@ import (
 // planRecordFile is the stored record.
 var planRecordFile = filepath.Join("testdata", "plans.txt")
 
-// digest returns a short hash of the printed values.
+// digest returns a short hash of the printed values (tensor maps'
+// tensors printed by recordTMA).
 func digest(xs ...any) string {
+	for i, x := range xs {
+		if ts, ok := x.([]kernels.TMATensor); ok {
+			xs[i] = recordTMA(ts)
+		}
+	}
 	h := sha256.Sum256([]byte(fmt.Sprintf("%+v", xs)))
 	return fmt.Sprintf("%x", h[:8])
+}
+
+// recordTMA prints tensor maps' tensors as the record has them: the
+// fields of a map that copies, and a reduce-add's element type only on
+// maps that add.
+func recordTMA(ts []kernels.TMATensor) string {
+	var b strings.Builder
+	b.WriteString("[")
+	for i, t := range ts {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "{Addr:%d Cols:%d Rows:%d Heads:%d B:%d Strides:%v BoxRows:%d}", t.Addr, t.Cols, t.Rows, t.Heads, t.B, t.Strides, t.BoxRows)
+		if t.AddsIn {
+			fmt.Fprintf(&b, "+%v", t.DType)
+		}
+	}
+	b.WriteString("]")
+	return b.String()
 }
 
 // fwdRecordCase is one forward problem of the record.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
 	"github.com/flashattn/flashattn/kernels"
 )
@@ -39,13 +40,20 @@ func (c *tensorMapCache) get(key []kernels.TMATensor, names []string, encode fun
 // (one 128-byte swizzle atom) by BoxRows positions of one head and batch
 // element, stored with the 128-byte swizzle.
 func tensorMapSpec(t kernels.TMATensor) cuda.TensorMapSpec {
-	return cuda.TensorMapSpec{
+	s := cuda.TensorMapSpec{
 		Addr:       t.Addr,
 		Dims:       []uint64{t.Cols, t.Rows, t.Heads, t.B},
 		Strides:    t.Strides[:],
 		Box:        []uint32{64, t.BoxRows, 1, 1},
 		Swizzle128: true,
 	}
+	if t.AddsIn {
+		s.Elem = cuda.TensorMapBFloat16
+		if t.DType == attn.Float16 {
+			s.Elem = cuda.TensorMapFloat16
+		}
+	}
+	return s
 }
 
 // fwdTMANames names the forward's tensor maps in errors, in the order of

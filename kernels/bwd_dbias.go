@@ -46,6 +46,14 @@ const (
 	// by one tensor-map store, where DBiasDirect stores each element from
 	// registers. Only where DBiasStoreOK.
 	DBiasStore
+	// DBiasReduce (for a bias broadcast over the batch or the heads, as
+	// DBiasAtomic) adds each warpgroup's share of a step's dS tile, as
+	// DBiasStore stores it, into dBias itself by one tensor-map reduce-add
+	// in dBias's element type: no fp32 accumulator and no BwdDBiasKernel,
+	// at the price of one rounding to that type per added tile. The
+	// preprocess zeroes dBias first. The adds' order varies from call to
+	// call, so dBias does too. Only where DBiasReduceOK.
+	DBiasReduce
 )
 
 // DBiasStoreOK reports whether v can take DBiasStore: the key-rows step
@@ -57,12 +65,26 @@ func DBiasStoreOK(v BwdVariant) bool {
 	return v.KeyRows && v.AtomicDQ && v.BiasGrad && v.BiasStaged && v.Bias.DType() == v.DType && !v.Softcap
 }
 
-// dbiasInPlace reports whether v's dK/dV kernel writes dBias itself
-// (DBiasDirect, DBiasStore): BwdDBiasKernel is not launched, and under a
-// mask the preprocess zeroes dBias's hidden pairs.
+// DBiasReduceOK reports whether v can take DBiasReduce: where it could
+// take DBiasStore, whose dS tile and map it shares.
+func DBiasReduceOK(v BwdVariant) bool { return DBiasStoreOK(v) }
+
+// dbiasByMap reports whether v's dK/dV kernel hands its dS tiles to dBias
+// through dBias's tensor map (DBiasStore, DBiasReduce).
+func (v BwdVariant) dbiasByMap() bool { return v.DBiasPath == DBiasStore || v.DBiasPath == DBiasReduce }
+
+// dbiasInPlace reports whether v's dK/dV kernel writes dBias's elements
+// itself (DBiasDirect, DBiasStore): BwdDBiasKernel is not launched, and
+// under a mask the preprocess zeroes dBias's hidden pairs. (DBiasReduce
+// adds into dBias instead, which the preprocess zeroes whole.)
 func (v BwdVariant) dbiasInPlace() bool {
 	return v.DBiasPath == DBiasDirect || v.DBiasPath == DBiasStore
 }
+
+// DBiasConverts reports whether v's backward ends with BwdDBiasKernel,
+// which writes dBias from the scratch or the accumulator: every dBias path
+// but those that write dBias itself (DBiasDirect, DBiasStore, DBiasReduce).
+func (v BwdVariant) DBiasConverts() bool { return !v.dbiasInPlace() && v.DBiasPath != DBiasReduce }
 
 // DBiasTilesOK reports whether v can take DBiasTiles: the key-rows step
 // with the tiled dQ accumulator (DQAccTiled) at padded DK 128, where each
@@ -83,8 +105,8 @@ func (v BwdVariant) dbiasAccumulates() bool {
 	return v.DBiasPath == DBiasAtomic || v.DBiasPath == DBiasTiles
 }
 
-// String returns the path's name: scratch, atomic, direct, tiles or
-// store.
+// String returns the path's name: scratch, atomic, direct, tiles, store
+// or reduce.
 func (d DBiasPath) String() string {
 	switch d {
 	case DBiasScratch:
@@ -97,6 +119,8 @@ func (d DBiasPath) String() string {
 		return "tiles"
 	case DBiasStore:
 		return "store"
+	case DBiasReduce:
+		return "reduce"
 	}
 	return fmt.Sprintf("DBiasPath(%d)", uint8(d))
 }
@@ -108,7 +132,8 @@ func (d DBiasPath) String() string {
 // dbiasStore returns the statement that hands dS value val of pair (query
 // row i, key j) of head h, batch element b to dBias: its store into the
 // scratch, its atomic add into the accumulator (DBiasAtomic) or its store
-// into dBias (DBiasDirect).
+// into dBias (DBiasDirect; under DBiasReduce, whose kernel adds by tiles,
+// the non-finite fix-up's store of the element's whole value).
 func (g *bwdGen) dbiasStore(i, j, val string) string {
 	return g.dbiasStoreAt(g.dbiasPlace(i, j), val)
 }
@@ -117,11 +142,13 @@ func (g *bwdGen) dbiasStore(i, j, val string) string {
 // pair (query row i, key j) of head h, batch element b; in every path but
 // DBiasTiles the element of pair (i + r, j + k) lies r·p.M + k elements on
 // (the scratch and the accumulator are fp32 [·, ·, N, M], dBias [B, H, N,
-// M]).
+// M], or under DBiasReduce [bias batches, bias heads, N, M]).
 func (g *bwdGen) dbiasPlace(i, j string) string {
 	switch g.v.DBiasPath {
 	case DBiasAtomic, DBiasTiles:
 		return fmt.Sprintf("p.dbias_scratch + dbias_acc_at(p, b, h, %s, %s)", i, j)
+	case DBiasReduce:
+		return fmt.Sprintf("p.dbias + dbias_acc_at(p, b, h, %s, %s)", i, j)
 	case DBiasDirect, DBiasStore:
 		return "p.dbias + " + dsPlace(i, j)
 	}
@@ -136,7 +163,7 @@ func dsPlace(i, j string) string {
 
 // dbiasPointer returns the C type of dbiasPlace's address.
 func (g *bwdGen) dbiasPointer() string {
-	if g.v.dbiasInPlace() {
+	if !g.v.DBiasConverts() {
 		return "BT*"
 	}
 	return "float*"
@@ -148,7 +175,7 @@ func (g *bwdGen) dbiasStoreAt(ptr, val string) string {
 	switch g.v.DBiasPath {
 	case DBiasAtomic, DBiasTiles:
 		return fmt.Sprintf("atomicAdd(%s, %s);", ptr, val)
-	case DBiasDirect, DBiasStore:
+	case DBiasDirect, DBiasStore, DBiasReduce:
 		return fmt.Sprintf("*(%s) = bt_from_f(%s);", ptr, val)
 	}
 	return fmt.Sprintf("*(%s) = %s;", ptr, val)
@@ -172,13 +199,20 @@ func dbiasTerms(indent, b, h string) string {
 // reach the same element write the same value); under DBiasDirect and DBiasStore, the
 // pair's dBias element, and zeros for the rows of the key's hidden pairs
 // (whose dS the kernel may have stored as 0·NaN, where a non-finite dP or
-// Delta made the key's dK NaN).
+// Delta made the key's dK NaN); under DBiasReduce, the element's whole
+// exact sum, and zeros for the hidden pairs, which the kernel may have
+// added 0·NaN into.
 func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
 	switch {
 	case !g.v.BiasGrad:
 		return "", ""
 	case g.v.dbiasAccumulates():
 		return "        if (i < ihi) p.dbias_scratch[dbias_acc_at(p, b, h, i, j)] = nf_dbias_sum(p, b, h, i, j);\n", ""
+	case g.v.DBiasPath == DBiasReduce:
+		return "        if (i < ihi) " + g.dbiasStore("i", "j", "nf_dbias_sum(p, b, h, i, j)") + "\n",
+			`    for (int h = kvh * G; h < kvh * G + G; ++h)  // dBias of the hidden pairs: 0
+      for (int i = lane; i < n; i += 32)
+        if (i < ilo || i >= ihi) ` + g.dbiasStore("i", "j", "0.f") + "\n"
 	case g.v.dbiasInPlace():
 		return "        if (i < ihi) " + g.dbiasStore("i", "j", "use ? dsb : 0.f") + "\n",
 			`    for (int h = kvh * G; h < kvh * G + G; ++h)  // dBias of the hidden pairs: 0
@@ -188,15 +222,16 @@ func (g *bwdGen) nfDBiasRewrite() (inRows, afterRows string) {
 	return "        if (use) " + g.dbiasStore("i", "j", "dsb") + "\n", ""
 }
 
-// dbiasAccFuncs writes, under DBiasAtomic and DBiasTiles, dbias_acc_at (a
-// pair's element of the accumulator; under DBiasTiles with the tiles'
-// order, dbiasTileIndex) and nf_dbias_sum (an element's exact value, which
-// the fix-up writes); it uses nf_pair, so it comes after it.
+// dbiasAccFuncs writes, under DBiasAtomic, DBiasTiles and DBiasReduce,
+// dbias_acc_at (a pair's element of the accumulator, or of dBias; under
+// DBiasTiles with the tiles' order, dbiasTileIndex) and nf_dbias_sum (an
+// element's exact value, which the fix-up writes); it uses nf_pair, so it
+// comes after it.
 func (g *bwdGen) dbiasAccFuncs(b *strings.Builder) {
 	switch g.v.DBiasPath {
-	case DBiasAtomic:
-		b.WriteString(`// dbias_acc_at: the index, in the dBias accumulator [bias batches, bias heads, N, M], of the element that pair
-// (query row i, key j) of head h, batch element b adds into (DBiasAtomic)
+	case DBiasAtomic, DBiasReduce:
+		b.WriteString(`// dbias_acc_at: the index, in the dBias accumulator [bias batches, bias heads, N, M] (DBiasAtomic) or in dBias
+// itself (DBiasReduce), of the element that pair (query row i, key j) of head h, batch element b adds into
 DEV long long dbias_acc_at(const BwdParams& p, int b, int h, int i, int j) {
   return (((long long)(p.bias_nb == 1 ? 0 : b) * p.bias_nh + (p.bias_nh == 1 ? 0 : h)) * p.N + i) * p.M + j;
 }
@@ -258,6 +293,7 @@ func DBiasTilesFloats(planes, n, m int) int64 {
 // accumulator's planes skip it), by 16-byte stores where rows are
 // multiples of four floats (the workspace's offsets are 256-byte aligned);
 // under DBiasTiles, of row i's share of the tiled plane b·H + h;
+// under DBiasReduce, of row i of dBias's plane b·H + h;
 // under DBiasDirect and DBiasStore with a mask, of the hidden pairs of dBias's (batch
 // element b, head h): the kernel stores every pair of the tiles it
 // computes, the visible ones among them, and skips tiles of hidden pairs
@@ -284,6 +320,12 @@ func (g *bwdGen) dbiasZero() string {
         float4* ga = reinterpret_cast<float4*>(gp + c * kt * 64);
         for (int j = lane; j < kt * 16; j += 32) ga[j] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
+    }
+`
+	case g.v.DBiasPath == DBiasReduce:
+		return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // row i of dBias's plane b·H + h (rows of whole 16-byte units)
+      uint4* gd = reinterpret_cast<uint4*>(p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M);
+      for (int j = lane; 8 * j < p.M; j += 32) gd[j] = make_uint4(0u, 0u, 0u, 0u);
     }
 `
 	case g.v.DBiasPath != DBiasAtomic:

@@ -155,8 +155,11 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.BulkDQ || v.WarpSpecialized {
 		b.WriteString(WarpSpecializedPrimitives())
 	}
-	if v.DBiasPath == DBiasStore {
+	switch v.DBiasPath {
+	case DBiasStore:
 		b.WriteString(tmaStorePrimitive)
+	case DBiasReduce:
+		b.WriteString(tmaReduceAddPrimitive)
 	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:

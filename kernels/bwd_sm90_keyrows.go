@@ -596,7 +596,7 @@ func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
 	switch {
-	case v.DBiasPath == DBiasStore: // the dS tile goes out whole (keyRowsDBiasTileAdd)
+	case v.dbiasByMap(): // the dS tile goes out whole (keyRowsDBiasTileAdd)
 	case v.DBiasPath == DBiasTiles:
 		b.WriteString("          sdb[(8 * nt + c) * 64 + dbc[hh]] = d;  // every element: the tile's padding takes those past the sequences\n")
 	case g.keyRowsDBiasFromFirst():
@@ -622,8 +622,9 @@ func (g *bwdGen) keyRowsDBiasTileFree() string {
 }
 
 // keyRowsDBiasTileAdd returns, under DBiasTiles, the bulk reduce-add of
-// the warpgroup's dBias tile into the accumulator, and under DBiasStore
-// the tensor-map store of its share of the dS tile into dBias, by the
+// the warpgroup's dBias tile into the accumulator, under DBiasStore the
+// tensor-map store of its share of the dS tile into dBias, and under
+// DBiasReduce its tensor-map reduce-add into dBias's plane, by the
 // thread that adds its dQ tile, after the barrier that publishes the
 // step's dS (the tiles' stores came before its proxy fence). A warpgroup
 // whose keys all lie past the sequence has no tile; dQ's stores wait for
@@ -636,6 +637,9 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
 	case DBiasStore:
 		what = "dS tile (the step's queries x its 64 keys) into dBias"
 		copy = "tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, h, b);  // (rows and keys past N and M are dropped)"
+	case DBiasReduce:
+		what = "dS tile (the step's queries x its 64 keys) added into dBias's plane"
+		copy = "tma_reduce_add_4d<BT>(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, p.bias_nh == 1 ? 0 : h, p.bias_nb == 1 ? 0 : b);  // (past N and M: dropped)"
 	case DBiasTiles:
 		what = "dBias tile (64 queries x its 64 keys) into the accumulator"
 		copy = fmt.Sprintf("bulk_reduce_add_f32(p.dbias_scratch + dbias_acc_at(p, b, h, i0, j0 + 64 * wg), smem_u32(sdQ + wg * %d), %d);",
@@ -646,15 +650,16 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
 	return "    if (" + wgIssuer + " && j0 + 64 * wg < m) {  // this warpgroup's " + what + "\n      " + copy + "\n      bulk_commit();\n    }\n"
 }
 
-// keyRowsDBiasStoreWait returns, under DBiasStore without the tiled dQ
-// accumulator (whose wait at the end of each step covers it), the issuing
-// thread's wait for the reads of its last store (the step before's) ahead
+// keyRowsDBiasStoreWait returns, under DBiasStore and DBiasReduce without
+// the tiled dQ accumulator (whose wait at the end of each step covers it),
+// the issuing thread's wait for the reads of its last store or add (the
+// step before's) ahead
 // of the first barrier after which warps write that store's dS buffer
 // again (buffers: where it goes, 2 before the dQ barrier, 1 before the
 // barrier that releases the buffer), and "" elsewhere.
 func (g *bwdGen) keyRowsDBiasStoreWait(buffers int) string {
-	if g.v.DBiasPath != DBiasStore || g.v.DQAccTiled() || g.v.bwdWSBuffers() != buffers {
+	if !g.v.dbiasByMap() || g.v.DQAccTiled() || g.v.bwdWSBuffers() != buffers {
 		return ""
 	}
-	return "    if (" + wgIssuer + ") bulk_wait_read<0>();  // the last step's dBias store no longer reads its dS buffer\n"
+	return "    if (" + wgIssuer + ") bulk_wait_read<0>();  // the last step's dBias store or add no longer reads its dS buffer\n"
 }

@@ -379,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 
 // preZeroes names, for the preprocess's comment, the accumulators it
 // zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic, DBiasTiles; DBiasDirect, DBiasStore: dBias
-// itself, under a mask).
+// itself, under a mask; DBiasReduce: dBias itself).
 func preZeroes(v BwdVariant) string {
 	s := ""
 	if v.AtomicDQ {
@@ -388,7 +388,7 @@ func preZeroes(v BwdVariant) string {
 	switch {
 	case v.dbiasAccumulates():
 		s += ", zeroes the dBias accumulator"
-	case v.dbiasInPlace() && v.Masked():
+	case v.dbiasInPlace() && v.Masked(), v.DBiasPath == DBiasReduce:
 		s += ", zeroes dBias"
 	}
 	return s

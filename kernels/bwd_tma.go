@@ -19,7 +19,7 @@ package kernels
 // BwdTMAArgs returns the argument of a TMA dK/dV or dQ kernel launch: the
 // tensor maps (dK/dV: q, dO; dQ: k, v; then, for a variant whose dK/dV
 // kernel stages the bias, BwdVariant.BiasStaged, the bias's, and after it
-// for DBiasStore dBias's, which both kernels take), then the bytes of
+// for DBiasStore and DBiasReduce dBias's, which both kernels take), then the bytes of
 // BwdParams (BwdParams.Pack), the whole padded to 64 bytes as the C struct
 // BwdTmaParams is. It takes two, three or four maps.
 func BwdTMAArgs(params []byte, maps ...[128]byte) []byte {
@@ -41,20 +41,26 @@ var bwdTMAStructs = func() map[int]*CStruct[bwdTMAArgs] {
 	a := tensorMapField("a", "dK/dV kernel: q; dQ kernel: k", m(0))
 	b := tensorMapField("b", "dK/dV kernel: dO; dQ kernel: v", m(1))
 	c := tensorMapField("c", "BiasStaged: the bias (the dK/dV kernel's)", m(2))
-	d := tensorMapField("d", "DBiasStore: dBias (the dK/dV kernel's)", m(3))
+	d := tensorMapField("d", "DBiasStore, DBiasReduce: dBias (the dK/dV kernel's)", m(3))
 	two, three, four := NewCStruct("BwdTmaParams", 64, a, b, params), NewCStruct("BwdTmaParams", 64, a, b, c, params),
 		NewCStruct("BwdTmaParams", 64, a, b, c, d, params)
 	two.DocColumn, three.DocColumn, four.DocColumn = 13, 13, 13
 	return map[int]*CStruct[bwdTMAArgs]{2: two, 3: three, 4: four}
 }()
 
-// DBiasTMATensor returns the tensor the dK/dV kernel of a DBiasStore
-// variant stores its dS tiles into, for a launch with params p: dBias,
-// [B, H, N, M] of the bias's element type, boxes of the step's BM rows
-// and a warpgroup's 64 keys.
+// DBiasTMATensor returns the tensor the dK/dV kernel of a DBiasStore or
+// DBiasReduce variant stores or adds its dS tiles into, for a launch with
+// params p: dBias, [bias batches, bias heads, N, M] of the bias's element
+// type ([B, H, N, M] for DBiasStore), boxes of the step's BM rows and a
+// warpgroup's 64 keys; DBiasReduce's map gives the accelerator that
+// element type, in which it adds.
 func (v BwdVariant) DBiasTMATensor(p *BwdParams) TMATensor {
 	m, nm := int64(p.M), int64(p.N)*int64(p.M)
-	return biasTMATensor(p.DBias, p.N, p.M, p.H, p.B, [3]int64{m, nm, int64(p.H) * nm}, v.ResolvedTiles().DKDV.BlockM)
+	t := biasTMATensor(p.DBias, p.N, p.M, p.BiasHeads, p.BiasBatches, [3]int64{m, nm, int64(p.BiasHeads) * nm}, v.ResolvedTiles().DKDV.BlockM)
+	if v.DBiasPath == DBiasReduce {
+		t.AddsIn, t.DType = true, v.Bias.DType()
+	}
+	return t
 }
 
 // BiasTMATensor returns the tensor the dK/dV kernel of a BiasStaged
@@ -100,7 +106,7 @@ func (v BwdVariant) TMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 func (v BwdVariant) bwdTMADecl() string {
 	s := bwdTMAStructs[2]
 	switch {
-	case v.DBiasPath == DBiasStore:
+	case v.dbiasByMap():
 		s = bwdTMAStructs[4]
 	case v.BiasStaged:
 		s = bwdTMAStructs[3]

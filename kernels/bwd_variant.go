@@ -327,7 +327,7 @@ func (v BwdVariant) Validate() error {
 	if v.Biased() && v.Varlen {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant: bias with a packed variable-length batch")
 	}
-	if v.DBiasPath > DBiasStore {
+	if v.DBiasPath > DBiasReduce {
 		return attn.Errorf(attn.ErrOption, "backward variant: dBias path %d", v.DBiasPath)
 	}
 	if v.DBiasPath != DBiasScratch && (!v.BiasGrad || v.Varlen) {
@@ -365,6 +365,9 @@ func (v BwdVariant) Validate() error {
 	}
 	if v.DBiasPath == DBiasStore && !DBiasStoreOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tensor-map stores needs the key-rows step with the atomic dQ, a staged bias of the inputs' element type and no softcap (DBiasStoreOK)", v.Name())
+	}
+	if v.DBiasPath == DBiasReduce && !DBiasReduceOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dBias by tensor-map reduce-adds needs the key-rows step with the atomic dQ, a staged bias of the inputs' element type and no softcap (DBiasReduceOK)", v.Name())
 	}
 	if v.LightTail && !v.Masked() {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the light-tail CTA order needs a mask (unmasked blocks all weigh the same)", v.Name())
@@ -410,7 +413,7 @@ func (v BwdVariant) Name() string {
 	flags := []struct {
 		on   bool
 		name string
-	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"}, {v.DBiasPath == DBiasStore, "dbstore"},
+	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"}, {v.DBiasPath == DBiasStore, "dbstore"}, {v.DBiasPath == DBiasReduce, "dbred"},
 		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}}
 	for _, f := range flags {
 		if f.on {

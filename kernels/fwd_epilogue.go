@@ -192,6 +192,21 @@ DEV void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int
 }
 `
 
+// tmaReduceAddPrimitive is the bulk tensor reduce-add of a DBiasReduce
+// backward's dK/dV kernel: one box from shared memory added element by
+// element into the tensor, in the element type of the map (E names it for
+// the reader; the copy engine takes it from the map), in the issuing
+// thread's bulk group.
+const tmaReduceAddPrimitive = `// box (c0.., c1.., c2, c3) of the tensor map at generic address map += the swizzled shared tile at src
+// (1024-byte aligned), element by element in the map's element type E, each element's add atomic; the parts
+// outside the tensor are dropped
+template <typename E>
+DEV void tma_reduce_add_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+               ::"l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
+}
+`
+
 // epilogueTMAStore writes, for a StoreO kernel, the stores of O (scaled by
 // dscale / l) and LSE: each warpgroup writes its 64 rows of O in bf16/fp16
 // into its staging tile ([VATOMS][64][64], the 128-byte swizzle of the

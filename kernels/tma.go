@@ -1,6 +1,10 @@
 package kernels
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/flashattn/flashattn/attn"
+)
 
 // The tensor memory accelerator path of the Hopper forward (Variant.TMA).
 //
@@ -117,6 +121,12 @@ type TMATensor struct {
 	Cols, Rows, Heads, B uint64    // extents: head dim (a multiple of 8), positions, heads, batch
 	Strides              [3]uint64 // bytes between positions, heads, batch elements
 	BoxRows              uint32    // rows per box (BM for q, BN for k and v)
+	// AddsIn marks a map through which a kernel reduce-adds its boxes into
+	// the tensor (DBiasReduce's dBias): the accelerator takes its elements
+	// as numbers of type DType (fp16 or bf16). Other maps copy 16-bit
+	// elements as bits.
+	AddsIn bool
+	DType  attn.DType
 }
 
 // Packed returns t over a packed batch of rows rows in all (the

@@ -158,6 +158,36 @@ inline void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, 
                                                        }
                                                  }});
 }
+// the same box added into the tensor element by element in E (the map's element type: the sum of the two
+// numbers rounded to E, to nearest even), each element's add atomic
+inline float emu_elem_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+inline float emu_elem_f(__half x) { return __half2float(x); }
+inline void emu_elem_set(__nv_bfloat16* x, float f) { *x = __float2bfloat16_rn(f); }
+inline void emu_elem_set(__half* x, float f) { *x = __float2half_rn(f); }
+template <typename E>
+inline void tma_reduce_add_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  const unsigned long long* w = map->w;
+  unsigned char* base = (unsigned char*)w[0];
+  const long long cols = (long long)w[1], rows = (long long)w[2], heads = (long long)w[3], batch = (long long)w[4];
+  const long long sr = (long long)w[5], sh = (long long)w[6], sb = (long long)w[7];
+  const int box = (int)w[8];
+  if (src % 1024 != 0 || src + (unsigned long long)box * 128 > EMU_SMEM) emu_fail("tma reduce-add: shared source not 1024-byte aligned or out of range");
+  if (c0 % 8 != 0) emu_fail("tma reduce-add: box start column not 16-byte aligned");
+  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{"cp.reduce.async.bulk.tensor (add)", src, (u32)box * 128, std::vector<unsigned char>(smem + src, smem + src + box * 128),
+                                                 [=](const unsigned char* held) {
+                                                   for (int r = 0; r < box; ++r)
+                                                     for (int ch = 0; ch < 8; ++ch)
+                                                       for (int e = 0; e < 8; ++e) {
+                                                         const long long col = c0 + 8 * ch + e, row = c1 + r;
+                                                         if (col < cols && row >= 0 && row < rows && c2 >= 0 && c2 < heads && c3 >= 0 && c3 < batch) {
+                                                           E* d = (E*)(base + row * sr + c2 * sh + c3 * sb + col * 2);
+                                                           E x;
+                                                           memcpy(&x, held + r * 128 + ((ch ^ (r & 7)) << 4) + 2 * e, 2);
+                                                           emu_elem_set(d, emu_elem_f(*d) + emu_elem_f(x));
+                                                         }
+                                                       }
+                                                 }});
+}
 #endif
 inline void bulk_commit() {
   EmuBulk& b = emu_bulk[threadIdx.x];
