@@ -446,6 +446,13 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.DBiasPath = kernels.DBiasReduce
 		pl.tryTMA(w) // with dBias's map
 	}
+	if pl.v.DBiasPath == kernels.DBiasAtomic && !r.dbiasAtomicAsked() { // taken only for the reduce-adds, which the variant declined
+		w := pl.v
+		w.DBiasPath = kernels.DBiasScratch
+		if w.Validate() == nil {
+			pl.v = w
+		}
+	}
 	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
 	return pl, nil
@@ -453,23 +460,33 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 
 // dbiasPath returns how the request's dK/dV kernel hands dS to dBias
 // (kernels.DBiasPath): directly where asked (dbiasDirect) for a bias of
-// every batch element and head; by atomic adds where asked (dbiasAtomic,
-// or dbiasAtomicAuto at head dims above 64: it measured faster at 128 and
-// slower at 64) for
-// a bias broadcast over a batch of more than one element (whose elements'
-// CTAs of a head run together, so that their adds meet in L2), not
+// every batch element and head; by atomic adds where asked
+// (dbiasAtomicAsked), or where the reduce-adds are asked (dbiasReduce),
+// which the planner then takes instead if the variant allows them (and
+// else the scratch, where only they asked for the adds), for a bias
+// broadcast over a batch of more than one element (whose elements' CTAs
+// of a head run together, so that their adds meet in L2), not
 // deterministic; both fixed length; through the scratch otherwise
-// (docs/kernels/backward.md, "dBias by atomic adds").
+// (docs/kernels/backward.md, "dBias by atomic adds", "dBias by tensor-map
+// reduce-adds").
 func (r bwdRequest) dbiasPath() kernels.DBiasPath {
 	p, a := r.p, &r.a
 	switch {
 	case a.DBias == nil || a.Bias == nil || p.Varlen:
 	case r.dbiasDirect && a.Bias.Batches == p.B && a.Bias.Heads == p.H:
 		return kernels.DBiasDirect
-	case (r.dbiasAtomic || r.dbiasAtomicAuto && max(p.DK, p.DV) > 64) && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic:
+	case (r.dbiasAtomicAsked() || r.dbiasReduce) && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic:
 		return kernels.DBiasAtomic
 	}
 	return kernels.DBiasScratch
+}
+
+// dbiasAtomicAsked reports whether the request asks for dBias by atomic
+// adds for their own sake: everywhere (dbiasAtomic), or at head dims above
+// 64 (dbiasAtomicAuto: they measured faster than the scratch at 128 and
+// slower at 64).
+func (r bwdRequest) dbiasAtomicAsked() bool {
+	return r.dbiasAtomic || r.dbiasAtomicAuto && max(r.p.DK, r.p.DV) > 64
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the

@@ -394,6 +394,7 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 		{name: "keyrows-q128-d64-n1024", b: 2, n: 1024, m: 1024, h: 2, hkv: 2, dk: 64, dv: 64, dtypes: both},
 		{name: "keyrows-q128-d56-64-causal-gqa-n1100", b: 1, n: 1100, m: 1100, h: 4, hkv: 2, dk: 56, dv: 64, causal: true, dtypes: both[:1]},
 		{name: "keyrows-q128-d64-bias-n1030-m1200", b: 1, n: 1030, m: 1200, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, dtypes: both[:1]},
+		{name: "keyrows-q128-d64-bias-bcast-b3-grad-causal-n1100-m1104", b: 3, n: 1100, m: 1104, h: 2, hkv: 1, dk: 64, dv: 64, causal: true, bias: []int{1, 2}, biasGrad: true, dtypes: both},
 		// a 16-bit bias alone from global memory: loaded while the products run (padded D = 128), its rows prefetched (D = 64)
 		{name: "keyrows-d128-bias-bcast-b-n1030-m1100", b: 2, n: 1030, m: 1100, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, dtypes: both},
 		{name: "keyrows-d120-bias-bcast-h-n700", b: 2, n: 700, m: 700, h: 2, hkv: 2, dk: 120, dv: 120, bias: []int{2, 1}, dtypes: both[:1]},

@@ -779,3 +779,59 @@ func TestBackwardPlanDBiasPath(t *testing.T) {
 		}
 	}
 }
+
+// TestBackwardPlanDBiasReduce checks where the planner adds a
+// batch-broadcast bias's gradient by tensor-map reduce-adds
+// (kernels.DBiasReduce) with the backends' defaults for the key-rows step
+// and the bias's staging: on the key-rows step at D = 128 (where the tiles
+// would add it) and at D = 64 (where the scratch would take it: the atomic
+// adds are asked there only for the reduce-adds), not where dBias's rows
+// are not whole 16-byte units, under a softcap, for deterministic calls or
+// off the key-rows step, which keep the tiles at D = 128 and the scratch at
+// D = 64; the dBias kernel is launched only where an accumulator or the
+// scratch needs converting.
+func TestBackwardPlanDBiasReduce(t *testing.T) {
+	c := func(d, m int) bwdCase {
+		return bwdCase{b: 4, n: 1024, m: m, h: 2, hkv: 2, dk: d, dv: d, bias: []int{1, 2}, biasGrad: true}
+	}
+	capped, det, short := c(128, 1024), c(64, 1024), c(64, 256)
+	capped.softcap, det.deterministic, short.n = 30, true, 256
+	reduce, tiles, scratch := kernels.DBiasReduce, kernels.DBiasTiles, kernels.DBiasScratch
+	cases := []struct {
+		name   string
+		c      bwdCase
+		reduce bool
+		want   kernels.DBiasPath
+	}{
+		{"d128", c(128, 1024), true, reduce},
+		{"d128 off", c(128, 1024), false, tiles},
+		{"d128 m = 1100 (rows of 2200 bytes)", c(128, 1100), true, tiles},
+		{"d128 softcap", capped, true, tiles},
+		{"d64", c(64, 1024), true, reduce},
+		{"d64 off", c(64, 1024), false, scratch},
+		{"d64 m = 1100", c(64, 1100), true, scratch},
+		{"d64 deterministic", det, true, scratch},
+		{"d64 N = 256 (no key rows)", short, true, scratch},
+	}
+	for i, tc := range cases {
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(300+i), DQAuto, func(r *bwdRequest) {
+			r.ws, r.keyRowsAuto, r.biasStaged = true, true, true
+			r.dbiasAtomicAuto, r.dbiasDirect, r.dbiasTiles, r.dbiasStore, r.dbiasReduce = true, true, true, true, tc.reduce
+		})
+		if pl.v.DBiasPath != tc.want {
+			t.Errorf("%s: %s, dBias %v, want %v", tc.name, pl.v.Name(), pl.v.DBiasPath, tc.want)
+		}
+		converts := false
+		for _, l := range pl.launches {
+			converts = converts || l.kernel == kernels.BwdDBiasKernel
+		}
+		if want := tc.want != reduce; converts != want {
+			t.Errorf("%s: %s: dBias kernel launched %v, want %v", tc.name, pl.v.Name(), converts, want)
+		}
+		if tc.want == reduce {
+			if ts := pl.tma; len(ts) == 0 || !ts[len(ts)-1].AddsIn || ts[len(ts)-1].DType != attn.BFloat16 {
+				t.Errorf("%s: %s: dBias's map not the last one, adding in bf16: %+v", tc.name, pl.v.Name(), ts)
+			}
+		}
+	}
+}
