@@ -454,7 +454,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		}
 	}
 	pl.setParams() // the final variant's: its dQ accumulator layout
-	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, pl.params.DBiasElems, r.sms)
+	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, &pl.params, r.sms)
 	return pl, nil
 }
 
@@ -523,9 +523,10 @@ func keyRowsFaster(p *attn.Problem) (queryStep int, faster bool) {
 func bwdWSSlower(p *attn.Problem) bool { return max(p.DK, p.DV) <= 32 && !p.Masked }
 
 // bwdLaunches returns the kernel launches of a backward of p with variant
-// v and dQ algorithm algo (dbias: it computes dBias of dbiasElems
-// elements; sms: the device's multiprocessors).
-func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias bool, dbiasElems int64, sms int) []bwdLaunch {
+// v, dQ algorithm algo and kernel parameters params (dbias: it computes
+// dBias, of params.DBiasElems elements in params.BiasHeads planes of heads;
+// sms: the device's multiprocessors).
+func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias bool, params *kernels.BwdParams, sms int) []bwdLaunch {
 	var ls []bwdLaunch
 	t := v.ResolvedTiles()
 	cdiv := func(a, b int) int { return (a + b - 1) / b }
@@ -542,7 +543,13 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 		add(kernels.BwdPackKernel, kernels.BwdPackGrid(p.B, p.N, p.M, p.H, p.Hkv), kernels.PackThreads, kernels.PackSharedBytes)
 	}
 	add(kernels.BwdPreKernel, rowGrid, kernels.BwdPreThreads, 0)
-	add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
+	if v.DBiasPath == kernels.DBiasReduce { // batch element 0 stores its dS tiles into dBias, then the others add theirs
+		for _, nb := range kernels.BwdDBiasReduceLaunches(p.B, p.H, int(params.BiasHeads)) {
+			add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), nb, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
+		}
+	} else {
+		add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
+	}
 	if algo == DQAtomic {
 		add(kernels.BwdDQConvertKernel, rowGrid, kernels.BwdPreThreads, 0)
 	} else {
@@ -550,8 +557,8 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 	}
 	// the non-finite fix-up (a flag test unless a main kernel raised it), before the dBias reduction
 	add(kernels.BwdNonFiniteKernel, [3]int{kernels.BwdNonFiniteBlocks(p.B, p.N, p.M, p.H, p.Hkv, sms), 1, 1}, kernels.BwdNonFiniteThreads, 0)
-	if dbias && dbiasElems > 0 && v.DBiasConverts() {
-		blocks := min(int(cdiv64(dbiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
+	if dbias && params.DBiasElems > 0 && v.DBiasConverts() {
+		blocks := min(int(cdiv64(params.DBiasElems, kernels.BwdDBiasThreads)), 8*max(sms, 1))
 		add(kernels.BwdDBiasKernel, [3]int{blocks, 1, 1}, kernels.BwdDBiasThreads, 0)
 	}
 	return ls

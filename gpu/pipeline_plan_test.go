@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -789,13 +790,15 @@ func TestBackwardPlanDBiasPath(t *testing.T) {
 // are not whole 16-byte units, under a softcap, for deterministic calls or
 // off the key-rows step, which keep the tiles at D = 128 and the scratch at
 // D = 64; the dBias kernel is launched only where an accumulator or the
-// scratch needs converting.
+// scratch needs converting; the dK/dV kernel twice, over batch element 0
+// and then over the batch, where dBias has a plane per head, and once
+// where the heads share one.
 func TestBackwardPlanDBiasReduce(t *testing.T) {
 	c := func(d, m int) bwdCase {
 		return bwdCase{b: 4, n: 1024, m: m, h: 2, hkv: 2, dk: d, dv: d, bias: []int{1, 2}, biasGrad: true}
 	}
-	capped, det, short := c(128, 1024), c(64, 1024), c(64, 256)
-	capped.softcap, det.deterministic, short.n = 30, true, 256
+	capped, det, short, shared := c(128, 1024), c(64, 1024), c(64, 256), c(128, 1024)
+	capped.softcap, det.deterministic, short.n, shared.bias = 30, true, 256, []int{1, 1}
 	reduce, tiles, scratch := kernels.DBiasReduce, kernels.DBiasTiles, kernels.DBiasScratch
 	cases := []struct {
 		name   string
@@ -804,6 +807,7 @@ func TestBackwardPlanDBiasReduce(t *testing.T) {
 		want   kernels.DBiasPath
 	}{
 		{"d128", c(128, 1024), true, reduce},
+		{"d128, heads sharing dBias's plane", shared, true, reduce},
 		{"d128 off", c(128, 1024), false, tiles},
 		{"d128 m = 1100 (rows of 2200 bytes)", c(128, 1100), true, tiles},
 		{"d128 softcap", capped, true, tiles},
@@ -822,11 +826,22 @@ func TestBackwardPlanDBiasReduce(t *testing.T) {
 			t.Errorf("%s: %s, dBias %v, want %v", tc.name, pl.v.Name(), pl.v.DBiasPath, tc.want)
 		}
 		converts := false
+		var batches []int // of the dK/dV launches
 		for _, l := range pl.launches {
 			converts = converts || l.kernel == kernels.BwdDBiasKernel
+			if l.kernel == kernels.BwdDKDVKernel {
+				batches = append(batches, l.grid[1])
+			}
 		}
 		if want := tc.want != reduce; converts != want {
 			t.Errorf("%s: %s: dBias kernel launched %v, want %v", tc.name, pl.v.Name(), converts, want)
+		}
+		want := []int{tc.c.b}
+		if tc.want == reduce && tc.c.bias[1] == tc.c.h {
+			want = []int{1, tc.c.b}
+		}
+		if !slices.Equal(batches, want) {
+			t.Errorf("%s: %s: dK/dV launches over %v batch elements, want %v", tc.name, pl.v.Name(), batches, want)
 		}
 		if tc.want == reduce {
 			if ts := pl.tma; len(ts) == 0 || !ts[len(ts)-1].AddsIn || ts[len(ts)-1].DType != attn.BFloat16 {

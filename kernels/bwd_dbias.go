@@ -46,13 +46,20 @@ const (
 	// by one tensor-map store, where DBiasDirect stores each element from
 	// registers. Only where DBiasStoreOK.
 	DBiasStore
-	// DBiasReduce (for a bias broadcast over the batch or the heads, as
-	// DBiasAtomic) adds each warpgroup's share of a step's dS tile, as
-	// DBiasStore stores it, into dBias itself by one tensor-map reduce-add
-	// in dBias's element type: no fp32 accumulator and no BwdDBiasKernel,
-	// at the price of one rounding to that type per added tile. The
-	// preprocess zeroes dBias first. The adds' order varies from call to
-	// call, so dBias does too. Only where DBiasReduceOK.
+	// DBiasReduce (for a bias broadcast over the batch, as DBiasAtomic)
+	// hands each warpgroup's share of a step's dS tile, as DBiasStore
+	// stores it, to dBias itself by one tensor-map copy in dBias's element
+	// type: no fp32 accumulator and no BwdDBiasKernel. Where dBias has a
+	// plane per head, the dK/dV kernel is launched twice
+	// (BwdDBiasReduceLaunches): over batch element 0 alone (a grid of one
+	// batch element), whose tiles it stores, then over the whole batch,
+	// whose element 0 leaves at once and whose other elements add their
+	// tiles into dBias by tensor-map reduce-adds, each add rounded to the
+	// element type; under a mask the preprocess zeroes the hidden pairs,
+	// which no tile reaches. Where the heads share a plane, it is launched
+	// once and every batch element and head adds, into a dBias the
+	// preprocess zeroes. The adds' order varies from call to call, so dBias
+	// does too. Only where DBiasReduceOK.
 	DBiasReduce
 )
 
@@ -68,6 +75,20 @@ func DBiasStoreOK(v BwdVariant) bool {
 // DBiasReduceOK reports whether v can take DBiasReduce: where it could
 // take DBiasStore, whose dS tile and map it shares.
 func DBiasReduceOK(v BwdVariant) bool { return DBiasStoreOK(v) }
+
+// BwdDBiasReduceLaunches returns the batch extents of a DBiasReduce
+// variant's dK/dV launches over a batch of b > 1 elements and h heads,
+// dBias having biasHeads planes of heads (1 or h): where they are one per
+// head, 1 (batch element 0, which stores its dS tiles into dBias) and b
+// (the others add theirs; the kernel tells the launches apart by that
+// extent, gridDim.y); where the heads share one, b alone (every element
+// adds).
+func BwdDBiasReduceLaunches(b, h, biasHeads int) []int {
+	if biasHeads == h {
+		return []int{1, b}
+	}
+	return []int{b}
+}
 
 // dbiasByMap reports whether v's dK/dV kernel hands its dS tiles to dBias
 // through dBias's tensor map (DBiasStore, DBiasReduce).
@@ -293,13 +314,36 @@ func DBiasTilesFloats(planes, n, m int) int64 {
 // accumulator's planes skip it), by 16-byte stores where rows are
 // multiples of four floats (the workspace's offsets are 256-byte aligned);
 // under DBiasTiles, of row i's share of the tiled plane b·H + h;
-// under DBiasReduce, of row i of dBias's plane b·H + h;
+// under DBiasReduce, of row i of dBias's plane b·H + h where the heads
+// share the plane (every launch adds into it), and of the row's hidden
+// pairs under a mask where it has one plane a head (the first launch
+// stores every tile that holds a visible pair);
 // under DBiasDirect and DBiasStore with a mask, of the hidden pairs of dBias's (batch
 // element b, head h): the kernel stores every pair of the tiles it
 // computes, the visible ones among them, and skips tiles of hidden pairs
 // only.
 func (g *bwdGen) dbiasZero() string {
 	switch {
+	case g.v.DBiasPath == DBiasReduce:
+		hidden := ""
+		if g.v.Masked() {
+			hidden = ` else {  // one plane a head: the first launch stores the tiles of the keys the row sees; the hidden pairs
+        // before and after them (all, where it sees none) are left to here
+        const int off = p.bottom_right ? p.M - p.N : 0;
+        int jlo = 0, jhi = p.M;
+` + g.rowKeys("        ", "i") + `        jlo = min(jlo, p.M);
+        jhi = max(jhi, jlo);
+        for (int j = lane; j < jlo; j += 32) gd[j] = bt_from_f(0.f);
+        for (int j = jhi + lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
+      }`
+		}
+		return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // row i of dBias's plane b·H + h (rows of whole 16-byte units)
+      BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
+      if (p.bias_nh != p.H) {  // a plane the heads share: every launch adds into it, so all of it starts at 0
+        for (int j = lane; 8 * j < p.M; j += 32) reinterpret_cast<uint4*>(gd)[j] = make_uint4(0u, 0u, 0u, 0u);
+      }` + hidden + `
+    }
+`
 	case g.v.dbiasInPlace() && g.v.Masked():
 		return `    {  // the hidden pairs of row i of dBias: the keys before and after those it sees (all, where it sees none)
       BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
@@ -320,12 +364,6 @@ func (g *bwdGen) dbiasZero() string {
         float4* ga = reinterpret_cast<float4*>(gp + c * kt * 64);
         for (int j = lane; j < kt * 16; j += 32) ga[j] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
-    }
-`
-	case g.v.DBiasPath == DBiasReduce:
-		return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // row i of dBias's plane b·H + h (rows of whole 16-byte units)
-      uint4* gd = reinterpret_cast<uint4*>(p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M);
-      for (int j = lane; 8 * j < p.M; j += 32) gd[j] = make_uint4(0u, 0u, 0u, 0u);
     }
 `
 	case g.v.DBiasPath != DBiasAtomic:

@@ -159,7 +159,7 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	case DBiasStore:
 		b.WriteString(tmaStorePrimitive)
 	case DBiasReduce:
-		b.WriteString(tmaReduceAddPrimitive)
+		b.WriteString(tmaStorePrimitive + tmaReduceAddPrimitive)
 	}
 	b.WriteString(PrimitivesEnd + "\n")
 	b.WriteString(`// sw_off is the byte offset of 16-byte chunk c of row r in a swizzled tile of ROWS rows:

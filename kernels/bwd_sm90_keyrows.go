@@ -624,7 +624,8 @@ func (g *bwdGen) keyRowsDBiasTileFree() string {
 // keyRowsDBiasTileAdd returns, under DBiasTiles, the bulk reduce-add of
 // the warpgroup's dBias tile into the accumulator, under DBiasStore the
 // tensor-map store of its share of the dS tile into dBias, and under
-// DBiasReduce its tensor-map reduce-add into dBias's plane, by the
+// DBiasReduce its store into dBias's plane (the launch over batch element
+// 0) or its tensor-map reduce-add there (the other batch elements), by the
 // thread that adds its dQ tile, after the barrier that publishes the
 // step's dS (the tiles' stores came before its proxy fence). A warpgroup
 // whose keys all lie past the sequence has no tile; dQ's stores wait for
@@ -638,8 +639,10 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
 		what = "dS tile (the step's queries x its 64 keys) into dBias"
 		copy = "tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, h, b);  // (rows and keys past N and M are dropped)"
 	case DBiasReduce:
-		what = "dS tile (the step's queries x its 64 keys) added into dBias's plane"
-		copy = "tma_reduce_add_4d<BT>(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, p.bias_nh == 1 ? 0 : h, p.bias_nb == 1 ? 0 : b);  // (past N and M: dropped)"
+		what = "dS tile (the step's queries x its 64 keys) stored into dBias's plane, or added there"
+		copy = `const int dh = p.bias_nh == 1 ? 0 : h;  // (past N and M: dropped)
+      if (dbias_first) tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, dh, 0);
+      else tma_reduce_add_4d<BT>(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, dh, 0);`
 	case DBiasTiles:
 		what = "dBias tile (64 queries x its 64 keys) into the accumulator"
 		copy = fmt.Sprintf("bulk_reduce_add_f32(p.dbias_scratch + dbias_acc_at(p, b, h, i0, j0 + 64 * wg), smem_u32(sdQ + wg * %d), %d);",

@@ -388,8 +388,10 @@ func preZeroes(v BwdVariant) string {
 	switch {
 	case v.dbiasAccumulates():
 		s += ", zeroes the dBias accumulator"
-	case v.dbiasInPlace() && v.Masked(), v.DBiasPath == DBiasReduce:
+	case v.dbiasInPlace() && v.Masked():
 		s += ", zeroes dBias"
+	case v.DBiasPath == DBiasReduce:
+		s += ", zeroes dBias (where the heads share its planes) or its hidden pairs"
 	}
 	return s
 }
@@ -951,8 +953,16 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
 	g.dkdvCoords(b)
 	g.segment(b)
-	b.WriteString(`  if (j0 >= m) return;
-  const int off = p.bottom_right ? m - n : 0;
+	b.WriteString("  if (j0 >= m) return;\n")
+	if g.v.DBiasPath == DBiasReduce {
+		b.WriteString(`  // dBias (DBiasReduce): where it has a plane a head, the launch over batch element 0 alone stores its dS tiles
+  // into dBias, and the launch over the whole batch adds the other elements' into them, its element 0 leaving
+  // here; where the heads share a plane, the one launch adds every element's
+  const bool dbias_first = p.bias_nh == p.H && gridDim.y == 1;
+  if (p.bias_nh == p.H && !dbias_first && b == 0) return;
+`)
+	}
+	b.WriteString(`  const int off = p.bottom_right ? m - n : 0;
   const int jend = min(j0 + BN, m);
   int ilo = 0, ihi = n;
 `)
