@@ -137,7 +137,8 @@ type Backend struct {
 	// DBiasReduce has the dK/dV kernels that would add a bias's gradient
 	// into an fp32 accumulator (DBiasAtomic, DBiasTiles) add each
 	// warpgroup's dS tile into dBias itself instead, by a tensor-map
-	// reduce-add in dBias's element type, where the variant and dBias's
+	// reduce-add in dBias's element type (batch element 0's stored by a
+	// launch of its own where dBias has a plane a head), where the variant and dBias's
 	// layout allow it (kernels.DBiasReduce, kernels.DBiasReduceOK). New sets
 	// it unless EnvDBiasReduce is "0".
 	DBiasReduce bool

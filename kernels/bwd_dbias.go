@@ -97,7 +97,8 @@ func (v BwdVariant) dbiasByMap() bool { return v.DBiasPath == DBiasStore || v.DB
 // dbiasInPlace reports whether v's dK/dV kernel writes dBias's elements
 // itself (DBiasDirect, DBiasStore): BwdDBiasKernel is not launched, and
 // under a mask the preprocess zeroes dBias's hidden pairs. (DBiasReduce
-// adds into dBias instead, which the preprocess zeroes whole.)
+// writes dBias by stores and adds of tiles, and zeroes it as dbiasZero
+// says.)
 func (v BwdVariant) dbiasInPlace() bool {
 	return v.DBiasPath == DBiasDirect || v.DBiasPath == DBiasStore
 }

@@ -640,7 +640,8 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
 		copy = "tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, h, b);  // (rows and keys past N and M are dropped)"
 	case DBiasReduce:
 		what = "dS tile (the step's queries x its 64 keys) stored into dBias's plane, or added there"
-		copy = `const int dh = p.bias_nh == 1 ? 0 : h;  // (past N and M: dropped)
+		copy = `// (rows and keys past N and M are dropped)
+      const int dh = p.bias_nh == 1 ? 0 : h;
       if (dbias_first) tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, dh, 0);
       else tma_reduce_add_4d<BT>(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, dh, 0);`
 	case DBiasTiles:

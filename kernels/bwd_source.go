@@ -379,7 +379,8 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 
 // preZeroes names, for the preprocess's comment, the accumulators it
 // zeroes: dQ's (AtomicDQ) and dBias's (DBiasAtomic, DBiasTiles; DBiasDirect, DBiasStore: dBias
-// itself, under a mask; DBiasReduce: dBias itself).
+// itself, under a mask; DBiasReduce: dBias where the heads share its planes, else its hidden pairs under a
+// mask).
 func preZeroes(v BwdVariant) string {
 	s := ""
 	if v.AtomicDQ {
@@ -958,8 +959,8 @@ func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
 		b.WriteString(`  // dBias (DBiasReduce): where it has a plane a head, the launch over batch element 0 alone stores its dS tiles
   // into dBias, and the launch over the whole batch adds the other elements' into them, its element 0 leaving
   // here; where the heads share a plane, the one launch adds every element's
-  const bool dbias_first = p.bias_nh == p.H && gridDim.y == 1;
-  if (p.bias_nh == p.H && !dbias_first && b == 0) return;
+  const bool dbias_split = p.bias_nh == p.H, dbias_first = dbias_split && gridDim.y == 1;
+  if (dbias_split && !dbias_first && b == 0) return;
 `)
 	}
 	b.WriteString(`  const int off = p.bottom_right ? m - n : 0;
