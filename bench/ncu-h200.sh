@@ -23,7 +23,13 @@
 # FLUX step, N = 512, D = 64 and D = 256 causal), PIPELINE_ENV (environment
 # words for every run, such as FLASHATTN_FWD_PIPELINE=lockstep; default
 # none: the defaults), BENCH_FLAGS (flags added to every shape's `flashattn bench`, such as
-# "--bias 1hnm --bias-grad"), NCU (the ncu binary), LIMIT (seconds per shape, 90).
+# "--bias 1hnm --bias-grad"), NCU (the ncu binary), LIMIT (seconds per shape, 90),
+# PEER (a PyTorch SDPA backend — cudnn, flash or mem_eff — to profile instead
+# of flashattn: bench/peers/sdpa.py runs each shape with it, and the kernels
+# whose names say attention — sdpa, fmha, flash, cudnn, attn, fprop, bprop —
+# are profiled; its forward's kernels appear beside the backward's, and
+# BENCH_FLAGS does not apply). Each row also gives the launch's grid, block and shared memory, which
+# name a peer's tile configuration.
 # Clocks stay as the driver sets them (--clock-control none), so durations
 # compare with the benchmarks'.
 set -u
@@ -44,13 +50,13 @@ export FLASHATTN_CACHE_DIR=${FLASHATTN_CACHE_DIR:-/tmp/flashattn-cache}
 mkdir -p "$FLASHATTN_CACHE_DIR"
 [ -f "$ROOT/.bin/cache.tgz" ] && tar -xzf "$ROOT/.bin/cache.tgz" -C "$FLASHATTN_CACHE_DIR"
 
-METRICS=gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
+METRICS=launch__grid_size,launch__block_size,launch__shared_mem_per_block,gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
 
 {
-	echo "ncu of the default kernels, $(date -u +%F)"
+	echo "ncu of ${PEER:+the PyTorch SDPA backend $PEER, not }the default kernels, $(date -u +%F)"
 	nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 	"$NCU" --version | tail -1
-	printf '%-28s %-26s %9s %6s %6s %6s %6s %6s %5s %7s %5s %7s  %s\n' shape kernel ms sm% mem% issue% warps elig regs dramGB l2hit% Minstr "stall cycles per issue: barrier/long-sb/wait/math/membar/sleep"
+	printf '%-28s %-26s %9s %6s %6s %6s %6s %6s %5s %7s %5s %7s %7s %5s %6s  %s\n' shape kernel ms sm% mem% issue% warps elig regs dramGB l2hit% Minstr grid block smemKB "stall cycles per issue: barrier/long-sb/wait/math/membar/sleep"
 } | tee -a "$SUMMARY"
 
 for s in $SHAPES; do
@@ -67,9 +73,23 @@ for s in $SHAPES; do
 	# summary keeps the last launch of each name
 	kern='regex:^(flash_fwd|fa_fwd)'
 	[ "$pass" = bwd ] && kern='regex:^fa_bwd'
+	cmd=("$BIN" bench "${flags[@]}")
+	count=12
+	if [ -n "${PEER:-}" ]; then
+		# the one case as sdpa.py reads it (flashattn-shapes/1), timed briefly; the kernels whose
+		# names say attention (PyTorch's element-wise and copy kernels left out)
+		shapes=$OUT/shapes-$tag.json
+		is_causal=false
+		[ "${causal:-}" = causal ] && is_causal=true
+		printf '{"schema": "flashattn-shapes/1", "preset": "ncu", "cases": [{"preset": "ncu", "dtype": "bf16", "batch": %d, "seqlen_q": %d, "seqlen_k": %d, "heads": %d, "kv_heads": %d, "head_dim": %d, "head_dim_v": %d, "causal": %s, "align": "bottom-right", "softcap": 0, "dropout": 0, "deterministic": false, "pass": "%s"}]}\n' \
+			"$b" "$n" "$n" "$h" "$h" "$d" "$d" "$is_causal" "$pass" >"$shapes"
+		kern='regex:(sdpa|fmha|flash|cudnn|attn|attention|dot_product|fprop|bprop)'
+		cmd=(python3 "$ROOT/bench/peers/sdpa.py" --shapes "$shapes" --out "$OUT/peer-$tag.json" --backends "$PEER" --warmup-ms 0 --rep-ms 1)
+		count=40
+	fi
 	timeout "$LIMIT" env $PIPELINE_ENV "$NCU" --clock-control none --target-processes all -k "$kern" \
-		--launch-skip 0 --launch-count 12 --metrics "$METRICS" --csv --print-units base \
-		"$BIN" bench "${flags[@]}" >"$csv" 2>>"$LOG"
+		--launch-skip 0 --launch-count "$count" --metrics "$METRICS" --csv --print-units base \
+		"${cmd[@]}" >"$csv" 2>>"$LOG"
 	echo "rc=$?" >>"$LOG"
 	# one line per kernel launch: the last launch of each kernel name (the timed call's)
 	python3 - "$csv" "$s" >>"$SUMMARY" <<'EOF'
@@ -98,7 +118,7 @@ def f(m, k, scale=1.0, fmt="%.1f"):
 for name, m in byname.items():
     stalls = "/".join(f(m, "smsp__average_warp_latency_issue_stalled_%s.ratio" % s) for s in
                       ("barrier", "long_scoreboard", "wait", "math_pipe_throttle", "membar", "sleeping"))
-    print("%-28s %-26s %9s %6s %6s %6s %6s %6s %5s %7s %5s %7s  %s" % (
+    print("%-28s %-26s %9s %6s %6s %6s %6s %6s %5s %7s %5s %7s %7s %5s %6s  %s" % (
         shape, name[:26], f(m, "gpu__time_duration.sum", 1e-6, "%.3f"),
         f(m, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
         f(m, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
@@ -106,7 +126,9 @@ for name, m in byname.items():
         f(m, "smsp__warps_active.avg.per_cycle_active", 1, "%.2f"),
         f(m, "smsp__warps_eligible.avg.per_cycle_active", 1, "%.2f"),
         f(m, "launch__registers_per_thread", 1, "%.0f"), f(m, "dram__bytes_read.sum", 1e-9, "%.2f"),
-        f(m, "lts__t_sector_hit_rate.pct", 1, "%.0f"), f(m, "smsp__inst_executed.sum", 1e-6, "%.0f"), stalls))
+        f(m, "lts__t_sector_hit_rate.pct", 1, "%.0f"), f(m, "smsp__inst_executed.sum", 1e-6, "%.0f"),
+        f(m, "launch__grid_size", 1, "%.0f"), f(m, "launch__block_size", 1, "%.0f"),
+        f(m, "launch__shared_mem_per_block", 1 / 1024, "%.1f"), stalls))
 EOF
 done
 cat "$SUMMARY"
