@@ -357,7 +357,7 @@ func TestBackwardGradients(t *testing.T) {
 		}
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(ci+1))
-			items = append(items, bwdItem{c, dt, in})
+			items = append(items, newBwdItem(c, dt, in))
 			vs = append(vs, in.backendVariant(t, b, DQAtomic), in.backendVariant(t, b, DQSeparate))
 		}
 	}
@@ -406,7 +406,7 @@ func TestBackwardKeyRowsDefault(t *testing.T) {
 	} {
 		for _, dt := range c.dtypes {
 			in := c.inputs(t, dt, uint64(200+ci))
-			items = append(items, bwdItem{c, dt, in})
+			items = append(items, newBwdItem(c, dt, in))
 			v := in.backendVariant(t, b, DQAtomic)
 			if b.BwdKeyRowsAuto && b.BwdPipeline.WarpSpecialized && (!v.KeyRows || !v.BulkDQ) {
 				t.Errorf("%s %v: %s, want the key-rows step with the bulk dQ", c.name, dt, v.Name())
@@ -463,17 +463,43 @@ func bwdCheckHost(t *testing.T, b *Backend, items []bwdItem) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ref, naive := in.oracles(t)
+			ref, naive := it.oracles.get(t, in)
 			checkGrads(t, it.dt, g, ref, naive)
 		})
 	}
 }
 
-// bwdItem is one backward case in one dtype, with its inputs.
+// bwdItem is one backward case in one dtype, with its inputs and their
+// oracles, computed on first use.
 type bwdItem struct {
-	c  bwdCase
-	dt attn.DType
-	in bwdInputs
+	c       bwdCase
+	dt      attn.DType
+	in      bwdInputs
+	oracles *bwdOracles
+}
+
+// newBwdItem returns the item of case c in dtype dt with inputs in.
+func newBwdItem(c bwdCase, dt attn.DType, in bwdInputs) bwdItem {
+	return bwdItem{c: c, dt: dt, in: in, oracles: &bwdOracles{}}
+}
+
+// bwdOracles holds an item's float64 reference and naive gradients,
+// computed by the first subtest that asks (get), so that a run filtered
+// by -run computes only those of the items it runs, and the device and
+// host subtests of an item share them.
+type bwdOracles struct {
+	done       bool
+	ref, naive *cpu.RefGrads
+}
+
+// get returns the oracles of inputs in, computing them on the first call.
+func (o *bwdOracles) get(t *testing.T, in bwdInputs) (ref, naive *cpu.RefGrads) {
+	t.Helper()
+	if !o.done {
+		o.ref, o.naive = in.oracles(t)
+		o.done = true
+	}
+	return o.ref, o.naive
 }
 
 // bwdCheckItems runs every item with both dQ algorithms on the device, one
@@ -482,10 +508,10 @@ type bwdItem struct {
 func bwdCheckItems(t *testing.T, dev *cuda.Device, s *cuda.Stream, items []bwdItem) {
 	for _, it := range items {
 		c, dt, in := it.c, it.dt, it.in
-		ref, naive := in.oracles(t)
 		for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 			t.Run(fmt.Sprintf("%s/%v/%v", c.name, dt, algo), func(t *testing.T) {
 				g := bwdRun(t, dev, s, in, algo)
+				ref, naive := it.oracles.get(t, in)
 				checkGrads(t, dt, g, ref, naive)
 				if c.biasGrad {
 					if g.DBias == nil {
@@ -1045,7 +1071,7 @@ func TestBackwardGradientsCross(t *testing.T) {
 					continue // the planner picks the mma.sync kernels
 				}
 				in := c.inputs(t, dt, uint64(300+ci))
-				items = append(items, bwdItem{c, dt, in})
+				items = append(items, newBwdItem(c, dt, in))
 				for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 					v := in.variant(t, algo, fam.hopper)
 					if v.WGMMA != fam.hopper || v.TMA != fam.tma {
