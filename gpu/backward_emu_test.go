@@ -671,7 +671,8 @@ func TestBackwardEmulatedDBiasStore(t *testing.T) {
 // the step's dS tile, in dBias's element type) on the host emulator
 // against the float64 reference: the key-rows family with the bulk dQ at
 // head dims padded to 128 and the vector atomics' steps of 64 queries at
-// D = 128 and of 128 at D = 64, bf16 and fp16, batches of two to six, a
+// D = 128 and of 128 at D = 64, bf16 and fp16, batches of two to
+// kernels.DBiasReduceMaxBatch, a
 // bias shared by the heads too, causal and window masks (dBias's hidden
 // pairs left as the preprocess zeroed them), dropout, GQA, DK ≠ DV, query
 // and key counts off the tiles, a second warpgroup whose keys all lie past
@@ -690,6 +691,8 @@ func TestBackwardEmulatedDBiasReduce(t *testing.T) {
 		{bwdCase{name: "d120-dv96-b2-shared-window", b: 2, n: 129, m: 72, h: 2, hkv: 1, dk: 120, dv: 96, bias: []int{1, 1}, biasGrad: true, window: &attn.Window{Left: 30, Right: 7}, dtypes: bf}, reduce, bulk},
 		{bwdCase{name: "d128-b4-dropout-causal-br-rows-without-keys", b: 4, n: 150, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dropout: 0.2, causal: true, dtypes: bf}, reduce, bulk},
 		{bwdCase{name: "d128-b6-n200", b: 6, n: 200, m: 128, h: 2, hkv: 2, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: both}, reduce, bulk},
+		// the largest batch it takes (kernels.DBiasReduceMaxBatch): the most roundings of dBias's running sums
+		{bwdCase{name: "d128-b32-shared", b: kernels.DBiasReduceMaxBatch, n: 64, m: 64, h: 1, hkv: 1, dk: 128, dv: 128, bias: []int{1, 1}, biasGrad: true, dtypes: both}, reduce, bulk},
 		// the vector atomics' steps (no tiled dQ: the add's own wait before the next step's barrier), 64 and 128 queries
 		{bwdCase{name: "d128-atomics-b2-m200", b: 2, n: 150, m: 200, h: 2, hkv: 1, dk: 128, dv: 128, bias: []int{1, 2}, biasGrad: true, dtypes: bf}, reduce, emuHopperBwdWSKeyRows},
 		{bwdCase{name: "d64-q128-b2-causal-n300", b: 2, n: 300, m: 264, h: 2, hkv: 2, dk: 64, dv: 64, bias: []int{1, 2}, biasGrad: true, causal: true, dtypes: both}, reduce, emuHopperBwdWSKeyRows128},

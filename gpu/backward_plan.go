@@ -441,7 +441,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.DBiasPath = kernels.DBiasStore
 		pl.tryTMA(w) // with dBias's map
 	}
-	if r.dbiasReduce && (pl.v.DBiasPath == kernels.DBiasAtomic || pl.v.DBiasPath == kernels.DBiasTiles) && pl.v.TMA {
+	if r.dbiasReduce && p.B <= kernels.DBiasReduceMaxBatch && (pl.v.DBiasPath == kernels.DBiasAtomic || pl.v.DBiasPath == kernels.DBiasTiles) && pl.v.TMA {
 		w := pl.v
 		w.DBiasPath = kernels.DBiasReduce
 		pl.tryTMA(w) // with dBias's map
@@ -461,8 +461,9 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 // dbiasPath returns how the request's dK/dV kernel hands dS to dBias
 // (kernels.DBiasPath): directly where asked (dbiasDirect) for a bias of
 // every batch element and head; by atomic adds where asked
-// (dbiasAtomicAsked), or where the reduce-adds are asked (dbiasReduce),
-// which the planner then takes instead if the variant allows them (and
+// (dbiasAtomicAsked), or where the reduce-adds are asked (dbiasReduce, for
+// batches up to kernels.DBiasReduceMaxBatch), which the planner then takes
+// instead if the variant allows them (and
 // else the scratch, where only they asked for the adds), for a bias
 // broadcast over a batch of more than one element (whose elements' CTAs
 // of a head run together, so that their adds meet in L2), not
@@ -475,7 +476,7 @@ func (r bwdRequest) dbiasPath() kernels.DBiasPath {
 	case a.DBias == nil || a.Bias == nil || p.Varlen:
 	case r.dbiasDirect && a.Bias.Batches == p.B && a.Bias.Heads == p.H:
 		return kernels.DBiasDirect
-	case (r.dbiasAtomicAsked() || r.dbiasReduce) && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic:
+	case (r.dbiasAtomicAsked() || r.dbiasReduce && p.B <= kernels.DBiasReduceMaxBatch) && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic:
 		return kernels.DBiasAtomic
 	}
 	return kernels.DBiasScratch

@@ -797,8 +797,9 @@ func TestBackwardPlanDBiasReduce(t *testing.T) {
 	c := func(d, m int) bwdCase {
 		return bwdCase{b: 4, n: 1024, m: m, h: 2, hkv: 2, dk: d, dv: d, bias: []int{1, 2}, biasGrad: true}
 	}
-	capped, det, short, shared := c(128, 1024), c(64, 1024), c(64, 256), c(128, 1024)
+	capped, det, short, shared, wide, wide64 := c(128, 1024), c(64, 1024), c(64, 256), c(128, 1024), c(128, 1024), c(64, 1024)
 	capped.softcap, det.deterministic, short.n, shared.bias = 30, true, 256, []int{1, 1}
+	wide.b, wide64.b = kernels.DBiasReduceMaxBatch+1, kernels.DBiasReduceMaxBatch+1
 	reduce, tiles, scratch := kernels.DBiasReduce, kernels.DBiasTiles, kernels.DBiasScratch
 	cases := []struct {
 		name   string
@@ -808,6 +809,8 @@ func TestBackwardPlanDBiasReduce(t *testing.T) {
 	}{
 		{"d128", c(128, 1024), true, reduce},
 		{"d128, heads sharing dBias's plane", shared, true, reduce},
+		{"d128, a batch past DBiasReduceMaxBatch", wide, true, tiles},
+		{"d64, a batch past DBiasReduceMaxBatch", wide64, true, scratch},
 		{"d128 off", c(128, 1024), false, tiles},
 		{"d128 m = 1100 (rows of 2200 bytes)", c(128, 1100), true, tiles},
 		{"d128 softcap", capped, true, tiles},

@@ -76,6 +76,16 @@ func DBiasStoreOK(v BwdVariant) bool {
 // take DBiasStore, whose dS tile and map it shares.
 func DBiasReduceOK(v BwdVariant) bool { return DBiasStoreOK(v) }
 
+// DBiasReduceMaxBatch is the largest batch whose broadcast bias's gradient
+// the planner adds by DBiasReduce. Each add rounds the running sum to the
+// element type, so dBias's error grows with the batch faster than the
+// naive baseline's: on the host emulator (a [1, 1, N, M] bias, N = M = 64,
+// D = 128) the largest error came to 0.28–0.31 of the criterion's bound at
+// B = 16, 0.41–0.48 at 32 and 0.55–0.65 at 64 (bf16, fp16); larger
+// batches keep the fp32 accumulator (DBiasTiles, DBiasAtomic) or the
+// scratch.
+const DBiasReduceMaxBatch = 32
+
 // BwdDBiasReduceLaunches returns the batch extents of a DBiasReduce
 // variant's dK/dV launches over a batch of b > 1 elements and h heads,
 // dBias having biasHeads planes of heads (1 or h): where they are one per
