@@ -34,7 +34,7 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 	if v.BiasStaged {
 		second.pointers = append(second.pointers, "c.w[0]") // the bias's map
 	}
-	if v.DBiasPath == kernels.DBiasStore || v.DBiasPath == kernels.DBiasReduce {
+	if v.DBiasByMap() {
 		second.pointers = append(second.pointers, "d.w[0]") // dBias's map
 	}
 	for _, p := range bwdEmuPointers {

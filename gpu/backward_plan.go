@@ -441,17 +441,10 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.DBiasPath = kernels.DBiasStore
 		pl.tryTMA(w) // with dBias's map
 	}
-	if r.dbiasReduce && p.B <= kernels.DBiasReduceMaxBatch && (pl.v.DBiasPath == kernels.DBiasAtomic || pl.v.DBiasPath == kernels.DBiasTiles) && pl.v.TMA {
+	if r.dbiasReduces() && pl.v.TMA { // in place of whichever path dbiasPath chose
 		w := pl.v
 		w.DBiasPath = kernels.DBiasReduce
 		pl.tryTMA(w) // with dBias's map
-	}
-	if pl.v.DBiasPath == kernels.DBiasAtomic && !r.dbiasAtomicAsked() { // taken only for the reduce-adds, which the variant declined
-		w := pl.v
-		w.DBiasPath = kernels.DBiasScratch
-		if w.Validate() == nil {
-			pl.v = w
-		}
 	}
 	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, &pl.params, r.sms)
@@ -459,35 +452,41 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 }
 
 // dbiasPath returns how the request's dK/dV kernel hands dS to dBias
-// (kernels.DBiasPath): directly where asked (dbiasDirect) for a bias of
-// every batch element and head; by atomic adds where asked
-// (dbiasAtomicAsked), or where the reduce-adds are asked (dbiasReduce, for
-// batches up to kernels.DBiasReduceMaxBatch), which the planner then takes
-// instead if the variant allows them (and
-// else the scratch, where only they asked for the adds), for a bias
-// broadcast over a batch of more than one element (whose elements' CTAs
-// of a head run together, so that their adds meet in L2), not
-// deterministic; both fixed length; through the scratch otherwise
-// (docs/kernels/backward.md, "dBias by atomic adds", "dBias by tensor-map
-// reduce-adds").
+// (kernels.DBiasPath), before the tile paths replace it where the final
+// variant allows them: directly where asked (dbiasDirect) for a bias of
+// every batch element and head; by atomic adds where asked (dbiasAtomic,
+// or dbiasAtomicAuto at head dims above 64: it measured faster at 128 and
+// slower at 64) for a bias broadcast over the batch (dbiasBatchSum);
+// through the scratch otherwise (docs/kernels/backward.md, "dBias by
+// atomic adds").
 func (r bwdRequest) dbiasPath() kernels.DBiasPath {
 	p, a := r.p, &r.a
 	switch {
 	case a.DBias == nil || a.Bias == nil || p.Varlen:
 	case r.dbiasDirect && a.Bias.Batches == p.B && a.Bias.Heads == p.H:
 		return kernels.DBiasDirect
-	case (r.dbiasAtomicAsked() || r.dbiasReduce && p.B <= kernels.DBiasReduceMaxBatch) && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic:
+	case (r.dbiasAtomic || r.dbiasAtomicAuto && max(p.DK, p.DV) > 64) && r.dbiasBatchSum():
 		return kernels.DBiasAtomic
 	}
 	return kernels.DBiasScratch
 }
 
-// dbiasAtomicAsked reports whether the request asks for dBias by atomic
-// adds for their own sake: everywhere (dbiasAtomic), or at head dims above
-// 64 (dbiasAtomicAuto: they measured faster than the scratch at 128 and
-// slower at 64).
-func (r bwdRequest) dbiasAtomicAsked() bool {
-	return r.dbiasAtomic || r.dbiasAtomicAuto && max(r.p.DK, r.p.DV) > 64
+// dbiasBatchSum reports whether dBias may be summed over the batch in an
+// order that varies from call to call (the atomic adds, the tiles, the
+// reduce-adds): a bias broadcast over a batch of more than one element
+// (whose elements' CTAs of a head run together, so that their adds meet
+// in L2), fixed length, not deterministic.
+func (r bwdRequest) dbiasBatchSum() bool {
+	p, a := r.p, &r.a
+	return a.DBias != nil && a.Bias != nil && !p.Varlen && a.Bias.Batches == 1 && p.B > 1 && !p.Opt.Deterministic
+}
+
+// dbiasReduces reports whether the request asks for dBias by tensor-map
+// reduce-adds (dbiasReduce) where the batch sum allows them
+// (dbiasBatchSum) for batches up to kernels.DBiasReduceMaxBatch, whatever
+// path dbiasPath chose ("dBias by tensor-map reduce-adds").
+func (r bwdRequest) dbiasReduces() bool {
+	return r.dbiasReduce && r.dbiasBatchSum() && r.p.B <= kernels.DBiasReduceMaxBatch
 }
 
 // keyRowsFaster reports the problems whose backward measured faster on the
@@ -594,7 +593,8 @@ func (pl *bwdPlan) bind(ws uint64) {
 // tmaTensors returns the tensor maps' tensors of v (a tensor-map variant
 // of the plan's kernels): q and dO of the dK/dV kernel, k and v of the dQ
 // kernel, over every sequence's rows in a packed batch; then with
-// BiasStaged the bias's, and with kernels.DBiasStore dBias's.
+// BiasStaged the bias's, and where its dK/dV kernel hands dBias tiles by
+// a tensor map (kernels.BwdVariant.DBiasByMap) dBias's.
 func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
 	dkdv, dq := v.TMATensors(&pl.params)
 	if p := pl.r.p; p.Varlen {
@@ -604,7 +604,7 @@ func (pl *bwdPlan) tmaTensors(v kernels.BwdVariant) []kernels.TMATensor {
 	if v.BiasStaged {
 		ts = append(ts, v.BiasTMATensor(&pl.params))
 	}
-	if v.DBiasPath == kernels.DBiasStore || v.DBiasPath == kernels.DBiasReduce {
+	if v.DBiasByMap() {
 		ts = append(ts, v.DBiasTMATensor(&pl.params))
 	}
 	return ts
@@ -664,14 +664,14 @@ func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 // kernelArgs returns the argument of each of the plan's kernel launches:
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order: q and dO for the one, k and v for the other, then for
-// both the bias's where the variant stages it and dBias's where it stores
-// dBias by a tensor map) ahead of them.
+// both the bias's where the variant stages it and dBias's where it hands
+// dBias tiles by a tensor map) ahead of them.
 func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
 	params := pl.params.Pack()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }
 	}
-	extra := maps[4:] // the bias's (BiasStaged) and dBias's (DBiasStore), which both kernels' arguments hold
+	extra := maps[4:] // the bias's (BiasStaged) and dBias's (DBiasByMap), which both kernels' arguments hold
 	dkdv := kernels.BwdTMAArgs(params, append([][128]byte{maps[0], maps[1]}, extra...)...)
 	dq := kernels.BwdTMAArgs(params, append([][128]byte{maps[2], maps[3]}, extra...)...)
 	return func(kernel string) []byte {

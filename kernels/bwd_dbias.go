@@ -100,9 +100,10 @@ func BwdDBiasReduceLaunches(b, h, biasHeads int) []int {
 	return []int{b}
 }
 
-// dbiasByMap reports whether v's dK/dV kernel hands its dS tiles to dBias
-// through dBias's tensor map (DBiasStore, DBiasReduce).
-func (v BwdVariant) dbiasByMap() bool { return v.DBiasPath == DBiasStore || v.DBiasPath == DBiasReduce }
+// DBiasByMap reports whether v's dK/dV kernel hands its dS tiles to dBias
+// through dBias's tensor map (DBiasStore, DBiasReduce), the last map of
+// its argument (DBiasTMATensor).
+func (v BwdVariant) DBiasByMap() bool { return v.DBiasPath == DBiasStore || v.DBiasPath == DBiasReduce }
 
 // dbiasInPlace reports whether v's dK/dV kernel writes dBias's elements
 // itself (DBiasDirect, DBiasStore): BwdDBiasKernel is not launched, and
@@ -340,13 +341,7 @@ func (g *bwdGen) dbiasZero() string {
 		if g.v.Masked() {
 			hidden = ` else {  // one plane a head: the first launch stores the tiles of the keys the row sees; the hidden pairs
         // before and after them (all, where it sees none) are left to here
-        const int off = p.bottom_right ? p.M - p.N : 0;
-        int jlo = 0, jhi = p.M;
-` + g.rowKeys("        ", "i") + `        jlo = min(jlo, p.M);
-        jhi = max(jhi, jlo);
-        for (int j = lane; j < jlo; j += 32) gd[j] = bt_from_f(0.f);
-        for (int j = jhi + lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
-      }`
+` + g.dbiasZeroHidden("        ") + `      }`
 		}
 		return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // row i of dBias's plane b·H + h (rows of whole 16-byte units)
       BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
@@ -358,13 +353,7 @@ func (g *bwdGen) dbiasZero() string {
 	case g.v.dbiasInPlace() && g.v.Masked():
 		return `    {  // the hidden pairs of row i of dBias: the keys before and after those it sees (all, where it sees none)
       BT* gd = p.dbias + ((long long)(b * p.H + h) * p.N + i) * p.M;
-      const int off = p.bottom_right ? p.M - p.N : 0;
-      int jlo = 0, jhi = p.M;
-` + g.rowKeys("      ", "i") + `      jlo = min(jlo, p.M);
-      jhi = max(jhi, jlo);
-      for (int j = lane; j < jlo; j += 32) gd[j] = bt_from_f(0.f);
-      for (int j = jhi + lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);
-    }
+` + g.dbiasZeroHidden("      ") + `    }
 `
 	case g.v.DBiasPath == DBiasTiles:
 		return `    if (b * p.H + h < p.bias_nb * p.bias_nh) {  // the tiled accumulator's plane b·H + h, as ceil(N / 64)·64 chunks
@@ -388,6 +377,18 @@ func (g *bwdGen) dbiasZero() string {
         for (int j = lane; j < p.M; j += 32) ga[j] = 0.f;
     }
 `
+}
+
+// dbiasZeroHidden returns the preprocess's statements that zero query row
+// i's hidden pairs in the dBias row at gd: the keys before and after those
+// the row sees (rowKeys), all where it sees none; indent before each line.
+func (g *bwdGen) dbiasZeroHidden(indent string) string {
+	return indent + "const int off = p.bottom_right ? p.M - p.N : 0;\n" +
+		indent + "int jlo = 0, jhi = p.M;\n" + g.rowKeys(indent, "i") +
+		indent + "jlo = min(jlo, p.M);\n" +
+		indent + "jhi = max(jhi, jlo);\n" +
+		indent + "for (int j = lane; j < jlo; j += 32) gd[j] = bt_from_f(0.f);\n" +
+		indent + "for (int j = jhi + lane; j < p.M; j += 32) gd[j] = bt_from_f(0.f);\n"
 }
 
 func (g *bwdGen) dbiasKernel(b *strings.Builder) {

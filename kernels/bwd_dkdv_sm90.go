@@ -840,7 +840,7 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 	case v.BulkDQ:
 		b.WriteString("  if (t4 == 0) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	}
-	if v.dbiasByMap() && !v.BulkDQ {
+	if v.DBiasByMap() && !v.BulkDQ {
 		b.WriteString("  if (" + wgIssuer + ") bulk_wait<0>();  // every store or add of dBias complete before the block ends\n")
 	}
 	b.WriteString("}\n\n")

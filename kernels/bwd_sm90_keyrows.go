@@ -552,7 +552,7 @@ func (g *bwdGen) keyRowsSoftcapDecl() string {
 // from its indices: where the bias is staged and dBias goes through the
 // scratch or directly, where it measured faster (not beside the atomic
 // adds: docs/kernels/backward.md, "dBias addressed from the thread's first
-// element"; DBiasTiles and DBiasStore store their elements otherwise).
+// element"; DBiasTiles, DBiasStore and DBiasReduce hand dBias whole tiles).
 // Beside the global loads of an unstaged bias the first element's address
 // and the tile test are two more live registers, and NVRTC 12.4 spilled
 // more in some of those variants (D = 128 with softcap 28 → 196–236
@@ -596,7 +596,7 @@ func (g *bwdGen) keyRowsChain() string {
 	v := g.v
 	var b strings.Builder
 	switch {
-	case v.dbiasByMap(): // the dS tile goes out whole (keyRowsDBiasTileAdd)
+	case v.DBiasByMap(): // the dS tile goes out whole (keyRowsDBiasTileAdd)
 	case v.DBiasPath == DBiasTiles:
 		b.WriteString("          sdb[(8 * nt + c) * 64 + dbc[hh]] = d;  // every element: the tile's padding takes those past the sequences\n")
 	case g.keyRowsDBiasFromFirst():
@@ -641,9 +641,10 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
 	case DBiasReduce:
 		what = "dS tile (the step's queries x its 64 keys) stored into dBias's plane, or added there"
 		copy = `// (rows and keys past N and M are dropped)
-      const int dh = p.bias_nh == 1 ? 0 : h;
-      if (dbias_first) tma_store_4d(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, dh, 0);
-      else tma_reduce_add_4d<BT>(&tp.d, smem_u32(sdSb + wg * BM * 64), j0 + 64 * wg, i0, dh, 0);`
+      const u32 src = smem_u32(sdSb + wg * BM * 64);
+      const int dh = p.bias_nh == 1 ? 0 : h;  // dBias's plane: the head's, or the one the heads share
+      if (dbias_first) tma_store_4d(&tp.d, src, j0 + 64 * wg, i0, dh, 0);
+      else tma_reduce_add_4d<BT>(&tp.d, src, j0 + 64 * wg, i0, dh, 0);`
 	case DBiasTiles:
 		what = "dBias tile (64 queries x its 64 keys) into the accumulator"
 		copy = fmt.Sprintf("bulk_reduce_add_f32(p.dbias_scratch + dbias_acc_at(p, b, h, i0, j0 + 64 * wg), smem_u32(sdQ + wg * %d), %d);",
@@ -662,7 +663,7 @@ func (g *bwdGen) keyRowsDBiasTileAdd() string {
 // again (buffers: where it goes, 2 before the dQ barrier, 1 before the
 // barrier that releases the buffer), and "" elsewhere.
 func (g *bwdGen) keyRowsDBiasStoreWait(buffers int) string {
-	if !g.v.dbiasByMap() || g.v.DQAccTiled() || g.v.bwdWSBuffers() != buffers {
+	if !g.v.DBiasByMap() || g.v.DQAccTiled() || g.v.bwdWSBuffers() != buffers {
 		return ""
 	}
 	return "    if (" + wgIssuer + ") bulk_wait_read<0>();  // the last step's dBias store or add no longer reads its dS buffer\n"

@@ -106,7 +106,7 @@ func (v BwdVariant) TMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 func (v BwdVariant) bwdTMADecl() string {
 	s := bwdTMAStructs[2]
 	switch {
-	case v.dbiasByMap():
+	case v.DBiasByMap():
 		s = bwdTMAStructs[4]
 	case v.BiasStaged:
 		s = bwdTMAStructs[3]

@@ -63,7 +63,8 @@ type BwdVariant struct {
 	// DBiasPath (with BiasGrad) is how the dK/dV kernel hands each dS
 	// element to dBias: through the scratch and a fixed-order reduction
 	// (the zero value), by atomic adds, stored directly, by bulk
-	// reduce-adds of tiles, or stored by tensor maps.
+	// reduce-adds of tiles, stored by tensor maps, or added into dBias by
+	// tensor-map reduce-adds (DBiasPath's constants).
 	DBiasPath DBiasPath
 	// AtomicDQ makes the dK/dV kernel accumulate dQ with fp32 atomic adds
 	// (then BwdDQConvertKernel finishes dQ); otherwise BwdDQKernel computes it.

@@ -136,57 +136,56 @@ inline void bulk_reduce_add_f32(float* dst, u32 src, u32 bytes) {
                                                  }});
 }
 #ifdef EMU_TMA_H
-// the box (c0.., c1.., c2, c3) of 64 columns and the map's box rows, from the 128-byte swizzled tile at
-// src (1024-byte aligned): row r at r·128, 16-byte chunk c at c ^ (r mod 8); elements outside the tensor
-// are not written (the encoding is tma.h's)
-inline void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+// emu_tma_box issues, as `what`, a bulk tensor copy of the box (c0.., c1.., c2, c3) of 64 columns and the map's
+// box rows from the 128-byte swizzled tile at src (1024-byte aligned): row r at r·128, 16-byte chunk c at
+// c ^ (r mod 8); elem(dst, from) writes one 2-byte element of the tensor from its bytes in the tile when the
+// copy applies; elements outside the tensor are not written (the encoding is tma.h's)
+template <typename F>
+inline void emu_tma_box(const char* what, const TensorMap* map, u32 src, int c0, int c1, int c2, int c3, F elem) {
   const unsigned long long* w = map->w;
   unsigned char* base = (unsigned char*)w[0];
   const long long cols = (long long)w[1], rows = (long long)w[2], heads = (long long)w[3], batch = (long long)w[4];
   const long long sr = (long long)w[5], sh = (long long)w[6], sb = (long long)w[7];
   const int box = (int)w[8];
-  if (src % 1024 != 0 || src + (unsigned long long)box * 128 > EMU_SMEM) emu_fail("tma store: shared source not 1024-byte aligned or out of range");
-  if (c0 % 8 != 0) emu_fail("tma store: box start column not 16-byte aligned");
-  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{"cp.async.bulk.tensor (store)", src, (u32)box * 128, std::vector<unsigned char>(smem + src, smem + src + box * 128),
+  char msg[160];
+  if (src % 1024 != 0 || src + (unsigned long long)box * 128 > EMU_SMEM) {
+    snprintf(msg, sizeof msg, "%s: shared source not 1024-byte aligned or out of range", what);
+    emu_fail(msg);
+  }
+  if (c0 % 8 != 0) {
+    snprintf(msg, sizeof msg, "%s: box start column not 16-byte aligned", what);
+    emu_fail(msg);
+  }
+  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{what, src, (u32)box * 128, std::vector<unsigned char>(smem + src, smem + src + box * 128),
                                                  [=](const unsigned char* held) {
                                                    for (int r = 0; r < box; ++r)
                                                      for (int ch = 0; ch < 8; ++ch)
                                                        for (int e = 0; e < 8; ++e) {
                                                          const long long col = c0 + 8 * ch + e, row = c1 + r;
                                                          if (col < cols && row >= 0 && row < rows && c2 >= 0 && c2 < heads && c3 >= 0 && c3 < batch)
-                                                           memcpy(base + row * sr + c2 * sh + c3 * sb + col * 2, held + r * 128 + ((ch ^ (r & 7)) << 4) + 2 * e, 2);
+                                                           elem(base + row * sr + c2 * sh + c3 * sb + col * 2, held + r * 128 + ((ch ^ (r & 7)) << 4) + 2 * e);
                                                        }
                                                  }});
 }
-// the same box added into the tensor element by element in E (the map's element type: the sum of the two
-// numbers rounded to E, to nearest even), each element's add atomic
+// tma_store_4d: the box copied into the tensor as it is
+inline void tma_store_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
+  emu_tma_box("cp.async.bulk.tensor (store)", map, src, c0, c1, c2, c3, [](unsigned char* d, const unsigned char* x) { memcpy(d, x, 2); });
+}
+// tma_reduce_add_4d: the box added into the tensor element by element in E (the map's element type: the sum of
+// the two numbers rounded to E, to nearest even), each element's add atomic
 inline float emu_elem_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 inline float emu_elem_f(__half x) { return __half2float(x); }
 inline void emu_elem_set(__nv_bfloat16* x, float f) { *x = __float2bfloat16_rn(f); }
 inline void emu_elem_set(__half* x, float f) { *x = __float2half_rn(f); }
 template <typename E>
 inline void tma_reduce_add_4d(const TensorMap* map, u32 src, int c0, int c1, int c2, int c3) {
-  const unsigned long long* w = map->w;
-  unsigned char* base = (unsigned char*)w[0];
-  const long long cols = (long long)w[1], rows = (long long)w[2], heads = (long long)w[3], batch = (long long)w[4];
-  const long long sr = (long long)w[5], sh = (long long)w[6], sb = (long long)w[7];
-  const int box = (int)w[8];
-  if (src % 1024 != 0 || src + (unsigned long long)box * 128 > EMU_SMEM) emu_fail("tma reduce-add: shared source not 1024-byte aligned or out of range");
-  if (c0 % 8 != 0) emu_fail("tma reduce-add: box start column not 16-byte aligned");
-  emu_bulk[threadIdx.x].open.push_back(EmuBulkOp{"cp.reduce.async.bulk.tensor (add)", src, (u32)box * 128, std::vector<unsigned char>(smem + src, smem + src + box * 128),
-                                                 [=](const unsigned char* held) {
-                                                   for (int r = 0; r < box; ++r)
-                                                     for (int ch = 0; ch < 8; ++ch)
-                                                       for (int e = 0; e < 8; ++e) {
-                                                         const long long col = c0 + 8 * ch + e, row = c1 + r;
-                                                         if (col < cols && row >= 0 && row < rows && c2 >= 0 && c2 < heads && c3 >= 0 && c3 < batch) {
-                                                           E* d = (E*)(base + row * sr + c2 * sh + c3 * sb + col * 2);
-                                                           E x;
-                                                           memcpy(&x, held + r * 128 + ((ch ^ (r & 7)) << 4) + 2 * e, 2);
-                                                           emu_elem_set(d, emu_elem_f(*d) + emu_elem_f(x));
-                                                         }
-                                                       }
-                                                 }});
+  emu_tma_box("cp.reduce.async.bulk.tensor (add)", map, src, c0, c1, c2, c3, [](unsigned char* d, const unsigned char* x) {
+    E a, v;
+    memcpy(&a, d, 2);
+    memcpy(&v, x, 2);
+    emu_elem_set(&a, emu_elem_f(a) + emu_elem_f(v));
+    memcpy(d, &a, 2);
+  });
 }
 #endif
 inline void bulk_commit() {
