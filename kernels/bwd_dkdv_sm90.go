@@ -501,10 +501,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	dkp := v.DKPad()
 	crossed := v.bwdHopperCrossed()
 	nv, nk, _ := v.bwdHopperCols()
-	b.WriteString(`  for (int it = 0; it < iters; ++it) {
-    const int st = it & 1;
-    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
-`)
+	b.WriteString(stepLoop("  ", "h", "i0") + "    const int st = it & 1;\n")
 	if g.ws {
 		g.wsBwdStepStart(b)
 	} else {

@@ -353,6 +353,20 @@ func (g *bwdGen) tmaStageWait(b *strings.Builder) {
 	}
 }
 
+// stepLoop returns the opening of a Hopper backward kernel's loop over its
+// query steps (it = 0 .. iters − 1), indented by indent: step it covers
+// query block ib0 + it mod nib of query head kvh·G + it / nib, whose head
+// and first query row it declares as h and i0. The quotient and remainder
+// are carried from step to step (step_h, step_i) rather than divided out
+// each step, a division by a value the compiler does not know.
+func stepLoop(indent, h, i0 string) string {
+	return indentLines(fmt.Sprintf(`int step_h = 0, step_i = 0;  // it / nib and it %% nib, carried from step to step
+for (int it = 0; it < iters; ++it) {
+  const int %s = kvh * G + step_h, %s = (ib0 + step_i) * BM;
+  if (++step_i == nib) step_i = 0, ++step_h;
+`, h, i0), indent)
+}
+
 // hopperPreamble writes the opening of a Hopper backward kernel: its tile
 // constants (with the byte sizes of one stage of its two streamed tiles,
 // named s1 and s2, which hold what), the thread's coordinates (warpgroup
@@ -365,7 +379,7 @@ func (g *bwdGen) hopperPreamble(b *strings.Builder, t BwdTile, l bwdSmemLayout, 
   constexpr int KCH = DKP / 8, VCH = DVP / 8;  // 16-byte chunks of a q/k row and of a dO/v row
   constexpr int %s = %d, %s = %d;  // bytes of one stage of the %s tiles
   (void)DK; (void)DV;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int tid = threadIdx.x, warp = `+warpIndex+`, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wg = warp >> 2;  // warpgroup
   (void)tid; (void)g; (void)t4;
   extern __shared__ __align__(1024) unsigned char smem_raw[];

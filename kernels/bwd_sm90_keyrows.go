@@ -88,9 +88,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	if v.DVPad() != v.DKPad() {
 		rv = "wg_rv"
 	}
-	b.WriteString(`  for (int it = 0; it < iters; ++it) {
-    const int st = it & 1;
-    const int h = kvh * G + it / nib, i0 = (ib0 + it % nib) * BM;
+	b.WriteString(stepLoop("  ", "h", "i0") + `    const int st = it & 1;
     mbar_wait(bar + 8 * st, (it >> 1) & 1);  // q, dO, LSE2 and Delta of step it (the producer's)
 `)
 	g.bwdBiasStageStep(b)

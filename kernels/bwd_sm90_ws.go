@@ -121,10 +121,8 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
     setmaxnreg_dec<PRODUCER_REGS>();
     if (warp == NCOMPUTE / 32) {  // its first warp loads every step's q, dO, LSE2 and Delta
       constexpr int QA = %[1]d, DA = %[2]d;  // 64-column atoms of q and dO loaded (the rest are never read)
-      for (int it = 0; it < iters; ++it) {
-        const int s = it & 1;
+%[4]s        const int s = it & 1;
         if (it >= 2) mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);  // step it - 2 released the stage
-        const int hq = kvh * G + it / nib, iq = (ib0 + it %% nib) * BM;
         const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
         for (int r = lane; r < BM; r += 32) {  // rows past the sequence: no probability
           const bool in = r < n - iq;
@@ -140,7 +138,7 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
     return;
   }
   setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.qStageTMA("          "))
+`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.qStageTMA("          "), stepLoop("      ", "hq", "iq"))
 }
 
 // computeSync returns the statement with which the dK/dV kernel's compute

@@ -337,7 +337,7 @@ func (x *gen) hopperKernel() {
   const u32 sQ = s_base + SQ_OFF;  // [KATOMS][BM][64]
   const u32 sK = s_base + SK_OFF;  // [2][KATOMS][BN][64]
   const u32 sV = s_base + SV_OFF;  // [2][VATOMS][BN][64]
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = ` + x.v.warpIndexExpr() + `;
   const int wm = warp % WM;        // warp position: 16 query rows
   const int wn = warp / WM;        // warpgroup of the row group: value columns dv0 .. dv0 + DVP/WN - 1
   const int wg = wm >> 2;          // row group: rows 64·wg .. 64·wg + 63 of the block

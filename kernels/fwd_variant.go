@@ -229,6 +229,17 @@ func (v Variant) SharedBytes() int { return v.geom().smem }
 // through shared memory.
 func (v Variant) splitKeys() bool { return v.WarpsN > 1 }
 
+// warpIndexExpr returns the C++ expression of the thread's warp index in
+// the Hopper forward: warpIndex, uniform to the compiler, except where the
+// index computed per lane (tid >> 5) measured faster: with dropout or a
+// softcap at padded head dims 65–128.
+func (v Variant) warpIndexExpr() string {
+	if d := hopperTileDim(v.DK, v.DV); (v.Dropout || v.Softcap) && d > 64 && d <= 128 {
+		return "tid >> 5"
+	}
+	return warpIndex
+}
+
 // prescaled reports whether scores are scaled (into base-2 units, or
 // natural ones: naturalScores) before the row maximum.
 func (v Variant) prescaled() bool { return v.PreScale || v.Softcap || v.Bias != BiasNone }

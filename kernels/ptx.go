@@ -43,6 +43,16 @@ func ptxTanh() string {
 		"DEV float " + tanhApprox + "(float x) { float y; asm volatile(\"tanh.approx.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x)); return y; }\n"
 }
 
+// warpIndex is the C++ expression of the calling thread's warp index (tid:
+// its index in the block), broadcast from the warp's lane 0 by a shuffle
+// that every lane of the warp must reach. The value is tid >> 5; the
+// broadcast tells the compiler that it is the same across the warp, so that
+// it keeps the warp and warpgroup indices and what derives from them (the
+// warpgroup products' matrix descriptors above all) in uniform registers
+// instead of computing them per lane and converting them before every
+// product.
+const warpIndex = "__shfl_sync(0xffffffffu, tid >> 5, 0)"
+
 // softcapTanh returns the function the kernels of element type dt apply
 // in the softcap s → c·tanh(s/c), the same in the forward, the backward and
 // their non-finite paths, so that the backward's recomputed P matches the

@@ -344,6 +344,15 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
   emu_warp_sync();
   return r;
 }
+// __shfl_sync(mask, v, src) of an int: lane src's v in every lane (the whole warp takes part)
+inline int __shfl_sync(unsigned, int v, int src) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.u[emu_lane()][0] = (unsigned)v;
+  emu_warp_sync();
+  const int r = (int)x.u[src & 31][0];
+  emu_warp_sync();
+  return r;
+}
 inline unsigned __shfl_xor_sync(unsigned, unsigned v, int m) {
   EmuWarpX& x = emu_wx[emu_warp()];
   x.u[emu_lane()][0] = v;
