@@ -702,11 +702,16 @@ func bwdHopperWSVariants() []BwdVariant {
 // (docs/kernels/backward.md, "Dropout in the key-rows step"), or 64 for
 // the deep kernels past D = 448, whose dKᵀ and dVᵀ slices take 128 of a
 // thread's 255 registers and whose masked dK/dV kernel by tensor maps
-// spills 56 bytes ("Past D = 256: the deep kernels").
+// spills 56 bytes ("Past D = 256: the deep kernels"), or 320 for the
+// key-rows step over 80 queries at padded head dims past 64, an option off
+// by default that spills beside its 80-query tiles (40–216 bytes with
+// NVRTC 12.4, 76–276 with 13.0; "Steps of 80 queries").
 func bwdSpillLimit(v BwdVariant) int {
 	switch {
 	case v.KeyRows && v.Dropout && v.Bias != BiasNone && max(v.DKPad(), v.DVPad()) > 64:
 		return 256
+	case v.KeyRows && v.QueryStep == 80 && max(v.DKPad(), v.DVPad()) > 64:
+		return 320
 	case v.WGMMA && v.bwdHopperDeep() && max(v.DKPad(), v.DVPad()) > 448:
 		return 64
 	}
