@@ -61,6 +61,10 @@ type Backend struct {
 	// it when EnvPipeline is empty (a named pipeline serves every call as
 	// named).
 	EarlyDropoutAuto bool
+	// LazyRescale adds the lazy rescale (kernels.Pipeline.LazyRescale) to
+	// every Hopper forward pipeline, the short one too, where the variant
+	// allows it. New reads it from EnvFwdLazyRescale; off by default.
+	LazyRescale bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -233,6 +237,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
+		LazyRescale:    hopper && envSet(os.Getenv(EnvFwdLazyRescale)),
 		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
 		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:        hopper && envBwdDeep(),
@@ -381,6 +386,11 @@ func (b *Backend) readDBiasEnv() {
 // forward launches of new backends that take one tile a CTA end on their
 // lightest query blocks (Backend.FwdLightTail).
 const EnvFwdLightTail = "FLASHATTN_FWD_LIGHT_TAIL"
+
+// EnvFwdLazyRescale, when set to anything but "" or "0", has the Hopper
+// forward of new backends keep each row's reference maximum until a key
+// block passes it by more than 2^8 (Backend.LazyRescale).
+const EnvFwdLazyRescale = "FLASHATTN_FWD_LAZY_RESCALE"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -325,6 +325,7 @@ const (
 	emuHopperBwdWSKeyRows128Bulk                   // ... and the atomic dQ by bulk reduce-adds
 	emuHopperSO                                    // the Hopper forward, tensor maps, O stored by tensor maps
 	emuHopperPTSO                                  // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
+	emuHopperLR                                    // the Hopper forward, ws, ping-pong, early rescale, the lazy rescale
 	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -391,6 +392,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{StoreO: true}
 	case emuHopperPTSO:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
+	case emuHopperLR:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, LazyRescale: true}
 	}
 	return kernels.Pipeline{}
 }

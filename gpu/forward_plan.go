@@ -165,7 +165,7 @@ func plan(r fwdRequest) (launch, error) {
 			// the parts of the pipeline they take (early rescale, O by tensor maps, early dropout bits)
 			switch wt, ok := kernels.HopperWSTile(vr, p.M); {
 			case !ok:
-				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO, EarlyDropout: r.pipeline.EarlyDropout})
+				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO, EarlyDropout: r.pipeline.EarlyDropout, LazyRescale: r.pipeline.LazyRescale})
 			case wt != (kernels.Tile{}):
 				vr = wt.Apply(vr)
 				vr.Pipeline = pipelineFor(vr, r.pipeline)
@@ -511,15 +511,19 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // global memory costs more than the short pipeline saves
 // (docs/kernels/forward.md, "The bias staged in shared memory").
 // Pipeline takes the early dropout bits besides where EarlyDropoutAuto and
-// earlyDropoutFaster say so.
+// earlyDropoutFaster say so; either takes the lazy rescale with
+// LazyRescale.
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	if b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
-		return *b.ShortPipeline
+		pl := *b.ShortPipeline
+		pl.LazyRescale = pl.LazyRescale || b.LazyRescale
+		return pl
 	}
 	pl := b.Pipeline
 	if b.EarlyDropoutAuto && earlyDropoutFaster(p) {
 		pl.EarlyDropout = true
 	}
+	pl.LazyRescale = pl.LazyRescale || b.LazyRescale
 	return pl
 }
 
@@ -636,7 +640,8 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // CTA per SM; ping-pong with two compute warpgroups besides; persistence
 // with warp specialization where the rows are not read in place and the
 // batch is not packed; the early rescale, the O store by tensor maps and
-// the early dropout bits where the variant validates with them.
+// the early dropout bits and the lazy rescale where the variant validates
+// with them.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -651,5 +656,6 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.StoreO = want.StoreO && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: true})
 	p.EarlyRescale = want.EarlyRescale && allows(kernels.Pipeline{EarlyRescale: true})
 	p.EarlyDropout = want.EarlyDropout && allows(kernels.Pipeline{EarlyDropout: true})
+	p.LazyRescale = want.LazyRescale && allows(kernels.Pipeline{LazyRescale: true})
 	return p
 }

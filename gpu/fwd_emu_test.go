@@ -248,11 +248,11 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO, emuHopperLR} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
 			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent",
-				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store"}[kind], pr.name)
+				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store", emuHopperLR: "lazy-rescale"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
 				if emuPipeline(kind).WarpSpecialized && max(pr.dk, pr.dv) > 320 {
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")
@@ -273,6 +273,49 @@ func TestForwardEmulatedHopper(t *testing.T) {
 	}
 }
 
+// TestForwardEmulatedLazyRescale runs the lazy rescale
+// (kernels.Pipeline.LazyRescale) on the host emulator with scores that grow
+// toward the first keys, which the kernel visits last, so that rows move
+// their references in late blocks as well as in the first, and some rows
+// keep them (FLASHATTN_FWD_EMU=1; needs g++): against the oracle, with
+// rows that see no key (bottom-right causal, N > M) among them.
+func TestForwardEmulatedLazyRescale(t *testing.T) {
+	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
+	cases := []fwdProblem{
+		{name: "bf16-d128", dt: attn.BFloat16, b: 1, n: 130, m: 700, h: 2, hkv: 1, dk: 128, dv: 128},
+		{name: "fp16-d64-causal-empty-rows", dt: attn.Float16, b: 1, n: 300, m: 260, h: 2, hkv: 2, dk: 64, dv: 64, opt: attn.Options{Causal: true}},
+	}
+	for i, pr := range cases {
+		t.Run(pr.name, func(t *testing.T) {
+			q, k, v, opt := pr.inputs(uint64(1300 + i))
+			q = fwdScaled(q, 2)
+			kf := k.Float32s()
+			for j := 0; j < pr.m; j++ { // key j's scores scaled by 1 + 6·(M−1−j)/(M−1)
+				g := float32(1 + 6*float64(pr.m-1-j)/float64(pr.m-1))
+				row := kf[j*pr.hkv*pr.dk : (j+1)*pr.hkv*pr.dk]
+				for x := range row {
+					row[x] *= g
+				}
+			}
+			k = attn.FromFloat32(pr.dt, kf, k.Shape...)
+			res, vr := fwdEmuRunOn(t, q, k, v, opt, emuHopperLR)
+			if !vr.LazyRescale {
+				t.Fatalf("plan %s: no lazy rescale", vr.Name())
+			}
+			fwdCheck(t, pr.dt, q, k, v, opt, res)
+		})
+	}
+}
+
+// fwdScaled returns x with every element multiplied by c.
+func fwdScaled(x attn.Tensor, c float32) attn.Tensor {
+	f := x.Float32s()
+	for i := range f {
+		f[i] *= c
+	}
+	return attn.FromFloat32(x.DType, f, x.Shape...)
+}
+
 // TestForwardEmulatedNonFinite runs inputs with NaN and ±Inf (fwdNaNCases,
 // and fwdNaNTransformCases with dropout, a bias, a softcap and flat rows)
 // through every forward kernel family on the host emulator: the mma.sync
@@ -284,7 +327,8 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 	kinds := []struct {
 		name string
 		kind emuKernels
-	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}, {"persistent", emuHopperPT}}
+	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}, {"persistent", emuHopperPT},
+		{"lazy-rescale", emuHopperLR}}
 	cases := fwdNaNTransformCases()
 	for _, c := range fwdNaNCases() {
 		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})

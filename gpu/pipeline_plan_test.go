@@ -729,6 +729,41 @@ func TestForwardEarlyDropout(t *testing.T) {
 	}
 }
 
+// TestForwardLazyRescale checks where the forward takes the lazy rescale
+// (kernels.Pipeline.LazyRescale): with Backend.LazyRescale on the long and
+// the short pipeline and on the lockstep kernels' parts, in every planned
+// variant that validates with it (the 16-bit Hopper kernels with one
+// warpgroup per row group), nowhere without it.
+func TestForwardLazyRescale(t *testing.T) {
+	short := DefaultShortPipeline
+	for _, c := range []struct {
+		name         string
+		dk, n        int
+		causal, lazy bool
+		want, pipeWS bool
+	}{
+		{"d128 4K", 128, 4096, false, true, true, true},
+		{"d128 4K off", 128, 4096, false, false, false, true},
+		{"d128 512 (short pipeline)", 128, 512, false, true, true, true},
+		{"d64 causal (lockstep)", 64, 2048, true, true, true, false},
+		{"d384 (two warpgroups a row group)", 384, 1024, false, true, false, false},
+		{"d320", 320, 1024, false, true, true, true},
+	} {
+		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: c.lazy}
+		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 2, hkv: 2, dk: c.dk, dv: c.dk, wgmma: true, tma: true}
+		fc.opt.Causal = c.causal
+		p, ts, _, _ := fc.tensors(t)
+		pl, err := plan(fwdRequest{p: p, dt: fc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
+			hopper: true, tma: true, pipeline: b.forwardPipeline(p, false), sms: 132})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if v := pl.v; v.LazyRescale != c.want || v.WarpSpecialized != c.pipeWS {
+			t.Errorf("%s: %s, lazy rescale %v, warp-specialized %v; want %v, %v", c.name, v.Name(), v.LazyRescale, v.WarpSpecialized, c.want, c.pipeWS)
+		}
+	}
+}
+
 // TestBackwardPlanDBiasPath checks how the planner has dS reach dBias
 // (bwdRequest.dbiasPath, kernels.DBiasPath): by atomic adds for a bias
 // broadcast over a batch of more than one element, not deterministic,

@@ -467,7 +467,7 @@ func (x *gen) hopperTile(first string) {
 	x.wsRelease("      ", "V", "buf")
 	x.raw("      fence_acc(o[0]);\n")
 	if !v.EarlyRescale {
-		x.raw(indentLines(rescaleO, "      "))
+		x.raw(indentLines(x.rescaleO(), "      "))
 	}
 	if !split {
 		x.raw("      pack_p(pf, s[0]);\n")
@@ -502,9 +502,12 @@ func (x *gen) hopperTile(first string) {
 	}
 }
 
-// rescaleO is the statement block that rescales O by each row's factor
-// of the block whose softmax ran last (alpha_r).
-const rescaleO = `#pragma unroll
+// rescaleO returns the statement block that rescales O by each row's
+// factor of the block whose softmax ran last (alpha_r); with LazyRescale
+// only in a warp one of whose rows moved its reference (a factor other
+// than 1).
+func (x *gen) rescaleO() string {
+	mul := `#pragma unroll
 for (int nt = 0; nt < NT_O; ++nt) {  // ---- O *= alpha (the rescale of the block whose softmax ran last)
   o[0][nt][0] *= alpha_r[0][0];
   o[0][nt][1] *= alpha_r[0][0];
@@ -512,6 +515,12 @@ for (int nt = 0; nt < NT_O; ++nt) {  // ---- O *= alpha (the rescale of the bloc
   o[0][nt][3] *= alpha_r[0][1];
 }
 `
+	if !x.v.LazyRescale {
+		return mul
+	}
+	return "if (__any_sync(FULL_MASK, alpha_r[0][0] != 1.f || alpha_r[0][1] != 1.f)) {  // lazy rescale: some row of this warp moved its reference\n" +
+		indentLines(mul, "  ") + "}\n"
+}
 
 // rescaleEarly writes, for a variant with EarlyRescale, the rescale of O
 // while S = Q·Kᵀ runs on the tensor cores, just before O += P·V is issued,
@@ -521,7 +530,7 @@ func (x *gen) rescaleEarly(indent string) {
 	if !x.v.EarlyRescale {
 		return
 	}
-	x.raw(indentLines(rescaleO, indent) + indent + "wgmma_fence();  // O's registers were written\n")
+	x.raw(indentLines(x.rescaleO(), indent) + indent + "wgmma_fence();  // O's registers were written\n")
 }
 
 // storePSwizzled writes, for two warpgroups per row group, this

@@ -244,13 +244,15 @@ var pipelineWords = []struct {
 	{"persistent", func(p *Pipeline) *bool { return &p.Persistent }},
 	{"tma-store", func(p *Pipeline) *bool { return &p.StoreO }},
 	{"early-dropout", func(p *Pipeline) *bool { return &p.EarlyDropout }},
+	{"lazy-rescale", func(p *Pipeline) *bool { return &p.LazyRescale }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
 // plus signs (the form that survives a comma-separated list of settings):
 // "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
-// "tma-store" (StoreO) and "early-dropout" (EarlyDropout); "" and
+// "tma-store" (StoreO), "early-dropout" (EarlyDropout) and "lazy-rescale"
+// (LazyRescale); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -267,7 +269,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, lazy-rescale)", w)
 	}
 	if p.PingPong || p.Persistent {
 		p.WarpSpecialized = true

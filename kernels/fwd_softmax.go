@@ -130,6 +130,12 @@ func (x *gen) softmaxPartialMax() {
 // softmax writes the online-softmax update of a key block; S becomes P.
 func (x *gen) softmax() { x.softmaxUpdate(false) }
 
+// lazyRescaleBits is how far, in base 2, a key block's maximum may pass a
+// row's reference before the reference moves (Pipeline.LazyRescale):
+// probabilities stay at most 2^8, well inside the 16-bit types' range and
+// the fp32 row sums'.
+const lazyRescaleBits = 8.0
+
 // softmaxUpdate writes the online-softmax update of a key block; S becomes
 // P. With deferred, the O accumulators are not touched (an asynchronous
 // product may still be adding into them): each row's rescale factor is left
@@ -154,21 +160,32 @@ func (x *gen) softmaxUpdate(deferred bool) {
         mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
 `)
 	}
-	x.raw("        const float ms = mx == NEG_INF ? 0.f : mx * SC;      // subtrahend, base-2 units\n")
-	if x.v.DType == attn.Float32 {
-		// fp32 only: the fused form's drift of the LSE is far below the
-		// 16-bit dtypes' rounding, and the separate multiply costs their
-		// forward time (docs/kernels/forward.md, "The rescale factor")
-		x.raw(`        // rescale of the old sums (0 on the first block): 2^(old subtrahend − new), the old one
+	if x.v.LazyRescale && deferred {
+		x.p(`        // lazy rescale: the row's reference moves only where the block passes it by more than
+        // %.0[1]f in base 2 (from −inf: at its first visible key; −inf against −inf gives NaN: stays), so
+        // that P stays at most 2^%.0[1]f
+        const bool moves = (mx - row_max[mt][hf]) * SC > %.1[1]ff;
+        const float ref = moves ? mx : row_max[mt][hf];
+        const float ms = ref == NEG_INF ? 0.f : ref * SC;                        // subtrahend, base-2 units
+        const float alpha = moves ? ex2(row_max[mt][hf] * SC - ms) : 1.f;  // rescale of the old sums (0 on the first)
+        row_max[mt][hf] = ref;`, lazyRescaleBits)
+	} else {
+		x.raw("        const float ms = mx == NEG_INF ? 0.f : mx * SC;      // subtrahend, base-2 units\n")
+		if x.v.DType == attn.Float32 {
+			// fp32 only: the fused form's drift of the LSE is far below the
+			// 16-bit dtypes' rounding, and the separate multiply costs their
+			// forward time (docs/kernels/forward.md, "The rescale factor")
+			x.raw(`        // rescale of the old sums (0 on the first block): 2^(old subtrahend − new), the old one
         // rounded as ms was (__fmul_rn: not fused into the subtraction, which would give the
         // product's rounding error instead of 0 when the maximum holds, and alpha ≠ 1 every block)
         const float alpha = ex2(__fmul_rn(row_max[mt][hf], SC) - ms);
 `)
-	} else {
-		x.raw("        const float alpha = ex2(row_max[mt][hf] * SC - ms);  // rescale of the old sums (0 on the first block)\n")
+		} else {
+			x.raw("        const float alpha = ex2(row_max[mt][hf] * SC - ms);  // rescale of the old sums (0 on the first block)\n")
+		}
+		x.raw("        row_max[mt][hf] = mx;\n")
 	}
-	x.raw(`        row_max[mt][hf] = mx;
-        float sum = 0.f;
+	x.raw(`        float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
@@ -180,7 +197,11 @@ func (x *gen) softmaxUpdate(deferred bool) {
         row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
 `)
 	if deferred {
-		x.raw("        alpha_r[mt][hf] = alpha;  // O is rescaled once the P·V product in flight is done\n      }\n")
+		note := ""
+		if x.v.LazyRescale {
+			note = " (1: not at all)"
+		}
+		x.raw("        alpha_r[mt][hf] = alpha;  // O is rescaled once the P·V product in flight is done" + note + "\n      }\n")
 		return
 	}
 	x.raw(`#pragma unroll

@@ -157,6 +157,15 @@ type Pipeline struct {
 	// after the softmax (fwd_sm90.go); the softmax then only applies them.
 	// WGMMA with Dropout. The mask is the same bit for bit.
 	EarlyDropout bool
+	// LazyRescale keeps each row's reference maximum (the subtrahend of its
+	// exponents) until a key block's maximum passes it by more than
+	// lazyRescaleBits in base 2, as FlashAttention-4 does, instead of
+	// moving it to every new maximum: a block's probabilities then reach at
+	// most 2^lazyRescaleBits, O and the row sums are rescaled only in the
+	// blocks that move a reference, and a warp none of whose rows moved one
+	// skips the multiplies of O (fwd_softmax.go). WGMMA, one warpgroup per
+	// row group, 16-bit element types.
+	LazyRescale bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -296,7 +305,7 @@ func flatSuffix(flat, staged bool) string {
 // early-dropout (ed) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.LazyRescale, "_lr")
 }
 
 // String returns Name.
@@ -385,6 +394,9 @@ func (v Variant) Validate() error {
 	}
 	if v.EarlyDropout && (!v.WGMMA || !v.Dropout) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the early dropout bits need the WGMMA forward with dropout (WGMMA %v, Dropout %v)", v.WGMMA, v.Dropout)
+	}
+	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)
 	}
 	if v.EarlyRescale && (!v.WGMMA || v.WarpsN != 1 || v.geom().dvp > 256) {
 		// past 256 value columns O += P·V is two products, and ptxas serializes them around the rescale

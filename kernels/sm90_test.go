@@ -197,6 +197,19 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 			}
 		}
 	}
+	// the lazy rescale on the long pipeline (D = 64, 128, with dropout), the short one and the lockstep kernels
+	for _, d := range []int{64, 128} {
+		for _, f := range []func(*Variant){func(*Variant) {}, func(v *Variant) { v.Dropout = true }} {
+			lr := hopperVariant(t, attn.BFloat16, d, d, f)
+			lr.TMA, lr.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, LazyRescale: true}
+			vs = append(vs, lr)
+		}
+	}
+	lr := hopperVariant(t, attn.Float16, 128, 128, fwdFeatures[1].set)
+	lr.TMA, lr.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, LazyRescale: true}
+	vs = append(vs, lr)
+	lr.Pipeline = Pipeline{EarlyRescale: true, LazyRescale: true}
+	vs = append(vs, lr)
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {
 		for _, f := range fwdFeatures[:2] {
