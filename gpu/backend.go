@@ -65,6 +65,11 @@ type Backend struct {
 	// every Hopper forward pipeline, the short one too, where the variant
 	// allows it. New reads it from EnvFwdLazyRescale; off by default.
 	LazyRescale bool
+	// FwdHeadMajor adds the head-major tile order
+	// (kernels.Pipeline.HeadMajor) to the persistent forward launches
+	// without a window mask. New reads it from EnvFwdHeadMajor; off by
+	// default.
+	FwdHeadMajor bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -238,6 +243,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
 		LazyRescale:    hopper && envSet(os.Getenv(EnvFwdLazyRescale)),
+		FwdHeadMajor:   hopper && envSet(os.Getenv(EnvFwdHeadMajor)),
 		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
 		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:        hopper && envBwdDeep(),
@@ -391,6 +397,11 @@ const EnvFwdLightTail = "FLASHATTN_FWD_LIGHT_TAIL"
 // forward of new backends keep each row's reference maximum until a key
 // block passes it by more than 2^8 (Backend.LazyRescale).
 const EnvFwdLazyRescale = "FLASHATTN_FWD_LAZY_RESCALE"
+
+// EnvFwdHeadMajor, when set to anything but "" or "0", has the persistent
+// forward launches of new backends number their tiles head by head
+// (Backend.FwdHeadMajor).
+const EnvFwdHeadMajor = "FLASHATTN_FWD_HEAD_MAJOR"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

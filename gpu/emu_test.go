@@ -326,6 +326,7 @@ const (
 	emuHopperSO                                    // the Hopper forward, tensor maps, O stored by tensor maps
 	emuHopperPTSO                                  // ... on the full pipeline (ws, ping-pong, early rescale, persistent)
 	emuHopperLR                                    // the Hopper forward, ws, ping-pong, early rescale, the lazy rescale
+	emuHopperHM                                    // the short pipeline (persistent, O by tensor maps) with the head-major tile order
 	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -394,6 +395,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true}
 	case emuHopperLR:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, LazyRescale: true}
+	case emuHopperHM:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, HeadMajor: true}
 	}
 	return kernels.Pipeline{}
 }

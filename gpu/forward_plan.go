@@ -512,11 +512,13 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // (docs/kernels/forward.md, "The bias staged in shared memory").
 // Pipeline takes the early dropout bits besides where EarlyDropoutAuto and
 // earlyDropoutFaster say so; either takes the lazy rescale with
-// LazyRescale.
+// LazyRescale and the head-major tile order with FwdHeadMajor (which only
+// the persistent launches keep).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	if b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
 		pl := *b.ShortPipeline
 		pl.LazyRescale = pl.LazyRescale || b.LazyRescale
+		pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor
 		return pl
 	}
 	pl := b.Pipeline
@@ -524,6 +526,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 		pl.EarlyDropout = true
 	}
 	pl.LazyRescale = pl.LazyRescale || b.LazyRescale
+	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor
 	return pl
 }
 
@@ -640,8 +643,8 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // CTA per SM; ping-pong with two compute warpgroups besides; persistence
 // with warp specialization where the rows are not read in place and the
 // batch is not packed; the early rescale, the O store by tensor maps and
-// the early dropout bits and the lazy rescale where the variant validates
-// with them.
+// the early dropout bits, the lazy rescale and the head-major tile order
+// where the variant validates with them.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -657,5 +660,6 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.EarlyRescale = want.EarlyRescale && allows(kernels.Pipeline{EarlyRescale: true})
 	p.EarlyDropout = want.EarlyDropout && allows(kernels.Pipeline{EarlyDropout: true})
 	p.LazyRescale = want.LazyRescale && allows(kernels.Pipeline{LazyRescale: true})
+	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
 	return p
 }

@@ -729,6 +729,19 @@ func TestForwardEarlyDropout(t *testing.T) {
 	}
 }
 
+// backendPlanned returns the forward variant b plans for fc on a device
+// of 132 multiprocessors (its pipeline as Backend.forwardPipeline picks it).
+func backendPlanned(t *testing.T, b *Backend, fc fwdRecordCase) kernels.Variant {
+	t.Helper()
+	p, ts, _, _ := fc.tensors(t)
+	pl, err := plan(fwdRequest{p: p, dt: fc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
+		hopper: true, tma: true, pipeline: b.forwardPipeline(p, false), sms: 132})
+	if err != nil {
+		t.Fatalf("%s: %v", fc.name, err)
+	}
+	return pl.v
+}
+
 // TestForwardLazyRescale checks where the forward takes the lazy rescale
 // (kernels.Pipeline.LazyRescale): with Backend.LazyRescale on the long and
 // the short pipeline and on the lockstep kernels' parts, in every planned
@@ -752,14 +765,35 @@ func TestForwardLazyRescale(t *testing.T) {
 		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: c.lazy}
 		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 2, hkv: 2, dk: c.dk, dv: c.dk, wgmma: true, tma: true}
 		fc.opt.Causal = c.causal
-		p, ts, _, _ := fc.tensors(t)
-		pl, err := plan(fwdRequest{p: p, dt: fc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
-			hopper: true, tma: true, pipeline: b.forwardPipeline(p, false), sms: 132})
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		if v := pl.v; v.LazyRescale != c.want || v.WarpSpecialized != c.pipeWS {
+		if v := backendPlanned(t, b, fc); v.LazyRescale != c.want || v.WarpSpecialized != c.pipeWS {
 			t.Errorf("%s: %s, lazy rescale %v, warp-specialized %v; want %v, %v", c.name, v.Name(), v.LazyRescale, v.WarpSpecialized, c.want, c.pipeWS)
+		}
+	}
+}
+
+// TestForwardHeadMajor checks where the forward takes the head-major tile
+// order (kernels.Pipeline.HeadMajor) with Backend.FwdHeadMajor: the
+// persistent launches without a window mask (the short pipeline's
+// unmasked calls), not the causal ones (dynamic schedule), not the long
+// pipeline (no persistent CTAs), nowhere without it.
+func TestForwardHeadMajor(t *testing.T) {
+	short := DefaultShortPipeline
+	for _, c := range []struct {
+		name       string
+		n          int
+		causal, on bool
+		want       bool
+	}{
+		{"512", 512, false, true, true},
+		{"512 off", 512, false, false, false},
+		{"512 causal", 512, true, true, false},
+		{"4K", 4096, false, true, false},
+	} {
+		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, FwdHeadMajor: c.on}
+		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 2, n: c.n, m: c.n, h: 4, hkv: 4, dk: 128, dv: 128, wgmma: true, tma: true}
+		fc.opt.Causal = c.causal
+		if v := backendPlanned(t, b, fc); v.HeadMajor != c.want {
+			t.Errorf("%s: %s, head-major %v, want %v", c.name, v.Name(), v.HeadMajor, c.want)
 		}
 	}
 }

@@ -245,14 +245,15 @@ var pipelineWords = []struct {
 	{"tma-store", func(p *Pipeline) *bool { return &p.StoreO }},
 	{"early-dropout", func(p *Pipeline) *bool { return &p.EarlyDropout }},
 	{"lazy-rescale", func(p *Pipeline) *bool { return &p.LazyRescale }},
+	{"head-major", func(p *Pipeline) *bool { return &p.HeadMajor }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
 // plus signs (the form that survives a comma-separated list of settings):
 // "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
-// "tma-store" (StoreO), "early-dropout" (EarlyDropout) and "lazy-rescale"
-// (LazyRescale); "" and
+// "tma-store" (StoreO), "early-dropout" (EarlyDropout), "lazy-rescale"
+// (LazyRescale) and "head-major" (HeadMajor); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -269,7 +270,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, lazy-rescale)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, lazy-rescale, head-major)", w)
 	}
 	if p.PingPong || p.Persistent {
 		p.WarpSpecialized = true
@@ -303,7 +304,10 @@ func (p Pipeline) String() string {
 // block, and the CTAs take the next tile from a counter in global memory
 // as they free up (dynamic: the heaviest first, each CTA's share balanced
 // as it goes), the last CTA to finish resetting the counter for the next
-// launch (words 2 and 3 of Params.NFFlag's slot).
+// launch (words 2 and 3 of Params.NFFlag's slot). With HeadMajor (static
+// only) the tiles are numbered pair by pair instead, a (batch element,
+// head) pair's query blocks consecutive, so that the CTAs reading one
+// pair's K and V run together.
 //
 // The producer and the compute warpgroups walk the tiles in two loops of
 // their own (their register budgets differ, so no code is shared). The
@@ -346,6 +350,11 @@ func (x *gen) tileExit() string {
 // tileCoords returns the declarations of a persistent tile's coordinates
 // (mblk, h, b) from its index tile.
 func (x *gen) tileCoords(indent string) string {
+	if x.v.HeadMajor {
+		return fmt.Sprintf(`%[1]sconst int mblk = tile %% nmb, hb = tile / nmb;  // head-major: a pair's query blocks together
+%[1]sint h = hb %% p.h, b = hb / p.h;
+`, indent) + x.pairOrder(indent, "hb")
+	}
 	mblk := "mq;"
 	if x.v.Mask == MaskWindow {
 		mblk = "nmb - 1 - mq;  // heaviest (last) query blocks first"
@@ -370,14 +379,18 @@ func (x *gen) wsPersistentPrologue() {
 	if x.v.persistentDynamic() {
 		next = "(int)atomicAdd(sched_next, 1u);  // dynamic: the next tile not taken yet"
 	}
+	sections := fmt.Sprintf(`  // heads per section: as many as have their K and V in %d MB of L2 together
+  const int sec_heads = (int)max(1LL, min((long long)p.b * p.h, %dLL / max(1LL, (long long)p.m * (p.d_k + p.d_v) * ESZ)));
+`, persistentL2Bytes>>20, persistentL2Bytes)
+	if x.v.HeadMajor {
+		sections = "  // (head-major: no sections)\n"
+	}
 	x.p(`  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
   const int ntiles = nmb * p.h * p.b;   // the tiles of the launch (PersistentGrid CTAs share them)
-  // heads per section: as many as have their K and V in %[1]d MB of L2 together
-  const int sec_heads = (int)max(1LL, min((long long)p.b * p.h, %[2]dLL / max(1LL, (long long)p.m * (p.d_k + p.d_v) * ESZ)));
-  volatile int* sched = (volatile int*)(smem + (s_base - smem_addr(smem)) + EMPTY_OFF + 40);  // the tile of Q's buffer
+%[1]s  volatile int* sched = (volatile int*)(smem + (s_base - smem_addr(smem)) + EMPTY_OFF + 40);  // the tile of Q's buffer
   if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
-    if (tid == NCOMPUTE) {`, persistentL2Bytes>>20, persistentL2Bytes)
+    if (tid == NCOMPUTE) {`, sections)
 	if x.v.persistentDynamic() {
 		x.raw("      u32* sched_next = (u32*)p.nf_flag + 2;  // the launch's tile counter (word 3: CTAs done)\n")
 	}

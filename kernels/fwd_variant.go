@@ -166,6 +166,12 @@ type Pipeline struct {
 	// skips the multiplies of O (fwd_softmax.go). WGMMA, one warpgroup per
 	// row group, 16-bit element types.
 	LazyRescale bool
+	// HeadMajor numbers a persistent launch's tiles head by head, the query
+	// blocks of a (batch element, head) pair together, instead of in L2
+	// sections query block by query block (fwd_sm90_ws.go): the CTAs that
+	// read a pair's K and V then run at the same time. Persistent without a
+	// window mask (the static schedule) only.
+	HeadMajor bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -305,7 +311,7 @@ func flatSuffix(flat, staged bool) string {
 // early-dropout (ed) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.LazyRescale, "_lr")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm")
 }
 
 // String returns Name.
@@ -394,6 +400,9 @@ func (v Variant) Validate() error {
 	}
 	if v.EarlyDropout && (!v.WGMMA || !v.Dropout) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the early dropout bits need the WGMMA forward with dropout (WGMMA %v, Dropout %v)", v.WGMMA, v.Dropout)
+	}
+	if v.HeadMajor && (!v.Persistent || v.Mask == MaskWindow) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the head-major tile order needs persistent CTAs without a window mask (Persistent %v, Mask %v)", v.Persistent, v.Mask)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

@@ -210,6 +210,12 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	vs = append(vs, lr)
 	lr.Pipeline = Pipeline{EarlyRescale: true, LazyRescale: true}
 	vs = append(vs, lr)
+	// the head-major tile order of the short pipeline, D = 64 and 128
+	for _, d := range []int{64, 128} {
+		hm := hopperVariant(t, attn.BFloat16, d, d, fwdFeatures[0].set)
+		hm.TMA, hm.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, HeadMajor: true}
+		vs = append(vs, hm)
+	}
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {
 		for _, f := range fwdFeatures[:2] {
