@@ -66,9 +66,8 @@ type Backend struct {
 	// allows it. New reads it from EnvFwdLazyRescale; off by default.
 	LazyRescale bool
 	// FwdHeadMajor adds the head-major tile order
-	// (kernels.Pipeline.HeadMajor) to the persistent forward launches
-	// without a window mask. New reads it from EnvFwdHeadMajor; off by
-	// default.
+	// (kernels.Pipeline.HeadMajor) to the persistent forward launches.
+	// New reads it from EnvFwdHeadMajor; off by default.
 	FwdHeadMajor bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,

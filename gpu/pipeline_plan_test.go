@@ -773,9 +773,8 @@ func TestForwardLazyRescale(t *testing.T) {
 
 // TestForwardHeadMajor checks where the forward takes the head-major tile
 // order (kernels.Pipeline.HeadMajor) with Backend.FwdHeadMajor: the
-// persistent launches without a window mask (the short pipeline's
-// unmasked calls), not the causal ones (dynamic schedule), not the long
-// pipeline (no persistent CTAs), nowhere without it.
+// persistent launches (the short pipeline's calls, causal ones too), not
+// the long pipeline (no persistent CTAs), nowhere without it.
 func TestForwardHeadMajor(t *testing.T) {
 	short := DefaultShortPipeline
 	for _, c := range []struct {
@@ -786,7 +785,7 @@ func TestForwardHeadMajor(t *testing.T) {
 	}{
 		{"512", 512, false, true, true},
 		{"512 off", 512, false, false, false},
-		{"512 causal", 512, true, true, false},
+		{"512 causal (dynamic schedule)", 512, true, true, true},
 		{"4K", 4096, false, true, false},
 	} {
 		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, FwdHeadMajor: c.on}

@@ -304,10 +304,10 @@ func (p Pipeline) String() string {
 // block, and the CTAs take the next tile from a counter in global memory
 // as they free up (dynamic: the heaviest first, each CTA's share balanced
 // as it goes), the last CTA to finish resetting the counter for the next
-// launch (words 2 and 3 of Params.NFFlag's slot). With HeadMajor (static
-// only) the tiles are numbered pair by pair instead, a (batch element,
-// head) pair's query blocks consecutive, so that the CTAs reading one
-// pair's K and V run together.
+// launch (words 2 and 3 of Params.NFFlag's slot). With HeadMajor the
+// tiles are numbered pair by pair instead, a (batch element, head) pair's
+// query blocks consecutive (under a window mask its heaviest first), so
+// that the CTAs reading one pair's K and V run together.
 //
 // The producer and the compute warpgroups walk the tiles in two loops of
 // their own (their register budgets differ, so no code is shared). The
@@ -351,7 +351,11 @@ func (x *gen) tileExit() string {
 // (mblk, h, b) from its index tile.
 func (x *gen) tileCoords(indent string) string {
 	if x.v.HeadMajor {
-		return fmt.Sprintf(`%[1]sconst int mblk = tile %% nmb, hb = tile / nmb;  // head-major: a pair's query blocks together
+		mblk := "tile %% nmb"
+		if x.v.Mask == MaskWindow {
+			mblk = "nmb - 1 - tile %% nmb"  // the pair's heaviest (last) query blocks first
+		}
+		return fmt.Sprintf(`%[1]sconst int mblk = `+mblk+`, hb = tile / nmb;  // head-major: a pair's query blocks together
 %[1]sint h = hb %% p.h, b = hb / p.h;
 `, indent) + x.pairOrder(indent, "hb")
 	}

@@ -167,10 +167,10 @@ type Pipeline struct {
 	// row group, 16-bit element types.
 	LazyRescale bool
 	// HeadMajor numbers a persistent launch's tiles head by head, the query
-	// blocks of a (batch element, head) pair together, instead of in L2
-	// sections query block by query block (fwd_sm90_ws.go): the CTAs that
-	// read a pair's K and V then run at the same time. Persistent without a
-	// window mask (the static schedule) only.
+	// blocks of a (batch element, head) pair together (under a window mask
+	// the pair's heaviest first), instead of in L2 sections query block by
+	// query block (fwd_sm90_ws.go): the CTAs that read a pair's K and V
+	// then run at the same time. Persistent only.
 	HeadMajor bool
 }
 
@@ -401,8 +401,8 @@ func (v Variant) Validate() error {
 	if v.EarlyDropout && (!v.WGMMA || !v.Dropout) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the early dropout bits need the WGMMA forward with dropout (WGMMA %v, Dropout %v)", v.WGMMA, v.Dropout)
 	}
-	if v.HeadMajor && (!v.Persistent || v.Mask == MaskWindow) {
-		return attn.Errorf(attn.ErrUnsupported, "kernels: the head-major tile order needs persistent CTAs without a window mask (Persistent %v, Mask %v)", v.Persistent, v.Mask)
+	if v.HeadMajor && !v.Persistent {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the head-major tile order needs persistent CTAs")
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

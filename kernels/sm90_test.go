@@ -210,9 +210,13 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	vs = append(vs, lr)
 	lr.Pipeline = Pipeline{EarlyRescale: true, LazyRescale: true}
 	vs = append(vs, lr)
-	// the head-major tile order of the short pipeline, D = 64 and 128
-	for _, d := range []int{64, 128} {
-		hm := hopperVariant(t, attn.BFloat16, d, d, fwdFeatures[0].set)
+	// the head-major tile order of the short pipeline, D = 64 and 128 unmasked, and causal (the counter's schedule)
+	for _, d := range []int{64, 128, -128} {
+		f := fwdFeatures[0].set
+		if d < 0 {
+			d, f = -d, fwdFeatures[1].set
+		}
+		hm := hopperVariant(t, attn.BFloat16, d, d, f)
 		hm.TMA, hm.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, HeadMajor: true}
 		vs = append(vs, hm)
 	}
