@@ -353,7 +353,7 @@ func (x *gen) tileCoords(indent string) string {
 	if x.v.HeadMajor {
 		mblk := "tile %% nmb"
 		if x.v.Mask == MaskWindow {
-			mblk = "nmb - 1 - tile %% nmb"  // the pair's heaviest (last) query blocks first
+			mblk = "nmb - 1 - tile %% nmb" // the pair's heaviest (last) query blocks first
 		}
 		return fmt.Sprintf(`%[1]sconst int mblk = `+mblk+`, hb = tile / nmb;  // head-major: a pair's query blocks together
 %[1]sint h = hb %% p.h, b = hb / p.h;
