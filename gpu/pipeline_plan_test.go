@@ -530,9 +530,15 @@ func TestForwardPlanWSTiles(t *testing.T) {
 // TestParsePipelineDefault checks that an empty forward pipeline variable
 // means DefaultPipeline and "lockstep" the lockstep kernels.
 func TestParsePipelineDefault(t *testing.T) {
-	for in, want := range map[string]kernels.Pipeline{"": DefaultPipeline, "lockstep": {}, "ws": {WarpSpecialized: true}} {
-		if got, err := parsePipeline(in); err != nil || got != want {
+	for in, want := range map[string]kernels.Pipeline{"": DefaultPipeline, "lockstep": {}, "ws": {WarpSpecialized: true},
+		"ws,pingpong,early-rescale,persistent,tma-store,lazy-rescale+head-major": {WarpSpecialized: true, PingPong: true, EarlyRescale: true,
+			Persistent: true, StoreO: true, LazyRescale: true, HeadMajor: true}} {
+		got, err := parsePipeline(in)
+		if err != nil || got != want {
 			t.Errorf("parsePipeline(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+		if back, err := parsePipeline(got.String()); in != "" && (err != nil || back != got) {
+			t.Errorf("parsePipeline(%q.String() = %q) = %+v, %v; want %+v", in, got.String(), back, err, got)
 		}
 	}
 	if _, err := parsePipeline("fast"); !errors.Is(err, attn.ErrOption) {
