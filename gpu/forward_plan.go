@@ -162,10 +162,12 @@ func plan(r fwdRequest) (launch, error) {
 		vr.Pipeline = pipelineFor(vr, r.pipeline)
 		if vr.WarpSpecialized && r.tiles == nil {
 			// the pipeline's own tile for the class or, where the lockstep kernels measured faster,
-			// the parts of the pipeline they take (early rescale, O by tensor maps, early dropout bits)
+			// the parts of the pipeline they take: all but warp specialization and what needs it
 			switch wt, ok := kernels.HopperWSTile(vr, p.M); {
 			case !ok:
-				vr.Pipeline = pipelineFor(vr, kernels.Pipeline{EarlyRescale: r.pipeline.EarlyRescale, StoreO: r.pipeline.StoreO, EarlyDropout: r.pipeline.EarlyDropout, LazyRescale: r.pipeline.LazyRescale})
+				lockstep := r.pipeline
+				lockstep.WarpSpecialized, lockstep.PingPong, lockstep.Persistent = false, false, false
+				vr.Pipeline = pipelineFor(vr, lockstep)
 			case wt != (kernels.Tile{}):
 				vr = wt.Apply(vr)
 				vr.Pipeline = pipelineFor(vr, r.pipeline)
@@ -515,14 +517,11 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // LazyRescale and the head-major tile order with FwdHeadMajor (which only
 // the persistent launches keep).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
-	if b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)) {
-		pl := *b.ShortPipeline
-		pl.LazyRescale = pl.LazyRescale || b.LazyRescale
-		pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor
-		return pl
-	}
 	pl := b.Pipeline
-	if b.EarlyDropoutAuto && earlyDropoutFaster(p) {
+	switch {
+	case b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)):
+		pl = *b.ShortPipeline
+	case b.EarlyDropoutAuto && earlyDropoutFaster(p):
 		pl.EarlyDropout = true
 	}
 	pl.LazyRescale = pl.LazyRescale || b.LazyRescale

@@ -58,12 +58,3 @@ inline void store_pair(char* p, float a, float b) {
     memcpy(p, &v, 4);
   }
 }
-// __shfl_sync(mask, v, src): lane src's v in every lane (the whole warp takes part)
-inline float __shfl_sync(unsigned, float v, int src) {
-  EmuWarpX& x = emu_wx[emu_warp()];
-  x.f[emu_lane()] = v;
-  emu_warp_sync();
-  const float r = x.f[src & 31];
-  emu_warp_sync();
-  return r;
-}

@@ -344,7 +344,15 @@ inline float __shfl_xor_sync(unsigned, float v, int m) {
   emu_warp_sync();
   return r;
 }
-// __shfl_sync(mask, v, src) of an int: lane src's v in every lane (the whole warp takes part)
+// __shfl_sync(mask, v, src): lane src's v in every lane (the whole warp takes part)
+inline float __shfl_sync(unsigned, float v, int src) {
+  EmuWarpX& x = emu_wx[emu_warp()];
+  x.f[emu_lane()] = v;
+  emu_warp_sync();
+  const float r = x.f[src & 31];
+  emu_warp_sync();
+  return r;
+}
 inline int __shfl_sync(unsigned, int v, int src) {
   EmuWarpX& x = emu_wx[emu_warp()];
   x.u[emu_lane()][0] = (unsigned)v;
