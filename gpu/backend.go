@@ -163,6 +163,12 @@ type Backend struct {
 	// blocks (kernels.BwdVariant.LightTail). New sets it on Hopper unless
 	// EnvBwdLightTail is "0".
 	BwdLightTail bool
+	// BwdPersistent launches the key-rows dK/dV kernel persistent, one
+	// CTA per multiprocessor working through the key tiles, where the
+	// variant allows it (kernels.BwdVariant.Persistent,
+	// kernels.PersistentOK). New sets it on Hopper when EnvBwdPersistent is
+	// set.
+	BwdPersistent bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -244,6 +250,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		LazyRescale:    hopper && envSet(os.Getenv(EnvFwdLazyRescale)),
 		FwdHeadMajor:   hopper && envSet(os.Getenv(EnvFwdHeadMajor)),
 		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
+		BwdPersistent:  hopper && envSet(os.Getenv(EnvBwdPersistent)),
 		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:        hopper && envBwdDeep(),
 		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
@@ -411,6 +418,11 @@ const EnvHostRegister = "FLASHATTN_HOST_REGISTER"
 // backends in their grid's order instead of ending on their lightest blocks
 // (Backend.BwdLightTail, the default on Hopper).
 const EnvBwdLightTail = "FLASHATTN_BWD_LIGHT_TAIL"
+
+// EnvBwdPersistent, when set to anything but "" or "0", has new backends
+// on Hopper launch the key-rows dK/dV kernel persistent
+// (Backend.BwdPersistent).
+const EnvBwdPersistent = "FLASHATTN_BWD_PERSISTENT"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels
 // with source line information (NVRTC's -lineinfo), so that

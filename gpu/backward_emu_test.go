@@ -37,6 +37,9 @@ func bwdEmuDriver(v kernels.BwdVariant) string {
 	if v.DBiasByMap() {
 		second.pointers = append(second.pointers, "d.w[0]") // dBias's map
 	}
+	if v.Persistent {
+		second.pointers = append(second.pointers, "c.w[0]", "d.w[0]") // k's and v's maps
+	}
 	for _, p := range bwdEmuPointers {
 		second.pointers = append(second.pointers, "p."+p)
 	}
@@ -121,7 +124,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), deep: deep,
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), persistent: hopper && envSet(os.Getenv(EnvBwdPersistent)), deep: deep,
 		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore, dbiasReduce: knobs.DBiasReduce})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
@@ -344,6 +347,11 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	staged.BiasStaged = true
 	if want := envSet(os.Getenv(EnvBiasStaged)) && pl.v.KeyRows && staged16 && !p.Varlen && p.M%8 == 0 && staged.Validate() == nil; pl.v.BiasStaged != want {
 		t.Fatalf("plan %s: BiasStaged = %v, want %v", pl.v.Name(), pl.v.BiasStaged, want)
+	}
+	persistent := pl.v
+	persistent.Persistent = true
+	if want := envSet(os.Getenv(EnvBwdPersistent)) && pl.v.KeyRows && persistent.Validate() == nil; pl.v.Persistent != want {
+		t.Fatalf("plan %s: Persistent = %v, want %v", pl.v.Name(), pl.v.Persistent, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/flashattn/flashattn/attn"
 	"github.com/flashattn/flashattn/cuda"
+	"github.com/flashattn/flashattn/kernels"
 )
 
 // bwdBuffers tracks the device buffers of one host-level backward call.
@@ -91,6 +92,7 @@ func bwdTestRequest(b *Backend, p *attn.Problem, dt attn.DType, a bwdArgs, algo 
 	r := b.bwdRequest(p, dt, a, algo)
 	r.hopper = hopperCapable(b.dev)
 	r.tma = r.hopper && !envSet(os.Getenv(EnvNoTMA))
+	r.persistent = r.hopper && envSet(os.Getenv(EnvBwdPersistent))
 	return r
 }
 
@@ -103,8 +105,15 @@ func bwdEnqueue(t testing.TB, dev *cuda.Device, s *cuda.Stream, p *attn.Problem,
 	if err != nil {
 		return algo, err
 	}
+	if bwdPlanned != nil {
+		bwdPlanned(pl.v)
+	}
 	return pl.algo, b.enqueueBackward(s, pl)
 }
+
+// bwdPlanned, when set, sees the variant of each plan bwdEnqueue launches
+// (a test that must know which kernels ran).
+var bwdPlanned func(kernels.BwdVariant)
 
 // bwdPrepare compiles the kernels bwdEnqueue would launch.
 func bwdPrepare(t testing.TB, dev *cuda.Device, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) error {

@@ -272,6 +272,9 @@ type bwdRequest struct {
 	// lightTail orders a masked launch's CTAs so that it ends on its
 	// lightest blocks (Backend.BwdLightTail).
 	lightTail bool
+	// persistent launches the key-rows dK/dV kernel persistent where the
+	// variant allows it (Backend.BwdPersistent).
+	persistent bool
 	// dbiasAtomic adds a batch-broadcast bias's gradient by atomic adds
 	// where the call allows it, dbiasAtomicAuto where that measured faster;
 	// dbiasDirect stores the gradient of a bias of every batch element and
@@ -299,7 +302,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, persistent: b.BwdPersistent, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
 		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasReduce: b.DBiasReduce}
 }
 
@@ -429,6 +432,11 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 			pl.v = w
 		}
 	}
+	if r.persistent && pl.v.KeyRows { // (with the dQ kernel's maps of k and v, which the dK/dV kernel takes too)
+		w := pl.v
+		w.Persistent = true
+		pl.tryTMA(w)
+	}
 	if r.dbiasTiles && pl.v.DBiasPath == kernels.DBiasAtomic {
 		w := pl.v
 		w.DBiasPath = kernels.DBiasTiles
@@ -547,6 +555,8 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 		for _, nb := range kernels.BwdDBiasReduceLaunches(p.B, p.H, int(params.BiasHeads)) {
 			add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), nb, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
 		}
+	} else if v.Persistent { // one CTA per multiprocessor at most, each through its share of the key tiles
+		add(kernels.BwdDKDVKernel, [3]int{kernels.PersistentGrid(cdiv(p.M, t.DKDV.BlockN)*p.B*p.Hkv, sms), 1, 1}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
 	} else {
 		add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
 	}
@@ -665,13 +675,17 @@ func (pl *bwdPlan) useFlat(p *attn.Problem, dt attn.DType, a *bwdArgs) bool {
 // BwdParams, or for the TMA dK/dV and dQ kernels the maps of pl.tma (maps,
 // in that order: q and dO for the one, k and v for the other, then for
 // both the bias's where the variant stages it and dBias's where it hands
-// dBias tiles by a tensor map) ahead of them.
+// dBias tiles by a tensor map, or k's and v's again for a persistent
+// dK/dV kernel) ahead of them.
 func (pl *bwdPlan) kernelArgs(maps [][128]byte) func(kernel string) []byte {
 	params := pl.params.Pack()
 	if !pl.v.TMA {
 		return func(string) []byte { return params }
 	}
 	extra := maps[4:] // the bias's (BiasStaged) and dBias's (DBiasByMap), which both kernels' arguments hold
+	if pl.v.Persistent {
+		extra = maps[2:4] // k's and v's, which the persistent dK/dV kernel loads
+	}
 	dkdv := kernels.BwdTMAArgs(params, append([][128]byte{maps[0], maps[1]}, extra...)...)
 	dq := kernels.BwdTMAArgs(params, append([][128]byte{maps[2], maps[3]}, extra...)...)
 	return func(kernel string) []byte {

@@ -1369,3 +1369,65 @@ func TestDropoutKeepMaskBackward(t *testing.T) {
 		}
 	})
 }
+
+// TestBackwardPersistent checks the persistent dK/dV kernel
+// (EnvBwdPersistent) against the kernels of one key tile a CTA, with both
+// dQ algorithms, on shapes of more key tiles than the device has
+// multiprocessors (so that CTAs take several tiles and carry their stages
+// and barrier phases from one to the next): dK and dV bit for bit (each
+// tile's arithmetic is the same), dQ within one unit in the last place of
+// the dtype relative to its scale (the atomic algorithm's reduce-adds come
+// in another order; the separate dQ kernel is the same kernel).
+func TestBackwardPersistent(t *testing.T) {
+	dev, s := bwdTestDevice(t)
+	if !hopperCapable(dev) {
+		t.Skip("the persistent dK/dV kernel is a Hopper kernel")
+	}
+	sms := dev.SMCount()
+	cases := []bwdCase{
+		{name: "d128", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 128, dv: 128},
+		{name: "d128-causal-br-gqa", b: 5, n: 400, m: 430, h: 16, hkv: 8, dk: 128, dv: 128, causal: true, align: attn.AlignBottomRight},
+		{name: "d64", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 64, dv: 64},
+		{name: "d96-dropout-causal", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 96, dv: 96, causal: true, dropout: 0.1},
+	}
+	u := conformance.UnitRoundoff(attn.BFloat16)
+	for ci, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if tiles := (c.m + 127) / 128 * c.b * c.hkv; tiles <= sms {
+				t.Fatalf("%d key tiles on %d multiprocessors: every CTA would take one", tiles, sms)
+			}
+			in := c.inputs(t, attn.BFloat16, uint64(ci+40))
+			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
+				t.Setenv(EnvBwdPersistent, "")
+				base := bwdRun(t, dev, s, in, algo)
+				t.Setenv(EnvBwdPersistent, "1")
+				var planned kernels.BwdVariant
+				bwdPlanned = func(v kernels.BwdVariant) { planned = v }
+				got := bwdRun(t, dev, s, in, algo)
+				bwdPlanned = nil
+				if !planned.Persistent {
+					t.Fatalf("%v: %s is not persistent", algo, planned.Name())
+				}
+				for _, x := range []struct {
+					name string
+					a, b attn.Tensor
+				}{{"dK", base.DK, got.DK}, {"dV", base.DV, got.DV}} {
+					if !bytes.Equal(x.a.Bytes(), x.b.Bytes()) {
+						t.Errorf("%v: %s differs from the kernels of one tile a CTA", algo, x.name)
+					}
+				}
+				a, b := base.DQ.Float64s(), got.DQ.Float64s()
+				scale := 0.0
+				for _, x := range a {
+					scale = max(scale, math.Abs(x))
+				}
+				for i := range a {
+					if d := math.Abs(a[i] - b[i]); !(d <= 2*u*scale) {
+						t.Fatalf("%v: dQ[%d] = %g, the kernels of one tile a CTA %g (scale %g)", algo, i, b[i], a[i], scale)
+					}
+				}
+				t.Logf("%v: %s, dK and dV identical, dQ within %g", algo, planned.Name(), 2*u*scale)
+			}
+		})
+	}
+}

@@ -927,3 +927,66 @@ func TestBackwardPlanDBiasReduce(t *testing.T) {
 		}
 	}
 }
+
+// TestBackwardPlanPersistent checks where the planner launches the
+// key-rows dK/dV kernel persistent when asked (bwdRequest.persistent): with
+// either dQ algorithm, under a mask and dropout, as one CTA per
+// multiprocessor at most (a one-dimensional grid of PersistentGrid CTAs)
+// with the dQ kernel's maps of k and v in its argument; not with a bias, a
+// packed batch, the lockstep kernels or past the key-rows step's head
+// dims, nor unasked.
+func TestBackwardPlanPersistent(t *testing.T) {
+	d128 := bwdCase{b: 2, n: 1024, m: 1024, h: 4, hkv: 2, dk: 128, dv: 128}
+	causalDrop := d128
+	causalDrop.causal, causalDrop.dropout = true, 0.1
+	biased := d128
+	biased.bias = []int{1, 4}
+	varlen := bwdCase{b: 2, h: 4, hkv: 2, dk: 128, dv: 128, cuQ: []int32{0, 500, 1024}, cuK: []int32{0, 600, 1024}}
+	d192 := d128
+	d192.dk, d192.dv = 192, 192
+	for i, tc := range []struct {
+		name     string
+		c        bwdCase
+		algo     DQAlgorithm
+		ws, ask  bool
+		sms      int
+		want     bool
+		ctaCount int
+	}{
+		{"d128 atomic", d128, DQAtomic, true, true, 132, true, 32},
+		{"d128 atomic, fewer multiprocessors than tiles", d128, DQAtomic, true, true, 20, true, 20},
+		{"d128 separate", d128, DQSeparate, true, true, 132, true, 32},
+		{"causal dropout", causalDrop, DQAtomic, true, true, 132, true, 32},
+		{"unasked", d128, DQAtomic, true, false, 132, false, 0},
+		{"lockstep", d128, DQAtomic, false, true, 132, false, 0},
+		{"bias", biased, DQAtomic, true, true, 132, false, 0},
+		{"packed batch", varlen, DQSeparate, true, true, 132, false, 0},
+		{"d192", d192, DQSeparate, true, true, 132, false, 0},
+	} {
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(300+i), tc.algo, func(r *bwdRequest) {
+			r.ws, r.keyRows, r.bulkDQ, r.persistent, r.sms = tc.ws, true, true, tc.ask, tc.sms
+		})
+		if pl.v.Persistent != tc.want {
+			t.Errorf("%s: %s, Persistent %v, want %v", tc.name, pl.v.Name(), pl.v.Persistent, tc.want)
+			continue
+		}
+		if !tc.want {
+			continue
+		}
+		for _, l := range pl.launches {
+			if l.kernel == kernels.BwdDKDVKernel && l.grid != [3]int{tc.ctaCount, 1, 1} {
+				t.Errorf("%s: dK/dV grid %v, want [%d 1 1]", tc.name, l.grid, tc.ctaCount)
+			}
+		}
+		maps := make([][128]byte, len(pl.tma))
+		for j := range maps {
+			maps[j][0] = byte(j + 1) // each map told apart by its first byte
+		}
+		arg := pl.kernelArgs(maps)(kernels.BwdDKDVKernel)
+		for j := range 4 {
+			if arg[128*j] != byte(j+1) {
+				t.Errorf("%s: the dK/dV kernel's map %d is the plan's map %d, want %d", tc.name, j, arg[128*j]-1, j)
+			}
+		}
+	}
+}

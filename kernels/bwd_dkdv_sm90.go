@@ -254,6 +254,9 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	if v.WarpSpecialized {
 		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
 	}
+	if v.Persistent {
+		l.add("kvbar", 16) // mbarriers: the tile's K and V landed, released
+	}
 	if v.BulkDQ {
 		rows := bm
 		if v.bwdDQRowHalves() {
@@ -306,14 +309,24 @@ func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
 	g.ws = g.v.WarpSpecialized
 	defer func() { g.ws = false }()
 	kl, vl := g.dkdvSM90Setup(b)
-	tdk, tdv, accA, accB := g.dkdvSM90Accumulators(b)
-	g.dkdvSM90Descriptors(b, kl, vl)
-	if g.v.KeyRows {
-		g.dkdvSM90StepKeyRows(b)
-	} else {
-		g.dkdvSM90Step(b)
+	body := b // the block's work, or a persistent CTA's work on one tile
+	var tile strings.Builder
+	if g.v.Persistent {
+		g.persistentComputeOpen(b)
+		body = &tile
 	}
-	g.dkdvSM90Store(b, tdk, tdv, accA, accB)
+	tdk, tdv, accA, accB := g.dkdvSM90Accumulators(body)
+	g.dkdvSM90Descriptors(body, kl, vl)
+	if g.v.KeyRows {
+		g.dkdvSM90StepKeyRows(body)
+	} else {
+		g.dkdvSM90Step(body)
+	}
+	g.dkdvSM90Store(body, tdk, tdv, accA, accB)
+	if g.v.Persistent {
+		b.WriteString(indentLines(tile.String(), "  ") + "  }\n")
+	}
+	g.dkdvSM90End(b)
 }
 
 // dkdvSM90Setup writes the dK/dV kernel's header, shared-memory tiles,
@@ -367,17 +380,13 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 	} else {
 		g.tmaBarriers(b, l, "q and dO", 2)
 	}
-	g.dkdvQueryRange(b)
-	fmt.Fprintf(b, `  const T* gk = %s;
-  const T* gv = %s;
-`, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
+	if v.Persistent {
+		g.persistentTiles(b, l)
+	} else {
+		g.dkdvQueryRange(b)
+		g.dkdvKVRows(b)
+	}
 	if v.Flat {
-		b.WriteString(`  // flat rows: k and v tiles from flat_shift columns before the head's start, the head shifted
-  // right by sk_ (k; with one query head per key head also q and dK) and sv_ (v, dO and dV) columns
-  const int sk_ = flat_shift(kvh, DK, DKP), sv_ = flat_shift(kvh, DV, DVP);
-  gk -= sk_;
-  gv -= sv_;
-`)
 		kl, vl = ", sk_ + DK", ", sv_ + DV"
 	}
 	switch {
@@ -387,6 +396,22 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 		g.loadQ(b)
 	}
 	return kl, vl
+}
+
+// dkdvKVRows writes the addresses of the block's K and V rows (gk, gv;
+// for Flat variants shifted by their flat_shift columns).
+func (g *bwdGen) dkdvKVRows(b *strings.Builder) {
+	fmt.Fprintf(b, `  const T* gk = %s;
+  const T* gv = %s;
+`, g.in("k").at("j0", "kvh"), g.in("v").at("j0", "kvh"))
+	if g.v.Flat {
+		b.WriteString(`  // flat rows: k and v tiles from flat_shift columns before the head's start, the head shifted
+  // right by sk_ (k; with one query head per key head also q and dK) and sv_ (v, dO and dV) columns
+  const int sk_ = flat_shift(kvh, DK, DKP), sv_ = flat_shift(kvh, DV, DVP);
+  gk -= sk_;
+  gv -= sv_;
+`)
+	}
 }
 
 // dkdvSM90Accumulators declares the dK and dV accumulators and returns
@@ -434,15 +459,20 @@ func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
 		firstQ = ""
 		landed = "  cp_async_wait0();\n  fence_proxy_async();\n  bar_sync(1, NCOMPUTE);  // K and V in shared memory for both warpgroups\n"
 	}
-	fmt.Fprintf(b, `if (iters > 0) {
+	if v.Persistent {
+		b.WriteString("mbar_wait(kvbar, kt & 1);  // this tile's K and V (the producer's)\n")
+	} else {
+		fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
     load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);%s
     cp_async_commit();%s
   }
-%s  // ---- matrix descriptors (128-byte swizzle; 8-row groups 1024 bytes apart)
+%s`, g.in("k").sr, kl, g.in("v").sr, vl, firstQ, g.flatZero("sK", "BN", "DKP", "sk_", "DK", "sV", "BN", "DVP", "sv_", "DV"), landed)
+	}
+	b.WriteString(`  // ---- matrix descriptors (128-byte swizzle; 8-row groups 1024 bytes apart)
   // S = Q·Kᵀ, dP = dO·Vᵀ: this warpgroup's BN/2 rows of K and V, K-major
   const u64 dKs = sw128_desc(sK + wg * (BN / 2) * 128, 16, 1024), dVs = sw128_desc(sV + wg * (BN / 2) * 128, 16, 1024);
-`, g.in("k").sr, kl, g.in("v").sr, vl, firstQ, g.flatZero("sK", "BN", "DKP", "sk_", "DK", "sV", "BN", "DVP", "sv_", "DV"), landed)
+`)
 	switch {
 	case crossed:
 		b.WriteString(`  // dV += Pᵀ·dO, dK += dSᵀ·Q: P and dS of all BN = 64 keys, read M-major. The 128-column product
@@ -501,7 +531,7 @@ func (g *bwdGen) dkdvSM90Step(b *strings.Builder) {
 	dkp := v.DKPad()
 	crossed := v.bwdHopperCrossed()
 	nv, nk, _ := v.bwdHopperCols()
-	b.WriteString(stepLoop("  ", "h", "i0") + "    const int st = it & 1;\n")
+	b.WriteString(stepLoop("  ", "h", "i0", "0") + "    const int st = it & 1;\n")
 	if g.ws {
 		g.wsBwdStepStart(b)
 	} else {
@@ -786,9 +816,11 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
     fence_acc(%[1]s[0]);
     fence_acc(%[2]s[0]);
   }
-  T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;
-  T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;
 `, accA, accB)
+	g.persistentTileEnd(b)
+	b.WriteString(`  T* gdk = p.dk + b * p.dk_sb + (kr0 + j0) * p.dk_sr + kvh * p.dk_sh;
+  T* gdv = p.dv + b * p.dv_sb + (kr0 + j0) * p.dv_sr + kvh * p.dv_sh;
+`)
 	// flat rows: dK stored from Q's shift, dV from dO's; rows of an odd head dim (Staged, Flat) go
 	// through shared memory and out whole
 	shared := !v.Vector
@@ -829,6 +861,12 @@ func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, a
 		accs = []nfAcc{{"accdK", "c0", "DKP"}, {"accdV", "c0", "DVP"}}
 	}
 	nfKeysCheck(b, g.ws, accs...)
+}
+
+// dkdvSM90End writes the end of the dK/dV kernel: the waits for its bulk
+// copies still in flight.
+func (g *bwdGen) dkdvSM90End(b *strings.Builder) {
+	v := g.v
 	switch {
 	case v.DQAccTiled():
 		b.WriteString("  if (" + wgIssuer + ") bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")

@@ -354,17 +354,24 @@ func (g *bwdGen) tmaStageWait(b *strings.Builder) {
 }
 
 // stepLoop returns the opening of a Hopper backward kernel's loop over its
-// query steps (it = 0 .. iters − 1), indented by indent: step it covers
-// query block ib0 + it mod nib of query head kvh·G + it / nib, whose head
-// and first query row it declares as h and i0. The quotient and remainder
-// are carried from step to step (step_h, step_i) rather than divided out
-// each step, a division by a value the compiler does not know.
-func stepLoop(indent, h, i0 string) string {
-	return indentLines(fmt.Sprintf(`int step_h = 0, step_i = 0;  // it / nib and it %% nib, carried from step to step
-for (int it = 0; it < iters; ++it) {
-  const int %s = kvh * G + step_h, %s = (ib0 + step_i) * BM;
+// query steps, indented by indent: it = first .. first + iters − 1 (first:
+// 0, or gs for a persistent kernel, whose steps count on over its tiles so
+// that stages and barrier phases carry on from tile to tile); step it
+// covers query block ib0 + (it − first) mod nib of query head
+// kvh·G + (it − first) / nib, whose head and first query row it declares
+// as h and i0. The quotient and remainder are carried from step to step
+// (step_h, step_i) rather than divided out each step, a division by a
+// value the compiler does not know.
+func stepLoop(indent, h, i0, first string) string {
+	carried, loop := "it / nib and it % nib", "for (int it = 0; it < iters; ++it) {\n"
+	if first != "0" {
+		carried = "(it - " + first + ") / nib and (it - " + first + ") % nib"
+		loop = fmt.Sprintf("for (int it = %[1]s; it < %[1]s + iters; ++it) {  // the CTA's step it: its stage and barrier phases\n", first)
+	}
+	return indentLines(fmt.Sprintf(`int step_h = 0, step_i = 0;  // %s, carried from step to step
+%s  const int %s = kvh * G + step_h, %s = (ib0 + step_i) * BM;
   if (++step_i == nib) step_i = 0, ++step_h;
-`, h, i0), indent)
+`, carried, loop, h, i0), indent)
 }
 
 // hopperPreamble writes the opening of a Hopper backward kernel: its tile

@@ -247,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) %[3]s(%[4]s) {
   }
 %[7]s    const int st = %[5]s;
 `, ms, g.in("k").sr, g.in("v").sr, firstLoad(t.Stages, "load_q"), stageOf(t.Stages),
-		strings.ReplaceAll(bwdWarpTile{MT: ms, NT: bwdDeepBN / 8}.accDecl("acc"), "\n", "\n  "), stepLoop("  ", "h", "i0"))
+		strings.ReplaceAll(bwdWarpTile{MT: ms, NT: bwdDeepBN / 8}.accDecl("acc"), "\n", "\n  "), stepLoop("  ", "h", "i0", "0"))
 	g.lockstepStepStart(b, t.Stages, "load_q", "iters")
 	g.deepScores(b, true, "sQ + st * Q_STAGE", "sdO + st * DO_STAGE", "sK", "sV", "(sL + st * BM)", "(sD + st * BM)")
 	fmt.Fprintf(b, `    // ---- dVᵀ += dOᵀ·P (warpgroup 0) or dKᵀ += Qᵀ·dS (warpgroup 1), slice by slice over the BM queries:

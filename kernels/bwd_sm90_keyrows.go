@@ -88,7 +88,7 @@ func (g *bwdGen) dkdvSM90StepKeyRows(b *strings.Builder) {
 	if v.DVPad() != v.DKPad() {
 		rv = "wg_rv"
 	}
-	b.WriteString(stepLoop("  ", "h", "i0") + `    const int st = it & 1;
+	b.WriteString(stepLoop("  ", "h", "i0", g.firstStep()) + `    const int st = it & 1;
     mbar_wait(bar + 8 * st, (it >> 1) & 1);  // q, dO, LSE2 and Delta of step it (the producer's)
 `)
 	g.bwdBiasStageStep(b)

@@ -106,10 +106,21 @@ func (g *bwdGen) wsBwdBarriers(b *strings.Builder, l bwdSmemLayout, fullCount in
       mbar_init(bar + 8 * s, %[4]d);
       mbar_init(empty + 8 * s, %[5]s);
     }
-    mbar_fence_init();
+%[6]s    mbar_fence_init();
   }
   __syncthreads();  // the only block-wide barrier: the producer warpgroup leaves the compute threads after it
-`, l.off["bar"], l.off["empty"], what, fullCount, emptyCount)
+`, l.off["bar"], l.off["empty"], what, fullCount, emptyCount, kvBarriersInit(l))
+}
+
+// kvBarriersInit returns the initialization of a persistent dK/dV
+// kernel's K and V barriers (a layout with kvbar): full on the producer's
+// one arrival and the tiles' bytes, empty on every compute thread's.
+func kvBarriersInit(l bwdSmemLayout) string {
+	off, ok := l.off["kvbar"]
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("    mbar_init(s0 + %d, 1);  // kvbar\n    mbar_init(s0 + %d, NCOMPUTE);  // kvempty\n", off, off+8)
 }
 
 // wsBwdProducer writes the producer warpgroup's branch: setmaxnreg, and
@@ -121,7 +132,8 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
     setmaxnreg_dec<PRODUCER_REGS>();
     if (warp == NCOMPUTE / 32) {  // its first warp loads every step's q, dO, LSE2 and Delta
       constexpr int QA = %[1]d, DA = %[2]d;  // 64-column atoms of q and dO loaded (the rest are never read)
-%[4]s        const int s = it & 1;
+`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()))
+	steps := fmt.Sprintf(`%[2]s        const int s = it & 1;
         if (it >= 2) mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);  // step it - 2 released the stage
         const long long so = b * p.stat_sb + hq * p.stat_sh + qr0 + iq;
         for (int r = lane; r < BM; r += 32) {  // rows past the sequence: no probability
@@ -130,15 +142,19 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
           sD[s * BM + r] = in ? p.delta[so + r] : 0.f;
         }
         if (lane == 0) {  // its arrival announces the tiles' bytes; rows past the sequence come as zeros
-%[3]s        } else {
+%[1]s        } else {
           mbar_arrive(bar + 8 * s);  // this lane's LSE2 and Delta rows are stored
         }
       }
-    }
+`, g.qStageTMA("          "), stepLoop("      ", "hq", "iq", g.firstStep()))
+	if v.Persistent {
+		steps = g.persistentProducer(steps)
+	}
+	b.WriteString(steps + `    }
     return;
   }
   setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), g.qStageTMA("          "), stepLoop("      ", "hq", "iq"))
+`)
 }
 
 // computeSync returns the statement with which the dK/dV kernel's compute
@@ -176,8 +192,7 @@ func (g *bwdGen) wsBwdRelease(b *strings.Builder) {
 	if !g.ws {
 		return
 	}
-	b.WriteString(`    if (it > 0) mbar_arrive(empty + 8 * (st ^ 1));  // dV and dK of step it - 1 are complete: this thread is done with its stage
-`)
+	fmt.Fprintf(b, "    if (it > %s) mbar_arrive(empty + 8 * (st ^ 1));  // dV and dK of step it - 1 are complete: this thread is done with its stage\n", g.firstStep())
 	if g.v.bwdWSBuffers() == 1 {
 		b.WriteString(g.keyRowsDBiasStoreWait(1) + "    " + g.wsStepSync("every warp that reads P and dS issued the products of step it - 1 (one buffer)") + "\n")
 	}

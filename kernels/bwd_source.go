@@ -953,8 +953,15 @@ extern "C" __global__ void __launch_bounds__(%d, %d) %s(const BwdParams p) {
 // see the block's keys.
 func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
 	g.dkdvCoords(b)
+	g.dkdvRange(b, "return;")
+}
+
+// dkdvRange writes the part of dkdvQueryRange after the coordinates: the
+// segment, the statement exit for a block past its segment's keys, and
+// the iterations.
+func (g *bwdGen) dkdvRange(b *strings.Builder, exit string) {
 	g.segment(b)
-	b.WriteString("  if (j0 >= m) return;\n")
+	b.WriteString("  if (j0 >= m) " + exit + "\n")
 	if g.v.DBiasPath == DBiasReduce {
 		b.WriteString(`  // dBias (DBiasReduce): where it has a plane a head, the launch over batch element 0 alone stores its dS tiles
   // into dBias, and the launch over the whole batch adds the other elements' into them, its element 0 leaving

@@ -19,7 +19,8 @@ package kernels
 // BwdTMAArgs returns the argument of a TMA dK/dV or dQ kernel launch: the
 // tensor maps (dK/dV: q, dO; dQ: k, v; then, for a variant whose dK/dV
 // kernel stages the bias, BwdVariant.BiasStaged, the bias's, and after it
-// for DBiasStore and DBiasReduce dBias's, which both kernels take), then the bytes of
+// for DBiasStore and DBiasReduce dBias's, which both kernels take; for a
+// Persistent variant k's and v's again, which its dK/dV kernel loads), then the bytes of
 // BwdParams (BwdParams.Pack), the whole padded to 64 bytes as the C struct
 // BwdTmaParams is. It takes two, three or four maps.
 func BwdTMAArgs(params []byte, maps ...[128]byte) []byte {
@@ -40,8 +41,8 @@ var bwdTMAStructs = func() map[int]*CStruct[bwdTMAArgs] {
 	params := CBlob("BwdParams", "p", "", bwdParamsStruct.Size(), 8, func(x *bwdTMAArgs, b []byte) { copy(b, x.params) })
 	a := tensorMapField("a", "dK/dV kernel: q; dQ kernel: k", m(0))
 	b := tensorMapField("b", "dK/dV kernel: dO; dQ kernel: v", m(1))
-	c := tensorMapField("c", "BiasStaged: the bias (the dK/dV kernel's)", m(2))
-	d := tensorMapField("d", "DBiasStore, DBiasReduce: dBias (the dK/dV kernel's)", m(3))
+	c := tensorMapField("c", "BiasStaged: the bias (the dK/dV kernel's); Persistent: k (the dQ kernel's map)", m(2))
+	d := tensorMapField("d", "DBiasStore, DBiasReduce: dBias (the dK/dV kernel's); Persistent: v (the dQ kernel's map)", m(3))
 	two, three, four := NewCStruct("BwdTmaParams", 64, a, b, params), NewCStruct("BwdTmaParams", 64, a, b, c, params),
 		NewCStruct("BwdTmaParams", 64, a, b, c, d, params)
 	two.DocColumn, three.DocColumn, four.DocColumn = 13, 13, 13
@@ -106,7 +107,7 @@ func (v BwdVariant) TMATensors(p *BwdParams) (dkdv, dq [2]TMATensor) {
 func (v BwdVariant) bwdTMADecl() string {
 	s := bwdTMAStructs[2]
 	switch {
-	case v.DBiasByMap():
+	case v.DBiasByMap(), v.Persistent:
 		s = bwdTMAStructs[4]
 	case v.BiasStaged:
 		s = bwdTMAStructs[3]

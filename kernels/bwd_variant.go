@@ -147,6 +147,16 @@ type BwdVariant struct {
 	// across those pairs — where a masked launch otherwise ends on its last
 	// pair's heaviest blocks while the other SMs run dry.
 	LightTail bool
+	// Persistent (with the key-rows step, 16-byte loads, no bias, rows
+	// not read in place and a fixed-length batch: PersistentOK) launches
+	// the dK/dV kernel with one CTA per multiprocessor (at most,
+	// PersistentGrid), each working through the launch's key tiles
+	// blockIdx.x, blockIdx.x + gridDim.x, … in the grid's order
+	// (LightTail's order under it): the producer loads the next tile's K
+	// and V (by the dQ kernel's tensor maps) and its first q and dO while
+	// the compute warpgroups store the last tile's dK and dV
+	// (bwd_sm90_persistent.go).
+	Persistent bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -373,6 +383,9 @@ func (v BwdVariant) Validate() error {
 	if v.LightTail && !v.Masked() {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the light-tail CTA order needs a mask (unmasked blocks all weigh the same)", v.Name())
 	}
+	if v.Persistent && !PersistentOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a persistent dK/dV kernel needs the key-rows step (not over 80 queries), 16-byte loads, no bias, rows not read in place and a fixed-length batch (PersistentOK)", v.Name())
+	}
 	if !QueryStepOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64), 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds, or 128 with the key-rows step at padded head dims up to 64", v.Name(), v.QueryStep)
 	}
@@ -415,7 +428,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"}, {v.DBiasPath == DBiasStore, "dbstore"}, {v.DBiasPath == DBiasReduce, "dbred"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}, {v.Persistent, "pers"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

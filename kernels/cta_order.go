@@ -30,16 +30,15 @@ const smCountPrimitive = `// sm_count: the SMs of the device (%nsmid, at least t
 DEV int sm_count() { u32 r; asm volatile("mov.u32 %0, %%nsmid;" : "=r"(r)); return (int)r; }
 `
 
-// ctaOrderFunc is the device function cta_order.
-const ctaOrderFunc = `// cta_order: this CTA's (batch, head) pair (y + gridDim.y * z) and block in the launch's order of work.
-// The pairs go one after another, each pair's blocks in block order (heaviest first, as the kernel
-// reads it), except the last tail pairs — about three waves of CTAs — whose blocks go block by
-// block across them, so that the launch ends on its lightest blocks (kernels/cta_order.go).
-DEV void cta_order(int& pair, int& blk) {
-  const int nblk = gridDim.x, npair = gridDim.y * gridDim.z;
-  const int l = blockIdx.x + nblk * (blockIdx.y + gridDim.y * blockIdx.z);  // the CTA's place in the dispatch
-  const int tail = min(npair, (3 * sm_count() + nblk - 1) / nblk);          // pairs in the tail section
-  const int head = (npair - tail) * nblk;                                   // CTAs before it
+// ctaOrderFunc is the device functions tile_order and cta_order.
+const ctaOrderFunc = `// tile_order: the (batch, head) pair and block of place l in a launch's order of work over npair
+// pairs of nblk blocks. The pairs go one after another, each pair's blocks in block order (heaviest
+// first, as the kernel reads it), except the last tail pairs — about three waves of CTAs — whose
+// blocks go block by block across them, so that the launch ends on its lightest blocks
+// (kernels/cta_order.go).
+DEV void tile_order(int l, int nblk, int npair, int& pair, int& blk) {
+  const int tail = min(npair, (3 * sm_count() + nblk - 1) / nblk);  // pairs in the tail section
+  const int head = (npair - tail) * nblk;                           // places before it
   if (l < head) {
     pair = l / nblk;
     blk = l - pair * nblk;
@@ -48,6 +47,11 @@ DEV void cta_order(int& pair, int& blk) {
     blk = t / tail;
     pair = npair - tail + (t - blk * tail);
   }
+}
+// cta_order: this CTA's (batch, head) pair (y + gridDim.y * z) and block: the tile_order of its place
+// in the dispatch, x fastest.
+DEV void cta_order(int& pair, int& blk) {
+  tile_order(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x, gridDim.y * gridDim.z, pair, blk);
 }
 `
 

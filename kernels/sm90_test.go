@@ -486,7 +486,14 @@ func TestBwdCompileHopper(t *testing.T) {
 			}
 		}
 	}
-	checkBwdHopperCompiles(t, c, append(append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...), keyRowsDropout...))
+	// the persistent dK/dV kernel on every key-rows variant above that takes it (PersistentOK)
+	var persistent []BwdVariant
+	for _, v := range append(append(append([]BwdVariant(nil), keyRows...), tails...), keyRowsDropout...) {
+		if v.Persistent = true; v.Validate() == nil {
+			persistent = append(persistent, v)
+		}
+	}
+	checkBwdHopperCompiles(t, c, append(append(append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...), keyRowsDropout...), persistent...))
 }
 
 // bwdHopperKeyRowsDropoutVariants returns key-rows variants under dropout
@@ -728,9 +735,14 @@ func bwdHopperWSVariants() []BwdVariant {
 // spills 56 bytes ("Past D = 256: the deep kernels"), or 320 for the
 // key-rows step over 80 queries at padded head dims past 64, an option off
 // by default that spills beside its 80-query tiles (40–216 bytes with
-// NVRTC 12.4, 76–276 with 13.0; "Steps of 80 queries").
+// NVRTC 12.4, 76–276 with 13.0; "Steps of 80 queries"), or 128 for the
+// persistent key-rows kernel, whose tile loop keeps a few of the step's
+// shared addresses in local memory (up to 108 bytes with NVRTC 12.4; "The
+// persistent dK/dV kernel").
 func bwdSpillLimit(v BwdVariant) int {
 	switch {
+	case v.Persistent:
+		return 128
 	case v.KeyRows && v.Dropout && v.Bias != BiasNone && max(v.DKPad(), v.DVPad()) > 64:
 		return 256
 	case v.KeyRows && v.QueryStep == 80 && max(v.DKPad(), v.DVPad()) > 64:
