@@ -367,8 +367,9 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 	switch {
 	case v.DQAccTiled():
 		fmt.Fprintf(b, `    float* ga = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator (rows past n are added zeros, never read)
-    for (int d = lane; d < %d; d += 32) ga[%s] = 0.f;
-`, v.DKPad(), v.dqAccTiledAt("i", "d"))
+    for (int c = lane; 4 * c < %d; c += 32)  // four columns a lane: 16 bytes of an 8-float chunk
+      *reinterpret_cast<float4*>(ga + %s) = make_float4(0.f, 0.f, 0.f, 0.f);
+`, v.DKPad(), v.dqAccTiledAt("i", "4 * c"))
 	case v.AtomicDQ:
 		fmt.Fprintf(b, `    float* gq = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;
     for (int d = lane; d < %d; d += 32) gq[d] = 0.f;  // the whole padded row: vector adds touch it
@@ -403,8 +404,24 @@ func preZeroes(v BwdVariant) string {
 // heads back to back, 16-byte aligned, H·DV a multiple of 8), in the
 // 16-byte units the head overlaps, one load of each per lane and unit.
 func preRowDot(v BwdVariant) string {
+	scalar := fmt.Sprintf("for (int d = lane; d < %d; d += 32) acc = fmaf(t_to_f(go[d]), t_to_f(gd[d]), acc);\n", v.DV)
+	if unit := 16 / v.elem(); !v.Flat && v.DV%unit == 0 {
+		// rows whose two starts are 16-byte aligned (the usual layouts): one 16-byte load of each a lane
+		// and unit, else element by element
+		return fmt.Sprintf(`    if (((reinterpret_cast<unsigned long long>(go) | reinterpret_cast<unsigned long long>(gd)) & 15ull) == 0) {
+      for (int c = lane; %[1]d * c < %[2]d; c += 32) {  // %[1]d elements a unit
+        const uint4 xo = reinterpret_cast<const uint4*>(go)[c], xd = reinterpret_cast<const uint4*>(gd)[c];
+        const T* eo = reinterpret_cast<const T*>(&xo);
+        const T* ed = reinterpret_cast<const T*>(&xd);
+#pragma unroll
+        for (int j = 0; j < %[1]d; j++) acc = fmaf(t_to_f(eo[j]), t_to_f(ed[j]), acc);
+      }
+    } else {
+      %[3]s    }
+`, unit, v.DV, scalar)
+	}
 	if !v.Flat {
-		return fmt.Sprintf("    for (int d = lane; d < %d; d += 32) acc = fmaf(t_to_f(go[d]), t_to_f(gd[d]), acc);\n", v.DV)
+		return "    " + scalar
 	}
 	return fmt.Sprintf(`    {
       // flat rows: the head starts s elements into its 16-byte unit; the units it overlaps end within
@@ -438,6 +455,10 @@ func flatAccShift(v BwdVariant) string {
 
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
+	if v.DQAccTiled() && v.DK%4 == 0 {
+		g.convertKernelTiled(b)
+		return
+	}
 	acc := "    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;\n"
 	elem := "gs[d" + flatAccShift(v) + "]"
 	if v.DQAccTiled() {
@@ -467,6 +488,46 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 }
 
 `, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, v.DK, elem)
+}
+
+// convertKernelTiled writes the dQ conversion of the tiled accumulator
+// (DQAccTiled, DK a multiple of 4) four columns a lane: 16 bytes of the
+// accumulator (an 8-float chunk's half, whole under the swizzle) and,
+// where the row of dQ is 8-byte aligned, one 8-byte store of the four
+// 16-bit elements (else four stores).
+func (g *bwdGen) convertKernelTiled(b *strings.Builder) {
+	v := g.v
+	fmt.Fprintf(b, `// dQ = scale · dQacc in T, four columns a lane of the accumulator in tile order. grid (ceil(N/%[1]d), B, H), %[2]d threads.
+extern "C" __global__ void __launch_bounds__(%[2]d) %[3]s(const BwdParams p) {
+  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+`, BwdPreRows, BwdPreThreads, BwdDQConvertKernel)
+	g.segment(b)
+	fmt.Fprintf(b, `  (void)m; (void)kr0;
+  const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator
+  for (int r = warp; r < %[1]d; r += %[2]d) {
+    const int i = blockIdx.x * %[1]d + r;
+    if (i >= n) break;
+    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
+    const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
+    bool bad = false;
+    for (int c = lane; 4 * c < %[3]d; c += 32) {
+      const float4 a = *reinterpret_cast<const float4*>(gs + %[4]s);
+      const float x[4] = {a.x * p.scale, a.y * p.scale, a.z * p.scale, a.w * p.scale};
+      bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
+      if (whole) {
+        *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gq[4 * c + k] = t_from_f(x[k]);
+      }
+    }
+    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
+    // kernel recomputes the row
+    if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
+  }
+}
+
+`, BwdPreRows, BwdPreThreads/32, v.DK, v.dqAccTiledAt("i", "4 * c"))
 }
 
 // kernelConsts declares the tile constants of a main kernel.
