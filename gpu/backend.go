@@ -63,12 +63,14 @@ type Backend struct {
 	EarlyDropoutAuto bool
 	// LazyRescale adds the lazy rescale (kernels.Pipeline.LazyRescale) to
 	// every Hopper forward pipeline, the short one too, where the variant
-	// allows it. New reads it from EnvFwdLazyRescale; off by default.
+	// allows it. New sets it on Hopper unless EnvFwdLazyRescale is "0".
 	LazyRescale bool
 	// FwdHeadMajor adds the head-major tile order
-	// (kernels.Pipeline.HeadMajor) to the persistent forward launches.
-	// New reads it from EnvFwdHeadMajor; off by default.
-	FwdHeadMajor bool
+	// (kernels.Pipeline.HeadMajor) to the persistent forward launches;
+	// FwdHeadMajorAuto to those of at most HeadMajorQueries queries, where
+	// it measured faster than the L2 sections. New sets FwdHeadMajor when
+	// EnvFwdHeadMajor is set, FwdHeadMajorAuto on Hopper unless it is "0".
+	FwdHeadMajor, FwdHeadMajorAuto bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -247,13 +249,15 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BiasStaged:     hopper && envSet(os.Getenv(EnvBiasStaged)),
 		BiasStagedAuto: hopper && os.Getenv(EnvBiasStaged) != "0",
 		FwdLightTail:   envSet(os.Getenv(EnvFwdLightTail)),
-		LazyRescale:    hopper && envSet(os.Getenv(EnvFwdLazyRescale)),
+		LazyRescale:    hopper && os.Getenv(EnvFwdLazyRescale) != "0",
 		FwdHeadMajor:   hopper && envSet(os.Getenv(EnvFwdHeadMajor)),
-		BwdLightTail:   hopper && os.Getenv(EnvBwdLightTail) != "0",
-		BwdPersistent:  hopper && envSet(os.Getenv(EnvBwdPersistent)),
-		HostRegister:   envSet(os.Getenv(EnvHostRegister)),
-		BwdDeep:        hopper && envBwdDeep(),
-		TMA:            hopper && !envSet(os.Getenv(EnvNoTMA)),
+
+		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
+		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
+		BwdPersistent:    hopper && envSet(os.Getenv(EnvBwdPersistent)),
+		HostRegister:     envSet(os.Getenv(EnvHostRegister)),
+		BwdDeep:          hopper && envBwdDeep(),
+		TMA:              hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -399,14 +403,16 @@ func (b *Backend) readDBiasEnv() {
 // lightest query blocks (Backend.FwdLightTail).
 const EnvFwdLightTail = "FLASHATTN_FWD_LIGHT_TAIL"
 
-// EnvFwdLazyRescale, when set to anything but "" or "0", has the Hopper
-// forward of new backends keep each row's reference maximum until a key
-// block passes it by more than 2^8 (Backend.LazyRescale).
+// EnvFwdLazyRescale, when "0", has the Hopper forward of new backends
+// rescale O whenever a row's maximum moves instead of keeping each row's
+// reference maximum until a key block passes it by more than 2^8
+// (Backend.LazyRescale, the default on Hopper).
 const EnvFwdLazyRescale = "FLASHATTN_FWD_LAZY_RESCALE"
 
 // EnvFwdHeadMajor, when set to anything but "" or "0", has the persistent
 // forward launches of new backends number their tiles head by head
-// (Backend.FwdHeadMajor).
+// (Backend.FwdHeadMajor); when "0", in L2 sections at every length
+// (Backend.FwdHeadMajorAuto off).
 const EnvFwdHeadMajor = "FLASHATTN_FWD_HEAD_MAJOR"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of

@@ -87,12 +87,19 @@ func bwdTestBackend(t testing.TB, dev *cuda.Device) *Backend {
 
 // bwdTestRequest is the request of a backward of p on b with the knobs New
 // would set under the environment of the moment (the family tests set
-// EnvNoWGMMA and EnvNoTMA).
+// EnvNoWGMMA and EnvNoTMA; TestBackwardPersistent EnvBwdPersistent, and
+// EnvBwdKeyRows, EnvBulkDQ and EnvBwdQueryStep to have the key-rows step
+// at any length).
 func bwdTestRequest(b *Backend, p *attn.Problem, dt attn.DType, a bwdArgs, algo DQAlgorithm) bwdRequest {
 	r := b.bwdRequest(p, dt, a, algo)
 	r.hopper = hopperCapable(b.dev)
 	r.tma = r.hopper && !envSet(os.Getenv(EnvNoTMA))
 	r.persistent = r.hopper && envSet(os.Getenv(EnvBwdPersistent))
+	r.keyRows = r.keyRows || r.hopper && envSet(os.Getenv(EnvBwdKeyRows))
+	r.bulkDQ = r.bulkDQ || r.hopper && envSet(os.Getenv(EnvBulkDQ))
+	if q, err := parseQueryStep(os.Getenv(EnvBwdQueryStep)); err == nil && q != 0 {
+		r.queryStep = q
+	}
 	return r
 }
 

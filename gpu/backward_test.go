@@ -1387,8 +1387,8 @@ func TestBackwardPersistent(t *testing.T) {
 	cases := []bwdCase{
 		{name: "d128", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 128, dv: 128},
 		{name: "d128-causal-br-gqa", b: 5, n: 400, m: 430, h: 16, hkv: 8, dk: 128, dv: 128, causal: true, align: attn.AlignBottomRight},
-		{name: "d64", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 64, dv: 64},
-		{name: "d96-dropout-causal", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 96, dv: 96, causal: true, dropout: 0.1},
+		{name: "d64-q128", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 64, dv: 64},
+		{name: "d128-dropout-causal", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 128, dv: 128, causal: true, dropout: 0.1},
 	}
 	u := conformance.UnitRoundoff(attn.BFloat16)
 	for ci, c := range cases {
@@ -1397,6 +1397,12 @@ func TestBackwardPersistent(t *testing.T) {
 				t.Fatalf("%d key tiles on %d multiprocessors: every CTA would take one", tiles, sms)
 			}
 			in := c.inputs(t, attn.BFloat16, uint64(ci+40))
+			// the key-rows step (the persistent kernel's) with the bulk dQ, as the default takes it from 512 queries
+			t.Setenv(EnvBwdKeyRows, "1")
+			t.Setenv(EnvBulkDQ, "1")
+			if c.dk <= 64 {
+				t.Setenv(EnvBwdQueryStep, "128") // (the atomic dQ's rows split between the warpgroups)
+			}
 			for _, algo := range []DQAlgorithm{DQAtomic, DQSeparate} {
 				t.Setenv(EnvBwdPersistent, "")
 				base := bwdRun(t, dev, s, in, algo)

@@ -514,8 +514,9 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // (docs/kernels/forward.md, "The bias staged in shared memory").
 // Pipeline takes the early dropout bits besides where EarlyDropoutAuto and
 // earlyDropoutFaster say so; either takes the lazy rescale with
-// LazyRescale and the head-major tile order with FwdHeadMajor (which only
-// the persistent launches keep).
+// LazyRescale and the head-major tile order with FwdHeadMajor, or with
+// FwdHeadMajorAuto at most HeadMajorQueries queries (which only the
+// persistent launches keep).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -525,9 +526,16 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 		pl.EarlyDropout = true
 	}
 	pl.LazyRescale = pl.LazyRescale || b.LazyRescale
-	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor
+	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor || b.FwdHeadMajorAuto && p.N <= HeadMajorQueries
 	return pl
 }
+
+// HeadMajorQueries is the longest query sequence whose persistent forward
+// takes the head-major tile order by default (Backend.FwdHeadMajorAuto):
+// at 512 queries it measured 1.05–1.12× the L2 sections' order, at 1024
+// 0.98–1.04×, from 2048 on 0.96–1.0× (docs/kernels/forward.md, "The
+// head-major tile order").
+const HeadMajorQueries = 512
 
 // earlyDropoutFaster reports the problems whose forward measured faster
 // with the dropout keep bits drawn while the S product runs

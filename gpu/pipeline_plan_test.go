@@ -990,3 +990,33 @@ func TestBackwardPlanPersistent(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardPipelineDefaults checks the knobs New sets by default on
+// Hopper as forwardPipeline applies them: the lazy rescale on every
+// pipeline, the short one too; the head-major order up to
+// HeadMajorQueries queries (FwdHeadMajorAuto) and at any length where asked
+// (FwdHeadMajor); neither where their knobs are off.
+func TestForwardPipelineDefaults(t *testing.T) {
+	short := DefaultShortPipeline
+	on := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: true, FwdHeadMajorAuto: true}
+	forced := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, FwdHeadMajor: true}
+	off := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short}
+	for _, c := range []struct {
+		name            string
+		b               *Backend
+		n, m            int
+		lazy, headMajor bool
+	}{
+		{"default, 512 queries (short pipeline)", on, 512, 512, true, true},
+		{"default, 512 queries of 8192 keys", on, HeadMajorQueries, 8192, true, true},
+		{"default, 513 queries", on, HeadMajorQueries + 1, 8192, true, false},
+		{"default, 4096", on, 4096, 4096, true, false},
+		{"asked, 4096", forced, 4096, 4096, false, true},
+		{"off, 512", off, 512, 512, false, false},
+	} {
+		got := c.b.forwardPipeline(&attn.Problem{N: c.n, M: c.m}, false)
+		if got.LazyRescale != c.lazy || got.HeadMajor != c.headMajor {
+			t.Errorf("%s: lazy rescale %v, head-major %v; want %v, %v", c.name, got.LazyRescale, got.HeadMajor, c.lazy, c.headMajor)
+		}
+	}
+}
