@@ -304,7 +304,9 @@ func (v BwdVariant) bwdHopperCols() (nv, nk, nq int) {
 // dkdvKernelHopper writes BwdDKDVKernel for WGMMA variants, stage by
 // stage: the block's setup and its key tiles' loads, the dK/dV
 // accumulators, the matrix descriptors, one query block's step, and the
-// stores of dK and dV.
+// stores of dK and dV; for a persistent variant all but the setup inside
+// the compute warpgroups' loop over the CTA's tiles
+// (bwd_sm90_persistent.go).
 func (g *bwdGen) dkdvKernelHopper(b *strings.Builder) {
 	g.ws = g.v.WarpSpecialized
 	defer func() { g.ws = false }()
@@ -806,7 +808,8 @@ func wgTileFree(indent, issuer string) string {
 const wgIssuer = "(tid & 127) == 0"
 
 // dkdvSM90Store closes the loop and stores dK and dV (through shared
-// memory for odd head dims).
+// memory for odd head dims); in a persistent kernel it first ends the tile
+// (persistentTileEnd).
 func (g *bwdGen) dkdvSM90Store(b *strings.Builder, tdk, tdv bwdWarpTile, accA, accB string) {
 	v := g.v
 	l := v.bwdHopperLayout()
