@@ -346,7 +346,7 @@ func (g *bwdGen) preKernel(b *strings.Builder) {
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, preZeroes(v), BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
-	nfZeroFlags(b)
+	nfZeroFlags(b, v)
 	g.segment(b)
 	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
