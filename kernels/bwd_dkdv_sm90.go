@@ -255,7 +255,7 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 		l.add("empty", 16) // [2] mbarriers: stage s released by every compute warp
 	}
 	if v.Persistent {
-		l.add("kvbar", 32) // mbarriers: the tile's K and V landed, released; then the tile's number (persistentDynamic)
+		l.add("kvbar", 32) // mbarriers: the tile's K and V landed, released; then the tile's number
 	}
 	if v.BulkDQ {
 		rows := bm
@@ -462,10 +462,8 @@ func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
 		landed = "  cp_async_wait0();\n  fence_proxy_async();\n  bar_sync(1, NCOMPUTE);  // K and V in shared memory for both warpgroups\n"
 	}
 	switch {
-	case v.persistentDynamic():
-		b.WriteString("// (the tile's K and V landed: its number was read after kvbar's phase)\n")
 	case v.Persistent:
-		b.WriteString("mbar_wait(kvbar, kt & 1);  // this tile's K and V (the producer's)\n")
+		b.WriteString("// (the tile's K and V landed: its number was read after kvbar's phase)\n")
 	default:
 		fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);

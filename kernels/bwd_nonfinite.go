@@ -44,12 +44,11 @@ func nfRaise(cond string) string {
 }
 
 // nfZeroFlags writes the preprocess's zeroing of the flag and the done
-// counter, and for a persistent dK/dV kernel that takes its tiles from a
-// counter that counter, the slot's third word (by its first block: the
-// preprocess runs before every kernel that reads or raises them, so a
-// caller's workspace needs no clearing).
+// counter, and for a persistent dK/dV kernel its tile counter, the slot's
+// third word (by its first block: the preprocess runs before every kernel
+// that reads or raises them, so a caller's workspace needs no clearing).
 func nfZeroFlags(b *strings.Builder, v BwdVariant) {
-	if v.persistentDynamic() {
+	if v.Persistent {
 		b.WriteString("  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < 3) p.nf_flag[threadIdx.x] = 0u;  // non-finite flag, done counter, the dK/dV kernel's tile counter\n")
 		return
 	}

@@ -10,8 +10,14 @@ import (
 // nkb·B·Hkv, nkb = ⌈M / BN⌉) are numbered as the grid of the other dK/dV
 // kernels orders its CTAs — the key blocks of a (batch element, key head)
 // pair fastest, the pairs one after another, or under LightTail in
-// tile_order's order — and CTA c of the PersistentGrid CTAs takes tiles c,
-// c + gridDim.x, … (static: every CTA knows its tiles without asking).
+// tile_order's order — and the PersistentGrid CTAs take them in that
+// order from a counter in global memory as they free up, as the
+// hardware's dispatch takes the CTAs of one tile each. A static share
+// (CTA c taking tiles c, c + gridDim.x, …) measured slower: under a mask,
+// whose tiles weigh unequally (a key block sees the queries from its keys
+// on), some CTAs were left with more steps than others; without one, the
+// CTAs drift apart and the tiles in flight, which share q and dO in L2,
+// with them.
 //
 // The producer warp and the compute warpgroups walk the same tiles in two
 // loops of their own (their register budgets differ). Steps are numbered
@@ -27,20 +33,13 @@ import (
 // next tile's K and V and its first two q and dO stages land while dK and
 // dV are stored.
 
-// Under a mask the tiles weigh unequally (a key block sees the queries
-// from its keys on, or a window's), and a static share leaves some CTAs
-// with more steps than others; there (persistentDynamic) the producer's
-// first lane takes each next tile from a counter in global memory (word 2
-// of Params.NFFlag's slot, which the preprocess zeroes), in tile_order's
-// order — what the hardware's dispatch does for the kernel of one tile a
-// CTA — and hands its number to the compute warpgroups through the shared
-// word sched, written before the tile's K and V are asked for and read
-// once they landed; the number ntiles ends both loops (the producer then
-// arrives on kvbar with no bytes).
-
-// persistentDynamic reports whether v's persistent dK/dV kernel takes its
-// tiles from the counter (under a mask) rather than statically.
-func (v BwdVariant) persistentDynamic() bool { return v.Persistent && v.Masked() }
+// The counter is word 2 of Params.NFFlag's slot, which the preprocess
+// zeroes. The producer's first lane takes each next tile from it, once the
+// compute threads released the last tile's K and V, and hands its number
+// to the compute warpgroups through the shared word sched, written before
+// the tile's K and V are asked for and read once they landed; the number
+// ntiles ends both loops (the producer then arrives on kvbar with no
+// bytes).
 
 // PersistentOK reports whether v's dK/dV kernel can run persistent: the
 // key-rows step (so warp-specialized, padded head dims up to 128) with
@@ -61,22 +60,17 @@ func (g *bwdGen) firstStep() string {
 	return "0"
 }
 
-// persistentTiles writes the persistent dK/dV kernel's tile count and its
-// K and V barriers' addresses (and with the counter the shared word of the
-// tile's number), before the producer's branch.
+// persistentTiles writes the persistent dK/dV kernel's tile count, its K
+// and V barriers' addresses and the shared word of the tile's number,
+// before the producer's branch.
 func (g *bwdGen) persistentTiles(b *strings.Builder, l bwdSmemLayout) {
-	share := "blockIdx.x,\n  // blockIdx.x + gridDim.x, ... this CTA's"
-	if g.v.persistentDynamic() {
-		share = "taken from the\n  // counter p.nf_flag[2] in tile_order's order, each number handed over in sched"
-	}
-	fmt.Fprintf(b, `  // persistent: the launch's tiles (nkb key blocks of each batch element and key head), %s; K and V of
-  // the CTA's tile kt landed (kvbar, phase kt mod 2) and released by every compute thread (kvempty)
+	fmt.Fprintf(b, `  // persistent: the launch's tiles (nkb key blocks of each batch element and key head), taken from the
+  // counter p.nf_flag[2] in the grid's order, each number handed over in sched; K and V of the CTA's
+  // tile kt landed (kvbar, phase kt mod 2) and released by every compute thread (kvempty)
   const int nkb = (p.M + BN - 1) / BN, ntiles = nkb * p.B * p.Hkv;
   const u32 kvbar = s0 + %d, kvempty = kvbar + 8;
-`, share, l.off["kvbar"])
-	if g.v.persistentDynamic() {
-		fmt.Fprintf(b, "  volatile int* sched = reinterpret_cast<volatile int*>(smem + %d);  // the number of the CTA's tile kt\n", l.off["kvbar"]+16)
-	}
+  volatile int* sched = reinterpret_cast<volatile int*>(smem + %d);  // the number of the CTA's tile kt
+`, l.off["kvbar"], l.off["kvbar"]+16)
 }
 
 // persistentCoords writes a persistent tile's batch element b, key head
@@ -95,18 +89,13 @@ func (g *bwdGen) persistentCoords(b *strings.Builder) {
 }
 
 // persistentTileLoop returns the opening of a persistent loop over the
-// CTA's tiles, indented by indent, with the tile's coordinates and query
-// range; with the counter (dynamic) the loop's head is the caller's
-// (head: the statements that set tile and leave the loop at ntiles).
+// CTA's tiles, indented by indent: head (the statements that set tile and
+// leave the loop at ntiles), then the tile's coordinates and query range.
 func (g *bwdGen) persistentTileLoop(indent, head string) string {
 	var t strings.Builder
 	g.persistentCoords(&t)
 	g.dkdvRange(&t, "continue;")
-	loop := "for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, ++kt) {\n"
-	if g.v.persistentDynamic() {
-		loop = "for (;; ++kt) {\n" + head
-	}
-	return indentLines("int gs = 0, kt = 0;  // steps of this CTA's earlier tiles, and their number\n"+loop, indent) +
+	return indentLines("int gs = 0, kt = 0;  // steps of this CTA's earlier tiles, and their number\nfor (;; ++kt) {\n"+head, indent) +
 		indentLines(t.String(), indent)
 }
 
@@ -116,32 +105,28 @@ func (g *bwdGen) persistentTileLoop(indent, head string) string {
 func (g *bwdGen) persistentProducer(steps string) string {
 	v := g.v
 	box := v.bwdHopperDQTile().BlockN
-	if v.persistentDynamic() {
-		// lane 0 takes the next tile once the compute threads are done with the last one's K and V (and
-		// have read its number), hands it over, and asks for its K and V below
-		return g.persistentTileLoop("      ", `  int tile = 0;
+	// lane 0 takes the next tile once the compute threads are done with the last one's K and V (and
+	// have read its number), hands it over, and asks for its K and V below
+	return g.persistentTileLoop("      ", `  int tile = 0;
   if (lane == 0) {
     if (kt > 0) mbar_wait(kvempty, (kt - 1) & 1);  // the last tile's K, V and number released
-    tile = (int)atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2, 1u);  // the next place in tile_order's order
+    tile = (int)atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2, 1u);  // the next place in the order
     *sched = tile;
     if (tile >= ntiles) mbar_arrive(kvbar);  // none left: the compute warpgroups leave too
   }
   tile = __shfl_sync(0xffffffffu, tile, 0);
   if (tile >= ntiles) break;
-`) + g.persistentKVLoads(box, "") + indentLines(steps, "  ") + "        gs += iters;\n      }\n"
-	}
-	return g.persistentTileLoop("      ", "") + g.persistentKVLoads(box, "          if (kt > 0) mbar_wait(kvempty, (kt - 1) & 1);\n") +
-		indentLines(steps, "  ") + "        gs += iters;\n      }\n"
+`) + g.persistentKVLoads(box) + indentLines(steps, "  ") + "        gs += iters;\n      }\n"
 }
 
 // persistentKVLoads returns the producer's first lane's K and V loads of
-// its tile kt (box: the rows of the dQ kernel's maps' boxes; wait: the
-// wait for the last tile's release, where the lane has not waited yet).
-func (g *bwdGen) persistentKVLoads(box int, wait string) string {
+// its tile kt (box: the rows of the dQ kernel's maps' boxes), once every
+// compute thread is done with the last tile's (waited for above).
+func (g *bwdGen) persistentKVLoads(box int) string {
 	v := g.v
-	return fmt.Sprintf(`        if (lane == 0) {  // tile kt's K and V, once every compute thread is done with the last tile's
+	return fmt.Sprintf(`        if (lane == 0) {  // tile kt's K and V
           constexpr int KA = %[1]d, VA = %[2]d, KV_BOX = %[3]d;  // their 64-column atoms; rows a box (the dQ kernel's maps)
-%[6]s          mbar_expect_tx(kvbar, (KA + VA) * BN * 128);
+          mbar_expect_tx(kvbar, (KA + VA) * BN * 128);
 #pragma unroll
           for (int r = 0; r < BN; r += KV_BOX) {
 #pragma unroll
@@ -150,7 +135,7 @@ func (g *bwdGen) persistentKVLoads(box int, wait string) string {
             for (int a = 0; a < VA; ++a) tma_load_4d(sV + (a * BN + r) * 128, &tp.d, kvbar, a * 64, %[5]s);
           }
         }
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), box, g.tmaAt("j0 + r", "kr0", "kvh", "DK"), g.tmaAt("j0 + r", "kr0", "kvh", "DV"), wait)
+`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), box, g.tmaAt("j0 + r", "kr0", "kvh", "DK"), g.tmaAt("j0 + r", "kr0", "kvh", "DV"))
 }
 
 // persistentComputeOpen writes the opening of the compute warpgroups'

@@ -10,10 +10,10 @@ import (
 // TestBwdPersistentSource checks the persistent dK/dV kernel's place in
 // the backward sources: both loops over the CTA's tiles, the step counter
 // carried over them, K and V by the producer's tensor maps against
-// barriers of their own, and the released last stage; static shares
-// without a mask, the counter (zeroed by the preprocess, word 2) with one;
-// the kernel of one tile a CTA has none of it; variants PersistentOK
-// declines fail to validate.
+// barriers of their own, the released last stage, the tiles from the
+// counter (zeroed by the preprocess, word 2) in the grid's order or under
+// a mask tile_order's; the kernel of one tile a CTA has none of it;
+// variants PersistentOK declines fail to validate.
 func TestBwdPersistentSource(t *testing.T) {
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true,
 		AtomicDQ: true, BulkDQ: true, WarpSpecialized: true, KeyRows: true}
@@ -21,17 +21,15 @@ func TestBwdPersistentSource(t *testing.T) {
 	masked.Features, masked.LightTail = Features{Mask: MaskWindow}, true
 	always := []string{"for (int it = gs; it < gs + iters; ++it)", "mbar_init(s0 + ", "// kvempty",
 		"tma_load_4d(sK + (a * BN + r) * 128, &tp.c, kvbar", "tma_load_4d(sV + (a * BN + r) * 128, &tp.d, kvbar",
-		"mbar_arrive(kvempty);", "if (iters > 0) mbar_arrive(empty + 8 * ((gs + iters - 1) & 1));", "if (it > gs) mbar_arrive(empty"}
+		"mbar_arrive(kvempty);", "if (iters > 0) mbar_arrive(empty + 8 * ((gs + iters - 1) & 1));", "if (it > gs) mbar_arrive(empty",
+		"atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2, 1u)", "*sched = tile;", "const int tile = *sched;", "threadIdx.x < 3) p.nf_flag[threadIdx.x] = 0u;"}
 	for _, c := range []struct {
 		name          string
 		v             BwdVariant
 		want, without []string
 	}{
-		{"unmasked: static", base, []string{"for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, ++kt)", "threadIdx.x < 2) p.nf_flag[threadIdx.x] = 0u;"},
-			[]string{"atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2", "sched"}},
-		{"masked: the counter", masked, []string{"atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2, 1u)", "*sched = tile;", "const int tile = *sched;",
-			"tile_order(tile, nkb, p.B * p.Hkv, pair_, blk_);", "threadIdx.x < 3) p.nf_flag[threadIdx.x] = 0u;"},
-			[]string{"tile += gridDim.x"}},
+		{"unmasked", base, []string{"const int b = (tile / nkb) % p.B, kvh = tile / nkb / p.B, j0 = (tile % nkb) * BN;"}, []string{"tile += gridDim.x", "tile_order("}},
+		{"masked", masked, []string{"tile_order(tile, nkb, p.B * p.Hkv, pair_, blk_);"}, []string{"tile += gridDim.x"}},
 	} {
 		plain, err := c.v.Source()
 		if err != nil {
