@@ -533,8 +533,8 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 // HeadMajorQueries is the longest query sequence whose persistent forward
 // takes the head-major tile order by default (Backend.FwdHeadMajorAuto):
 // at 512 queries it measured 1.05–1.12× the L2 sections' order, at 1024
-// 0.98–1.04×, from 2048 on 0.96–1.0× (docs/kernels/forward.md, "The
-// head-major tile order").
+// 0.975–1.035×, from 2048 on 0.957–1.009× (docs/kernels/forward.md,
+// "head-major").
 const HeadMajorQueries = 512
 
 // earlyDropoutFaster reports the problems whose forward measured faster

@@ -48,11 +48,11 @@ func nfRaise(cond string) string {
 // third word (by its first block: the preprocess runs before every kernel
 // that reads or raises them, so a caller's workspace needs no clearing).
 func nfZeroFlags(b *strings.Builder, v BwdVariant) {
+	words, what := 2, "non-finite flag, done counter"
 	if v.Persistent {
-		b.WriteString("  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < 3) p.nf_flag[threadIdx.x] = 0u;  // non-finite flag, done counter, the dK/dV kernel's tile counter\n")
-		return
+		words, what = 3, what+", the dK/dV kernel's tile counter"
 	}
-	b.WriteString("  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < 2) p.nf_flag[threadIdx.x] = 0u;  // non-finite flag, done counter\n")
+	fmt.Fprintf(b, "  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x < %d) p.nf_flag[threadIdx.x] = 0u;  // %s\n", words, what)
 }
 
 // nfFixupKernel writes BwdNonFiniteKernel: with the flag clear it returns

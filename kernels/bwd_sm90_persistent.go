@@ -94,7 +94,7 @@ func (g *bwdGen) persistentCoords(b *strings.Builder) {
 func (g *bwdGen) persistentTileLoop(indent, head string) string {
 	var t strings.Builder
 	g.persistentCoords(&t)
-	g.dkdvRange(&t, "continue;")
+	g.dkdvRange(&t, "") // (PersistentOK: fixed length, every tile's keys start before M)
 	return indentLines("int gs = 0, kt = 0;  // steps of this CTA's earlier tiles, and their number\nfor (;; ++kt) {\n"+head, indent) +
 		indentLines(t.String(), indent)
 }

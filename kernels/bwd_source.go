@@ -453,17 +453,41 @@ func flatAccShift(v BwdVariant) string {
 	return fmt.Sprintf(" + flat_shift(h, %d, %d)", v.DK, v.DKPad())
 }
 
+// convertKernel writes the dQ conversion: one warp a row, dQ = scale ·
+// dQacc in T, and the warp's vote on a non-finite element. Of the tiled
+// accumulator (DQAccTiled) with DK a multiple of 4 it reads four columns a
+// lane (16 bytes, an 8-float chunk's half, whole under the swizzle) and,
+// where the row of dQ is 8-byte aligned, stores the four 16-bit elements
+// at once (else one by one); otherwise a column a lane.
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
-	if v.DQAccTiled() && v.DK%4 == 0 {
-		g.convertKernelTiled(b)
-		return
-	}
 	acc := "    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;\n"
-	elem := "gs[d" + flatAccShift(v) + "]"
 	if v.DQAccTiled() {
 		acc = "    const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator\n"
-		elem = "gs[" + v.dqAccTiledAt("i", "d") + "]"
+	}
+	cols := fmt.Sprintf(`    for (int d = lane; d < %d; d += 32) {
+      const float x = %s * p.scale;
+      bad |= nf_bad(x);
+      gq[d] = t_from_f(x);
+    }
+`, v.DK, "gs[d"+flatAccShift(v)+"]")
+	switch {
+	case v.DQAccTiled() && v.DK%4 == 0:
+		cols = fmt.Sprintf(`    const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
+    for (int c = lane; 4 * c < %d; c += 32) {  // four columns a lane
+      const float4 a = *reinterpret_cast<const float4*>(gs + %s);
+      const float x[4] = {a.x * p.scale, a.y * p.scale, a.z * p.scale, a.w * p.scale};
+      bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
+      if (whole) {
+        *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gq[4 * c + k] = t_from_f(x[k]);
+      }
+    }
+`, v.DK, v.dqAccTiledAt("i", "4 * c"))
+	case v.DQAccTiled():
+		cols = strings.Replace(cols, "gs[d]", "gs["+v.dqAccTiledAt("i", "d")+"]", 1)
 	}
 	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
@@ -476,58 +500,13 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
     if (i >= n) break;
 %s    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
     bool bad = false;
-    for (int d = lane; d < %d; d += 32) {
-      const float x = %s * p.scale;
-      bad |= nf_bad(x);
-      gq[d] = t_from_f(x);
-    }
-    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
+%s    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
     // kernel recomputes the row
     if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
   }
 }
 
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, v.DK, elem)
-}
-
-// convertKernelTiled writes the dQ conversion of the tiled accumulator
-// (DQAccTiled, DK a multiple of 4) four columns a lane: 16 bytes of the
-// accumulator (an 8-float chunk's half, whole under the swizzle) and,
-// where the row of dQ is 8-byte aligned, one 8-byte store of the four
-// 16-bit elements (else four stores).
-func (g *bwdGen) convertKernelTiled(b *strings.Builder) {
-	v := g.v
-	fmt.Fprintf(b, `// dQ = scale · dQacc in T, four columns a lane of the accumulator in tile order. grid (ceil(N/%[1]d), B, H), %[2]d threads.
-extern "C" __global__ void __launch_bounds__(%[2]d) %[3]s(const BwdParams p) {
-  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-`, BwdPreRows, BwdPreThreads, BwdDQConvertKernel)
-	g.segment(b)
-	fmt.Fprintf(b, `  (void)m; (void)kr0;
-  const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator
-  for (int r = warp; r < %[1]d; r += %[2]d) {
-    const int i = blockIdx.x * %[1]d + r;
-    if (i >= n) break;
-    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
-    const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
-    bool bad = false;
-    for (int c = lane; 4 * c < %[3]d; c += 32) {
-      const float4 a = *reinterpret_cast<const float4*>(gs + %[4]s);
-      const float x[4] = {a.x * p.scale, a.y * p.scale, a.z * p.scale, a.w * p.scale};
-      bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
-      if (whole) {
-        *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) gq[4 * c + k] = t_from_f(x[k]);
-      }
-    }
-    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
-    // kernel recomputes the row
-    if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
-  }
-}
-
-`, BwdPreRows, BwdPreThreads/32, v.DK, v.dqAccTiledAt("i", "4 * c"))
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, cols)
 }
 
 // kernelConsts declares the tile constants of a main kernel.
@@ -1018,11 +997,14 @@ func (g *bwdGen) dkdvQueryRange(b *strings.Builder) {
 }
 
 // dkdvRange writes the part of dkdvQueryRange after the coordinates: the
-// segment, the statement exit for a block past its segment's keys, and
-// the iterations.
+// segment, the statement exit for a block past its segment's keys (none
+// where exit is empty: a fixed-length batch's blocks all lie before M),
+// and the iterations.
 func (g *bwdGen) dkdvRange(b *strings.Builder, exit string) {
 	g.segment(b)
-	b.WriteString("  if (j0 >= m) " + exit + "\n")
+	if exit != "" {
+		b.WriteString("  if (j0 >= m) " + exit + "\n")
+	}
 	if g.v.DBiasPath == DBiasReduce {
 		b.WriteString(`  // dBias (DBiasReduce): where it has a plane a head, the launch over batch element 0 alone stores its dS tiles
   // into dBias, and the launch over the whole batch adds the other elements' into them, its element 0 leaving

@@ -150,12 +150,11 @@ type BwdVariant struct {
 	// Persistent (with the key-rows step, 16-byte loads, no bias, rows
 	// not read in place and a fixed-length batch: PersistentOK) launches
 	// the dK/dV kernel with one CTA per multiprocessor (at most,
-	// PersistentGrid), each working through the launch's key tiles
-	// blockIdx.x, blockIdx.x + gridDim.x, … in the grid's order
-	// (LightTail's order under it): the producer loads the next tile's K
-	// and V (by the dQ kernel's tensor maps) and its first q and dO while
-	// the compute warpgroups store the last tile's dK and dV
-	// (bwd_sm90_persistent.go).
+	// PersistentGrid), the CTAs taking the launch's key tiles from a
+	// counter as they free up, in the grid's order (LightTail's order
+	// under it): the producer loads the next tile's K and V (by the dQ
+	// kernel's tensor maps) and its first q and dO while the compute
+	// warpgroups store the last tile's dK and dV (bwd_sm90_persistent.go).
 	Persistent bool
 }
 
