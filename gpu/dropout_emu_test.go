@@ -178,6 +178,7 @@ func TestDropoutKeepMaskEmulated(t *testing.T) {
 		{"warp-specialized", emuHopperWS, []attn.DType{attn.BFloat16}},
 		{"ping-pong", emuHopperPP, []attn.DType{attn.BFloat16}},
 		{"persistent", emuHopperPT, []attn.DType{attn.BFloat16}},
+		{"producer-dropout", emuHopperPD, []attn.DType{attn.BFloat16}},
 	}
 	for _, kd := range kinds {
 		for _, dt := range kd.dts {

@@ -651,7 +651,8 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // with warp specialization where the rows are not read in place and the
 // batch is not packed; the early rescale, the O store by tensor maps and
 // the early dropout bits, the lazy rescale and the head-major tile order
-// where the variant validates with them.
+// where the variant validates with them; the producer's dropout keep bits
+// where the variant validates with them, in place of the early ones.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -665,7 +666,8 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	}
 	p.StoreO = want.StoreO && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: true})
 	p.EarlyRescale = want.EarlyRescale && allows(kernels.Pipeline{EarlyRescale: true})
-	p.EarlyDropout = want.EarlyDropout && allows(kernels.Pipeline{EarlyDropout: true})
+	p.ProducerDropout = want.ProducerDropout && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, ProducerDropout: true})
+	p.EarlyDropout = want.EarlyDropout && !p.ProducerDropout && allows(kernels.Pipeline{EarlyDropout: true})
 	p.LazyRescale = want.LazyRescale && allows(kernels.Pipeline{LazyRescale: true})
 	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
 	return p

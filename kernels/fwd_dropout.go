@@ -11,6 +11,9 @@ func (x *gen) dropoutFuncs() {
 		return
 	}
 	x.raw("// ---- dropout\n" + DropoutSource)
+	if x.v.ProducerDropout {
+		x.raw(dropKeep16Func)
+	}
 	call := dropBitsCall("keep", "MT", "NT_S", x.dropAligned(), "i0", "j0", "bh", "p")
 	x.raw(`// Zero the dropped probabilities of this warp's S tile. i0: sequence position of the warp's
 // first row; j0: sequence position of the warp's first key; bh = b·H + h.
@@ -20,7 +23,7 @@ DEV void apply_dropout(float (&s)[MT][NT_S][4], const Params& p, int i0, int j0,
 ` + zeroDropped + `}
 
 `)
-	if x.v.EarlyDropout {
+	if x.v.EarlyDropout || x.v.ProducerDropout {
 		x.raw(`// Zero the dropped probabilities of this warp's S tile by keep bits drawn before (drop_bits, while
 // the S product ran: Variant.EarlyDropout).
 DEV void apply_keep(float (&s)[MT][NT_S][4], const u32 (&keep)[MT][(NT_S + 7) / 8]) {
@@ -43,8 +46,13 @@ const zeroDropped = `#pragma unroll
 
 // earlyDropBits writes, with EarlyDropout, the drawing of the keep bits of
 // the key block whose first key is n0 (a C++ expression) into dkeep,
-// before the wait for its S (indent: the block's).
-func (x *gen) earlyDropBits(indent, n0 string) {
+// before the wait for its S (indent: the block's); with ProducerDropout
+// their reading from the keep stage of the block numbered seq.
+func (x *gen) earlyDropBits(indent, n0, seq string) {
+	if x.v.ProducerDropout {
+		x.keepFromShared(indent, seq)
+		return
+	}
 	if !x.v.EarlyDropout {
 		return
 	}

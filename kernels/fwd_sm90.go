@@ -68,13 +68,19 @@ func (g *geom) hopperGeom(v Variant) {
 	if v.BiasStaged {
 		g.sb = 2 * v.BlockM * v.BlockN * 2 // [2][BM][BN] 16-bit: the current and the next key block's bias
 	}
-	g.smem = g.sq + g.sk + g.sv + g.so + g.sb + g.sp + g.red + 1024
+	if v.ProducerDropout {
+		g.skeep = 2 * keepStageBytes(v)
+	}
+	g.smem = g.sq + g.sk + g.sv + g.so + g.sb + g.sp + g.red + g.skeep + 1024
 	if v.TMA {
 		g.smem += tmaBarrierBytes
 	}
 	if v.WarpSpecialized {
 		g.threads += 128 // the producer warpgroup
 		g.smem += tmaBarrierBytes
+		if v.ProducerDropout {
+			g.smem += tmaBarrierBytes // the keep stages' barriers
+		}
 	}
 }
 
@@ -210,10 +216,11 @@ func (x *gen) hopperConstants() {
 		x.p("constexpr int SB_OFF = %d;  // [2][warpgroups][BN/64][64][64] 16-bit, swizzled (sw_off): the staged bias of the current and the next key block", g.sq+g.sk+g.sv+g.so)
 	}
 	if v.TMA {
-		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sb+g.sp+g.red)
+		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sb+g.sp+g.red+g.skeep)
 	}
 	if v.WarpSpecialized {
 		x.wsConstants()
+		x.keepConstants(g.sq + g.sk + g.sv + g.so + g.sb + g.sp + g.red)
 	}
 	x.p("constexpr int SMEM_BYTES = %d;  // including 1024 bytes of alignment slack", g.smem)
 	x.p("")
@@ -412,7 +419,7 @@ func (x *gen) hopperTile(first string) {
     wgmma_commit();`, dk0)
 	x.pingPong("    ", ppPass)
 	x.blockBias("    ", first, "n0", "nb_hi - 2 >= nb_lo")
-	x.earlyDropBits("    ", "n0")
+	x.earlyDropBits("    ", "n0", first)
 	x.raw(`    wgmma_wait<0>();
     fence_acc(s[0]);
 `)
@@ -453,7 +460,7 @@ func (x *gen) hopperTile(first string) {
 	x.raw("      wgmma_commit();\n")
 	x.pingPong("      ", ppPass)
 	x.blockBias("      ", "it + 1", "(nb - 1) * BN", "nb - 2 >= nb_lo")
-	x.earlyDropBits("      ", "(nb - 1) * BN")
+	x.earlyDropBits("      ", "(nb - 1) * BN", "it + 1")
 	x.raw(`      wgmma_wait<1>();  // S of the next block is done; P·V of this one still runs
       fence_acc(s[0]);
 `)
@@ -648,7 +655,7 @@ func (x *gen) blockSoftmax(indent string) {
 	}
 	y.softmaxUpdate(true)
 	switch {
-	case x.v.EarlyDropout:
+	case x.v.EarlyDropout || x.v.ProducerDropout:
 		y.raw("    apply_keep(s, dkeep);  // ---- dropout, by the bits drawn before the wait\n")
 	case x.v.Dropout:
 		y.raw("    apply_dropout(s, p, m0 + wrow0 + p.drop_q0, n0 + key0 + p.drop_k0, (u32)(b * p.drop_heads + p.drop_h0 + h), lane);  // ---- dropout\n")

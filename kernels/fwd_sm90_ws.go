@@ -48,8 +48,28 @@ const wsProducerRegs = 24
 // when the budget the kernel starts with is already that (one compute
 // warpgroup: 256), and no setmaxnreg is issued.
 func wsComputeRegs(computeThreads int) (int, bool) {
+	return wsComputeRegsFrom(computeThreads, wsProducerRegs)
+}
+
+// wsKeepProducerRegs is the producer warpgroup's register budget with
+// ProducerDropout: its keep warps run Philox.
+const wsKeepProducerRegs = 24
+
+// producerRegs returns the variant's producer register budget.
+func (v Variant) producerRegs() int {
+	if v.ProducerDropout {
+		return wsKeepProducerRegs
+	}
+	return wsProducerRegs
+}
+
+// wsComputeRegsFrom is wsComputeRegs for a producer budget of producer
+// registers a thread.
+func wsComputeRegsFrom(computeThreads, producer int) (int, bool) {
 	start := min(256, 65536/(computeThreads+128)/8*8)
-	regs := min(256, (65536-wsProducerRegs*128)/computeThreads/8*8)
+	// the CTA's pool holds the registers its threads start with, not the
+	// file's remainder beyond them
+	regs := min(256, (start*(computeThreads+128)-producer*128)/computeThreads/8*8)
 	return regs, regs > start
 }
 
@@ -57,9 +77,9 @@ func wsComputeRegs(computeThreads int) (int, bool) {
 func (x *gen) wsConstants() {
 	g := x.g
 	compute := g.threads - 128
-	regs, _ := wsComputeRegs(compute)
+	regs, _ := wsComputeRegsFrom(compute, x.v.producerRegs())
 	x.p("constexpr int NCOMPUTE = %d;  // compute threads (%d warpgroups); the producer warpgroup is threads NCOMPUTE..NTHREADS-1", compute, compute/128)
-	x.p("constexpr int PRODUCER_REGS = %d;  // the producer warpgroup's register budget (setmaxnreg.dec)", wsProducerRegs)
+	x.p("constexpr int PRODUCER_REGS = %d;  // the producer warpgroup's register budget (setmaxnreg.dec)", x.v.producerRegs())
 	x.p("constexpr int COMPUTE_REGS = %d;  // the compute warpgroups' register budget (setmaxnreg.inc)", regs)
 	x.p("constexpr int EMPTY_OFF = BAR_OFF + %d;  // mbarriers on which the compute warps release K buffers 0 and 1, V buffers 0 and 1", tmaBarrierBytes)
 }
@@ -87,7 +107,7 @@ func (x *gen) computeSync() string {
 // the role split and the producer's loop; the compute threads go on after
 // it, waiting for Q and the first K.
 func (x *gen) wsPrologue() {
-	_, inc := wsComputeRegs(x.g.threads - 128)
+	_, inc := wsComputeRegsFrom(x.g.threads-128, x.v.producerRegs())
 	x.wsBarriers()
 	x.raw(x.tmaCoords())
 	x.raw(`  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
@@ -95,6 +115,7 @@ func (x *gen) wsPrologue() {
     if (tid == NCOMPUTE) {
 `)
 	x.wsTileLoads("      ", "0")
+	x.keepProducer()
 	x.raw(`    }
     return;
   }
@@ -124,7 +145,7 @@ func (x *gen) wsBarriers() {
   // empty (every compute warp released the buffer) for K buffers 0 and 1, V buffers 0 and 1%s
   const u32 barQ = s_base + BAR_OFF, barK = barQ + 8, barV = barQ + 24;  // buffer b: barK + 8b, barV + 8b
   const u32 emptyK = s_base + EMPTY_OFF, emptyV = emptyK + 16%[2]s
-%[4]s  if (tid == 0) {
+%[4]s%[6]s  if (tid == 0) {
     mbar_init(barQ, 1);%[3]s
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -132,10 +153,10 @@ func (x *gen) wsBarriers() {
       mbar_init(barV + 8 * i, 1);
       mbar_init(emptyK + 8 * i, NCOMPUTE / 32);
       mbar_init(emptyV + 8 * i, NCOMPUTE / 32);
-%[5]s    }
+%[5]s%[7]s    }
     mbar_fence_init();
   }
-  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit, x.biasStageBarriers(), x.biasStageBarrierInit())
+  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit, x.biasStageBarriers(), x.biasStageBarrierInit(), x.keepBarriers(), x.keepBarrierInit())
 }
 
 // wsTileLoads writes the producer thread's loads of one tile: Q, then K
@@ -244,6 +265,7 @@ var pipelineWords = []struct {
 	{"persistent", func(p *Pipeline) *bool { return &p.Persistent }},
 	{"tma-store", func(p *Pipeline) *bool { return &p.StoreO }},
 	{"early-dropout", func(p *Pipeline) *bool { return &p.EarlyDropout }},
+	{"producer-dropout", func(p *Pipeline) *bool { return &p.ProducerDropout }},
 	{"lazy-rescale", func(p *Pipeline) *bool { return &p.LazyRescale }},
 	{"head-major", func(p *Pipeline) *bool { return &p.HeadMajor }},
 }
@@ -252,7 +274,8 @@ var pipelineWords = []struct {
 // plus signs (the form that survives a comma-separated list of settings):
 // "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
-// "tma-store" (StoreO), "early-dropout" (EarlyDropout), "lazy-rescale"
+// "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
+// (ProducerDropout), "lazy-rescale"
 // (LazyRescale) and "head-major" (HeadMajor); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
@@ -270,7 +293,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, lazy-rescale, head-major)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major)", w)
 	}
 	if p.PingPong || p.Persistent {
 		p.WarpSpecialized = true

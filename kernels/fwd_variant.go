@@ -157,6 +157,13 @@ type Pipeline struct {
 	// after the softmax (fwd_sm90.go); the softmax then only applies them.
 	// WGMMA with Dropout. The mask is the same bit for bit.
 	EarlyDropout bool
+	// ProducerDropout has the producer warpgroup's three idle warps draw
+	// each key block's dropout keep bits into shared memory, two stages
+	// deep, for the compute warps to read while S = Q·Kᵀ runs
+	// (fwd_sm90_dropout_producer.go): the compute warps run no Philox.
+	// Warp-specialized, one tile a CTA, with Dropout; BlockN a multiple of
+	// 32. The mask is the same bit for bit.
+	ProducerDropout bool
 	// LazyRescale keeps each row's reference maximum (the subtrahend of its
 	// exponents) until a key block's maximum passes it by more than
 	// lazyRescaleBits in base 2, as FlashAttention-4 does, instead of
@@ -192,6 +199,7 @@ type geom struct {
 	red      int // shared bytes of the row-statistics exchange (WarpsN > 1)
 	so       int // shared bytes of the O staging tiles (StoreO)
 	sb       int // shared bytes of the staged bias tiles (BiasStaged)
+	skeep    int // shared bytes of the dropout keep stages (ProducerDropout)
 	smem     int // total dynamic shared memory
 	ka, va   int // WGMMA: 64-column swizzle atoms of a Q/K row and of a V row
 }
@@ -308,10 +316,11 @@ func flatSuffix(flat, staged bool) string {
 
 // wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
 // early-rescale (er), persistent (pt), O-by-tensor-maps (so) and
-// early-dropout (ed) variants.
+// early-dropout (ed), producer-dropout (pd), lazy-rescale (lr) and
+// head-major (hm) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm")
 }
 
 // String returns Name.
@@ -400,6 +409,9 @@ func (v Variant) Validate() error {
 	}
 	if v.EarlyDropout && (!v.WGMMA || !v.Dropout) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the early dropout bits need the WGMMA forward with dropout (WGMMA %v, Dropout %v)", v.WGMMA, v.Dropout)
+	}
+	if err := v.validateProducerDropout(); err != nil {
+		return err
 	}
 	if v.HeadMajor && !v.Persistent {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the head-major tile order needs persistent CTAs")

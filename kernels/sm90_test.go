@@ -196,6 +196,17 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 				vs = append(vs, ed)
 			}
 		}
+		// the keep bits drawn by the producer's warps instead, masked (causal, windows) too
+		for _, causal := range []bool{false, true} {
+			pd := hopperVariant(t, attn.BFloat16, d, d, func(v *Variant) { v.Dropout = true })
+			pd.BlockN, pd.TMA, pd.Pipeline = 128, true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, ProducerDropout: true}
+			if causal {
+				pd.Mask = MaskWindow
+			}
+			if pd.Validate() == nil {
+				vs = append(vs, pd)
+			}
+		}
 	}
 	// the lazy rescale on the long pipeline (D = 64, 128, with dropout), the short one and the lockstep kernels
 	for _, d := range []int{64, 128} {
@@ -236,16 +247,29 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	checkHopperCompiles(t, c, vs)
 }
 
-// checkHopperCompiles compiles vs for sm_90a and fails on spills and on
-// serialized warpgroup products in ptxas's report.
+// fwdSpillLimit returns the bytes a Hopper forward kernel of v may spill:
+// none, or 16 with the producer's dropout keep bits, whose keep warps at
+// the producer's 24 registers keep a value or two in local memory across
+// key blocks (one load a block, outside the loop of Philox calls; NVRTC
+// 12.4: 4–12 bytes).
+func fwdSpillLimit(v Variant) int {
+	if v.ProducerDropout {
+		return 16
+	}
+	return 0
+}
+
+// checkHopperCompiles compiles vs for sm_90a and fails on more spills than
+// fwdSpillLimit allows and on serialized warpgroup products in ptxas's
+// report.
 func checkHopperCompiles(t *testing.T, c *cuda.Compiler, vs []Variant) {
 	t.Helper()
 	res, logs := compileAllLogs(t, c, "sm_90a", vs)
 	for i, v := range vs {
 		r := res[i]
 		t.Logf("%s: %d registers, %d B stack, spills %d/%d", v, r.Registers, r.StackBytes, r.SpillStores, r.SpillLoads)
-		if r.SpillStores > 0 || r.StackBytes > 0 {
-			t.Errorf("%s spills: %d B stack, %d B stores", v, r.StackBytes, r.SpillStores)
+		if limit := fwdSpillLimit(v); r.SpillStores > limit || r.StackBytes > limit {
+			t.Errorf("%s spills: %d B stack, %d B stores (at most %d)", v, r.StackBytes, r.SpillStores, limit)
 		}
 		if strings.Contains(logs[i], "wgmma.mma_async instructions are serialized") {
 			t.Errorf("%s: ptxas serialized the warpgroup products:\n%s", v, grepLines(logs[i], "serialized"))

@@ -1,0 +1,165 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/flashattn/flashattn/attn"
+)
+
+// The dropout keep bits drawn by the producer warpgroup
+// (Variant.ProducerDropout, warp-specialized Hopper forward).
+//
+// The producer warpgroup's first warp issues the loads with one lane; its
+// other three warps (the keep warps, KEEP_THREADS threads) have nothing to
+// do. Under dropout they draw each key block's keep mask (package philox's
+// mapping, bit for bit) into shared memory, so that the compute warps no
+// longer run Philox or exchange its bytes between lanes:
+//
+//   - Layout: stage g & 1 of key block g (numbered as K and V are, from the
+//     tile's last block down) holds one 16-bit word per query row and
+//     16-key unit, [BM rows][BN/16 units], bit k keeping key 16·unit + k of
+//     the block: one Philox call's sixteen numbers compared with the
+//     threshold (drop_keep16).
+//   - Full barrier keepFull + 8·(g & 1), count KEEP_THREADS: every keep
+//     thread arrives once its words of block g are stored (an mbarrier
+//     arrival releases the thread's shared stores to the waiters).
+//   - Empty barrier keepEmpty + 8·(g & 1), count NCOMPUTE: every compute
+//     thread arrives once it has read its words of block g; the keep warps
+//     wait for phase g/2 − 1 before drawing block g ≥ 2 into the stage.
+//
+// A compute warp reads its words while S = Q·Kᵀ of the block runs (where
+// the early dropout bits were drawn) and turns them into apply_keep's
+// layout: lane (g, c) needs keys 2c, 2c + 1 of each 8-key tile of rows g
+// and g + 8, which one shift by 2c per 32-key word brings to bits 8k and
+// 8k + 1 of byte k (key tile 4u + k of word u).
+
+// keepThreads is the number of producer threads that draw the keep bits:
+// the producer warpgroup's warps 1 to 3.
+const keepThreads = 96
+
+// keepStageBytes is the shared memory of one stage of keep words: a 16-bit
+// word per query row and 16-key unit.
+func keepStageBytes(v Variant) int { return v.BlockM * v.BlockN / 16 * 2 }
+
+// validateProducerDropout reports what the keep warps cannot serve.
+func (v Variant) validateProducerDropout() error {
+	if !v.ProducerDropout {
+		return nil
+	}
+	switch {
+	case !v.WarpSpecialized || !v.Dropout || !v.WGMMA || !v.TMA || v.WarpsN != 1:
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits need the warp-specialized forward with tensor-map loads, one warpgroup per row group, and dropout (WarpSpecialized %v, TMA %v, WarpsN %d, Dropout %v)", v.WarpSpecialized, v.TMA, v.WarpsN, v.Dropout)
+	case v.Persistent:
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits are drawn for one tile a CTA, not for persistent CTAs")
+	case v.EarlyDropout:
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits replace the early ones: not both")
+	case v.BlockN%32 != 0:
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits want key blocks of a multiple of 32 keys (a compute lane reads 32-bit words), not %d", v.BlockN)
+	}
+	return nil
+}
+
+// keepConstants writes the keep stages' constants (after EMPTY_OFF).
+func (x *gen) keepConstants(keepOff int) {
+	if !x.v.ProducerDropout {
+		return
+	}
+	x.p("constexpr int KEEP_OFF = %d;  // [2][BM][BN/16] 16-bit dropout keep words, drawn by the keep warps", keepOff)
+	x.p("constexpr int KEEP_STAGE = %d;  // bytes of one stage", keepStageBytes(x.v))
+	x.p("constexpr int KEEP_WORDS = BN / 32;  // 32-bit words of keep bits per query row")
+	x.p("constexpr int KEEP_THREADS = %d;  // the producer's warps 1..3 draw the keep bits", keepThreads)
+	x.p("constexpr int KEEPBAR_OFF = EMPTY_OFF + %d;  // full barriers of keep stages 0 and 1, then their empty barriers", tmaBarrierBytes)
+}
+
+// keepBarriers returns the keep stages' barrier addresses (after the
+// pipeline's), and keepBarrierInit their initialization.
+func (x *gen) keepBarriers() string {
+	if !x.v.ProducerDropout {
+		return ""
+	}
+	return "  const u32 keepFull = s_base + KEEPBAR_OFF, keepEmpty = keepFull + 16;  // keep stage b: + 8b\n"
+}
+
+func (x *gen) keepBarrierInit() string {
+	if !x.v.ProducerDropout {
+		return ""
+	}
+	return `      mbar_init(keepFull + 8 * i, KEEP_THREADS);
+      mbar_init(keepEmpty + 8 * i, NCOMPUTE);
+`
+}
+
+// keepProducer writes the keep warps' loop over the tile's key blocks
+// (inside the producer warpgroup's branch, after the loading thread's):
+// key block s (from the last, nb_hi − 1, down) into stage s & 1, its BM·BN/16
+// Philox calls shared out among the KEEP_THREADS threads.
+func (x *gen) keepProducer() {
+	if !x.v.ProducerDropout {
+		return
+	}
+	x.raw(`    } else if (tid >= NCOMPUTE + 32) {  // ---- the keep warps: each key block's dropout keep words
+      const int T = nb_hi - nb_lo;
+      for (int s = 0; s < T; ++s) {  // key block s: first key (nb_hi - 1 - s)·BN
+        if (s >= 2) mbar_wait(keepEmpty + 8 * (s & 1), ((s >> 1) - 1) & 1);  // block s - 2's words read
+        // (the coordinates derived again each block: at PRODUCER_REGS, values kept across blocks spill)
+        const u32 bh = (u32)(b * p.drop_heads + p.drop_h0 + h), i0 = (u32)(m0 + p.drop_q0);
+        const u32 dst = s_base + KEEP_OFF + (s & 1) * KEEP_STAGE;
+        const u32 kb0 = (u32)((nb_hi - 1 - s) * BN + p.drop_k0) >> 4;  // the block's first 16-key unit (drop_k0: a multiple of 16)
+        // pair e: units 2e and 2e + 1 of the stage's [BM][BN/16] words, row e / (BN/32), units 2·(e % (BN/32)) + 0, 1
+        for (u32 e = threadIdx.x - (NCOMPUTE + 32); e < BM * (BN / 32); e += KEEP_THREADS) {
+          const u32 r = i0 + e / (BN / 32), u = kb0 + 2 * (e % (BN / 32));
+          const u32 lo = drop_keep16(philox4(u, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
+          const u32 hi = drop_keep16(philox4(u + 1, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
+          sts32(dst + 4 * e, lo | hi << 16);
+        }
+        mbar_arrive(keepFull + 8 * (s & 1));  // releases this thread's words of block s
+      }
+`)
+}
+
+// keepFromShared writes a compute thread's keep bits of key block seq (a
+// C++ expression: the block's number from the tile's last down) from the
+// keep stage into dkeep, in apply_keep's layout, and its release of the
+// stage (indent: the block's).
+func (x *gen) keepFromShared(indent, seq string) {
+	x.raw(indentLines(fmt.Sprintf(`u32 dkeep[MT][(NT_S + 7) / 8];  // ---- dropout keep bits of the block, from the keep warps' words
+{
+  const int kg = %s;  // the block's number
+  mbar_wait(keepFull + 8 * (kg & 1), (kg >> 1) & 1);
+  const u32* kw = (const u32*)(smem + (s_base - smem_addr(smem)) + KEEP_OFF + (kg & 1) * KEEP_STAGE);
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const u32* ra = kw + (wrow0 + 16 * mt + g) * KEEP_WORDS;  // rows g and g + 8 of the row tile
+#pragma unroll
+    for (int x = 0; x < (NT_S + 7) / 8; ++x) dkeep[mt][x] = 0u;
+#pragma unroll
+    for (int u = 0; u < KEEP_WORDS; ++u) {  // keys 32u .. 32u + 31: key tiles 4u .. 4u + 3
+      // byte k: keys 2c, 2c + 1 of key tile 4u + k, row g at bits 0, 1 and row g + 8 at bits 2, 3
+      const u32 kx = ((ra[u] >> (2 * c)) & 0x03030303u) | (((ra[u + 8 * KEEP_WORDS] >> (2 * c)) & 0x03030303u) << 2);
+      const u32 kn = __byte_perm(kx | (kx >> 4), 0u, 0x4420u);  // key tile 4u + k at bits 4k
+      dkeep[mt][u >> 1] |= kn << (16 * (u & 1));
+    }
+  }
+  mbar_arrive(keepEmpty + 8 * (kg & 1));  // this thread has read its words
+}
+`, seq), indent))
+}
+
+// dropKeep16Func is the device function drop_keep16: the keep bits of one
+// Philox call's sixteen numbers.
+const dropKeep16Func = `// drop_keep16: bit k keeps byte k (little-endian over x, y, z, w) of one Philox call's sixteen numbers:
+// u < t, t in 1..255. Bytes 0, 2 and bytes 1, 3 of a word in 16-bit lanes: u + 256 - t reaches bit 8 of
+// its lane exactly when u >= t.
+DEV u32 drop_keep16(uint4 w, u32 t) {
+  const u32 add = (256u - t) * 0x00010001u;
+  const u32 v[4] = {w.x, w.y, w.z, w.w};
+  u32 dropped = 0u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const u32 even = (v[i] & 0x00ff00ffu) + add, odd = ((v[i] >> 8) & 0x00ff00ffu) + add;
+    dropped |= (((even >> 8) & 1u) | ((odd >> 7) & 2u) | ((even >> 22) & 4u) | ((odd >> 21) & 8u)) << (4 * i);
+  }
+  return ~dropped & 0xffffu;
+}
+`
