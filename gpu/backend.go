@@ -71,6 +71,11 @@ type Backend struct {
 	// it measured faster than the L2 sections. New sets FwdHeadMajor when
 	// EnvFwdHeadMajor is set, FwdHeadMajorAuto on Hopper unless it is "0".
 	FwdHeadMajor, FwdHeadMajorAuto bool
+	// FwdProducerDropout has the producer warpgroup's idle warps draw the
+	// dropout keep bits (kernels.Pipeline.ProducerDropout) in every Hopper
+	// forward launch under dropout whose variant allows them, in place of
+	// the early bits. New sets it when EnvFwdProducerDropout is set.
+	FwdProducerDropout bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -252,6 +257,8 @@ func New(dev *cuda.Device) (*Backend, error) {
 		LazyRescale:    hopper && os.Getenv(EnvFwdLazyRescale) != "0",
 		FwdHeadMajor:   hopper && envSet(os.Getenv(EnvFwdHeadMajor)),
 
+		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
+
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
 		BwdPersistent:    hopper && envSet(os.Getenv(EnvBwdPersistent)),
@@ -414,6 +421,11 @@ const EnvFwdLazyRescale = "FLASHATTN_FWD_LAZY_RESCALE"
 // (Backend.FwdHeadMajor); when "0", in L2 sections at every length
 // (Backend.FwdHeadMajorAuto off).
 const EnvFwdHeadMajor = "FLASHATTN_FWD_HEAD_MAJOR"
+
+// EnvFwdProducerDropout, when set to anything but "" or "0", has the Hopper
+// forward of new backends draw the dropout keep bits in the producer
+// warpgroup's idle warps (Backend.FwdProducerDropout).
+const EnvFwdProducerDropout = "FLASHATTN_FWD_PRODUCER_DROPOUT"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -516,7 +516,9 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // earlyDropoutFaster say so; either takes the lazy rescale with
 // LazyRescale and the head-major tile order with FwdHeadMajor, or with
 // FwdHeadMajorAuto at most HeadMajorQueries queries (which only the
-// persistent launches keep).
+// persistent launches keep); the producer's dropout keep bits with
+// FwdProducerDropout under dropout (which only launches of one tile a CTA
+// keep).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -527,6 +529,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	}
 	pl.LazyRescale = pl.LazyRescale || b.LazyRescale
 	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor || b.FwdHeadMajorAuto && p.N <= HeadMajorQueries
+	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout && p.Opt.Dropout > 0
 	return pl
 }
 

@@ -735,6 +735,37 @@ func TestForwardEarlyDropout(t *testing.T) {
 	}
 }
 
+// TestForwardProducerDropout checks where a backend with FwdProducerDropout
+// plans the producer's dropout keep bits: under dropout on the launches of
+// one tile a CTA, in place of the early bits (D = 128) and of the bits
+// drawn after the softmax (D = 64); not without dropout, and not on the
+// persistent short pipeline.
+func TestForwardProducerDropout(t *testing.T) {
+	short := DefaultShortPipeline
+	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, EarlyDropoutAuto: true, FwdProducerDropout: true}
+	for _, c := range []struct {
+		name    string
+		d, n    int
+		dropout float64
+		want    bool
+	}{
+		{"d128", 128, 2048, 0.1, true},
+		{"d64", 64, 2048, 0.1, true},
+		{"d128 no dropout", 128, 2048, 0, false},
+		{"d128 short (persistent)", 128, 512, 0.1, false},
+	} {
+		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 2, hkv: 2, dk: c.d, dv: c.d, wgmma: true, tma: true}
+		fc.opt.Dropout = c.dropout
+		v := backendPlanned(t, b, fc)
+		if v.ProducerDropout != c.want || v.EarlyDropout {
+			t.Errorf("%s: %s: producer dropout %v, early %v; want %v, false", c.name, v.Name(), v.ProducerDropout, v.EarlyDropout, c.want)
+		}
+		if c.want && (!v.WarpSpecialized || v.Persistent) {
+			t.Errorf("%s: %s: want warp-specialized, one tile a CTA", c.name, v.Name())
+		}
+	}
+}
+
 // backendPlanned returns the forward variant b plans for fc on a device
 // of 132 multiprocessors (its pipeline as Backend.forwardPipeline picks it).
 func backendPlanned(t *testing.T, b *Backend, fc fwdRecordCase) kernels.Variant {
