@@ -176,6 +176,11 @@ type Backend struct {
 	// kernels.PersistentOK). New sets it on Hopper when EnvBwdPersistent is
 	// set.
 	BwdPersistent bool
+	// BwdProducerDropout has the producer warpgroup's idle warps of the
+	// key-rows dK/dV kernel draw the dropout keep bits where the variant
+	// allows it (kernels.BwdVariant.ProducerDropout). New sets it on Hopper
+	// when EnvBwdProducerDropout is set.
+	BwdProducerDropout bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -262,9 +267,11 @@ func New(dev *cuda.Device) (*Backend, error) {
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
 		BwdPersistent:    hopper && envSet(os.Getenv(EnvBwdPersistent)),
-		HostRegister:     envSet(os.Getenv(EnvHostRegister)),
-		BwdDeep:          hopper && envBwdDeep(),
-		TMA:              hopper && !envSet(os.Getenv(EnvNoTMA)),
+
+		BwdProducerDropout: hopper && envSet(os.Getenv(EnvBwdProducerDropout)),
+		HostRegister:       envSet(os.Getenv(EnvHostRegister)),
+		BwdDeep:            hopper && envBwdDeep(),
+		TMA:                hopper && !envSet(os.Getenv(EnvNoTMA)),
 
 		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
 		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
@@ -441,6 +448,11 @@ const EnvBwdLightTail = "FLASHATTN_BWD_LIGHT_TAIL"
 // on Hopper launch the key-rows dK/dV kernel persistent
 // (Backend.BwdPersistent).
 const EnvBwdPersistent = "FLASHATTN_BWD_PERSISTENT"
+
+// EnvBwdProducerDropout, when set to anything but "" or "0", has new
+// backends draw the backward's dropout keep bits in the producer
+// warpgroup's idle warps (Backend.BwdProducerDropout).
+const EnvBwdProducerDropout = "FLASHATTN_BWD_PRODUCER_DROPOUT"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels
 // with source line information (NVRTC's -lineinfo), so that

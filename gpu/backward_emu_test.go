@@ -124,7 +124,7 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	}
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
-		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), persistent: hopper && envSet(os.Getenv(EnvBwdPersistent)), deep: deep,
+		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), persistent: hopper && envSet(os.Getenv(EnvBwdPersistent)), producerDropout: hopper && envSet(os.Getenv(EnvBwdProducerDropout)), deep: deep,
 		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore, dbiasReduce: knobs.DBiasReduce})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
@@ -352,6 +352,11 @@ func emuCheckBwdPlan(t *testing.T, pl *bwdPlan, p *attn.Problem, kind emuKernels
 	persistent.Persistent = true
 	if want := envSet(os.Getenv(EnvBwdPersistent)) && pl.v.KeyRows && persistent.Validate() == nil; pl.v.Persistent != want {
 		t.Fatalf("plan %s: Persistent = %v, want %v", pl.v.Name(), pl.v.Persistent, want)
+	}
+	keep := pl.v
+	keep.ProducerDropout = true
+	if want := envSet(os.Getenv(EnvBwdProducerDropout)) && keep.Validate() == nil; pl.v.ProducerDropout != want {
+		t.Fatalf("plan %s: ProducerDropout = %v, want %v", pl.v.Name(), pl.v.ProducerDropout, want)
 	}
 	if want := strings.Contains(t.Name(), "/flat-") && tma; pl.v.Flat != want {
 		t.Fatalf("plan %s: Flat = %v, want %v", pl.v.Name(), pl.v.Flat, want)

@@ -275,6 +275,9 @@ type bwdRequest struct {
 	// persistent launches the key-rows dK/dV kernel persistent where the
 	// variant allows it (Backend.BwdPersistent).
 	persistent bool
+	// producerDropout has the producer's idle warps draw the dropout keep
+	// bits where the variant allows it (Backend.BwdProducerDropout).
+	producerDropout bool
 	// dbiasAtomic adds a batch-broadcast bias's gradient by atomic adds
 	// where the call allows it, dbiasAtomicAuto where that measured faster;
 	// dbiasDirect stores the gradient of a bias of every batch element and
@@ -302,7 +305,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 		algo = b.DQ
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
-		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, persistent: b.BwdPersistent, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
+		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, persistent: b.BwdPersistent, producerDropout: b.BwdProducerDropout, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
 		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasReduce: b.DBiasReduce}
 }
 
@@ -436,6 +439,13 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w := pl.v
 		w.Persistent = true
 		pl.tryTMA(w)
+	}
+	if r.producerDropout {
+		w := pl.v
+		w.ProducerDropout = true
+		if w.Validate() == nil {
+			pl.v = w
+		}
 	}
 	if r.dbiasTiles && pl.v.DBiasPath == kernels.DBiasAtomic {
 		w := pl.v

@@ -248,6 +248,9 @@ func (v BwdVariant) bwdHopperLayoutBuffers(bufs int) bwdSmemLayout {
 	}
 	add("sL", 2*bm*4) // [2][BM] LSE2
 	add("sD", 2*bm*4) // [2][BM] Delta
+	if v.ProducerDropout {
+		l.add("sKeep", 2*v.bwdKeepStageBytes()) // [2][BN/16][16][KR] 32-bit keep words
+	}
 	if v.TMA {
 		l.add("bar", 16) // [2] mbarriers: stage s of q and dO landed
 	}
@@ -377,8 +380,9 @@ extern "C" __global__ void __launch_bounds__(%[7]d, 1) %[3]s(%[5]s) {
 		fmt.Fprintf(b, "  float* sdQ = reinterpret_cast<float*>(smem + %d);  // [warpgroups][%s][%d]: each step's dQ tile, fp32, %s\n", l.off["sdQ"], rows, v.bwdDQPitch(), layout)
 	}
 	g.bwdBiasStageDecls(b, l)
+	g.bwdKeepDecls(b, l)
 	if v.WarpSpecialized {
-		g.wsBwdBarriers(b, l, 32, "NCOMPUTE", "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
+		g.wsBwdBarriers(b, l, g.bwdKeepFullCount(), "NCOMPUTE", "the producer warp's 32 lanes stored LSE2 and Delta,\n  // and the q and dO tiles landed")
 	} else {
 		g.tmaBarriers(b, l, "q and dO", 2)
 	}

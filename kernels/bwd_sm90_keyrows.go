@@ -214,6 +214,9 @@ func (g *bwdGen) keyRowsDropBits() string {
 	if !g.v.Dropout {
 		return ""
 	}
+	if g.v.ProducerDropout {
+		return bwdKeepRead()
+	}
 	return `    // ---- dropout keep bits of this warp's 16 keys and the BM queries (drop_bits_kr), drawn while dPᵀ runs:
     // element (key kj, query qi + c) kept when bit 8(nt & 3) + 2t4 + c of dkeep[nt >> 2][hh] is set
     u32 dkeep[(BM / 8 + 3) / 4][2];

@@ -150,7 +150,7 @@ func (g *bwdGen) wsBwdProducer(b *strings.Builder) {
 	if v.Persistent {
 		steps = g.persistentProducer(steps)
 	}
-	b.WriteString(steps + `    }
+	b.WriteString(steps + g.bwdKeepProducer() + `    }
     return;
   }
   setmaxnreg_inc<COMPUTE_REGS>();  // ---- compute warpgroups, with the producer's registers

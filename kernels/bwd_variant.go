@@ -156,6 +156,12 @@ type BwdVariant struct {
 	// kernel's tensor maps) and its first q and dO while the compute
 	// warpgroups store the last tile's dK and dV (bwd_sm90_persistent.go).
 	Persistent bool
+	// ProducerDropout (the warp-specialized key-rows dK/dV kernel under
+	// dropout, one tile a CTA) has the producer warpgroup's three idle
+	// warps draw each step's dropout keep bits into the step's stage, for
+	// the compute warps to read instead of drawing them
+	// (bwd_sm90_dropout_producer.go). The mask is the same bit for bit.
+	ProducerDropout bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -385,6 +391,9 @@ func (v BwdVariant) Validate() error {
 	if v.Persistent && !PersistentOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a persistent dK/dV kernel needs the key-rows step (not over 80 queries), 16-byte loads, no bias, rows not read in place and a fixed-length batch (PersistentOK)", v.Name())
 	}
+	if v.ProducerDropout && !bwdProducerDropoutOK(v) {
+		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the producer's dropout keep bits need the warp-specialized key-rows dK/dV kernel under dropout, one tile a CTA", v.Name())
+	}
 	if !QueryStepOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64), 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds, or 128 with the key-rows step at padded head dims up to 64", v.Name(), v.QueryStep)
 	}
@@ -427,7 +436,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"}, {v.DBiasPath == DBiasStore, "dbstore"}, {v.DBiasPath == DBiasReduce, "dbred"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}, {v.Persistent, "pers"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}, {v.Persistent, "pers"}, {v.ProducerDropout, "pd"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

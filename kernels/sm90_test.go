@@ -517,7 +517,14 @@ func TestBwdCompileHopper(t *testing.T) {
 			persistent = append(persistent, v)
 		}
 	}
-	checkBwdHopperCompiles(t, c, append(append(append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...), keyRowsDropout...), persistent...))
+	// the producer's dropout keep bits on every dropout variant above that takes them
+	var keep []BwdVariant
+	for _, v := range append(append([]BwdVariant(nil), keyRows...), keyRowsDropout...) {
+		if v.ProducerDropout = true; v.Validate() == nil {
+			keep = append(keep, v)
+		}
+	}
+	checkBwdHopperCompiles(t, c, append(append(append(append(append(append(append(append(vs, tma...), bulk...), ws...), keyRows...), tails...), keyRowsDropout...), persistent...), keep...))
 }
 
 // bwdHopperKeyRowsDropoutVariants returns key-rows variants under dropout
