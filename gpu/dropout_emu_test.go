@@ -179,6 +179,7 @@ func TestDropoutKeepMaskEmulated(t *testing.T) {
 		{"ping-pong", emuHopperPP, []attn.DType{attn.BFloat16}},
 		{"persistent", emuHopperPT, []attn.DType{attn.BFloat16}},
 		{"producer-dropout", emuHopperPD, []attn.DType{attn.BFloat16}},
+		{"producer-dropout-persistent", emuHopperPDPT, []attn.DType{attn.BFloat16}},
 	}
 	for _, kd := range kinds {
 		for _, dt := range kd.dts {

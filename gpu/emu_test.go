@@ -328,6 +328,7 @@ const (
 	emuHopperLR                                    // the Hopper forward, ws, ping-pong, early rescale, the lazy rescale
 	emuHopperHM                                    // the short pipeline (persistent, O by tensor maps) with the head-major tile order
 	emuHopperPD                                    // the Hopper forward, ws, ping-pong, early rescale, the dropout keep bits drawn by the producer's warps
+	emuHopperPDPT                                  // ... on the short pipeline (persistent, O by tensor maps)
 	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -400,6 +401,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, HeadMajor: true}
 	case emuHopperPD:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, ProducerDropout: true}
+	case emuHopperPDPT:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, ProducerDropout: true}
 	}
 	return kernels.Pipeline{}
 }

@@ -737,9 +737,9 @@ func TestForwardEarlyDropout(t *testing.T) {
 
 // TestForwardProducerDropout checks where a backend with FwdProducerDropout
 // plans the producer's dropout keep bits: under dropout on the launches of
-// one tile a CTA, in place of the early bits (D = 128) and of the bits
-// drawn after the softmax (D = 64); not without dropout, and not on the
-// persistent short pipeline.
+// one tile a CTA and on the persistent short pipeline, in place of the
+// early bits (D = 128) and of the bits drawn after the softmax (D = 64);
+// not without dropout.
 func TestForwardProducerDropout(t *testing.T) {
 	short := DefaultShortPipeline
 	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, EarlyDropoutAuto: true, FwdProducerDropout: true}
@@ -752,7 +752,7 @@ func TestForwardProducerDropout(t *testing.T) {
 		{"d128", 128, 2048, 0.1, true},
 		{"d64", 64, 2048, 0.1, true},
 		{"d128 no dropout", 128, 2048, 0, false},
-		{"d128 short (persistent)", 128, 512, 0.1, false},
+		{"d128 short (persistent)", 128, 512, 0.1, true},
 	} {
 		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 2, hkv: 2, dk: c.d, dv: c.d, wgmma: true, tma: true}
 		fc.opt.Dropout = c.dropout
@@ -760,8 +760,8 @@ func TestForwardProducerDropout(t *testing.T) {
 		if v.ProducerDropout != c.want || v.EarlyDropout {
 			t.Errorf("%s: %s: producer dropout %v, early %v; want %v, false", c.name, v.Name(), v.ProducerDropout, v.EarlyDropout, c.want)
 		}
-		if c.want && (!v.WarpSpecialized || v.Persistent) {
-			t.Errorf("%s: %s: want warp-specialized, one tile a CTA", c.name, v.Name())
+		if c.want && (!v.WarpSpecialized || v.Persistent != (c.n <= ShortKeys)) {
+			t.Errorf("%s: %s: want warp-specialized, persistent %v", c.name, v.Name(), c.n <= ShortKeys)
 		}
 	}
 }

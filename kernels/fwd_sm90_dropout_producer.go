@@ -49,8 +49,6 @@ func (v Variant) validateProducerDropout() error {
 	switch {
 	case !v.WarpSpecialized || !v.Dropout || !v.WGMMA || !v.TMA || v.WarpsN != 1:
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits need the warp-specialized forward with tensor-map loads, one warpgroup per row group, and dropout (WarpSpecialized %v, TMA %v, WarpsN %d, Dropout %v)", v.WarpSpecialized, v.TMA, v.WarpsN, v.Dropout)
-	case v.Persistent:
-		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits are drawn for one tile a CTA, not for persistent CTAs")
 	case v.EarlyDropout:
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the producer's dropout keep bits replace the early ones: not both")
 	case v.BlockN%32 != 0:
@@ -97,24 +95,71 @@ func (x *gen) keepProducer() {
 	if !x.v.ProducerDropout {
 		return
 	}
-	x.raw(`    } else if (tid >= NCOMPUTE + 32) {  // ---- the keep warps: each key block's dropout keep words
-      const int T = nb_hi - nb_lo;
-      for (int s = 0; s < T; ++s) {  // key block s: first key (nb_hi - 1 - s)·BN
-        if (s >= 2) mbar_wait(keepEmpty + 8 * (s & 1), ((s >> 1) - 1) & 1);  // block s - 2's words read
-        // (the coordinates derived again each block: at PRODUCER_REGS, values kept across blocks spill)
-        const u32 bh = (u32)(b * p.drop_heads + p.drop_h0 + h), i0 = (u32)(m0 + p.drop_q0);
-        const u32 dst = s_base + KEEP_OFF + (s & 1) * KEEP_STAGE;
-        const u32 kb0 = (u32)((nb_hi - 1 - s) * BN + p.drop_k0) >> 4;  // the block's first 16-key unit (drop_k0: a multiple of 16)
-        // pair e: units 2e and 2e + 1 of the stage's [BM][BN/16] words, row e / (BN/32), units 2·(e % (BN/32)) + 0, 1
-        for (u32 e = threadIdx.x - (NCOMPUTE + 32); e < BM * (BN / 32); e += KEEP_THREADS) {
-          const u32 r = i0 + e / (BN / 32), u = kb0 + 2 * (e % (BN / 32));
-          const u32 lo = drop_keep16(philox4(u, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
-          const u32 hi = drop_keep16(philox4(u + 1, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
-          sts32(dst + 4 * e, lo | hi << 16);
-        }
-        mbar_arrive(keepFull + 8 * (s & 1));  // releases this thread's words of block s
-      }
+	x.raw("    } else if (tid >= NCOMPUTE + 32) {  // ---- the keep warps: each key block's dropout keep words\n")
+	x.raw(indentLines(keepBlocks("0"), "      "))
+}
+
+// keepBlocks returns the keep warps' loop over a tile's key blocks, the
+// block s (from the last, nb_hi − 1, down) being number first + s of the
+// CTA's sequence, which gives its stage and barrier phases.
+func keepBlocks(first string) string {
+	g := "s"
+	if first != "0" {
+		g = "(" + first + " + s)"
+	}
+	return fmt.Sprintf(`const int T = nb_hi - nb_lo;
+for (int s = 0; s < T; ++s) {  // key block s: first key (nb_hi - 1 - s)·BN, number %[1]s
+  const int kg = %[1]s;
+  if (kg >= 2) mbar_wait(keepEmpty + 8 * (kg & 1), ((kg >> 1) - 1) & 1);  // block kg - 2's words read
+  // (the coordinates derived again each block: at PRODUCER_REGS, values kept across blocks spill)
+  const u32 bh = (u32)(b * p.drop_heads + p.drop_h0 + h), i0 = (u32)(m0 + p.drop_q0);
+  const u32 dst = s_base + KEEP_OFF + (kg & 1) * KEEP_STAGE;
+  const u32 kb0 = (u32)((nb_hi - 1 - s) * BN + p.drop_k0) >> 4;  // the block's first 16-key unit (drop_k0: a multiple of 16)
+  // pair e: units 2e and 2e + 1 of the stage's [BM][BN/16] words, row e / (BN/32), units 2·(e %% (BN/32)) + 0, 1
+  for (u32 e = threadIdx.x - (NCOMPUTE + 32); e < BM * (BN / 32); e += KEEP_THREADS) {
+    const u32 r = i0 + e / (BN / 32), u = kb0 + 2 * (e %% (BN / 32));
+    const u32 lo = drop_keep16(philox4(u, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
+    const u32 hi = drop_keep16(philox4(u + 1, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
+    sts32(dst + 4 * e, lo | hi << 16);
+  }
+  mbar_arrive(keepFull + 8 * (kg & 1));  // releases this thread's words of block kg
+}
+`, g)
+}
+
+// keepPersistent writes the keep warps' loop over a persistent CTA's tiles
+// (inside the producer warpgroup's branch, after the loading thread's):
+// each tile's index read from sched once Q's full barrier completes, as the
+// compute warps read it, and Q's empty barrier arrived on at once (it
+// counts the keep threads too), so that the loading thread writes no next
+// index before every keep thread read this one — without it a tile with no
+// key could let Q's barrier run two phases ahead of a keep thread.
+func (x *gen) keepPersistent() {
+	if !x.v.ProducerDropout {
+		return
+	}
+	x.raw(`    } else if (tid >= NCOMPUTE + 32) {  // ---- the keep warps: each tile's key blocks' dropout keep words
+      int kv0 = 0;  // key blocks of the CTA's tiles so far (as the loading thread counts them)
+      for (int q_it = 0;; ++q_it) {
+        mbar_wait(barQ, q_it & 1);  // the tile's index
+        const int tile = *sched;
+        mbar_arrive(emptyQ);  // read: the loading thread may write the next one
+        if (tile >= ntiles) break;
 `)
+	y := &gen{v: x.v, g: x.g}
+	y.raw(x.tileCoords(""))
+	y.raw(`const int n = p.n, m = p.m;
+const int m0 = mblk * BM, rows = min(BM, n - m0);
+(void)rows;
+`)
+	z := &gen{v: x.v, g: x.g}
+	z.maskRange()
+	y.raw(indentLines(z.b.String(), ""))
+	y.raw("if (nb_hi <= nb_lo) continue;  // no key: no block\n")
+	y.raw(keepBlocks("kv0"))
+	y.raw("kv0 += T;\n")
+	x.raw(indentLines(y.b.String(), "        "))
+	x.raw("      }\n")
 }
 
 // keepFromShared writes a compute thread's keep bits of key block seq (a

@@ -48,28 +48,10 @@ const wsProducerRegs = 24
 // when the budget the kernel starts with is already that (one compute
 // warpgroup: 256), and no setmaxnreg is issued.
 func wsComputeRegs(computeThreads int) (int, bool) {
-	return wsComputeRegsFrom(computeThreads, wsProducerRegs)
-}
-
-// wsKeepProducerRegs is the producer warpgroup's register budget with
-// ProducerDropout: its keep warps run Philox.
-const wsKeepProducerRegs = 24
-
-// producerRegs returns the variant's producer register budget.
-func (v Variant) producerRegs() int {
-	if v.ProducerDropout {
-		return wsKeepProducerRegs
-	}
-	return wsProducerRegs
-}
-
-// wsComputeRegsFrom is wsComputeRegs for a producer budget of producer
-// registers a thread.
-func wsComputeRegsFrom(computeThreads, producer int) (int, bool) {
 	start := min(256, 65536/(computeThreads+128)/8*8)
 	// the CTA's pool holds the registers its threads start with, not the
 	// file's remainder beyond them
-	regs := min(256, (start*(computeThreads+128)-producer*128)/computeThreads/8*8)
+	regs := min(256, (start*(computeThreads+128)-wsProducerRegs*128)/computeThreads/8*8)
 	return regs, regs > start
 }
 
@@ -77,9 +59,9 @@ func wsComputeRegsFrom(computeThreads, producer int) (int, bool) {
 func (x *gen) wsConstants() {
 	g := x.g
 	compute := g.threads - 128
-	regs, _ := wsComputeRegsFrom(compute, x.v.producerRegs())
+	regs, _ := wsComputeRegs(compute)
 	x.p("constexpr int NCOMPUTE = %d;  // compute threads (%d warpgroups); the producer warpgroup is threads NCOMPUTE..NTHREADS-1", compute, compute/128)
-	x.p("constexpr int PRODUCER_REGS = %d;  // the producer warpgroup's register budget (setmaxnreg.dec)", x.v.producerRegs())
+	x.p("constexpr int PRODUCER_REGS = %d;  // the producer warpgroup's register budget (setmaxnreg.dec)", wsProducerRegs)
 	x.p("constexpr int COMPUTE_REGS = %d;  // the compute warpgroups' register budget (setmaxnreg.inc)", regs)
 	x.p("constexpr int EMPTY_OFF = BAR_OFF + %d;  // mbarriers on which the compute warps release K buffers 0 and 1, V buffers 0 and 1", tmaBarrierBytes)
 }
@@ -107,7 +89,7 @@ func (x *gen) computeSync() string {
 // the role split and the producer's loop; the compute threads go on after
 // it, waiting for Q and the first K.
 func (x *gen) wsPrologue() {
-	_, inc := wsComputeRegsFrom(x.g.threads-128, x.v.producerRegs())
+	_, inc := wsComputeRegs(x.g.threads - 128)
 	x.wsBarriers()
 	x.raw(x.tmaCoords())
 	x.raw(`  if (tid >= NCOMPUTE) {  // ---- producer warpgroup
@@ -138,6 +120,9 @@ func (x *gen) wsBarriers() {
 	q, qDecl, qInit := "", "          // buffer b: emptyK + 8b, emptyV + 8b", ""
 	if x.v.Persistent {
 		q, qDecl, qInit = ", and Q", ", emptyQ = emptyK + 32;", "\n    mbar_init(emptyQ, NCOMPUTE);  // every compute thread arrives: they read the tile's index"
+		if x.v.ProducerDropout {
+			qInit = "\n    mbar_init(emptyQ, NCOMPUTE + KEEP_THREADS);  // every compute and keep thread arrives: they read the tile's index"
+		}
 	} else {
 		qDecl = ";" + qDecl
 	}
@@ -462,6 +447,7 @@ func (x *gen) wsPersistentPrologue() {
       }
 `)
 	}
+	x.keepPersistent()
 	x.raw(`    }
     return;
   }

@@ -196,13 +196,17 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 				vs = append(vs, ed)
 			}
 		}
-		// the keep bits drawn by the producer's warps instead, masked (causal, windows) too
+		// the keep bits drawn by the producer's warps instead, masked (causal, windows) too, one tile a CTA and persistent
 		for _, causal := range []bool{false, true} {
 			pd := hopperVariant(t, attn.BFloat16, d, d, func(v *Variant) { v.Dropout = true })
 			pd.BlockN, pd.TMA, pd.Pipeline = 128, true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, ProducerDropout: true}
 			if causal {
 				pd.Mask = MaskWindow
 			}
+			if pd.Validate() == nil {
+				vs = append(vs, pd)
+			}
+			pd.Persistent, pd.StoreO = true, true // the short pipeline's
 			if pd.Validate() == nil {
 				vs = append(vs, pd)
 			}
@@ -248,12 +252,15 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 }
 
 // fwdSpillLimit returns the bytes a Hopper forward kernel of v may spill:
-// none, or 16 with the producer's dropout keep bits, whose keep warps at
-// the producer's 24 registers keep a value or two in local memory across
-// key blocks (one load a block, outside the loop of Philox calls; NVRTC
-// 12.4: 4–12 bytes).
+// none, or with the producer's dropout keep bits 16 (32 persistent), whose
+// keep warps at the producer's 24 registers keep a few values in local
+// memory across key blocks and tiles (loads once a block, outside the loop
+// of Philox calls; NVRTC 12.4: 4–12 bytes, 28–32 persistent).
 func fwdSpillLimit(v Variant) int {
-	if v.ProducerDropout {
+	switch {
+	case v.ProducerDropout && v.Persistent:
+		return 32
+	case v.ProducerDropout:
 		return 16
 	}
 	return 0
