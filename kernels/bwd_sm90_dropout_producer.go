@@ -44,17 +44,17 @@ func (g *bwdGen) bwdKeepDecls(b *strings.Builder, l bwdSmemLayout) {
 	if !g.v.ProducerDropout {
 		return
 	}
-	fmt.Fprintf(b, `  constexpr int KEEP_THREADS = 96, KR = (BM / 8 + 3) / 4;  // the producer's warps 1..3 draw the keep bits; 32-query rounds a step
+	fmt.Fprintf(b, `  constexpr int KEEP_THREADS = %d, KR = (BM / 8 + 3) / 4;  // the producer's warps 1..3 draw the keep bits; 32-query rounds a step
   constexpr int KEEP_STAGE = BN / 16 * 16 * KR;  // words of one stage: [BN/16 units][16 keys][KR rounds]
   u32* const sKeep = reinterpret_cast<u32*>(smem + %d);  // [2][KEEP_STAGE]: each step's dropout keep words
-`, l.off["sKeep"])
+`, keepThreads, l.off["sKeep"])
 }
 
 // bwdKeepFullCount returns the arrivals on a stage's full barrier: the
 // loading warp's 32 lanes, and the keep warps'.
 func (g *bwdGen) bwdKeepFullCount() int {
 	if g.v.ProducerDropout {
-		return 32 + 96
+		return 32 + keepThreads
 	}
 	return 32
 }
