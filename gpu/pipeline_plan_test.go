@@ -959,6 +959,37 @@ func TestBackwardPlanDBiasReduce(t *testing.T) {
 	}
 }
 
+// TestBackwardPlanProducerDropout checks where the backward planner takes
+// the producer's dropout keep bits when asked (Backend.BwdProducerDropout):
+// the warp-specialized key-rows dK/dV kernel under dropout, either dQ
+// algorithm; not without dropout, not on the lockstep kernels, not
+// persistent, and not unasked.
+func TestBackwardPlanProducerDropout(t *testing.T) {
+	drop := bwdCase{b: 2, n: 1024, m: 1024, h: 4, hkv: 2, dk: 128, dv: 128, dropout: 0.1}
+	plain := drop
+	plain.dropout = 0
+	for i, tc := range []struct {
+		name                   string
+		c                      bwdCase
+		algo                   DQAlgorithm
+		ws, ask, persist, want bool
+	}{
+		{"atomic", drop, DQAtomic, true, true, false, true},
+		{"separate", drop, DQSeparate, true, true, false, true},
+		{"no dropout", plain, DQAtomic, true, true, false, false},
+		{"lockstep", drop, DQAtomic, false, true, false, false},
+		{"persistent", drop, DQAtomic, true, true, true, false},
+		{"unasked", drop, DQAtomic, true, false, false, false},
+	} {
+		pl, _ := hopperPlan(t, tc.name, tc.c, uint64(400+i), tc.algo, func(r *bwdRequest) {
+			r.ws, r.keyRows, r.bulkDQ, r.persistent, r.producerDropout, r.sms = tc.ws, true, true, tc.persist, tc.ask, 132
+		})
+		if pl.v.ProducerDropout != tc.want {
+			t.Errorf("%s: %s, ProducerDropout %v, want %v", tc.name, pl.v.Name(), pl.v.ProducerDropout, tc.want)
+		}
+	}
+}
+
 // TestBackwardPlanPersistent checks where the planner launches the
 // key-rows dK/dV kernel persistent when asked (bwdRequest.persistent): with
 // either dQ algorithm, under a mask and dropout, as one CTA per
