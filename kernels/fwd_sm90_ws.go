@@ -43,8 +43,9 @@ import (
 const wsProducerRegs = 24
 
 // wsComputeRegs returns the compute threads' register budget after
-// setmaxnreg: the block's 64K registers less the producer's, over the
-// compute threads, in steps of 8, at most 256. The second result is false
+// setmaxnreg: the registers the block's threads start with (the 64K over
+// its threads, in steps of 8, each) less the producer's, over the compute
+// threads, in steps of 8, at most 256. The second result is false
 // when the budget the kernel starts with is already that (one compute
 // warpgroup: 256), and no setmaxnreg is issued.
 func wsComputeRegs(computeThreads int) (int, bool) {
@@ -260,7 +261,7 @@ var pipelineWords = []struct {
 // "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
 // "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
-// (ProducerDropout), "lazy-rescale"
+// (ProducerDropout, implies ws), "lazy-rescale"
 // (LazyRescale) and "head-major" (HeadMajor); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
@@ -280,7 +281,7 @@ next:
 		}
 		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major)", w)
 	}
-	if p.PingPong || p.Persistent {
+	if p.PingPong || p.Persistent || p.ProducerDropout {
 		p.WarpSpecialized = true
 	}
 	return p, nil

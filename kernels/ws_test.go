@@ -54,6 +54,7 @@ func TestParsePipeline(t *testing.T) {
 		{"tma-store", Pipeline{StoreO: true}, "tma-store"},
 		{"persistent,tma-store", Pipeline{WarpSpecialized: true, Persistent: true, StoreO: true}, "ws,persistent,tma-store"},
 		{"ws+pingpong+early-rescale", Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, "ws,pingpong,early-rescale"},
+		{"producer-dropout", Pipeline{WarpSpecialized: true, ProducerDropout: true}, "ws,producer-dropout"},
 	}
 	for _, c := range cases {
 		got, err := ParsePipeline(c.in)
