@@ -517,8 +517,7 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // LazyRescale and the head-major tile order with FwdHeadMajor, or with
 // FwdHeadMajorAuto at most HeadMajorQueries queries (which only the
 // persistent launches keep); the producer's dropout keep bits with
-// FwdProducerDropout under dropout (which only launches of one tile a CTA
-// keep).
+// FwdProducerDropout under dropout.
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
