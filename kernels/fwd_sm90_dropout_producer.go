@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/flashattn/flashattn/attn"
 )
@@ -154,7 +155,7 @@ const int m0 = mblk * BM, rows = min(BM, n - m0);
 `)
 	z := &gen{v: x.v, g: x.g}
 	z.maskRange()
-	y.raw(indentLines(z.b.String(), ""))
+	y.raw(strings.ReplaceAll(strings.TrimPrefix(z.b.String(), "  "), "\n  ", "\n")) // (maskRange indents for the kernel's body)
 	y.raw("if (nb_hi <= nb_lo) continue;  // no key: no block\n")
 	y.raw(keepBlocks("kv0"))
 	y.raw("kv0 += T;\n")
