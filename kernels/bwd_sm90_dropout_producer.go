@@ -69,7 +69,7 @@ func (g *bwdGen) bwdKeepProducer() string {
 ` + stepLoop("      ", "hq", "iq", g.firstStep()) + `        const int s = it & 1;
         if (it >= 2) mbar_wait(empty + 8 * s, ((it >> 1) - 1) & 1);  // step it - 2 released the stage
         const u32 bh = (u32)(b * p.drop_heads + p.drop_h0 + hq);
-        for (int w = warp - NCOMPUTE / 32 - 1; w < BN / 16 * KR; w += 3) {  // (unit w / KR, round w % KR)
+        for (int w = warp - NCOMPUTE / 32 - 1; w < BN / 16 * KR; w += KEEP_THREADS / 32) {  // (unit w / KR, round w % KR)
           const int u = w / KR, r = w % KR;
           const uint4 x = philox4((u32)(j0 + 16 * u + p.drop_k0) >> 4, (u32)(iq + 32 * r + lane + p.drop_q0), bh, p.drop_offset, p.seed_lo, p.seed_hi);
           u32 mine = 0u;  // lane k < 16: key 16u + k's bits of the round's 32 queries
