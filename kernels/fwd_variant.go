@@ -161,8 +161,9 @@ type Pipeline struct {
 	// each key block's dropout keep bits into shared memory, two stages
 	// deep, for the compute warps to read while S = Q·Kᵀ runs
 	// (fwd_sm90_dropout_producer.go): the compute warps run no Philox.
-	// Warp-specialized, one tile a CTA, with Dropout; BlockN a multiple of
-	// 32. The mask is the same bit for bit.
+	// Warp-specialized (one tile a CTA or persistent), one warpgroup per
+	// row group, with Dropout; BlockN a multiple of 32. The mask is the
+	// same bit for bit.
 	ProducerDropout bool
 	// LazyRescale keeps each row's reference maximum (the subtrahend of its
 	// exponents) until a key block's maximum passes it by more than
