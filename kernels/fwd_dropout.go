@@ -1,11 +1,13 @@
 package kernels
 
 // dropoutFuncs writes Philox4x32-10 and the keep mask's device functions
-// (DropoutSource: the mapping of package philox, bit for bit) and
-// apply_dropout, which zeroes the dropped probabilities of a warp's S tile
-// from the keep bits drop_bits draws for it: one Philox call per lane per
-// 16 of its elements, the sixteen numbers of one row and 16-key block a
-// call shared by the quad that holds them (see dropMaskFuncs).
+// (DropoutSource: the mapping of package philox, bit for bit); apply_dropout,
+// which zeroes the dropped probabilities of a warp's S tile from the keep
+// bits drop_bits draws for it: one Philox call per lane per 16 of its
+// elements, the sixteen numbers of one row and 16-key block a call shared
+// by the quad that holds them (see dropMaskFuncs) — or, with
+// ProducerDropout, the keep warps' drop_keep16; and apply_keep, which
+// applies bits drawn before (EarlyDropout, ProducerDropout).
 func (x *gen) dropoutFuncs() {
 	if !x.v.Dropout {
 		return
@@ -13,7 +15,22 @@ func (x *gen) dropoutFuncs() {
 	x.raw("// ---- dropout\n" + DropoutSource)
 	if x.v.ProducerDropout {
 		x.raw(dropKeep16Func)
+	} else {
+		x.applyDropoutFunc()
 	}
+	if x.v.EarlyDropout || x.v.ProducerDropout {
+		x.raw(`// Zero the dropped probabilities of this warp's S tile by keep bits drawn before (drop_bits, while
+// the S product ran: Variant.EarlyDropout; or by the producer's keep warps: Variant.ProducerDropout).
+DEV void apply_keep(float (&s)[MT][NT_S][4], const u32 (&keep)[MT][(NT_S + 7) / 8]) {
+` + zeroDropped + `}
+
+`)
+	}
+}
+
+// applyDropoutFunc writes apply_dropout, which draws a warp's keep bits
+// after the softmax and applies them.
+func (x *gen) applyDropoutFunc() {
 	call := dropBitsCall("keep", "MT", "NT_S", x.dropAligned(), "i0", "j0", "bh", "p")
 	x.raw(`// Zero the dropped probabilities of this warp's S tile. i0: sequence position of the warp's
 // first row; j0: sequence position of the warp's first key; bh = b·H + h.
@@ -23,14 +40,6 @@ DEV void apply_dropout(float (&s)[MT][NT_S][4], const Params& p, int i0, int j0,
 ` + zeroDropped + `}
 
 `)
-	if x.v.EarlyDropout || x.v.ProducerDropout {
-		x.raw(`// Zero the dropped probabilities of this warp's S tile by keep bits drawn before (drop_bits, while
-// the S product ran: Variant.EarlyDropout).
-DEV void apply_keep(float (&s)[MT][NT_S][4], const u32 (&keep)[MT][(NT_S + 7) / 8]) {
-` + zeroDropped + `}
-
-`)
-	}
 }
 
 // zeroDropped is the loop of apply_dropout and apply_keep that zeroes the
