@@ -169,7 +169,8 @@ func plan(r fwdRequest) (launch, error) {
 				lockstep.WarpSpecialized, lockstep.PingPong, lockstep.Persistent = false, false, false
 				vr.Pipeline = pipelineFor(vr, lockstep)
 			case wt != (kernels.Tile{}):
-				vr = wt.Apply(vr)
+				short, _ := kernels.HopperWSTile(vr, 0)
+				vr = windowKeyTile(p, wt, short).Apply(vr)
 				vr.Pipeline = pipelineFor(vr, r.pipeline)
 			}
 		}
@@ -548,6 +549,43 @@ const HeadMajorQueries = 512
 func earlyDropoutFaster(p *attn.Problem) bool {
 	d := max(p.DK, p.DV)
 	return p.Opt.Dropout > 0 && d >= 96 && d <= 128
+}
+
+// windowKeyTile returns, of the pipeline's tile t and its short-call tile
+// s (kernels.HopperWSTable's ShortN keys), the one whose key blocks compute
+// fewer score pairs for p's window (windowPairs), t where p has no window
+// bounded on the left, or a packed batch. Past 1024 keys the two tiles run
+// within a few percent of each other per computed pair (BENCHMARKS.md,
+// "The key tile by length"), but a window's query tile sees a band of keys
+// that blocks not dividing the query tile cut badly: at (256, 0) with 128
+// query rows, 160-key blocks compute 1.99 pairs for each visible one,
+// 128-key blocks 1.49. s is taken where it computes at least 3 % fewer.
+func windowKeyTile(p *attn.Problem, t, s kernels.Tile) kernels.Tile {
+	if !p.Masked || p.Left < 0 || p.Varlen || s.BlockN == t.BlockN || s.BlockM != t.BlockM || s.BlockN == 0 {
+		return t
+	}
+	if 100*windowPairs(p, s.BlockM, s.BlockN) <= 97*windowPairs(p, t.BlockM, t.BlockN) {
+		return s
+	}
+	return t
+}
+
+// windowPairs returns the score pairs a forward of p (fixed-length) computes
+// with query tiles of bm rows and key blocks of bn keys: each tile's blocks
+// from the first key its first row sees to the last key its last row sees,
+// as the kernels' mask range takes them.
+func windowPairs(p *attn.Problem, bm, bn int) int64 {
+	var pairs int64
+	for m0 := 0; m0 < p.N; m0 += bm {
+		rows := min(bm, p.N-m0)
+		lo, _ := p.KeyRange(m0, p.N, p.M)
+		_, hi := p.KeyRange(m0+rows-1, p.N, p.M)
+		if hi <= 0 {
+			continue
+		}
+		pairs += int64(rows) * int64((hi+bn-1)/bn-lo/bn) * int64(bn)
+	}
+	return pairs
 }
 
 // shortWindow reports whether p's mask (resolved) is a window of both sides

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -1079,6 +1080,56 @@ func TestForwardPipelineDefaults(t *testing.T) {
 		got := c.b.forwardPipeline(&attn.Problem{N: c.n, M: c.m}, false)
 		if got.LazyRescale != c.lazy || got.HeadMajor != c.headMajor {
 			t.Errorf("%s: lazy rescale %v, head-major %v; want %v, %v", c.name, got.LazyRescale, got.HeadMajor, c.lazy, c.headMajor)
+		}
+	}
+}
+
+// TestWindowKeyTile checks the key tile of windowed forwards: the 128-key
+// blocks where they compute at least 3 % fewer pairs than the table's 160
+// (windows bounded on the left, fixed-length), the table's tile for causal
+// masks, unmasked calls and packed batches; and windowPairs against a
+// count of the pairs the blocks cover, per visible pair, at (256, 0).
+func TestWindowKeyTile(t *testing.T) {
+	long := kernels.Tile{BlockM: 128, BlockN: 160, WarpsM: 8, WarpsN: 1, Stages: 2, MinBlocks: 1, WGMMA: true}
+	short := long
+	short.BlockN = 128
+	problem := func(n, left, right int, causal, varlen bool) *attn.Problem {
+		opt := attn.Options{Causal: causal}
+		if left >= 0 || right >= 0 {
+			opt.Window = &attn.Window{Left: left, Right: right}
+		}
+		p := &attn.Problem{B: 1, N: n, M: n, H: 1, Hkv: 1, DK: 128, DV: 128, Opt: opt, Varlen: varlen}
+		p.ResolveMask()
+		return p
+	}
+	for _, c := range []struct {
+		name string
+		p    *attn.Problem
+		want int
+	}{
+		{"window (256, 0)", problem(4096, 256, 0, false, false), 128},
+		{"window (128, 128)", problem(4096, 128, 128, false, false), 128},
+		{"window (2048, 0)", problem(16384, 2048, 0, false, false), 128},
+		{"causal", problem(4096, -1, -1, true, false), 160},
+		{"unmasked", problem(4096, -1, -1, false, false), 160},
+		{"packed window", problem(4096, 256, 0, false, true), 160},
+	} {
+		if got := windowKeyTile(c.p, long, short).BlockN; got != c.want {
+			t.Errorf("%s: %d keys a block, want %d", c.name, got, c.want)
+		}
+	}
+	p := problem(4096, 256, 0, false, false)
+	visible := int64(0)
+	for i := 0; i < p.N; i++ {
+		lo, hi := p.KeyRange(i, p.N, p.M)
+		visible += int64(hi - lo)
+	}
+	for _, c := range []struct {
+		bn   int
+		want float64
+	}{{160, 1.988}, {128, 1.494}} {
+		if got := float64(windowPairs(p, 128, c.bn)) / float64(visible); math.Abs(got-c.want) > 0.001 {
+			t.Errorf("%d keys a block: %.3f pairs computed a visible pair, want %.3f", c.bn, got, c.want)
 		}
 	}
 }
