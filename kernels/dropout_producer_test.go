@@ -23,9 +23,9 @@ func TestProducerDropoutSource(t *testing.T) {
 	bwd := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true,
 		AtomicDQ: true, BulkDQ: true, WarpSpecialized: true, KeyRows: true}
 	bwd.Dropout = true
-	fwdKeep := []string{"} else if (tid >= NCOMPUTE + 32) {", "drop_keep16(philox4(", "sts32(dst + 4 * e, lo | hi << 16);",
+	fwdKeep := []string{"} else if (tid >= NCOMPUTE + 32) {", "sts32(dst + 4 * e, drop_keep32(wa, wb, p.drop_threshold));",
 		"mbar_init(keepFull + 8 * i, KEEP_THREADS);", "mbar_init(keepEmpty + 8 * i, NCOMPUTE);",
-		"mbar_wait(keepFull + 8 * (kg & 1), (kg >> 1) & 1);", "mbar_arrive(keepEmpty + 8 * (kg & 1));", "apply_keep(s, dkeep);"}
+		"mbar_wait(keepFull + 8 * (kg & 1), (kg >> 1) & 1);", "mbar_arrive(keepEmpty + 8 * (kg & 1));", "apply_keep_words(s, dkeep);"}
 	for _, c := range []struct {
 		name          string
 		src           func(keep bool) (string, error)

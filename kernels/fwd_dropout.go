@@ -5,22 +5,22 @@ package kernels
 // which zeroes the dropped probabilities of a warp's S tile from the keep
 // bits drop_bits draws for it: one Philox call per lane per 16 of its
 // elements, the sixteen numbers of one row and 16-key block a call shared
-// by the quad that holds them (see dropMaskFuncs) — or, with
-// ProducerDropout, the keep warps' drop_keep16; and apply_keep, which
-// applies bits drawn before (EarlyDropout, ProducerDropout).
+// by the quad that holds them (see dropMaskFuncs), and apply_keep, which
+// applies bits drawn before (EarlyDropout) — or, with ProducerDropout, the
+// keep warps' drop_keep32 and apply_keep_words.
 func (x *gen) dropoutFuncs() {
 	if !x.v.Dropout {
 		return
 	}
 	x.raw("// ---- dropout\n" + DropoutSource)
 	if x.v.ProducerDropout {
-		x.raw(dropKeep16Func)
-	} else {
-		x.applyDropoutFunc()
+		x.raw(dropKeep32Func)
+		return
 	}
-	if x.v.EarlyDropout || x.v.ProducerDropout {
+	x.applyDropoutFunc()
+	if x.v.EarlyDropout {
 		x.raw(`// Zero the dropped probabilities of this warp's S tile by keep bits drawn before (drop_bits, while
-// the S product ran: Variant.EarlyDropout; or by the producer's keep warps: Variant.ProducerDropout).
+// the S product ran: Variant.EarlyDropout).
 DEV void apply_keep(float (&s)[MT][NT_S][4], const u32 (&keep)[MT][(NT_S + 7) / 8]) {
 ` + zeroDropped + `}
 

@@ -655,7 +655,9 @@ func (x *gen) blockSoftmax(indent string) {
 	}
 	y.softmaxUpdate(true)
 	switch {
-	case x.v.EarlyDropout || x.v.ProducerDropout:
+	case x.v.ProducerDropout:
+		y.raw("    apply_keep_words(s, dkeep);  // ---- dropout, by the keep warps' bits\n")
+	case x.v.EarlyDropout:
 		y.raw("    apply_keep(s, dkeep);  // ---- dropout, by the bits drawn before the wait\n")
 	case x.v.Dropout:
 		y.raw("    apply_dropout(s, p, m0 + wrow0 + p.drop_q0, n0 + key0 + p.drop_k0, (u32)(b * p.drop_heads + p.drop_h0 + h), lane);  // ---- dropout\n")

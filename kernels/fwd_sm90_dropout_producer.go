@@ -18,9 +18,10 @@ import (
 //
 //   - Layout: stage g & 1 of key block g (numbered as K and V are, from the
 //     tile's last block down) holds one 16-bit word per query row and
-//     16-key unit, [BM rows][BN/16 units], bit k keeping key 16·unit + k of
-//     the block: one Philox call's sixteen numbers compared with the
-//     threshold (drop_keep16).
+//     16-key unit, [BM rows][BN/16 units], bit 4·(k & 3) + (k >> 2)
+//     keeping key 16·unit + k of the block: one Philox call's sixteen
+//     numbers compared with the threshold, in the order of its bytes
+//     (drop_keep32).
 //   - Full barrier keepFull + 8·(g & 1), count KEEP_THREADS: every keep
 //     thread arrives once its words of block g are stored (an mbarrier
 //     arrival releases the thread's shared stores to the waiters).
@@ -29,10 +30,9 @@ import (
 //     wait for phase g/2 − 1 before drawing block g ≥ 2 into the stage.
 //
 // A compute warp reads its words while S = Q·Kᵀ of the block runs (where
-// the early dropout bits were drawn) and turns them into apply_keep's
-// layout: lane (g, c) needs keys 2c, 2c + 1 of each 8-key tile of rows g
-// and g + 8, which one shift by 2c per 32-key word brings to bits 8k and
-// 8k + 1 of byte k (key tile 4u + k of word u).
+// the early dropout bits were drawn) and keeps them with one shift and
+// mask a word (keepFromShared); apply_keep_words zeroes the dropped
+// probabilities.
 
 // keepThreads is the number of producer threads that draw the keep bits:
 // the producer warpgroup's warps 1 to 3.
@@ -119,9 +119,8 @@ for (int s = 0; s < T; ++s) {  // key block s: first key (nb_hi - 1 - s)·BN, nu
   // pair e: units 2e and 2e + 1 of the stage's [BM][BN/16] words, row e / (BN/32), units 2·(e %% (BN/32)) + 0, 1
   for (u32 e = threadIdx.x - (NCOMPUTE + 32); e < BM * (BN / 32); e += KEEP_THREADS) {
     const u32 r = i0 + e / (BN / 32), u = kb0 + 2 * (e %% (BN / 32));
-    const u32 lo = drop_keep16(philox4(u, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
-    const u32 hi = drop_keep16(philox4(u + 1, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), p.drop_threshold);
-    sts32(dst + 4 * e, lo | hi << 16);
+    const uint4 wa = philox4(u, r, bh, p.drop_offset, p.seed_lo, p.seed_hi), wb = philox4(u + 1, r, bh, p.drop_offset, p.seed_lo, p.seed_hi);
+    sts32(dst + 4 * e, drop_keep32(wa, wb, p.drop_threshold));
   }
   mbar_arrive(keepFull + 8 * (kg & 1));  // releases this thread's words of block kg
 }
@@ -165,47 +164,63 @@ const int m0 = mblk * BM, rows = min(BM, n - m0);
 
 // keepFromShared writes a compute thread's keep bits of key block seq (a
 // C++ expression: the block's number from the tile's last down) from the
-// keep stage into dkeep, in apply_keep's layout, and its release of the
-// stage (indent: the block's).
+// keep stage into dkeep, in apply_keep_words's layout, and its release of
+// the stage (indent: the block's). A unit's word holds key 4w + b at bit
+// 4b + w (drop_keep32), so lane c's keys 2c + e (e = 0, 1) sit at bits
+// base + 4e and its keys 8 + 2c + e at base + 2 + 4e, base = 8·(c & 1) +
+// (c >> 1): one shift by base a word brings them to bits 0, 4, 2, 6 (and
+// 16 more for the word's second unit), row g + 8's one bit higher.
 func (x *gen) keepFromShared(indent, seq string) {
-	x.raw(indentLines(fmt.Sprintf(`u32 dkeep[MT][(NT_S + 7) / 8];  // ---- dropout keep bits of the block, from the keep warps' words
+	x.raw(indentLines(fmt.Sprintf(`u32 dkeep[MT][NT_S / 4];  // ---- dropout keep bits of the block, from the keep warps' words (apply_keep_words)
 {
   const int kg = %s;  // the block's number
   mbar_wait(keepFull + 8 * (kg & 1), (kg >> 1) & 1);
   const u32* kw = (const u32*)(smem + (s_base - smem_addr(smem)) + KEEP_OFF + (kg & 1) * KEEP_STAGE);
-  const int g = lane >> 2, c = lane & 3;
+  const int g = lane >> 2, c = lane & 3, base = 8 * (c & 1) + (c >> 1);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const u32* ra = kw + (wrow0 + 16 * mt + g) * KEEP_WORDS;  // rows g and g + 8 of the row tile
 #pragma unroll
-    for (int x = 0; x < (NT_S + 7) / 8; ++x) dkeep[mt][x] = 0u;
-#pragma unroll
-    for (int u = 0; u < KEEP_WORDS; ++u) {  // keys 32u .. 32u + 31: key tiles 4u .. 4u + 3
-      // byte k: keys 2c, 2c + 1 of key tile 4u + k, row g at bits 0, 1 and row g + 8 at bits 2, 3
-      const u32 kx = ((ra[u] >> (2 * c)) & 0x03030303u) | (((ra[u + 8 * KEEP_WORDS] >> (2 * c)) & 0x03030303u) << 2);
-      const u32 kn = __byte_perm(kx | (kx >> 4), 0u, 0x4420u);  // key tile 4u + k at bits 4k
-      dkeep[mt][u >> 1] |= kn << (16 * (u & 1));
-    }
+    for (int u = 0; u < KEEP_WORDS; ++u)  // keys 32u .. 32u + 31: key tiles 4u .. 4u + 3
+      dkeep[mt][u] = ((ra[u] >> base) & 0x00550055u) | (((ra[u + 8 * KEEP_WORDS] >> base) & 0x00550055u) << 1);
   }
   mbar_arrive(keepEmpty + 8 * (kg & 1));  // this thread has read its words
 }
 `, seq), indent))
 }
 
-// dropKeep16Func is the device function drop_keep16: the keep bits of one
-// Philox call's sixteen numbers.
-const dropKeep16Func = `// drop_keep16: bit k keeps byte k (little-endian over x, y, z, w) of one Philox call's sixteen numbers:
-// u < t, t in 1..255. Bytes 0, 2 and bytes 1, 3 of a word in 16-bit lanes: u + 256 - t reaches bit 8 of
-// its lane exactly when u >= t.
-DEV u32 drop_keep16(uint4 w, u32 t) {
+// dropKeep32Func holds the keep warps' device functions: drop_keep32, the
+// keep bits of two Philox calls' sixteen numbers each in the transposed
+// order keepFromShared reads, and apply_keep_words.
+const dropKeep32Func = `// drop_flags4: byte b of the result is 1 when byte b of v is dropped (u >= t), else 0; add = (256 - t) in
+// both 16-bit lanes. Bytes 0, 2 and bytes 1, 3 of v in 16-bit lanes: u + 256 - t reaches bit 8 of its
+// lane exactly when u >= t (t in 1..256).
+DEV u32 drop_flags4(u32 v, u32 add) {
+  const u32 even = __byte_perm(v, 0u, 0x4240u) + add, odd = __byte_perm(v, 0u, 0x4341u) + add;
+  return __byte_perm(even, odd, 0x7351u);  // the lanes' bit 8, for bytes 0, 1, 2, 3
+}
+// drop_nibbles: one call's dropped flags, key 4w + b (byte b of word w) at bit 4b + w of bytes 0 and 2
+// (keys with b = 0, 1 in byte 0, b = 2, 3 in byte 2)
+DEV u32 drop_nibbles(uint4 w, u32 add) {
+  const u32 y = drop_flags4(w.x, add) | drop_flags4(w.y, add) << 1 | drop_flags4(w.z, add) << 2 | drop_flags4(w.w, add) << 3;
+  return y | (y >> 4);
+}
+// drop_keep32: the keep bits of two calls a and b (two consecutive 16-key units of one row): key k of unit a
+// at bit 4·(k & 3) + (k >> 2), of unit b at 16 more.
+DEV u32 drop_keep32(uint4 a, uint4 b, u32 t) {
   const u32 add = (256u - t) * 0x00010001u;
-  const u32 v[4] = {w.x, w.y, w.z, w.w};
-  u32 dropped = 0u;
+  return ~__byte_perm(drop_nibbles(a, add), drop_nibbles(b, add), 0x6420u);
+}
+// Zero the dropped probabilities of this warp's S tile by the keep warps' bits (keepFromShared's layout):
+// element e of key tile nt kept when bit 16·((nt >> 1) & 1) + 4·(e & 1) + 2·(nt & 1) + (e >> 1) of word
+// nt >> 2 is set.
+DEV void apply_keep_words(float (&s)[MT][NT_S][4], const u32 (&keep)[MT][NT_S / 4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const u32 even = (v[i] & 0x00ff00ffu) + add, odd = ((v[i] >> 8) & 0x00ff00ffu) + add;
-    dropped |= (((even >> 8) & 1u) | ((odd >> 7) & 2u) | ((even >> 22) & 4u) | ((odd >> 21) & 8u)) << (4 * i);
-  }
-  return ~dropped & 0xffffu;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!((keep[mt][nt >> 2] >> (16 * ((nt >> 1) & 1) + 4 * (e & 1) + 2 * (nt & 1) + (e >> 1))) & 1u)) s[mt][nt][e] = 0.f;
 }
 `
