@@ -518,7 +518,7 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // LazyRescale and the head-major tile order with FwdHeadMajor, or with
 // FwdHeadMajorAuto at most HeadMajorQueries queries (which only the
 // persistent launches keep); the producer's dropout keep bits with
-// FwdProducerDropout under dropout.
+// FwdProducerDropout (which only variants under dropout keep).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -529,7 +529,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	}
 	pl.LazyRescale = pl.LazyRescale || b.LazyRescale
 	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor || b.FwdHeadMajorAuto && p.N <= HeadMajorQueries
-	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout && p.Opt.Dropout > 0
+	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout // (pipelineFor keeps it under dropout only)
 	return pl
 }
 
@@ -580,10 +580,9 @@ func windowPairs(p *attn.Problem, bm, bn int) int64 {
 		rows := min(bm, p.N-m0)
 		lo, _ := p.KeyRange(m0, p.N, p.M)
 		_, hi := p.KeyRange(m0+rows-1, p.N, p.M)
-		if hi <= 0 {
-			continue
+		if blocks := (hi+bn-1)/bn - lo/bn; hi > 0 && blocks > 0 { // (else the tile sees no key and computes none)
+			pairs += int64(rows) * int64(blocks) * int64(bn)
 		}
-		pairs += int64(rows) * int64((hi+bn-1)/bn-lo/bn) * int64(bn)
 	}
 	return pairs
 }

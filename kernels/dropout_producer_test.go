@@ -98,7 +98,7 @@ func TestProducerDropoutRefused(t *testing.T) {
 		{"no dropout", func() error { v := base; v.Dropout = false; return v.Validate() }()},
 		{"lockstep", func() error { v := base; v.Pipeline = Pipeline{ProducerDropout: true}; return v.Validate() }()},
 		{"with the early bits", func() error { v := base; v.EarlyDropout = true; return v.Validate() }()},
-		{"96 keys", func() error { v := base; v.BlockN = 80; return v.Validate() }()},
+		{"80 keys", func() error { v := base; v.BlockN = 80; return v.Validate() }()},
 		{"backward without dropout", func() error { v := bwd; v.Dropout = false; return v.Validate() }()},
 		{"backward persistent", func() error { v := bwd; v.Persistent = true; return v.Validate() }()},
 		{"backward lockstep", func() error { v := bwd; v.WarpSpecialized = false; return v.Validate() }()},

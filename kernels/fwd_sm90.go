@@ -215,12 +215,13 @@ func (x *gen) hopperConstants() {
 	if v.BiasStaged {
 		x.p("constexpr int SB_OFF = %d;  // [2][warpgroups][BN/64][64][64] 16-bit, swizzled (sw_off): the staged bias of the current and the next key block", g.sq+g.sk+g.sv+g.so)
 	}
+	tiles := g.sq + g.sk + g.sv + g.so + g.sb + g.sp + g.red // the tiles' bytes, the keep stages after them
 	if v.TMA {
-		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", g.sq+g.sk+g.sv+g.so+g.sb+g.sp+g.red+g.skeep)
+		x.p("constexpr int BAR_OFF = %d;  // mbarriers of the TMA tiles: Q, K buffers 0 and 1, V buffers 0 and 1", tiles+g.skeep)
 	}
 	if v.WarpSpecialized {
 		x.wsConstants()
-		x.keepConstants(g.sq + g.sk + g.sv + g.so + g.sb + g.sp + g.red)
+		x.keepConstants(tiles)
 	}
 	x.p("constexpr int SMEM_BYTES = %d;  // including 1024 bytes of alignment slack", g.smem)
 	x.p("")

@@ -2,7 +2,6 @@ package kernels
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/flashattn/flashattn/attn"
 )
@@ -146,19 +145,8 @@ func (x *gen) keepPersistent() {
         mbar_arrive(emptyQ);  // read: the loading thread may write the next one
         if (tile >= ntiles) break;
 `)
-	y := &gen{v: x.v, g: x.g}
-	y.raw(x.tileCoords(""))
-	y.raw(`const int n = p.n, m = p.m;
-const int m0 = mblk * BM, rows = min(BM, n - m0);
-(void)rows;
-`)
-	z := &gen{v: x.v, g: x.g}
-	z.maskRange()
-	y.raw(strings.ReplaceAll(strings.TrimPrefix(z.b.String(), "  "), "\n  ", "\n")) // (maskRange indents for the kernel's body)
-	y.raw("if (nb_hi <= nb_lo) continue;  // no key: no block\n")
-	y.raw(keepBlocks("kv0"))
-	y.raw("kv0 += T;\n")
-	x.raw(indentLines(y.b.String(), "        "))
+	x.raw(x.persistentTileRange("        "))
+	x.raw(indentLines("if (nb_hi <= nb_lo) continue;  // no key: no block\n"+keepBlocks("kv0")+"kv0 += T;\n", "        "))
 	x.raw("      }\n")
 }
 

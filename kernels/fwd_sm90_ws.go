@@ -418,16 +418,9 @@ func (x *gen) wsPersistentPrologue() {
           break;
         }
 `)
-	x.raw(x.tileCoords("        "))
-	x.raw(`        const int kvh = h / p.group;
-        const int n = p.n, m = p.m;
-        const int m0 = mblk * BM, rows = min(BM, n - m0);
-        (void)rows;
-`)
-	y := &gen{v: x.v, g: x.g}
-	y.maskRange()
-	y.raw(x.tmaCoords())
-	x.raw(indentLines(y.b.String(), "      "))
+	x.raw(x.persistentTileRange("        "))
+	x.raw("        const int kvh = h / p.group;\n")
+	x.raw(indentLines(x.tmaCoords(), "      "))
 	x.raw(`        if (nb_hi <= nb_lo) {  // no key: nothing to load; the compute warpgroups write zeros
           mbar_arrive(barQ);
           continue;
@@ -472,6 +465,19 @@ func (x *gen) wsPersistentPrologue() {
     const int tile = *sched;
     if (tile >= ntiles) break;
 `)
+}
+
+// persistentTileRange returns the statements with which a persistent
+// producer starts a tile from its index tile: its coordinates
+// (tileCoords), query rows and key blocks (maskRange), each line after
+// indent. The loading thread and the keep warps both take them.
+func (x *gen) persistentTileRange(indent string) string {
+	y := &gen{v: x.v, g: x.g}
+	y.maskRange()
+	return x.tileCoords(indent) + indentLines(`const int n = p.n, m = p.m;
+const int m0 = mblk * BM, rows = min(BM, n - m0);
+(void)rows;
+`, indent) + indentLines(y.b.String(), indent[2:]) // (maskRange indents for the kernel's body: two spaces)
 }
 
 // wsPersistentWaits writes a persistent compute warp's wait for its tile's
