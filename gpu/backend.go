@@ -76,6 +76,11 @@ type Backend struct {
 	// forward launch under dropout whose variant allows them, in place of
 	// the early bits. New sets it when EnvFwdProducerDropout is set.
 	FwdProducerDropout bool
+	// FwdDoubleQ gives the persistent forward launches two Q buffers
+	// (kernels.Pipeline.DoubleQ) wherever their variant allows them, so
+	// that the next tile's loads start a tile earlier. New sets it when
+	// EnvFwdDoubleQ is set.
+	FwdDoubleQ bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -263,6 +268,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		FwdHeadMajor:   hopper && envSet(os.Getenv(EnvFwdHeadMajor)),
 
 		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
+		FwdDoubleQ:         hopper && envSet(os.Getenv(EnvFwdDoubleQ)),
 
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
@@ -433,6 +439,10 @@ const EnvFwdHeadMajor = "FLASHATTN_FWD_HEAD_MAJOR"
 // forward of new backends draw the dropout keep bits in the producer
 // warpgroup's idle warps (Backend.FwdProducerDropout).
 const EnvFwdProducerDropout = "FLASHATTN_FWD_PRODUCER_DROPOUT"
+
+// EnvFwdDoubleQ, when set to anything but "" or "0", gives the persistent
+// forward launches of new backends two Q buffers (Backend.FwdDoubleQ).
+const EnvFwdDoubleQ = "FLASHATTN_FWD_DOUBLE_Q"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -329,6 +329,7 @@ const (
 	emuHopperHM                                    // the short pipeline (persistent, O by tensor maps) with the head-major tile order
 	emuHopperPD                                    // the Hopper forward, ws, ping-pong, early rescale, the dropout keep bits drawn by the producer's warps
 	emuHopperPDPT                                  // ... on the short pipeline (persistent, O by tensor maps)
+	emuHopperQ2                                    // the short pipeline (persistent, O by tensor maps) with two Q buffers
 	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -403,6 +404,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, ProducerDropout: true}
 	case emuHopperPDPT:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, ProducerDropout: true}
+	case emuHopperQ2:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true}
 	}
 	return kernels.Pipeline{}
 }

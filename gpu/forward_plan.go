@@ -518,7 +518,9 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // LazyRescale and the head-major tile order with FwdHeadMajor, or with
 // FwdHeadMajorAuto at most HeadMajorQueries queries (which only the
 // persistent launches keep); the producer's dropout keep bits with
-// FwdProducerDropout (which only variants under dropout keep).
+// FwdProducerDropout (which only variants under dropout keep); two Q
+// buffers with FwdDoubleQ (which only the persistent launches keep, where
+// their shared memory fits).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -530,6 +532,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	pl.LazyRescale = pl.LazyRescale || b.LazyRescale
 	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor || b.FwdHeadMajorAuto && p.N <= HeadMajorQueries
 	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout // (pipelineFor keeps it under dropout only)
+	pl.DoubleQ = pl.DoubleQ || b.FwdDoubleQ                         // (pipelineFor keeps it on persistent CTAs only)
 	return pl
 }
 
@@ -691,7 +694,8 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // batch is not packed; the early rescale, the O store by tensor maps and
 // the early dropout bits, the lazy rescale and the head-major tile order
 // where the variant validates with them; the producer's dropout keep bits
-// where the variant validates with them, in place of the early ones.
+// where the variant validates with them, in place of the early ones; two Q
+// buffers where the variant validates with them beside the parts taken.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -709,5 +713,6 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.EarlyDropout = want.EarlyDropout && !p.ProducerDropout && allows(kernels.Pipeline{EarlyDropout: true})
 	p.LazyRescale = want.LazyRescale && allows(kernels.Pipeline{LazyRescale: true})
 	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
+	p.DoubleQ = want.DoubleQ && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: p.StoreO, ProducerDropout: p.ProducerDropout, DoubleQ: true})
 	return p
 }

@@ -533,7 +533,8 @@ func TestForwardPlanWSTiles(t *testing.T) {
 func TestParsePipelineDefault(t *testing.T) {
 	for in, want := range map[string]kernels.Pipeline{"": DefaultPipeline, "lockstep": {}, "ws": {WarpSpecialized: true},
 		"ws,pingpong,early-rescale,persistent,tma-store,lazy-rescale+head-major": {WarpSpecialized: true, PingPong: true, EarlyRescale: true,
-			Persistent: true, StoreO: true, LazyRescale: true, HeadMajor: true}} {
+			Persistent: true, StoreO: true, LazyRescale: true, HeadMajor: true},
+		"persistent,double-q": {WarpSpecialized: true, Persistent: true, DoubleQ: true}} {
 		got, err := parsePipeline(in)
 		if err != nil || got != want {
 			t.Errorf("parsePipeline(%q) = %+v, %v; want %+v", in, got, err, want)
@@ -831,6 +832,37 @@ func TestForwardHeadMajor(t *testing.T) {
 		fc.opt.Causal = c.causal
 		if v := backendPlanned(t, b, fc); v.HeadMajor != c.want {
 			t.Errorf("%s: %s, head-major %v, want %v", c.name, v.Name(), v.HeadMajor, c.want)
+		}
+	}
+}
+
+// TestForwardDoubleQ checks where the forward takes two Q buffers
+// (kernels.Pipeline.DoubleQ) with Backend.FwdDoubleQ: the persistent
+// launches whose shared memory holds them (D = 64, D = 128 at 128 keys,
+// causal ones too), not D = 256 or D = 128 at 160 keys (the second buffer
+// does not fit), not the long pipeline (no persistent CTAs), nowhere
+// without it.
+func TestForwardDoubleQ(t *testing.T) {
+	short := DefaultShortPipeline
+	for _, c := range []struct {
+		name       string
+		n, d       int
+		causal, on bool
+		want       bool
+	}{
+		{"512", 512, 128, false, true, true},
+		{"512 d64", 512, 64, false, true, true},
+		{"512 off", 512, 128, false, false, false},
+		{"1024 causal (dynamic schedule)", 1024, 128, true, true, true},
+		{"2048 causal (160 keys: too large)", 2048, 128, true, true, false},
+		{"512 d256 (too large)", 512, 256, false, true, false},
+		{"4K (the long pipeline)", 4096, 128, false, true, false},
+	} {
+		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: true, FwdDoubleQ: c.on}
+		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 2, n: c.n, m: c.n, h: 4, hkv: 4, dk: c.d, dv: c.d, wgmma: true, tma: true}
+		fc.opt.Causal = c.causal
+		if v := backendPlanned(t, b, fc); v.DoubleQ != c.want || v.DoubleQ && !v.Persistent {
+			t.Errorf("%s: %s, double Q %v, want %v", c.name, v.Name(), v.DoubleQ, c.want)
 		}
 	}
 }

@@ -60,6 +60,9 @@ func (g *geom) hopperGeom(v Variant) {
 	g.ka = swizzleAtoms(g.dkp)
 	g.va = swizzleAtoms(g.dvp)
 	g.sq = g.ka * v.BlockM * 128
+	if v.DoubleQ {
+		g.sq *= 2 // [2][KATOMS][BM][64]: the tiles' Q buffers, used in turn
+	}
 	g.sk = 2 * g.ka * v.BlockN * 128
 	g.sv = 2 * g.va * v.BlockN * 128
 	if v.StoreO {
@@ -199,10 +202,15 @@ func (x *gen) hopperConstants() {
 	if v.WarpsN == 2 {
 		x.p("constexpr int P_STAGE = %d;  // bytes of one P buffer [BM][64] (BN <= 64 keys used)", g.sp/2)
 		x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64] | P [2][BM][64] | red [WN][BM] floats")
+	} else if v.DoubleQ {
+		x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [2][KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64]")
 	} else {
 		x.p("// shared memory map (bytes, from a 1024-byte-aligned base): Q [KATOMS][BM][64] | K [2][KATOMS][BN][64] | V [2][VATOMS][BN][64]")
 	}
 	x.p("constexpr int SQ_OFF = 0;")
+	if v.DoubleQ {
+		x.p("constexpr int Q_STAGE = %d;  // bytes of one Q buffer [KATOMS][BM][64]; two, a persistent CTA's tiles using them in turn", g.sq/2)
+	}
 	x.p("constexpr int SK_OFF = %d;", g.sq)
 	x.p("constexpr int SV_OFF = %d;", g.sq+g.sk)
 	if v.WarpsN == 2 {
@@ -392,7 +400,7 @@ func (x *gen) hopperTile(first string) {
 	x.raw(`  // ---- matrix descriptors: Q (this warpgroup's 64 rows) and K (from its first key), K-major;
   // V, N-major (the next 64 value columns BN·128 bytes further: leading byte offset); 8-row
   // groups 1024 bytes apart
-  const u64 dq = sw128_desc(sQ + wg * 64 * 128, 16, 1024);
+  const u64 dq = sw128_desc(` + x.qBuffer().buf + ` + wg * 64 * 128, 16, 1024);
   const u64 dk = sw128_desc(sK + key0 * 128, 16, 1024);
   const u64 dv = sw128_desc(sV + dv0 / 64 * BN * 128, BN * 128, 1024);  // from this warpgroup's first value column
 `)

@@ -121,6 +121,11 @@ func (x *gen) wsBarriers() {
 	q, qDecl, qInit := "", "          // buffer b: emptyK + 8b, emptyV + 8b", ""
 	if x.v.Persistent {
 		q, qDecl, qInit = ", and Q", ", emptyQ = emptyK + 32;", "\n    mbar_init(emptyQ, NCOMPUTE);  // every compute thread arrives: they read the tile's index"
+		if x.v.DoubleQ {
+			q, qDecl = ", and Q buffers 0 and 1", ", emptyQ = emptyK + 32;  // Q buffer b: barQ + 56b, emptyQ + 16b"
+			qInit += "\n    mbar_init(barQ + 56, 1);  // Q buffer 1's"
+			qInit += "\n    mbar_init(emptyQ + 16, NCOMPUTE);"
+		}
 		if x.v.ProducerDropout {
 			qInit = "\n    mbar_init(emptyQ, NCOMPUTE + KEEP_THREADS);  // every compute and keep thread arrives: they read the tile's index"
 		}
@@ -172,7 +177,7 @@ for (int s = 0; s <= T; ++s) {
     %[5]s
   }
 }
-`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", "sQ", "mq_", "barQ", "m0"),
+`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", x.qBuffer().buf, "mq_", x.qBuffer().full, "m0"),
 		x.tmaTile("BN", "KATOMS", "sK + (g & 1) * K_STAGE", "mk_", "barK + 8 * (g & 1)", "(nb_hi - 1 - s) * BN"),
 		x.tmaTile("BN", "VATOMS", "sV + (g & 1) * V_STAGE", "mv_", "barV + 8 * (g & 1)", "(nb_hi - s) * BN"),
 		x.biasStageLoad("    ", "(nb_hi - 1 - s) * BN")), indent))
@@ -254,6 +259,7 @@ var pipelineWords = []struct {
 	{"producer-dropout", func(p *Pipeline) *bool { return &p.ProducerDropout }},
 	{"lazy-rescale", func(p *Pipeline) *bool { return &p.LazyRescale }},
 	{"head-major", func(p *Pipeline) *bool { return &p.HeadMajor }},
+	{"double-q", func(p *Pipeline) *bool { return &p.DoubleQ }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
@@ -262,7 +268,7 @@ var pipelineWords = []struct {
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
 // "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
 // (ProducerDropout, implies ws), "lazy-rescale"
-// (LazyRescale) and "head-major" (HeadMajor); "" and
+// (LazyRescale), "head-major" (HeadMajor) and "double-q" (DoubleQ); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -279,7 +285,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q)", w)
 	}
 	if p.PingPong || p.Persistent || p.ProducerDropout {
 		p.WarpSpecialized = true
@@ -332,6 +338,15 @@ func (p Pipeline) String() string {
 // Q's full barrier). K and V tiles are numbered continuously over the
 // tiles: kv0 is the index of a tile's first K (and V) tile, so buffers and
 // barrier phases carry on from one tile to the next.
+//
+// With DoubleQ the tiles use two Q buffers in turn, tile q_it buffer qb =
+// q_it mod 2, each with its own full barrier (barQ + 56·qb), empty barrier
+// (emptyQ + 16·qb) and index word (sched[qb]); tile q_it completes phase
+// (q_it / 2) mod 2 of its buffer's barriers. The producer waits only for
+// tile q_it − 2 to release the buffer, which it did a tile ago, so the next
+// tile's Q — and behind it, as the stages free up, its first K and V — is
+// loaded while the current tile's last blocks run, instead of after its
+// last S.
 
 // persistentL2Bytes is the L2 budget of a section of heads in the
 // persistent schedule: about half the L2 of an H100 or H200 (50 MB), the
@@ -400,32 +415,35 @@ func (x *gen) wsPersistentPrologue() {
 	}
 	x.p(`  const int nmb = (p.n + BM - 1) / BM;  // query blocks per (head, batch element)
   const int ntiles = nmb * p.h * p.b;   // the tiles of the launch (PersistentGrid CTAs share them)
-%[1]s  volatile int* sched = (volatile int*)(smem + (s_base - smem_addr(smem)) + EMPTY_OFF + 40);  // the tile of Q's buffer
+%[1]s  volatile int* sched = (volatile int*)(smem + (s_base - smem_addr(smem)) + EMPTY_OFF + 40);  // %[2]s
   if (tid >= NCOMPUTE) {  // ---- producer warpgroup
     setmaxnreg_dec<PRODUCER_REGS>();
-    if (tid == NCOMPUTE) {`, sections)
+    if (tid == NCOMPUTE) {`, sections, x.qBuffer().slotNote)
 	if x.v.persistentDynamic() {
 		x.raw("      u32* sched_next = (u32*)p.nf_flag + 2;  // the launch's tile counter (word 3: CTAs done)\n")
 	}
-	x.raw(`      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles handed over so far
-      for (;; ++q_it) {
-        if (q_it > 0) mbar_wait(emptyQ, (q_it - 1) & 1);  // the last tile's Q and index released
+	x.raw("      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles handed over so far\n      for (;; ++q_it) {\n")
+	if x.v.DoubleQ {
+		x.raw(`        const int qb = q_it & 1;  // the tile's Q buffer, its index in sched[qb]
+        const u32 sQt = sQ + qb * Q_STAGE, barQt = barQ + 56 * qb;
+        if (q_it >= 2) mbar_wait(emptyQ + 16 * qb, ((q_it >> 1) - 1) & 1);  // tile q_it - 2's Q and index released
 `)
+	} else {
+		x.raw("        if (q_it > 0) mbar_wait(emptyQ, (q_it - 1) & 1);  // the last tile's Q and index released\n")
+	}
 	x.p("        const int tile = %s", next)
-	x.raw(`        *sched = tile;
+	x.p(`        %s = tile;
         if (tile >= ntiles) {  // no tile left: the compute warpgroups leave too
-          mbar_arrive(barQ);
+          mbar_arrive(%s);
           break;
-        }
-`)
+        }`, x.qBuffer().slot, x.qBuffer().full)
 	x.raw(x.persistentTileRange("        "))
 	x.raw("        const int kvh = h / p.group;\n")
 	x.raw(indentLines(x.tmaCoords(), "      "))
-	x.raw(`        if (nb_hi <= nb_lo) {  // no key: nothing to load; the compute warpgroups write zeros
-          mbar_arrive(barQ);
+	x.p(`        if (nb_hi <= nb_lo) {  // no key: nothing to load; the compute warpgroups write zeros
+          mbar_arrive(%s);
           continue;
-        }
-`)
+        }`, x.qBuffer().full)
 	x.wsTileLoads("        ", "kv0")
 	x.raw(`        kv0 += T;
       }
@@ -457,14 +475,39 @@ func (x *gen) wsPersistentPrologue() {
   // producer's next write only through the warp barrier, an order compute-sanitizer's racecheck
   // does not follow)
   auto tile_done = [&] {
-    mbar_arrive(emptyQ);
+    mbar_arrive(` + x.qBuffer().empty + `);
     ++q_it;
   };
   for (;;) {
-    mbar_wait(barQ, q_it & 1);  // the tile's index, and its Q unless it has no key
+`)
+	if x.v.DoubleQ {
+		x.raw(`    const int qb = q_it & 1;  // the tile's Q buffer, its index in sched[qb]
+    const u32 sQt = sQ + qb * Q_STAGE;
+    mbar_wait(barQ + 56 * qb, (q_it >> 1) & 1);  // the tile's index, and its Q unless it has no key
+    const int tile = sched[qb];
+    if (tile >= ntiles) break;
+`)
+		return
+	}
+	x.raw(`    mbar_wait(barQ, q_it & 1);  // the tile's index, and its Q unless it has no key
     const int tile = *sched;
     if (tile >= ntiles) break;
 `)
+}
+
+// qNames are the names of a persistent tile's Q buffer, its full and empty
+// barriers and its index's shared word, and that word's comment.
+type qNames struct{ buf, full, empty, slot, slotNote string }
+
+// qBuffer returns the names of a tile's Q buffer: with DoubleQ those of
+// buffer q_it & 1 (sQt, barQt, emptyQ + 16·(q_it & 1), sched[qb]; the
+// producer and the compute warps each declare sQt and qb for the tile),
+// else the one buffer's.
+func (x *gen) qBuffer() qNames {
+	if x.v.DoubleQ {
+		return qNames{"sQt", "barQt", "emptyQ + 16 * (q_it & 1)", "sched[qb]", "sched[b]: the tile of Q buffer b"}
+	}
+	return qNames{"sQ", "barQ", "emptyQ", "*sched", "the tile of Q's buffer"}
 }
 
 // persistentTileRange returns the statements with which a persistent

@@ -180,6 +180,15 @@ type Pipeline struct {
 	// query block (fwd_sm90_ws.go): the CTAs that read a pair's K and V
 	// then run at the same time. Persistent only.
 	HeadMajor bool
+	// DoubleQ gives a persistent CTA two Q buffers, used by its tiles in
+	// turn, each with its own full and empty barrier and tile index
+	// (fwd_sm90_ws.go): the producer loads the next tile's Q, and then its
+	// first K and V, as soon as the tile before the current one released
+	// its buffer, instead of after the current tile's last S. Persistent
+	// only; not with a staged bias or the producer's dropout keep bits
+	// (whose barriers and tile index take the places the second buffer's
+	// do).
+	DoubleQ bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -317,11 +326,11 @@ func flatSuffix(flat, staged bool) string {
 
 // wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
 // early-rescale (er), persistent (pt), O-by-tensor-maps (so) and
-// early-dropout (ed), producer-dropout (pd), lazy-rescale (lr) and
-// head-major (hm) variants.
+// early-dropout (ed), producer-dropout (pd), lazy-rescale (lr),
+// head-major (hm) and double-Q (q2) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2")
 }
 
 // String returns Name.
@@ -416,6 +425,9 @@ func (v Variant) Validate() error {
 	}
 	if v.HeadMajor && !v.Persistent {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the head-major tile order needs persistent CTAs")
+	}
+	if v.DoubleQ && (!v.Persistent || v.BiasStaged || v.ProducerDropout) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: two Q buffers need persistent CTAs without a staged bias or the producer's dropout keep bits (Persistent %v, BiasStaged %v, ProducerDropout %v)", v.Persistent, v.BiasStaged, v.ProducerDropout)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)
