@@ -78,8 +78,8 @@ type Backend struct {
 	FwdProducerDropout bool
 	// FwdDoubleQ gives the persistent forward launches two Q buffers
 	// (kernels.Pipeline.DoubleQ) wherever their variant allows them, so
-	// that the next tile's loads start a tile earlier. New sets it when
-	// EnvFwdDoubleQ is set.
+	// that the next tile's loads start a tile earlier. New sets it on
+	// Hopper unless EnvFwdDoubleQ is "0".
 	FwdDoubleQ bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
@@ -268,7 +268,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		FwdHeadMajor:   hopper && envSet(os.Getenv(EnvFwdHeadMajor)),
 
 		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
-		FwdDoubleQ:         hopper && envSet(os.Getenv(EnvFwdDoubleQ)),
+		FwdDoubleQ:         hopper && os.Getenv(EnvFwdDoubleQ) != "0",
 
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
@@ -440,8 +440,9 @@ const EnvFwdHeadMajor = "FLASHATTN_FWD_HEAD_MAJOR"
 // warpgroup's idle warps (Backend.FwdProducerDropout).
 const EnvFwdProducerDropout = "FLASHATTN_FWD_PRODUCER_DROPOUT"
 
-// EnvFwdDoubleQ, when set to anything but "" or "0", gives the persistent
-// forward launches of new backends two Q buffers (Backend.FwdDoubleQ).
+// EnvFwdDoubleQ, when "0", keeps the persistent forward launches of new
+// backends on one Q buffer instead of two (Backend.FwdDoubleQ, the default
+// on Hopper).
 const EnvFwdDoubleQ = "FLASHATTN_FWD_DOUBLE_Q"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
