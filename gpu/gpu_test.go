@@ -204,6 +204,10 @@ func TestShapes(t *testing.T) {
 		{name: "d1-dv512", dt: attn.BFloat16, b: 1, n: 70, m: 40, h: 1, hkv: 1, dk: 1, dv: 512},
 		{name: "dropout-d256", dt: attn.BFloat16, b: 1, n: 150, m: 140, h: 2, hkv: 2, dk: 256, dv: 256, opt: attn.Options{Dropout: 0.2, Seed: 77, Offset: 1}},
 		{name: "window-all-masked-rows", dt: attn.Float16, b: 1, n: 300, m: 100, h: 1, hkv: 1, dk: 64, dv: 64, opt: attn.Options{Window: &attn.Window{Left: 3, Right: 0}, Align: tl}},
+		// persistent CTAs through several tiles each (512 tiles of the short pipeline on at most 132
+		// SMs), so that each reuses its Q buffers and barrier phases
+		{name: "d128-n512-b8-h16-tiles-per-cta", dt: attn.BFloat16, b: 8, n: 512, m: 512, h: 16, hkv: 16, dk: 128, dv: 128},
+		{name: "d128-n1024-b4-h8-causal-tiles-per-cta", dt: attn.BFloat16, b: 4, n: 1024, m: 1024, h: 8, hkv: 8, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
 	}
 	for i, pr := range cases {
 		t.Run(pr.name, func(t *testing.T) {
