@@ -170,7 +170,7 @@ func plan(r fwdRequest) (launch, error) {
 				vr.Pipeline = pipelineFor(vr, lockstep)
 			case wt != (kernels.Tile{}):
 				short, _ := kernels.HopperWSTile(vr, 0)
-				vr = windowKeyTile(p, wt, short).Apply(vr)
+				vr = causalKeyTile(p, windowKeyTile(p, wt, short), short, vr.Persistent).Apply(vr)
 				vr.Pipeline = pipelineFor(vr, r.pipeline)
 			}
 		}
@@ -571,6 +571,19 @@ func windowKeyTile(p *attn.Problem, t, s kernels.Tile) kernels.Tile {
 		return s
 	}
 	return t
+}
+
+// causalKeyTile returns, for a causal call on persistent CTAs (the short
+// pipeline, at most ShortCausalKeys keys), the short-call tile s
+// (kernels.HopperWSTable's ShortN keys), else t. Causal calls measured
+// faster on 128 keys than on 160 at every length (1.02–1.03× at 2048 and
+// 4096 keys; BENCHMARKS.md, "The key tile by length"), and 128 keys leave
+// the shared memory for two Q buffers (kernels.Pipeline.DoubleQ).
+func causalKeyTile(p *attn.Problem, t, s kernels.Tile, persistent bool) kernels.Tile {
+	if !p.Opt.Causal || !persistent || s.BlockN == 0 || s.BlockM != t.BlockM {
+		return t
+	}
+	return s
 }
 
 // windowPairs returns the score pairs a forward of p (fixed-length) computes

@@ -839,9 +839,8 @@ func TestForwardHeadMajor(t *testing.T) {
 // TestForwardDoubleQ checks where the forward takes two Q buffers
 // (kernels.Pipeline.DoubleQ) with Backend.FwdDoubleQ: the persistent
 // launches whose shared memory holds them (D = 64, D = 128 at 128 keys,
-// causal ones too), not D = 256 or D = 128 at 160 keys (the second buffer
-// does not fit), not the long pipeline (no persistent CTAs), nowhere
-// without it.
+// causal ones too), not D = 256 (the second buffer does not fit), not the
+// long pipeline (no persistent CTAs), nowhere without it.
 func TestForwardDoubleQ(t *testing.T) {
 	short := DefaultShortPipeline
 	for _, c := range []struct {
@@ -854,7 +853,8 @@ func TestForwardDoubleQ(t *testing.T) {
 		{"512 d64", 512, 64, false, true, true},
 		{"512 off", 512, 128, false, false, false},
 		{"1024 causal (dynamic schedule)", 1024, 128, true, true, true},
-		{"2048 causal (160 keys: too large)", 2048, 128, true, true, false},
+		{"4096 causal (128 keys on the short pipeline)", 4096, 128, true, true, true},
+		{"8192 causal (the long pipeline)", 8192, 128, true, true, false},
 		{"512 d256 (too large)", 512, 256, false, true, false},
 		{"4K (the long pipeline)", 4096, 128, false, true, false},
 	} {
@@ -863,6 +863,26 @@ func TestForwardDoubleQ(t *testing.T) {
 		fc.opt.Causal = c.causal
 		if v := backendPlanned(t, b, fc); v.DoubleQ != c.want || v.DoubleQ && !v.Persistent {
 			t.Errorf("%s: %s, double Q %v, want %v", c.name, v.Name(), v.DoubleQ, c.want)
+		}
+	}
+}
+
+// TestCausalKeyTile checks the forward's key tile at D = 128 by the
+// call: 128 keys for causal calls on the short pipeline at every length it
+// takes (up to ShortCausalKeys) and for calls of at most 1024 keys, 160
+// for longer unmasked calls and for causal calls on the long pipeline.
+func TestCausalKeyTile(t *testing.T) {
+	short := DefaultShortPipeline
+	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: true, FwdDoubleQ: true}
+	for _, c := range []struct {
+		n      int
+		causal bool
+		want   int
+	}{{1024, false, 128}, {2048, false, 160}, {1024, true, 128}, {2048, true, 128}, {ShortCausalKeys, true, 128}, {2 * ShortCausalKeys, true, 160}} {
+		fc := fwdRecordCase{name: "tile", dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 4, hkv: 4, dk: 128, dv: 128, wgmma: true, tma: true}
+		fc.opt.Causal = c.causal
+		if v := backendPlanned(t, b, fc); v.BlockN != c.want {
+			t.Errorf("N = %d causal %v: %s, %d keys a tile, want %d", c.n, c.causal, v.Name(), v.BlockN, c.want)
 		}
 	}
 }
