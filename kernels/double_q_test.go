@@ -38,15 +38,16 @@ func TestDoubleQSource(t *testing.T) {
 	}
 	for _, want := range []string{
 		"constexpr int Q_STAGE = 32768;",
-		"mbar_init(barQ + 56, 1);",
-		"mbar_init(emptyQ + 16, NCOMPUTE);",
-		"if (q_it >= 2) mbar_wait(emptyQ + 16 * qb, ((q_it >> 1) - 1) & 1);",
+		"constexpr int QFULL_STEP = 56, QEMPTY_STEP = 16;",
+		"mbar_init(barQ + QFULL_STEP, 1);",
+		"mbar_init(emptyQ + QEMPTY_STEP, NCOMPUTE);",
+		"if (q_it >= 2) mbar_wait(emptyQ + QEMPTY_STEP * qb, ((q_it >> 1) - 1) & 1);",
 		"sched[qb] = tile;",
 		"tma_tile<BM, KATOMS>(sQt, mq_, barQt, m0, hq_, b, cq_);",
-		"mbar_wait(barQ + 56 * qb, (q_it >> 1) & 1);",
+		"mbar_wait(barQ + QFULL_STEP * qb, (q_it >> 1) & 1);",
 		"const int tile = sched[qb];",
 		"sw128_desc(sQt + wg * 64 * 128, 16, 1024)",
-		"mbar_arrive(emptyQ + 16 * (q_it & 1));",
+		"mbar_arrive(emptyQ + QEMPTY_STEP * (q_it & 1));",
 	} {
 		if !strings.Contains(src, want) {
 			t.Errorf("source lacks %q", want)

@@ -65,7 +65,21 @@ func (x *gen) wsConstants() {
 	x.p("constexpr int PRODUCER_REGS = %d;  // the producer warpgroup's register budget (setmaxnreg.dec)", wsProducerRegs)
 	x.p("constexpr int COMPUTE_REGS = %d;  // the compute warpgroups' register budget (setmaxnreg.inc)", regs)
 	x.p("constexpr int EMPTY_OFF = BAR_OFF + %d;  // mbarriers on which the compute warps release K buffers 0 and 1, V buffers 0 and 1", tmaBarrierBytes)
+	if x.v.DoubleQ {
+		x.p("constexpr int QFULL_STEP = %d, QEMPTY_STEP = %d;  // Q buffer b's barriers: barQ + QFULL_STEP·b, emptyQ + QEMPTY_STEP·b", doubleQFullStep, doubleQEmptyStep)
+	}
 }
+
+// The second Q buffer's barriers (Pipeline.DoubleQ) take places left free
+// without a staged bias (which DoubleQ declines): in the full barriers'
+// 64 bytes (Q at 0, K at 8 and 16, V at 24 and 32, the bias buffers' at 40
+// and 48) the one at 56, and in the empty barriers' 64 (K at 0 and 8, V at
+// 16 and 24, Q at 32, the tile index words at 40 and 44, the bias
+// buffers' at 48 and 56) the one at 48.
+const (
+	doubleQFullStep  = 56 // from barQ to Q buffer 1's full barrier
+	doubleQEmptyStep = 16 // from emptyQ to Q buffer 1's empty barrier
+)
 
 // computeThreads returns the name of the number of threads that compute
 // (every thread of a kernel without a producer warpgroup).
@@ -122,9 +136,9 @@ func (x *gen) wsBarriers() {
 	if x.v.Persistent {
 		q, qDecl, qInit = ", and Q", ", emptyQ = emptyK + 32;", "\n    mbar_init(emptyQ, NCOMPUTE);  // every compute thread arrives: they read the tile's index"
 		if x.v.DoubleQ {
-			q, qDecl = ", and Q buffers 0 and 1", ", emptyQ = emptyK + 32;  // Q buffer b: barQ + 56b, emptyQ + 16b"
-			qInit += "\n    mbar_init(barQ + 56, 1);  // Q buffer 1's"
-			qInit += "\n    mbar_init(emptyQ + 16, NCOMPUTE);"
+			q, qDecl = ", and Q buffers 0 and 1", ", emptyQ = emptyK + 32;  // Q buffer b: barQ + QFULL_STEP·b, emptyQ + QEMPTY_STEP·b"
+			qInit += "\n    mbar_init(barQ + QFULL_STEP, 1);  // Q buffer 1's"
+			qInit += "\n    mbar_init(emptyQ + QEMPTY_STEP, NCOMPUTE);"
 		}
 		if x.v.ProducerDropout {
 			qInit = "\n    mbar_init(emptyQ, NCOMPUTE + KEEP_THREADS);  // every compute and keep thread arrives: they read the tile's index"
@@ -340,8 +354,8 @@ func (p Pipeline) String() string {
 // barrier phases carry on from one tile to the next.
 //
 // With DoubleQ the tiles use two Q buffers in turn, tile q_it buffer qb =
-// q_it mod 2, each with its own full barrier (barQ + 56·qb), empty barrier
-// (emptyQ + 16·qb) and index word (sched[qb]); tile q_it completes phase
+// q_it mod 2, each with its own full barrier (barQ + QFULL_STEP·qb), empty
+// barrier (emptyQ + QEMPTY_STEP·qb) and index word (sched[qb]); tile q_it completes phase
 // (q_it / 2) mod 2 of its buffer's barriers. The producer waits only for
 // tile q_it − 2 to release the buffer, which it did a tile ago, so the next
 // tile's Q — and behind it, as the stages free up, its first K and V — is
@@ -425,8 +439,8 @@ func (x *gen) wsPersistentPrologue() {
 	x.raw("      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles handed over so far\n      for (;; ++q_it) {\n")
 	if x.v.DoubleQ {
 		x.raw(`        const int qb = q_it & 1;  // the tile's Q buffer, its index in sched[qb]
-        const u32 sQt = sQ + qb * Q_STAGE, barQt = barQ + 56 * qb;
-        if (q_it >= 2) mbar_wait(emptyQ + 16 * qb, ((q_it >> 1) - 1) & 1);  // tile q_it - 2's Q and index released
+        const u32 sQt = sQ + qb * Q_STAGE, barQt = barQ + QFULL_STEP * qb;
+        if (q_it >= 2) mbar_wait(emptyQ + QEMPTY_STEP * qb, ((q_it >> 1) - 1) & 1);  // tile q_it - 2's Q and index released
 `)
 	} else {
 		x.raw("        if (q_it > 0) mbar_wait(emptyQ, (q_it - 1) & 1);  // the last tile's Q and index released\n")
@@ -483,7 +497,7 @@ func (x *gen) wsPersistentPrologue() {
 	if x.v.DoubleQ {
 		x.raw(`    const int qb = q_it & 1;  // the tile's Q buffer, its index in sched[qb]
     const u32 sQt = sQ + qb * Q_STAGE;
-    mbar_wait(barQ + 56 * qb, (q_it >> 1) & 1);  // the tile's index, and its Q unless it has no key
+    mbar_wait(barQ + QFULL_STEP * qb, (q_it >> 1) & 1);  // the tile's index, and its Q unless it has no key
     const int tile = sched[qb];
     if (tile >= ntiles) break;
 `)
@@ -500,12 +514,12 @@ func (x *gen) wsPersistentPrologue() {
 type qNames struct{ buf, full, empty, slot, slotNote string }
 
 // qBuffer returns the names of a tile's Q buffer: with DoubleQ those of
-// buffer q_it & 1 (sQt, barQt, emptyQ + 16·(q_it & 1), sched[qb]; the
+// buffer q_it & 1 (sQt, barQt, emptyQ + QEMPTY_STEP·(q_it & 1), sched[qb]; the
 // producer and the compute warps each declare sQt and qb for the tile),
 // else the one buffer's.
 func (x *gen) qBuffer() qNames {
 	if x.v.DoubleQ {
-		return qNames{"sQt", "barQt", "emptyQ + 16 * (q_it & 1)", "sched[qb]", "sched[b]: the tile of Q buffer b"}
+		return qNames{"sQt", "barQt", "emptyQ + QEMPTY_STEP * (q_it & 1)", "sched[qb]", "sched[b]: the tile of Q buffer b"}
 	}
 	return qNames{"sQ", "barQ", "emptyQ", "*sched", "the tile of Q's buffer"}
 }
