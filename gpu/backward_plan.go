@@ -396,23 +396,17 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if r.bulkDQ && run && algo == DQAtomic {
 		w := pl.v
 		w.BulkDQ = true
-		if w.Validate() == nil {
-			pl.v = w
-		}
+		pl.tryVariant(w)
 	}
 	if ws && pl.v.TMA && !bwdWSSlower(p) {
 		w := pl.v
 		w.WarpSpecialized = true
-		if w.Validate() == nil {
-			pl.v = w
-		}
+		pl.tryVariant(w)
 	}
 	if r.keyRows {
 		w := pl.v
 		w.KeyRows = true
-		if w.Validate() == nil {
-			pl.v = w
-		} else if r.queryStep != 0 {
+		if !pl.tryVariant(w) && r.queryStep != 0 {
 			// a key-rows step only its query step makes (128 queries with the atomic dQ at D ≤ 64)
 			w.QueryStep = r.queryStep
 			pl.tryTMA(w)
@@ -431,9 +425,7 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if r.lightTail { // (Validate declines it unmasked)
 		w := pl.v
 		w.LightTail = true
-		if w.Validate() == nil {
-			pl.v = w
-		}
+		pl.tryVariant(w)
 	}
 	if r.persistent && pl.v.KeyRows { // (with the dQ kernel's maps of k and v, which the dK/dV kernel takes too)
 		w := pl.v
@@ -443,16 +435,12 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 	if r.producerDropout {
 		w := pl.v
 		w.ProducerDropout = true
-		if w.Validate() == nil {
-			pl.v = w
-		}
+		pl.tryVariant(w)
 	}
 	if r.dbiasTiles && pl.v.DBiasPath == kernels.DBiasAtomic {
 		w := pl.v
 		w.DBiasPath = kernels.DBiasTiles
-		if w.Validate() == nil {
-			pl.v = w
-		}
+		pl.tryVariant(w)
 	}
 	if r.dbiasStore && pl.v.DBiasPath == kernels.DBiasDirect && pl.v.TMA {
 		w := pl.v
@@ -640,6 +628,16 @@ func (pl *bwdPlan) useTMA() {
 	pl.tryTMA(v)
 }
 
+// tryVariant makes v (the plan's variant with one part more, on the same
+// tensors) the plan's where it validates, and reports whether it did.
+func (pl *bwdPlan) tryVariant(v kernels.BwdVariant) bool {
+	if v.Validate() != nil {
+		return false
+	}
+	pl.v = v
+	return true
+}
+
 // tryTMA makes v (a tensor-map variant of the plan's kernels) the plan's
 // where it validates and the encoder would take its four maps, and reports
 // whether it did.
@@ -650,10 +648,10 @@ func (pl *bwdPlan) tryTMA(v kernels.BwdVariant) bool {
 			return false
 		}
 	}
-	if v.Validate() != nil {
+	if !pl.tryVariant(v) {
 		return false
 	}
-	pl.v, pl.tma = v, ts
+	pl.tma = ts
 	return true
 }
 

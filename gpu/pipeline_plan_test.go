@@ -584,7 +584,7 @@ func TestForwardShortPipeline(t *testing.T) {
 	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}, false); got != DefaultPipeline {
 		t.Errorf("without ShortPipeline: %+v, want %+v", got, DefaultPipeline)
 	}
-	c := fwdRecordCase{name: "short", dt: attn.BFloat16, b: 2, n: ShortKeys, m: ShortKeys, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+	c := hopperCase("short", 2, ShortKeys, 2, 128)
 	p, ts, _, _ := c.tensors(t)
 	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
 		hopper: true, tma: true, pipeline: b.forwardPipeline(p, false), sms: 132})
@@ -679,7 +679,7 @@ func TestForwardPlanLightTail(t *testing.T) {
 		{"unmasked", false, full, true, false},
 		{"causal, knob off", true, full, false, false},
 	} {
-		rc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: 2048, m: 2048, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+		rc := hopperCase(c.name, 1, 2048, 2, 128)
 		rc.opt.Causal = c.causal
 		p, ts, _, _ := rc.tensors(t)
 		pl, err := plan(fwdRequest{p: p, dt: rc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], hopper: true, tma: true, pipeline: c.pipe, sms: 132, lightTail: c.on})
@@ -724,7 +724,7 @@ func TestForwardEarlyDropout(t *testing.T) {
 			t.Errorf("%s: early dropout %v, want %v", c.name, got, c.want)
 		}
 	}
-	c := fwdRecordCase{name: "early dropout", dt: attn.BFloat16, b: 1, n: 1024, m: 1024, h: 2, hkv: 2, dk: 128, dv: 128, wgmma: true, tma: true}
+	c := hopperCase("early dropout", 1, 1024, 2, 128)
 	c.opt.Dropout = 0.1
 	p, ts, _, _ := c.tensors(t)
 	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
@@ -756,7 +756,7 @@ func TestForwardProducerDropout(t *testing.T) {
 		{"d128 no dropout", 128, 2048, 0, false},
 		{"d128 short (persistent)", 128, 512, 0.1, true},
 	} {
-		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 2, hkv: 2, dk: c.d, dv: c.d, wgmma: true, tma: true}
+		fc := hopperCase(c.name, 1, c.n, 2, c.d)
 		fc.opt.Dropout = c.dropout
 		v := backendPlanned(t, b, fc)
 		if v.ProducerDropout != c.want || v.EarlyDropout {
@@ -802,7 +802,7 @@ func TestForwardLazyRescale(t *testing.T) {
 		{"d320", 320, 1024, false, true, true, true},
 	} {
 		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: c.lazy}
-		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 2, hkv: 2, dk: c.dk, dv: c.dk, wgmma: true, tma: true}
+		fc := hopperCase(c.name, 1, c.n, 2, c.dk)
 		fc.opt.Causal = c.causal
 		if v := backendPlanned(t, b, fc); v.LazyRescale != c.want || v.WarpSpecialized != c.pipeWS {
 			t.Errorf("%s: %s, lazy rescale %v, warp-specialized %v; want %v, %v", c.name, v.Name(), v.LazyRescale, v.WarpSpecialized, c.want, c.pipeWS)
@@ -828,12 +828,19 @@ func TestForwardHeadMajor(t *testing.T) {
 		{"4K", 4096, false, true, false},
 	} {
 		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, FwdHeadMajor: c.on}
-		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 2, n: c.n, m: c.n, h: 4, hkv: 4, dk: 128, dv: 128, wgmma: true, tma: true}
+		fc := hopperCase(c.name, 2, c.n, 4, 128)
 		fc.opt.Causal = c.causal
 		if v := backendPlanned(t, b, fc); v.HeadMajor != c.want {
 			t.Errorf("%s: %s, head-major %v, want %v", c.name, v.Name(), v.HeadMajor, c.want)
 		}
 	}
+}
+
+// hopperCase returns a bf16 forward case for the Hopper planner: b batch
+// elements of n queries and keys, h heads (as many key heads), head dims d,
+// tensor maps.
+func hopperCase(name string, b, n, h, d int) fwdRecordCase {
+	return fwdRecordCase{name: name, dt: attn.BFloat16, b: b, n: n, m: n, h: h, hkv: h, dk: d, dv: d, wgmma: true, tma: true}
 }
 
 // TestForwardDoubleQ checks where the forward takes two Q buffers
@@ -859,7 +866,7 @@ func TestForwardDoubleQ(t *testing.T) {
 		{"4K (the long pipeline)", 4096, 128, false, true, false},
 	} {
 		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: true, FwdDoubleQ: c.on}
-		fc := fwdRecordCase{name: c.name, dt: attn.BFloat16, b: 2, n: c.n, m: c.n, h: 4, hkv: 4, dk: c.d, dv: c.d, wgmma: true, tma: true}
+		fc := hopperCase(c.name, 2, c.n, 4, c.d)
 		fc.opt.Causal = c.causal
 		if v := backendPlanned(t, b, fc); v.DoubleQ != c.want || v.DoubleQ && !v.Persistent {
 			t.Errorf("%s: %s, double Q %v, want %v", c.name, v.Name(), v.DoubleQ, c.want)
@@ -879,7 +886,7 @@ func TestCausalKeyTile(t *testing.T) {
 		causal bool
 		want   int
 	}{{1024, false, 128}, {2048, false, 160}, {1024, true, 128}, {2048, true, 128}, {ShortCausalKeys, true, 128}, {2 * ShortCausalKeys, true, 160}} {
-		fc := fwdRecordCase{name: "tile", dt: attn.BFloat16, b: 1, n: c.n, m: c.n, h: 4, hkv: 4, dk: 128, dv: 128, wgmma: true, tma: true}
+		fc := hopperCase("tile", 1, c.n, 4, 128)
 		fc.opt.Causal = c.causal
 		if v := backendPlanned(t, b, fc); v.BlockN != c.want {
 			t.Errorf("N = %d causal %v: %s, %d keys a tile, want %d", c.n, c.causal, v.Name(), v.BlockN, c.want)

@@ -465,10 +465,9 @@ func (g *bwdGen) dkdvSM90Descriptors(b *strings.Builder, kl, vl string) {
 		firstQ = ""
 		landed = "  cp_async_wait0();\n  fence_proxy_async();\n  bar_sync(1, NCOMPUTE);  // K and V in shared memory for both warpgroups\n"
 	}
-	switch {
-	case v.Persistent:
+	if v.Persistent {
 		b.WriteString("// (the tile's K and V landed: its number was read after kvbar's phase)\n")
-	default:
+	} else {
 		fmt.Fprintf(b, `if (iters > 0) {
     load_sw<BN, KCH, DK, NTH>(sK, gk, %s, m - j0%s);
     load_sw<BN, VCH, DV, NTH>(sV, gv, %s, m - j0%s);%s

@@ -462,17 +462,18 @@ func flatAccShift(v BwdVariant) string {
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
 	acc := "    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;\n"
+	elem := "gs[d" + flatAccShift(v) + "]"
 	if v.DQAccTiled() {
 		acc = "    const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator\n"
+		elem = "gs[" + v.dqAccTiledAt("i", "d") + "]"
 	}
 	cols := fmt.Sprintf(`    for (int d = lane; d < %d; d += 32) {
       const float x = %s * p.scale;
       bad |= nf_bad(x);
       gq[d] = t_from_f(x);
     }
-`, v.DK, "gs[d"+flatAccShift(v)+"]")
-	switch {
-	case v.DQAccTiled() && v.DK%4 == 0:
+`, v.DK, elem)
+	if v.DQAccTiled() && v.DK%4 == 0 {
 		cols = fmt.Sprintf(`    const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
     for (int c = lane; 4 * c < %d; c += 32) {  // four columns a lane
       const float4 a = *reinterpret_cast<const float4*>(gs + %s);
@@ -486,8 +487,6 @@ func (g *bwdGen) convertKernel(b *strings.Builder) {
       }
     }
 `, v.DK, v.dqAccTiledAt("i", "4 * c"))
-	case v.DQAccTiled():
-		cols = strings.Replace(cols, "gs[d]", "gs["+v.dqAccTiledAt("i", "d")+"]", 1)
 	}
 	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {

@@ -70,19 +70,13 @@ func (x *gen) keepConstants(keepOff int) {
 }
 
 // keepBarriers returns the keep stages' barrier addresses (after the
-// pipeline's), and keepBarrierInit their initialization.
-func (x *gen) keepBarriers() string {
+// pipeline's) and their initialization (inside the loop over stages i).
+func (x *gen) keepBarriers() (decl, init string) {
 	if !x.v.ProducerDropout {
-		return ""
+		return "", ""
 	}
-	return "  const u32 keepFull = s_base + KEEPBAR_OFF, keepEmpty = keepFull + 16;  // keep stage b: + 8b\n"
-}
-
-func (x *gen) keepBarrierInit() string {
-	if !x.v.ProducerDropout {
-		return ""
-	}
-	return `      mbar_init(keepFull + 8 * i, KEEP_THREADS);
+	return "  const u32 keepFull = s_base + KEEPBAR_OFF, keepEmpty = keepFull + 16;  // keep stage b: + 8b\n",
+		`      mbar_init(keepFull + 8 * i, KEEP_THREADS);
       mbar_init(keepEmpty + 8 * i, NCOMPUTE);
 `
 }

@@ -132,6 +132,7 @@ func (x *gen) wsPrologue() {
 // and V buffer; empty barriers for each K and V buffer and, persistent, Q;
 // with BiasStaged full and empty barriers for each bias buffer.
 func (x *gen) wsBarriers() {
+	keepDecl, keepInit := x.keepBarriers()
 	q, qDecl, qInit := "", "          // buffer b: emptyK + 8b, emptyV + 8b", ""
 	if x.v.Persistent {
 		q, qDecl, qInit = ", and Q", ", emptyQ = emptyK + 32;", "\n    mbar_init(emptyQ, NCOMPUTE);  // every compute thread arrives: they read the tile's index"
@@ -161,7 +162,7 @@ func (x *gen) wsBarriers() {
 %[5]s%[7]s    }
     mbar_fence_init();
   }
-  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit, x.biasStageBarriers(), x.biasStageBarrierInit(), x.keepBarriers(), x.keepBarrierInit())
+  __syncthreads();  // the last block-wide barrier: the producer warpgroup leaves the compute threads here`, q, qDecl, qInit, x.biasStageBarriers(), x.biasStageBarrierInit(), keepDecl, keepInit)
 }
 
 // wsTileLoads writes the producer thread's loads of one tile: Q, then K
