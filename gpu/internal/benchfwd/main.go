@@ -155,9 +155,11 @@ func main() {
 	// Hopper tiles by length (the default pipeline for each length: short sequences take
 	// persistent CTAs): at D = 128 the keys, 160 padding a sequence of 512 to 640 keys where
 	// 128 do not; at D = 64 the query rows, 192 (three warpgroups) padding 512 queries to 576
-	// and 1024 to 1152 where 128 do not (-dims picks)
-	ntiles := map[int][]kernels.Tile{128: {hl(128, 128), hl(128, 160)}, 64: {hl(192, 128), hl(128, 128)}}
-	for _, d := range []int{128, 64} {
+	// and 1024 to 1152 where 128 do not; at D = 256 the keys, 80 padding 512 to 560 where 64
+	// do not (-dims picks)
+	ntiles := map[int][]kernels.Tile{128: {hl(128, 128), hl(128, 160)}, 64: {hl(192, 128), hl(128, 128)},
+		256: {hl(128, 80), hl(128, 64)}}
+	for _, d := range []int{128, 64, 256} {
 		if *dims != "" && !strings.Contains(","+*dims+",", fmt.Sprintf(",%d,", d)) {
 			continue
 		}
