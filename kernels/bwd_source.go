@@ -461,51 +461,87 @@ func flatAccShift(v BwdVariant) string {
 // at once (else one by one); otherwise a column a lane.
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
+	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
+extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
+  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+`, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdDQConvertKernel)
+	g.segment(b)
+	b.WriteString("  (void)m; (void)kr0;\n")
+	if v.DQAccTiled() && v.DK%4 == 0 {
+		b.WriteString(convertTiledBody(v))
+		return
+	}
 	acc := "    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;\n"
 	elem := "gs[d" + flatAccShift(v) + "]"
 	if v.DQAccTiled() {
 		acc = "    const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator\n"
 		elem = "gs[" + v.dqAccTiledAt("i", "d") + "]"
 	}
-	cols := fmt.Sprintf(`    for (int d = lane; d < %d; d += 32) {
-      const float x = %s * p.scale;
-      bad |= nf_bad(x);
-      gq[d] = t_from_f(x);
-    }
-`, v.DK, elem)
-	if v.DQAccTiled() && v.DK%4 == 0 {
-		cols = fmt.Sprintf(`    const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
-    for (int c = lane; 4 * c < %d; c += 32) {  // four columns a lane
-      const float4 a = *reinterpret_cast<const float4*>(gs + %s);
-      const float x[4] = {a.x * p.scale, a.y * p.scale, a.z * p.scale, a.w * p.scale};
-      bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
-      if (whole) {
-        *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) gq[4 * c + k] = t_from_f(x[k]);
-      }
-    }
-`, v.DK, v.dqAccTiledAt("i", "4 * c"))
-	}
-	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
-extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
-  const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-`, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdDQConvertKernel)
-	g.segment(b)
-	fmt.Fprintf(b, `  (void)m; (void)kr0;
-  for (int r = warp; r < %d; r += %d) {
+	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
     if (i >= n) break;
 %s    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
     bool bad = false;
-%s    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
+    for (int d = lane; d < %d; d += 32) {
+      const float x = %s * p.scale;
+      bad |= nf_bad(x);
+      gq[d] = t_from_f(x);
+    }
+    // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
     // kernel recomputes the row
     if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
   }
 }
 
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, cols)
+`, BwdPreRows, BwdPreThreads/32, BwdPreRows, acc, v.DK, elem)
+}
+
+// convertTiledBody returns the dQ conversion's body for the tiled
+// accumulator with DK a multiple of 4: each warp loads all of its rows'
+// 16-byte units first (R rows, C units a lane and row), so that a warp has
+// R·C loads in flight instead of one, then scales, converts and stores
+// them row by row, and votes once on a non-finite element.
+func convertTiledBody(v BwdVariant) string {
+	warps := BwdPreThreads / 32
+	return fmt.Sprintf(`  const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator
+  constexpr int R = %[1]d, C = %[2]d;  // rows a warp; 16-byte units (four columns) a lane and row
+  float4 a[R][C];
+#pragma unroll
+  for (int k = 0; k < R; ++k) {  // every load first
+    const int i = blockIdx.x * %[3]d + warp + %[4]d * k;
+#pragma unroll
+    for (int e = 0; e < C; ++e) {
+      const int c = lane + 32 * e;
+      if (i < n && 4 * c < %[5]d) a[k][e] = *reinterpret_cast<const float4*>(gs + %[6]s);
+    }
+  }
+  bool bad = false;
+#pragma unroll
+  for (int k = 0; k < R; ++k) {
+    const int i = blockIdx.x * %[3]d + warp + %[4]d * k;
+    if (i >= n) break;
+    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
+    const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
+#pragma unroll
+    for (int e = 0; e < C; ++e) {
+      const int c = lane + 32 * e;
+      if (4 * c >= %[5]d) break;
+      const float x[4] = {a[k][e].x * p.scale, a[k][e].y * p.scale, a[k][e].z * p.scale, a[k][e].w * p.scale};
+      bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
+      if (whole) {
+        *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) gq[4 * c + q] = t_from_f(x[q]);
+      }
+    }
+  }
+  // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
+  // kernel recomputes the rows
+  if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
+}
+
+`, BwdPreRows/warps, (v.DK/4+31)/32, BwdPreRows, warps, v.DK, v.dqAccTiledAt("i", "4 * c"))
 }
 
 // kernelConsts declares the tile constants of a main kernel.
