@@ -515,8 +515,8 @@ var DefaultPipeline = kernels.Pipeline{WarpSpecialized: true, PingPong: true, Ea
 
 // DefaultShortPipeline is the pipeline of the Hopper forward of new
 // backends, when EnvPipeline is empty, for calls with at most ShortKeys
-// keys (causal: ShortCausalKeys) or a window of at most ShortWindowKeys+1
-// keys a row: DefaultPipeline with persistent CTAs and
+// keys (plain calls: ShortPlainKeys; causal: ShortCausalKeys) or a window
+// of at most ShortWindowKeys+1 keys a row: DefaultPipeline with persistent CTAs and
 // the O store by tensor maps, whose epilogue and tile changes weigh most
 // where each tile has few key blocks (docs/kernels/forward.md).
 var DefaultShortPipeline = func() kernels.Pipeline {
@@ -526,11 +526,15 @@ var DefaultShortPipeline = func() kernels.Pipeline {
 }()
 
 // ShortKeys is the largest key length of the forward calls that take
-// Backend.ShortPipeline, and ShortCausalKeys that of causal calls;
+// Backend.ShortPipeline, ShortPlainKeys that of calls without a mask or
+// per-element extras (softcap, dropout) at head dims up to ShortPlainDim
+// (their larger), and ShortCausalKeys that of causal calls;
 // ShortWindowKeys is the largest Left+Right of a window (both sides
 // bounded) whose calls take it whatever their length.
 const (
 	ShortKeys       = 512
+	ShortPlainKeys  = 2048
+	ShortPlainDim   = 128
 	ShortCausalKeys = 4096
 	ShortWindowKeys = 2048
 )

@@ -507,8 +507,8 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 
 // forwardPipeline returns the Hopper forward pipeline the backend asks for p
 // (biased: with an additive bias): ShortPipeline where it is set and p has
-// at most ShortKeys keys (causal: ShortCausalKeys) or a short window
-// (shortWindow), without a bias, else Pipeline. A biased call keeps
+// at most ShortKeys keys (plain: shortPlain; causal: ShortCausalKeys) or a
+// short window (shortWindow), without a bias, else Pipeline. A biased call keeps
 // Pipeline whatever its length: its bias tiles fit beside Pipeline's
 // stages, not beside the short pipeline's O tile, and a bias read from
 // global memory costs more than the short pipeline saves
@@ -524,7 +524,7 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
-	case b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)):
+	case b.ShortPipeline != nil && !biased && (p.M <= ShortKeys || shortPlain(p) || p.Opt.Causal && p.M <= ShortCausalKeys || shortWindow(p)):
 		pl = *b.ShortPipeline
 	case b.EarlyDropoutAuto && earlyDropoutFaster(p):
 		pl.EarlyDropout = true
@@ -601,6 +601,16 @@ func windowPairs(p *attn.Problem, bm, bn int) int64 {
 		}
 	}
 	return pairs
+}
+
+// shortPlain reports whether p is a plain call (no mask, softcap or
+// dropout) of at most ShortPlainKeys keys at head dims up to ShortPlainDim,
+// which take persistent CTAs: with two Q buffers they measured 1.035× the
+// launches of one tile a CTA at D = 128 and 1.048× at D = 64 (1024 keys),
+// 1.037× at D = 128 and 2048 keys, and 0.987× at D = 256
+// (docs/kernels/forward.md, "Pipelines", double-q).
+func shortPlain(p *attn.Problem) bool {
+	return !p.Masked && p.Opt.Softcap == 0 && p.Opt.Dropout == 0 && max(p.DK, p.DV) <= ShortPlainDim && p.M <= ShortPlainKeys
 }
 
 // shortWindow reports whether p's mask (resolved) is a window of both sides

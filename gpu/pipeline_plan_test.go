@@ -549,23 +549,37 @@ func TestParsePipelineDefault(t *testing.T) {
 }
 
 // TestForwardShortPipeline checks the forward pipeline a backend asks for
-// by key length: ShortPipeline up to ShortKeys keys (causal:
-// ShortCausalKeys) and for windows of at most ShortWindowKeys+1 keys a
-// row, Pipeline past them and wherever ShortPipeline is nil;
-// and that a D = 128 forward of 512 keys plans persistent CTAs with O
-// stored by a tensor map under it.
+// by key length: ShortPipeline up to ShortKeys keys (plain calls at head
+// dims up to ShortPlainDim: ShortPlainKeys; causal: ShortCausalKeys) and
+// for windows of at most ShortWindowKeys+1 keys a row, Pipeline past them
+// and wherever ShortPipeline is nil; and that a D = 128 forward of 512
+// keys plans persistent CTAs with O stored by a tensor map under it.
 func TestForwardShortPipeline(t *testing.T) {
 	short := DefaultShortPipeline
 	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short}
 	for _, c := range []struct {
-		m      int
-		causal bool
-		want   kernels.Pipeline
-	}{{1, false, short}, {ShortKeys, false, short}, {ShortKeys + 1, false, DefaultPipeline}, {4096, false, DefaultPipeline},
-		{ShortCausalKeys, true, short}, {ShortCausalKeys + 1, true, DefaultPipeline}} {
-		p := &attn.Problem{N: c.m, M: c.m, Opt: attn.Options{Causal: c.causal}}
+		name string
+		m, d int
+		opt  attn.Options
+		want kernels.Pipeline
+	}{
+		{"one key", 1, 128, attn.Options{}, short},
+		{"plain, ShortKeys", ShortKeys, 256, attn.Options{}, short},
+		{"plain D 256, ShortKeys+1", ShortKeys + 1, 256, attn.Options{}, DefaultPipeline},
+		{"plain D 128, ShortPlainKeys", ShortPlainKeys, ShortPlainDim, attn.Options{}, short},
+		{"plain D 64, ShortPlainKeys", ShortPlainKeys, 64, attn.Options{}, short},
+		{"plain D 128, ShortPlainKeys+1", ShortPlainKeys + 1, 128, attn.Options{}, DefaultPipeline},
+		{"softcap D 128, ShortKeys+1", ShortKeys + 1, 128, attn.Options{Softcap: 30}, DefaultPipeline},
+		{"dropout D 128, ShortKeys+1", ShortKeys + 1, 128, attn.Options{Dropout: 0.1}, DefaultPipeline},
+		{"dropout D 128, ShortKeys", ShortKeys, 128, attn.Options{Dropout: 0.1}, short},
+		{"plain D 128, 4096", 4096, 128, attn.Options{}, DefaultPipeline},
+		{"causal D 256, ShortCausalKeys", ShortCausalKeys, 256, attn.Options{Causal: true}, short},
+		{"causal D 128, ShortCausalKeys+1", ShortCausalKeys + 1, 128, attn.Options{Causal: true}, DefaultPipeline},
+	} {
+		p := &attn.Problem{N: c.m, M: c.m, DK: c.d, DV: c.d, Opt: c.opt}
+		p.ResolveMask()
 		if got := b.forwardPipeline(p, false); got != c.want {
-			t.Errorf("M = %d causal %v: pipeline %+v, want %+v", c.m, c.causal, got, c.want)
+			t.Errorf("%s: pipeline %+v, want %+v", c.name, got, c.want)
 		}
 	}
 	for _, c := range []struct {
