@@ -38,7 +38,8 @@
 // the problem classes where the lockstep kernels measured faster;
 // FLASHATTN_FWD_PIPELINE and FLASHATTN_BWD_PIPELINE choose others
 // ("lockstep"). The forward's persistent CTAs and O stored by tensor maps
-// serve calls of at most ShortKeys keys (causal: ShortCausalKeys) and
+// serve calls of at most ShortKeys keys (plain calls up to ShortPlainDim:
+// ShortPlainKeys; causal: ShortCausalKeys) and
 // windows of at most ShortWindowKeys+1 keys a row by default
 // (Backend.ShortPipeline, DefaultShortPipeline) and are opt-in past them.
 // New reads the environment once; every knob is a field of Backend.
