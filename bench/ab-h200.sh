@@ -5,7 +5,7 @@
 # clock drift falls on all of them alike. The summary (printed last, and in
 # $OUT/summary.txt) gives per case and build the mean of the rounds' median
 # times, the rate, and each build's speed relative to the first one
-# (its time ÷ the build's; above 1: faster).
+# (its time ÷ the build's; above 1: faster), overall and round by round.
 #
 # Build the binaries where Go is, one per commit, e.g.
 #
@@ -58,17 +58,19 @@ done
 python3 - "$TIMES" "$BUILDS" <<'EOF' | tee "$OUT/summary.txt"
 import collections, sys
 labels = [b.split("=", 1)[0] for b in sys.argv[2].split()]
-ms, rate, flags = collections.defaultdict(list), collections.defaultdict(list), {}
+ms, rate, flags, by_round = collections.defaultdict(list), collections.defaultdict(list), {}, {}
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
     if len(f) < 5 or f[3] == "failed":
         continue
     t, r = f[3].split()[:2]
     ms[(f[0], f[1])].append(float(t))
+    by_round[(f[0], f[1], f[2])] = float(t)
     rate[(f[0], f[1])].append(float(r))
     flags[f[0]] = f[4]
-print("| case | " + " | ".join(f"{l} ms (TFLOP/s)" for l in labels) + " | " + " | ".join(f"{l} ×" for l in labels[1:]) + " |")
-print("|---|" + "--:|" * (2 * len(labels) - 1))
+print("| case | " + " | ".join(f"{l} ms (TFLOP/s)" for l in labels) + " | " + " | ".join(f"{l} ×" for l in labels[1:]) +
+      " | " + " | ".join(f"{l} × by round" for l in labels[1:]) + " |")
+print("|---|" + "--:|" * (2 * len(labels) - 1) + "---|" * (len(labels) - 1))
 for c in sorted(flags, key=int):
     cells, base = [], None
     for l in labels:
@@ -79,9 +81,13 @@ for c in sorted(flags, key=int):
         m = sum(v) / len(v)
         base = m if l == labels[0] else base
         cells.append(f"{m:.3f} ({sum(rate[(c, l)]) / len(v):.1f})")
-    ratios = []
+    ratios, rounds = [], []
     for l in labels[1:]:
         v = ms.get((c, l))
         ratios.append(f"{base / (sum(v) / len(v)):.3f}" if v and base else "—")
-    print(f"| {flags[c]} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+        # each round's ratio: the first build's time ÷ this build's, in the same round
+        rs = sorted({k[2] for k in by_round if k[0] == c}, key=int)
+        rounds.append(", ".join(f"{by_round[(c, labels[0], r)] / by_round[(c, l, r)]:.3f}" for r in rs
+                                if (c, labels[0], r) in by_round and (c, l, r) in by_round) or "—")
+    print(f"| {flags[c]} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " | " + " | ".join(rounds) + " |")
 EOF
