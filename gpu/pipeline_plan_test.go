@@ -552,8 +552,9 @@ func TestParsePipelineDefault(t *testing.T) {
 // by key length: ShortPipeline up to ShortKeys keys (plain calls at head
 // dims up to ShortPlainDim: ShortPlainKeys; causal: ShortCausalKeys) and
 // for windows of at most ShortWindowKeys+1 keys a row, Pipeline past them
-// and wherever ShortPipeline is nil; and that a D = 128 forward of 512
-// keys plans persistent CTAs with O stored by a tensor map under it.
+// and wherever ShortPipeline is nil; and that plain forwards of 512 to
+// 2048 keys plan persistent CTAs with O stored by a tensor map under it,
+// with two Q buffers where the key tile leaves room for them.
 func TestForwardShortPipeline(t *testing.T) {
 	short := DefaultShortPipeline
 	b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short}
@@ -598,15 +599,23 @@ func TestForwardShortPipeline(t *testing.T) {
 	if got := (&Backend{Pipeline: DefaultPipeline}).forwardPipeline(&attn.Problem{M: ShortKeys}, false); got != DefaultPipeline {
 		t.Errorf("without ShortPipeline: %+v, want %+v", got, DefaultPipeline)
 	}
-	c := hopperCase("short", 2, ShortKeys, 2, 128)
-	p, ts, _, _ := c.tensors(t)
-	pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
-		hopper: true, tma: true, pipeline: b.forwardPipeline(p, false), sms: 132})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v := pl.v; !v.WarpSpecialized || !v.Persistent || !v.StoreO {
-		t.Errorf("%s: want warp-specialized, persistent, O by tensor map", v.Name())
+	// the launches planned: persistent CTAs with O by tensor maps, and two Q buffers where the
+	// key tile leaves room for them (128 keys up to 1024, 160 past)
+	q2 := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, FwdDoubleQ: true}
+	for _, c := range []struct {
+		keys, d int
+		doubleQ bool
+	}{{ShortKeys, 128, true}, {1024, 128, true}, {ShortPlainKeys, 128, false}, {ShortPlainKeys, 64, true}} {
+		fc := hopperCase("short", 2, c.keys, 2, c.d)
+		p, ts, _, _ := fc.tensors(t)
+		pl, err := plan(fwdRequest{p: p, dt: fc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
+			hopper: true, tma: true, pipeline: q2.forwardPipeline(p, false), sms: 132})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := pl.v; !v.WarpSpecialized || !v.Persistent || !v.StoreO || v.DoubleQ != c.doubleQ {
+			t.Errorf("%d keys, D %d: %s: want warp-specialized, persistent, O by tensor map, two Q buffers %v", c.keys, c.d, v.Name(), c.doubleQ)
+		}
 	}
 }
 
