@@ -347,6 +347,9 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, preZeroes(v), BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
 	nfZeroFlags(b, v)
+	if v.FusedDQConvert {
+		fmt.Fprintf(b, "  if (blockIdx.x == 0 && threadIdx.x == 0 && h < p.Hkv) p.nf_flag[%d + b * p.Hkv + h] = 0u;  // the dK/dV CTAs' tickets of (b, key head h)\n", BwdDQTicketWord)
+	}
 	g.segment(b)
 	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
@@ -386,6 +389,9 @@ func preZeroes(v BwdVariant) string {
 	s := ""
 	if v.AtomicDQ {
 		s = ", zeroes the dQ accumulator"
+	}
+	if v.FusedDQConvert {
+		s += " and the dK/dV CTAs' tickets"
 	}
 	switch {
 	case v.dbiasAccumulates():
