@@ -82,11 +82,11 @@ for c in sorted(flags, key=int):
         base = m if l == labels[0] else base
         cells.append(f"{m:.3f} ({sum(rate[(c, l)]) / len(v):.1f})")
     ratios, rounds = [], []
+    rs = sorted({k[2] for k in by_round if k[0] == c}, key=int)  # the case's rounds
     for l in labels[1:]:
         v = ms.get((c, l))
         ratios.append(f"{base / (sum(v) / len(v)):.3f}" if v and base else "—")
         # each round's ratio: the first build's time ÷ this build's, in the same round
-        rs = sorted({k[2] for k in by_round if k[0] == c}, key=int)
         rounds.append(", ".join(f"{by_round[(c, labels[0], r)] / by_round[(c, l, r)]:.3f}" for r in rs
                                 if (c, labels[0], r) in by_round and (c, l, r) in by_round) or "—")
     print(f"| {flags[c]} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " | " + " | ".join(rounds) + " |")

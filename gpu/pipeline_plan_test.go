@@ -606,14 +606,7 @@ func TestForwardShortPipeline(t *testing.T) {
 		keys, d int
 		doubleQ bool
 	}{{ShortKeys, 128, true}, {1024, 128, true}, {ShortPlainKeys, 128, false}, {ShortPlainKeys, 64, true}} {
-		fc := hopperCase("short", 2, c.keys, 2, c.d)
-		p, ts, _, _ := fc.tensors(t)
-		pl, err := plan(fwdRequest{p: p, dt: fc.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4],
-			hopper: true, tma: true, pipeline: q2.forwardPipeline(p, false), sms: 132})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v := pl.v; !v.WarpSpecialized || !v.Persistent || !v.StoreO || v.DoubleQ != c.doubleQ {
+		if v := backendPlanned(t, q2, hopperCase("short", 2, c.keys, 2, c.d)); !v.WarpSpecialized || !v.Persistent || !v.StoreO || v.DoubleQ != c.doubleQ {
 			t.Errorf("%d keys, D %d: %s: want warp-specialized, persistent, O by tensor map, two Q buffers %v", c.keys, c.d, v.Name(), c.doubleQ)
 		}
 	}

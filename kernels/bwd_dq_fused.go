@@ -31,16 +31,15 @@ func FusedDQConvertOK(v BwdVariant) bool {
 // the generic accesses), the CTA's ticket of its (batch, key head) — one
 // thread, between two fences, after the compute warpgroups meet — and, in the CTA holding the
 // last of the ceil(M / BN) tickets, the conversion of the group's query
-// heads' dQ, row by row over the compute warps, each warp loading R rows'
-// 16-byte units through L2 before converting them (as the conversion
-// kernel does, convertTiledBody), and its vote on a non-finite element.
+// heads' dQ over the compute warps, R rows a warp at once through L2
+// (dq_tile_rows, as the conversion kernel), and their vote on a
+// non-finite element.
 func (g *bwdGen) dqFusedConvert(b *strings.Builder) {
-	v := g.v
 	const rows = 4 // rows a warp loads before converting them
 	fmt.Fprintf(b, `  {  // ---- dQ converted here: the CTA holding its (batch, key head)'s last ticket converts the group's rows
     volatile unsigned* last = reinterpret_cast<volatile unsigned*>(sdQ);  // the dQ tile's room, free now
 #ifdef __CUDA_ARCH__
-    if (%[7]s) asm volatile("fence.proxy.async.global;" ::: "memory");  // its completed adds, before the generic accesses below
+    if (%[4]s) asm volatile("fence.proxy.async.global;" ::: "memory");  // its completed adds, before the generic accesses below
 #endif
     %[1]s  // every warpgroup's reduce-adds are complete
     if (tid == 0) {
@@ -51,46 +50,23 @@ func (g *bwdGen) dqFusedConvert(b *strings.Builder) {
     }
     %[1]s
     if (*last) {
-      constexpr int R = %[3]d, C = %[4]d;  // rows a warp loads at once; 16-byte units (four columns) a lane and row
+      constexpr int R = %[3]d;  // rows a warp converts at once (dq_tile_rows)
       const int fw = tid >> 5, fl = tid & 31, nw = NCOMPUTE / 32, rows = G * n;
       bool bad = false;
       for (int r0 = fw; r0 < rows; r0 += nw * R) {
-        float4 a[R][C];
-#pragma unroll
-        for (int k = 0; k < R; ++k) {  // every load first
-          const int rr = r0 + nw * k, hq = kvh * G + rr / n, i = rr %% n;
-          const float* gs = p.dqacc + b * p.dqa_sb + hq * p.dqa_sh;  // the tiled accumulator
-#pragma unroll
-          for (int e = 0; e < C; ++e) {
-            const int c = fl + 32 * e;
-            if (rr < rows && 4 * c < %[5]d) a[k][e] = __ldcg(reinterpret_cast<const float4*>(gs + %[6]s));
-          }
-        }
+        int hq[R], i[R];
+        bool live[R];
 #pragma unroll
         for (int k = 0; k < R; ++k) {
-          const int rr = r0 + nw * k, hq = kvh * G + rr / n, i = rr %% n;
-          if (rr >= rows) break;
-          T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + hq * p.dq_sh;
-          const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
-#pragma unroll
-          for (int e = 0; e < C; ++e) {
-            const int c = fl + 32 * e;
-            if (4 * c >= %[5]d) break;
-            const float x[4] = {a[k][e].x * p.scale, a[k][e].y * p.scale, a[k][e].z * p.scale, a[k][e].w * p.scale};
-            bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
-            if (whole) {
-              *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
-            } else {
-#pragma unroll
-              for (int q = 0; q < 4; ++q) gq[4 * c + q] = t_from_f(x[q]);
-            }
-          }
+          const int rr = r0 + nw * k;
+          live[k] = rr < rows, hq[k] = kvh * G + rr / n, i[k] = rr %% n;
         }
+        bad |= dq_tile_rows<R, true>(p, b, qr0, hq, i, live, fl);
       }
       // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
       // kernel recomputes the rows
       if (__ballot_sync(0xffffffffu, bad) != 0u && fl == 0) atomicOr(p.nf_flag, 1u);
     }
   }
-`, g.computeSync(), BwdDQTicketWord, rows, (v.DK/4+31)/32, v.DK, v.dqAccTiledAt("i", "4 * c"), wgIssuer)
+`, g.computeSync(), BwdDQTicketWord, rows, wgIssuer)
 }

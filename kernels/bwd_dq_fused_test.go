@@ -45,7 +45,7 @@ func TestFusedDQConvertSource(t *testing.T) {
 		"p.nf_flag[4 + b * p.Hkv + h] = 0u;",
 		"atomicAdd(p.nf_flag + 4 + b * p.Hkv + kvh, 1u)",
 		"fence.proxy.async.global",
-		"__ldcg(",
+		"dq_tile_rows<R, true>(", // the group's rows loaded through L2 (__ldcg)
 	} {
 		if !strings.Contains(src, want) {
 			t.Errorf("%s: no %q", v.Name(), want)
