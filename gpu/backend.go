@@ -186,13 +186,6 @@ type Backend struct {
 	// allows it (kernels.BwdVariant.ProducerDropout). New sets it on Hopper
 	// when EnvBwdProducerDropout is set.
 	BwdProducerDropout bool
-	// BwdFusedDQConvert has the dK/dV kernel convert dQ from the tiled
-	// accumulator in place of the conversion kernel where the variant
-	// allows it (kernels.BwdVariant.FusedDQConvert,
-	// kernels.FusedDQConvertOK): the last CTA of each (batch, key head)
-	// converts the group's rows. New sets it on Hopper when
-	// EnvBwdFusedDQConvert is set.
-	BwdFusedDQConvert bool
 	// BwdQueryStep, when not zero, is the number of queries a step of the
 	// key-rows dK/dV kernel takes where the variant allows it
 	// (kernels.BwdVariant.QueryStep, kernels.QueryStepOK: 80 with the
@@ -282,7 +275,6 @@ func New(dev *cuda.Device) (*Backend, error) {
 		BwdPersistent:    hopper && envSet(os.Getenv(EnvBwdPersistent)),
 
 		BwdProducerDropout: hopper && envSet(os.Getenv(EnvBwdProducerDropout)),
-		BwdFusedDQConvert:  hopper && envSet(os.Getenv(EnvBwdFusedDQConvert)),
 		HostRegister:       envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:            hopper && envBwdDeep(),
 		TMA:                hopper && !envSet(os.Getenv(EnvNoTMA)),
@@ -472,11 +464,6 @@ const EnvBwdPersistent = "FLASHATTN_BWD_PERSISTENT"
 // backends draw the backward's dropout keep bits in the producer
 // warpgroup's idle warps (Backend.BwdProducerDropout).
 const EnvBwdProducerDropout = "FLASHATTN_BWD_PRODUCER_DROPOUT"
-
-// EnvBwdFusedDQConvert, when set to anything but "" or "0", has new
-// backends on Hopper convert dQ in the dK/dV kernel where the variant
-// allows it (Backend.BwdFusedDQConvert).
-const EnvBwdFusedDQConvert = "FLASHATTN_BWD_FUSED_DQ_CONVERT"
 
 // EnvLineInfo, when set to anything but "" or "0", compiles the kernels
 // with source line information (NVRTC's -lineinfo), so that

@@ -125,13 +125,9 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
 		keyRowsAuto: keyRowsAuto, queryStep: queryStep, biasStaged: knobs.biasStaged(), lightTail: emuBwdLightTail(hopper), persistent: hopper && envSet(os.Getenv(EnvBwdPersistent)), producerDropout: hopper && envSet(os.Getenv(EnvBwdProducerDropout)), deep: deep,
-		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore, dbiasReduce: knobs.DBiasReduce,
-		fusedDQConvert: hopper && envSet(os.Getenv(EnvBwdFusedDQConvert))})
+		dbiasAtomic: knobs.DBiasAtomic, dbiasAtomicAuto: knobs.DBiasAtomicAuto, dbiasDirect: knobs.DBiasDirect, dbiasTiles: knobs.DBiasTiles, dbiasStore: knobs.DBiasStore, dbiasReduce: knobs.DBiasReduce})
 	if err != nil {
 		t.Fatalf("plan: %v", err)
-	}
-	if want := hopper && envSet(os.Getenv(EnvBwdFusedDQConvert)) && kernels.FusedDQConvertOK(pl.v); pl.v.FusedDQConvert != want {
-		t.Fatalf("plan %s: dQ converted by the dK/dV kernel %v under %s, want %v", pl.v.Name(), pl.v.FusedDQConvert, EnvBwdFusedDQConvert, want)
 	}
 	if tail := emuBwdLightTail(hopper); pl.v.LightTail != (tail && pl.v.Masked()) {
 		t.Fatalf("plan %s: light tail %v under %s=%v", pl.v.Name(), pl.v.LightTail, EnvBwdLightTail, tail)

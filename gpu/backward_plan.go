@@ -112,9 +112,6 @@ func backwardWorkspace(p *attn.Problem, dt attn.DType, algo DQAlgorithm, biasGra
 	}
 	w.nf = w.total
 	w.total += kernels.BwdNonFiniteFlagBytes
-	if algo == DQAtomic { // the dK/dV CTAs' tickets after the flags, where the dK/dV kernel converts dQ (kernels.BwdDQTicketWord)
-		w.total += kernels.BwdDQTicketBytes(p.B, p.Hkv)
-	}
 	return w
 }
 
@@ -299,10 +296,6 @@ type bwdRequest struct {
 	dbiasReduce bool
 	// deep allows the Hopper kernels past head dim 256 (Backend.BwdDeep).
 	deep bool
-	// fusedDQConvert has the dK/dV kernel convert dQ in place of the
-	// conversion kernel where the variant allows it
-	// (Backend.BwdFusedDQConvert).
-	fusedDQConvert bool
 }
 
 // bwdRequest returns the planner's request for a backward of p in dt on
@@ -313,8 +306,7 @@ func (b *Backend) bwdRequest(p *attn.Problem, dt attn.DType, a bwdArgs, algo DQA
 	}
 	return bwdRequest{p: p, dt: dt, a: a, algo: algo, sms: b.dev.SMCount(), hopper: b.WGMMA, tma: b.TMA, bulkDQ: b.BulkDQ, ws: b.BwdPipeline.WarpSpecialized, keyRows: b.BwdKeyRows,
 		keyRowsAuto: b.BwdKeyRowsAuto, queryStep: b.BwdQueryStep, biasStaged: b.biasStaged(), lightTail: b.BwdLightTail, persistent: b.BwdPersistent, producerDropout: b.BwdProducerDropout, deep: b.BwdDeep, dbiasAtomic: b.DBiasAtomic,
-		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasReduce: b.DBiasReduce,
-		fusedDQConvert: b.BwdFusedDQConvert}
+		dbiasAtomicAuto: b.DBiasAtomicAuto, dbiasDirect: b.DBiasDirect, dbiasTiles: b.DBiasTiles, dbiasStore: b.DBiasStore, dbiasReduce: b.DBiasReduce}
 }
 
 // biasStaged reports whether the backend's forward and backward stage a
@@ -460,11 +452,6 @@ func planBackwardOn(r bwdRequest, ws bool) (*bwdPlan, error) {
 		w.DBiasPath = kernels.DBiasReduce
 		pl.tryTMA(w) // with dBias's map
 	}
-	if r.fusedDQConvert { // (Validate declines it without the tiled dQ accumulator)
-		w := pl.v
-		w.FusedDQConvert = true
-		pl.tryVariant(w)
-	}
 	pl.setParams() // the final variant's: its dQ accumulator layout
 	pl.launches = bwdLaunches(p, pl.v, algo, a.DBias != nil, &pl.params, r.sms)
 	return pl, nil
@@ -572,9 +559,7 @@ func bwdLaunches(p *attn.Problem, v kernels.BwdVariant, algo DQAlgorithm, dbias 
 		add(kernels.BwdDKDVKernel, [3]int{cdiv(p.M, t.DKDV.BlockN), p.B, p.Hkv}, 32*t.DKDV.Warps, v.DKDVSharedBytes())
 	}
 	if algo == DQAtomic {
-		if !v.FusedDQConvert { // (else the dK/dV kernel converts dQ)
-			add(kernels.BwdDQConvertKernel, rowGrid, kernels.BwdPreThreads, 0)
-		}
+		add(kernels.BwdDQConvertKernel, rowGrid, kernels.BwdPreThreads, 0)
 	} else {
 		add(kernels.BwdDQKernel, [3]int{cdiv(p.N, t.DQ.BlockM), p.B, p.H}, 32*t.DQ.Warps, v.DQSharedBytes())
 	}

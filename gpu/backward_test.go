@@ -1420,49 +1420,6 @@ func TestBackwardPersistent(t *testing.T) {
 	}
 }
 
-// TestBackwardFusedDQConvert checks dQ converted by the dK/dV kernel's last
-// CTA of each (batch, key head) (EnvBwdFusedDQConvert) against the
-// conversion kernel, on shapes of several key tiles a key head and more
-// CTAs than the device has multiprocessors, so that the tickets' last
-// holder varies: dK and dV bit for bit (the same products), dQ within one
-// unit in the last place of the dtype relative to its scale (the
-// reduce-adds come in another order from run to run).
-func TestBackwardFusedDQConvert(t *testing.T) {
-	dev, s := bwdTestDevice(t)
-	if !hopperCapable(dev) {
-		t.Skip("the dK/dV kernel converts dQ on Hopper only")
-	}
-	cases := []bwdCase{
-		{name: "d128", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 128, dv: 128},
-		{name: "d128-causal-br-gqa", b: 5, n: 400, m: 430, h: 16, hkv: 4, dk: 128, dv: 128, causal: true, align: attn.AlignBottomRight},
-		{name: "d64-q128", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 64, dv: 64},
-		{name: "d128-dropout", b: 3, n: 384, m: 384, h: 16, hkv: 16, dk: 128, dv: 128, dropout: 0.1},
-	}
-	for ci, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			in := c.inputs(t, attn.BFloat16, uint64(ci+60))
-			// the key-rows step with the bulk dQ into the tiled accumulator, as the default takes it from 512 queries
-			t.Setenv(EnvBwdKeyRows, "1")
-			t.Setenv(EnvBulkDQ, "1")
-			if c.dk <= 64 {
-				t.Setenv(EnvBwdQueryStep, "128")
-			}
-			t.Setenv(EnvBwdFusedDQConvert, "")
-			base := bwdRun(t, dev, s, in, DQAtomic)
-			t.Setenv(EnvBwdFusedDQConvert, "1")
-			var planned kernels.BwdVariant
-			bwdPlanned = func(v kernels.BwdVariant) { planned = v }
-			got := bwdRun(t, dev, s, in, DQAtomic)
-			bwdPlanned = nil
-			if !planned.FusedDQConvert {
-				t.Fatalf("%s does not convert dQ in the dK/dV kernel", planned.Name())
-			}
-			bound := checkGradsLike(t, "atomic", "the conversion kernel's run", base, got)
-			t.Logf("%s: dK and dV identical, dQ within %g", planned.Name(), bound)
-		})
-	}
-}
-
 // checkGradsLike fails t unless got's dK and dV equal base's bit for bit
 // (the same products) and its dQ lies within two units in the last place
 // of the dtype of base's largest |dQ| (atomic adds come in another order

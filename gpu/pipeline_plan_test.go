@@ -1208,35 +1208,3 @@ func TestWindowKeyTile(t *testing.T) {
 		}
 	}
 }
-
-// TestBackwardPlanFusedDQConvert checks where the planner has the dK/dV
-// kernel convert dQ when asked (bwdRequest.fusedDQConvert): on the key-rows
-// step with the tiled accumulator, without the conversion kernel's launch;
-// the row-major accumulator, the separate dQ and an unasked plan keep the
-// conversion kernel or need none.
-func TestBackwardPlanFusedDQConvert(t *testing.T) {
-	d128 := bwdCase{b: 2, n: 300, m: 260, h: 4, hkv: 2, dk: 128, dv: 128, causal: true}
-	for i, tc := range []struct {
-		name          string
-		algo          DQAlgorithm
-		bulk, ask     bool
-		fused, launch bool // the plan's variant converts dQ; the conversion kernel is launched
-	}{
-		{"tiled accumulator", DQAtomic, true, true, true, false},
-		{"tiled accumulator unasked", DQAtomic, true, false, false, true},
-		{"vector atomics", DQAtomic, false, true, false, true},
-		{"separate dQ", DQSeparate, true, true, false, false},
-	} {
-		pl, _ := hopperPlan(t, tc.name, d128, uint64(140+i), tc.algo, func(r *bwdRequest) {
-			r.ws, r.keyRows, r.bulkDQ, r.fusedDQConvert = true, true, tc.bulk, tc.ask
-		})
-		launched := false
-		for _, l := range pl.launches {
-			launched = launched || l.kernel == kernels.BwdDQConvertKernel
-		}
-		if pl.v.FusedDQConvert != tc.fused || launched != tc.launch {
-			t.Errorf("%s: %s: dQ converted by the dK/dV kernel %v, conversion kernel launched %v; want %v, %v",
-				tc.name, pl.v.Name(), pl.v.FusedDQConvert, launched, tc.fused, tc.launch)
-		}
-	}
-}

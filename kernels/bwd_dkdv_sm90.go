@@ -877,9 +877,6 @@ func (g *bwdGen) dkdvSM90End(b *strings.Builder) {
 	switch {
 	case v.DQAccTiled():
 		b.WriteString("  if (" + wgIssuer + ") bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
-		if v.FusedDQConvert {
-			g.dqFusedConvert(b)
-		}
 	case v.bwdDQTransposed():
 		b.WriteString("  if ((tid & 127) < BM) bulk_wait<0>();  // every reduce-add of dQ complete before the block ends\n")
 	case v.BulkDQ:

@@ -347,9 +347,6 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, preZeroes(v), BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
 	nfZeroFlags(b, v)
-	if v.FusedDQConvert {
-		fmt.Fprintf(b, "  if (blockIdx.x == 0 && threadIdx.x == 0 && h < p.Hkv) p.nf_flag[%d + b * p.Hkv + h] = 0u;  // the dK/dV CTAs' tickets of (b, key head h)\n", BwdDQTicketWord)
-	}
 	g.segment(b)
 	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
     const int i = blockIdx.x * %d + r;
@@ -389,9 +386,6 @@ func preZeroes(v BwdVariant) string {
 	s := ""
 	if v.AtomicDQ {
 		s = ", zeroes the dQ accumulator"
-	}
-	if v.FusedDQConvert {
-		s += " and the dK/dV CTAs' tickets"
 	}
 	switch {
 	case v.dbiasAccumulates():
@@ -467,18 +461,14 @@ func flatAccShift(v BwdVariant) string {
 // at once (else one by one); otherwise a column a lane.
 func (g *bwdGen) convertKernel(b *strings.Builder) {
 	v := g.v
-	tiled := v.DQAccTiled() && v.DK%4 == 0
-	if tiled {
-		b.WriteString(dqTileRowsFunc(v))
-	}
 	fmt.Fprintf(b, `// dQ = scale · dQacc in T. grid (ceil(N/%d), B, H), %d threads.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, BwdPreRows, BwdPreThreads, BwdPreThreads, BwdDQConvertKernel)
 	g.segment(b)
 	b.WriteString("  (void)m; (void)kr0;\n")
-	if tiled {
-		b.WriteString(convertTiledBody())
+	if v.DQAccTiled() && v.DK%4 == 0 {
+		b.WriteString(convertTiledBody(v))
 		return
 	}
 	acc := "    const float* gs = p.dqacc + b * p.dqa_sb + (qr0 + i) * p.dqa_sr + h * p.dqa_sh;\n"
@@ -507,62 +497,35 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
 }
 
 // convertTiledBody returns the dQ conversion's body for the tiled
-// accumulator with DK a multiple of 4: each warp converts its rows of the
-// block at once (dq_tile_rows, all their loads first) and votes once on a
-// non-finite element.
-func convertTiledBody() string {
+// accumulator with DK a multiple of 4: each warp loads all of its rows'
+// 16-byte units first (R rows, C units a lane and row), so that a warp has
+// R·C loads in flight instead of one, then scales, converts and stores
+// them row by row, and votes once on a non-finite element.
+func convertTiledBody(v BwdVariant) string {
 	warps := BwdPreThreads / 32
-	return fmt.Sprintf(`  constexpr int R = %[1]d;  // rows a warp
-  int hq[R], i[R];
-  bool live[R];
-#pragma unroll
-  for (int k = 0; k < R; ++k) hq[k] = h, i[k] = blockIdx.x * %[2]d + warp + %[3]d * k, live[k] = i[k] < n;
-  const bool bad = dq_tile_rows<R, false>(p, b, qr0, hq, i, live, lane);
-  // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
-  // kernel recomputes the rows
-  if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
-}
-
-`, BwdPreRows/warps, BwdPreRows, warps)
-}
-
-// dqTileRowsFunc returns, for v's tiled dQ accumulator with DK a multiple
-// of 4, the device function dq_tile_rows that both the conversion kernel
-// and the dK/dV kernel converting dQ itself (FusedDQConvert) run: one
-// warp's conversion of R rows, every row's 16-byte units (four columns a
-// lane) loaded first, so that the warp has R·C loads in flight instead of
-// one, then scaled, converted and stored row by row.
-func dqTileRowsFunc(v BwdVariant) string {
-	return fmt.Sprintf(`// dq_tile_rows: one warp's conversion of R rows of the tiled dQ accumulator, dQ = scale · dQacc in T: row k is
-// query i[k] of head hq[k] of batch element b, converted where live[k]. Every row's 16-byte units (four columns a
-// lane) are loaded first (with CG through L2 alone), then scaled, converted and stored, four elements a store where
-// dQ's row allows it. Returns whether an element this lane converted is not finite.
-template <int R, bool CG>
-DEV bool dq_tile_rows(const BwdParams& p, int b, long long qr0, const int (&hq)[R], const int (&i)[R], const bool (&live)[R], int lane) {
-  constexpr int C = %[1]d;  // 16-byte units a lane and row
+	return fmt.Sprintf(`  const float* gs = p.dqacc + b * p.dqa_sb + h * p.dqa_sh;  // the tiled accumulator
+  constexpr int R = %[1]d, C = %[2]d;  // rows a warp; 16-byte units (four columns) a lane and row
   float4 a[R][C];
 #pragma unroll
   for (int k = 0; k < R; ++k) {  // every load first
-    const float* gs = p.dqacc + b * p.dqa_sb + hq[k] * p.dqa_sh;  // the tiled accumulator
+    const int i = blockIdx.x * %[3]d + warp + %[4]d * k;
 #pragma unroll
     for (int e = 0; e < C; ++e) {
       const int c = lane + 32 * e;
-      if (live[k] && 4 * c < %[2]d) {
-        const float4* src = reinterpret_cast<const float4*>(gs + %[3]s);
-        a[k][e] = CG ? __ldcg(src) : *src;
-      }
+      if (i < n && 4 * c < %[5]d) a[k][e] = *reinterpret_cast<const float4*>(gs + %[6]s);
     }
   }
   bool bad = false;
 #pragma unroll
   for (int k = 0; k < R; ++k) {
-    if (!live[k]) continue;
-    T* gq = p.dq + b * p.dq_sb + (qr0 + i[k]) * p.dq_sr + hq[k] * p.dq_sh;
+    const int i = blockIdx.x * %[3]d + warp + %[4]d * k;
+    if (i >= n) break;
+    T* gq = p.dq + b * p.dq_sb + (qr0 + i) * p.dq_sr + h * p.dq_sh;
     const bool whole = (reinterpret_cast<unsigned long long>(gq) & 7ull) == 0;  // four elements a store
 #pragma unroll
     for (int e = 0; e < C; ++e) {
       const int c = lane + 32 * e;
-      if (4 * c >= %[2]d) break;
+      if (4 * c >= %[5]d) break;
       const float x[4] = {a[k][e].x * p.scale, a[k][e].y * p.scale, a[k][e].z * p.scale, a[k][e].w * p.scale};
       bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
       if (whole) {
@@ -573,9 +536,12 @@ DEV bool dq_tile_rows(const BwdParams& p, int b, long long qr0, const int (&hq)[
       }
     }
   }
-  return bad;
+  // a NaN or an infinity (rare: one in the inputs; see bwd_nan.go): the warp's vote raises the flag, the fix-up
+  // kernel recomputes the rows
+  if (__ballot_sync(0xffffffffu, bad) != 0u && lane == 0) atomicOr(p.nf_flag, 1u);
 }
-`, (v.DK/4+31)/32, v.DK, v.dqAccTiledAt("i[k]", "4 * c"))
+
+`, BwdPreRows/warps, (v.DK/4+31)/32, BwdPreRows, warps, v.DK, v.dqAccTiledAt("i", "4 * c"))
 }
 
 // kernelConsts declares the tile constants of a main kernel.

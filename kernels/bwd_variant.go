@@ -162,13 +162,6 @@ type BwdVariant struct {
 	// the compute warps to read instead of drawing them
 	// (bwd_sm90_dropout_producer.go). The mask is the same bit for bit.
 	ProducerDropout bool
-	// FusedDQConvert (with the warp-specialized kernel and the tiled dQ
-	// accumulator, one tile a CTA, no bias gradient: FusedDQConvertOK) has the dK/dV kernel convert dQ in
-	// place of the conversion kernel: each CTA, once its reduce-adds are
-	// complete, takes a ticket of its (batch, key head), and the CTA
-	// holding the last of them converts the group's query heads' dQ from
-	// the accumulator (bwd_dq_fused.go).
-	FusedDQConvert bool
 }
 
 // BwdTile is the shape of one backward kernel's thread block.
@@ -401,9 +394,6 @@ func (v BwdVariant) Validate() error {
 	if v.ProducerDropout && !bwdProducerDropoutOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: the producer's dropout keep bits need the warp-specialized key-rows dK/dV kernel under dropout, one tile a CTA", v.Name())
 	}
-	if v.FusedDQConvert && !FusedDQConvertOK(v) {
-		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: dQ converted by the dK/dV kernel needs the warp-specialized kernel with the tiled dQ accumulator, DK a multiple of 4, one tile a CTA and no bias gradient (FusedDQConvertOK)", v.Name())
-	}
 	if !QueryStepOK(v) {
 		return attn.Errorf(attn.ErrUnsupported, "backward variant %s: a step of %d queries is 0 (the default, 64), 80 with the key-rows step and the separate dQ or the atomic one by bulk reduce-adds, or 128 with the key-rows step at padded head dims up to 64", v.Name(), v.QueryStep)
 	}
@@ -446,7 +436,7 @@ func (v BwdVariant) Name() string {
 		on   bool
 		name string
 	}{{v.Masked(), "mask"}, {v.Softcap, "cap"}, {v.Biased(), "bias" + v.Bias.DType().String()}, {v.BiasGrad, "dbias"}, {v.DBiasPath == DBiasAtomic, "dbadd"}, {v.DBiasPath == DBiasDirect, "dbdirect"}, {v.DBiasPath == DBiasTiles, "dbtiles"}, {v.DBiasPath == DBiasStore, "dbstore"}, {v.DBiasPath == DBiasReduce, "dbred"},
-		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}, {v.Persistent, "pers"}, {v.ProducerDropout, "pd"}, {v.FusedDQConvert, "fc"}}
+		{v.Dropout, "drop"}, {v.Varlen, "varlen"}, {v.AtomicDQ, "atomic"}, {v.Vector, "vec"}, {v.Staged, "staged"}, {v.Flat, "flat"}, {v.WGMMA, "sm90a"}, {v.TMA, "tma"}, {v.BulkDQ, "bulkdq"}, {v.WarpSpecialized, "ws"}, {v.KeyRows, "keyrows"}, {v.BiasStaged, "bs"}, {v.LightTail, "lt"}, {v.Persistent, "pers"}, {v.ProducerDropout, "pd"}}
 	for _, f := range flags {
 		if f.on {
 			b.WriteString("_" + f.name)

@@ -418,8 +418,6 @@ inline unsigned atomicOr(unsigned* p, unsigned v) {
   return old;
 }
 inline void __threadfence() {}  // blocks run one after another: every store is visible
-// __ldcg(p): a load through L2 only (the emulator has no caches)
-inline float4 __ldcg(const float4* p) { return *p; }
 
 // The bytes bulk reduce-adds may target, when the driver was given them
 // (EMU_REDUCE_RANGE: the fp32 accumulators' arena addresses, up to two
