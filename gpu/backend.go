@@ -81,6 +81,11 @@ type Backend struct {
 	// that the next tile's loads start a tile earlier. New sets it on
 	// Hopper unless EnvFwdDoubleQ is "0".
 	FwdDoubleQ bool
+	// FwdCarryTurns carries ping-pong's turns across the tiles of the
+	// persistent forward launches (kernels.Pipeline.CarryTurns), so that
+	// one warpgroup starts a tile while the other writes the last one's O.
+	// New sets it on Hopper when EnvFwdCarryTurns is set.
+	FwdCarryTurns bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -269,6 +274,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 
 		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
 		FwdDoubleQ:         hopper && os.Getenv(EnvFwdDoubleQ) != "0",
+		FwdCarryTurns:      hopper && envSet(os.Getenv(EnvFwdCarryTurns)),
 
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
@@ -444,6 +450,11 @@ const EnvFwdProducerDropout = "FLASHATTN_FWD_PRODUCER_DROPOUT"
 // backends on one Q buffer instead of two (Backend.FwdDoubleQ, the default
 // on Hopper).
 const EnvFwdDoubleQ = "FLASHATTN_FWD_DOUBLE_Q"
+
+// EnvFwdCarryTurns, when set to anything but "" or "0", has new backends
+// on Hopper carry ping-pong's turns across the tiles of persistent
+// forward launches (Backend.FwdCarryTurns).
+const EnvFwdCarryTurns = "FLASHATTN_FWD_CARRY_TURNS"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -330,6 +330,7 @@ const (
 	emuHopperPD                                    // the Hopper forward, ws, ping-pong, early rescale, the dropout keep bits drawn by the producer's warps
 	emuHopperPDPT                                  // ... on the short pipeline (persistent, O by tensor maps)
 	emuHopperQ2                                    // the short pipeline (persistent, O by tensor maps) with two Q buffers
+	emuHopperCT                                    // ... and ping-pong's turns carried across tiles
 	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -406,6 +407,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, ProducerDropout: true}
 	case emuHopperQ2:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true}
+	case emuHopperCT:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true, CarryTurns: true}
 	}
 	return kernels.Pipeline{}
 }

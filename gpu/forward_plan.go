@@ -520,7 +520,8 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // persistent launches keep); the producer's dropout keep bits with
 // FwdProducerDropout (which only variants under dropout keep); two Q
 // buffers with FwdDoubleQ (which only the persistent launches keep, where
-// their shared memory fits).
+// their shared memory fits); ping-pong's turns carried across tiles with
+// FwdCarryTurns (persistent launches with ping-pong).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -533,6 +534,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	pl.HeadMajor = pl.HeadMajor || b.FwdHeadMajor || b.FwdHeadMajorAuto && p.N <= HeadMajorQueries
 	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout // (pipelineFor keeps it under dropout only)
 	pl.DoubleQ = pl.DoubleQ || b.FwdDoubleQ                         // (pipelineFor keeps it on persistent CTAs only)
+	pl.CarryTurns = pl.CarryTurns || b.FwdCarryTurns                // (and this on persistent CTAs with ping-pong)
 	return pl
 }
 
@@ -718,7 +720,8 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // the early dropout bits, the lazy rescale and the head-major tile order
 // where the variant validates with them; the producer's dropout keep bits
 // where the variant validates with them, in place of the early ones; two Q
-// buffers where the variant validates with them beside the parts taken.
+// buffers where the variant validates with them beside the parts taken;
+// ping-pong's turns carried across tiles on persistent CTAs with ping-pong.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -737,5 +740,6 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.LazyRescale = want.LazyRescale && allows(kernels.Pipeline{LazyRescale: true})
 	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
 	p.DoubleQ = want.DoubleQ && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: p.StoreO, ProducerDropout: p.ProducerDropout, DoubleQ: true})
+	p.CarryTurns = want.CarryTurns && p.Persistent && p.PingPong
 	return p
 }

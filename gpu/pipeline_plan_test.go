@@ -826,29 +826,77 @@ func TestForwardLazyRescale(t *testing.T) {
 	}
 }
 
-// TestForwardHeadMajor checks where the forward takes the head-major tile
-// order (kernels.Pipeline.HeadMajor) with Backend.FwdHeadMajor: the
-// persistent launches (the short pipeline's calls, causal ones too), not
-// the long pipeline (no persistent CTAs), nowhere without it.
-func TestForwardHeadMajor(t *testing.T) {
-	short := DefaultShortPipeline
-	for _, c := range []struct {
+// TestForwardPipelineParts checks where the planner takes a pipeline part
+// the backend asks for, and nowhere unasked:
+//   - the head-major tile order (kernels.Pipeline.HeadMajor,
+//     Backend.FwdHeadMajor): the persistent launches (the short pipeline's
+//     calls, causal ones too), not the long pipeline (no persistent CTAs);
+//   - two Q buffers (DoubleQ, FwdDoubleQ): the persistent launches whose
+//     shared memory holds them (D = 64, D = 128 at 128 keys, causal ones
+//     too), not D = 256 (the second buffer does not fit), not the long
+//     pipeline;
+//   - ping-pong's turns carried across tiles (CarryTurns, FwdCarryTurns):
+//     the persistent launches with ping-pong, not three compute warpgroups
+//     (no ping-pong), not the long pipeline.
+func TestForwardPipelineParts(t *testing.T) {
+	type partCase struct {
 		name       string
-		n          int
+		n, d       int
 		causal, on bool
 		want       bool
+	}
+	for _, part := range []struct {
+		name  string
+		ask   func(b *Backend, on bool)
+		taken func(v kernels.Variant) (on, consistent bool)
+		cases []partCase
 	}{
-		{"512", 512, false, true, true},
-		{"512 off", 512, false, false, false},
-		{"512 causal (dynamic schedule)", 512, true, true, true},
-		{"4K", 4096, false, true, false},
+		{"head-major",
+			func(b *Backend, on bool) { b.FwdHeadMajor = on },
+			func(v kernels.Variant) (bool, bool) { return v.HeadMajor, !v.HeadMajor || v.Persistent },
+			[]partCase{
+				{"512", 512, 128, false, true, true},
+				{"512 off", 512, 128, false, false, false},
+				{"512 causal (dynamic schedule)", 512, 128, true, true, true},
+				{"4K", 4096, 128, false, true, false},
+			}},
+		{"double-q",
+			func(b *Backend, on bool) { b.FwdDoubleQ = on },
+			func(v kernels.Variant) (bool, bool) { return v.DoubleQ, !v.DoubleQ || v.Persistent },
+			[]partCase{
+				{"512", 512, 128, false, true, true},
+				{"512 d64", 512, 64, false, true, true},
+				{"512 off", 512, 128, false, false, false},
+				{"1024 causal (dynamic schedule)", 1024, 128, true, true, true},
+				{"4096 causal (128 keys on the short pipeline)", 4096, 128, true, true, true},
+				{"8192 causal (the long pipeline)", 8192, 128, true, true, false},
+				{"512 d256 (too large)", 512, 256, false, true, false},
+				{"4K (the long pipeline)", 4096, 128, false, true, false},
+			}},
+		{"carry-turns",
+			func(b *Backend, on bool) { b.FwdDoubleQ, b.FwdCarryTurns = true, on },
+			func(v kernels.Variant) (bool, bool) { return v.CarryTurns, !v.CarryTurns || v.Persistent && v.PingPong },
+			[]partCase{
+				{"512", 512, 128, false, true, true},
+				{"1024 causal", 1024, 128, true, true, true},
+				{"512 d64 (three warpgroups, no ping-pong)", 512, 64, false, true, false},
+				{"8K (the long pipeline)", 8192, 128, false, true, false},
+				{"512 off", 512, 128, false, false, false},
+			}},
 	} {
-		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, FwdHeadMajor: c.on}
-		fc := hopperCase(c.name, 2, c.n, 4, 128)
-		fc.opt.Causal = c.causal
-		if v := backendPlanned(t, b, fc); v.HeadMajor != c.want {
-			t.Errorf("%s: %s, head-major %v, want %v", c.name, v.Name(), v.HeadMajor, c.want)
-		}
+		t.Run(part.name, func(t *testing.T) {
+			short := DefaultShortPipeline
+			for _, c := range part.cases {
+				b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: true}
+				part.ask(b, c.on)
+				fc := hopperCase(c.name, 2, c.n, 4, c.d)
+				fc.opt.Causal = c.causal
+				v := backendPlanned(t, b, fc)
+				if on, consistent := part.taken(v); on != c.want || !consistent {
+					t.Errorf("%s: %s, %s %v, want %v", c.name, v.Name(), part.name, on, c.want)
+				}
+			}
+		})
 	}
 }
 
@@ -857,37 +905,6 @@ func TestForwardHeadMajor(t *testing.T) {
 // tensor maps.
 func hopperCase(name string, b, n, h, d int) fwdRecordCase {
 	return fwdRecordCase{name: name, dt: attn.BFloat16, b: b, n: n, m: n, h: h, hkv: h, dk: d, dv: d, wgmma: true, tma: true}
-}
-
-// TestForwardDoubleQ checks where the forward takes two Q buffers
-// (kernels.Pipeline.DoubleQ) with Backend.FwdDoubleQ: the persistent
-// launches whose shared memory holds them (D = 64, D = 128 at 128 keys,
-// causal ones too), not D = 256 (the second buffer does not fit), not the
-// long pipeline (no persistent CTAs), nowhere without it.
-func TestForwardDoubleQ(t *testing.T) {
-	short := DefaultShortPipeline
-	for _, c := range []struct {
-		name       string
-		n, d       int
-		causal, on bool
-		want       bool
-	}{
-		{"512", 512, 128, false, true, true},
-		{"512 d64", 512, 64, false, true, true},
-		{"512 off", 512, 128, false, false, false},
-		{"1024 causal (dynamic schedule)", 1024, 128, true, true, true},
-		{"4096 causal (128 keys on the short pipeline)", 4096, 128, true, true, true},
-		{"8192 causal (the long pipeline)", 8192, 128, true, true, false},
-		{"512 d256 (too large)", 512, 256, false, true, false},
-		{"4K (the long pipeline)", 4096, 128, false, true, false},
-	} {
-		b := &Backend{Pipeline: DefaultPipeline, ShortPipeline: &short, LazyRescale: true, FwdDoubleQ: c.on}
-		fc := hopperCase(c.name, 2, c.n, 4, c.d)
-		fc.opt.Causal = c.causal
-		if v := backendPlanned(t, b, fc); v.DoubleQ != c.want || v.DoubleQ && !v.Persistent {
-			t.Errorf("%s: %s, double Q %v, want %v", c.name, v.Name(), v.DoubleQ, c.want)
-		}
-	}
 }
 
 // TestCausalKeyTile checks the forward's key tile at D = 128 by the

@@ -379,6 +379,7 @@ func (x *gen) hopperKernel() {
 		y.hopperTile("kv0")
 		x.raw(indentLines(y.b.String(), "  "))
 		x.raw("  }\n")
+		x.pingPongEnd()
 		x.storeOWait()
 		x.raw("}\n")
 		return

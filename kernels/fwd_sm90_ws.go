@@ -229,20 +229,48 @@ func (x *gen) wsVote() {
 // warpgroup cannot arrive twice on a barrier before the other has synced on
 // it: its next arrival comes after its next turn, which needs the other's
 // pass, which follows the other's sync.
+//
+// With CarryTurns persistent CTAs carry the turns across their tiles:
+// warpgroup 1 arrives first once, before the CTA's first tile, and passes
+// the turn after its last products of a tile too, so warpgroup 0 may issue the next tile's
+// first S while warpgroup 1 still writes the last tile's O, instead of
+// waiting for warpgroup 1 to start the next tile. The one arrival left
+// when the CTA runs out of tiles is taken by warpgroup 0's wait on leaving
+// (pingPongEnd).
 type ppStep int
 
 const (
 	ppTurn     ppStep = iota // wait for this warpgroup's turn
 	ppPass                   // pass the turn to the other warpgroup
-	ppPassLast               // pass it after the last products: warpgroup 0 only
+	ppPassLast               // pass it after the last products: warpgroup 0 only (both with CarryTurns)
 )
 
-// pingPongStart writes warpgroup 1's first arrival.
+// pingPongStart writes warpgroup 1's first arrival of a tile; with
+// CarryTurns a CTA makes it once, before its tiles (pingPongStartCarried).
 func (x *gen) pingPongStart() {
-	if !x.v.PingPong {
+	if !x.v.PingPong || x.v.CarryTurns {
 		return
 	}
 	x.raw("  if (wg == 1) bar_arrive(2, 256);  // ---- ping-pong: warpgroup 0 takes the first turn on the tensor cores\n")
+}
+
+// pingPongStartCarried writes, with CarryTurns, a persistent CTA's first
+// arrival of warpgroup 1, before its first tile.
+func (x *gen) pingPongStartCarried() {
+	if !x.v.CarryTurns {
+		return
+	}
+	x.raw("  if (wg == 1) bar_arrive(2, 256);  // ---- ping-pong: warpgroup 0 takes the CTA's first turn on the tensor cores\n")
+}
+
+// pingPongEnd writes, with CarryTurns, for a persistent CTA leaving its
+// tile loop, warpgroup 0's wait for the turn warpgroup 1 passed after its
+// last products, the one arrival no turn took.
+func (x *gen) pingPongEnd() {
+	if !x.v.CarryTurns {
+		return
+	}
+	x.raw("  if (wg == 0) bar_sync(2, 256);  // ---- ping-pong: the turn warpgroup 1 passed after its last products, taken\n")
 }
 
 // pingPong writes one step of the turns. Nothing without PingPong.
@@ -256,6 +284,10 @@ func (x *gen) pingPong(indent string, step ppStep) {
 	case ppPass:
 		x.raw(indent + "bar_arrive(3 - wg, 256);  // the other warpgroup's turn\n")
 	case ppPassLast:
+		if x.v.CarryTurns {
+			x.raw(indent + "bar_arrive(3 - wg, 256);  // the other warpgroup's turn (warpgroup 1 passes it to the next tile's first S)\n")
+			return
+		}
 		x.raw(indent + "if (wg == 0) bar_arrive(3, 256);  // warpgroup 1's last turn (it has no further turn to give back)\n")
 	}
 }
@@ -275,6 +307,7 @@ var pipelineWords = []struct {
 	{"lazy-rescale", func(p *Pipeline) *bool { return &p.LazyRescale }},
 	{"head-major", func(p *Pipeline) *bool { return &p.HeadMajor }},
 	{"double-q", func(p *Pipeline) *bool { return &p.DoubleQ }},
+	{"carry-turns", func(p *Pipeline) *bool { return &p.CarryTurns }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
@@ -283,7 +316,8 @@ var pipelineWords = []struct {
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
 // "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
 // (ProducerDropout, implies ws), "lazy-rescale"
-// (LazyRescale), "head-major" (HeadMajor) and "double-q" (DoubleQ); "" and
+// (LazyRescale), "head-major" (HeadMajor), "double-q" (DoubleQ) and
+// "carry-turns" (CarryTurns); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -300,7 +334,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns)", w)
 	}
 	if p.PingPong || p.Persistent || p.ProducerDropout {
 		p.WarpSpecialized = true
@@ -493,8 +527,9 @@ func (x *gen) wsPersistentPrologue() {
     mbar_arrive(` + x.qBuffer().empty + `);
     ++q_it;
   };
-  for (;;) {
 `)
+	x.pingPongStartCarried()
+	x.raw("  for (;;) {\n")
 	if x.v.DoubleQ {
 		x.raw(`    const int qb = q_it & 1;  // the tile's Q buffer, its index in sched[qb]
     const u32 sQt = sQ + qb * Q_STAGE;

@@ -189,6 +189,13 @@ type Pipeline struct {
 	// (whose barriers and tile index take the places the second buffer's
 	// do).
 	DoubleQ bool
+	// CarryTurns carries ping-pong's turns across a persistent CTA's
+	// tiles (fwd_sm90_ws.go): warpgroup 1 gives warpgroup 0 the first turn
+	// once, before the CTA's first tile, and passes the turn after its last
+	// products of a tile too, so that warpgroup 0 issues the next tile's
+	// first S while warpgroup 1 still writes the last tile's O. Persistent
+	// with PingPong.
+	CarryTurns bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -330,7 +337,7 @@ func flatSuffix(flat, staged bool) string {
 // head-major (hm) and double-Q (q2) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct")
 }
 
 // String returns Name.
@@ -428,6 +435,9 @@ func (v Variant) Validate() error {
 	}
 	if v.DoubleQ && (!v.Persistent || v.BiasStaged || v.ProducerDropout) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: two Q buffers need persistent CTAs without a staged bias or the producer's dropout keep bits (Persistent %v, BiasStaged %v, ProducerDropout %v)", v.Persistent, v.BiasStaged, v.ProducerDropout)
+	}
+	if v.CarryTurns && (!v.Persistent || !v.PingPong) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong's turns carried across tiles need persistent CTAs with ping-pong (Persistent %v, PingPong %v)", v.Persistent, v.PingPong)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

@@ -105,3 +105,70 @@ func TestPipelineValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestPingPongTurnsSource checks where ping-pong's turns start and end:
+// without CarryTurns (one tile a CTA, or persistent) each tile gives
+// warpgroup 0 the first turn and warpgroup 1 keeps its last; with it a
+// persistent CTA gives the first turn once, before its tile loop, both
+// warpgroups pass the turn after a tile's last products, and warpgroup 0
+// takes the one turn left when it leaves the loop, before the O stores'
+// final wait.
+func TestPingPongTurnsSource(t *testing.T) {
+	const (
+		first      = "if (wg == 1) bar_arrive(2, 256);"
+		keepLast   = "if (wg == 0) bar_arrive(3, 256);  // warpgroup 1's last turn"
+		passLast   = "bar_arrive(3 - wg, 256);  // the other warpgroup's turn (warpgroup 1 passes it to the next tile's first S)"
+		takeOnExit = "if (wg == 0) bar_sync(2, 256);"
+		tileLoop   = "  for (;;) {\n"
+	)
+	for _, c := range []struct{ persistent, carry bool }{{false, false}, {true, false}, {true, true}} {
+		v := doubleQBase()
+		v.Persistent, v.StoreO, v.DoubleQ, v.CarryTurns = c.persistent, c.persistent, c.persistent, c.carry
+		if err := v.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		src, err := v.Source()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(src, first); n != 1 {
+			t.Errorf("%s: warpgroup 1's first arrival %d times, want once", v.Name(), n)
+		}
+		if !c.carry {
+			if !strings.Contains(src, keepLast) || strings.Contains(src, passLast) || strings.Contains(src, takeOnExit) {
+				t.Errorf("%s: want warpgroup 1 to keep its last turn, and no turn taken on leaving", v.Name())
+			}
+			if c.persistent && strings.Index(src, first) < strings.LastIndex(src, tileLoop) {
+				t.Errorf("%s: warpgroup 1's first arrival is before the tile loop", v.Name())
+			}
+			continue
+		}
+		compute := src[strings.LastIndex(src, "setmaxnreg_inc"):]
+		loop := strings.Index(compute, tileLoop)
+		if i := strings.Index(compute, first); loop < 0 || i < 0 || i > loop {
+			t.Fatalf("%s: warpgroup 1's first arrival is not before the tile loop", v.Name())
+		}
+		exit := strings.Index(compute, takeOnExit)
+		if strings.Contains(src, keepLast) || !strings.Contains(compute, passLast) || exit < strings.Index(compute, passLast) {
+			t.Errorf("%s: want both warpgroups to pass the turn after a tile's last products, and warpgroup 0 to take the last one after the loop", v.Name())
+		}
+		if !strings.Contains(compute[exit:], "bulk_wait<0>()") {
+			t.Errorf("%s: the turn left is not taken before the O stores' final wait", v.Name())
+		}
+	}
+}
+
+// TestCarryTurnsRefused checks that CarryTurns needs persistent CTAs with
+// ping-pong.
+func TestCarryTurnsRefused(t *testing.T) {
+	for _, p := range []Pipeline{
+		{WarpSpecialized: true, PingPong: true, EarlyRescale: true, CarryTurns: true},
+		{WarpSpecialized: true, Persistent: true, StoreO: true, CarryTurns: true},
+	} {
+		v := doubleQBase()
+		v.Pipeline = p
+		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+			t.Errorf("%+v: Validate = %v, want attn.ErrUnsupported", p, err)
+		}
+	}
+}
