@@ -235,7 +235,8 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 		hm.TMA, hm.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, HeadMajor: true}
 		vs = append(vs, hm)
 	}
-	// two Q buffers on the short pipeline, D = 64 and 128 (at 128 keys) unmasked, and causal (the counter's schedule)
+	// two Q buffers on the short pipeline, D = 64 and 128 (at 128 keys) unmasked, and causal (the counter's schedule);
+	// and with ping-pong's turns carried across tiles
 	for _, d := range []int{64, 128, -128} {
 		f := fwdFeatures[0].set
 		if d < 0 {
@@ -244,6 +245,9 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 		q2 := hopperVariant(t, attn.BFloat16, d, d, f)
 		q2.BlockN, q2.TMA, q2.Pipeline = 128, true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, LazyRescale: true, DoubleQ: true}
 		vs = append(vs, q2)
+		ct := q2
+		ct.CarryTurns = true
+		vs = append(vs, ct)
 	}
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {
