@@ -16,8 +16,15 @@
 #
 #   CASES="--heads 16 --head-dim 128 --bias 1hnm; --heads 32 --head-dim 64 --bias 1hnm" bash bench/ab-h200.sh
 #
+# A build may also be the same binary under settings of its own: ENV_LABEL
+# (LABEL as in BUILDS, each character other than a letter, digit or _ as _)
+# holds VAR=VALUE words that build's runs get, e.g.
+#
+#   BUILDS="base=.bin/flashattn ct=.bin/flashattn" ENV_ct="FLASHATTN_FWD_CARRY_TURNS=1" \
+#     COMMON="--pass fwd --budget 200ms" CASES="--batch 32 --seqlen-q 512 --heads 16 --head-dim 128" bash bench/ab-h200.sh
+#
 # Environment: BUILDS (space-separated LABEL=PATH; default
-# old=.bin/flashattn-old new=.bin/flashattn), CASES (flag sets separated by
+# old=.bin/flashattn-old new=.bin/flashattn), ENV_LABEL, CASES (flag sets separated by
 # ";", each added to COMMON), COMMON (default "--pass bwd --batch 4
 # --seqlen-q 4096 --budget 300ms"), ROUNDS (2), LIMIT (seconds a run, 120),
 # OUT (default .ab-out). Each run's raw line (case, build, round, median ms,
@@ -47,8 +54,9 @@ for i in "${!cases[@]}"; do
 	for r in $(seq "$ROUNDS"); do
 		for build in $BUILDS; do
 			label=${build%%=*} bin=${build#*=}
-			# shellcheck disable=SC2086 # the flag sets are word lists
-			line=$(timeout "$LIMIT" "$bin" bench $COMMON $c --json 2>>"$OUT/err.txt" |
+			envvar=ENV_${label//[^A-Za-z0-9_]/_}
+			# shellcheck disable=SC2086 # the flag sets and the settings are word lists
+			line=$(timeout "$LIMIT" env ${!envvar:-} "$bin" bench $COMMON $c --json 2>>"$OUT/err.txt" |
 				python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms"], r["tflops"], r.get("kernel_variant", ""))' 2>>"$OUT/err.txt")
 			printf '%d\t%s\t%d\t%s\t%s\n' "$i" "$label" "$r" "${line:-failed}" "$c" | tee -a "$TIMES"
 		done
