@@ -232,11 +232,11 @@ func (x *gen) wsVote() {
 //
 // With CarryTurns persistent CTAs carry the turns across their tiles:
 // warpgroup 1 arrives first once, before the CTA's first tile, and passes
-// the turn after its last products of a tile too, so warpgroup 0 may issue the next tile's
-// first S while warpgroup 1 still writes the last tile's O, instead of
-// waiting for warpgroup 1 to start the next tile. The one arrival left
-// when the CTA runs out of tiles is taken by warpgroup 0's wait on leaving
-// (pingPongEnd).
+// the turn after its last products of a tile too, so warpgroup 0 may
+// issue the next tile's first S while warpgroup 1 still writes the last
+// tile's O, instead of waiting for warpgroup 1 to start the next tile. The
+// one arrival left when the CTA runs out of tiles is taken by warpgroup
+// 0's wait on leaving (pingPongEnd).
 type ppStep int
 
 const (
