@@ -740,6 +740,6 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.LazyRescale = want.LazyRescale && allows(kernels.Pipeline{LazyRescale: true})
 	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
 	p.DoubleQ = want.DoubleQ && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: p.StoreO, ProducerDropout: p.ProducerDropout, DoubleQ: true})
-	p.CarryTurns = want.CarryTurns && p.Persistent && p.PingPong
+	p.CarryTurns = want.CarryTurns && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, PingPong: p.PingPong, Persistent: p.Persistent, CarryTurns: true})
 	return p
 }

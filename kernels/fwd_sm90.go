@@ -414,7 +414,7 @@ func (x *gen) hopperTile(first string) {
 
 `)
 	x.hopperPrologueLoads()
-	x.pingPongStart()
+	x.pingPongStart(false)
 	x.raw(`  {
     const int n0 = (nb_hi - 1) * BN;  // first key of the block
     float s[MT][NT_S][4];

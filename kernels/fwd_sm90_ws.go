@@ -245,22 +245,14 @@ const (
 	ppPassLast               // pass it after the last products: warpgroup 0 only (both with CarryTurns)
 )
 
-// pingPongStart writes warpgroup 1's first arrival of a tile; with
-// CarryTurns a CTA makes it once, before its tiles (pingPongStartCarried).
-func (x *gen) pingPongStart() {
-	if !x.v.PingPong || x.v.CarryTurns {
+// pingPongStart writes warpgroup 1's first arrival where the turns start:
+// at each tile (perCTA false) or, with CarryTurns, once a CTA, before its
+// tiles (perCTA true). Nothing without PingPong or at the other place.
+func (x *gen) pingPongStart(perCTA bool) {
+	if !x.v.PingPong || x.v.CarryTurns != perCTA {
 		return
 	}
 	x.raw("  if (wg == 1) bar_arrive(2, 256);  // ---- ping-pong: warpgroup 0 takes the first turn on the tensor cores\n")
-}
-
-// pingPongStartCarried writes, with CarryTurns, a persistent CTA's first
-// arrival of warpgroup 1, before its first tile.
-func (x *gen) pingPongStartCarried() {
-	if !x.v.CarryTurns {
-		return
-	}
-	x.raw("  if (wg == 1) bar_arrive(2, 256);  // ---- ping-pong: warpgroup 0 takes the CTA's first turn on the tensor cores\n")
 }
 
 // pingPongEnd writes, with CarryTurns, for a persistent CTA leaving its
@@ -528,7 +520,7 @@ func (x *gen) wsPersistentPrologue() {
     ++q_it;
   };
 `)
-	x.pingPongStartCarried()
+	x.pingPongStart(true)
 	x.raw("  for (;;) {\n")
 	if x.v.DoubleQ {
 		x.raw(`    const int qb = q_it & 1;  // the tile's Q buffer, its index in sched[qb]
