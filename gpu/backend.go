@@ -86,6 +86,11 @@ type Backend struct {
 	// one warpgroup starts a tile while the other writes the last one's O.
 	// New sets it on Hopper when EnvFwdCarryTurns is set.
 	FwdCarryTurns bool
+	// FwdPrefetchNext has the persistent forward launches that take their
+	// tiles statically ask L2 for each CTA's next tile's Q, K and V while
+	// the current tile runs (kernels.Pipeline.PrefetchNext). New sets it
+	// on Hopper when EnvFwdPrefetchNext is set.
+	FwdPrefetchNext bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -275,6 +280,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
 		FwdDoubleQ:         hopper && os.Getenv(EnvFwdDoubleQ) != "0",
 		FwdCarryTurns:      hopper && envSet(os.Getenv(EnvFwdCarryTurns)),
+		FwdPrefetchNext:    hopper && envSet(os.Getenv(EnvFwdPrefetchNext)),
 
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
@@ -455,6 +461,11 @@ const EnvFwdDoubleQ = "FLASHATTN_FWD_DOUBLE_Q"
 // on Hopper carry ping-pong's turns across the tiles of persistent
 // forward launches (Backend.FwdCarryTurns).
 const EnvFwdCarryTurns = "FLASHATTN_FWD_CARRY_TURNS"
+
+// EnvFwdPrefetchNext, when set to anything but "" or "0", has new backends
+// on Hopper ask L2 for the next tile's loads in persistent forward launches
+// of the static schedule (Backend.FwdPrefetchNext).
+const EnvFwdPrefetchNext = "FLASHATTN_FWD_PREFETCH_NEXT"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -211,6 +211,8 @@ func TestShapes(t *testing.T) {
 		// plain calls of 1024 and 2048 keys, which take the short pipeline at head dims up to 128
 		{name: "d128-n1024-b4-h8-tiles-per-cta", dt: attn.BFloat16, b: 4, n: 1024, m: 1024, h: 8, hkv: 8, dk: 128, dv: 128},
 		{name: "d64-n2048-b2-h8-tiles-per-cta", dt: attn.Float16, b: 2, n: 2048, m: 2048, h: 8, hkv: 4, dk: 64, dv: 64},
+		// D = 256 on the short pipeline's one Q buffer (512 keys), 256 tiles over at most 132 SMs
+		{name: "d256-n512-b8-h8-tiles-per-cta", dt: attn.BFloat16, b: 8, n: 512, m: 512, h: 8, hkv: 8, dk: 256, dv: 256},
 	}
 	for i, pr := range cases {
 		t.Run(pr.name, func(t *testing.T) {

@@ -131,6 +131,9 @@ func (x *gen) hopperSource() {
 	if x.v.StoreO {
 		x.raw(tmaStorePrimitive)
 	}
+	if x.v.PrefetchNext {
+		x.raw(tmaPrefetchPrimitive)
+	}
 	for _, pr := range x.v.HopperProducts() {
 		x.raw(pr.source(x.v.DType))
 	}

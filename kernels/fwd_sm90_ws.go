@@ -192,7 +192,7 @@ for (int s = 0; s <= T; ++s) {
     %[5]s
   }
 }
-`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", x.qBuffer().buf, "mq_", x.qBuffer().full, "m0"),
+`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", x.qBuffer().buf, "mq_", x.qBuffer().full, "m0")+x.prefetchNext(),
 		x.tmaTile("BN", "KATOMS", "sK + (g & 1) * K_STAGE", "mk_", "barK + 8 * (g & 1)", "(nb_hi - 1 - s) * BN"),
 		x.tmaTile("BN", "VATOMS", "sV + (g & 1) * V_STAGE", "mv_", "barV + 8 * (g & 1)", "(nb_hi - s) * BN"),
 		x.biasStageLoad("    ", "(nb_hi - 1 - s) * BN")), indent))
@@ -300,6 +300,7 @@ var pipelineWords = []struct {
 	{"head-major", func(p *Pipeline) *bool { return &p.HeadMajor }},
 	{"double-q", func(p *Pipeline) *bool { return &p.DoubleQ }},
 	{"carry-turns", func(p *Pipeline) *bool { return &p.CarryTurns }},
+	{"prefetch-next", func(p *Pipeline) *bool { return &p.PrefetchNext }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
@@ -308,8 +309,8 @@ var pipelineWords = []struct {
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
 // "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
 // (ProducerDropout, implies ws), "lazy-rescale"
-// (LazyRescale), "head-major" (HeadMajor), "double-q" (DoubleQ) and
-// "carry-turns" (CarryTurns); "" and
+// (LazyRescale), "head-major" (HeadMajor), "double-q" (DoubleQ),
+// "carry-turns" (CarryTurns) and "prefetch-next" (PrefetchNext); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -326,7 +327,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns, prefetch-next)", w)
 	}
 	if p.PingPong || p.Persistent || p.ProducerDropout {
 		p.WarpSpecialized = true
@@ -563,6 +564,30 @@ func (x *gen) persistentTileRange(indent string) string {
 const int m0 = mblk * BM, rows = min(BM, n - m0);
 (void)rows;
 `, indent) + indentLines(y.b.String(), indent[2:]) // (maskRange indents for the kernel's body: two spaces)
+}
+
+// prefetchNext returns, with PrefetchNext, the producer's request to L2
+// for the tile after the current one (tile + gridDim.x: the static
+// schedule) — its Q unless DoubleQ loads it already, and its first K and V
+// block (the last in the tile's range: blocks run from the last down) — to
+// follow the current tile's Q load, a whole tile before the next tile's
+// loads; else "". Its coordinates are declared in a scope of their own.
+func (x *gen) prefetchNext() string {
+	if !x.v.PrefetchNext {
+		return ""
+	}
+	q := "\n    tma_prefetch_rows<BM, KATOMS>(&tp.q, m0, h, b);"
+	if x.v.DoubleQ {
+		q = "  // (its Q: the second buffer's load)"
+	}
+	return "\nif (tile + (int)gridDim.x < ntiles) {  // ---- prefetch-next: the next tile's first loads asked of L2\n" +
+		"  const int next_ = tile + (int)gridDim.x;\n  const int tile = next_;\n" +
+		x.persistentTileRange("  ") +
+		"  if (nb_hi > nb_lo) {" + q + `
+    tma_prefetch_rows<BN, KATOMS>(&tp.k, (nb_hi - 1) * BN, h / p.group, b);
+    tma_prefetch_rows<BN, VATOMS>(&tp.v, (nb_hi - 1) * BN, h / p.group, b);
+  }
+}`
 }
 
 // wsPersistentWaits writes a persistent compute warp's wait for its tile's

@@ -196,6 +196,13 @@ type Pipeline struct {
 	// first S while warpgroup 1 still writes the last tile's O. Persistent
 	// with PingPong.
 	CarryTurns bool
+	// PrefetchNext has a persistent CTA's producer ask L2 for the next
+	// tile's first K and V block, and its Q unless DoubleQ loads that
+	// already, as soon as the current tile's Q is asked for
+	// (fwd_sm90_ws.go), so that the next tile's first loads find them in
+	// L2. Persistent CTAs that take their tiles statically (not under a
+	// window mask), on unpacked, unflattened rows.
+	PrefetchNext bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -334,10 +341,11 @@ func flatSuffix(flat, staged bool) string {
 // wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
 // early-rescale (er), persistent (pt), O-by-tensor-maps (so),
 // early-dropout (ed), producer-dropout (pd), lazy-rescale (lr),
-// head-major (hm), double-Q (q2) and carried-turns (ct) variants.
+// head-major (hm), double-Q (q2), carried-turns (ct) and prefetch-next (pf)
+// variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct") + suffixIf(p.PrefetchNext, "_pf")
 }
 
 // String returns Name.
@@ -438,6 +446,9 @@ func (v Variant) Validate() error {
 	}
 	if v.CarryTurns && (!v.Persistent || !v.PingPong) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong's turns carried across tiles need persistent CTAs with ping-pong (Persistent %v, PingPong %v)", v.Persistent, v.PingPong)
+	}
+	if v.PrefetchNext && (!v.Persistent || v.persistentDynamic() || v.Varlen || v.Flat) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: prefetching the next tile needs persistent CTAs that take their tiles statically, on unpacked, unflattened rows (Persistent %v, window mask %v, Varlen %v, Flat %v)", v.Persistent, v.Mask == MaskWindow, v.Varlen, v.Flat)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

@@ -172,3 +172,65 @@ func TestCarryTurnsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefetchNextSource checks the producer's request to L2 for the next
+// tile: issued right after the current tile's Q load and before its K and
+// V loads, for tile + gridDim.x, its first K and V block and, with one Q
+// buffer, its Q; nothing of it without PrefetchNext.
+func TestPrefetchNextSource(t *testing.T) {
+	const (
+		prefetch = "if (tile + (int)gridDim.x < ntiles) {  // ---- prefetch-next"
+		prefQ    = "tma_prefetch_rows<BM, KATOMS>(&tp.q, m0, h, b);"
+		prefK    = "tma_prefetch_rows<BN, KATOMS>(&tp.k, (nb_hi - 1) * BN, h / p.group, b);"
+		prefV    = "tma_prefetch_rows<BN, VATOMS>(&tp.v, (nb_hi - 1) * BN, h / p.group, b);"
+		kvLoads  = "const int T = nb_hi - nb_lo;"
+	)
+	for _, c := range []struct{ doubleQ, on bool }{{false, false}, {false, true}, {true, true}} {
+		v := doubleQBase()
+		v.DoubleQ, v.PrefetchNext = c.doubleQ, c.on
+		if err := v.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		src, err := v.Source()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.on {
+			if strings.Contains(src, "tma_prefetch") {
+				t.Errorf("%s: a prefetch without PrefetchNext", v.Name())
+			}
+			continue
+		}
+		at := strings.Index(src, prefetch)
+		if at < 0 || strings.Count(src, prefetch) != 1 {
+			t.Fatalf("%s: want one prefetch of the next tile", v.Name())
+		}
+		if q := strings.LastIndex(src[:at], "tma_tile<BM, KATOMS>("); q < 0 || strings.Contains(src[q:at], kvLoads) {
+			t.Errorf("%s: the prefetch does not follow the current tile's Q load", v.Name())
+		}
+		rest := src[at:]
+		if k := strings.Index(rest, kvLoads); k < 0 || !strings.Contains(rest[:k], prefK) || !strings.Contains(rest[:k], prefV) {
+			t.Errorf("%s: the next tile's first K and V not asked for before this tile's K and V loads", v.Name())
+		}
+		if hasQ := strings.Contains(src, prefQ); hasQ == c.doubleQ {
+			t.Errorf("%s: Q asked of L2 %v, want %v (the second buffer loads it already)", v.Name(), hasQ, !c.doubleQ)
+		}
+	}
+}
+
+// TestPrefetchNextRefused checks that PrefetchNext needs persistent CTAs
+// of the static schedule on unpacked, unflattened rows.
+func TestPrefetchNextRefused(t *testing.T) {
+	for name, set := range map[string]func(v *Variant){
+		"one tile a CTA":                  func(v *Variant) { v.Persistent, v.StoreO, v.DoubleQ = false, false, false },
+		"causal (the counter's schedule)": func(v *Variant) { v.Mask = MaskWindow },
+		"packed batch":                    func(v *Variant) { v.Varlen = true },
+	} {
+		v := doubleQBase()
+		v.PrefetchNext = true
+		set(&v)
+		if err := v.Validate(); !errors.Is(err, attn.ErrUnsupported) {
+			t.Errorf("%s: Validate = %v, want attn.ErrUnsupported", name, err)
+		}
+	}
+}
