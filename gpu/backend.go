@@ -86,10 +86,10 @@ type Backend struct {
 	// one warpgroup starts a tile while the other writes the last one's O.
 	// New sets it on Hopper when EnvFwdCarryTurns is set.
 	FwdCarryTurns bool
-	// FwdPrefetchNext has the persistent forward launches that take their
-	// tiles statically ask L2 for each CTA's next tile's Q, K and V while
-	// the current tile runs (kernels.Pipeline.PrefetchNext). New sets it
-	// on Hopper when EnvFwdPrefetchNext is set.
+	// FwdPrefetchNext has the persistent forward launches ask L2 for each
+	// CTA's next tile's Q, K and V while the current tile runs
+	// (kernels.Pipeline.PrefetchNext). New sets it on Hopper when
+	// EnvFwdPrefetchNext is set.
 	FwdPrefetchNext bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
@@ -464,7 +464,7 @@ const EnvFwdCarryTurns = "FLASHATTN_FWD_CARRY_TURNS"
 
 // EnvFwdPrefetchNext, when set to anything but "" or "0", has new backends
 // on Hopper ask L2 for the next tile's loads in persistent forward launches
-// of the static schedule (Backend.FwdPrefetchNext).
+// (Backend.FwdPrefetchNext).
 const EnvFwdPrefetchNext = "FLASHATTN_FWD_PREFETCH_NEXT"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of

@@ -522,8 +522,7 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // buffers with FwdDoubleQ (which only the persistent launches keep, where
 // their shared memory fits); ping-pong's turns carried across tiles with
 // FwdCarryTurns (persistent launches with ping-pong); the next tile's
-// loads asked of L2 with FwdPrefetchNext (persistent launches of the static
-// schedule).
+// loads asked of L2 with FwdPrefetchNext (persistent launches).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -537,7 +536,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout // (pipelineFor keeps it under dropout only)
 	pl.DoubleQ = pl.DoubleQ || b.FwdDoubleQ                         // (pipelineFor keeps it on persistent CTAs only)
 	pl.CarryTurns = pl.CarryTurns || b.FwdCarryTurns                // (and this on persistent CTAs with ping-pong)
-	pl.PrefetchNext = pl.PrefetchNext || b.FwdPrefetchNext          // (and this on those of the static schedule)
+	pl.PrefetchNext = pl.PrefetchNext || b.FwdPrefetchNext          // (and this on persistent CTAs)
 	return pl
 }
 
@@ -725,8 +724,7 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // where the variant validates with them, in place of the early ones; two Q
 // buffers where the variant validates with them beside the parts taken;
 // ping-pong's turns carried across tiles on persistent CTAs with ping-pong;
-// the next tile's loads asked of L2 on persistent CTAs of the static
-// schedule.
+// the next tile's loads asked of L2 on persistent CTAs.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1

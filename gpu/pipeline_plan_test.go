@@ -839,9 +839,8 @@ func TestForwardLazyRescale(t *testing.T) {
 //     the persistent launches with ping-pong, not three compute warpgroups
 //     (no ping-pong), not the long pipeline;
 //   - the next tile's loads asked of L2 (PrefetchNext, FwdPrefetchNext):
-//     the persistent launches of the static schedule (no mask), with one Q
-//     buffer or two, not causal ones (the counter's schedule), not the
-//     long pipeline.
+//     the persistent launches, with one Q buffer or two, on the static
+//     schedule and on the counter's (causal), not the long pipeline.
 func TestForwardPipelineParts(t *testing.T) {
 	type partCase struct {
 		name       string
@@ -890,13 +889,13 @@ func TestForwardPipelineParts(t *testing.T) {
 		{"prefetch-next",
 			func(b *Backend, on bool) { b.FwdDoubleQ, b.FwdPrefetchNext = true, on },
 			func(v kernels.Variant) (bool, bool) {
-				return v.PrefetchNext, !v.PrefetchNext || v.Persistent && v.Mask == kernels.MaskNone
+				return v.PrefetchNext, !v.PrefetchNext || v.Persistent
 			},
 			[]partCase{
 				{"512", 512, 128, false, true, true},
 				{"2048 d64", 2048, 64, false, true, true},
 				{"512 d256 (one Q buffer)", 512, 256, false, true, true},
-				{"1024 causal (the counter's schedule)", 1024, 128, true, true, false},
+				{"1024 causal (the counter's schedule)", 1024, 128, true, true, true},
 				{"8K (the long pipeline)", 8192, 128, false, true, false},
 				{"512 off", 512, 128, false, false, false},
 			}},

@@ -192,7 +192,7 @@ for (int s = 0; s <= T; ++s) {
     %[5]s
   }
 }
-`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", x.qBuffer().buf, "mq_", x.qBuffer().full, "m0")+x.prefetchNext(),
+`, num("s"), num("s - 1"), x.tmaTile("BM", "KATOMS", x.qBuffer().buf, "mq_", x.qBuffer().full, "m0"),
 		x.tmaTile("BN", "KATOMS", "sK + (g & 1) * K_STAGE", "mk_", "barK + 8 * (g & 1)", "(nb_hi - 1 - s) * BN"),
 		x.tmaTile("BN", "VATOMS", "sV + (g & 1) * V_STAGE", "mv_", "barV + 8 * (g & 1)", "(nb_hi - s) * BN"),
 		x.biasStageLoad("    ", "(nb_hi - 1 - s) * BN")), indent))
@@ -446,7 +446,10 @@ func (x *gen) wsPersistentPrologue() {
 	_, inc := wsComputeRegs(x.g.threads - 128)
 	x.wsBarriers()
 	next := "blockIdx.x + q_it * gridDim.x;  // static: every tile costs the same"
-	if x.v.persistentDynamic() {
+	switch {
+	case x.v.persistentDynamic() && x.v.PrefetchNext:
+		next = "ahead_;  // dynamic, taken a tile ahead (prefetch-next)"
+	case x.v.persistentDynamic():
 		next = "(int)atomicAdd(sched_next, 1u);  // dynamic: the next tile not taken yet"
 	}
 	sections := fmt.Sprintf(`  // heads per section: as many as have their K and V in %d MB of L2 together
@@ -463,6 +466,9 @@ func (x *gen) wsPersistentPrologue() {
     if (tid == NCOMPUTE) {`, sections, x.qBuffer().slotNote)
 	if x.v.persistentDynamic() {
 		x.raw("      u32* sched_next = (u32*)p.nf_flag + 2;  // the launch's tile counter (word 3: CTAs done)\n")
+		if x.v.PrefetchNext {
+			x.raw("      int ahead_ = (int)atomicAdd(sched_next, 1u);  // prefetch-next: each tile taken a tile before it starts\n")
+		}
 	}
 	x.raw("      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles handed over so far\n      for (;; ++q_it) {\n")
 	if x.v.DoubleQ {
@@ -479,6 +485,10 @@ func (x *gen) wsPersistentPrologue() {
           mbar_arrive(%s);
           break;
         }`, x.qBuffer().slot, x.qBuffer().full)
+	if x.v.persistentDynamic() && x.v.PrefetchNext {
+		x.raw("        ahead_ = (int)atomicAdd(sched_next, 1u);  // the tile after this one, known while this one runs\n")
+	}
+	x.raw(indentLines(x.prefetchNext(), "        "))
 	x.raw(x.persistentTileRange("        "))
 	x.raw("        const int kvh = h / p.group;\n")
 	x.raw(indentLines(x.tmaCoords(), "      "))
@@ -567,11 +577,13 @@ const int m0 = mblk * BM, rows = min(BM, n - m0);
 }
 
 // prefetchNext returns, with PrefetchNext, the producer's request to L2
-// for the tile after the current one (tile + gridDim.x: the static
-// schedule) — its Q unless DoubleQ loads it already, and its first K and V
-// block (the last in the tile's range: blocks run from the last down) — to
-// follow the current tile's Q load, a whole tile before the next tile's
-// loads; else "". Its coordinates are declared in a scope of their own.
+// for the tile after the current one (tile + gridDim.x on the static
+// schedule; on the counter's, ahead_, the index the producer took a tile
+// early) — its Q unless DoubleQ loads it already, and its first K and V
+// block (the last in the tile's range: blocks run from the last down) —
+// issued as the current tile starts, before the current tile's own
+// coordinates are computed (so that the next tile's, in a scope of their
+// own, are dead by then: the producer runs on few registers); else "".
 func (x *gen) prefetchNext() string {
 	if !x.v.PrefetchNext {
 		return ""
@@ -580,14 +592,19 @@ func (x *gen) prefetchNext() string {
 	if x.v.DoubleQ {
 		q = "  // (its Q: the second buffer's load)"
 	}
-	return "\nif (tile + (int)gridDim.x < ntiles) {  // ---- prefetch-next: the next tile's first loads asked of L2\n" +
-		"  const int next_ = tile + (int)gridDim.x;\n  const int tile = next_;\n" +
+	next := "tile + (int)gridDim.x"
+	if x.v.persistentDynamic() {
+		next = "ahead_"
+	}
+	return "if (" + next + " < ntiles) {  // ---- prefetch-next: the next tile's first loads asked of L2\n" +
+		"  const int next_ = " + next + ";\n  const int tile = next_;\n" +
 		x.persistentTileRange("  ") +
 		"  if (nb_hi > nb_lo) {" + q + `
     tma_prefetch_rows<BN, KATOMS>(&tp.k, (nb_hi - 1) * BN, h / p.group, b);
     tma_prefetch_rows<BN, VATOMS>(&tp.v, (nb_hi - 1) * BN, h / p.group, b);
   }
-}`
+}
+`
 }
 
 // wsPersistentWaits writes a persistent compute warp's wait for its tile's

@@ -200,8 +200,9 @@ type Pipeline struct {
 	// tile's first K and V block, and its Q unless DoubleQ loads that
 	// already, as soon as the current tile's Q is asked for
 	// (fwd_sm90_ws.go), so that the next tile's first loads find them in
-	// L2. Persistent CTAs that take their tiles statically (not under a
-	// window mask), on unpacked, unflattened rows.
+	// L2. Under a mask, where the CTAs take their tiles from a counter, the
+	// producer takes each tile's index a tile early to know it. Persistent,
+	// on unpacked, unflattened rows.
 	PrefetchNext bool
 }
 
@@ -447,8 +448,8 @@ func (v Variant) Validate() error {
 	if v.CarryTurns && (!v.Persistent || !v.PingPong) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong's turns carried across tiles need persistent CTAs with ping-pong (Persistent %v, PingPong %v)", v.Persistent, v.PingPong)
 	}
-	if v.PrefetchNext && (!v.Persistent || v.persistentDynamic() || v.Varlen || v.Flat) {
-		return attn.Errorf(attn.ErrUnsupported, "kernels: prefetching the next tile needs persistent CTAs that take their tiles statically, on unpacked, unflattened rows (Persistent %v, window mask %v, Varlen %v, Flat %v)", v.Persistent, v.Mask == MaskWindow, v.Varlen, v.Flat)
+	if v.PrefetchNext && (!v.Persistent || v.Varlen || v.Flat) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: prefetching the next tile needs persistent CTAs on unpacked, unflattened rows (Persistent %v, Varlen %v, Flat %v)", v.Persistent, v.Varlen, v.Flat)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

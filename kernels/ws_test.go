@@ -174,20 +174,29 @@ func TestCarryTurnsRefused(t *testing.T) {
 }
 
 // TestPrefetchNextSource checks the producer's request to L2 for the next
-// tile: issued right after the current tile's Q load and before its K and
-// V loads, for tile + gridDim.x, its first K and V block and, with one Q
-// buffer, its Q; nothing of it without PrefetchNext.
+// tile: issued as a tile starts, after its exit test and before its Q
+// load, for its first K and V block and, with one Q buffer, its Q; the
+// next tile is tile + gridDim.x on the static schedule, and under a mask
+// the index the producer took from the counter a tile early (one taking
+// before the tile loop and one a tile, once the tile is known to exist);
+// nothing of it without PrefetchNext.
 func TestPrefetchNextSource(t *testing.T) {
 	const (
-		prefetch = "if (tile + (int)gridDim.x < ntiles) {  // ---- prefetch-next"
-		prefQ    = "tma_prefetch_rows<BM, KATOMS>(&tp.q, m0, h, b);"
-		prefK    = "tma_prefetch_rows<BN, KATOMS>(&tp.k, (nb_hi - 1) * BN, h / p.group, b);"
-		prefV    = "tma_prefetch_rows<BN, VATOMS>(&tp.v, (nb_hi - 1) * BN, h / p.group, b);"
-		kvLoads  = "const int T = nb_hi - nb_lo;"
+		prefetchStatic = "if (tile + (int)gridDim.x < ntiles) {  // ---- prefetch-next"
+		prefetchAhead  = "if (ahead_ < ntiles) {  // ---- prefetch-next"
+		takeFirst      = "int ahead_ = (int)atomicAdd(sched_next, 1u);"
+		takeAgain      = "ahead_ = (int)atomicAdd(sched_next, 1u);  // the tile after this one"
+		prefQ          = "tma_prefetch_rows<BM, KATOMS>(&tp.q, m0, h, b);"
+		prefK          = "tma_prefetch_rows<BN, KATOMS>(&tp.k, (nb_hi - 1) * BN, h / p.group, b);"
+		prefV          = "tma_prefetch_rows<BN, VATOMS>(&tp.v, (nb_hi - 1) * BN, h / p.group, b);"
+		kvLoads        = "const int T = nb_hi - nb_lo;"
 	)
-	for _, c := range []struct{ doubleQ, on bool }{{false, false}, {false, true}, {true, true}} {
+	for _, c := range []struct{ doubleQ, on, masked bool }{{false, false, false}, {false, true, false}, {true, true, false}, {true, true, true}, {true, false, true}} {
 		v := doubleQBase()
 		v.DoubleQ, v.PrefetchNext = c.doubleQ, c.on
+		if c.masked {
+			v.Mask = MaskWindow
+		}
 		if err := v.Validate(); err != nil {
 			t.Fatal(err)
 		}
@@ -195,22 +204,33 @@ func TestPrefetchNextSource(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		takes := strings.Count(src, "atomicAdd(sched_next, 1u)")
 		if !c.on {
-			if strings.Contains(src, "tma_prefetch") {
+			if strings.Contains(src, "tma_prefetch") || strings.Contains(src, "ahead_") {
 				t.Errorf("%s: a prefetch without PrefetchNext", v.Name())
 			}
+			if want := map[bool]int{false: 0, true: 1}[c.masked]; takes != want {
+				t.Errorf("%s: the counter taken at %d places, want %d", v.Name(), takes, want)
+			}
 			continue
+		}
+		prefetch := prefetchStatic
+		if c.masked {
+			prefetch = prefetchAhead
+			first, loop, again := strings.Index(src, takeFirst), strings.Index(src, "for (;; ++q_it)"), strings.Index(src, takeAgain)
+			exit := strings.Index(src, "if (tile >= ntiles) {  // no tile left")
+			if takes != 2 || first < 0 || loop < first || exit < loop || again < exit || !strings.Contains(src, "const int tile = ahead_;") {
+				t.Errorf("%s: want the counter taken once before the producer's tile loop and once a tile after its exit test", v.Name())
+			}
 		}
 		at := strings.Index(src, prefetch)
 		if at < 0 || strings.Count(src, prefetch) != 1 {
 			t.Fatalf("%s: want one prefetch of the next tile", v.Name())
 		}
-		if q := strings.LastIndex(src[:at], "tma_tile<BM, KATOMS>("); q < 0 || strings.Contains(src[q:at], kvLoads) {
-			t.Errorf("%s: the prefetch does not follow the current tile's Q load", v.Name())
-		}
-		rest := src[at:]
-		if k := strings.Index(rest, kvLoads); k < 0 || !strings.Contains(rest[:k], prefK) || !strings.Contains(rest[:k], prefV) {
-			t.Errorf("%s: the next tile's first K and V not asked for before this tile's K and V loads", v.Name())
+		exit, rest := strings.Index(src, "if (tile >= ntiles) {  // no tile left"), src[at:]
+		q := strings.Index(rest, "tma_tile<BM, KATOMS>(")
+		if exit < 0 || exit > at || q < 0 || !strings.Contains(rest[:q], prefK) || !strings.Contains(rest[:q], prefV) {
+			t.Errorf("%s: the next tile's first K and V not asked for between the tile's exit test and its Q load", v.Name())
 		}
 		if hasQ := strings.Contains(src, prefQ); hasQ == c.doubleQ {
 			t.Errorf("%s: Q asked of L2 %v, want %v (the second buffer loads it already)", v.Name(), hasQ, !c.doubleQ)
@@ -219,12 +239,11 @@ func TestPrefetchNextSource(t *testing.T) {
 }
 
 // TestPrefetchNextRefused checks that PrefetchNext needs persistent CTAs
-// of the static schedule on unpacked, unflattened rows.
+// on unpacked, unflattened rows.
 func TestPrefetchNextRefused(t *testing.T) {
 	for name, set := range map[string]func(v *Variant){
-		"one tile a CTA":                  func(v *Variant) { v.Persistent, v.StoreO, v.DoubleQ = false, false, false },
-		"causal (the counter's schedule)": func(v *Variant) { v.Mask = MaskWindow },
-		"packed batch":                    func(v *Variant) { v.Varlen = true },
+		"one tile a CTA": func(v *Variant) { v.Persistent, v.StoreO, v.DoubleQ = false, false, false },
+		"packed batch":   func(v *Variant) { v.Varlen = true },
 	} {
 		v := doubleQBase()
 		v.PrefetchNext = true
