@@ -20,7 +20,7 @@
 # (LABEL as in BUILDS, each character other than a letter, digit or _ as _)
 # holds VAR=VALUE words that build's runs get, e.g.
 #
-#   BUILDS="base=.bin/flashattn ct=.bin/flashattn" ENV_ct="FLASHATTN_FWD_CARRY_TURNS=1" \
+#   BUILDS="base=.bin/flashattn noct=.bin/flashattn" ENV_noct="FLASHATTN_FWD_CARRY_TURNS=0" \
 #     COMMON="--pass fwd --budget 200ms" CASES="--batch 32 --seqlen-q 512 --heads 16 --head-dim 128" bash bench/ab-h200.sh
 #
 # Environment: BUILDS (space-separated LABEL=PATH; default

@@ -84,13 +84,8 @@ type Backend struct {
 	// FwdCarryTurns carries ping-pong's turns across the tiles of the
 	// persistent forward launches (kernels.Pipeline.CarryTurns), so that
 	// one warpgroup starts a tile while the other writes the last one's O.
-	// New sets it on Hopper when EnvFwdCarryTurns is set.
+	// New sets it on Hopper unless EnvFwdCarryTurns is "0".
 	FwdCarryTurns bool
-	// FwdPrefetchNext has the persistent forward launches ask L2 for each
-	// CTA's next tile's Q, K and V while the current tile runs
-	// (kernels.Pipeline.PrefetchNext). New sets it on Hopper when
-	// EnvFwdPrefetchNext is set.
-	FwdPrefetchNext bool
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -279,8 +274,7 @@ func New(dev *cuda.Device) (*Backend, error) {
 
 		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
 		FwdDoubleQ:         hopper && os.Getenv(EnvFwdDoubleQ) != "0",
-		FwdCarryTurns:      hopper && envSet(os.Getenv(EnvFwdCarryTurns)),
-		FwdPrefetchNext:    hopper && envSet(os.Getenv(EnvFwdPrefetchNext)),
+		FwdCarryTurns:      hopper && os.Getenv(EnvFwdCarryTurns) != "0",
 
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
@@ -457,15 +451,10 @@ const EnvFwdProducerDropout = "FLASHATTN_FWD_PRODUCER_DROPOUT"
 // on Hopper).
 const EnvFwdDoubleQ = "FLASHATTN_FWD_DOUBLE_Q"
 
-// EnvFwdCarryTurns, when set to anything but "" or "0", has new backends
-// on Hopper carry ping-pong's turns across the tiles of persistent
-// forward launches (Backend.FwdCarryTurns).
+// EnvFwdCarryTurns, when "0", has new backends restart ping-pong's turns
+// at every tile of persistent forward launches instead of carrying them
+// across the tiles (Backend.FwdCarryTurns, the default on Hopper).
 const EnvFwdCarryTurns = "FLASHATTN_FWD_CARRY_TURNS"
-
-// EnvFwdPrefetchNext, when set to anything but "" or "0", has new backends
-// on Hopper ask L2 for the next tile's loads in persistent forward launches
-// (Backend.FwdPrefetchNext).
-const EnvFwdPrefetchNext = "FLASHATTN_FWD_PREFETCH_NEXT"
 
 // EnvHostRegister, when set to anything but "" or "0", has the host path of
 // new backends page-lock the caller's memory and copy it in place

@@ -331,7 +331,6 @@ const (
 	emuHopperPDPT                                  // ... on the short pipeline (persistent, O by tensor maps)
 	emuHopperQ2                                    // the short pipeline (persistent, O by tensor maps) with two Q buffers
 	emuHopperCT                                    // ... and ping-pong's turns carried across tiles
-	emuHopperPF                                    // persistent with O by tensor maps, one Q buffer, the next tile's loads asked of L2
 	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -410,8 +409,6 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true}
 	case emuHopperCT:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true, CarryTurns: true}
-	case emuHopperPF:
-		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, PrefetchNext: true}
 	}
 	return kernels.Pipeline{}
 }

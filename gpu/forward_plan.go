@@ -521,8 +521,7 @@ func (b *Backend) setBiasStaging(r *fwdRequest) {
 // FwdProducerDropout (which only variants under dropout keep); two Q
 // buffers with FwdDoubleQ (which only the persistent launches keep, where
 // their shared memory fits); ping-pong's turns carried across tiles with
-// FwdCarryTurns (persistent launches with ping-pong); the next tile's
-// loads asked of L2 with FwdPrefetchNext (persistent launches).
+// FwdCarryTurns (persistent launches with ping-pong).
 func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline {
 	pl := b.Pipeline
 	switch {
@@ -536,7 +535,6 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout // (pipelineFor keeps it under dropout only)
 	pl.DoubleQ = pl.DoubleQ || b.FwdDoubleQ                         // (pipelineFor keeps it on persistent CTAs only)
 	pl.CarryTurns = pl.CarryTurns || b.FwdCarryTurns                // (and this on persistent CTAs with ping-pong)
-	pl.PrefetchNext = pl.PrefetchNext || b.FwdPrefetchNext          // (and this on persistent CTAs)
 	return pl
 }
 
@@ -723,8 +721,7 @@ func (pl *fwdPlan) moveStaging(ws *cuda.Buffer, to uint64) {
 // where the variant validates with them; the producer's dropout keep bits
 // where the variant validates with them, in place of the early ones; two Q
 // buffers where the variant validates with them beside the parts taken;
-// ping-pong's turns carried across tiles on persistent CTAs with ping-pong;
-// the next tile's loads asked of L2 on persistent CTAs.
+// ping-pong's turns carried across tiles on persistent CTAs with ping-pong.
 func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	var p kernels.Pipeline
 	p.WarpSpecialized = want.WarpSpecialized && v.TMA && v.WarpsN == 1 && v.MinBlocks == 1
@@ -744,6 +741,5 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
 	p.DoubleQ = want.DoubleQ && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: p.StoreO, ProducerDropout: p.ProducerDropout, DoubleQ: true})
 	p.CarryTurns = want.CarryTurns && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, PingPong: p.PingPong, Persistent: p.Persistent, CarryTurns: true})
-	p.PrefetchNext = want.PrefetchNext && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, PrefetchNext: true})
 	return p
 }

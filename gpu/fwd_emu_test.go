@@ -137,10 +137,6 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		if want := emuPipeline(kind).CarryTurns && w.Validate() == nil; l.v.CarryTurns != want {
 			t.Fatalf("plan %s: CarryTurns = %v, want %v", l.v.Name(), l.v.CarryTurns, want)
 		}
-		w.CarryTurns, w.PrefetchNext = l.v.CarryTurns, true
-		if want := emuPipeline(kind).PrefetchNext && w.Validate() == nil; l.v.PrefetchNext != want {
-			t.Fatalf("plan %s: PrefetchNext = %v, want %v", l.v.Name(), l.v.PrefetchNext, want)
-		}
 	}
 	src, err := l.v.Source()
 	if err != nil {
@@ -269,11 +265,11 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO, emuHopperLR, emuHopperHM, emuHopperPD, emuHopperPDPT, emuHopperQ2, emuHopperCT, emuHopperPF} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO, emuHopperLR, emuHopperHM, emuHopperPD, emuHopperPDPT, emuHopperQ2, emuHopperCT} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
 			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent",
-				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store", emuHopperLR: "lazy-rescale", emuHopperHM: "head-major", emuHopperPD: "producer-dropout", emuHopperPDPT: "producer-dropout-persistent", emuHopperQ2: "double-q", emuHopperCT: "carry-turns", emuHopperPF: "prefetch-next"}[kind], pr.name)
+				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store", emuHopperLR: "lazy-rescale", emuHopperHM: "head-major", emuHopperPD: "producer-dropout", emuHopperPDPT: "producer-dropout-persistent", emuHopperQ2: "double-q", emuHopperCT: "carry-turns"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
 				if emuPipeline(kind).WarpSpecialized && max(pr.dk, pr.dv) > 320 {
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")
@@ -349,7 +345,7 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 		name string
 		kind emuKernels
 	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}, {"persistent", emuHopperPT},
-		{"lazy-rescale", emuHopperLR}, {"head-major", emuHopperHM}, {"producer-dropout", emuHopperPD}, {"producer-dropout-persistent", emuHopperPDPT}, {"double-q", emuHopperQ2}, {"carry-turns", emuHopperCT}, {"prefetch-next", emuHopperPF}}
+		{"lazy-rescale", emuHopperLR}, {"head-major", emuHopperHM}, {"producer-dropout", emuHopperPD}, {"producer-dropout-persistent", emuHopperPDPT}, {"double-q", emuHopperQ2}, {"carry-turns", emuHopperCT}}
 	cases := fwdNaNTransformCases()
 	for _, c := range fwdNaNCases() {
 		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})

@@ -837,10 +837,7 @@ func TestForwardLazyRescale(t *testing.T) {
 //     pipeline;
 //   - ping-pong's turns carried across tiles (CarryTurns, FwdCarryTurns):
 //     the persistent launches with ping-pong, not three compute warpgroups
-//     (no ping-pong), not the long pipeline;
-//   - the next tile's loads asked of L2 (PrefetchNext, FwdPrefetchNext):
-//     the persistent launches, with one Q buffer or two, on the static
-//     schedule and on the counter's (causal), not the long pipeline.
+//     (no ping-pong), not the long pipeline.
 func TestForwardPipelineParts(t *testing.T) {
 	type partCase struct {
 		name       string
@@ -883,19 +880,6 @@ func TestForwardPipelineParts(t *testing.T) {
 				{"512", 512, 128, false, true, true},
 				{"1024 causal", 1024, 128, true, true, true},
 				{"512 d64 (three warpgroups, no ping-pong)", 512, 64, false, true, false},
-				{"8K (the long pipeline)", 8192, 128, false, true, false},
-				{"512 off", 512, 128, false, false, false},
-			}},
-		{"prefetch-next",
-			func(b *Backend, on bool) { b.FwdDoubleQ, b.FwdPrefetchNext = true, on },
-			func(v kernels.Variant) (bool, bool) {
-				return v.PrefetchNext, !v.PrefetchNext || v.Persistent
-			},
-			[]partCase{
-				{"512", 512, 128, false, true, true},
-				{"2048 d64", 2048, 64, false, true, true},
-				{"512 d256 (one Q buffer)", 512, 256, false, true, true},
-				{"1024 causal (the counter's schedule)", 1024, 128, true, true, true},
 				{"8K (the long pipeline)", 8192, 128, false, true, false},
 				{"512 off", 512, 128, false, false, false},
 			}},

@@ -155,9 +155,6 @@ func (g *bwdGen) hopperPrelude(b *strings.Builder) {
 	if v.BulkDQ || v.WarpSpecialized {
 		b.WriteString(WarpSpecializedPrimitives())
 	}
-	if v.Persistent {
-		b.WriteString(tmaPrefetchPrimitive)
-	}
 	switch v.DBiasPath {
 	case DBiasStore:
 		b.WriteString(tmaStorePrimitive)

@@ -34,16 +34,12 @@ import (
 // dV are stored.
 
 // The counter is word 2 of Params.NFFlag's slot, which the preprocess
-// zeroes. The producer's first lane takes each tile's number from it a
-// tile early (ahead_: once before its tile loop, then as each tile starts),
-// hands the number to the compute warpgroups through the shared word
-// sched once they released the last tile's K and V — written before the
-// tile's K and V are asked for and read once they landed — and, having
-// asked for the tile's K and V, asks L2 for the next tile's, whose number
-// it now holds: each key tile's K and V are read by one CTA only, so they
-// come from DRAM, and asked for only as the tile starts they would keep
-// its first step waiting. The number ntiles ends both loops (the producer
-// then arrives on kvbar with no bytes).
+// zeroes. The producer's first lane takes each next tile from it, once the
+// compute threads released the last tile's K and V, and hands its number
+// to the compute warpgroups through the shared word sched, written before
+// the tile's K and V are asked for and read once they landed; the number
+// ntiles ends both loops (the producer then arrives on kvbar with no
+// bytes).
 
 // PersistentOK reports whether v's dK/dV kernel can run persistent: the
 // key-rows step (so warp-specialized, padded head dims up to 128) with
@@ -93,14 +89,13 @@ func (g *bwdGen) persistentCoords(b *strings.Builder) {
 }
 
 // persistentTileLoop returns the opening of a persistent loop over the
-// CTA's tiles, indented by indent: pre (declarations before the loop),
-// head (the statements that set tile and leave the loop at ntiles), then
-// the tile's coordinates and query range.
-func (g *bwdGen) persistentTileLoop(indent, pre, head string) string {
+// CTA's tiles, indented by indent: head (the statements that set tile and
+// leave the loop at ntiles), then the tile's coordinates and query range.
+func (g *bwdGen) persistentTileLoop(indent, head string) string {
 	var t strings.Builder
 	g.persistentCoords(&t)
 	g.dkdvRange(&t, "") // (PersistentOK: fixed length, every tile's keys start before M)
-	return indentLines(pre+"int gs = 0, kt = 0;  // steps of this CTA's earlier tiles, and their number\nfor (;; ++kt) {\n"+head, indent) +
+	return indentLines("int gs = 0, kt = 0;  // steps of this CTA's earlier tiles, and their number\nfor (;; ++kt) {\n"+head, indent) +
 		indentLines(t.String(), indent)
 }
 
@@ -110,44 +105,18 @@ func (g *bwdGen) persistentTileLoop(indent, pre, head string) string {
 func (g *bwdGen) persistentProducer(steps string) string {
 	v := g.v
 	box := v.bwdHopperDQTile().BlockN
-	// lane 0 hands the tile it took a tile early over once the compute threads are done with the last
-	// one's K and V (and have read its number), takes the next one, and asks for the tile's K and V
-	// and for the next one's below
-	return g.persistentTileLoop("      ", `u32* const counter_ = reinterpret_cast<u32*>(p.nf_flag) + 2;  // the launch's tile counter
-int ahead_ = lane == 0 ? (int)atomicAdd(counter_, 1u) : 0;  // lane 0: the next tile's number, taken a tile early
-`, `  int tile = 0;
+	// lane 0 takes the next tile once the compute threads are done with the last one's K and V (and
+	// have read its number), hands it over, and asks for its K and V below
+	return g.persistentTileLoop("      ", `  int tile = 0;
   if (lane == 0) {
     if (kt > 0) mbar_wait(kvempty, (kt - 1) & 1);  // the last tile's K, V and number released
-    tile = ahead_;
+    tile = (int)atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2, 1u);  // the next place in the order
     *sched = tile;
     if (tile >= ntiles) mbar_arrive(kvbar);  // none left: the compute warpgroups leave too
-    else ahead_ = (int)atomicAdd(counter_, 1u);  // the next place in the order, known while this tile runs
   }
   tile = __shfl_sync(0xffffffffu, tile, 0);
   if (tile >= ntiles) break;
-`) + g.persistentKVLoads(box) + g.persistentKVPrefetch(box) + indentLines(steps, "  ") + "        gs += iters;\n      }\n"
-}
-
-// persistentKVPrefetch returns the producer's first lane's request to L2
-// for the K and V of the tile after its current one (ahead_), once it has
-// asked for the current tile's (box: the rows of the maps' boxes); the
-// next tile's coordinates sit in a scope of their own.
-func (g *bwdGen) persistentKVPrefetch(box int) string {
-	v := g.v
-	var c strings.Builder
-	g.persistentCoords(&c)
-	return `        if (lane == 0 && ahead_ < ntiles) {  // the next tile's K and V asked of L2 (a hint: nothing waits for it)
-          const int tile = ahead_;
-` + indentLines(c.String(), "        ") + fmt.Sprintf(`          constexpr int KA = %[1]d, VA = %[2]d, KV_BOX = %[3]d;
-#pragma unroll
-          for (int r = 0; r < BN; r += KV_BOX) {
-#pragma unroll
-            for (int a = 0; a < KA; ++a) tma_prefetch_4d(&tp.c, a * 64, %[4]s);
-#pragma unroll
-            for (int a = 0; a < VA; ++a) tma_prefetch_4d(&tp.d, a * 64, %[5]s);
-          }
-        }
-`, swizzleAtoms(v.DKPad()), swizzleAtoms(v.DVPad()), box, g.tmaAt("j0 + r", "kr0", "kvh", "DK"), g.tmaAt("j0 + r", "kr0", "kvh", "DV"))
+`) + g.persistentKVLoads(box) + indentLines(steps, "  ") + "        gs += iters;\n      }\n"
 }
 
 // persistentKVLoads returns the producer's first lane's K and V loads of
@@ -172,7 +141,7 @@ func (g *bwdGen) persistentKVLoads(box int) string {
 // persistentComputeOpen writes the opening of the compute warpgroups'
 // loop over the CTA's tiles.
 func (g *bwdGen) persistentComputeOpen(b *strings.Builder) {
-	b.WriteString(g.persistentTileLoop("  ", "", `  mbar_wait(kvbar, kt & 1);  // the tile's number, and its K and V unless it is ntiles
+	b.WriteString(g.persistentTileLoop("  ", `  mbar_wait(kvbar, kt & 1);  // the tile's number, and its K and V unless it is ntiles
   const int tile = *sched;
   if (tile >= ntiles) break;
 `))

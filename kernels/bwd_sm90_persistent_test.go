@@ -12,8 +12,7 @@ import (
 // carried over them, K and V by the producer's tensor maps against
 // barriers of their own, the released last stage, the tiles from the
 // counter (zeroed by the preprocess, word 2) in the grid's order or under
-// a mask tile_order's, each taken a tile early, and the next tile's K and
-// V asked of L2; the kernel of one tile a CTA has none of it;
+// a mask tile_order's; the kernel of one tile a CTA has none of it;
 // variants PersistentOK declines fail to validate.
 func TestBwdPersistentSource(t *testing.T) {
 	base := BwdVariant{DType: attn.BFloat16, DK: 128, DV: 128, Vector: true, WGMMA: true, TMA: true,
@@ -23,9 +22,7 @@ func TestBwdPersistentSource(t *testing.T) {
 	always := []string{"for (int it = gs; it < gs + iters; ++it)", "mbar_init(s0 + ", "// kvempty",
 		"tma_load_4d(sK + (a * BN + r) * 128, &tp.c, kvbar", "tma_load_4d(sV + (a * BN + r) * 128, &tp.d, kvbar",
 		"mbar_arrive(kvempty);", "if (iters > 0) mbar_arrive(empty + 8 * ((gs + iters - 1) & 1));", "if (it > gs) mbar_arrive(empty",
-		"u32* const counter_ = reinterpret_cast<u32*>(p.nf_flag) + 2;", "int ahead_ = lane == 0 ? (int)atomicAdd(counter_, 1u) : 0;",
-		"tile = ahead_;", "else ahead_ = (int)atomicAdd(counter_, 1u);", "*sched = tile;", "const int tile = *sched;", "threadIdx.x < 3) p.nf_flag[threadIdx.x] = 0u;",
-		"if (lane == 0 && ahead_ < ntiles) {", "tma_prefetch_4d(&tp.c, a * 64, j0 + r, kvh, b);", "tma_prefetch_4d(&tp.d, a * 64, j0 + r, kvh, b);"}
+		"atomicAdd(reinterpret_cast<unsigned*>(p.nf_flag) + 2, 1u)", "*sched = tile;", "const int tile = *sched;", "threadIdx.x < 3) p.nf_flag[threadIdx.x] = 0u;"}
 	for _, c := range []struct {
 		name          string
 		v             BwdVariant

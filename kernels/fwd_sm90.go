@@ -131,9 +131,6 @@ func (x *gen) hopperSource() {
 	if x.v.StoreO {
 		x.raw(tmaStorePrimitive)
 	}
-	if x.v.PrefetchNext {
-		x.raw(tmaPrefetchPrimitive)
-	}
 	for _, pr := range x.v.HopperProducts() {
 		x.raw(pr.source(x.v.DType))
 	}

@@ -300,7 +300,6 @@ var pipelineWords = []struct {
 	{"head-major", func(p *Pipeline) *bool { return &p.HeadMajor }},
 	{"double-q", func(p *Pipeline) *bool { return &p.DoubleQ }},
 	{"carry-turns", func(p *Pipeline) *bool { return &p.CarryTurns }},
-	{"prefetch-next", func(p *Pipeline) *bool { return &p.PrefetchNext }},
 }
 
 // ParsePipeline reads a list of pipeline words separated by commas or
@@ -309,8 +308,8 @@ var pipelineWords = []struct {
 // "early-rescale" (EarlyRescale), "persistent" (Persistent, implies ws),
 // "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
 // (ProducerDropout, implies ws), "lazy-rescale"
-// (LazyRescale), "head-major" (HeadMajor), "double-q" (DoubleQ),
-// "carry-turns" (CarryTurns) and "prefetch-next" (PrefetchNext); "" and
+// (LazyRescale), "head-major" (HeadMajor), "double-q" (DoubleQ) and
+// "carry-turns" (CarryTurns); "" and
 // "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
@@ -327,7 +326,7 @@ next:
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns, prefetch-next)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns)", w)
 	}
 	if p.PingPong || p.Persistent || p.ProducerDropout {
 		p.WarpSpecialized = true
@@ -446,10 +445,7 @@ func (x *gen) wsPersistentPrologue() {
 	_, inc := wsComputeRegs(x.g.threads - 128)
 	x.wsBarriers()
 	next := "blockIdx.x + q_it * gridDim.x;  // static: every tile costs the same"
-	switch {
-	case x.v.persistentDynamic() && x.v.PrefetchNext:
-		next = "ahead_;  // dynamic, taken a tile ahead (prefetch-next)"
-	case x.v.persistentDynamic():
+	if x.v.persistentDynamic() {
 		next = "(int)atomicAdd(sched_next, 1u);  // dynamic: the next tile not taken yet"
 	}
 	sections := fmt.Sprintf(`  // heads per section: as many as have their K and V in %d MB of L2 together
@@ -466,9 +462,6 @@ func (x *gen) wsPersistentPrologue() {
     if (tid == NCOMPUTE) {`, sections, x.qBuffer().slotNote)
 	if x.v.persistentDynamic() {
 		x.raw("      u32* sched_next = (u32*)p.nf_flag + 2;  // the launch's tile counter (word 3: CTAs done)\n")
-		if x.v.PrefetchNext {
-			x.raw("      int ahead_ = (int)atomicAdd(sched_next, 1u);  // prefetch-next: each tile taken a tile before it starts\n")
-		}
 	}
 	x.raw("      int kv0 = 0, q_it = 0;  // K/V tiles loaded so far, tiles handed over so far\n      for (;; ++q_it) {\n")
 	if x.v.DoubleQ {
@@ -485,10 +478,6 @@ func (x *gen) wsPersistentPrologue() {
           mbar_arrive(%s);
           break;
         }`, x.qBuffer().slot, x.qBuffer().full)
-	if x.v.persistentDynamic() && x.v.PrefetchNext {
-		x.raw("        ahead_ = (int)atomicAdd(sched_next, 1u);  // the tile after this one, known while this one runs\n")
-	}
-	x.raw(indentLines(x.prefetchNext(), "        "))
 	x.raw(x.persistentTileRange("        "))
 	x.raw("        const int kvh = h / p.group;\n")
 	x.raw(indentLines(x.tmaCoords(), "      "))
@@ -574,37 +563,6 @@ func (x *gen) persistentTileRange(indent string) string {
 const int m0 = mblk * BM, rows = min(BM, n - m0);
 (void)rows;
 `, indent) + indentLines(y.b.String(), indent[2:]) // (maskRange indents for the kernel's body: two spaces)
-}
-
-// prefetchNext returns, with PrefetchNext, the producer's request to L2
-// for the tile after the current one (tile + gridDim.x on the static
-// schedule; on the counter's, ahead_, the index the producer took a tile
-// early) — its Q unless DoubleQ loads it already, and its first K and V
-// block (the last in the tile's range: blocks run from the last down) —
-// issued as the current tile starts, before the current tile's own
-// coordinates are computed (so that the next tile's, in a scope of their
-// own, are dead by then: the producer runs on few registers); else "".
-func (x *gen) prefetchNext() string {
-	if !x.v.PrefetchNext {
-		return ""
-	}
-	q := "\n    tma_prefetch_rows<BM, KATOMS>(&tp.q, m0, h, b);"
-	if x.v.DoubleQ {
-		q = "  // (its Q: the second buffer's load)"
-	}
-	next := "tile + (int)gridDim.x"
-	if x.v.persistentDynamic() {
-		next = "ahead_"
-	}
-	return "if (" + next + " < ntiles) {  // ---- prefetch-next: the next tile's first loads asked of L2\n" +
-		"  const int next_ = " + next + ";\n  const int tile = next_;\n" +
-		x.persistentTileRange("  ") +
-		"  if (nb_hi > nb_lo) {" + q + `
-    tma_prefetch_rows<BN, KATOMS>(&tp.k, (nb_hi - 1) * BN, h / p.group, b);
-    tma_prefetch_rows<BN, VATOMS>(&tp.v, (nb_hi - 1) * BN, h / p.group, b);
-  }
-}
-`
 }
 
 // wsPersistentWaits writes a persistent compute warp's wait for its tile's

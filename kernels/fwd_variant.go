@@ -196,14 +196,6 @@ type Pipeline struct {
 	// first S while warpgroup 1 still writes the last tile's O. Persistent
 	// with PingPong.
 	CarryTurns bool
-	// PrefetchNext has a persistent CTA's producer ask L2 for the next
-	// tile's first K and V block, and its Q unless DoubleQ loads that
-	// already, as soon as the current tile's Q is asked for
-	// (fwd_sm90_ws.go), so that the next tile's first loads find them in
-	// L2. Under a mask, where the CTAs take their tiles from a counter, the
-	// producer takes each tile's index a tile early to know it. Persistent,
-	// on unpacked, unflattened rows.
-	PrefetchNext bool
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -342,11 +334,10 @@ func flatSuffix(flat, staged bool) string {
 // wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
 // early-rescale (er), persistent (pt), O-by-tensor-maps (so),
 // early-dropout (ed), producer-dropout (pd), lazy-rescale (lr),
-// head-major (hm), double-Q (q2), carried-turns (ct) and prefetch-next (pf)
-// variants.
+// head-major (hm), double-Q (q2) and carried-turns (ct) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct") + suffixIf(p.PrefetchNext, "_pf")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct")
 }
 
 // String returns Name.
@@ -447,9 +438,6 @@ func (v Variant) Validate() error {
 	}
 	if v.CarryTurns && (!v.Persistent || !v.PingPong) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong's turns carried across tiles need persistent CTAs with ping-pong (Persistent %v, PingPong %v)", v.Persistent, v.PingPong)
-	}
-	if v.PrefetchNext && (!v.Persistent || v.Varlen || v.Flat) {
-		return attn.Errorf(attn.ErrUnsupported, "kernels: prefetching the next tile needs persistent CTAs on unpacked, unflattened rows (Persistent %v, Varlen %v, Flat %v)", v.Persistent, v.Varlen, v.Flat)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

@@ -248,18 +248,6 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 		ct := q2
 		ct.CarryTurns = true
 		vs = append(vs, ct)
-		if d == 128 {
-			pf := q2
-			pf.PrefetchNext = true
-			vs = append(vs, pf)
-		}
-	}
-	// the next tile's loads asked of L2 on one Q buffer (D = 256), unmasked (the static schedule) and
-	// causal (the counter's, taken a tile ahead)
-	for _, f := range fwdFeatures[:2] {
-		pf := hopperVariant(t, attn.BFloat16, 256, 256, f.set)
-		pf.TMA, pf.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, LazyRescale: true, PrefetchNext: true}
-		vs = append(vs, pf)
 	}
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {

@@ -246,21 +246,6 @@ DEV void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, in
 `
 }
 
-// tmaPrefetchPrimitive is the L2 prefetch of tensor-map boxes of a
-// PrefetchNext kernel: a hint, which no barrier waits for.
-const tmaPrefetchPrimitive = `// box (c0.., c1.., c2, c3) of the tensor map at generic address map asked of L2 (a hint: nothing waits for it)
-DEV void tma_prefetch_4d(const TensorMap* map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n"
-               ::"l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-// the ATOMS boxes of [ROWS][64 columns] that tma_rows would load (rows row0.., one head and batch element)
-template <int ROWS, int ATOMS>
-DEV void tma_prefetch_rows(const TensorMap* map, int row0, int head, int batch) {
-#pragma unroll
-  for (int a = 0; a < ATOMS; ++a) tma_prefetch_4d(map, a * 64, row0, head, batch);
-}
-`
-
 // tmaLoaders returns the tile loaders of the TMA kernel: one thread issues
 // every box of a tile and announces its bytes on the tile's barrier.
 func tmaLoaders() string {

@@ -105,18 +105,6 @@ inline void tma_load_4d(u32 dst, const TensorMap* map, u32 bar, int c0, int c1, 
   m.tx -= (long long)box * 128;
   emu_mbar_settle(m);
 }
-// tma_prefetch_4d asks L2 for a box: a hint on the GPU, nothing here but the checks a load makes on its
-// start column and its map's box
-inline void tma_prefetch_4d(const TensorMap* map, int c0, int c1, int c2, int c3) {
-  (void)c1; (void)c2; (void)c3;
-  if (c0 % 8 != 0) emu_fail("tma prefetch: box start column not 16-byte aligned");
-  if (map->w[0] == 0) emu_fail("tma prefetch: a map without a tensor");
-}
-template <int ROWS, int ATOMS>
-inline void tma_prefetch_rows(const TensorMap* map, int row0, int head, int batch) {
-  if ((int)map->w[8] != ROWS) emu_fail("tma prefetch: the map's box rows differ from the tile's");
-  for (int a = 0; a < ATOMS; ++a) tma_prefetch_4d(map, a * 64, row0, head, batch);
-}
 template <int ROWS, int ATOMS>
 inline void tma_rows(u32 dst, const TensorMap* map, u32 bar, int row0, int head, int batch, int col0 = 0) {
   if ((int)map->w[8] != ROWS) emu_fail("tma: the map's box rows differ from the tile's");
