@@ -28,7 +28,9 @@
 # ";", each added to COMMON), COMMON (default "--pass bwd --batch 4
 # --seqlen-q 4096 --budget 300ms"), ROUNDS (2), LIMIT (seconds a run, 120),
 # OUT (default .ab-out). Each run's raw line (case, build, round, median ms,
-# TFLOP/s, the kernel variant it ran, flags) goes to $OUT/times.txt.
+# TFLOP/s, the kernel variant it ran, flags) goes to $OUT/times.txt. Stopped
+# by a TERM (a timeout around the script), it summarizes the runs done and
+# says so in $OUT/stopped.txt.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/.ab-out}
@@ -47,12 +49,17 @@ mkdir -p "$FLASHATTN_CACHE_DIR"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/env.txt"
 date -u | tee -a "$OUT/env.txt"
 
+# A TERM (from a timeout around the script, which signals the run under way
+# too) stops the runs, and the summary of those done still follows.
+stopped=
+trap 'stopped=1' TERM
 IFS=';' read -ra cases <<<"$CASES"
 for i in "${!cases[@]}"; do
 	c=$(echo "${cases[$i]}" | xargs)
 	[ -z "$c" ] && continue
 	for r in $(seq "$ROUNDS"); do
 		for build in $BUILDS; do
+			[ -n "$stopped" ] && break 3
 			label=${build%%=*} bin=${build#*=}
 			envvar=ENV_${label//[^A-Za-z0-9_]/_}
 			# shellcheck disable=SC2086 # the flag sets and the settings are word lists
@@ -63,6 +70,7 @@ for i in "${!cases[@]}"; do
 	done
 done
 
+[ -n "$stopped" ] && echo "stopped by TERM: the summary covers the runs done" | tee "$OUT/stopped.txt"
 python3 - "$TIMES" "$BUILDS" <<'EOF' | tee "$OUT/summary.txt"
 import collections, sys
 labels = [b.split("=", 1)[0] for b in sys.argv[2].split()]
