@@ -73,28 +73,36 @@ type emuOut struct {
 	dt    attn.DType
 	addr  uint64 // the first guard byte
 	n     int
+	shift int // bytes of poison between the leading guard band and the first element
 }
 
 // output reserves a guarded output of the given shape and type.
 func (e *emuArena) output(shape []int, dt attn.DType) emuOut {
+	return e.outputShifted(shape, dt, 0)
+}
+
+// outputShifted is output with the first element shift bytes past the
+// leading guard band (an odd element offset for 16-bit types at shift 2).
+func (e *emuArena) outputShifted(shape []int, dt attn.DType, shift int) emuOut {
 	n := attn.NumElements(shape) * dt.Size()
-	return emuOut{shape, dt, e.poisoned(n + 2*bwdGuard), n}
+	return emuOut{shape, dt, e.poisoned(n + 2*bwdGuard + shift), n, shift}
 }
 
 // ptr is the device address of the output's first element.
-func (o emuOut) ptr() uint64 { return o.addr + bwdGuard }
+func (o emuOut) ptr() uint64 { return o.addr + uint64(bwdGuard+o.shift) }
 
 // read returns output i after a run, failing t when a guard band was
 // overwritten.
 func (e *emuArena) read(t *testing.T, i int, o emuOut) attn.Tensor {
 	t.Helper()
-	host := e.at(o.addr, o.n+2*bwdGuard)
-	for _, gb := range [][]byte{host[:bwdGuard], host[bwdGuard+o.n:]} {
-		if !bytes.Equal(gb, bytes.Repeat([]byte{bwdPoison}, bwdGuard)) {
+	lead := bwdGuard + o.shift
+	host := e.at(o.addr, o.n+2*bwdGuard+o.shift)
+	for _, gb := range [][]byte{host[:lead], host[lead+o.n:]} {
+		if !bytes.Equal(gb, bytes.Repeat([]byte{bwdPoison}, len(gb))) {
 			t.Fatalf("output %d: guard band overwritten", i)
 		}
 	}
-	return tensorFromBytes(o.dt, host[bwdGuard:bwdGuard+o.n], o.shape)
+	return tensorFromBytes(o.dt, host[lead:lead+o.n], o.shape)
 }
 
 // emuLaunch is one kernel launch of an emulated call.

@@ -55,6 +55,14 @@ func fwdEmuRunOn(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKe
 // tuning tables), as Backend.Tiles chooses it.
 func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKernels, tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error)) (attn.Result, kernels.Variant) {
 	t.Helper()
+	return fwdEmuRunShifted(t, q, k, v, opt, kind, tiles, 0)
+}
+
+// fwdEmuRunShifted is fwdEmuRunTiles with O's first element oShift bytes
+// past where the arena would put it (2: rows of 16-bit elements that allow
+// no paired stores).
+func fwdEmuRunShifted(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind emuKernels, tiles func(dt attn.DType, dk, dv int, narrow bool) (kernels.Tile, error), oShift int) (attn.Result, kernels.Variant) {
+	t.Helper()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +83,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		cuq = ar.put(int32Bytes(opt.CuSeqlensQ))
 		cuk = ar.put(int32Bytes(opt.CuSeqlensK))
 	}
-	outs := []emuOut{ar.output(p.OutputShape(), dt), ar.output(p.LSEShape(), attn.Float32)}
+	outs := []emuOut{ar.outputShifted(p.OutputShape(), dt, oShift), ar.output(p.LSEShape(), attn.Float32)}
 	do := DeviceTensor{DType: dt, Shape: outs[0].shape, Strides: attn.ContiguousStrides(outs[0].shape), base: outs[0].ptr()}
 	dl := DeviceTensor{DType: attn.Float32, Shape: outs[1].shape, Strides: attn.ContiguousStrides(outs[1].shape), base: outs[1].ptr()}
 	var part *fwdStaging
@@ -111,7 +119,7 @@ func fwdEmuRunTiles(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind em
 		l.v.Persistent != (emuPipeline(kind).Persistent && ws && !l.v.Flat && !p.Varlen)) {
 		t.Fatalf("plan %s: not the kernels asked for (%d)", l.v.Name(), kind)
 	}
-	if want := emuPipeline(kind).StoreO && !l.v.Flat && !p.Varlen && p.DV%8 == 0; want && kind != emuDefault {
+	if want := emuPipeline(kind).StoreO && !l.v.Flat && !p.Varlen && p.DV%8 == 0 && oShift%16 == 0; want && kind != emuDefault {
 		w := l.v
 		w.StoreO = true
 		if want = w.Validate() == nil; l.v.StoreO != want {
@@ -283,6 +291,36 @@ func TestForwardEmulatedHopper(t *testing.T) {
 				t.Logf("%s", vr.Name())
 				if vr.Flat != flat || vr.FlatStaged != staged {
 					t.Fatalf("plan %s: Flat = %v, FlatStaged = %v, want %v, %v", vr.Name(), vr.Flat, vr.FlatStaged, flat, staged)
+				}
+				fwdCheck(t, pr.dt, q, k, v, opt, res)
+			})
+		}
+	}
+}
+
+// TestForwardEmulatedUnalignedO runs persistent forwards into an O that
+// starts one 16-bit element past a 4-byte boundary (its rows allow no
+// paired stores, nor a tensor map), two CTAs through several tiles each
+// (FLASHATTN_FWD_EMU=1; needs g++): O leaves from registers element by
+// element, since the producer is loading the next tile's tiles into the
+// shared memory an O staged there would take.
+func TestForwardEmulatedUnalignedO(t *testing.T) {
+	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
+	cases := []fwdProblem{
+		{name: "bf16-d128", dt: attn.BFloat16, b: 1, n: 512, m: 200, h: 2, hkv: 2, dk: 128, dv: 128},
+		{name: "fp16-d256-gqa", dt: attn.Float16, b: 1, n: 512, m: 170, h: 2, hkv: 1, dk: 256, dv: 256},
+		{name: "bf16-d128-causal", dt: attn.BFloat16, b: 2, n: 300, m: 300, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
+		{name: "bf16-d128-window", dt: attn.BFloat16, b: 1, n: 400, m: 400, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Window: &attn.Window{Left: 60, Right: 10}}},
+	}
+	for _, kind := range []emuKernels{emuHopperPT, emuHopperCT} {
+		for i, pr := range cases {
+			name := map[emuKernels]string{emuHopperPT: "persistent", emuHopperCT: "carry-turns"}[kind] + "/" + pr.name
+			t.Run(name, func(t *testing.T) {
+				q, k, v, opt := pr.inputs(uint64(900 + i))
+				res, vr := fwdEmuRunShifted(t, q, k, v, opt, kind, nil, 2)
+				t.Logf("%s", vr.Name())
+				if !vr.Persistent || vr.StoreO {
+					t.Fatalf("plan %s: want persistent CTAs storing O from registers", vr.Name())
 				}
 				fwdCheck(t, pr.dt, q, k, v, opt, res)
 			})

@@ -238,6 +238,14 @@ func fwdDeviceRun(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Option
 // staging workspace of PrepareForward's size passed to ForwardDevice.
 func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options, staging bool) attn.Result {
 	t.Helper()
+	return fwdDeviceRunShifted(t, b, q, k, v, opt, staging, 0)
+}
+
+// fwdDeviceRunShifted is fwdDeviceRunStaging with O's first element oShift
+// elements further into its buffer (odd: rows of 16-bit elements that allow
+// no paired stores, nor a tensor map).
+func fwdDeviceRunShifted(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn.Options, staging bool, oShift int64) attn.Result {
+	t.Helper()
 	p, err := attn.NewProblem(q, k, v, opt)
 	if err != nil {
 		t.Fatalf("NewProblem: %v", err)
@@ -280,21 +288,21 @@ func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn
 		}
 	}
 	const guard = 4096 // elements on each side
-	guarded := func(dt attn.DType, shape []int) (DeviceTensor, int64) {
+	guarded := func(dt attn.DType, shape []int, shift int64) (DeviceTensor, int64) {
 		n := int64(attn.NumElements(shape))
-		buf, err := b.dev.Alloc((n + 2*guard) * int64(dt.Size()))
+		buf, err := b.dev.Alloc((n + 2*guard + shift) * int64(dt.Size()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := b.dev.Memset8(buf, 0xff); err != nil { // NaN in every dtype
 			t.Fatal(err)
 		}
-		d := DeviceTensor{Buf: buf, Offset: guard, DType: dt, Shape: shape, Strides: attn.ContiguousStrides(shape)}
+		d := DeviceTensor{Buf: buf, Offset: guard + shift, DType: dt, Shape: shape, Strides: attn.ContiguousStrides(shape)}
 		free = append(free, d)
 		return d, n
 	}
-	do, no := guarded(q.DType, p.OutputShape())
-	dl, nl := guarded(attn.Float32, p.LSEShape())
+	do, no := guarded(q.DType, p.OutputShape(), oShift)
+	dl, nl := guarded(attn.Float32, p.LSEShape(), 0)
 	if staging {
 		need, err := b.PrepareForward(dq, dk, dv, do, dl, dopt)
 		if err != nil {
@@ -303,7 +311,7 @@ func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn
 		if need == 0 {
 			t.Fatalf("PrepareForward: no staging for a problem that needs it")
 		}
-		ws, _ := guarded(attn.Float32, []int{int(need / 4)})
+		ws, _ := guarded(attn.Float32, []int{int(need / 4)}, 0)
 		dopt.Staging = ws.Buf
 		vr, err := b.Variant(dq, dk, dv, do, dl, dopt)
 		if err != nil || vr.LoadBytes != 16 {
@@ -324,21 +332,21 @@ func fwdDeviceRunStaging(t *testing.T, b *Backend, q, k, v attn.Tensor, opt attn
 		h    attn.Tensor
 	}{{"O", do, no, res.O}, {"LSE", dl, nl, res.LSE}} {
 		esz := int64(x.d.DType.Size())
-		all := make([]byte, (x.n+2*guard)*esz)
+		all := make([]byte, (x.n+guard+x.d.Offset)*esz)
 		if err := b.dev.CopyFromDevice(all, x.d.Buf, 0); err != nil {
 			t.Fatal(err)
 		}
-		for i, c := range all[:guard*esz] {
+		for i, c := range all[:x.d.Offset*esz] {
 			if c != 0xff {
 				t.Fatalf("%s: guard byte %d before the tensor changed to %#x", x.name, i, c)
 			}
 		}
-		for i, c := range all[(guard+x.n)*esz:] {
+		for i, c := range all[(x.d.Offset+x.n)*esz:] {
 			if c != 0xff {
 				t.Fatalf("%s: guard byte %d after the tensor changed to %#x", x.name, i, c)
 			}
 		}
-		body := all[guard*esz : (guard+x.n)*esz]
+		body := all[x.d.Offset*esz : (x.d.Offset+x.n)*esz]
 		if x.h.DType == attn.Float32 {
 			copy(cuda.AsBytes(x.h.F32), body)
 		} else {
@@ -380,6 +388,27 @@ func TestPoisonGuards(t *testing.T) {
 		t.Run(pr.name, func(t *testing.T) {
 			q, k, v, opt := pr.inputs(uint64(100 + i))
 			res := fwdDeviceRun(t, b, q, k, v, opt)
+			fwdCheck(t, pr.dt, q, k, v, opt, res)
+		})
+	}
+}
+
+// TestForwardUnalignedOutput runs the device API into an O that starts one
+// element past a 4-byte boundary (rows that allow no paired stores, nor a
+// tensor map) at shapes whose persistent CTAs take several tiles each: O
+// leaves each tile from registers while the next tile's loads land.
+func TestForwardUnalignedOutput(t *testing.T) {
+	b := fwdBackend(t)
+	cases := []fwdProblem{
+		{name: "bf16-d128-n512", dt: attn.BFloat16, b: 8, n: 512, m: 512, h: 16, hkv: 16, dk: 128, dv: 128},
+		{name: "bf16-d256-n512", dt: attn.BFloat16, b: 8, n: 512, m: 512, h: 8, hkv: 8, dk: 256, dv: 256},
+		{name: "fp16-d128-n1024-causal-gqa", dt: attn.Float16, b: 4, n: 1024, m: 1024, h: 8, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
+		{name: "bf16-d64-n2048", dt: attn.BFloat16, b: 2, n: 2048, m: 2048, h: 8, hkv: 8, dk: 64, dv: 64},
+	}
+	for i, pr := range cases {
+		t.Run(pr.name, func(t *testing.T) {
+			q, k, v, opt := pr.inputs(uint64(200 + i))
+			res := fwdDeviceRunShifted(t, b, q, k, v, opt, false, 1)
 			fwdCheck(t, pr.dt, q, k, v, opt, res)
 		})
 	}

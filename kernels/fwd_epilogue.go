@@ -80,7 +80,9 @@ func (x *gen) epilogue() {
 		x.epilogueTMAStore(dscale)
 		return
 	}
-	viaShared := v.WGMMA && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024
+	// a persistent CTA's producer loads the next tile's Q, K and V into the tiles while this one's
+	// epilogue runs: its O goes out from registers, element by element where rows allow no pairs
+	viaShared := v.WGMMA && !v.Persistent && v.BlockM*(x.g.dvp+8)*2 <= x.g.smem-1024
 	if viaShared {
 		x.epilogueViaShared(dscale)
 		if v.Flat {
@@ -142,7 +144,8 @@ func lseStore(mt string) string {
 // that allow no paired stores (p.o_vec2 = 0: an odd head dim or stride):
 // the fragments' element stores would write each 8-column block of eight
 // rows as scattered 2-byte pieces, so O goes through shared memory (the
-// tiles' space, free after the loop) and each warp writes whole rows with
+// tiles' space, free after the loop; not in a persistent kernel, whose
+// producer fills it with the next tile's tiles by then) and each warp writes whole rows with
 // 4-byte stores, a 2-byte store at either end where the row's alignment
 // needs one (over flat rows always). The caller checks that the staged
 // tile fits the kernel's shared memory, and writes the other stores as the
