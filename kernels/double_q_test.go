@@ -80,3 +80,53 @@ func TestDoubleQRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseQAfterLastS checks where a persistent tile releases its Q
+// buffer: each compute thread arrives on the buffer's empty barrier right
+// after the wait for the tile's last S (the first block's S when the tile
+// has one key block, else the S waited for in the loop's last-but-one
+// block), so that the producer loads the next tile's Q during the last
+// P·V and the epilogue; no arrival remains after the loop but the one of a
+// tile with no key.
+func TestReleaseQAfterLastS(t *testing.T) {
+	one := doubleQBase()
+	one.DoubleQ, one.StoreO, one.DK, one.DV, one.BlockN = false, false, 256, 256, 80
+	causal := doubleQBase()
+	causal.Mask = MaskWindow
+	for _, c := range []struct {
+		name  string
+		v     Variant
+		empty string
+	}{
+		{"two Q buffers", doubleQBase(), "emptyQ + QEMPTY_STEP * (q_it & 1)"},
+		{"one Q buffer, D = 256", one, "emptyQ"},
+		{"two Q buffers, causal", causal, "emptyQ + QEMPTY_STEP * (q_it & 1)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := c.v.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			src, err := c.v.Source()
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := "if (nb_hi - 1 == nb_lo) mbar_arrive(" + c.empty + ");"
+			loop := "if (nb - 1 == nb_lo) mbar_arrive(" + c.empty + ");"
+			for _, want := range []string{first, loop} {
+				if strings.Count(src, want) != 1 {
+					t.Errorf("source has %d of %q, want 1", strings.Count(src, want), want)
+				}
+			}
+			if i, j, k := strings.Index(src, "fence_acc(s[0]);"), strings.Index(src, first), strings.Index(src, "// ---- main loop"); i < 0 || j < i || j > k {
+				t.Errorf("the first block's release (at %d) is not between its S's wait (at %d) and the loop (at %d)", j, i, k)
+			}
+			if i, j := strings.Index(src, "wgmma_wait<1>();  // S of the next block is done"), strings.Index(src, loop); i < 0 || j < i {
+				t.Errorf("the loop's release (at %d) does not follow the next block's S's wait (at %d)", j, i)
+			}
+			epi := strings.Index(src, "// ---- epilogue")
+			if tail := src[strings.Index(src, "// ---- main loop over key blocks"):epi]; strings.Contains(tail, "tile_done()") {
+				t.Errorf("a tile with keys still calls tile_done before its epilogue")
+			}
+		})
+	}
+}

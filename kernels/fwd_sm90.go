@@ -434,6 +434,7 @@ func (x *gen) hopperTile(first string) {
     fence_acc(s[0]);
 `)
 	x.wsRelease("    ", "K", buf0)
+	x.releaseQ("    ", "nb_hi - 1 == nb_lo")
 	x.blockSoftmax("    ")
 	if split {
 		x.storePSwizzled("    ", "0")
@@ -475,6 +476,7 @@ func (x *gen) hopperTile(first string) {
       fence_acc(s[0]);
 `)
 	x.wsRelease("      ", "K", "buf ^ 1")
+	x.releaseQ("      ", "nb - 1 == nb_lo")
 	x.raw("      const int n0 = (nb - 1) * BN;  // first key of the next block\n")
 	x.blockSoftmax("      ")
 	if split {

@@ -511,10 +511,10 @@ func (x *gen) wsPersistentPrologue() {
 		x.raw("  // ---- compute warpgroup (it starts with the largest budget already: no setmaxnreg)\n")
 	}
 	x.raw(`  int kv0 = 0, q_it = 0;  // K/V tiles consumed so far, tiles taken so far (as the producer counts them)
-  // a tile's end: this thread is done with Q and the tile's index, which it read itself: it arrives on
-  // its own (one arrival a warp after __syncwarp would order the other lanes' reads before the
-  // producer's next write only through the warp barrier, an order compute-sanitizer's racecheck
-  // does not follow)
+  // the end of a tile with no key (a tile with keys releases Q after its last S): this thread is done
+  // with Q and the tile's index, which it read itself: it arrives on its own (one arrival a warp after
+  // __syncwarp would order the other lanes' reads before the producer's next write only through the
+  // warp barrier, an order compute-sanitizer's racecheck does not follow)
   auto tile_done = [&] {
     mbar_arrive(` + x.qBuffer().empty + `);
     ++q_it;
@@ -571,10 +571,22 @@ func (x *gen) wsPersistentWaits() {
 	x.raw("  mbar_wait(barK + 8 * (kv0 & 1), (kv0 >> 1) & 1);  // K of its first block\n")
 }
 
-// wsTileDone writes the end of a persistent tile's main loop: Q released
-// (every S of the tile is done), the counters moved on.
+// releaseQ writes, in a persistent kernel, the release of the tile's Q
+// buffer (and index) once its last S is done (last: the condition that the
+// S just waited for was the tile's last): each compute thread arrives on
+// the buffer's empty barrier, so the producer loads the next tile's Q while
+// this one's last P·V and epilogue run.
+func (x *gen) releaseQ(indent, last string) {
+	if !x.v.Persistent {
+		return
+	}
+	x.raw(fmt.Sprintf("%sif (%s) mbar_arrive(%s);  // the tile's last S is done: Q's buffer may take the next tile's\n", indent, last, x.qBuffer().empty))
+}
+
+// wsTileDone writes the end of a persistent tile's main loop: the counters
+// moved on (Q was released after the tile's last S, releaseQ).
 func (x *gen) wsTileDone() {
 	x.raw(`  kv0 += nb_hi - nb_lo;
-  tile_done();
+  ++q_it;
 `)
 }
