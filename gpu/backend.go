@@ -250,16 +250,29 @@ func Open() (*Backend, error) {
 // DBiasTiles, DBiasStore, DBiasReduce, FwdLightTail, BwdLightTail and
 // HostRegister.
 func New(dev *cuda.Device) (*Backend, error) {
+	b, err := envKnobs(hopperCapable(dev))
+	if err != nil {
+		return nil, err
+	}
 	s, err := dev.NewStream()
 	if err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
-	hopper := hopperCapable(dev)
+	b.dev, b.stream, b.pool, b.copier = dev, s, newMemPool(dev), hostCopier{dev: dev}
+	b.pbuf = make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()) // the largest argument
+	b.sem = make(chan struct{}, max(1, min(16, runtime.NumCPU()-1)))
+	if err := b.nf.init(dev); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("gpu: non-finite flags: %w", err)
+	}
+	return b, nil
+}
+
+// envKnobs returns a backend with no device whose knobs are those New
+// sets, from the environment of the moment, for a device that is (hopper)
+// or is not Hopper-capable.
+func envKnobs(hopper bool) (*Backend, error) {
 	b := &Backend{
-		dev:        dev,
-		stream:     s,
-		pool:       newMemPool(dev),
-		copier:     hostCopier{dev: dev},
 		Speculate:  true,
 		WGMMA:      hopper,
 		BulkDQ:     hopper && envSet(os.Getenv(EnvBulkDQ)),
@@ -284,43 +297,27 @@ func New(dev *cuda.Device) (*Backend, error) {
 		HostRegister:       envSet(os.Getenv(EnvHostRegister)),
 		BwdDeep:            hopper && envBwdDeep(),
 		TMA:                hopper && !envSet(os.Getenv(EnvNoTMA)),
-
-		pbuf: make([]byte, kernels.Variant{Flat: true, FlatStaged: true}.TMAParamsSize()), // the largest argument
-		sem:  make(chan struct{}, max(1, min(16, runtime.NumCPU()-1))),
 	}
 	b.readDBiasEnv()
+	var err error
 	if b.BwdQueryStep, err = parseQueryStep(os.Getenv(EnvBwdQueryStep)); err != nil {
-		s.Close()
 		return nil, fmt.Errorf("gpu: %s: %w", EnvBwdQueryStep, err)
 	}
-	dq, err := ParseDQAlgorithm(os.Getenv(EnvDQ))
-	if err != nil {
-		s.Close()
+	if b.DQ, err = ParseDQAlgorithm(os.Getenv(EnvDQ)); err != nil {
 		return nil, fmt.Errorf("gpu: %s: %w", EnvDQ, err)
 	}
-	b.DQ = dq
 	if hopper {
 		named := os.Getenv(EnvPipeline)
-		pl, err := parsePipeline(named)
-		if err != nil {
-			s.Close()
+		if b.Pipeline, err = parsePipeline(named); err != nil {
 			return nil, fmt.Errorf("gpu: %s: %w", EnvPipeline, err)
 		}
-		b.Pipeline = pl
 		if named == "" {
 			short := DefaultShortPipeline
 			b.ShortPipeline, b.EarlyDropoutAuto = &short, true
 		}
-		bp, err := parseBwdPipeline(os.Getenv(EnvBwdPipeline))
-		if err != nil {
-			s.Close()
+		if b.BwdPipeline, err = parseBwdPipeline(os.Getenv(EnvBwdPipeline)); err != nil {
 			return nil, fmt.Errorf("gpu: %s: %w", EnvBwdPipeline, err)
 		}
-		b.BwdPipeline = bp
-	}
-	if err := b.nf.init(dev); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("gpu: non-finite flags: %w", err)
 	}
 	return b, nil
 }

@@ -339,7 +339,7 @@ const (
 	emuHopperPDPT                                  // ... on the short pipeline (persistent, O by tensor maps)
 	emuHopperQ2                                    // the short pipeline (persistent, O by tensor maps) with two Q buffers
 	emuHopperCT                                    // ... and ping-pong's turns carried across tiles
-	emuDefault                                     // whatever the planner picks for a new backend (its pipelines and bulk dQ from the environment, as New reads them; no check of the plan)
+	emuDefault                                     // whatever the planner picks for a new backend (the forward pipeline its knobs choose for the call, the backward pipeline and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
 // emuDefaultKnobs returns the forward and backward pipelines and the bulk

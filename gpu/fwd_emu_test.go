@@ -97,7 +97,17 @@ func fwdEmuRunShifted(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind 
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: emuPipeline(kind), sms: 2, part: part, tiles: tiles,
+	pipeline := emuPipeline(kind)
+	if kind == emuDefault {
+		// the pipeline a new backend asks for this call: the short pipeline's parts, the lazy
+		// rescale, two Q buffers, the carried turns, as New sets them
+		kb, err := envKnobs(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pipeline = kb.forwardPipeline(p, bias != nil)
+	}
+	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: pipeline, sms: 2, part: part, tiles: tiles,
 		lightTail: envSet(os.Getenv(EnvFwdLightTail))}
 	emuBiasKnobs(kind).setBiasStaging(&req)
 	l, err := plan(req)
@@ -298,9 +308,10 @@ func TestForwardEmulatedHopper(t *testing.T) {
 	}
 }
 
-// TestForwardEmulatedUnalignedO runs persistent forwards into an O that
-// starts one 16-bit element past a 4-byte boundary (its rows allow no
-// paired stores, nor a tensor map), two CTAs through several tiles each
+// TestForwardEmulatedUnalignedO runs persistent forwards (among them the
+// default's: these calls take the short pipeline) into an O that starts one
+// 16-bit element past a 4-byte boundary (its rows allow no paired stores,
+// nor a tensor map), two CTAs through several tiles each
 // (FLASHATTN_FWD_EMU=1; needs g++): O leaves from registers element by
 // element, since the producer is loading the next tile's tiles into the
 // shared memory an O staged there would take.
@@ -312,9 +323,9 @@ func TestForwardEmulatedUnalignedO(t *testing.T) {
 		{name: "bf16-d128-causal", dt: attn.BFloat16, b: 2, n: 300, m: 300, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Causal: true}},
 		{name: "bf16-d128-window", dt: attn.BFloat16, b: 1, n: 400, m: 400, h: 2, hkv: 2, dk: 128, dv: 128, opt: attn.Options{Window: &attn.Window{Left: 60, Right: 10}}},
 	}
-	for _, kind := range []emuKernels{emuHopperPT, emuHopperCT} {
+	for _, kind := range []emuKernels{emuHopperPT, emuHopperCT, emuDefault} {
 		for i, pr := range cases {
-			name := map[emuKernels]string{emuHopperPT: "persistent", emuHopperCT: "carry-turns"}[kind] + "/" + pr.name
+			name := map[emuKernels]string{emuHopperPT: "persistent", emuHopperCT: "carry-turns", emuDefault: "default"}[kind] + "/" + pr.name
 			t.Run(name, func(t *testing.T) {
 				q, k, v, opt := pr.inputs(uint64(900 + i))
 				res, vr := fwdEmuRunShifted(t, q, k, v, opt, kind, nil, 2)
