@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -429,6 +430,51 @@ func emuCheckCase(t *testing.T, c bwdCase, dt attn.DType, seed uint64, kind emuK
 		})
 	}
 	return ran
+}
+
+// TestBackwardEmulatedDefaultRandom draws backward calls in the layouts
+// the Hopper kernels read by tensor maps (16-bit, contiguous, head dims a
+// multiple of 8, DK ≠ DV among them) with masks, softcap, dropout, GQA and
+// rows with no key, and runs each with both dQ algorithms through the plan
+// a new backend makes, against the float64 reference
+// (FLASHATTN_BWD_EMU=1; needs g++; 4 calls, 16 with
+// FLASHATTN_EMU_RANDOM=all).
+func TestBackwardEmulatedDefaultRandom(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	count := 4
+	if os.Getenv("FLASHATTN_EMU_RANDOM") == "all" {
+		count = 16
+	}
+	r := rand.New(rand.NewPCG(2026, 13))
+	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
+	for i := range count {
+		dt := []attn.DType{attn.BFloat16, attn.Float16}[r.IntN(2)]
+		c := bwdCase{b: pick(1, 2), hkv: pick(1, 2), dk: pick(64, 128, 96, 40, 256), dtypes: []attn.DType{dt}}
+		c.h = c.hkv * pick(1, 2)
+		c.dv = c.dk
+		if r.IntN(4) == 0 {
+			c.dv = pick(64, 128, 72)
+		}
+		c.n, c.m = 1+r.IntN(300), 1+r.IntN(300)
+		switch r.IntN(4) {
+		case 0:
+			c.causal = true
+		case 1:
+			c.window = &attn.Window{Left: r.IntN(120), Right: r.IntN(30)}
+		}
+		if r.IntN(2) == 0 {
+			c.align = attn.AlignTopLeft
+		}
+		if r.IntN(4) == 0 {
+			c.softcap = float64(pick(5, 30))
+		}
+		if r.IntN(4) == 0 {
+			c.dropout = 0.25
+		}
+		c.name = fmt.Sprintf("%02d-b%d-n%d-m%d-h%d/%d-dk%d-dv%d-causal%v-win%v-cap%v-drop%v", i, c.b, c.n, c.m, c.h, c.hkv, c.dk, c.dv,
+			c.causal, c.window != nil, c.softcap, c.dropout)
+		emuCheckCase(t, c, dt, uint64(2000+i), emuDefault)
+	}
 }
 
 // TestBackwardEmulatedCross runs the cross product of bwdCrossCases — DK ≠
