@@ -446,33 +446,11 @@ func TestBackwardEmulatedDefaultRandom(t *testing.T) {
 		count = 16
 	}
 	r := rand.New(rand.NewPCG(2026, 13))
-	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
 	for i := range count {
-		dt := []attn.DType{attn.BFloat16, attn.Float16}[r.IntN(2)]
-		c := bwdCase{b: pick(1, 2), hkv: pick(1, 2), dk: pick(64, 128, 96, 40, 256), dtypes: []attn.DType{dt}}
-		c.h = c.hkv * pick(1, 2)
-		c.dv = c.dk
-		if r.IntN(4) == 0 {
-			c.dv = pick(64, 128, 72)
-		}
-		c.n, c.m = 1+r.IntN(300), 1+r.IntN(300)
-		switch r.IntN(4) {
-		case 0:
-			c.causal = true
-		case 1:
-			c.window = &attn.Window{Left: r.IntN(120), Right: r.IntN(30)}
-		}
-		if r.IntN(2) == 0 {
-			c.align = attn.AlignTopLeft
-		}
-		if r.IntN(4) == 0 {
-			c.softcap = float64(pick(5, 30))
-		}
-		if r.IntN(4) == 0 {
-			c.dropout = 0.25
-		}
-		c.name = fmt.Sprintf("%02d-b%d-n%d-m%d-h%d/%d-dk%d-dv%d-causal%v-win%v-cap%v-drop%v", i, c.b, c.n, c.m, c.h, c.hkv, c.dk, c.dv,
-			c.causal, c.window != nil, c.softcap, c.dropout)
+		d := drawEmuCall(r, 300)
+		c := bwdCase{name: fmt.Sprintf("%02d-%v", i, d), b: d.b, n: d.n, m: d.m, h: d.h, hkv: d.hkv, dk: d.dk, dv: d.dv, causal: d.opt.Causal, align: d.opt.Align,
+			window: d.opt.Window, softcap: d.opt.Softcap, dropout: d.opt.Dropout, dtypes: []attn.DType{d.dt}}
+		dt := d.dt
 		emuCheckCase(t, c, dt, uint64(2000+i), emuDefault)
 	}
 }

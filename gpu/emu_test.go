@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -444,4 +445,54 @@ func hopperEmuBlock(ps []kernels.WGMMAProduct, tma, ws bool) string {
 			p.Name, p.N/8, p.N, p.TA, p.TB)
 	}
 	return b.String()
+}
+
+// emuRandomCall is a call drawn by drawEmuCall.
+type emuRandomCall struct {
+	dt              attn.DType
+	b, n, m, h, hkv int
+	dk, dv          int
+	opt             attn.Options // Causal, Window, Align, Softcap, Dropout (Seed left 0)
+}
+
+// drawEmuCall draws a call in the layouts the Hopper kernels read by tensor
+// maps (bf16 or fp16, head dims a multiple of 8, DK ≠ DV in a quarter of
+// the calls, up to maxLen queries and keys, GQA) with a mask in half of
+// them (causal, or a window; either alignment), softcap and dropout each
+// in a quarter.
+func drawEmuCall(r *rand.Rand, maxLen int) emuRandomCall {
+	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
+	c := emuRandomCall{dt: []attn.DType{attn.BFloat16, attn.Float16}[r.IntN(2)], b: pick(1, 2), hkv: pick(1, 2)}
+	c.h = c.hkv * pick(1, 2, 3)
+	c.dk = pick(64, 128, 256, 96, 40)
+	c.dv = c.dk
+	if r.IntN(4) == 0 {
+		c.dv = pick(64, 128, 72)
+	}
+	c.n, c.m = 1+r.IntN(maxLen), 1+r.IntN(maxLen)
+	if r.IntN(3) == 0 {
+		c.m = c.n
+	}
+	switch r.IntN(4) {
+	case 0:
+		c.opt.Causal = true
+	case 1:
+		c.opt.Window = &attn.Window{Left: r.IntN(maxLen / 3), Right: r.IntN(maxLen / 15)}
+	}
+	if r.IntN(2) == 0 {
+		c.opt.Align = attn.AlignTopLeft
+	}
+	if r.IntN(4) == 0 {
+		c.opt.Softcap = float64(pick(5, 30))
+	}
+	if r.IntN(4) == 0 {
+		c.opt.Dropout = 0.25
+	}
+	return c
+}
+
+// String names the call for a subtest.
+func (c emuRandomCall) String() string {
+	return fmt.Sprintf("%s-b%d-n%d-m%d-h%d/%d-dk%d-dv%d-causal%v-win%v-cap%v-drop%v", c.dt, c.b, c.n, c.m, c.h, c.hkv, c.dk, c.dv,
+		c.opt.Causal, c.opt.Window != nil, c.opt.Softcap, c.opt.Dropout)
 }

@@ -355,36 +355,10 @@ func TestForwardEmulatedDefaultRandom(t *testing.T) {
 		count = 40
 	}
 	r := rand.New(rand.NewPCG(2026, 12))
-	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
 	for i := range count {
-		pr := fwdProblem{dt: []attn.DType{attn.BFloat16, attn.Float16}[r.IntN(2)], b: pick(1, 2), hkv: pick(1, 2)}
-		pr.h = pr.hkv * pick(1, 2, 3)
-		pr.dk = pick(64, 128, 256, 96, 40)
-		pr.dv = pr.dk
-		if r.IntN(4) == 0 {
-			pr.dv = pick(64, 128, 72)
-		}
-		pr.n, pr.m = 1+r.IntN(600), 1+r.IntN(600)
-		if r.IntN(3) == 0 {
-			pr.m = pr.n
-		}
-		switch r.IntN(4) {
-		case 0:
-			pr.opt.Causal = true
-		case 1:
-			pr.opt.Window = &attn.Window{Left: r.IntN(200), Right: r.IntN(40)}
-		}
-		if r.IntN(2) == 0 {
-			pr.opt.Align = attn.AlignTopLeft
-		}
-		if r.IntN(4) == 0 {
-			pr.opt.Softcap = float64(pick(5, 30))
-		}
-		if r.IntN(4) == 0 {
-			pr.opt.Dropout, pr.opt.Seed = 0.25, uint64(r.IntN(1000))
-		}
-		pr.name = fmt.Sprintf("%02d-%s-b%d-n%d-m%d-h%d/%d-dk%d-dv%d-causal%v-win%v-cap%v-drop%v", i, pr.dt, pr.b, pr.n, pr.m, pr.h, pr.hkv, pr.dk, pr.dv,
-			pr.opt.Causal, pr.opt.Window != nil, pr.opt.Softcap, pr.opt.Dropout)
+		c := drawEmuCall(r, 600)
+		pr := fwdProblem{name: fmt.Sprintf("%02d-%v", i, c), dt: c.dt, b: c.b, n: c.n, m: c.m, h: c.h, hkv: c.hkv, dk: c.dk, dv: c.dv, opt: c.opt}
+		pr.opt.Seed = uint64(r.IntN(1000))
 		t.Run(pr.name, func(t *testing.T) {
 			q, k, v, opt := pr.inputs(uint64(1000 + i))
 			res, vr := fwdEmuRunOn(t, q, k, v, opt, emuDefault)
