@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -118,10 +117,8 @@ func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, k
 	deep := true // the emulator checks the Hopper kernels past 256 whether or not a backend allows them
 	keyRowsAuto := false
 	if kind == emuDefault {
-		_, bp, b := emuDefaultKnobs()
-		ws, bulk = bp.WarpSpecialized, b
-		keyRows, deep = envSet(os.Getenv(EnvBwdKeyRows)), envBwdDeep()
-		keyRowsAuto = os.Getenv(EnvBwdKeyRows) != "0"
+		kb := emuDefaultKnobs()
+		ws, bulk, keyRows, keyRowsAuto, deep = kb.BwdPipeline.WarpSpecialized, kb.BulkDQ, kb.BwdKeyRows, kb.BwdKeyRowsAuto, kb.BwdDeep
 	}
 	knobs := emuBiasKnobs(kind)
 	pl, err := planBackward(bwdRequest{p: in.p, dt: dt, a: a, algo: algo, sms: 4, hopper: hopper, tma: tma, bulkDQ: bulk, ws: ws, keyRows: keyRows,
@@ -441,17 +438,10 @@ func emuCheckCase(t *testing.T, c bwdCase, dt attn.DType, seed uint64, kind emuK
 // FLASHATTN_EMU_RANDOM=all).
 func TestBackwardEmulatedDefaultRandom(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
-	count := 4
-	if os.Getenv("FLASHATTN_EMU_RANDOM") == "all" {
-		count = 16
-	}
-	r := rand.New(rand.NewPCG(2026, 13))
-	for i := range count {
-		d := drawEmuCall(r, 300)
-		c := bwdCase{name: fmt.Sprintf("%02d-%v", i, d), b: d.b, n: d.n, m: d.m, h: d.h, hkv: d.hkv, dk: d.dk, dv: d.dv, causal: d.opt.Causal, align: d.opt.Align,
+	for i, d := range drawEmuCalls(13, 4, 16, 300) {
+		c := bwdCase{name: d.name(i), b: d.b, n: d.n, m: d.m, h: d.h, hkv: d.hkv, dk: d.dk, dv: d.dv, causal: d.opt.Causal, align: d.opt.Align,
 			window: d.opt.Window, softcap: d.opt.Softcap, dropout: d.opt.Dropout, dtypes: []attn.DType{d.dt}}
-		dt := d.dt
-		emuCheckCase(t, c, dt, uint64(2000+i), emuDefault)
+		emuCheckCase(t, c, d.dt, uint64(2000+i), emuDefault)
 	}
 }
 

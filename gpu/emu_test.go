@@ -343,30 +343,25 @@ const (
 	emuDefault                                     // whatever the planner picks for a new backend (the forward pipeline its knobs choose for the call, the backward pipeline and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
-// emuDefaultKnobs returns the forward and backward pipelines and the bulk
-// dQ a new backend takes from the environment (EnvPipeline,
-// EnvBwdPipeline, EnvBulkDQ): those of emuDefault.
-func emuDefaultKnobs() (fwd, bwd kernels.Pipeline, bulk bool) {
-	fwd, err := parsePipeline(os.Getenv(EnvPipeline))
+// emuDefaultKnobs returns the knobs of emuDefault: those New sets for a
+// Hopper device under the environment of the moment (envKnobs).
+func emuDefaultKnobs() *Backend {
+	b, err := envKnobs(true)
 	if err != nil {
 		panic(err)
 	}
-	if bwd, err = parseBwdPipeline(os.Getenv(EnvBwdPipeline)); err != nil {
-		panic(err)
-	}
-	return fwd, bwd, envSet(os.Getenv(EnvBulkDQ))
+	return b
 }
 
-// emuBiasKnobs returns the bias knobs of an emulated kind's plans: the
-// staging knobs New sets under the environment of the moment for the
-// default kind, those the environment asks for (EnvBiasStaged) for the
-// others; the dBias paths' knobs as New sets them (EnvDBiasAtomic,
-// EnvDBiasDirect).
+// emuBiasKnobs returns the bias knobs of an emulated kind's plans: for the
+// default kind New's (emuDefaultKnobs), for the others the staging the
+// environment asks for (EnvBiasStaged) and the dBias paths' knobs as New
+// sets them (EnvDBiasAtomic, EnvDBiasDirect).
 func emuBiasKnobs(kind emuKernels) *Backend {
-	b := &Backend{
-		BiasStaged:     envSet(os.Getenv(EnvBiasStaged)),
-		BiasStagedAuto: kind == emuDefault && os.Getenv(EnvBiasStaged) != "0",
+	if kind == emuDefault {
+		return emuDefaultKnobs()
 	}
+	b := &Backend{BiasStaged: envSet(os.Getenv(EnvBiasStaged))}
 	b.readDBiasEnv()
 	return b
 }
@@ -393,8 +388,7 @@ func emuBwdTMA(kind emuKernels) bool {
 func emuPipeline(kind emuKernels) kernels.Pipeline {
 	switch kind {
 	case emuDefault:
-		fwd, _, _ := emuDefaultKnobs()
-		return fwd
+		return emuDefaultKnobs().Pipeline
 	case emuHopperWS:
 		return kernels.Pipeline{WarpSpecialized: true}
 	case emuHopperPP:
@@ -447,52 +441,63 @@ func hopperEmuBlock(ps []kernels.WGMMAProduct, tma, ws bool) string {
 	return b.String()
 }
 
-// emuRandomCall is a call drawn by drawEmuCall.
+// emuRandomCall is a call drawn by drawEmuCalls.
 type emuRandomCall struct {
 	dt              attn.DType
 	b, n, m, h, hkv int
 	dk, dv          int
-	opt             attn.Options // Causal, Window, Align, Softcap, Dropout (Seed left 0)
+	opt             attn.Options // Causal, Window, Align, Softcap, Dropout, Seed
 }
 
-// drawEmuCall draws a call in the layouts the Hopper kernels read by tensor
+// drawEmuCalls draws short calls, all with FLASHATTN_EMU_RANDOM=all, from
+// the random stream seq, in the layouts the Hopper kernels read by tensor
 // maps (bf16 or fp16, head dims a multiple of 8, DK ≠ DV in a quarter of
 // the calls, up to maxLen queries and keys, GQA) with a mask in half of
 // them (causal, or a window; either alignment), softcap and dropout each
 // in a quarter.
-func drawEmuCall(r *rand.Rand, maxLen int) emuRandomCall {
+func drawEmuCalls(seq uint64, short, all, maxLen int) []emuRandomCall {
+	count := short
+	if os.Getenv("FLASHATTN_EMU_RANDOM") == "all" {
+		count = all
+	}
+	r := rand.New(rand.NewPCG(2026, seq))
 	pick := func(xs ...int) int { return xs[r.IntN(len(xs))] }
-	c := emuRandomCall{dt: []attn.DType{attn.BFloat16, attn.Float16}[r.IntN(2)], b: pick(1, 2), hkv: pick(1, 2)}
-	c.h = c.hkv * pick(1, 2, 3)
-	c.dk = pick(64, 128, 256, 96, 40)
-	c.dv = c.dk
-	if r.IntN(4) == 0 {
-		c.dv = pick(64, 128, 72)
+	calls := make([]emuRandomCall, count)
+	for i := range calls {
+		c := emuRandomCall{dt: []attn.DType{attn.BFloat16, attn.Float16}[r.IntN(2)], b: pick(1, 2), hkv: pick(1, 2)}
+		c.h = c.hkv * pick(1, 2, 3)
+		c.dk = pick(64, 128, 256, 96, 40)
+		c.dv = c.dk
+		if r.IntN(4) == 0 {
+			c.dv = pick(64, 128, 72)
+		}
+		c.n, c.m = 1+r.IntN(maxLen), 1+r.IntN(maxLen)
+		if r.IntN(3) == 0 {
+			c.m = c.n
+		}
+		switch r.IntN(4) {
+		case 0:
+			c.opt.Causal = true
+		case 1:
+			c.opt.Window = &attn.Window{Left: r.IntN(maxLen / 3), Right: r.IntN(maxLen / 15)}
+		}
+		if r.IntN(2) == 0 {
+			c.opt.Align = attn.AlignTopLeft
+		}
+		if r.IntN(4) == 0 {
+			c.opt.Softcap = float64(pick(5, 30))
+		}
+		if r.IntN(4) == 0 {
+			c.opt.Dropout = 0.25
+		}
+		c.opt.Seed = uint64(r.IntN(1000))
+		calls[i] = c
 	}
-	c.n, c.m = 1+r.IntN(maxLen), 1+r.IntN(maxLen)
-	if r.IntN(3) == 0 {
-		c.m = c.n
-	}
-	switch r.IntN(4) {
-	case 0:
-		c.opt.Causal = true
-	case 1:
-		c.opt.Window = &attn.Window{Left: r.IntN(maxLen / 3), Right: r.IntN(maxLen / 15)}
-	}
-	if r.IntN(2) == 0 {
-		c.opt.Align = attn.AlignTopLeft
-	}
-	if r.IntN(4) == 0 {
-		c.opt.Softcap = float64(pick(5, 30))
-	}
-	if r.IntN(4) == 0 {
-		c.opt.Dropout = 0.25
-	}
-	return c
+	return calls
 }
 
-// String names the call for a subtest.
-func (c emuRandomCall) String() string {
-	return fmt.Sprintf("%s-b%d-n%d-m%d-h%d/%d-dk%d-dv%d-causal%v-win%v-cap%v-drop%v", c.dt, c.b, c.n, c.m, c.h, c.hkv, c.dk, c.dv,
+// name names call i for a subtest.
+func (c emuRandomCall) name(i int) string {
+	return fmt.Sprintf("%02d-%s-b%d-n%d-m%d-h%d/%d-dk%d-dv%d-causal%v-win%v-cap%v-drop%v", i, c.dt, c.b, c.n, c.m, c.h, c.hkv, c.dk, c.dv,
 		c.opt.Causal, c.opt.Window != nil, c.opt.Softcap, c.opt.Dropout)
 }

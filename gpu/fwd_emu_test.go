@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -102,11 +101,7 @@ func fwdEmuRunShifted(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind 
 	if kind == emuDefault {
 		// the pipeline a new backend asks for this call: the short pipeline's parts, the lazy
 		// rescale, two Q buffers, the carried turns, as New sets them
-		kb, err := envKnobs(true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pipeline = kb.forwardPipeline(p, bias != nil)
+		pipeline = emuDefaultKnobs().forwardPipeline(p, bias != nil)
 	}
 	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: pipeline, sms: 2, part: part, tiles: tiles,
 		lightTail: envSet(os.Getenv(EnvFwdLightTail))}
@@ -350,15 +345,8 @@ func TestForwardEmulatedUnalignedO(t *testing.T) {
 // FLASHATTN_EMU_RANDOM=all).
 func TestForwardEmulatedDefaultRandom(t *testing.T) {
 	emuSkip(t, "FLASHATTN_FWD_EMU", "forward")
-	count := 10
-	if os.Getenv("FLASHATTN_EMU_RANDOM") == "all" {
-		count = 40
-	}
-	r := rand.New(rand.NewPCG(2026, 12))
-	for i := range count {
-		c := drawEmuCall(r, 600)
-		pr := fwdProblem{name: fmt.Sprintf("%02d-%v", i, c), dt: c.dt, b: c.b, n: c.n, m: c.m, h: c.h, hkv: c.hkv, dk: c.dk, dv: c.dv, opt: c.opt}
-		pr.opt.Seed = uint64(r.IntN(1000))
+	for i, c := range drawEmuCalls(12, 10, 40, 600) {
+		pr := fwdProblem{name: c.name(i), dt: c.dt, b: c.b, n: c.n, m: c.m, h: c.h, hkv: c.hkv, dk: c.dk, dv: c.dv, opt: c.opt}
 		t.Run(pr.name, func(t *testing.T) {
 			q, k, v, opt := pr.inputs(uint64(1000 + i))
 			res, vr := fwdEmuRunOn(t, q, k, v, opt, emuDefault)
