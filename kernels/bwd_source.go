@@ -342,16 +342,13 @@ func (g *bwdGen) segment(b *strings.Builder) {
 func (g *bwdGen) preKernel(b *strings.Builder) {
 	v := g.v
 	fmt.Fprintf(b, `// Preprocess: Delta = rowsum(dO∘O), LSE2 = LSE·log2(e) (+inf for rows with no key)%s.
-// grid (ceil(N/%d), B, H), %d threads; one warp per row.
+// grid (ceil(N/%d), B, H), %d threads; a warp's rows summed at once where they allow it, else one warp per row.
 extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
   const int b = blockIdx.y, h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 `, preZeroes(v), BwdPreRows, BwdPreThreads, BwdPreThreads, BwdPreKernel)
 	nfZeroFlags(b, v)
 	g.segment(b)
-	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
-    const int i = blockIdx.x * %d + r;
-    if (i >= n) break;
-    const T* go = p.o + b * p.o_sb + (qr0 + i) * p.o_sr + h * p.o_sh;
+	rowDot := fmt.Sprintf(`    const T* go = p.o + b * p.o_sb + (qr0 + i) * p.o_sr + h * p.o_sh;
     const T* gd = p.dout + b * p.do_sb + (qr0 + i) * p.do_sr + h * p.do_sh;
     float acc = 0.f;
 %s#pragma unroll
@@ -362,7 +359,15 @@ extern "C" __global__ void __launch_bounds__(%d) %s(const BwdParams p) {
       p.delta[si] = acc;
       p.lse2[si] = l == -FA_INF ? FA_INF : l * FA_LOG2E;
     }
-`, BwdPreRows, BwdPreThreads/32, BwdPreRows, preRowDot(v))
+`, preRowDot(v))
+	if grouped := preGroupedDot(v); grouped != "" {
+		b.WriteString(grouped)
+		rowDot = "    if (!grouped) {  // a row a warp\n" + indentLines(rowDot, "  ") + "    }\n"
+	}
+	fmt.Fprintf(b, `  for (int r = warp; r < %d; r += %d) {
+    const int i = blockIdx.x * %d + r;
+    if (i >= n) break;
+%s`, BwdPreRows, BwdPreThreads/32, BwdPreRows, rowDot)
 	b.WriteString(g.dbiasZero())
 	switch {
 	case v.DQAccTiled():
@@ -441,6 +446,66 @@ func preRowDot(v BwdVariant) string {
       }
     }
 `, v.DV)
+}
+
+// preGroupedDot returns, for variants whose rows of O and dO are whole
+// 16-byte units (not Flat, DV a multiple of the unit) and at most 32 units
+// long, the preprocess's Delta for a warp's rows at once: where O's and
+// dO's pointers and strides are 16-byte multiples (the usual layouts; the
+// flag grouped), the warp's 32 lanes split into groups of L lanes
+// (L, the units of a row rounded up to a power of two), a group a row, and
+// every lane issues the loads of all its rows before it sums any; each
+// group reduces within itself and its first lane writes the row's Delta
+// and LSE2. Otherwise it returns "" and the row loop sums a row a warp.
+func preGroupedDot(v BwdVariant) string {
+	unit := 16 / v.elem()
+	units := v.DV / unit
+	if v.Flat || v.DV%unit != 0 || units > 32 {
+		return ""
+	}
+	lanes := 1
+	for lanes < units {
+		lanes *= 2
+	}
+	warpRows := BwdPreRows / (BwdPreThreads / 32) // rows a warp
+	groups := min(32/lanes, warpRows)             // rows a pass
+	passes := warpRows / groups
+	return fmt.Sprintf(`  // O's and dO's rows all whole 16-byte units: the warp sums its %[1]d rows at once, a group of %[2]d lanes a row
+  // (units a row: %[3]d; rows a pass: %[4]d; passes: %[5]d), with every load issued before the first sum
+  const bool grouped = ((reinterpret_cast<unsigned long long>(p.o) | reinterpret_cast<unsigned long long>(p.dout) |
+                         (unsigned long long)(p.o_sb | p.o_sr | p.o_sh | p.do_sb | p.do_sr | p.do_sh) * sizeof(T)) & 15ull) == 0;
+  if (grouped && blockIdx.x * %[6]d < n) {
+    const int grp = lane / %[2]d, c = lane %% %[2]d;  // the lane's row in a pass and its unit of that row
+    // the loads unconditional, so that none waits for another's data: a lane with no row or no unit
+    // loads its block's last row or its row's last unit and sums nothing
+    uint4 xo[%[5]d], xd[%[5]d];
+    float lk[%[5]d];  // the rows' LSE
+#pragma unroll
+    for (int k = 0; k < %[5]d; ++k) {
+      const int i = min(blockIdx.x * %[6]d + warp + %[7]d * min(grp + %[4]d * k, %[1]d - 1), n - 1), u = min(c, %[3]d - 1);
+      xo[k] = reinterpret_cast<const uint4*>(p.o + b * p.o_sb + (qr0 + i) * p.o_sr + h * p.o_sh)[u];
+      xd[k] = reinterpret_cast<const uint4*>(p.dout + b * p.do_sb + (qr0 + i) * p.do_sr + h * p.do_sh)[u];
+      lk[k] = p.lse[b * p.lse_sb + h * p.lse_sh + qr0 + i];
+    }
+#pragma unroll
+    for (int k = 0; k < %[5]d; ++k) {
+      const int i = blockIdx.x * %[6]d + warp + %[7]d * (grp + %[4]d * k);
+      const T* eo = reinterpret_cast<const T*>(&xo[k]);
+      const T* ed = reinterpret_cast<const T*>(&xd[k]);
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < %[8]d; j++) acc = fmaf(t_to_f(eo[j]), t_to_f(ed[j]), acc);
+      if (c >= %[3]d) acc = 0.f;  // no unit of the row
+#pragma unroll
+      for (int s = %[2]d / 2; s > 0; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+      if (grp < %[4]d && c == 0 && i < n) {
+        const long long si = b * p.stat_sb + h * p.stat_sh + qr0 + i;
+        p.delta[si] = acc;
+        p.lse2[si] = lk[k] == -FA_INF ? FA_INF : lk[k] * FA_LOG2E;
+      }
+    }
+  }
+`, warpRows, lanes, units, groups, passes, BwdPreRows, BwdPreThreads/32, unit)
 }
 
 // flatAccShift returns, for Flat variants, the term added to a dQ column
@@ -528,8 +593,8 @@ func convertTiledBody(v BwdVariant) string {
       if (4 * c >= %[5]d) break;
       const float x[4] = {a[k][e].x * p.scale, a[k][e].y * p.scale, a[k][e].z * p.scale, a[k][e].w * p.scale};
       bad |= nf_bad(x[0]) | nf_bad(x[1]) | nf_bad(x[2]) | nf_bad(x[3]);
-      if (whole) {
-        *reinterpret_cast<uint2*>(gq + 4 * c) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
+      if (whole) {  // one 8-byte integer, which NVRTC stores at once (a uint2 it may split into two 4-byte stores)
+        *reinterpret_cast<unsigned long long*>(gq + 4 * c) = (unsigned long long)pack2(x[2], x[3]) << 32 | pack2(x[0], x[1]);
       } else {
 #pragma unroll
         for (int q = 0; q < 4; ++q) gq[4 * c + q] = t_from_f(x[q]);

@@ -411,3 +411,40 @@ func TestBwdCompileNonFinite(t *testing.T) {
 		}
 	}
 }
+
+// TestPreGroupedDot checks which variants' preprocess sums a warp's rows at
+// once, in groups of how many lanes.
+func TestPreGroupedDot(t *testing.T) {
+	for _, c := range []struct {
+		dt    attn.DType
+		dv    int
+		flat  bool
+		group string // "" where the rows are summed a row a warp
+	}{
+		{attn.BFloat16, 128, false, "a group of 16 lanes a row\n  // (units a row: 16; rows a pass: 2; passes: 2)"},
+		{attn.Float16, 64, false, "a group of 8 lanes a row\n  // (units a row: 8; rows a pass: 4; passes: 1)"},
+		{attn.BFloat16, 96, false, "a group of 16 lanes a row\n  // (units a row: 12; rows a pass: 2; passes: 2)"},
+		{attn.BFloat16, 256, false, "a group of 32 lanes a row\n  // (units a row: 32; rows a pass: 1; passes: 4)"},
+		{attn.BFloat16, 8, false, "a group of 1 lanes a row\n  // (units a row: 1; rows a pass: 4; passes: 1)"},
+		{attn.Float32, 128, false, "a group of 32 lanes a row\n  // (units a row: 32; rows a pass: 1; passes: 4)"},
+		{attn.BFloat16, 512, false, ""}, // 64 units
+		{attn.BFloat16, 59, false, ""},  // not whole units
+		{attn.BFloat16, 128, true, ""},  // flat rows
+	} {
+		v := BwdVariant{DType: c.dt, DK: c.dv, DV: c.dv, Flat: c.flat}
+		src := preGroupedDot(v)
+		if (src == "") != (c.group == "") || c.group != "" && !strings.Contains(src, c.group) {
+			t.Errorf("%v DV=%d flat=%v: grouped source\n%s\nwant %q", c.dt, c.dv, c.flat, src, c.group)
+		}
+		if c.flat {
+			continue // (a Flat variant needs the Hopper kernels' tensor maps)
+		}
+		full, err := v.Source()
+		if err != nil {
+			t.Fatalf("%v DV=%d: %v", c.dt, c.dv, err)
+		}
+		if got := strings.Contains(full, "if (!grouped) {"); got != (c.group != "") {
+			t.Errorf("%v DV=%d flat=%v: row-a-warp fallback behind the flag %v, want %v", c.dt, c.dv, c.flat, got, c.group != "")
+		}
+	}
+}
