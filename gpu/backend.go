@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,6 +87,11 @@ type Backend struct {
 	// one warpgroup starts a tile while the other writes the last one's O.
 	// New sets it on Hopper unless EnvFwdCarryTurns is "0".
 	FwdCarryTurns bool
+	// FwdPolyExp is how many of every four key groups of the Hopper
+	// forward's softmax take their exponentials from a polynomial on the
+	// FMA pipes instead of the MUFU (kernels.Pipeline.PolyExp; 0: none),
+	// wherever the variant allows it. New reads it from EnvFwdPolyExp.
+	FwdPolyExp int
 	// DQ is the dQ algorithm of backward calls that leave the choice to the
 	// backend (BackwardOptions.DQ = DQAuto, and host-tensor calls); DQAuto,
 	// the default, picks by the measured table. Deterministic calls always
@@ -303,6 +309,12 @@ func envKnobs(hopper bool) (*Backend, error) {
 	if b.BwdQueryStep, err = parseQueryStep(os.Getenv(EnvBwdQueryStep)); err != nil {
 		return nil, fmt.Errorf("gpu: %s: %w", EnvBwdQueryStep, err)
 	}
+	if b.FwdPolyExp, err = parsePolyExp(os.Getenv(EnvFwdPolyExp)); err != nil {
+		return nil, fmt.Errorf("gpu: %s: %w", EnvFwdPolyExp, err)
+	}
+	if !hopper {
+		b.FwdPolyExp = 0
+	}
 	if b.DQ, err = ParseDQAlgorithm(os.Getenv(EnvDQ)); err != nil {
 		return nil, fmt.Errorf("gpu: %s: %w", EnvDQ, err)
 	}
@@ -499,6 +511,25 @@ func parseQueryStep(s string) (int, error) {
 		return 128, nil
 	}
 	return 0, attn.Errorf(attn.ErrOption, "query step %q: want 64, 80 or 128", s)
+}
+
+// EnvFwdPolyExp, an integer 0–4, is how many of every four key groups
+// of the Hopper forward's softmax take their exponentials from a
+// polynomial instead of the MUFU in new backends (Backend.FwdPolyExp;
+// unset: 0).
+const EnvFwdPolyExp = "FLASHATTN_FWD_POLY_EXP"
+
+// parsePolyExp reads EnvFwdPolyExp: "" is 0.
+func parsePolyExp(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > 4 {
+		return 0, attn.Errorf(attn.ErrOption, "polynomial exponentials %q: want 0 to 4 key groups of every four", s)
+	}
+	return n, nil
 }
 
 // EnvBwdDeep, when "0", keeps the backward of new backends off the Hopper

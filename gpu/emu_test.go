@@ -340,6 +340,7 @@ const (
 	emuHopperPDPT                                  // ... on the short pipeline (persistent, O by tensor maps)
 	emuHopperQ2                                    // the short pipeline (persistent, O by tensor maps) with two Q buffers
 	emuHopperCT                                    // ... and ping-pong's turns carried across tiles
+	emuHopperPE                                    // the Hopper forward, ws, ping-pong, early and lazy rescale, two of every four key groups' exponentials by the polynomial
 	emuDefault                                     // whatever the planner picks for a new backend (the forward pipeline its knobs choose for the call, the backward pipeline and bulk dQ from the environment, as New reads them; no check of the plan)
 )
 
@@ -412,6 +413,8 @@ func emuPipeline(kind emuKernels) kernels.Pipeline {
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true}
 	case emuHopperCT:
 		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true, CarryTurns: true}
+	case emuHopperPE:
+		return kernels.Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, LazyRescale: true, PolyExp: 2}
 	}
 	return kernels.Pipeline{}
 }

@@ -535,6 +535,7 @@ func (b *Backend) forwardPipeline(p *attn.Problem, biased bool) kernels.Pipeline
 	pl.ProducerDropout = pl.ProducerDropout || b.FwdProducerDropout // (pipelineFor keeps it under dropout only)
 	pl.DoubleQ = pl.DoubleQ || b.FwdDoubleQ                         // (pipelineFor keeps it on persistent CTAs only)
 	pl.CarryTurns = pl.CarryTurns || b.FwdCarryTurns                // (and this on persistent CTAs with ping-pong)
+	pl.PolyExp = max(pl.PolyExp, b.FwdPolyExp)                      // (and this on the WGMMA kernels of 16-bit types)
 	return pl
 }
 
@@ -741,5 +742,8 @@ func pipelineFor(v kernels.Variant, want kernels.Pipeline) kernels.Pipeline {
 	p.HeadMajor = want.HeadMajor && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, HeadMajor: true})
 	p.DoubleQ = want.DoubleQ && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, Persistent: p.Persistent, StoreO: p.StoreO, ProducerDropout: p.ProducerDropout, DoubleQ: true})
 	p.CarryTurns = want.CarryTurns && allows(kernels.Pipeline{WarpSpecialized: p.WarpSpecialized, PingPong: p.PingPong, Persistent: p.Persistent, CarryTurns: true})
+	if want.PolyExp > 0 && allows(kernels.Pipeline{PolyExp: want.PolyExp}) {
+		p.PolyExp = want.PolyExp
+	}
 	return p
 }

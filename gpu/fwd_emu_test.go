@@ -279,11 +279,11 @@ func TestForwardEmulatedHopper(t *testing.T) {
 		{name: "flatstaged/bf16-d187-dv59-dropout", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 187, dv: 59, opt: attn.Options{Dropout: 0.2, Seed: 4}},
 		{name: "flat/bf16-d60", dt: attn.BFloat16, b: 1, n: 40, m: 50, h: 8, hkv: 8, dk: 60, dv: 60},
 	}
-	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO, emuHopperLR, emuHopperHM, emuHopperPD, emuHopperPDPT, emuHopperQ2, emuHopperCT} {
+	for _, kind := range []emuKernels{emuHopper, emuHopperTMA, emuHopperWS, emuHopperPP, emuHopperPT, emuHopperSO, emuHopperPTSO, emuHopperLR, emuHopperHM, emuHopperPD, emuHopperPDPT, emuHopperQ2, emuHopperCT, emuHopperPE} {
 		for i, pr := range cases {
 			q, k, v, opt := pr.inputs(uint64(700 + i))
 			name := fmt.Sprintf("%s/%s", map[emuKernels]string{emuHopper: "cp.async", emuHopperTMA: "tensor-maps", emuHopperWS: "warp-specialized", emuHopperPP: "ping-pong", emuHopperPT: "persistent",
-				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store", emuHopperLR: "lazy-rescale", emuHopperHM: "head-major", emuHopperPD: "producer-dropout", emuHopperPDPT: "producer-dropout-persistent", emuHopperQ2: "double-q", emuHopperCT: "carry-turns"}[kind], pr.name)
+				emuHopperSO: "tma-store", emuHopperPTSO: "persistent-tma-store", emuHopperLR: "lazy-rescale", emuHopperHM: "head-major", emuHopperPD: "producer-dropout", emuHopperPDPT: "producer-dropout-persistent", emuHopperQ2: "double-q", emuHopperCT: "carry-turns", emuHopperPE: "poly-exp"}[kind], pr.name)
 			t.Run(name, func(t *testing.T) {
 				if emuPipeline(kind).WarpSpecialized && max(pr.dk, pr.dv) > 320 {
 					t.Skip("two warpgroups per row group keep the lockstep pipeline")

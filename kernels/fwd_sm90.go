@@ -135,6 +135,9 @@ func (x *gen) hopperSource() {
 		x.raw(pr.source(x.v.DType))
 	}
 	x.p("%s", PrimitivesEnd)
+	if x.v.PolyExp > 0 {
+		x.raw(ex2Poly)
+	}
 	if x.v.TMA {
 		x.raw(tmaLoaders())
 	}

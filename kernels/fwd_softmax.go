@@ -1,6 +1,10 @@
 package kernels
 
-import "github.com/flashattn/flashattn/attn"
+import (
+	"fmt"
+
+	"github.com/flashattn/flashattn/attn"
+)
 
 // Softmax. The kernel keeps, per query row, the running maximum row_max and
 // the running sum row_sum of exp2(s·SC − row_max·SC) over the keys seen so
@@ -185,17 +189,16 @@ func (x *gen) softmaxUpdate(deferred bool) {
 		}
 		x.raw("        row_max[mt][hf] = mx;\n")
 	}
-	x.raw(`        float sum = 0.f;
+	fmt.Fprintf(&x.b, `        float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
           for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-            const float pr = ex2(fmaf(s[mt][nt][e], SC, -ms));
-            s[mt][nt][e] = pr;
+%s            s[mt][nt][e] = pr;
             sum += pr;
           }
         row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
-`)
+`, x.probability())
 	if deferred {
 		note := ""
 		if x.v.LazyRescale {
@@ -232,3 +235,38 @@ func (x *gen) storeP() {
 	}
 	x.raw("        }\n")
 }
+
+// probability returns the statement of the softmax's exponent loop that
+// turns score s[mt][nt][e] into its probability pr: 2^(s·SC − ms) by the
+// MUFU's ex2, or, with Pipeline.PolyExp, by ex2Poly in the first PolyExp
+// of every four key groups (nt is a constant once the loop is unrolled).
+func (x *gen) probability() string {
+	if x.v.PolyExp == 0 {
+		return "            const float pr = ex2(fmaf(s[mt][nt][e], SC, -ms));\n"
+	}
+	return fmt.Sprintf(`            const float xe = fmaf(s[mt][nt][e], SC, -ms);
+            // key groups 0..%[1]d of every four on the FMA pipes, the others on the MUFU
+            const float pr = (nt & 3) < %[2]d ? ex2_poly(xe) : ex2(xe);
+`, x.v.PolyExp-1, x.v.PolyExp)
+}
+
+// ex2Poly is the source of ex2_poly(x) = 2^x without the MUFU
+// (Pipeline.PolyExp): x rounded to the nearest integer j by adding
+// 1.5·2^23, which leaves j in the sum's low mantissa bits; 2^(x − j) on
+// [−0.5, 0.5] by a cubic fitted for the least maximum relative error
+// (7.5e-5, below the 16-bit types' rounding of P); j added into the
+// exponent field. Below −125 (a masked key's −inf among them) it gives 0
+// as ex2 does, and a NaN stays NaN. Plain C++: the host emulator compiles
+// it as it stands.
+const ex2Poly = `// 2^x on the FMA and integer pipes: x = j + f with j = round(x) (the 1.5·2^23 shift), 2^f by a cubic
+// (relative error below 7.5e-5), j added into the exponent field; 0 below −125, NaN kept
+DEV float ex2_poly(float x) {
+  const bool low = x < -125.f;
+  const float xc = low ? -125.f : x;
+  const float t = xc + 12582912.f;          // 1.5·2^23: the low mantissa bits hold round(xc)
+  const float f = xc - (t - 12582912.f);    // in [−0.5, 0.5]
+  const float p = fmaf(fmaf(fmaf(0.0551713761f, f, 0.24261121f), f, 0.693261031f), f, 0.99992807f);
+  const float r = __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
+  return low ? 0.f : r;
+}
+`

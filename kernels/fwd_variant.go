@@ -196,6 +196,12 @@ type Pipeline struct {
 	// first S while warpgroup 1 still writes the last tile's O. Persistent
 	// with PingPong.
 	CarryTurns bool
+	// PolyExp is how many of every four 8-key column groups of a key block
+	// take their probabilities' 2^x from ex2Poly, a cubic on the FMA and
+	// integer pipes, instead of the MUFU's ex2 (0: none, at most 4), as
+	// FlashAttention-4 does where the exponentials outrun the tensor cores
+	// (fwd_softmax.go). WGMMA with a 16-bit element type.
+	PolyExp int
 }
 
 // geom holds the quantities derived from a Variant that the generator uses.
@@ -337,7 +343,7 @@ func flatSuffix(flat, staged bool) string {
 // head-major (hm), double-Q (q2) and carried-turns (ct) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
-		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct")
+		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct") + suffixIf(p.PolyExp > 0, fmt.Sprintf("_pe%d", p.PolyExp))
 }
 
 // String returns Name.
@@ -438,6 +444,9 @@ func (v Variant) Validate() error {
 	}
 	if v.CarryTurns && (!v.Persistent || !v.PingPong) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: ping-pong's turns carried across tiles need persistent CTAs with ping-pong (Persistent %v, PingPong %v)", v.Persistent, v.PingPong)
+	}
+	if v.PolyExp < 0 || v.PolyExp > 4 || v.PolyExp > 0 && (!v.WGMMA || v.DType == attn.Float32) {
+		return attn.Errorf(attn.ErrUnsupported, "kernels: the polynomial exponentials (%d of every 4 key groups) need 0..4 groups and the WGMMA forward with a 16-bit element type (WGMMA %v, %v)", v.PolyExp, v.WGMMA, v.DType)
 	}
 	if v.LazyRescale && (!v.WGMMA || v.WarpsN != 1 || v.DType == attn.Float32) {
 		return attn.Errorf(attn.ErrUnsupported, "kernels: the lazy rescale needs the WGMMA forward with one warpgroup per row group and a 16-bit element type (WGMMA %v, WarpsN %d, %v)", v.WGMMA, v.WarpsN, v.DType)

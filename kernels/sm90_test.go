@@ -225,6 +225,21 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 	vs = append(vs, lr)
 	lr.Pipeline = Pipeline{EarlyRescale: true, LazyRescale: true}
 	vs = append(vs, lr)
+	// the polynomial exponentials on the long pipeline (D = 64 and 128 with softcap), the short one and the lockstep kernels
+	for _, d := range []int{64, 128} {
+		f := func(*Variant) {}
+		if d == 128 {
+			f = func(v *Variant) { v.Softcap = true }
+		}
+		pe := hopperVariant(t, attn.BFloat16, d, d, f)
+		pe.TMA, pe.Pipeline = true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, PolyExp: 1}
+		vs = append(vs, pe)
+		pe.Pipeline = Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, StoreO: true, DoubleQ: true, CarryTurns: true, PolyExp: 2}
+		vs = append(vs, pe)
+	}
+	pe := hopperVariant(t, attn.Float16, 64, 64, fwdFeatures[1].set)
+	pe.TMA, pe.Pipeline = true, Pipeline{EarlyRescale: true, PolyExp: 2}
+	vs = append(vs, pe)
 	// the head-major tile order of the short pipeline, D = 64 and 128 unmasked, and causal (the counter's schedule)
 	for _, d := range []int{64, 128, -128} {
 		f := fwdFeatures[0].set
