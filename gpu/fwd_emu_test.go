@@ -411,7 +411,7 @@ func TestForwardEmulatedNonFinite(t *testing.T) {
 		name string
 		kind emuKernels
 	}{{"mma", emuMMA}, {"cp.async", emuHopper}, {"tensor-maps", emuHopperTMA}, {"warp-specialized", emuHopperWS}, {"ping-pong", emuHopperPP}, {"persistent", emuHopperPT},
-		{"lazy-rescale", emuHopperLR}, {"head-major", emuHopperHM}, {"producer-dropout", emuHopperPD}, {"producer-dropout-persistent", emuHopperPDPT}, {"double-q", emuHopperQ2}, {"carry-turns", emuHopperCT}}
+		{"lazy-rescale", emuHopperLR}, {"head-major", emuHopperHM}, {"producer-dropout", emuHopperPD}, {"producer-dropout-persistent", emuHopperPDPT}, {"double-q", emuHopperQ2}, {"carry-turns", emuHopperCT}, {"poly-exp", emuHopperPE}}
 	cases := fwdNaNTransformCases()
 	for _, c := range fwdNaNCases() {
 		cases = append(cases, fwdNaNTransformCase{fwdNaNCase: c, biasRow: -1})
