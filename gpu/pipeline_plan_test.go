@@ -62,6 +62,52 @@ func TestParseQueryStep(t *testing.T) {
 	}
 }
 
+// TestParsePolyExp checks the values EnvFwdPolyExp takes, and that the
+// planner keeps the polynomial exponentials on the WGMMA kernels of 16-bit
+// types only.
+func TestParsePolyExp(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int
+		err  bool
+	}{
+		{"", 0, false}, {"0", 0, false}, {" 1 ", 1, false}, {"4", 4, false}, {"5", 0, true}, {"-1", 0, true}, {"half", 0, true},
+	} {
+		got, err := parsePolyExp(c.in)
+		if c.err {
+			if !errors.Is(err, attn.ErrOption) {
+				t.Errorf("parsePolyExp(%q) = %d, %v; want ErrOption", c.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("parsePolyExp(%q) = %d, %v; want %d", c.in, got, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		dt    attn.DType
+		wgmma bool
+		want  int
+	}{
+		{attn.BFloat16, true, 2}, {attn.Float16, true, 2}, {attn.BFloat16, false, 0}, {attn.Float32, false, 0},
+	} {
+		v := kernels.Variant{DType: c.dt, DK: 64, DV: 64, LoadBytes: 16, LSE: true}
+		tile, ok := kernels.HopperTile(v)
+		if !c.wgmma {
+			var err error
+			tile, err = kernels.TileFor(c.dt, 64, 64, false)
+			ok = err == nil
+		}
+		if !ok {
+			t.Fatalf("no tile for %v (WGMMA %v)", c.dt, c.wgmma)
+		}
+		v = tile.Apply(v)
+		if got := pipelineFor(v, kernels.Pipeline{PolyExp: 2}).PolyExp; got != c.want {
+			t.Errorf("pipelineFor(%v, WGMMA %v) PolyExp = %d, want %d", c.dt, c.wgmma, got, c.want)
+		}
+	}
+}
+
 // TestForwardPlanStoreO checks where the forward planner stores O by a
 // tensor map when asked (Pipeline.StoreO): fixed-length batches whose tiles
 // leave room for the staging tiles, with o's map (DV columns, N rows, boxes

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/flashattn/flashattn/attn"
@@ -302,6 +303,10 @@ var pipelineWords = []struct {
 	{"carry-turns", func(p *Pipeline) *bool { return &p.CarryTurns }},
 }
 
+// polyExpWord is the pipeline word of Pipeline.PolyExp, followed by "="
+// and the number of key groups in four.
+const polyExpWord = "poly-exp"
+
 // ParsePipeline reads a list of pipeline words separated by commas or
 // plus signs (the form that survives a comma-separated list of settings):
 // "ws" (WarpSpecialized), "pingpong" (PingPong, implies ws),
@@ -309,8 +314,8 @@ var pipelineWords = []struct {
 // "tma-store" (StoreO), "early-dropout" (EarlyDropout), "producer-dropout"
 // (ProducerDropout, implies ws), "lazy-rescale"
 // (LazyRescale), "head-major" (HeadMajor), "double-q" (DoubleQ) and
-// "carry-turns" (CarryTurns); "" and
-// "lockstep" are the zero Pipeline.
+// "carry-turns" (CarryTurns), and "poly-exp=N" (PolyExp = N, 1 to 4);
+// "" and "lockstep" are the zero Pipeline.
 // Unknown words give an error wrapping attn.ErrOption.
 func ParsePipeline(s string) (Pipeline, error) {
 	var p Pipeline
@@ -320,13 +325,21 @@ func ParsePipeline(s string) (Pipeline, error) {
 next:
 	for _, w := range strings.Split(strings.ReplaceAll(s, "+", ","), ",") {
 		w = strings.TrimSpace(w)
+		if n, ok := strings.CutPrefix(w, polyExpWord+"="); ok {
+			q, err := strconv.Atoi(n)
+			if err != nil || q < 1 || q > 4 {
+				return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want %s=1 to %s=4)", w, polyExpWord, polyExpWord)
+			}
+			p.PolyExp = q
+			continue
+		}
 		for _, pw := range pipelineWords {
 			if w == pw.word {
 				*pw.set(&p) = true
 				continue next
 			}
 		}
-		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns)", w)
+		return Pipeline{}, attn.Errorf(attn.ErrOption, "kernels: pipeline word %q (want lockstep, or some of ws, pingpong, early-rescale, persistent, tma-store, early-dropout, producer-dropout, lazy-rescale, head-major, double-q, carry-turns, poly-exp=N)", w)
 	}
 	if p.PingPong || p.Persistent || p.ProducerDropout {
 		p.WarpSpecialized = true
@@ -342,6 +355,9 @@ func (p Pipeline) String() string {
 		if *pw.set(&p) {
 			ws = append(ws, pw.word)
 		}
+	}
+	if p.PolyExp != 0 {
+		ws = append(ws, fmt.Sprintf("%s=%d", polyExpWord, p.PolyExp))
 	}
 	if len(ws) == 0 {
 		return "lockstep"

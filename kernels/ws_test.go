@@ -55,6 +55,8 @@ func TestParsePipeline(t *testing.T) {
 		{"persistent,tma-store", Pipeline{WarpSpecialized: true, Persistent: true, StoreO: true}, "ws,persistent,tma-store"},
 		{"ws+pingpong+early-rescale", Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true}, "ws,pingpong,early-rescale"},
 		{"producer-dropout", Pipeline{WarpSpecialized: true, ProducerDropout: true}, "ws,producer-dropout"},
+		{"poly-exp=2", Pipeline{PolyExp: 2}, "poly-exp=2"},
+		{"ws,pingpong,poly-exp=1", Pipeline{WarpSpecialized: true, PingPong: true, PolyExp: 1}, "ws,pingpong,poly-exp=1"},
 	}
 	for _, c := range cases {
 		got, err := ParsePipeline(c.in)
@@ -65,7 +67,7 @@ func TestParsePipeline(t *testing.T) {
 			t.Errorf("ParsePipeline(%q) = %+v, %v; want %+v", got.String(), back, err, got)
 		}
 	}
-	for _, bad := range []string{"warp", "ws,,pingpong", "ws++pingpong", "lockstep,ws"} {
+	for _, bad := range []string{"warp", "ws,,pingpong", "ws++pingpong", "lockstep,ws", "poly-exp", "poly-exp=0", "poly-exp=5", "poly-exp=x"} {
 		if _, err := ParsePipeline(bad); !errors.Is(err, attn.ErrOption) {
 			t.Errorf("ParsePipeline(%q): %v, want ErrOption", bad, err)
 		}
