@@ -68,15 +68,33 @@ func emuRunOn(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind
 // tile table's).
 func emuRunTiles(t *testing.T, in bwdInputs, algo DQAlgorithm, headMajor bool, kind emuKernels, tiles kernels.BwdTiles) attn.Gradients {
 	t.Helper()
+	return emuRunLaid(t, in, algo, kind, emuBwdLayout{headMajor: headMajor, tiles: tiles})
+}
+
+// emuBwdLayout is how an emulated backward lays out its inputs and which
+// tiles its plan takes.
+type emuBwdLayout struct {
+	headMajor bool             // inputs stored [B, H, N, D]
+	tiles     kernels.BwdTiles // the plan's tiles (zero: the tile table's)
+	oShift    int              // bytes O starts past its 256-byte aligned place (its rows then leave 16-byte units)
+}
+
+// emuRunLaid is emuRunOn with the inputs laid out as l says.
+func emuRunLaid(t *testing.T, in bwdInputs, algo DQAlgorithm, kind emuKernels, l emuBwdLayout) attn.Gradients {
+	t.Helper()
 	dt := in.q.DType
 	ar := &emuArena{}
-	a := bwdArgs{Tiles: tiles}
+	a := bwdArgs{Tiles: l.tiles}
 	for _, x := range []struct {
 		t   attn.Tensor
 		dst *bwdView
 	}{{in.q, &a.Q}, {in.k, &a.K}, {in.v, &a.V}, {in.o, &a.O}, {in.dO, &a.DO}} {
-		if headMajor {
+		if l.headMajor {
 			*x.dst = headMajorView(ar, x.t)
+			continue
+		}
+		if x.dst == &a.O && l.oShift != 0 {
+			*x.dst = seqView(ar.put(append(make([]byte, l.oShift), x.t.Bytes()...))+uint64(l.oShift), dt, x.t.Shape)
 			continue
 		}
 		*x.dst = seqView(ar.put(x.t.Bytes()), dt, x.t.Shape)
@@ -478,6 +496,32 @@ func TestBackwardEmulatedCross(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBackwardEmulatedUnalignedO runs backwards whose O starts 2 bytes
+// past a 16-byte boundary (a caller's view at an odd element offset), on
+// the mma.sync kernels and the default plan (FLASHATTN_BWD_EMU=1; needs
+// g++): the preprocess then sums Delta a row a warp, since O's rows leave
+// the 16-byte units its grouped sum loads. The driver checks Delta against
+// O and dO, and the gradients the float64 reference.
+func TestBackwardEmulatedUnalignedO(t *testing.T) {
+	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
+	cases := []bwdCase{
+		{name: "d128-causal", b: 2, n: 70, m: 90, h: 2, hkv: 1, dk: 128, dv: 128, causal: true, dtypes: []attn.DType{attn.BFloat16}},
+		{name: "d64-dv96", b: 1, n: 50, m: 60, h: 2, hkv: 2, dk: 64, dv: 96, dtypes: []attn.DType{attn.Float16}},
+		{name: "d256", b: 1, n: 40, m: 40, h: 1, hkv: 1, dk: 256, dv: 256, dtypes: []attn.DType{attn.BFloat16}},
+	}
+	for _, kind := range []emuKernels{emuMMA, emuDefault} {
+		for ci, c := range cases {
+			dt := c.dtypes[0]
+			in := c.inputs(t, dt, uint64(ci+1300))
+			ref, naive := in.oracles(t)
+			t.Run(fmt.Sprintf("%s/%s", map[emuKernels]string{emuMMA: "mma", emuDefault: "default"}[kind], c.name), func(t *testing.T) {
+				g := emuRunLaid(t, in, DQAtomic, kind, emuBwdLayout{oShift: 2})
+				checkGrads(t, dt, g, ref, naive)
+			})
+		}
 	}
 }
 
