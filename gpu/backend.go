@@ -87,6 +87,12 @@ type Backend struct {
 	// one warpgroup starts a tile while the other writes the last one's O.
 	// New sets it on Hopper unless EnvFwdCarryTurns is "0".
 	FwdCarryTurns bool
+	// FwdNarrowDoubleQ gives the persistent forward launches whose two Q
+	// buffers do not fit beside their key blocks (head dims 129–256) key
+	// blocks of NarrowDoubleQKeys, which leave room for them, in place of
+	// one Q buffer and O's staging tile. New sets it when
+	// EnvFwdNarrowDoubleQ is set.
+	FwdNarrowDoubleQ bool
 	// FwdPolyExp is how many of every four key groups of the Hopper
 	// forward's softmax take their exponentials from a polynomial on the
 	// FMA pipes instead of the MUFU (kernels.Pipeline.PolyExp; 0: none),
@@ -294,6 +300,7 @@ func envKnobs(hopper bool) (*Backend, error) {
 		FwdProducerDropout: hopper && envSet(os.Getenv(EnvFwdProducerDropout)),
 		FwdDoubleQ:         hopper && os.Getenv(EnvFwdDoubleQ) != "0",
 		FwdCarryTurns:      hopper && os.Getenv(EnvFwdCarryTurns) != "0",
+		FwdNarrowDoubleQ:   hopper && envSet(os.Getenv(EnvFwdNarrowDoubleQ)),
 
 		FwdHeadMajorAuto: hopper && os.Getenv(EnvFwdHeadMajor) != "0",
 		BwdLightTail:     hopper && os.Getenv(EnvBwdLightTail) != "0",
@@ -512,6 +519,11 @@ func parseQueryStep(s string) (int, error) {
 	}
 	return 0, attn.Errorf(attn.ErrOption, "query step %q: want 64, 80 or 128", s)
 }
+
+// EnvFwdNarrowDoubleQ, when set to anything but "" or "0", has the
+// persistent forward launches of new backends take narrower key blocks
+// where that makes room for two Q buffers (Backend.FwdNarrowDoubleQ).
+const EnvFwdNarrowDoubleQ = "FLASHATTN_FWD_NARROW_DOUBLE_Q"
 
 // EnvFwdPolyExp, an integer 0–4, is how many of every four key groups
 // of the Hopper forward's softmax take their exponentials from a

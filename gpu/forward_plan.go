@@ -111,6 +111,10 @@ type fwdRequest struct {
 	// lightTail orders a masked launch of one tile a CTA so that it ends
 	// on its lightest query blocks (Backend.FwdLightTail).
 	lightTail bool
+	// narrowDoubleQ gives persistent launches whose two Q buffers do not
+	// fit beside their key blocks narrower blocks that make room for them
+	// (Backend.FwdNarrowDoubleQ).
+	narrowDoubleQ bool
 	// part, when set, holds staging copies of the heads that a flat-row
 	// kernel cannot read in place (stagingAt with head masks): the plan is
 	// then a kernels.Variant.FlatStaged one where the kernel and layouts
@@ -173,6 +177,9 @@ func plan(r fwdRequest) (launch, error) {
 				vr = causalKeyTile(p, windowKeyTile(p, wt, short), short, vr.Persistent).Apply(vr)
 				vr.Pipeline = pipelineFor(vr, r.pipeline)
 			}
+		}
+		if r.narrowDoubleQ {
+			vr = narrowForDoubleQ(vr, r.pipeline)
 		}
 		// the kernel counts its tiles in an int
 		vr.Persistent = vr.Persistent && int64((p.N+vr.BlockM-1)/vr.BlockM)*int64(p.H)*int64(p.B) <= math.MaxInt32
@@ -240,6 +247,32 @@ func plan(r fwdRequest) (launch, error) {
 		l.grid = [3]uint32{uint32(kernels.PersistentGrid(tiles, r.sms)), 1, 1}
 	}
 	return l, nil
+}
+
+// NarrowDoubleQKeys is the key block a persistent launch takes where its
+// two Q buffers fit beside no wider one (Backend.FwdNarrowDoubleQ): at
+// head dim 256 two 64 KB Q buffers and two stages of 48-key K and V blocks
+// take 230528 of a CTA's 232448 bytes of shared memory (with 80-key
+// blocks, 296064).
+const NarrowDoubleQKeys = 48
+
+// narrowForDoubleQ returns v on NarrowDoubleQKeys-key blocks with two Q
+// buffers where v is persistent, wants two Q buffers (want.DoubleQ), has
+// wider blocks and one Q buffer because two do not fit beside them, and the
+// narrower blocks make room for two; O's staging tile (StoreO) gives way
+// to them. Otherwise it returns v.
+func narrowForDoubleQ(v kernels.Variant, want kernels.Pipeline) kernels.Variant {
+	if !v.Persistent || v.DoubleQ || !want.DoubleQ || v.BlockN <= NarrowDoubleQKeys {
+		return v
+	}
+	w := v
+	w.BlockN = NarrowDoubleQKeys
+	want.StoreO = false // two Q buffers in the room of O's staging tile
+	w.Pipeline = pipelineFor(w, want)
+	if !w.DoubleQ || !w.Persistent || w.Validate() != nil {
+		return v
+	}
+	return w
 }
 
 // biasStageable reports whether a 16-bit bias at device address ptr, with
@@ -487,7 +520,7 @@ func (pl *fwdPlan) empty() bool { return pl.p.N == 0 || pl.p.B == 0 }
 // request returns the planner's request for c with the backend's knobs.
 func (b *Backend) request(c *fwdCall) fwdRequest {
 	r := fwdRequest{p: c.p, dt: c.dt, q: c.q, k: c.k, v: c.v, o: c.o, lse: c.lse, bias: c.opt.Bias,
-		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail}
+		tiles: b.Tiles, hopper: b.WGMMA, tma: b.TMA, pipeline: b.forwardPipeline(c.p, c.opt.Bias != nil), lightTail: b.FwdLightTail, narrowDoubleQ: b.FwdNarrowDoubleQ}
 	b.setBiasStaging(&r)
 	if r.pipeline.Persistent {
 		r.sms = b.dev.SMCount()

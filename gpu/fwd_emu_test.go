@@ -104,7 +104,7 @@ func fwdEmuRunShifted(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind 
 		pipeline = emuDefaultKnobs().forwardPipeline(p, bias != nil)
 	}
 	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: pipeline, sms: 2, part: part, tiles: tiles,
-		lightTail: envSet(os.Getenv(EnvFwdLightTail))}
+		lightTail: envSet(os.Getenv(EnvFwdLightTail)), narrowDoubleQ: kind == emuDefault && emuDefaultKnobs().FwdNarrowDoubleQ}
 	emuBiasKnobs(kind).setBiasStaging(&req)
 	l, err := plan(req)
 	if err != nil {

@@ -574,6 +574,42 @@ func TestForwardPlanWSTiles(t *testing.T) {
 	}
 }
 
+// TestForwardPlanNarrowDoubleQ checks the narrower key blocks that make
+// room for two Q buffers (fwdRequest.narrowDoubleQ): at D = 256 on
+// persistent CTAs 48-key blocks with two Q buffers in place of 80 with one
+// and O's staging tile; at D = 128, where two Q buffers fit beside the
+// short pipeline's 128-key blocks, and on one tile a CTA, no change.
+func TestForwardPlanNarrowDoubleQ(t *testing.T) {
+	short := DefaultShortPipeline
+	short.DoubleQ = true
+	long := DefaultPipeline
+	long.DoubleQ = true
+	cases := []struct {
+		name   string
+		dk     int
+		pipe   kernels.Pipeline
+		narrow bool
+		bn     int
+		q2     bool
+	}{
+		{"d256 persistent", 256, short, true, NarrowDoubleQKeys, true},
+		{"d256 persistent, not asked", 256, short, false, 80, false},
+		{"d128 persistent: two Q buffers fit", 128, short, true, 128, true},
+		{"d256 one tile a CTA", 256, long, true, 80, false},
+	}
+	for _, tc := range cases {
+		c := fwdRecordCase{name: tc.name, dt: attn.BFloat16, b: 2, n: 512, m: 512, h: 4, hkv: 4, dk: tc.dk, dv: tc.dk, wgmma: true, tma: true}
+		p, ts, _, _ := c.tensors(t)
+		pl, err := plan(fwdRequest{p: p, dt: c.dt, q: ts[0], k: ts[1], v: ts[2], o: ts[3], lse: ts[4], hopper: true, tma: true, pipeline: tc.pipe, sms: 132, narrowDoubleQ: tc.narrow})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if v := pl.v; v.BlockN != tc.bn || v.DoubleQ != tc.q2 || tc.bn == NarrowDoubleQKeys && (v.StoreO || !v.Persistent) {
+			t.Errorf("%s: %s; want %d-key blocks, two Q buffers %v", tc.name, v.Name(), tc.bn, tc.q2)
+		}
+	}
+}
+
 // TestParsePipelineDefault checks that an empty forward pipeline variable
 // means DefaultPipeline and "lockstep" the lockstep kernels.
 func TestParsePipelineDefault(t *testing.T) {

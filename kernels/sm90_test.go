@@ -264,6 +264,12 @@ func TestCompileHopperWarpSpecialized(t *testing.T) {
 		ct.CarryTurns = true
 		vs = append(vs, ct)
 	}
+	// two Q buffers at D = 256 on 48-key blocks, O from registers (gpu's narrowForDoubleQ), plain and causal
+	for _, f := range fwdFeatures[:2] {
+		nq := hopperVariant(t, attn.BFloat16, 256, 256, f.set)
+		nq.BlockN, nq.TMA, nq.Pipeline = 48, true, Pipeline{WarpSpecialized: true, PingPong: true, EarlyRescale: true, Persistent: true, LazyRescale: true, DoubleQ: true, CarryTurns: true}
+		vs = append(vs, nq)
+	}
 	// O stored by tensor maps, on the lockstep and on the full pipeline, where it fits
 	for _, d := range []int{64, 128, 208, 256} {
 		for _, f := range fwdFeatures[:2] {
