@@ -340,7 +340,7 @@ func flatSuffix(flat, staged bool) string {
 // wsSuffix is the name suffix of warp-specialized (ws), ping-pong (pp),
 // early-rescale (er), persistent (pt), O-by-tensor-maps (so),
 // early-dropout (ed), producer-dropout (pd), lazy-rescale (lr),
-// head-major (hm), double-Q (q2) and carried-turns (ct) variants.
+// head-major (hm), double-Q (q2), carried-turns (ct) and polynomial-exponential (peN) variants.
 func wsSuffix(p Pipeline) string {
 	return suffixIf(p.WarpSpecialized, "_ws") + suffixIf(p.PingPong, "_pp") + suffixIf(p.EarlyRescale, "_er") +
 		suffixIf(p.Persistent, "_pt") + suffixIf(p.StoreO, "_so") + suffixIf(p.EarlyDropout, "_ed") + suffixIf(p.ProducerDropout, "_pd") + suffixIf(p.LazyRescale, "_lr") + suffixIf(p.HeadMajor, "_hm") + suffixIf(p.DoubleQ, "_q2") + suffixIf(p.CarryTurns, "_ct") + suffixIf(p.PolyExp > 0, fmt.Sprintf("_pe%d", p.PolyExp))
