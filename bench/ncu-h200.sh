@@ -28,7 +28,8 @@
 # of flashattn: bench/peers/sdpa.py runs each shape with it, and the kernels
 # whose names say attention — sdpa, fmha, flash, cudnn, attn, fprop, bprop —
 # are profiled; its forward's kernels appear beside the backward's, and
-# BENCH_FLAGS does not apply). Each row also gives the launch's grid, block and shared memory, which
+# BENCH_FLAGS does not apply), PIPES (1: also the MUFU's and the tensor cores' utilization).
+# Each row also gives the launch's grid, block and shared memory, which
 # name a peer's tile configuration.
 # Clocks stay as the driver sets them (--clock-control none), so durations
 # compare with the benchmarks'.
@@ -51,6 +52,8 @@ mkdir -p "$FLASHATTN_CACHE_DIR"
 [ -f "$ROOT/.bin/cache.tgz" ] && tar -xzf "$ROOT/.bin/cache.tgz" -C "$FLASHATTN_CACHE_DIR"
 
 METRICS=launch__grid_size,launch__block_size,launch__shared_mem_per_block,gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,launch__registers_per_thread,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
+# PIPES=1: also the MUFU's (xu) and the tensor cores' (gmma) share of their peak, printed after the stalls
+[ "${PIPES:-}" = 1 ] && METRICS=$METRICS,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
 
 {
 	echo "ncu of ${PEER:+the PyTorch SDPA backend $PEER, not }the default kernels, $(date -u +%F)"
@@ -128,7 +131,10 @@ for name, m in byname.items():
         f(m, "launch__registers_per_thread", 1, "%.0f"), f(m, "dram__bytes_read.sum", 1e-9, "%.2f"),
         f(m, "lts__t_sector_hit_rate.pct", 1, "%.0f"), f(m, "smsp__inst_executed.sum", 1e-6, "%.0f"),
         f(m, "launch__grid_size", 1, "%.0f"), f(m, "launch__block_size", 1, "%.0f"),
-        f(m, "launch__shared_mem_per_block", 1 / 1024, "%.1f"), stalls))
+        f(m, "launch__shared_mem_per_block", 1 / 1024, "%.1f"), stalls) + (
+        "  xu/gmma %s/%s" % (f(m, "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"),
+                             f(m, "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"))
+        if "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active" in m else ""))
 EOF
 done
 cat "$SUMMARY"
