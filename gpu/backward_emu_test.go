@@ -502,9 +502,11 @@ func TestBackwardEmulatedCross(t *testing.T) {
 // TestBackwardEmulatedUnalignedO runs backwards whose O starts 2 bytes
 // past a 16-byte boundary (a caller's view at an odd element offset), on
 // the mma.sync kernels and the default plan (FLASHATTN_BWD_EMU=1; needs
-// g++): the preprocess then sums Delta a row a warp, since O's rows leave
-// the 16-byte units its grouped sum loads. The driver checks Delta against
-// O and dO, and the gradients the float64 reference.
+// g++): the preprocess's flag then sends Delta down its row-a-warp path,
+// since O's rows leave the 16-byte units its grouped sum loads (which path
+// ran the emulator cannot tell: it loads misaligned 16-byte units as
+// readily as aligned ones). The driver checks Delta against O and dO, and
+// the test the gradients against the float64 reference.
 func TestBackwardEmulatedUnalignedO(t *testing.T) {
 	emuSkip(t, "FLASHATTN_BWD_EMU", "backward")
 	cases := []bwdCase{

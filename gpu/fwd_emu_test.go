@@ -97,14 +97,15 @@ func fwdEmuRunShifted(t *testing.T, q, k, v attn.Tensor, opt attn.Options, kind 
 		g, args := kernels.PackLaunch(st.params[:], st.grids[:])
 		emuExec(t, pack, kernels.PackKernel, args, ar, []emuLaunch{{kernels.PackKernel, [3]int{int(g[0]), int(g[1]), int(g[2])}, kernels.PackThreads}}, nil)
 	}
-	pipeline := emuPipeline(kind)
+	pipeline, narrowDoubleQ := emuPipeline(kind), false
 	if kind == emuDefault {
 		// the pipeline a new backend asks for this call: the short pipeline's parts, the lazy
 		// rescale, two Q buffers, the carried turns, as New sets them
-		pipeline = emuDefaultKnobs().forwardPipeline(p, bias != nil)
+		kb := emuDefaultKnobs()
+		pipeline, narrowDoubleQ = kb.forwardPipeline(p, bias != nil), kb.FwdNarrowDoubleQ
 	}
 	req := fwdRequest{p: p, dt: dt, q: dq, k: dk, v: dv, o: do, lse: dl, bias: bias, cuq: cuq, cuk: cuk, hopper: kind != emuMMA, tma: tma, pipeline: pipeline, sms: 2, part: part, tiles: tiles,
-		lightTail: envSet(os.Getenv(EnvFwdLightTail)), narrowDoubleQ: kind == emuDefault && emuDefaultKnobs().FwdNarrowDoubleQ}
+		lightTail: envSet(os.Getenv(EnvFwdLightTail)), narrowDoubleQ: narrowDoubleQ}
 	emuBiasKnobs(kind).setBiasStaging(&req)
 	l, err := plan(req)
 	if err != nil {

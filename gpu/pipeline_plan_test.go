@@ -40,50 +40,45 @@ func TestParseBwdPipeline(t *testing.T) {
 	}
 }
 
-// TestParseQueryStep checks the values EnvBwdQueryStep takes.
-func TestParseQueryStep(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want int
-		err  bool
-	}{
-		{"", 0, false}, {"64", 0, false}, {" 80 ", 80, false}, {"128", 128, false}, {"96", 0, true}, {"0", 0, true}, {"eighty", 0, true},
-	} {
-		got, err := parseQueryStep(c.in)
+// parseCase is one input of an integer setting's parser: the value it
+// gives, or an error wrapping attn.ErrOption.
+type parseCase struct {
+	in   string
+	want int
+	err  bool
+}
+
+// checkParse runs parse over cases.
+func checkParse(t *testing.T, name string, parse func(string) (int, error), cases []parseCase) {
+	t.Helper()
+	for _, c := range cases {
+		got, err := parse(c.in)
 		if c.err {
 			if !errors.Is(err, attn.ErrOption) {
-				t.Errorf("parseQueryStep(%q) = %d, %v; want ErrOption", c.in, got, err)
+				t.Errorf("%s(%q) = %d, %v; want ErrOption", name, c.in, got, err)
 			}
 			continue
 		}
 		if err != nil || got != c.want {
-			t.Errorf("parseQueryStep(%q) = %d, %v; want %d", c.in, got, err, c.want)
+			t.Errorf("%s(%q) = %d, %v; want %d", name, c.in, got, err, c.want)
 		}
 	}
+}
+
+// TestParseQueryStep checks the values EnvBwdQueryStep takes.
+func TestParseQueryStep(t *testing.T) {
+	checkParse(t, "parseQueryStep", parseQueryStep, []parseCase{
+		{"", 0, false}, {"64", 0, false}, {" 80 ", 80, false}, {"128", 128, false}, {"96", 0, true}, {"0", 0, true}, {"eighty", 0, true},
+	})
 }
 
 // TestParsePolyExp checks the values EnvFwdPolyExp takes, and that the
 // planner keeps the polynomial exponentials on the WGMMA kernels of 16-bit
 // types only.
 func TestParsePolyExp(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want int
-		err  bool
-	}{
+	checkParse(t, "parsePolyExp", parsePolyExp, []parseCase{
 		{"", 0, false}, {"0", 0, false}, {" 1 ", 1, false}, {"4", 4, false}, {"5", 0, true}, {"-1", 0, true}, {"half", 0, true},
-	} {
-		got, err := parsePolyExp(c.in)
-		if c.err {
-			if !errors.Is(err, attn.ErrOption) {
-				t.Errorf("parsePolyExp(%q) = %d, %v; want ErrOption", c.in, got, err)
-			}
-			continue
-		}
-		if err != nil || got != c.want {
-			t.Errorf("parsePolyExp(%q) = %d, %v; want %d", c.in, got, err, c.want)
-		}
-	}
+	})
 	for _, c := range []struct {
 		dt    attn.DType
 		wgmma bool
